@@ -1,0 +1,48 @@
+// RuntimeConfig: the runtime's settings, read once from QUINTET_* environment variables and
+// command-line flags, then passed down explicitly. Nothing else in Quintet reads the environment.
+//
+//   QUINTET_DEVICE=cpu|cuda        --device cpu|cuda        which device tensors and comms use
+//   QUINTET_LOG_LEVEL=info         --log-level LEVEL        debug, info, warn, error, off
+//   QUINTET_TIMEOUT_S=300          --timeout-s SECONDS      bound on communicator init and waits
+//   QUINTET_SEED=1234              --seed N                 base seed of random initialisation
+//
+// Flags win over the environment; unknown flags are left for the program (see remaining_args).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "quintet/core/log.hpp"
+
+namespace quintet {
+
+enum class DevicePreference { automatic, cpu, cuda };
+
+struct RuntimeConfig {
+  DevicePreference device = DevicePreference::automatic;  // automatic: cuda when a GPU is visible
+  LogLevel log_level = LogLevel::info;
+  double timeout_s = 300.0;
+  std::uint64_t seed = 1234;
+  // Every variable of the environment that was read, for error messages and launchers
+  // (MPI/SLURM/torchrun variables used by bootstrap live here too).
+  std::map<std::string, std::string> env;
+  // Arguments not consumed by from_args, in order (argv[0] first).
+  std::vector<std::string> remaining_args;
+
+  // Reads the environment (QUINTET_* and the launcher variables bootstrap understands).
+  static RuntimeConfig from_env();
+  // from_env(), then the flags above from argv (both "--flag value" and "--flag=value").
+  // Throws InvalidArgument naming the flag or variable on a bad value.
+  static RuntimeConfig from_args(int argc, const char* const* argv);
+  // Same, from an explicit environment (for tests).
+  static RuntimeConfig from(const std::map<std::string, std::string>& env,
+                            const std::vector<std::string>& args);
+
+  // The value of an environment variable that was read, if set.
+  std::optional<std::string> get_env(const std::string& name) const;
+};
+
+}  // namespace quintet

@@ -1,0 +1,13 @@
+// Quintet: the whole public API in one include.
+#pragma once
+
+#include "quintet/core/allocator.hpp"
+#include "quintet/core/config.hpp"
+#include "quintet/core/device.hpp"
+#include "quintet/core/dtype.hpp"
+#include "quintet/core/error.hpp"
+#include "quintet/core/log.hpp"
+#include "quintet/core/random.hpp"
+#include "quintet/core/runtime_config.hpp"
+#include "quintet/core/stream.hpp"
+#include "quintet/core/tensor.hpp"

@@ -1,0 +1,225 @@
+#include "quintet/core/allocator.hpp"
+
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "core/internal/cuda_guard.hpp"
+#include "quintet/core/config.hpp"
+#include "quintet/core/error.hpp"
+#if QUINTET_HAS_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace quintet {
+
+namespace {
+constexpr std::size_t kSmallQuantum = 512;
+constexpr std::size_t kSmallLimit = std::size_t{1} << 20;
+constexpr std::size_t kLargeQuantum = std::size_t{2} << 20;
+
+std::size_t round_up(std::size_t n, std::size_t q) { return (n + q - 1) / q * q; }
+}  // namespace
+
+std::size_t allocation_size_class(std::size_t bytes) {
+  if (bytes == 0) return 0;
+  return bytes <= kSmallLimit ? round_up(bytes, kSmallQuantum) : round_up(bytes, kLargeQuantum);
+}
+
+std::shared_ptr<void> cpu_allocate(std::size_t bytes) {
+  if (bytes == 0) return nullptr;
+  void* p = std::aligned_alloc(64, round_up(bytes, 64));
+  if (p == nullptr) QUINTET_THROW(System, "out of host memory allocating {} bytes", bytes);
+  return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+}
+
+#if QUINTET_HAS_CUDA
+namespace {
+
+// Pools of free blocks per stream, keyed by size class; one instance per device. A block goes
+// back to the pool of the stream it was allocated on, so reuse is ordered by that stream.
+class DevicePool {
+ public:
+  explicit DevicePool(int device) : device_(device) {}
+
+  void* allocate(std::size_t bytes, cudaStream_t stream, std::size_t* size_class) {
+    const std::size_t size = allocation_size_class(bytes);
+    *size_class = size;
+    std::lock_guard lock(mutex_);
+    ++stats_.num_allocs;
+    auto& pool = pools_[stream];
+    // Best fit, but never hand a small request a block more than twice its size class.
+    auto it = pool.lower_bound(size);
+    if (it != pool.end() && it->first <= 2 * size) {
+      void* p = it->second;
+      *size_class = it->first;
+      stats_.cached_bytes -= it->first;
+      pool.erase(it);
+      ++stats_.num_cache_hits;
+      note_alloc(*size_class);
+      return p;
+    }
+    detail::DeviceGuard guard(Device::cuda(device_));
+    void* p = nullptr;
+    cudaError_t status = cudaMalloc(&p, size);
+    if (status == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();
+      release_cached_locked();
+      status = cudaMalloc(&p, size);
+    }
+    if (status != cudaSuccess) {
+      (void)cudaGetLastError();
+      QUINTET_THROW(Cuda,
+                    "cuda:{} out of memory allocating {} bytes ({} in use, {} reserved, peak {}): "
+                    "{}; reduce the batch or model size",
+                    device_, size, stats_.current_bytes, stats_.reserved_bytes, stats_.peak_bytes,
+                    cudaGetErrorString(status));
+    }
+    ++stats_.num_driver_allocs;
+    stats_.reserved_bytes += size;
+    note_alloc(size);
+    return p;
+  }
+
+  void release(void* p, std::size_t size, cudaStream_t stream) {
+    std::lock_guard lock(mutex_);
+    stats_.current_bytes -= size;
+    stats_.cached_bytes += size;
+    pools_[stream].emplace(size, p);
+  }
+
+  AllocatorStats stats() {
+    std::lock_guard lock(mutex_);
+    return stats_;
+  }
+  void reset_peak() {
+    std::lock_guard lock(mutex_);
+    stats_.peak_bytes = stats_.current_bytes;
+  }
+  void empty_cache() {
+    std::lock_guard lock(mutex_);
+    release_cached_locked();
+  }
+
+ private:
+  void note_alloc(std::size_t size) {
+    stats_.current_bytes += size;
+    if (stats_.current_bytes > stats_.peak_bytes) stats_.peak_bytes = stats_.current_bytes;
+  }
+  void release_cached_locked() {
+    detail::DeviceGuard guard(Device::cuda(device_));
+    // Blocks may still be used by queued kernels of their stream: wait for the device first.
+    (void)cudaDeviceSynchronize();
+    for (auto& [stream, pool] : pools_) {
+      for (auto& [size, p] : pool) {
+        (void)cudaFree(p);
+        stats_.reserved_bytes -= size;
+        stats_.cached_bytes -= size;
+      }
+      pool.clear();
+    }
+  }
+
+  int device_;
+  std::mutex mutex_;
+  std::unordered_map<cudaStream_t, std::multimap<std::size_t, void*>> pools_;
+  AllocatorStats stats_;
+};
+
+// Process-wide by nature: device memory is a per-process resource, like the CUDA context.
+// Leaked on purpose so that tensors freed during static destruction never touch a dead pool.
+std::vector<DevicePool*>& device_pools() {
+  static auto* pools = [] {
+    auto* v = new std::vector<DevicePool*>();
+    for (int d = 0; d < cuda_device_count(); ++d) v->push_back(new DevicePool(d));
+    return v;
+  }();
+  return *pools;
+}
+
+DevicePool& pool_for(const Device& device) {
+  check_device(device);
+  return *device_pools().at(static_cast<std::size_t>(device.index()));
+}
+
+class PinnedPool {
+ public:
+  void* allocate(std::size_t bytes, std::size_t* size_class) {
+    const std::size_t size = allocation_size_class(bytes);
+    *size_class = size;
+    std::lock_guard lock(mutex_);
+    auto it = free_.find(size);
+    if (it != free_.end()) {
+      void* p = it->second;
+      free_.erase(it);
+      return p;
+    }
+    void* p = nullptr;
+    QUINTET_CUDA_CHECK(cudaHostAlloc(&p, size, cudaHostAllocPortable));
+    return p;
+  }
+  void release(void* p, std::size_t size) {
+    std::lock_guard lock(mutex_);
+    free_.emplace(size, p);
+  }
+
+ private:
+  std::mutex mutex_;
+  std::multimap<std::size_t, void*> free_;
+};
+
+PinnedPool& pinned_pool() {
+  static auto* pool = new PinnedPool();  // leaked on purpose, see device_pools()
+  return *pool;
+}
+
+}  // namespace
+
+std::shared_ptr<void> cuda_allocate(std::size_t bytes, const Device& device,
+                                    const Stream& stream) {
+  QUINTET_CHECK(device.is_cuda(), "cuda_allocate on {}", device.str());
+  if (bytes == 0) return nullptr;
+  DevicePool& pool = pool_for(device);
+  cudaStream_t s = detail::cuda_stream_of(stream);
+  std::size_t size = 0;
+  void* p = pool.allocate(bytes, s, &size);
+  return std::shared_ptr<void>(p, [&pool, size, s](void* q) { pool.release(q, size, s); });
+}
+
+AllocatorStats cuda_allocator_stats(const Device& device) { return pool_for(device).stats(); }
+void cuda_reset_peak(const Device& device) { pool_for(device).reset_peak(); }
+void cuda_empty_cache() {
+  for (DevicePool* pool : device_pools()) pool->empty_cache();
+}
+
+std::shared_ptr<void> pinned_allocate(std::size_t bytes) {
+  if (!cuda_available()) return cpu_allocate(bytes);
+  if (bytes == 0) return nullptr;
+  std::size_t size = 0;
+  void* p = pinned_pool().allocate(bytes, &size);
+  return std::shared_ptr<void>(p, [size](void* q) { pinned_pool().release(q, size); });
+}
+
+#else  // no CUDA in this build
+
+std::shared_ptr<void> cuda_allocate(std::size_t, const Device& device, const Stream&) {
+  check_device(device.is_cuda() ? device : Device::cuda(0));
+  QUINTET_THROW(InvalidArgument, "cuda_allocate: Quintet was built without CUDA");
+}
+AllocatorStats cuda_allocator_stats(const Device& device) {
+  check_device(device);
+  return {};
+}
+void cuda_reset_peak(const Device& device) { check_device(device); }
+void cuda_empty_cache() {}
+std::shared_ptr<void> pinned_allocate(std::size_t bytes) { return cpu_allocate(bytes); }
+
+#endif
+
+std::shared_ptr<void> allocate(std::size_t bytes, const Device& device, const Stream& stream) {
+  return device.is_cpu() ? cpu_allocate(bytes) : cuda_allocate(bytes, device, stream);
+}
+
+}  // namespace quintet

@@ -1,0 +1,141 @@
+#include "quintet/core/runtime_config.hpp"
+
+#include <charconv>
+#include <cstdlib>
+#include <cstring>
+
+#include "quintet/core/error.hpp"
+
+extern char** environ;
+
+namespace quintet {
+
+namespace {
+
+// Environment variables RuntimeConfig keeps: Quintet's own and those of the launchers that
+// bootstrap understands (OpenMPI, PMI, SLURM, torchrun-style).
+bool is_kept_variable(std::string_view name) {
+  static constexpr std::string_view kPrefixes[] = {"QUINTET_", "OMPI_", "PMI_", "PMIX_", "SLURM_"};
+  static constexpr std::string_view kNames[] = {"RANK",        "WORLD_SIZE",  "LOCAL_RANK",
+                                                "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                                                "CUDA_VISIBLE_DEVICES"};
+  for (auto p : kPrefixes) {
+    if (name.starts_with(p)) return true;
+  }
+  for (auto n : kNames) {
+    if (name == n) return true;
+  }
+  return false;
+}
+
+std::map<std::string, std::string> read_environment() {
+  std::map<std::string, std::string> env;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    std::string_view entry(*e);
+    const auto eq = entry.find('=');
+    if (eq == std::string_view::npos) continue;
+    const std::string_view name = entry.substr(0, eq);
+    if (is_kept_variable(name)) env.emplace(name, entry.substr(eq + 1));
+  }
+  return env;
+}
+
+DevicePreference parse_device_preference(std::string_view v, std::string_view source) {
+  if (v == "cpu") return DevicePreference::cpu;
+  if (v == "cuda" || v == "gpu") return DevicePreference::cuda;
+  if (v == "auto") return DevicePreference::automatic;
+  QUINTET_THROW(InvalidArgument, "{}: unknown device '{}': expected cpu, cuda or auto", source, v);
+}
+
+double parse_double(std::string_view v, std::string_view source) {
+  char* end = nullptr;
+  const std::string s(v);
+  const double d = std::strtod(s.c_str(), &end);
+  QUINTET_CHECK(!s.empty() && end == s.c_str() + s.size() && d > 0,
+                "{}: expected a positive number of seconds, got '{}'", source, v);
+  return d;
+}
+
+std::uint64_t parse_u64(std::string_view v, std::string_view source) {
+  std::uint64_t x = 0;
+  const auto [ptr, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+  QUINTET_CHECK(ec == std::errc() && ptr == v.data() + v.size(),
+                "{}: expected a non-negative integer, got '{}'", source, v);
+  return x;
+}
+
+// Applies one setting by its flag name (without dashes); false when the name is not ours.
+bool apply(RuntimeConfig& c, std::string_view name, std::string_view value,
+           std::string_view source) {
+  if (name == "device") {
+    c.device = parse_device_preference(value, source);
+  } else if (name == "log-level") {
+    c.log_level = parse_log_level(value);
+  } else if (name == "timeout-s") {
+    c.timeout_s = parse_double(value, source);
+  } else if (name == "seed") {
+    c.seed = parse_u64(value, source);
+  } else {
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+RuntimeConfig RuntimeConfig::from(const std::map<std::string, std::string>& env,
+                                  const std::vector<std::string>& args) {
+  RuntimeConfig c;
+  c.env = env;
+  static constexpr std::pair<std::string_view, std::string_view> kEnvFlags[] = {
+      {"QUINTET_DEVICE", "device"},
+      {"QUINTET_LOG_LEVEL", "log-level"},
+      {"QUINTET_TIMEOUT_S", "timeout-s"},
+      {"QUINTET_SEED", "seed"}};
+  for (const auto& [var, flag] : kEnvFlags) {
+    auto it = env.find(std::string(var));
+    if (it != env.end()) apply(c, flag, it->second, var);
+  }
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (i == 0 || !a.starts_with("--")) {
+      c.remaining_args.push_back(a);
+      continue;
+    }
+    std::string name = a.substr(2), value;
+    const auto eq = name.find('=');
+    bool inline_value = eq != std::string::npos;
+    if (inline_value) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+    }
+    static constexpr std::string_view kOurs[] = {"device", "log-level", "timeout-s", "seed"};
+    bool ours = false;
+    for (auto o : kOurs) ours = ours || name == o;
+    if (!ours) {
+      c.remaining_args.push_back(a);
+      continue;
+    }
+    if (!inline_value) {
+      QUINTET_CHECK(i + 1 < args.size(), "flag --{} needs a value", name);
+      value = args[++i];
+    }
+    apply(c, name, value, "--" + name);
+  }
+  return c;
+}
+
+RuntimeConfig RuntimeConfig::from_env() { return from(read_environment(), {}); }
+
+RuntimeConfig RuntimeConfig::from_args(int argc, const char* const* argv) {
+  std::vector<std::string> args(argv, argv + argc);
+  return from(read_environment(), args);
+}
+
+std::optional<std::string> RuntimeConfig::get_env(const std::string& name) const {
+  auto it = env.find(name);
+  if (it == env.end()) return std::nullopt;
+  return it->second;
+}
+
+}  // namespace quintet

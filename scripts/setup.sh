@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Installs the missing build dependencies (Debian 12 / Ubuntu 24.04 package names; nothing when
+# all are present, as on the GPU machine, which has no network), then configures and builds
+# Quintet into build/ (Release, tests and examples on) with all cores.
+# Extra arguments are passed to cmake's configure step, e.g. -DQUINTET_WITH_CUDA=OFF.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(cmake g++ make libopenmpi-dev openmpi-bin libeigen3-dev libfmt-dev libcli11-dev
+          nlohmann-json3-dev iproute2)
+# Catch2: Debian 12 ships v2 as "catch2"; Ubuntu 24.04 ships v3 under the same name.
+packages+=(catch2)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+# A package may be absent while the software is present another way (the GPU image builds some
+# from source): only install what is really missing.
+have() { command -v "$1" >/dev/null 2>&1; }
+filtered=()
+for p in "${missing[@]}"; do
+  case "$p" in
+    cmake) have cmake || filtered+=("$p") ;;
+    g++) have g++ || filtered+=("$p") ;;
+    make) have make || filtered+=("$p") ;;
+    openmpi-bin) have mpirun || filtered+=("$p") ;;
+    libopenmpi-dev) have mpicxx || filtered+=("$p") ;;
+    iproute2) have ip || filtered+=("$p") ;;
+    *) filtered+=("$p") ;;
+  esac
+done
+if ((${#filtered[@]})); then
+  echo "setup: installing ${filtered[*]}"
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${filtered[@]}"
+fi
+
+jobs=$(nproc)
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DQUINTET_BUILD_TESTS=ON \
+      -DQUINTET_BUILD_EXAMPLES=ON "$@"
+cmake --build build -j "$jobs"

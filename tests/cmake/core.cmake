@@ -1,0 +1,17 @@
+# Core: errors, dtypes, devices, tensors, streams, allocators, random numbers, runtime config.
+quintet_unit_test(NAME core_error_test COMPONENT core SOURCES unit/core_error_test.cpp)
+quintet_unit_test(NAME core_dtype_test COMPONENT core SOURCES unit/core_dtype_test.cpp)
+quintet_unit_test(NAME core_tensor_test COMPONENT core SOURCES unit/core_tensor_test.cpp)
+quintet_unit_test(NAME core_random_test COMPONENT core SOURCES unit/core_random_test.cpp)
+quintet_unit_test(NAME core_runtime_config_test COMPONENT core
+                  SOURCES unit/core_runtime_config_test.cpp)
+quintet_gpu_test(NAME gpu_core_allocator_test COMPONENT core SOURCES gpu/core_allocator_test.cpp)
+quintet_gpu_test(NAME gpu_core_tensor_test COMPONENT core SOURCES gpu/core_tensor_test.cpp)
+
+# The downstream project of tests/install: install Quintet into a fresh tree, then configure,
+# build and run a program that uses find_package(quintet).
+add_test(NAME install_find_package
+         COMMAND ${CMAKE_COMMAND} -DSOURCE_DIR=${PROJECT_SOURCE_DIR} -DBUILD_DIR=${PROJECT_BINARY_DIR}
+                 -DWORK_DIR=${CMAKE_CURRENT_BINARY_DIR}/install_test
+                 -P ${CMAKE_CURRENT_SOURCE_DIR}/install/run_install_test.cmake)
+set_tests_properties(install_find_package PROPERTIES LABELS "unit;core" TIMEOUT 900)

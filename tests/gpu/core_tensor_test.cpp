@@ -1,0 +1,89 @@
+// Tensors on the GPU: copies on streams with events, strided copies, dtype conversions equal to
+// the CPU's, and Philox draws bitwise equal to the CPU's.
+#include <cmath>
+#include <cstring>
+
+#include "support/catch.hpp"
+
+#include "quintet/core/random.hpp"
+#include "quintet/core/tensor.hpp"
+
+using namespace quintet;
+
+TEST_CASE("H2D, D2D and D2H copies on streams ordered by events") {
+  const Device gpu = Device::cuda(0);
+  Stream copy = Stream::create(gpu);
+  Stream compute = Stream::create(gpu);
+  Tensor host = Tensor::randn({1 << 20}, 3);
+  Tensor pinned = Tensor::empty_pinned({1 << 20});
+  pinned.copy_(host);
+  Tensor dev = Tensor::empty({1 << 20}, DType::f32, gpu, copy);
+  dev.copy_(pinned, copy);  // asynchronous
+  Event ready(gpu);
+  ready.record(copy);
+  ready.wait(compute);
+  Tensor dev2 = dev.clone(compute);  // D2D after the event
+  Tensor back = Tensor::empty_pinned({1 << 20});
+  back.copy_(dev2, compute);
+  compute.synchronize();
+  CHECK(back.to_vector<float>() == host.to_vector<float>());
+}
+
+TEST_CASE("strided copies and views on the GPU equal the CPU's") {
+  const Device gpu = Device::cuda(0);
+  Tensor cpu = Tensor::randn({5, 7, 9}, 11);
+  Tensor g = cpu.to(gpu);
+  CHECK(g.transpose(0, 2).contiguous().to(Device::cpu()).to_vector<float>() ==
+        cpu.transpose(0, 2).contiguous().to_vector<float>());
+  CHECK(g.slice(1, 2, 6).to_vector<float>() == cpu.slice(1, 2, 6).to_vector<float>());
+  // Copy into a strided GPU destination from the host.
+  Tensor dst = Tensor::zeros({9, 7, 5}, DType::f32, gpu);
+  dst.transpose(0, 2).copy_(cpu);
+  CHECK(dst.to_vector<float>() == cpu.transpose(0, 2).contiguous().to_vector<float>());
+  CHECK(g.item({4, 6, 8}) == cpu.item({4, 6, 8}));
+  Tensor filled = Tensor::full({3, 3}, -1.25, DType::bf16, gpu);
+  CHECK(filled.to_vector<float>() == std::vector<float>(9, -1.25f));
+}
+
+TEST_CASE("dtype conversions on the GPU equal the CPU's bit for bit") {
+  const Device gpu = Device::cuda(0);
+  // Normal values scaled over 13 decades: subnormal halves, overflowing halves, ties.
+  Tensor vals = Tensor::randn({100003}, 5, DType::f64);
+  std::vector<double> v = vals.to_vector<double>();
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] *= std::pow(10.0, static_cast<double>(i % 13) - 6);
+  Tensor f = Tensor::from_vector<double>(v, {static_cast<std::int64_t>(v.size())}).to(DType::f32);
+  for (DType to : {DType::bf16, DType::f16, DType::i32, DType::f64}) {
+    Tensor on_cpu = f.to(to);
+    Tensor on_gpu = f.to(gpu).to(to).to(Device::cpu());
+    REQUIRE(on_cpu.nbytes() == on_gpu.nbytes());
+    INFO("dtype " << dtype_name(to));
+    CHECK(std::memcmp(on_cpu.data_ptr(), on_gpu.data_ptr(), on_cpu.nbytes()) == 0);
+    // And back to f32.
+    CHECK(on_cpu.to(DType::f32).to_vector<float>() ==
+          on_gpu.to(gpu).to(DType::f32).to_vector<float>());
+  }
+}
+
+TEST_CASE("Philox draws are bitwise identical on the CPU and the GPU") {
+  const Device gpu = Device::cuda(0);
+  const RandomKey key{0x1234567890abcdefULL, 77, (1ULL << 32) - 5};  // offset crosses 2^32
+  CHECK(philox_words(key, 10000, Device::cpu()) == philox_words(key, 10000, gpu));
+  for (DType dt : {DType::f32, DType::bf16, DType::f64}) {
+    Tensor c = Tensor::empty({301, 257}, dt);
+    Tensor g = Tensor::empty({301, 257}, dt, gpu);
+    fill_normal(c, key, 0.5f, 0.02f);
+    fill_normal(g, key, 0.5f, 0.02f);
+    Tensor gh = g.to(Device::cpu());
+    CHECK(std::memcmp(c.data_ptr(), gh.data_ptr(), c.nbytes()) == 0);
+    fill_uniform(c, key, -1.0f, 1.0f);
+    fill_uniform(g, key, -1.0f, 1.0f);
+    gh = g.to(Device::cpu());
+    CHECK(std::memcmp(c.data_ptr(), gh.data_ptr(), c.nbytes()) == 0);
+  }
+  // A GPU shard equals the CPU's full draw sliced.
+  Tensor full = Tensor::empty({64, 96});
+  fill_normal(full, key);
+  Tensor shard = Tensor::empty({64, 32}, DType::f32, gpu);
+  fill_normal(shard, key, 0.0f, 1.0f, RandomRegion{{64, 96}, {0, 32}});
+  CHECK(shard.to_vector<float>() == full.slice(1, 32, 64).to_vector<float>());
+}

@@ -1,0 +1,30 @@
+// RuntimeConfig: environment, flags, precedence and bad values.
+#include "support/catch.hpp"
+
+#include "quintet/core/runtime_config.hpp"
+
+using namespace quintet;
+
+TEST_CASE("environment then flags, flags win") {
+  auto c = RuntimeConfig::from({{"QUINTET_DEVICE", "cpu"}, {"QUINTET_TIMEOUT_S", "12.5"},
+                                {"OMPI_COMM_WORLD_RANK", "3"}},
+                               {"prog", "--device=cuda", "--steps", "10", "--seed", "99"});
+  CHECK(c.device == DevicePreference::cuda);
+  CHECK(c.timeout_s == 12.5);
+  CHECK(c.seed == 99);
+  CHECK(c.get_env("OMPI_COMM_WORLD_RANK") == std::optional<std::string>("3"));
+  CHECK(c.remaining_args == std::vector<std::string>{"prog", "--steps", "10"});
+}
+
+TEST_CASE("bad values name the variable or flag") {
+  REQUIRE_THROWS_QUINTET(RuntimeConfig::from({{"QUINTET_DEVICE", "tpu"}}, {}), InvalidArgument,
+                         "QUINTET_DEVICE");
+  REQUIRE_THROWS_QUINTET(RuntimeConfig::from({}, {"p", "--timeout-s", "-1"}), InvalidArgument,
+                         "--timeout-s");
+  REQUIRE_THROWS_QUINTET(RuntimeConfig::from({}, {"p", "--seed"}), InvalidArgument, "needs a value");
+}
+
+TEST_CASE("from_env reads the process environment once") {
+  const RuntimeConfig c = RuntimeConfig::from_env();
+  CHECK(c.timeout_s > 0);
+}
