@@ -1,0 +1,184 @@
+// The compute ops of Quintet's models: every op as a free function with an explicit forward and
+// backward, taking Tensors and the Stream it runs on, dispatching on the tensors' device.
+//
+// Devices and dtypes:
+//   - CPU: f32 only; work runs synchronously on the calling thread.
+//   - CUDA: activations/weights in bf16 (f32 accepted too) with f32 accumulation; asynchronous on
+//     `stream`. All "compute" inputs of one call share one dtype (call it T).
+//   - Saved statistics (mean, rstd, log-sum-exp) are always f32. Parameter gradients (dw, db,
+//     dgamma, dbeta, dtable) are always f32 and ACCUMULATED (+=) into tensors the caller owns, so
+//     several microbatches add up and a flat gradient buffer can be written in place. Input
+//     gradients (dx, dq, ...) are fresh tensors of dtype T, OVERWRITTEN (returned).
+//   - Every tensor of a call and the stream must be on the same device.
+// Shapes are in elements. Inputs may be strided (they are made contiguous on `stream` when
+// needed); accumulated outputs must be contiguous. Returned tensors are contiguous, allocated on
+// `stream`'s device (in its pool on a GPU). Bad input (shape, dtype, device mismatch, bad option)
+// throws quintet::Error(InvalidArgument) before any work is queued. A CUDA tensor in a build
+// without the CUDA nn kernels also throws InvalidArgument, never crashes.
+//
+// This header is C++17-clean (it is included by .cu sources through lib/nn/cuda/cuda_ops.hpp).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "quintet/core/dtype.hpp"
+#include "quintet/core/stream.hpp"
+#include "quintet/core/tensor.hpp"
+
+namespace quintet::nn {
+
+// ---- linear: y = x · wᵀ + b ----------------------------------------------------------------
+// x [..., in] (T), w [out, in] (T), b [out] (T) or undefined for no bias. Returns y [..., out].
+Tensor linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Stream& stream);
+// dx = dy · w: dy [..., out], w [out, in]. Returns dx [..., in] (T).
+Tensor linear_backward_input(const Tensor& dy, const Tensor& w, const Stream& stream);
+// dw += dyᵀ · x over all leading dims; db += sum of dy over leading dims (skipped when db is
+// undefined). dy [..., out], x [..., in], dw [out, in] f32, db [out] f32. Split from
+// linear_backward_input so a pipeline schedule can run the weight gradient later.
+void linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& dw, const Tensor& db,
+                            const Stream& stream);
+// Both of the above: returns dx and accumulates dw, db.
+Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& dw,
+                       const Tensor& db, const Stream& stream);
+
+// ---- layernorm / rmsnorm over the last dimension --------------------------------------------
+struct NormOutput {
+  Tensor y;     // like x (T)
+  Tensor mean;  // [rows] f32, rows = numel / d; undefined for rmsnorm
+  Tensor rstd;  // [rows] f32: 1 / sqrt(var + eps) (layernorm), 1 / sqrt(mean(x²) + eps) (rmsnorm)
+};
+// y = (x - mean) * rstd * gamma + beta. x [..., d], gamma [d] (T), beta [d] (T); eps > 0.
+NormOutput layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
+                             const Stream& stream);
+// Returns dx (T) and accumulates dgamma [d] f32, dbeta [d] f32 (either may be undefined to skip).
+// mean and rstd are the forward's saved statistics.
+Tensor layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                          const Tensor& mean, const Tensor& rstd, const Tensor& dgamma,
+                          const Tensor& dbeta, const Stream& stream);
+// y = x * rstd * gamma. x [..., d], gamma [d] (T).
+NormOutput rmsnorm_forward(const Tensor& x, const Tensor& gamma, float eps, const Stream& stream);
+// Returns dx (T) and accumulates dgamma [d] f32 (undefined to skip).
+Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& rstd,
+                        const Tensor& dgamma, const Stream& stream);
+
+// ---- activations ----------------------------------------------------------------------------
+// GELU, tanh form: y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x³))). Any shape.
+Tensor gelu_forward(const Tensor& x, const Stream& stream);
+Tensor gelu_backward(const Tensor& dy, const Tensor& x, const Stream& stream);  // dx, like x
+// SwiGLU: y = silu(gate) * up, silu(a) = a / (1 + exp(-a)). gate and up of one shape.
+Tensor swiglu_forward(const Tensor& gate, const Tensor& up, const Stream& stream);
+struct SwiGluGrads {
+  Tensor dgate;
+  Tensor dup;
+};
+SwiGluGrads swiglu_backward(const Tensor& dy, const Tensor& gate, const Tensor& up,
+                            const Stream& stream);
+// Softmax over the last dimension (computed in f32, max-subtracted).
+Tensor softmax_forward(const Tensor& x, const Stream& stream);
+// dx = y * (dy - sum(dy * y)) over the last dimension; y is the forward's output.
+Tensor softmax_backward(const Tensor& dy, const Tensor& y, const Stream& stream);
+
+// ---- scaled dot-product self-attention -----------------------------------------------------
+// One block of attention over (batch, heads, seq, head_dim). Query row i has global position
+// q_offset + i, key row j has global position k_offset + j. With causal = true, query i attends
+// key j iff k_offset + j <= q_offset + i; with causal = false every key is visible. So the
+// attention of a long sequence can be computed one (query block, key block) pair at a time and
+// the blocks merged with their log-sum-exp (context parallelism).
+struct AttentionOptions {
+  bool causal = true;
+  std::int64_t q_offset = 0;  // >= 0
+  std::int64_t k_offset = 0;  // >= 0
+  float scale = 0.0f;         // scores = scale * q·k; 0 means 1 / sqrt(head_dim)
+};
+struct AttentionOutput {
+  Tensor out;  // [B, H, Sq, D] (T)
+  Tensor lse;  // [B, H, Sq] f32: log(sum_j exp(score_ij)) over visible keys; -inf for a row that
+               // sees no key (its out row is 0)
+};
+// q [B, H, Sq, D], k and v [B, H, Sk, D], all T. Sq and Sk may differ.
+AttentionOutput attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                  const AttentionOptions& options, const Stream& stream);
+struct AttentionGrads {
+  Tensor dq;  // [B, H, Sq, D] (T)
+  Tensor dk;  // [B, H, Sk, D] (T)
+  Tensor dv;  // [B, H, Sk, D] (T)
+};
+// Gradients of one block. out and lse are the outputs the loss saw: for a single block those of
+// attention_forward; for a merged multi-block attention, the MERGED out and lse (flash-attention
+// form: P = exp(score - lse), dS = P * (dout·vᵀ - rowsum(dout * out))), so the per-block grads
+// add up to the grads of the whole. Same options as the forward.
+AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
+                                  const Tensor& v, const Tensor& out, const Tensor& lse,
+                                  const AttentionOptions& options, const Stream& stream);
+
+// ---- embedding ------------------------------------------------------------------------------
+// y[..., :] = table[ids[...], :]. ids [...] i32 or i64, table [V, D] (T); returns y [..., D].
+// An id outside [0, V) throws on the CPU; on a GPU (where checking would synchronise) its row of
+// y is zero and its gradient is dropped.
+Tensor embedding_forward(const Tensor& ids, const Tensor& table, const Stream& stream);
+// dtable[ids[...], :] += dy[..., :] (scatter-add; repeated ids add up). dtable [V, D] f32.
+void embedding_backward(const Tensor& dy, const Tensor& ids, const Tensor& dtable,
+                        const Stream& stream);
+
+// ---- cross-entropy fused with the softmax over the vocabulary -------------------------------
+struct CrossEntropyOutput {
+  Tensor loss;         // scalar (shape []) f32: mean over valid tokens of lse - logit[target];
+                       // 0 when no token is valid
+  Tensor lse;          // [N] f32 per-token log-sum-exp of the logits (saved for backward)
+  Tensor valid_count;  // scalar f32: number of tokens whose target != ignore_index
+};
+// logits [..., V] (T), targets [...] i32 or i64 (N = numel of targets). A target equal to
+// ignore_index is skipped; any other target outside [0, V) throws on the CPU, and on a GPU counts
+// as ignored.
+CrossEntropyOutput cross_entropy_forward(const Tensor& logits, const Tensor& targets,
+                                         std::int64_t ignore_index, const Stream& stream);
+// dlogits = dloss * (softmax(logits) - onehot(target)) / max(valid_count, 1), zero rows for
+// ignored tokens. lse and valid_count come from the forward; dloss is the gradient of the loss
+// (1 for a plain mean, 1/k to average k microbatches). Returns dlogits like logits (T).
+Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                              const Tensor& valid_count, float dloss, std::int64_t ignore_index,
+                              const Stream& stream);
+
+// ---- AdamW (decoupled weight decay, bias correction) -----------------------------------------
+struct AdamWHyper {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+};
+// One fused update of one tensor, in f32, for step t >= 1 (the first step is t = 1):
+//   g = grad * grad_scale;  p -= lr * weight_decay * p
+//   m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g²
+//   p -= lr * (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + eps)
+// master (the f32 master weights), grad, exp_avg (m), exp_avg_sq (v): f32, one shape, contiguous;
+// master, exp_avg and exp_avg_sq are updated in place. When param (same shape, any float dtype,
+// contiguous) is defined, the updated master is also written into it, converted (the
+// compute-dtype copy the model uses). grad_scale folds gradient clipping into the update.
+void adamw_step(const Tensor& master, const Tensor& grad, const Tensor& exp_avg,
+                const Tensor& exp_avg_sq, const AdamWHyper& hyper, std::int64_t step,
+                float grad_scale, const Tensor& param, const Stream& stream);
+
+// ---- element-wise and reductions ------------------------------------------------------------
+// Backward of these is trivial and needs no function: add's gradient is dy for both inputs,
+// scale's is scale(dy, alpha), cast's is cast(dy, x.dtype()).
+// out = a + b (same shape, dtype, device).
+Tensor add(const Tensor& a, const Tensor& b, const Stream& stream);
+// dst += alpha * src in place (dst contiguous; dst may be f32 while src is T, for accumulating
+// gradients). Same shape.
+void add_(const Tensor& dst, const Tensor& src, float alpha, const Stream& stream);
+// out = alpha * x.
+Tensor scale(const Tensor& x, float alpha, const Stream& stream);
+// x *= alpha in place (x contiguous).
+void scale_(const Tensor& x, float alpha, const Stream& stream);
+// A copy of x converted to dtype (x itself when already of dtype).
+Tensor cast(const Tensor& x, DType dtype, const Stream& stream);
+// sum over all tensors of sum(x²), computed in f32, as a scalar f32 tensor on their device; no
+// host synchronisation (so it can be all-reduced before the square root). The tensors may differ
+// in shape and dtype but share one device; an empty list gives a CPU 0.
+Tensor sum_of_squares(const std::vector<Tensor>& tensors, const Stream& stream);
+// sqrt(sum_of_squares(tensors)) read back to the host: synchronises stream.
+double global_norm(const std::vector<Tensor>& tensors, const Stream& stream);
+
+}  // namespace quintet::nn

@@ -1,0 +1,112 @@
+// Private: the CUDA implementations of the ops of quintet/nn/ops.hpp, one function per op, called
+// by the device dispatch in lib/nn/ops.cpp for CUDA tensors.
+//
+// OWNERSHIP: written with the op interface; the CUDA engineer takes this header over and
+// implements every declaration in lib/nn/cuda/*.cu. When all of them are implemented, set
+// QUINTET_NN_CUDA_OPS below to 1 in the same commit that adds the .cu files: ops.cpp only calls
+// these functions when it is 1 (and QUINTET_HAS_CUDA), and otherwise rejects CUDA tensors with
+// InvalidArgument, so the library links before the kernels exist.
+//
+// Contract for every function here (the dispatch guarantees it, the kernels may rely on it):
+//   - shapes, dtypes and devices are already checked as ops.hpp documents; all tensors are on
+//     stream.device(), which is current (a DeviceGuard is held); work is queued on `stream`
+//     (stream.handle(), nullptr = legacy default) and must not synchronise the host;
+//   - every input is contiguous; outputs are preallocated, contiguous, and uninitialised unless
+//     said "accumulate" (then += into existing f32 values);
+//   - T is the compute dtype, bf16 or f32; statistics and parameter grads are f32;
+//   - leading dims are flattened: "rows" = numel / last dim.
+// Must stay C++17-clean: .cu files include it.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "quintet/core/config.hpp"
+#include "quintet/core/stream.hpp"
+#include "quintet/core/tensor.hpp"
+#include "quintet/nn/ops.hpp"
+
+// 1 once lib/nn/cuda/*.cu implement every function below (see OWNERSHIP).
+#define QUINTET_NN_CUDA_OPS 0
+
+#if QUINTET_HAS_CUDA
+namespace quintet::nn::cuda_ops {
+
+// x [M, in], w [out, in], b [out] or undefined -> y [M, out].
+void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
+                    const Stream& stream);
+// dy [M, out], w [out, in] -> dx [M, in].
+void linear_backward_input(const Tensor& dy, const Tensor& w, const Tensor& dx,
+                           const Stream& stream);
+// dy [M, out], x [M, in]; accumulate dw [out, in] f32, db [out] f32 (undefined: skip).
+void linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& dw, const Tensor& db,
+                            const Stream& stream);
+
+// x [rows, d], gamma/beta [d] -> y [rows, d], mean [rows] f32, rstd [rows] f32.
+void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
+                       const Tensor& y, const Tensor& mean, const Tensor& rstd,
+                       const Stream& stream);
+// -> dx [rows, d]; accumulate dgamma, dbeta [d] f32 (each may be undefined: skip).
+void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                        const Tensor& rstd, const Tensor& dx, const Tensor& dgamma,
+                        const Tensor& dbeta, const Stream& stream);
+// x [rows, d], gamma [d] -> y [rows, d], rstd [rows] f32.
+void rmsnorm_forward(const Tensor& x, const Tensor& gamma, float eps, const Tensor& y,
+                     const Tensor& rstd, const Stream& stream);
+// -> dx; accumulate dgamma [d] f32 (undefined: skip).
+void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& rstd,
+                      const Tensor& dx, const Tensor& dgamma, const Stream& stream);
+
+// Element-wise, any (flattened) shape.
+void gelu_forward(const Tensor& x, const Tensor& y, const Stream& stream);
+void gelu_backward(const Tensor& dy, const Tensor& x, const Tensor& dx, const Stream& stream);
+void swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& y, const Stream& stream);
+void swiglu_backward(const Tensor& dy, const Tensor& gate, const Tensor& up, const Tensor& dgate,
+                     const Tensor& dup, const Stream& stream);
+// Over the last dim of [rows, n].
+void softmax_forward(const Tensor& x, const Tensor& y, const Stream& stream);
+void softmax_backward(const Tensor& dy, const Tensor& y, const Tensor& dx, const Stream& stream);
+
+// q [B, H, Sq, D], k/v [B, H, Sk, D] -> out [B, H, Sq, D], lse [B, H, Sq] f32. options.scale is
+// already resolved (> 0); offsets >= 0. Rows with no visible key: out 0, lse -inf.
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                       const AttentionOptions& options, const Tensor& out, const Tensor& lse,
+                       const Stream& stream);
+// -> dq, dk, dv (overwritten), see ops.hpp for the merged-out/lse contract.
+void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const Tensor& out, const Tensor& lse, const AttentionOptions& options,
+                        const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                        const Stream& stream);
+
+// ids [N] i32/i64, table [V, D] -> y [N, D]; out-of-range id: zero row.
+void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& y,
+                       const Stream& stream);
+// accumulate dtable [V, D] f32 from dy [N, D]; out-of-range ids dropped.
+void embedding_backward(const Tensor& dy, const Tensor& ids, const Tensor& dtable,
+                        const Stream& stream);
+
+// logits [N, V], targets [N] i32/i64 -> loss [] f32, lse [N] f32, valid_count [] f32.
+void cross_entropy_forward(const Tensor& logits, const Tensor& targets, std::int64_t ignore_index,
+                           const Tensor& loss, const Tensor& lse, const Tensor& valid_count,
+                           const Stream& stream);
+// -> dlogits [N, V] (T).
+void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                            const Tensor& valid_count, float dloss, std::int64_t ignore_index,
+                            const Tensor& dlogits, const Stream& stream);
+
+// All f32 of one shape except param (any float dtype, or undefined); step >= 1.
+void adamw_step(const Tensor& master, const Tensor& grad, const Tensor& exp_avg,
+                const Tensor& exp_avg_sq, const AdamWHyper& hyper, std::int64_t step,
+                float grad_scale, const Tensor& param, const Stream& stream);
+
+// out = a + b (same dtype T).
+void add(const Tensor& a, const Tensor& b, const Tensor& out, const Stream& stream);
+// dst (f32 or T) += alpha * src (T).
+void add_(const Tensor& dst, const Tensor& src, float alpha, const Stream& stream);
+// out = alpha * x (out may alias x for the in-place form).
+void scale(const Tensor& x, float alpha, const Tensor& out, const Stream& stream);
+// accumulate sum(x²) in f32 into out (a scalar f32 tensor); x any float dtype.
+void sum_of_squares(const Tensor& x, const Tensor& out, const Stream& stream);
+
+}  // namespace quintet::nn::cuda_ops
+#endif  // QUINTET_HAS_CUDA
