@@ -11,3 +11,5 @@
 #include "quintet/core/runtime_config.hpp"
 #include "quintet/core/stream.hpp"
 #include "quintet/core/tensor.hpp"
+#include "quintet/parallel/layout.hpp"
+#include "quintet/parallel/mesh.hpp"
