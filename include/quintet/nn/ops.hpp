@@ -2,13 +2,16 @@
 // backward, taking Tensors and the Stream it runs on, dispatching on the tensors' device.
 //
 // Devices and dtypes:
-//   - CPU: f32 only; work runs synchronously on the calling thread.
+//   - CPU: f32 (f64 also accepted, for gradient checks against finite differences); work runs
+//     synchronously on the calling thread.
 //   - CUDA: activations/weights in bf16 (f32 accepted too) with f32 accumulation; asynchronous on
 //     `stream`. All "compute" inputs of one call share one dtype (call it T).
-//   - Saved statistics (mean, rstd, log-sum-exp) are always f32. Parameter gradients (dw, db,
-//     dgamma, dbeta, dtable) are always f32 and ACCUMULATED (+=) into tensors the caller owns, so
+//   - Saved statistics (mean, rstd, log-sum-exp, counts) and parameter gradients (dw, db, dgamma,
+//     dbeta, dtable) have dtype accum_dtype(T): f32, or f64 when T is f64. Parameter gradients are
+//     ACCUMULATED (+=) into tensors the caller owns, so
 //     several microbatches add up and a flat gradient buffer can be written in place. Input
-//     gradients (dx, dq, ...) are fresh tensors of dtype T, OVERWRITTEN (returned).
+//     gradients (dx, dq, ...) are fresh tensors of dtype T, OVERWRITTEN (returned). Below,
+//     "f32" for a statistic or a gradient accumulator means accum_dtype(T).
 //   - Every tensor of a call and the stream must be on the same device.
 // Shapes are in elements. Inputs may be strided (they are made contiguous on `stream` when
 // needed); accumulated outputs must be contiguous. Returned tensors are contiguous, allocated on
@@ -27,6 +30,11 @@
 #include "quintet/core/tensor.hpp"
 
 namespace quintet::nn {
+
+// The dtype of statistics and gradient accumulators for compute dtype T: f64 for f64, else f32.
+inline DType accum_dtype(DType compute) {
+  return compute == DType::f64 ? DType::f64 : DType::f32;
+}
 
 // ---- linear: y = x · wᵀ + b ----------------------------------------------------------------
 // x [..., in] (T), w [out, in] (T), b [out] (T) or undefined for no bias. Returns y [..., out].
@@ -152,7 +160,8 @@ struct AdamWHyper {
 //   g = grad * grad_scale;  p -= lr * weight_decay * p
 //   m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g²
 //   p -= lr * (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + eps)
-// master (the f32 master weights), grad, exp_avg (m), exp_avg_sq (v): f32, one shape, contiguous;
+// master (the f32 master weights), grad, exp_avg (m), exp_avg_sq (v): f32 (or all f64 on the
+// CPU), one shape, contiguous;
 // master, exp_avg and exp_avg_sq are updated in place. When param (same shape, any float dtype,
 // contiguous) is defined, the updated master is also written into it, converted (the
 // compute-dtype copy the model uses). grad_scale folds gradient clipping into the update.

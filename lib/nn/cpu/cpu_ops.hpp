@@ -1,0 +1,62 @@
+// Private: the CPU implementations of the ops of quintet/nn/ops.hpp, called by the dispatch in
+// lib/nn/ops.cpp. Same contract as lib/nn/cuda/cuda_ops.hpp (checked arguments, contiguous
+// inputs, preallocated contiguous outputs, "accumulate" = += into existing values) except that T
+// is f32 or f64 and accumulators are of accum_dtype(T). Synchronous on the calling thread.
+#pragma once
+
+#include <cstdint>
+
+#include "quintet/core/tensor.hpp"
+#include "quintet/nn/ops.hpp"
+
+namespace quintet::nn::cpu_ops {
+
+void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y);
+void linear_backward_input(const Tensor& dy, const Tensor& w, const Tensor& dx);
+void linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& dw, const Tensor& db);
+
+void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
+                       const Tensor& y, const Tensor& mean, const Tensor& rstd);
+void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                        const Tensor& rstd, const Tensor& dx, const Tensor& dgamma,
+                        const Tensor& dbeta);
+void rmsnorm_forward(const Tensor& x, const Tensor& gamma, float eps, const Tensor& y,
+                     const Tensor& rstd);
+void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& rstd,
+                      const Tensor& dx, const Tensor& dgamma);
+
+void gelu_forward(const Tensor& x, const Tensor& y);
+void gelu_backward(const Tensor& dy, const Tensor& x, const Tensor& dx);
+void swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& y);
+void swiglu_backward(const Tensor& dy, const Tensor& gate, const Tensor& up, const Tensor& dgate,
+                     const Tensor& dup);
+void softmax_forward(const Tensor& x, const Tensor& y);
+void softmax_backward(const Tensor& dy, const Tensor& y, const Tensor& dx);
+
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                       const AttentionOptions& options, const Tensor& out, const Tensor& lse);
+void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const Tensor& out, const Tensor& lse, const AttentionOptions& options,
+                        const Tensor& dq, const Tensor& dk, const Tensor& dv);
+
+// Throws InvalidArgument (before writing anything) on an id outside [0, V).
+void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& y);
+void embedding_backward(const Tensor& dy, const Tensor& ids, const Tensor& dtable);
+// Throws InvalidArgument on a target outside [0, V) that is not ignore_index.
+void cross_entropy_forward(const Tensor& logits, const Tensor& targets, std::int64_t ignore_index,
+                           const Tensor& loss, const Tensor& lse, const Tensor& valid_count);
+void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                            const Tensor& valid_count, float dloss, std::int64_t ignore_index,
+                            const Tensor& dlogits);
+
+void adamw_step(const Tensor& master, const Tensor& grad, const Tensor& exp_avg,
+                const Tensor& exp_avg_sq, const AdamWHyper& hyper, std::int64_t step,
+                float grad_scale, const Tensor& param);
+
+void add(const Tensor& a, const Tensor& b, const Tensor& out);
+void add_(const Tensor& dst, const Tensor& src, float alpha);
+void scale(const Tensor& x, float alpha, const Tensor& out);
+// Returns sum(x²) of one tensor of any float dtype, accumulated in double.
+double sum_of_squares(const Tensor& x);
+
+}  // namespace quintet::nn::cpu_ops

@@ -1,0 +1,312 @@
+// The device dispatch of the nn ops (quintet/nn/ops.hpp): check every argument, allocate the
+// outputs, then call the CPU implementation (lib/nn/cpu/, cpu_ops.hpp) or the CUDA one
+// (lib/nn/cuda/, cuda_ops.hpp). The ops of training (embedding, cross-entropy, AdamW, element-wise,
+// norms of tensor sets) are dispatched in ops_train.cpp the same way.
+//
+// How CUDA is switched on: the CUDA kernels are called only when the build has CUDA
+// (QUINTET_HAS_CUDA, from quintet/core/config.hpp) AND lib/nn/cuda/cuda_ops.hpp defines
+// QUINTET_NN_CUDA_OPS to 1, which its owner does in the commit that adds lib/nn/cuda/*.cu.
+// Otherwise a call on a CUDA stream is rejected with InvalidArgument before anything is allocated
+// (detail::OpChecker, op_checks.hpp), and the library links without any CUDA nn symbol. The
+// switch itself is QUINTET_NN_DISPATCH in op_dispatch.hpp.
+#include "quintet/nn/ops.hpp"
+
+#include <cmath>
+
+#include "nn/cpu/cpu_ops.hpp"
+#include "nn/cuda/cuda_ops.hpp"
+#include "nn/op_dispatch.hpp"
+#include "nn/op_checks.hpp"
+
+namespace quintet::nn {
+
+using detail::as_rows;
+using detail::OpChecker;
+using detail::rows_of;
+using detail::with_last;
+
+// ---- linear ---------------------------------------------------------------------------------
+
+Tensor linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Stream& stream) {
+  const OpChecker c("linear_forward", stream);
+  const DType t = c.compute("x", x);
+  const std::int64_t in = c.last_dim("x", x);
+  c.compute_as("w", w, t);
+  QUINTET_CHECK(w.dim() == 2 && w.size(1) == in,
+                "linear_forward: w has shape {}, expected [out, {}] for x of shape {}",
+                shape_str(w.shape()), in, shape_str(x.shape()));
+  const std::int64_t out = w.size(0);
+  if (b.defined()) {
+    c.compute_as("b", b, t);
+    c.shape("b", b, {out});
+  }
+  const Tensor x2 = as_rows(x, stream);
+  const Tensor w2 = w.contiguous(stream);
+  const Tensor b2 = b.defined() ? b.contiguous(stream) : Tensor();
+  Tensor y = Tensor::empty({x2.size(0), out}, t, c.device(), stream);
+  QUINTET_NN_DISPATCH(c, stream, linear_forward, x2, w2, b2, y);
+  return y.view(with_last(x.shape(), out));
+}
+
+Tensor linear_backward_input(const Tensor& dy, const Tensor& w, const Stream& stream) {
+  const OpChecker c("linear_backward_input", stream);
+  const DType t = c.compute("dy", dy);
+  c.compute_as("w", w, t);
+  const std::int64_t out = c.last_dim("dy", dy);
+  QUINTET_CHECK(w.dim() == 2 && w.size(0) == out,
+                "linear_backward_input: w has shape {}, expected [{}, in] for dy of shape {}",
+                shape_str(w.shape()), out, shape_str(dy.shape()));
+  const Tensor dy2 = as_rows(dy, stream);
+  const Tensor w2 = w.contiguous(stream);
+  Tensor dx = Tensor::empty({dy2.size(0), w.size(1)}, t, c.device(), stream);
+  QUINTET_NN_DISPATCH(c, stream, linear_backward_input, dy2, w2, dx);
+  return dx.view(with_last(dy.shape(), w.size(1)));
+}
+
+void linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& dw, const Tensor& db,
+                            const Stream& stream) {
+  const OpChecker c("linear_backward_weight", stream);
+  const DType t = c.compute("dy", dy);
+  c.compute_as("x", x, t);
+  const std::int64_t out = c.last_dim("dy", dy), in = c.last_dim("x", x);
+  QUINTET_CHECK(with_last(dy.shape(), in) == x.shape(),
+                "linear_backward_weight: dy {} and x {} must have the same leading dimensions",
+                shape_str(dy.shape()), shape_str(x.shape()));
+  c.accumulator("dw", dw, t, {out, in});
+  if (db.defined()) c.accumulator("db", db, t, {out});
+  const Tensor dy2 = as_rows(dy, stream), x2 = as_rows(x, stream);
+  QUINTET_NN_DISPATCH(c, stream, linear_backward_weight, dy2, x2, dw, db);
+}
+
+Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& dw,
+                       const Tensor& db, const Stream& stream) {
+  linear_backward_weight(dy, x, dw, db, stream);
+  return linear_backward_input(dy, w, stream);
+}
+
+// ---- norms ----------------------------------------------------------------------------------
+
+namespace {
+// Checks x [..., d] and a [d] weight; returns the compute dtype.
+DType check_norm_input(const OpChecker& c, const Tensor& x, const Tensor& gamma, float eps) {
+  const DType t = c.compute("x", x);
+  const std::int64_t d = c.last_dim("x", x);
+  QUINTET_CHECK(d > 0, "{}: x has shape {}; the normalised (last) dimension must be > 0", c.op(),
+                shape_str(x.shape()));
+  c.compute_as("gamma", gamma, t);
+  c.shape("gamma", gamma, {d});
+  QUINTET_CHECK(eps > 0.0f && std::isfinite(eps), "{}: eps = {} must be a positive number",
+                c.op(), eps);
+  return t;
+}
+// Checks dy like x and a saved statistic of one value per row.
+void check_norm_grad(const OpChecker& c, const Tensor& dy, const Tensor& x, const Tensor& stat,
+                     const char* stat_name) {
+  c.compute_as("dy", dy, x.dtype());
+  c.shape("dy", dy, x.shape());
+  c.on_device(stat_name, stat);
+  QUINTET_CHECK(stat.dtype() == accum_dtype(x.dtype()) && stat.numel() == rows_of(x),
+                "{}: {} is {} of {} with {} elements; expected the forward's {} with one value "
+                "per row ({})",
+                c.op(), stat_name, stat.str(), dtype_name(stat.dtype()), stat.numel(),
+                dtype_name(accum_dtype(x.dtype())), rows_of(x));
+}
+}  // namespace
+
+NormOutput layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
+                             const Stream& stream) {
+  const OpChecker c("layernorm_forward", stream);
+  const DType t = check_norm_input(c, x, gamma, eps);
+  c.compute_as("beta", beta, t);
+  c.shape("beta", beta, gamma.shape());
+  const Tensor x2 = as_rows(x, stream);
+  const Tensor g = gamma.contiguous(stream), be = beta.contiguous(stream);
+  NormOutput o;
+  o.y = Tensor::empty(x2.shape(), t, c.device(), stream);
+  o.mean = Tensor::empty({x2.size(0)}, accum_dtype(t), c.device(), stream);
+  o.rstd = Tensor::empty({x2.size(0)}, accum_dtype(t), c.device(), stream);
+  QUINTET_NN_DISPATCH(c, stream, layernorm_forward, x2, g, be, eps, o.y, o.mean, o.rstd);
+  o.y = o.y.view(x.shape());
+  return o;
+}
+
+Tensor layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                          const Tensor& mean, const Tensor& rstd, const Tensor& dgamma,
+                          const Tensor& dbeta, const Stream& stream) {
+  const OpChecker c("layernorm_backward", stream);
+  const DType t = check_norm_input(c, x, gamma, 1.0f);
+  check_norm_grad(c, dy, x, mean, "mean");
+  check_norm_grad(c, dy, x, rstd, "rstd");
+  if (dgamma.defined()) c.accumulator("dgamma", dgamma, t, gamma.shape());
+  if (dbeta.defined()) c.accumulator("dbeta", dbeta, t, gamma.shape());
+  const Tensor x2 = as_rows(x, stream), dy2 = as_rows(dy, stream);
+  const Tensor g = gamma.contiguous(stream);
+  const Tensor m = mean.contiguous(stream), r = rstd.contiguous(stream);
+  Tensor dx = Tensor::empty(x2.shape(), t, c.device(), stream);
+  QUINTET_NN_DISPATCH(c, stream, layernorm_backward, dy2, x2, g, m, r, dx, dgamma, dbeta);
+  return dx.view(x.shape());
+}
+
+NormOutput rmsnorm_forward(const Tensor& x, const Tensor& gamma, float eps, const Stream& stream) {
+  const OpChecker c("rmsnorm_forward", stream);
+  const DType t = check_norm_input(c, x, gamma, eps);
+  const Tensor x2 = as_rows(x, stream);
+  const Tensor g = gamma.contiguous(stream);
+  NormOutput o;
+  o.y = Tensor::empty(x2.shape(), t, c.device(), stream);
+  o.rstd = Tensor::empty({x2.size(0)}, accum_dtype(t), c.device(), stream);
+  QUINTET_NN_DISPATCH(c, stream, rmsnorm_forward, x2, g, eps, o.y, o.rstd);
+  o.y = o.y.view(x.shape());
+  return o;
+}
+
+Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& rstd,
+                        const Tensor& dgamma, const Stream& stream) {
+  const OpChecker c("rmsnorm_backward", stream);
+  const DType t = check_norm_input(c, x, gamma, 1.0f);
+  check_norm_grad(c, dy, x, rstd, "rstd");
+  if (dgamma.defined()) c.accumulator("dgamma", dgamma, t, gamma.shape());
+  const Tensor x2 = as_rows(x, stream), dy2 = as_rows(dy, stream);
+  const Tensor g = gamma.contiguous(stream), r = rstd.contiguous(stream);
+  Tensor dx = Tensor::empty(x2.shape(), t, c.device(), stream);
+  QUINTET_NN_DISPATCH(c, stream, rmsnorm_backward, dy2, x2, g, r, dx, dgamma);
+  return dx.view(x.shape());
+}
+
+// ---- activations ----------------------------------------------------------------------------
+
+Tensor gelu_forward(const Tensor& x, const Stream& stream) {
+  const OpChecker c("gelu_forward", stream);
+  const DType t = c.compute("x", x);
+  const Tensor xc = x.contiguous(stream);
+  Tensor y = Tensor::empty(x.shape(), t, c.device(), stream);
+  QUINTET_NN_DISPATCH(c, stream, gelu_forward, xc, y);
+  return y;
+}
+
+Tensor gelu_backward(const Tensor& dy, const Tensor& x, const Stream& stream) {
+  const OpChecker c("gelu_backward", stream);
+  const DType t = c.compute("x", x);
+  c.compute_as("dy", dy, t);
+  c.shape("dy", dy, x.shape());
+  const Tensor xc = x.contiguous(stream), dyc = dy.contiguous(stream);
+  Tensor dx = Tensor::empty(x.shape(), t, c.device(), stream);
+  QUINTET_NN_DISPATCH(c, stream, gelu_backward, dyc, xc, dx);
+  return dx;
+}
+
+Tensor swiglu_forward(const Tensor& gate, const Tensor& up, const Stream& stream) {
+  const OpChecker c("swiglu_forward", stream);
+  const DType t = c.compute("gate", gate);
+  c.compute_as("up", up, t);
+  c.shape("up", up, gate.shape());
+  const Tensor g = gate.contiguous(stream), u = up.contiguous(stream);
+  Tensor y = Tensor::empty(gate.shape(), t, c.device(), stream);
+  QUINTET_NN_DISPATCH(c, stream, swiglu_forward, g, u, y);
+  return y;
+}
+
+SwiGluGrads swiglu_backward(const Tensor& dy, const Tensor& gate, const Tensor& up,
+                            const Stream& stream) {
+  const OpChecker c("swiglu_backward", stream);
+  const DType t = c.compute("gate", gate);
+  c.compute_as("up", up, t);
+  c.compute_as("dy", dy, t);
+  c.shape("up", up, gate.shape());
+  c.shape("dy", dy, gate.shape());
+  const Tensor g = gate.contiguous(stream), u = up.contiguous(stream), d = dy.contiguous(stream);
+  SwiGluGrads o{Tensor::empty(gate.shape(), t, c.device(), stream),
+                Tensor::empty(gate.shape(), t, c.device(), stream)};
+  QUINTET_NN_DISPATCH(c, stream, swiglu_backward, d, g, u, o.dgate, o.dup);
+  return o;
+}
+
+Tensor softmax_forward(const Tensor& x, const Stream& stream) {
+  const OpChecker c("softmax_forward", stream);
+  const DType t = c.compute("x", x);
+  c.last_dim("x", x);
+  const Tensor x2 = as_rows(x, stream);
+  Tensor y = Tensor::empty(x2.shape(), t, c.device(), stream);
+  QUINTET_NN_DISPATCH(c, stream, softmax_forward, x2, y);
+  return y.view(x.shape());
+}
+
+Tensor softmax_backward(const Tensor& dy, const Tensor& y, const Stream& stream) {
+  const OpChecker c("softmax_backward", stream);
+  const DType t = c.compute("y", y);
+  c.last_dim("y", y);
+  c.compute_as("dy", dy, t);
+  c.shape("dy", dy, y.shape());
+  const Tensor y2 = as_rows(y, stream), dy2 = as_rows(dy, stream);
+  Tensor dx = Tensor::empty(y2.shape(), t, c.device(), stream);
+  QUINTET_NN_DISPATCH(c, stream, softmax_backward, dy2, y2, dx);
+  return dx.view(y.shape());
+}
+
+// ---- attention ------------------------------------------------------------------------------
+
+namespace {
+// Checks q, k, v and the options; returns the options with the scale resolved.
+AttentionOptions check_attention(const OpChecker& c, const Tensor& q, const Tensor& k,
+                                 const Tensor& v, const AttentionOptions& options) {
+  const DType t = c.compute("q", q);
+  c.compute_as("k", k, t);
+  c.compute_as("v", v, t);
+  QUINTET_CHECK(q.dim() == 4, "{}: q has shape {}, expected [batch, heads, seq, head_dim]",
+                c.op(), shape_str(q.shape()));
+  QUINTET_CHECK(k.dim() == 4 && k.size(0) == q.size(0) && k.size(1) == q.size(1) &&
+                    k.size(3) == q.size(3),
+                "{}: k has shape {}, expected [{}, {}, seq_k, {}] to match q {}", c.op(),
+                shape_str(k.shape()), q.size(0), q.size(1), q.size(3), shape_str(q.shape()));
+  c.shape("v", v, k.shape());
+  QUINTET_CHECK(q.size(3) > 0, "{}: head_dim must be > 0, q has shape {}", c.op(),
+                shape_str(q.shape()));
+  QUINTET_CHECK(options.q_offset >= 0 && options.k_offset >= 0,
+                "{}: q_offset = {} and k_offset = {} must be >= 0 (positions in the sequence)",
+                c.op(), options.q_offset, options.k_offset);
+  QUINTET_CHECK(options.scale >= 0.0f && std::isfinite(options.scale),
+                "{}: scale = {} must be >= 0 (0 = 1/sqrt(head_dim))", c.op(), options.scale);
+  AttentionOptions o = options;
+  if (o.scale == 0.0f) o.scale = static_cast<float>(1.0 / std::sqrt(double(q.size(3))));
+  return o;
+}
+}  // namespace
+
+AttentionOutput attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                  const AttentionOptions& options, const Stream& stream) {
+  const OpChecker c("attention_forward", stream);
+  const AttentionOptions o = check_attention(c, q, k, v, options);
+  const Tensor qc = q.contiguous(stream), kc = k.contiguous(stream), vc = v.contiguous(stream);
+  AttentionOutput r;
+  r.out = Tensor::empty(q.shape(), q.dtype(), c.device(), stream);
+  r.lse = Tensor::empty({q.size(0), q.size(1), q.size(2)}, accum_dtype(q.dtype()), c.device(),
+                        stream);
+  QUINTET_NN_DISPATCH(c, stream, attention_forward, qc, kc, vc, o, r.out, r.lse);
+  return r;
+}
+
+AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
+                                  const Tensor& v, const Tensor& out, const Tensor& lse,
+                                  const AttentionOptions& options, const Stream& stream) {
+  const OpChecker c("attention_backward", stream);
+  const AttentionOptions o = check_attention(c, q, k, v, options);
+  c.compute_as("dout", dout, q.dtype());
+  c.shape("dout", dout, q.shape());
+  c.compute_as("out", out, q.dtype());
+  c.shape("out", out, q.shape());
+  c.on_device("lse", lse);
+  QUINTET_CHECK(lse.dtype() == accum_dtype(q.dtype()),
+                "attention_backward: lse has dtype {}, expected {} (the forward's lse)",
+                dtype_name(lse.dtype()), dtype_name(accum_dtype(q.dtype())));
+  c.shape("lse", lse, {q.size(0), q.size(1), q.size(2)});
+  const Tensor qc = q.contiguous(stream), kc = k.contiguous(stream), vc = v.contiguous(stream);
+  const Tensor dc = dout.contiguous(stream), oc = out.contiguous(stream);
+  const Tensor lc = lse.contiguous(stream);
+  AttentionGrads g{Tensor::empty(q.shape(), q.dtype(), c.device(), stream),
+                   Tensor::empty(k.shape(), q.dtype(), c.device(), stream),
+                   Tensor::empty(k.shape(), q.dtype(), c.device(), stream)};
+  QUINTET_NN_DISPATCH(c, stream, attention_backward, dc, qc, kc, vc, oc, lc, o, g.dq, g.dk, g.dv);
+  return g;
+}
+
+}  // namespace quintet::nn
