@@ -1,0 +1,363 @@
+#include "collectives/nccl/nccl_communicator.hpp"
+
+#include <fmt/format.h>
+
+#include <utility>
+
+#include "collectives/validation.hpp"
+#include "core/internal/cuda_guard.hpp"
+#include "quintet/collectives/mpi.hpp"
+#include "quintet/core/allocator.hpp"
+#include "quintet/core/error.hpp"
+
+namespace quintet::detail {
+
+namespace {
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum:
+      return ncclSum;
+    case ReduceOp::avg:
+      return ncclAvg;
+    case ReduceOp::max:
+      return ncclMax;
+    case ReduceOp::min:
+      return ncclMin;
+    case ReduceOp::prod:
+      return ncclProd;
+  }
+  return ncclSum;
+}
+
+// Address of element `elements` of t (t contiguous).
+void* element_ptr(const Tensor& t, std::int64_t elements) {
+  return static_cast<char*>(t.data_ptr()) + static_cast<std::size_t>(elements) * t.element_size();
+}
+
+}  // namespace
+
+// In place, the sends of an all-to-all would read blocks that its receives overwrite, so they send
+// from a copy: allocated in the comm stream's pool (so no other stream can reuse the block while
+// NCCL reads it) and filled on the comm stream inside the operation, after the caller's work.
+// Returns an undefined tensor when not in place.
+Tensor NcclCommunicator::staging_for(const Tensor& in, const Tensor& out) {
+  if (in.numel() == 0 || !same_elements(in, out)) return Tensor();
+  return Tensor::from_storage(cuda_allocate(in.nbytes(), device(), state_->stream()), in.nbytes(),
+                              {in.numel()}, in.dtype(), device());
+}
+
+NcclCommunicator::NcclCommunicator(std::shared_ptr<NcclState> state)
+    : state_(std::move(state)), comm_(state_->comm()), comm_stream_(state_->stream().handle()) {
+  DeviceGuard guard(state_->device());
+  QUINTET_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+  // Allocated on the comm stream (its pool), which is the only stream that ever touches it.
+  barrier_buffer_ = cuda_allocate(sizeof(float), state_->device(), state_->stream());
+  QUINTET_CUDA_CHECK(cudaMemsetAsync(barrier_buffer_.get(), 0, sizeof(float), comm_stream_));
+}
+
+NcclCommunicator::~NcclCommunicator() {
+  state_->shutdown();
+  {
+    DeviceGuard guard(state_->device());
+    (void)cudaStreamSynchronize(comm_stream_);
+    if (ready_ != nullptr) (void)cudaEventDestroy(ready_);
+    (void)cudaGetLastError();
+  }
+  pending_.clear();  // every operation has finished: the tensors can go back to their pools
+}
+
+void NcclCommunicator::reap() noexcept {
+  while (!pending_.empty() && pending_.front()->poll()) pending_.pop_front();
+}
+
+template <class Launch>
+std::shared_ptr<NcclWork> NcclCommunicator::issue(const char* op, const Stream& stream,
+                                                  Launch&& launch) {
+  QUINTET_CHECK(!stream.device().is_cuda() || stream.device() == state_->device(),
+                "{} on {}: the stream is on {} but the communicator's GPU is {}; issue the "
+                "operation on a stream of {}",
+                op, state_->describe(), stream.device().str(), state_->device().str(),
+                state_->device().str());
+  state_->check_usable(op);
+  // Only switches the current device when the calling thread is on another GPU.
+  DeviceGuard guard(state_->device());
+  // A CPU stream (the default argument) means the GPU's legacy default stream.
+  cudaStream_t caller = stream.device().is_cuda() ? stream.handle() : nullptr;
+  if (caller != comm_stream_) {
+    QUINTET_CUDA_CHECK(cudaEventRecord(ready_, caller));
+    QUINTET_CUDA_CHECK(cudaStreamWaitEvent(comm_stream_, ready_, 0));
+  }
+  const ncclResult_t r = launch(comm_stream_);
+  if (r == ncclInProgress) {
+    state_->wait_launched(op);  // a non-blocking comm finished launching in the background
+  } else if (r != ncclSuccess) {
+    state_->throw_failure(r, fmt::format("{} #{}", op, seq_ + 1));
+  }
+  cudaEvent_t done = state_->acquire_event();
+  const cudaError_t recorded = cudaEventRecord(done, comm_stream_);
+  if (recorded != cudaSuccess) {
+    state_->release_event(done);
+    QUINTET_CUDA_CHECK(recorded);
+  }
+  auto work = std::make_shared<NcclWork>(state_, op, ++seq_, done);
+  reap();
+  pending_.push_back(work);
+  return work;
+}
+
+Work NcclCommunicator::all_reduce(const Tensor& in, const Tensor& out, ReduceOp op,
+                                  const Stream& stream) {
+  validate_all_reduce(*this, in, out, op);
+  auto work = issue("all_reduce", stream, [&](cudaStream_t s) {
+    return ncclAllReduce(in.data_ptr(), out.data_ptr(), static_cast<std::size_t>(in.numel()),
+                         nccl_dtype(in.dtype()), nccl_op(op), comm_, s);
+  });
+  work->keep(in.storage());
+  work->keep(out.storage());
+  return Work(std::move(work));
+}
+
+Work NcclCommunicator::reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op,
+                                      const Stream& stream) {
+  validate_reduce_scatter(*this, in, out, op);
+  auto work = issue("reduce_scatter", stream, [&](cudaStream_t s) {
+    return ncclReduceScatter(in.data_ptr(), out.data_ptr(), static_cast<std::size_t>(out.numel()),
+                             nccl_dtype(in.dtype()), nccl_op(op), comm_, s);
+  });
+  work->keep(in.storage());
+  work->keep(out.storage());
+  return Work(std::move(work));
+}
+
+Work NcclCommunicator::all_gather(const Tensor& in, const Tensor& out, const Stream& stream) {
+  validate_all_gather(*this, in, out);
+  auto work = issue("all_gather", stream, [&](cudaStream_t s) {
+    return ncclAllGather(in.data_ptr(), out.data_ptr(), wire_count(in.dtype(), in.numel()),
+                         nccl_dtype(in.dtype()), comm_, s);
+  });
+  work->keep(in.storage());
+  work->keep(out.storage());
+  return Work(std::move(work));
+}
+
+Work NcclCommunicator::broadcast(const Tensor& inout, int root, const Stream& stream) {
+  validate_broadcast(*this, inout, root);
+  auto work = issue("broadcast", stream, [&](cudaStream_t s) {
+    return ncclBroadcast(inout.data_ptr(), inout.data_ptr(),
+                         wire_count(inout.dtype(), inout.numel()), nccl_dtype(inout.dtype()), root,
+                         comm_, s);
+  });
+  work->keep(inout.storage());
+  return Work(std::move(work));
+}
+
+Work NcclCommunicator::reduce(const Tensor& in, const Tensor& out, ReduceOp op, int root,
+                              const Stream& stream) {
+  validate_reduce(*this, in, out, op, root);
+  const bool is_root = rank() == root;
+  // Off the root NCCL ignores the receive buffer; pass in's so that no pointer is null.
+  void* recv = is_root ? out.data_ptr() : in.data_ptr();
+  auto work = issue("reduce", stream, [&](cudaStream_t s) {
+    return ncclReduce(in.data_ptr(), recv, static_cast<std::size_t>(in.numel()),
+                      nccl_dtype(in.dtype()), nccl_op(op), root, comm_, s);
+  });
+  work->keep(in.storage());
+  if (is_root) work->keep(out.storage());
+  return Work(std::move(work));
+}
+
+Work NcclCommunicator::all_to_all(const Tensor& in, const Tensor& out, const Stream& stream) {
+  validate_all_to_all(*this, in, out);
+  const std::int64_t block = in.numel() / size();
+  const std::vector<std::int64_t> counts(static_cast<std::size_t>(size()), block);
+  return exchange("all_to_all", in, counts, out, counts, stream);
+}
+
+Work NcclCommunicator::all_to_all_v(const Tensor& in, const std::vector<std::int64_t>& send_counts,
+                                    const Tensor& out, const std::vector<std::int64_t>& recv_counts,
+                                    const Stream& stream) {
+  validate_all_to_all_v(*this, in, send_counts, out, recv_counts);
+  return exchange("all_to_all_v", in, send_counts, out, recv_counts, stream);
+}
+
+Work NcclCommunicator::exchange(const char* op, const Tensor& in,
+                                const std::vector<std::int64_t>& send_counts, const Tensor& out,
+                                const std::vector<std::int64_t>& recv_counts,
+                                const Stream& stream) {
+  const ncclDataType_t type = nccl_dtype(in.dtype());
+  const Tensor staging = staging_for(in, out);
+  const Tensor& src = staging.defined() ? staging : in;
+  auto work = issue(op, stream, [&](cudaStream_t s) {
+    if (staging.defined()) {
+      QUINTET_CUDA_CHECK(cudaMemcpyAsync(staging.data_ptr(), in.data_ptr(), in.nbytes(),
+                                         cudaMemcpyDeviceToDevice, s));
+    }
+    ncclResult_t r = ncclGroupStart();
+    std::int64_t send_offset = 0, recv_offset = 0;
+    for (int peer = 0; peer < size() && r == ncclSuccess; ++peer) {
+      const std::int64_t sc = send_counts[static_cast<std::size_t>(peer)];
+      const std::int64_t rc = recv_counts[static_cast<std::size_t>(peer)];
+      if (sc > 0) {
+        r = ncclSend(element_ptr(src, send_offset), wire_count(in.dtype(), sc), type, peer, comm_,
+                     s);
+      }
+      if (rc > 0 && r == ncclSuccess) {
+        r = ncclRecv(element_ptr(out, recv_offset), wire_count(out.dtype(), rc), type, peer, comm_,
+                     s);
+      }
+      send_offset += sc;
+      recv_offset += rc;
+    }
+    const ncclResult_t end = ncclGroupEnd();
+    return r != ncclSuccess ? r : end;
+  });
+  work->keep(in.storage());
+  work->keep(out.storage());
+  if (staging.defined()) work->keep(staging.storage());
+  return Work(std::move(work));
+}
+
+Work NcclCommunicator::send(const Tensor& in, int peer, const Stream& stream) {
+  validate_send_recv(*this, "send", in, peer);
+  auto work = issue("send", stream, [&](cudaStream_t s) {
+    return ncclSend(in.data_ptr(), wire_count(in.dtype(), in.numel()), nccl_dtype(in.dtype()), peer,
+                    comm_, s);
+  });
+  work->keep(in.storage());
+  return Work(std::move(work));
+}
+
+Work NcclCommunicator::recv(const Tensor& out, int peer, const Stream& stream) {
+  validate_send_recv(*this, "recv", out, peer);
+  auto work = issue("recv", stream, [&](cudaStream_t s) {
+    return ncclRecv(out.data_ptr(), wire_count(out.dtype(), out.numel()), nccl_dtype(out.dtype()),
+                    peer, comm_, s);
+  });
+  work->keep(out.storage());
+  return Work(std::move(work));
+}
+
+Work NcclCommunicator::p2p(const std::vector<P2POp>& ops, const Stream& stream) {
+  validate_p2p(*this, ops);
+  auto work = issue("p2p", stream, [&](cudaStream_t s) {
+    ncclResult_t r = ncclGroupStart();
+    for (std::size_t i = 0; i < ops.size() && r == ncclSuccess; ++i) {
+      const Tensor& t = ops[i].tensor;
+      const std::size_t count = wire_count(t.dtype(), t.numel());
+      r = ops[i].kind == P2POp::Kind::send
+              ? ncclSend(t.data_ptr(), count, nccl_dtype(t.dtype()), ops[i].peer, comm_, s)
+              : ncclRecv(t.data_ptr(), count, nccl_dtype(t.dtype()), ops[i].peer, comm_, s);
+    }
+    const ncclResult_t end = ncclGroupEnd();
+    return r != ncclSuccess ? r : end;
+  });
+  for (const P2POp& p : ops) work->keep(p.tensor.storage());
+  return Work(std::move(work));
+}
+
+Work NcclCommunicator::barrier(const Stream& stream) {
+  return Work(issue("barrier", stream, [&](cudaStream_t s) {
+    return ncclAllReduce(barrier_buffer_.get(), barrier_buffer_.get(), 1, ncclFloat32, ncclSum,
+                         comm_, s);
+  }));
+}
+
+std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key, const std::string& name) {
+  state_->check_usable("split");
+  reap();
+  DeviceGuard guard(device());
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t child = nullptr;
+  const int nccl_color = color < 0 ? NCCL_SPLIT_NOCOLOR : color;
+  const std::string what = fmt::format("split into '{}' (color {}, key {})", name, color, key);
+  ncclResult_t r = ncclCommSplit(comm_, nccl_color, key, &child, &config);
+  if (r != ncclSuccess && r != ncclInProgress) state_->throw_failure(r, what);
+  // The split runs in the background on both the child and the parent: wait for both.
+  if (child != nullptr) {
+    r = nccl_wait_not_in_progress(child, state_->timeout_s());
+    if (r != ncclSuccess) {
+      (void)ncclCommAbort(child);
+      if (r == ncclInProgress) {
+        state_->abort(fmt::format("{} timed out", what));
+        QUINTET_THROW(Timeout,
+                      "{} of {} did not complete within {} s: some rank of the parent did not "
+                      "call split; every rank must call it (color < 0 for no group); the "
+                      "communicator is aborted",
+                      what, state_->describe(), state_->timeout_s());
+      }
+      state_->throw_failure(r, what);
+    }
+  }
+  state_->wait_launched(what);
+  if (child == nullptr) return nullptr;
+  int child_rank = 0, child_size = 0;
+  QUINTET_NCCL_CHECK(ncclCommUserRank(child, &child_rank));
+  QUINTET_NCCL_CHECK(ncclCommCount(child, &child_size));
+  if (child_size == 1) {
+    // The header's promise: a group of one rank gets the Self backend (local copies, no NCCL).
+    nccl_destroy(child, state_->timeout_s());
+    return make_self_communicator(device(), name);
+  }
+  auto state = std::make_shared<NcclState>(child, device(), child_rank, child_size, name,
+                                           state_->timeout_s());
+  return std::make_unique<NcclCommunicator>(std::move(state));
+}
+
+// ---- Entry points for bootstrap ----
+
+std::vector<char> nccl_make_unique_id() {
+  ncclUniqueId id;
+  QUINTET_NCCL_CHECK(ncclGetUniqueId(&id));
+  return std::vector<char>(id.internal, id.internal + sizeof(id.internal));
+}
+
+std::unique_ptr<Communicator> nccl_create_communicator(const std::vector<char>& unique_id, int rank,
+                                                       int size, const Device& device,
+                                                       double timeout_s, const std::string& name) {
+  ncclUniqueId id;
+  QUINTET_CHECK(unique_id.size() == sizeof(id.internal),
+                "NCCL communicator '{}': the unique id has {} bytes; expected {} (the bytes of "
+                "nccl_make_unique_id on one rank, sent unchanged to all)",
+                name, unique_id.size(), sizeof(id.internal));
+  QUINTET_CHECK(size >= 1 && rank >= 0 && rank < size,
+                "NCCL communicator '{}': rank {} of size {}; expected size >= 1 and 0 <= rank < "
+                "size",
+                name, rank, size);
+  QUINTET_CHECK(device.is_cuda(),
+                "NCCL communicator '{}': device {} is not a GPU; NCCL moves CUDA tensors, use the "
+                "MPI communicator for the CPU",
+                name, device.str());
+  QUINTET_CHECK(timeout_s > 0, "NCCL communicator '{}': timeout {} s must be positive", name,
+                timeout_s);
+  check_device(device);
+  std::copy(unique_id.begin(), unique_id.end(), id.internal);
+
+  DeviceGuard guard(device);  // NCCL binds the communicator to the current device
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;  // so that a missing rank is a timeout here, not a hang
+  ncclComm_t comm = nullptr;
+  ncclResult_t r = ncclCommInitRankConfig(&comm, size, id, rank, &config);
+  if (r == ncclSuccess || r == ncclInProgress) r = nccl_wait_not_in_progress(comm, timeout_s);
+  if (r != ncclSuccess) {
+    const char* last = ncclGetLastError(nullptr);
+    if (comm != nullptr) (void)ncclCommAbort(comm);
+    if (r == ncclInProgress) {
+      QUINTET_THROW(Timeout,
+                    "NCCL communicator '{}': rank {} of {} on {} did not finish initialisation "
+                    "within {} s; some of the {} ranks never arrived (check that every rank "
+                    "calls init with the same unique id) or the network is unreachable",
+                    name, rank, size, device.str(), timeout_s, size);
+    }
+    QUINTET_THROW(Nccl,
+                  "NCCL communicator '{}': initialisation of rank {} of {} on {} failed: {} "
+                  "(NCCL code {}){}{}",
+                  name, rank, size, device.str(), ncclGetErrorString(r), static_cast<int>(r),
+                  last && *last ? ": " : "", last ? last : "");
+  }
+  auto state = std::make_shared<NcclState>(comm, device, rank, size, name, timeout_s);
+  return std::make_unique<NcclCommunicator>(std::move(state));
+}
+
+}  // namespace quintet::detail

@@ -1,0 +1,79 @@
+// NcclCommunicator: the Communicator of CUDA tensors, over one NCCL communicator (private).
+//
+// Each communicator owns a high-priority comm stream. An operation records an event on the
+// caller's stream and makes the comm stream wait on it (so the inputs are read after the work
+// queued before the call, and compute on the caller's stream overlaps the communication), runs
+// the NCCL call on the comm stream, and records a completion event there, held by the returned
+// Work. Operations issued on one communicator run in issue order on its comm stream.
+//
+// The hot path allocates nothing on the GPU, never synchronises the host and never calls
+// cudaSetDevice unless the calling thread's current device is another GPU; its host cost is two
+// event records, one stream wait, the NCCL call and one small heap allocation (the Work).
+// Not thread-safe, like every Communicator.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "collectives/nccl/nccl_state.hpp"
+#include "quintet/collectives/communicator.hpp"
+
+namespace quintet::detail {
+
+class NcclCommunicator final : public Communicator {
+ public:
+  explicit NcclCommunicator(std::shared_ptr<NcclState> state);
+  // Finalizes the NCCL comm (ncclCommAbort if that fails or times out); never throws.
+  ~NcclCommunicator() override;
+
+  int rank() const override { return state_->rank(); }
+  int size() const override { return state_->size(); }
+  Backend backend() const override { return Backend::nccl; }
+  Device device() const override { return state_->device(); }
+  const std::string& name() const override { return state_->name(); }
+
+  using Communicator::all_reduce;
+  Work all_reduce(const Tensor& in, const Tensor& out, ReduceOp op, const Stream& stream) override;
+  Work reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op,
+                      const Stream& stream) override;
+  Work all_gather(const Tensor& in, const Tensor& out, const Stream& stream) override;
+  Work broadcast(const Tensor& inout, int root, const Stream& stream) override;
+  Work reduce(const Tensor& in, const Tensor& out, ReduceOp op, int root,
+              const Stream& stream) override;
+  Work all_to_all(const Tensor& in, const Tensor& out, const Stream& stream) override;
+  Work all_to_all_v(const Tensor& in, const std::vector<std::int64_t>& send_counts,
+                    const Tensor& out, const std::vector<std::int64_t>& recv_counts,
+                    const Stream& stream) override;
+  Work send(const Tensor& in, int peer, const Stream& stream) override;
+  Work recv(const Tensor& out, int peer, const Stream& stream) override;
+  Work p2p(const std::vector<P2POp>& ops, const Stream& stream) override;
+  Work barrier(const Stream& stream) override;
+  std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override;
+
+ private:
+  // Issues one operation: orders the comm stream after `stream`, calls launch(comm_stream)
+  // (which makes the NCCL calls and returns the last ncclResult_t), records the completion
+  // event and registers the Work as pending. The caller adds the storages to keep.
+  template <class Launch>
+  std::shared_ptr<NcclWork> issue(const char* op, const Stream& stream, Launch&& launch);
+  // The all-to-all of both forms: grouped ncclSend/ncclRecv, counts in elements per peer.
+  Work exchange(const char* op, const Tensor& in, const std::vector<std::int64_t>& send_counts,
+                const Tensor& out, const std::vector<std::int64_t>& recv_counts,
+                const Stream& stream);
+  Tensor staging_for(const Tensor& in, const Tensor& out);
+  // Drops the pending Works whose completion the host can see (they complete in order).
+  void reap() noexcept;
+
+  std::shared_ptr<NcclState> state_;
+  ncclComm_t comm_;              // state_->comm(), cached for the hot path
+  cudaStream_t comm_stream_;     // state_->stream().handle()
+  cudaEvent_t ready_ = nullptr;  // recorded on the caller's stream by each operation
+  std::uint64_t seq_ = 0;
+  std::deque<std::shared_ptr<NcclWork>> pending_;
+  std::shared_ptr<void> barrier_buffer_;  // one float on the GPU for barrier()
+};
+
+}  // namespace quintet::detail

@@ -1,0 +1,261 @@
+#include "collectives/nccl/nccl_state.hpp"
+
+#include <fmt/format.h>
+
+#include <thread>
+
+#include "core/internal/cuda_guard.hpp"
+#include "quintet/core/error.hpp"
+
+namespace quintet::detail {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Spin briefly (operations usually finish within microseconds), then sleep to free the core.
+void backoff(int& polls) {
+  if (++polls < 200) {
+    std::this_thread::yield();
+  } else {
+    std::this_thread::sleep_for(std::chrono::microseconds(polls < 2000 ? 20 : 200));
+  }
+}
+
+// Misuse leaves the communicator usable; anything else means it can no longer be trusted.
+bool is_usage_error(ncclResult_t r) { return r == ncclInvalidArgument || r == ncclInvalidUsage; }
+
+}  // namespace
+
+ncclDataType_t nccl_dtype(DType dtype) {
+  switch (dtype) {
+    case DType::f32:
+      return ncclFloat32;
+    case DType::f16:
+      return ncclFloat16;
+    case DType::bf16:
+      return ncclBfloat16;
+    case DType::f64:
+      return ncclFloat64;
+    case DType::i32:
+      return ncclInt32;
+    case DType::i64:
+      return ncclInt64;
+    case DType::u8:
+      return ncclUint8;
+    case DType::u16:
+      return ncclUint8;  // moved as two bytes per element; never reduced
+  }
+  return ncclUint8;
+}
+
+ncclResult_t nccl_wait_not_in_progress(ncclComm_t comm, double timeout_s) {
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(timeout_s));
+  int polls = 0;
+  for (;;) {
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t r = ncclCommGetAsyncError(comm, &state);
+    if (r != ncclSuccess) return r;
+    if (state != ncclInProgress) return state;
+    if (Clock::now() >= deadline) return ncclInProgress;
+    backoff(polls);
+  }
+}
+
+bool nccl_destroy(ncclComm_t comm, double timeout_s) noexcept {
+  ncclResult_t r = ncclCommFinalize(comm);
+  if (r == ncclSuccess || r == ncclInProgress) r = nccl_wait_not_in_progress(comm, timeout_s);
+  if (r == ncclSuccess) {
+    r = ncclCommDestroy(comm);
+    if (r == ncclInProgress) r = ncclSuccess;  // finalized: the rest is freed locally
+  }
+  if (r != ncclSuccess) (void)ncclCommAbort(comm);
+  return r == ncclSuccess;
+}
+
+// ---- NcclState ----
+
+NcclState::NcclState(ncclComm_t comm, Device device, int rank, int size, std::string name,
+                     double timeout_s)
+    : comm_(comm),
+      device_(device),
+      rank_(rank),
+      size_(size),
+      name_(std::move(name)),
+      timeout_s_(timeout_s),
+      stream_(Stream::create(device, StreamPriority::high)) {}
+
+NcclState::~NcclState() {
+  if (comm_ != nullptr) (void)ncclCommAbort(comm_);  // never shut down: a failed construction
+  DeviceGuard guard(device_);
+  (void)cudaStreamSynchronize(stream_.handle());
+  for (cudaEvent_t e : all_events_) (void)cudaEventDestroy(e);
+  (void)cudaGetLastError();
+}
+
+std::string NcclState::describe() const {
+  return fmt::format("communicator '{}' (nccl, rank {} of {}, {})", name_, rank_, size_,
+                     device_.str());
+}
+
+cudaEvent_t NcclState::acquire_event() {
+  {
+    std::lock_guard lock(mutex_);
+    if (!free_events_.empty()) {
+      cudaEvent_t e = free_events_.back();
+      free_events_.pop_back();
+      return e;
+    }
+  }
+  cudaEvent_t e = nullptr;
+  QUINTET_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  std::lock_guard lock(mutex_);
+  all_events_.push_back(e);
+  return e;
+}
+
+void NcclState::release_event(cudaEvent_t event) noexcept {
+  std::lock_guard lock(mutex_);
+  free_events_.push_back(event);
+}
+
+ncclResult_t NcclState::async_error() noexcept {
+  std::lock_guard lock(mutex_);
+  if (comm_ == nullptr) return ncclSuccess;
+  ncclResult_t state = ncclSuccess;
+  const ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
+  return r != ncclSuccess ? r : state;
+}
+
+void NcclState::wait_launched(std::string_view what) {
+  ncclComm_t comm = comm_;
+  const ncclResult_t r = nccl_wait_not_in_progress(comm, timeout_s_);
+  if (r == ncclSuccess) return;
+  if (r == ncclInProgress) {
+    const std::string message = fmt::format(
+        "{} on {} was still being launched after {} s; a rank of the group may be missing or "
+        "stuck; the communicator is aborted",
+        what, describe(), timeout_s_);
+    abort(message);
+    QUINTET_THROW(Timeout, "{}", message);
+  }
+  throw_failure(r, what);
+}
+
+void NcclState::check_usable(std::string_view what) const {
+  if (!aborted()) return;
+  QUINTET_THROW(Aborted, "{} on {}: the communicator was aborted earlier ({}); create a new one",
+                what, describe(), abort_reason());
+}
+
+void NcclState::abort(const std::string& reason) noexcept {
+  std::lock_guard lock(mutex_);
+  if (aborted_.load(std::memory_order_relaxed)) return;
+  reason_ = reason;
+  if (comm_ != nullptr) (void)ncclCommAbort(comm_);
+  comm_ = nullptr;
+  aborted_.store(true, std::memory_order_release);
+}
+
+std::string NcclState::abort_reason() const {
+  std::lock_guard lock(mutex_);
+  return reason_;
+}
+
+void NcclState::throw_failure(ncclResult_t r, std::string_view what) {
+  const char* last = ncclGetLastError(nullptr);
+  const std::string message =
+      fmt::format("{} on {} failed: {} (NCCL code {}){}{}", what, describe(), ncclGetErrorString(r),
+                  static_cast<int>(r), last && *last ? ": " : "", last ? last : "");
+  if (is_usage_error(r)) QUINTET_THROW(Nccl, "{}", message);
+  abort(message);
+  if (r == ncclRemoteError) {
+    QUINTET_THROW(Remote, "{}; another rank failed, the communicator is aborted", message);
+  }
+  QUINTET_THROW(Nccl, "{}; the communicator is aborted", message);
+}
+
+void NcclState::shutdown() noexcept {
+  std::lock_guard lock(mutex_);
+  if (comm_ == nullptr) return;
+  if (!nccl_destroy(comm_, timeout_s_)) {
+    reason_ = "destroyed while operations were unfinished or failed";
+    aborted_.store(true, std::memory_order_release);
+  }
+  comm_ = nullptr;
+}
+
+// ---- NcclWork ----
+
+NcclWork::~NcclWork() { state_->release_event(done_); }
+
+void NcclWork::keep(std::shared_ptr<void> storage) {
+  if (!storage) return;
+  for (auto& slot : keep_) {
+    if (!slot) {
+      slot = std::move(storage);
+      return;
+    }
+  }
+  keep_more_.push_back(std::move(storage));
+}
+
+cudaError_t NcclWork::query() noexcept {
+  if (completed_.load(std::memory_order_acquire)) return cudaSuccess;
+  const cudaError_t status = cudaEventQuery(done_);
+  if (status == cudaSuccess) {
+    completed_.store(true, std::memory_order_release);
+  } else if (status == cudaErrorNotReady) {
+    (void)cudaGetLastError();  // not a failure; keep it out of later error checks
+  }
+  return status;
+}
+
+bool NcclWork::poll() noexcept { return query() == cudaSuccess; }
+
+void NcclWork::throw_if_failed() {
+  if (state_->aborted() && !completed_.load(std::memory_order_acquire)) {
+    QUINTET_THROW(Aborted, "{} did not complete: the communicator was aborted ({})", describe(),
+                  state_->abort_reason());
+  }
+  const ncclResult_t r = state_->async_error();
+  if (r != ncclSuccess && r != ncclInProgress) state_->throw_failure(r, describe());
+}
+
+void NcclWork::wait(const Stream& stream) {
+  if (!completed_.load(std::memory_order_acquire)) {
+    throw_if_failed();
+    const bool cuda_stream = stream.device().is_cuda();
+    DeviceGuard guard(cuda_stream ? stream.device() : state_->device());
+    QUINTET_CUDA_CHECK(cudaStreamWaitEvent(cuda_stream ? stream.handle() : nullptr, done_, 0));
+  }
+}
+
+bool NcclWork::synchronize_for(std::chrono::nanoseconds timeout) {
+  // Work::synchronize passes nanoseconds::max(): no deadline (and no overflow computing one).
+  const bool bounded = timeout < std::chrono::hours(24 * 365);
+  const auto deadline = bounded ? Clock::now() + timeout : Clock::time_point::max();
+  int polls = 0;
+  for (;;) {
+    const cudaError_t status = query();
+    if (status == cudaSuccess) return true;
+    if (status != cudaErrorNotReady) QUINTET_CUDA_CHECK(status);
+    throw_if_failed();
+    if (bounded && Clock::now() >= deadline) {
+      state_->abort(
+          fmt::format("{} timed out after {} ms", describe(),
+                      std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count()));
+      return false;
+    }
+    backoff(polls);
+  }
+}
+
+bool NcclWork::is_completed() { return poll() || state_->aborted(); }
+
+std::string NcclWork::describe() const {
+  return fmt::format("{} #{} on {}", op_, seq_, state_->describe());
+}
+
+}  // namespace quintet::detail

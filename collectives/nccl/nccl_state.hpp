@@ -1,0 +1,146 @@
+// Private to the NCCL backend: the state an NcclCommunicator shares with the Works it hands out,
+// and the Work of one NCCL operation.
+//
+// Lifetimes: the communicator and each of its Works hold a shared_ptr<NcclState>, so a Work kept
+// after its communicator is gone still has its event and the comm stream. The communicator's
+// destructor finalizes (or aborts) the NCCL comm and waits for the comm stream; afterwards every
+// operation has finished, and such a Work only reports completion.
+//
+// Memory safety with the caching allocator: tensors are allocated on the caller's stream (their
+// pool), but an operation reads and writes them on the comm stream. If the caller dropped a
+// tensor while the operation still ran, the allocator could hand its block to the next kernel on
+// the caller's stream while NCCL still uses it. So every NcclWork holds the storages of its
+// tensors, and the communicator keeps every Work in its pending list until the host has seen its
+// completion event fire; only then can the blocks go back to their pool.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "quintet/collectives/work.hpp"
+#include "quintet/core/device.hpp"
+#include "quintet/core/dtype.hpp"
+#include "quintet/core/stream.hpp"
+
+namespace quintet::detail {
+
+// The NCCL type that carries dtype (u16, which NCCL lacks, travels as bytes: see wire_count).
+ncclDataType_t nccl_dtype(DType dtype);
+// Number of NCCL elements for numel elements of dtype (2 per u16, which moves as ncclUint8).
+inline std::size_t wire_count(DType dtype, std::int64_t numel) {
+  return static_cast<std::size_t>(numel) * (dtype == DType::u16 ? 2 : 1);
+}
+
+// Polls ncclCommGetAsyncError(comm) until it is no longer ncclInProgress or timeout_s passes
+// (then returns ncclInProgress). Sleeps between polls; never throws.
+ncclResult_t nccl_wait_not_in_progress(ncclComm_t comm, double timeout_s);
+
+// ncclCommFinalize, waited for up to timeout_s, then ncclCommDestroy; ncclCommAbort when that
+// fails or times out. Returns false when it had to abort. Never throws.
+bool nccl_destroy(ncclComm_t comm, double timeout_s) noexcept;
+
+class NcclState {
+ public:
+  // Takes ownership of comm; creates the high-priority comm stream on device.
+  NcclState(ncclComm_t comm, Device device, int rank, int size, std::string name, double timeout_s);
+  // Waits for the comm stream and frees events; the comm was shut down (or aborted) before.
+  ~NcclState();
+  NcclState(const NcclState&) = delete;
+  NcclState& operator=(const NcclState&) = delete;
+
+  ncclComm_t comm() const { return comm_; }
+  const Stream& stream() const { return stream_; }
+  const Device& device() const { return device_; }
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const std::string& name() const { return name_; }
+  double timeout_s() const { return timeout_s_; }
+  // "communicator 'dp' (nccl, rank 1 of 4)"
+  std::string describe() const;
+
+  // A completion event (disable-timing) from the pool; give it back with release_event.
+  cudaEvent_t acquire_event();
+  void release_event(cudaEvent_t event) noexcept;
+
+  // ncclCommGetAsyncError of the comm (ncclSuccess once shut down). Thread-safe, never throws.
+  ncclResult_t async_error() noexcept;
+  // After a non-blocking call returned ncclInProgress: waits until the operation is launched,
+  // bounded by timeout_s(). Throws (and aborts) on error or timeout.
+  void wait_launched(std::string_view what);
+  // Throws if the communicator was aborted; `what` names the operation being issued.
+  void check_usable(std::string_view what) const;
+
+  // Aborts the NCCL comm (ncclCommAbort) once; later operations and waits throw Aborted with
+  // reason. Thread-safe, never throws.
+  void abort(const std::string& reason) noexcept;
+  bool aborted() const { return aborted_.load(std::memory_order_acquire); }
+  std::string abort_reason() const;
+  // Throws the error of NCCL result r for `what`, with NCCL's last error text; aborts the comm
+  // first unless r says the call was misused (a communication failure leaves it unusable).
+  [[noreturn]] void throw_failure(ncclResult_t r, std::string_view what);
+  // ncclCommFinalize, waited for up to timeout_s(), then ncclCommDestroy; ncclCommAbort when
+  // that fails or times out. Idempotent, never throws.
+  void shutdown() noexcept;
+
+ private:
+  mutable std::mutex mutex_;  // guards comm_ against abort/shutdown, events_, reason_
+  ncclComm_t comm_;
+  Device device_;
+  int rank_;
+  int size_;
+  std::string name_;
+  double timeout_s_;
+  Stream stream_;
+  std::vector<cudaEvent_t> free_events_;
+  std::vector<cudaEvent_t> all_events_;
+  std::atomic<bool> aborted_{false};
+  std::string reason_;
+};
+
+// The Work of one NCCL operation: an event recorded on the comm stream after it, and the
+// storages of its tensors, kept alive until it completes.
+class NcclWork final : public WorkImpl {
+ public:
+  NcclWork(std::shared_ptr<NcclState> state, const char* op, std::uint64_t seq, cudaEvent_t done)
+      : state_(std::move(state)), op_(op), seq_(seq), done_(done) {}
+  ~NcclWork() override;
+
+  // Keeps storage alive until this Work is destroyed (the communicator holds it until done).
+  void keep(std::shared_ptr<void> storage);
+
+  // cudaStreamWaitEvent: the host does not block. A CPU stream means the GPU's default stream,
+  // as for the operations. Throws if the communicator failed.
+  void wait(const Stream& stream) override;
+  // Polls the event and ncclCommGetAsyncError; on an NCCL error or on timeout the communicator
+  // is aborted (a timed-out collective would otherwise hang the next one).
+  bool synchronize_for(std::chrono::nanoseconds timeout) override;
+  bool is_completed() override;
+  std::string describe() const override;
+
+  // True once the completion event has fired; never throws (for the pending list).
+  bool poll() noexcept;
+
+ private:
+  // cudaEventQuery of the completion event, remembering success.
+  cudaError_t query() noexcept;
+  void throw_if_failed();
+
+  std::shared_ptr<NcclState> state_;
+  const char* op_;
+  std::uint64_t seq_;
+  cudaEvent_t done_;
+  std::atomic<bool> completed_{false};
+  std::shared_ptr<void> keep_[2];
+  std::vector<std::shared_ptr<void>> keep_more_;
+};
+
+}  // namespace quintet::detail
