@@ -125,7 +125,7 @@ void adamw_step(const Tensor& master, const Tensor& grad, const Tensor& exp_avg,
     }
   });
   if (param.defined()) {
-    Tensor(param).copy_(master);
+    Tensor(param).copy_(master.to(param.dtype()));
   }
 }
 

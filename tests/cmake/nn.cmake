@@ -1,0 +1,2 @@
+# nn: ops (forward/backward on the CPU), parameters, modules, layers and the optimizer.
+quintet_unit_test(NAME nn_ops_test COMPONENT nn SOURCES unit/nn_ops_test.cpp)
