@@ -13,3 +13,7 @@
 #include "quintet/core/tensor.hpp"
 #include "quintet/parallel/layout.hpp"
 #include "quintet/parallel/mesh.hpp"
+#include "quintet/collectives/bootstrap.hpp"
+#include "quintet/collectives/communicator.hpp"
+#include "quintet/collectives/mpi.hpp"
+#include "quintet/collectives/work.hpp"

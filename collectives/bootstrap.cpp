@@ -1,0 +1,206 @@
+// quintet::init and World: start MPI or the TCP store, pick the device, build the world
+// communicators (see bootstrap.hpp for the rules).
+#include "quintet/collectives/bootstrap.hpp"
+
+#include <mpi.h>
+
+#include <utility>
+
+#include "collectives/tcp_store.hpp"
+#include "quintet/collectives/mpi.hpp"
+#include "quintet/core/config.hpp"
+#include "quintet/core/error.hpp"
+#include "quintet/core/log.hpp"
+#if QUINTET_HAS_NCCL
+#include "collectives/nccl/nccl_backend.hpp"
+#endif
+
+namespace quintet {
+
+namespace detail {
+
+// Finalizes MPI on destruction when init() initialised it.
+struct MpiFinalizer {
+  ~MpiFinalizer() {
+    int finalized = 1;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Finalize();
+  }
+};
+
+}  // namespace detail
+
+namespace {
+
+constexpr const char* kNcclIdKey = "quintet/world/nccl_unique_id";
+
+bool mpi_initialized() {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  QUINTET_CHECK(!finalized,
+                "quintet::init: MPI was already finalized; call init() before "
+                "MPI_Finalize, once per process");
+  return initialized != 0;
+}
+
+// Starts MPI if needed; returns true when this call initialised it.
+bool start_mpi() {
+  bool initialised_here = false;
+  if (!mpi_initialized()) {
+    int provided = 0;
+    QUINTET_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided));
+    initialised_here = true;
+  }
+  int level = 0;
+  QUINTET_MPI_CHECK(MPI_Query_thread(&level));
+  QUINTET_CHECK(level == MPI_THREAD_MULTIPLE,
+                "quintet::init: MPI provides thread level {} but Quintet runs MPI calls on one "
+                "thread per communicator and needs MPI_THREAD_MULTIPLE ({}); initialise MPI with "
+                "MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...) or use an MPI built with thread "
+                "support",
+                level, MPI_THREAD_MULTIPLE);
+  return initialised_here;
+}
+
+Device choose_device(const RuntimeConfig& config, const LaunchInfo& info) {
+  const int gpus = cuda_device_count();
+  const bool nccl = QUINTET_HAS_NCCL != 0;
+  bool use_cuda = false;
+  switch (config.device) {
+    case DevicePreference::cpu:
+      use_cuda = false;
+      break;
+    case DevicePreference::cuda:
+      QUINTET_CHECK(gpus > 0,
+                    "quintet::init: --device cuda (or QUINTET_DEVICE=cuda) but no GPU is "
+                    "visible{}; use --device cpu",
+                    QUINTET_HAS_CUDA ? "" : " (built without CUDA)");
+      QUINTET_CHECK(nccl || info.size == 1,
+                    "quintet::init: --device cuda with {} ranks needs NCCL, and this Quintet was "
+                    "built without it; rebuild with -DQUINTET_WITH_NCCL=ON or use --device cpu",
+                    info.size);
+      use_cuda = true;
+      break;
+    case DevicePreference::automatic:
+      use_cuda = gpus > 0 && (nccl || info.size == 1);
+      break;
+  }
+  if (info.launcher == Launcher::env) {
+    QUINTET_CHECK(use_cuda,
+                  "quintet::init: launched with RANK/WORLD_SIZE={} (no MPI launcher), which only "
+                  "supports GPU runs over NCCL, but the device is the CPU ({}); launch CPU runs "
+                  "with mpirun, or run on GPUs",
+                  info.size, gpus > 0 ? "--device cpu" : "no GPU visible or no NCCL");
+  }
+  return use_cuda ? Device::cuda(info.local_rank % gpus) : Device::cpu();
+}
+
+}  // namespace
+
+World::World() = default;
+World::World(World&&) noexcept = default;
+World& World::operator=(World&& other) noexcept {
+  if (this == &other) return *this;
+  // Release this world's communicators before its MPI finalizer (if any) is replaced.
+  device_comm_.reset();
+  cpu_comm_.reset();
+  store_.reset();
+  config_ = std::move(other.config_);
+  info_ = std::move(other.info_);
+  device_ = other.device_;
+  store_ = std::move(other.store_);
+  cpu_comm_ = std::move(other.cpu_comm_);
+  device_comm_ = std::move(other.device_comm_);
+  comm_ = std::exchange(other.comm_, nullptr);
+  finalizer_ = std::move(other.finalizer_);
+  return *this;
+}
+
+World::~World() {
+  // Members go in reverse order: communicators, then the store, then (last) MPI.
+  device_comm_.reset();
+  cpu_comm_.reset();
+  store_.reset();
+}
+
+Communicator& World::cpu_comm() const {
+  QUINTET_CHECK(cpu_comm_ != nullptr,
+                "World::cpu_comm: this job was launched with RANK/WORLD_SIZE (no MPI), so it has "
+                "no CPU world communicator; launch with mpirun to get one");
+  return *cpu_comm_;
+}
+
+World init(int argc, char** argv) { return init(RuntimeConfig::from_args(argc, argv)); }
+
+World init(const RuntimeConfig& config) {
+  log::set_level(config.log_level);
+  World w;
+  w.config_ = config;
+  w.info_ = detect_launch(config);
+  if (w.info_.launcher != Launcher::env && mpi_initialized()) w.info_.launcher = Launcher::mpi;
+  const MpiOptions mpi_options{config.timeout_s};
+
+  if (w.info_.launcher == Launcher::mpi) {
+    if (start_mpi()) w.finalizer_ = std::make_unique<detail::MpiFinalizer>();
+    QUINTET_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &w.info_.rank));
+    QUINTET_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &w.info_.size));
+    MPI_Comm node = MPI_COMM_NULL;
+    QUINTET_MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, w.info_.rank,
+                                          MPI_INFO_NULL, &node));
+    QUINTET_MPI_CHECK(MPI_Comm_rank(node, &w.info_.local_rank));
+    QUINTET_MPI_CHECK(MPI_Comm_size(node, &w.info_.local_size));
+    QUINTET_MPI_CHECK(MPI_Comm_free(&node));
+  }
+  log::set_rank(w.info_.rank);
+  w.device_ = choose_device(config, w.info_);
+  set_current_device(w.device_);
+
+  if (w.info_.launcher == Launcher::mpi) {
+    w.cpu_comm_ = make_mpi_communicator(MPI_COMM_WORLD, "world", mpi_options);
+  } else if (w.info_.launcher == Launcher::single) {
+    w.cpu_comm_ = make_self_communicator(Device::cpu(), "world");
+  }
+
+  if (w.device_.is_cpu()) {
+    w.comm_ = w.cpu_comm_.get();
+  } else if (w.info_.size == 1) {
+    w.device_comm_ = make_self_communicator(w.device_, "world");
+    w.comm_ = w.device_comm_.get();
+  } else {
+#if QUINTET_HAS_NCCL
+    std::vector<char> id;
+    if (w.info_.launcher == Launcher::mpi) {
+      if (w.info_.rank == 0) id = detail::nccl_make_unique_id();
+      int n = static_cast<int>(id.size());
+      QUINTET_MPI_CHECK(MPI_Bcast(&n, 1, MPI_INT, 0, MPI_COMM_WORLD));
+      id.resize(static_cast<std::size_t>(n));
+      QUINTET_MPI_CHECK(MPI_Bcast(id.data(), n, MPI_CHAR, 0, MPI_COMM_WORLD));
+    } else {
+      if (w.info_.rank == 0)
+        w.store_ = std::make_unique<detail::TcpStoreServer>(w.info_.master_port);
+      detail::TcpStoreClient client(w.info_.master_addr, w.info_.master_port, config.timeout_s);
+      if (w.info_.rank == 0) {
+        id = detail::nccl_make_unique_id();
+        client.set(kNcclIdKey, id);
+      } else {
+        id = client.get(kNcclIdKey);
+      }
+    }
+    w.device_comm_ = detail::nccl_create_communicator(id, w.info_.rank, w.info_.size, w.device_,
+                                                      config.timeout_s, "world");
+    w.comm_ = w.device_comm_.get();
+#else
+    QUINTET_THROW(InvalidArgument,
+                  "quintet::init: a {}-rank GPU world needs NCCL, which this "
+                  "build lacks; use --device cpu",
+                  w.info_.size);
+#endif
+  }
+  log::debug("quintet::init: rank {} of {} (local {} of {}), launcher {}, device {}", w.info_.rank,
+             w.info_.size, w.info_.local_rank, w.info_.local_size, launcher_name(w.info_.launcher),
+             w.device_.str());
+  return w;
+}
+
+}  // namespace quintet

@@ -1,0 +1,101 @@
+// Bootstrap: quintet::init() finds out how this process was launched, starts the communication
+// runtime and returns the World: this rank's place in the job and the world communicators.
+//
+//   int main(int argc, char** argv) {
+//     quintet::World world = quintet::init(argc, argv);   // --device cpu|cuda, --timeout-s ...
+//     Tensor g = ...;                                    // on world.device()
+//     world.comm().all_reduce(g).wait();
+//   }
+//
+// Launchers, tried in this order:
+//   - mpirun / srun (OpenMPI OMPI_COMM_WORLD_*, PMI_*/PMIX_*, SLURM_* variables, or MPI already
+//     initialised): MPI is initialised with MPI_THREAD_MULTIPLE unless the program did it, and on
+//     GPUs it broadcasts the NCCL unique id.
+//   - RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (torchrun style, GPU runs only): rank 0 serves a
+//     small TCP store at MASTER_PORT through which the NCCL unique id reaches every rank; a
+//     master that cannot be reached is a Timeout error after RuntimeConfig::timeout_s.
+//   - nothing: a single rank.
+// Device: RuntimeConfig::device (--device / QUINTET_DEVICE) if given; otherwise cuda when a GPU
+// is visible and the build has NCCL (or the job has one rank), else cpu. The GPU is
+// cuda:(local_rank % visible GPUs).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "quintet/collectives/communicator.hpp"
+#include "quintet/core/runtime_config.hpp"
+
+namespace quintet {
+
+enum class Launcher { single, mpi, env };
+std::string_view launcher_name(Launcher launcher);
+
+// What the environment says about the launch, before anything is started. Under MPI the rank and
+// sizes given here come from the launcher's variables where it sets them; init() asks MPI itself.
+struct LaunchInfo {
+  Launcher launcher = Launcher::single;
+  int rank = 0;
+  int size = 1;
+  int local_rank = 0;  // rank among the processes of this node
+  int local_size = 1;
+  std::string master_addr;  // env launcher only
+  int master_port = 0;
+};
+
+// Reads config.env only (no process is started). Throws InvalidArgument naming the variable when
+// a launcher variable is malformed or a required one is missing (e.g. WORLD_SIZE > 1 without
+// MASTER_ADDR).
+LaunchInfo detect_launch(const RuntimeConfig& config);
+
+namespace detail {
+class TcpStoreServer;
+struct MpiFinalizer;
+}  // namespace detail
+
+// This process's place in the job and its world communicators. Move-only. Destruction closes the
+// communicators, then finalizes MPI if init() initialised it (and only then). Never throws.
+class World {
+ public:
+  World(World&&) noexcept;
+  World& operator=(World&&) noexcept;
+  ~World();
+
+  int rank() const { return info_.rank; }
+  int size() const { return info_.size; }
+  int local_rank() const { return info_.local_rank; }
+  int local_size() const { return info_.local_size; }
+  Launcher launcher() const { return info_.launcher; }
+  // The device this rank computes on (cpu or cuda:N).
+  const Device& device() const { return device_; }
+  const RuntimeConfig& config() const { return config_; }
+
+  // The world communicator for device(): NCCL on GPUs, MPI on the CPU, Self for one rank.
+  Communicator& comm() const { return *comm_; }
+  // A world communicator for CPU tensors (MPI, or Self for one rank); the same object as comm()
+  // when device() is the CPU. Runs with the env launcher have none (no MPI): has_cpu_comm().
+  bool has_cpu_comm() const { return cpu_comm_ != nullptr; }
+  Communicator& cpu_comm() const;
+
+ private:
+  friend World init(const RuntimeConfig& config);
+  World();
+
+  // Declared first so that it is destroyed last, after every communicator.
+  std::unique_ptr<detail::MpiFinalizer> finalizer_;
+  RuntimeConfig config_;
+  LaunchInfo info_;
+  Device device_;
+  std::unique_ptr<detail::TcpStoreServer> store_;
+  std::unique_ptr<Communicator> cpu_comm_;
+  std::unique_ptr<Communicator> device_comm_;  // null when comm() is the CPU communicator
+  Communicator* comm_ = nullptr;
+};
+
+// Initialises from the environment and argv (see RuntimeConfig::from_args). Collective over all
+// ranks of the job.
+World init(int argc, char** argv);
+World init(const RuntimeConfig& config);
+
+}  // namespace quintet

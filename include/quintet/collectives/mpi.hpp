@@ -1,0 +1,36 @@
+// Communicators over MPI (CPU tensors) and for groups of one rank, for programs that manage MPI
+// themselves. Most programs get theirs from quintet::init() (bootstrap.hpp) instead.
+#pragma once
+
+#include <mpi.h>
+
+#include <climits>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "quintet/collectives/communicator.hpp"
+
+namespace quintet {
+
+struct MpiOptions {
+  // How long destruction waits for queued operations before leaving the progress thread behind
+  // (a peer that never arrives must not hang the program).
+  double timeout_s = 300.0;
+  // Largest number of elements passed to one MPI call: larger operations are split into pieces of
+  // at most this many (MPI counts are int). Lower it only to test the split paths.
+  std::int64_t max_chunk_elements = INT_MAX;
+};
+
+// A communicator over the ranks of comm (MPI_Comm_dup'ed: comm stays the caller's). Collective
+// over comm. MPI must be initialised with MPI_THREAD_MULTIPLE (throws InvalidArgument otherwise).
+// Moves CPU tensors; each communicator owns one progress thread running its operations in order.
+// A comm of one rank gives the Self backend.
+std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, const std::string& name,
+                                                    const MpiOptions& options = {});
+
+// A one-rank communicator moving tensors of device: every operation is a local copy on the
+// caller's stream (none when in == out); Work completes at once.
+std::unique_ptr<Communicator> make_self_communicator(const Device& device, const std::string& name);
+
+}  // namespace quintet
