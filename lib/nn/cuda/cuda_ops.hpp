@@ -27,7 +27,7 @@
 #include "quintet/nn/ops.hpp"
 
 // 1 once lib/nn/cuda/*.cu implement every function below (see OWNERSHIP).
-#define QUINTET_NN_CUDA_OPS 0
+#define QUINTET_NN_CUDA_OPS 1
 
 #if QUINTET_HAS_CUDA
 namespace quintet::nn::cuda_ops {

@@ -1,0 +1,143 @@
+// Private: helpers shared by the nn CUDA kernels (lib/nn/cuda/*.cu): scalar conversions between
+// the storage dtypes and f32, warp/block reductions, grid sizing and the dtype dispatch from a
+// runtime DType to a device type. C++17 (compiled by nvcc).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "quintet/core/dtype.hpp"
+#include "quintet/core/error.hpp"
+#include "quintet/core/stream.hpp"
+#include "quintet/core/tensor.hpp"
+
+namespace quintet::nn::cuda_ops::detail {
+
+using bf16 = __nv_bfloat16;
+
+// A type carried as a value, so a generic lambda can receive "the device type of a DType".
+template <class T>
+struct TypeTag {
+  using type = T;
+};
+
+// Calls f(TypeTag<T>{}) with T = bf16 or float for a compute dtype; others throw.
+template <class F>
+void dispatch_compute(DType dtype, const char* op, F&& f) {
+  switch (dtype) {
+    case DType::bf16: f(TypeTag<bf16>{}); return;
+    case DType::f32: f(TypeTag<float>{}); return;
+    default:
+      QUINTET_THROW(InvalidArgument, "{}: dtype {} on a GPU; the CUDA ops compute in bf16 or f32",
+                    op, dtype_name(dtype));
+  }
+}
+
+// Calls f(TypeTag<T>{}) with T the device type of any floating dtype (bf16, f16, f32, f64).
+template <class F>
+void dispatch_float(DType dtype, const char* op, F&& f) {
+  switch (dtype) {
+    case DType::bf16: f(TypeTag<bf16>{}); return;
+    case DType::f16: f(TypeTag<__half>{}); return;
+    case DType::f32: f(TypeTag<float>{}); return;
+    case DType::f64: f(TypeTag<double>{}); return;
+    default:
+      QUINTET_THROW(InvalidArgument, "{}: dtype {} is not a floating dtype", op,
+                    dtype_name(dtype));
+  }
+}
+
+// Loads any storage type as float; stores float into any storage type (round to nearest even).
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(double v) { return static_cast<float>(v); }
+__device__ __forceinline__ float to_float(bf16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+
+template <class T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ float from_float<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ double from_float<double>(float v) {
+  return static_cast<double>(v);
+}
+template <>
+__device__ __forceinline__ bf16 from_float<bf16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+template <>
+__device__ __forceinline__ __half from_float<__half>(float v) {
+  return __float2half_rn(v);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum of v over the block (blockDim.x a multiple of 32, at most 1024), returned to every thread.
+// scratch: 32 floats of shared memory; safe to call repeatedly with the same scratch.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();  // the previous call's readers are done with scratch
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < warps ? scratch[lane] : 0.0f;
+  return warp_sum(v);
+}
+// Maximum of v over the block, like block_sum.
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < warps ? scratch[lane] : -INFINITY;
+  return warp_max(v);
+}
+
+constexpr int kThreads = 256;  // threads per block of the element-wise and row kernels
+
+// Blocks for a grid-stride loop over n elements (at least 1, at most 65535 * 8).
+inline unsigned grid_for(std::int64_t n, int threads = kThreads) {
+  const std::int64_t blocks = (n + threads - 1) / threads;
+  return static_cast<unsigned>(std::max<std::int64_t>(1, std::min<std::int64_t>(blocks, 524280)));
+}
+
+// Threads per block for a kernel with one block per row of n elements: a multiple of 32 in
+// [32, 1024], about one element per thread up to 4 elements per thread for long rows.
+inline int row_threads(std::int64_t n) {
+  const std::int64_t want = (n + 3) / 4;
+  const std::int64_t t = std::min<std::int64_t>(1024, std::max<std::int64_t>(32, want));
+  return static_cast<int>((t + 31) / 32 * 32);
+}
+
+// Grid-stride loop index helpers (64-bit).
+__device__ __forceinline__ std::int64_t global_index() {
+  return blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+}
+__device__ __forceinline__ std::int64_t global_stride() {
+  return static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+}
+
+// Typed device pointers of a tensor (its dtype must match; checked by the dispatch).
+template <class T>
+T* ptr(const Tensor& t) {
+  return static_cast<T*>(t.data_ptr());
+}
+
+// Throws Cuda when the last launch failed (bad configuration, no kernel image for this GPU).
+inline void check_launch() { QUINTET_CUDA_CHECK(cudaGetLastError()); }
+
+}  // namespace quintet::nn::cuda_ops::detail
