@@ -1,0 +1,40 @@
+// Context: the activations one microbatch saved in its forward for its backward (see module.hpp),
+// and the stream that microbatch's ops run on. One Context per microbatch in flight.
+#pragma once
+
+#include <unordered_map>
+#include <vector>
+
+#include "quintet/core/stream.hpp"
+#include "quintet/core/tensor.hpp"
+
+namespace quintet::nn {
+
+class Module;
+
+// The saved activations of one microbatch. Borrows the stream, which must outlive it.
+class Context {
+ public:
+  explicit Context(const Stream& stream) : stream_(&stream) {}
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+  Context(Context&&) = default;
+  Context& operator=(Context&&) = default;
+
+  const Stream& stream() const { return *stream_; }
+  // Saves tensors for module's backward (a stack per module: a module called twice in one
+  // forward gets its saves back last-in, first-out).
+  void save(const Module& module, std::vector<Tensor> tensors);
+  // Takes back the most recent save of module; throws InvalidArgument when there is none
+  // (backward without a forward on this context).
+  std::vector<Tensor> take(const Module& module);
+  // Number of saves not yet taken (0 after a full backward).
+  std::size_t pending() const;
+  void clear() { saved_.clear(); }
+
+ private:
+  const Stream* stream_;
+  std::unordered_map<const Module*, std::vector<std::vector<Tensor>>> saved_;
+};
+
+}  // namespace quintet::nn

@@ -1,0 +1,46 @@
+// AdamW over the parameters of a ParameterStore, with f32 master weights, gradient clipping by
+// the global norm and decoupled weight decay (skipped for parameters whose attributes say so).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "quintet/nn/ops.hpp"
+#include "quintet/nn/parameter.hpp"
+
+namespace quintet::nn {
+
+struct AdamWConfig {
+  AdamWHyper hyper;           // lr, betas, eps, weight_decay
+  float max_grad_norm = 1.0f;  // clip when the global gradient norm exceeds it; <= 0: no clipping
+};
+
+struct OptimizerStepInfo {
+  double grad_norm = 0.0;  // global norm of the gradients before clipping
+  float grad_scale = 1.0f;  // the factor the gradients were multiplied by (clipping)
+  std::int64_t step = 0;    // the step just taken (1 for the first)
+};
+
+// Holds the optimizer state (master weights when the compute dtype is not f32, exp_avg,
+// exp_avg_sq: f32, one flat buffer each, same layout as the store). The store must outlive it.
+class AdamW {
+ public:
+  AdamW(ParameterStore& store, const AdamWConfig& config, const Stream& stream);
+
+  // One update from the current gradients: global norm (synchronises stream to read it), clip,
+  // fused AdamW per parameter, compute-dtype copy refreshed. Does not zero the gradients.
+  OptimizerStepInfo step(const Stream& stream);
+  // Changes the learning rate (schedules).
+  void set_lr(float lr) { config_.hyper.lr = lr; }
+  const AdamWConfig& config() const { return config_; }
+  std::int64_t steps() const { return step_; }
+
+ private:
+  ParameterStore& store_;
+  AdamWConfig config_;
+  std::int64_t step_ = 0;
+  bool separate_master_;
+  Tensor master_, exp_avg_, exp_avg_sq_;  // flat, store layout
+};
+
+}  // namespace quintet::nn

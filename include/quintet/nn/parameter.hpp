@@ -1,0 +1,126 @@
+// Parameter: one named weight of a model, with its f32 gradient and the attributes that let data
+// parallelism, the optimizer and checkpoints act on it without knowing the layer; and
+// ParameterStore: the flat buffers that hold all parameters of one model chunk (values in one,
+// gradients in another), laid out in backward order so buckets and ZeRO shards are contiguous.
+//
+// Lifecycle: a Module declares its parameters (shape, init, attributes) when constructed; they
+// have no memory yet. A ParameterStore built over the root module then names them
+// ("block0.attn.qkv.weight"), allocates both buffers on one device, points every Parameter's
+// data() and grad() at its slice, and initialises the values. Not thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "quintet/core/random.hpp"
+#include "quintet/core/tensor.hpp"
+
+namespace quintet::nn {
+
+class Module;
+
+// The parallel axis a parameter dimension is split over (see DESIGN §4).
+enum class ParallelAxis { none, tp, cp, ep, etp, dp, pp };
+
+// How a parameter's values are first drawn.
+struct ParameterInit {
+  enum class Kind { normal, zeros, ones };
+  Kind kind = Kind::normal;
+  float stddev = 0.02f;  // for normal (mean 0)
+  static ParameterInit normal(float stddev) { return {Kind::normal, stddev}; }
+  static ParameterInit zeros() { return {Kind::zeros, 0.0f}; }
+  static ParameterInit ones() { return {Kind::ones, 0.0f}; }
+};
+
+struct ParameterAttributes {
+  int shard_dim = -1;                          // the dimension split across ranks, -1 for none
+  ParallelAxis shard_axis = ParallelAxis::none;  // the axis it is split over
+  bool is_expert = false;        // an expert's weight (reduced over edp, not dp)
+  bool reduce_over_tp = false;   // grad must be all-reduced over tp (sequence-parallel norms)
+  bool weight_decay = true;      // AdamW applies weight decay (false for norms and biases)
+  // When this parameter is a shard: the unsharded shape and where the shard starts in it. The
+  // random init draws exactly that slice of the unsharded draw. Empty = not a shard.
+  Shape full_shape;
+  Shape shard_start;
+};
+
+class Parameter {
+ public:
+  Parameter(std::string local_name, Shape shape, ParameterInit init, ParameterAttributes attrs);
+
+  // The full dotted name, set by the ParameterStore (the local name before that).
+  const std::string& name() const { return name_; }
+  const std::string& local_name() const { return local_name_; }
+  const Shape& shape() const { return shape_; }
+  std::int64_t numel() const { return shape_numel(shape_); }
+  const ParameterInit& init() const { return init_; }
+  const ParameterAttributes& attributes() const { return attrs_; }
+
+  // The values (compute dtype) and the gradient (accum_dtype: f32, f64 for f64 values): handles
+  // to views into the store's flat buffers (writing through them writes the buffers). Throw
+  // InvalidArgument before a store has materialised the parameter.
+  Tensor data() const;
+  Tensor grad() const;
+  bool materialized() const { return data_.defined(); }
+  // Offset of this parameter in the store's buffers, in elements.
+  std::int64_t offset() const { return offset_; }
+
+  // Called by a module's backward once this parameter's gradient for the current microbatch is
+  // complete; runs the store's grad-ready hooks (data parallelism subscribes to them).
+  void mark_grad_ready();
+
+ private:
+  friend class ParameterStore;
+  std::string local_name_;
+  std::string name_;
+  Shape shape_;
+  ParameterInit init_;
+  ParameterAttributes attrs_;
+  Tensor data_;
+  Tensor grad_;
+  std::int64_t offset_ = -1;
+  std::function<void(Parameter&)> on_grad_ready_;
+};
+
+// Owns the value and gradient buffers of every parameter of a module tree. Parameters are laid
+// out in backward order (the reverse of the modules' registration order), each aligned to
+// kAlignElements. Init draws come from Philox(seed, stream_id = hash of the parameter's name), so
+// they do not depend on the layout, the device or the other parameters.
+class ParameterStore {
+ public:
+  static constexpr std::int64_t kAlignElements = 64;
+
+  // Names, allocates (on stream's device) and initialises every parameter of root. dtype is the
+  // compute dtype (f32 or bf16 on a GPU; f32 or f64 on the CPU). Gradients start at zero.
+  ParameterStore(Module& root, DType dtype, const Stream& stream, std::uint64_t seed);
+  ParameterStore(const ParameterStore&) = delete;
+  ParameterStore& operator=(const ParameterStore&) = delete;
+
+  // The parameters in backward order (= buffer order).
+  const std::vector<Parameter*>& parameters() const { return params_; }
+  // The flat buffers ([total elements], including alignment padding, which stays zero).
+  const Tensor& data_buffer() const { return data_; }
+  const Tensor& grad_buffer() const { return grad_; }
+  DType dtype() const { return data_.dtype(); }
+  const Device& device() const { return data_.device(); }
+  // The parameter of that full name; throws InvalidArgument listing none if absent.
+  Parameter& find(const std::string& name) const;
+
+  // Zeroes every gradient on stream.
+  void zero_grad(const Stream& stream);
+  // Adds a hook run (on the calling thread) each time a parameter is marked grad-ready.
+  void add_grad_ready_hook(std::function<void(Parameter&)> hook);
+
+ private:
+  std::vector<Parameter*> params_;
+  Tensor data_;
+  Tensor grad_;
+  std::vector<std::function<void(Parameter&)>> hooks_;
+};
+
+// 64-bit FNV-1a of a name: the Philox stream id of a parameter's init.
+std::uint64_t parameter_stream_id(const std::string& name);
+
+}  // namespace quintet::nn

@@ -1,0 +1,49 @@
+#include "quintet/nn/optimizer.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+namespace quintet::nn {
+
+AdamW::AdamW(ParameterStore& store, const AdamWConfig& config, const Stream& stream)
+    : store_(store), config_(config) {
+  QUINTET_CHECK(store.device() == stream.device(),
+                "AdamW: the parameters are on {} but the stream is on {}", store.device().str(),
+                stream.device().str());
+  // f32 (or f64) values are their own master; bf16 values get an f32 master copy.
+  const DType state = accum_dtype(store.dtype());
+  separate_master_ = store.dtype() != state;
+  const Tensor& data = store.data_buffer();
+  master_ = separate_master_ ? data.to(state, stream) : data;
+  exp_avg_ = Tensor::empty(data.shape(), state, data.device(), stream);
+  exp_avg_.fill_(0.0, stream);
+  exp_avg_sq_ = Tensor::empty(data.shape(), state, data.device(), stream);
+  exp_avg_sq_.fill_(0.0, stream);
+}
+
+OptimizerStepInfo AdamW::step(const Stream& stream) {
+  OptimizerStepInfo info;
+  std::vector<Tensor> grads;
+  for (const Parameter* p : store_.parameters()) grads.push_back(p->grad());
+  info.grad_norm = global_norm(grads, stream);
+  QUINTET_CHECK(std::isfinite(info.grad_norm),
+                "AdamW::step: the gradient norm is {}; a gradient holds inf or nan",
+                info.grad_norm);
+  if (config_.max_grad_norm > 0 && info.grad_norm > config_.max_grad_norm) {
+    info.grad_scale = static_cast<float>(config_.max_grad_norm / (info.grad_norm + 1e-6));
+  }
+  info.step = ++step_;
+  AdamWHyper no_decay = config_.hyper;
+  no_decay.weight_decay = 0.0f;
+  for (Parameter* p : store_.parameters()) {
+    auto slice = [&](const Tensor& flat) {
+      return flat.narrow(0, p->offset(), p->numel()).view(p->shape());
+    };
+    const AdamWHyper& h = p->attributes().weight_decay ? config_.hyper : no_decay;
+    adamw_step(slice(master_), p->grad(), slice(exp_avg_), slice(exp_avg_sq_), h, info.step,
+               info.grad_scale, separate_master_ ? p->data() : Tensor(), stream);
+  }
+  return info;
+}
+
+}  // namespace quintet::nn

@@ -1,0 +1,115 @@
+#include "quintet/nn/parameter.hpp"
+
+#include <algorithm>
+#include <set>
+
+#include "quintet/nn/module.hpp"
+#include "quintet/nn/ops.hpp"
+
+namespace quintet::nn {
+
+Parameter::Parameter(std::string local_name, Shape shape, ParameterInit init,
+                     ParameterAttributes attrs)
+    : local_name_(std::move(local_name)),
+      name_(local_name_),
+      shape_(std::move(shape)),
+      init_(init),
+      attrs_(std::move(attrs)) {
+  shape_numel(shape_);  // rejects negative sizes
+  QUINTET_CHECK(attrs_.shard_dim >= -1 && attrs_.shard_dim < static_cast<int>(shape_.size()),
+                "Parameter {}: shard_dim = {} is not a dimension of shape {}", local_name_,
+                attrs_.shard_dim, shape_str(shape_));
+  QUINTET_CHECK(attrs_.full_shape.size() == attrs_.shard_start.size() &&
+                    (attrs_.full_shape.empty() || attrs_.full_shape.size() == shape_.size()),
+                "Parameter {}: full_shape {} and shard_start {} must both be empty or both have "
+                "the rank of shape {}",
+                local_name_, shape_str(attrs_.full_shape), shape_str(attrs_.shard_start),
+                shape_str(shape_));
+}
+
+Tensor Parameter::data() const {
+  QUINTET_CHECK(data_.defined(), "Parameter {} has no memory yet; build a ParameterStore over its "
+                "module first", name_);
+  return data_;
+}
+
+Tensor Parameter::grad() const {
+  QUINTET_CHECK(grad_.defined(), "Parameter {} has no gradient yet; build a ParameterStore over "
+                "its module first", name_);
+  return grad_;
+}
+
+void Parameter::mark_grad_ready() {
+  if (on_grad_ready_) on_grad_ready_(*this);
+}
+
+std::uint64_t parameter_stream_id(const std::string& name) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : name) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+ParameterStore::ParameterStore(Module& root, DType dtype, const Stream& stream,
+                               std::uint64_t seed) {
+  const Device device = stream.device();
+  const bool ok = device.is_cuda() ? (dtype == DType::bf16 || dtype == DType::f32)
+                                   : (dtype == DType::f32 || dtype == DType::f64);
+  QUINTET_CHECK(ok, "ParameterStore: dtype {} on {}; parameters are {} there",
+                dtype_name(dtype), device.str(), device.is_cuda() ? "bf16 or f32" : "f32 (or f64)");
+  auto named = root.named_parameters();
+  std::set<std::string> seen;
+  for (const auto& [name, p] : named) {
+    QUINTET_CHECK(seen.insert(name).second, "ParameterStore: two parameters are named {}", name);
+    QUINTET_CHECK(!p->materialized(), "ParameterStore: parameter {} already belongs to a store",
+                  name);
+  }
+  std::reverse(named.begin(), named.end());  // backward order
+  std::int64_t total = 0;
+  for (auto& [name, p] : named) {
+    p->name_ = name;
+    p->offset_ = total;
+    total += (p->numel() + kAlignElements - 1) / kAlignElements * kAlignElements;
+    params_.push_back(p);
+  }
+  data_ = Tensor::empty({total}, dtype, device, stream);
+  data_.fill_(0.0, stream);
+  grad_ = Tensor::empty({total}, accum_dtype(dtype), device, stream);
+  grad_.fill_(0.0, stream);
+  for (Parameter* p : params_) {
+    p->data_ = data_.narrow(0, p->offset_, p->numel()).view(p->shape());
+    p->grad_ = grad_.narrow(0, p->offset_, p->numel()).view(p->shape());
+    p->on_grad_ready_ = [this](Parameter& q) {
+      for (const auto& hook : hooks_) hook(q);
+    };
+    switch (p->init_.kind) {
+      case ParameterInit::Kind::zeros: break;
+      case ParameterInit::Kind::ones: p->data_.fill_(1.0, stream); break;
+      case ParameterInit::Kind::normal: {
+        const RandomKey key{seed, parameter_stream_id(p->name_), 0};
+        const RandomRegion region{p->attrs_.full_shape, p->attrs_.shard_start};
+        fill_random(p->data_, key, Distribution::normal, 0.0f, p->init_.stddev, region, stream);
+        break;
+      }
+    }
+  }
+}
+
+Parameter& ParameterStore::find(const std::string& name) const {
+  for (Parameter* p : params_) {
+    if (p->name() == name) return *p;
+  }
+  QUINTET_THROW(InvalidArgument, "ParameterStore::find: no parameter named '{}' among {}", name,
+                params_.size());
+}
+
+void ParameterStore::zero_grad(const Stream& stream) { grad_.fill_(0.0, stream); }
+
+void ParameterStore::add_grad_ready_hook(std::function<void(Parameter&)> hook) {
+  QUINTET_CHECK(static_cast<bool>(hook), "ParameterStore::add_grad_ready_hook: empty hook");
+  hooks_.push_back(std::move(hook));
+}
+
+}  // namespace quintet::nn
