@@ -168,6 +168,7 @@ TokenFile TokenFile::open(const std::string& path, const TokenFileOptions& optio
   if (!file_exists(path) && file_exists(path + ".idx") && file_exists(path + ".bin")) {
     return open_megatron(path);
   }
+  if (ends_with(path, ".qts")) return open_quintet(path, options);
   auto map = std::make_shared<MappedFile>(path);
   if (map->size() >= 8 && std::memcmp(map->data(), detail::kQuintetMagic, 8) == 0) {
     return open_quintet(path, options);
