@@ -11,8 +11,7 @@ CausalSelfAttention::CausalSelfAttention(std::int64_t dim, std::int64_t heads,
   QUINTET_CHECK(dim > 0 && heads > 0 && dim % heads == 0,
                 "CausalSelfAttention: dim = {} must be a positive multiple of heads = {}", dim,
                 heads);
-  QUINTET_CHECK(max_seq_len > 0, "CausalSelfAttention: max_seq_len = {} must be > 0",
-                max_seq_len);
+  QUINTET_CHECK(max_seq_len > 0, "CausalSelfAttention: max_seq_len = {} must be > 0", max_seq_len);
   qkv_ = &add_module("qkv", std::make_unique<Linear>(dim, 3 * dim, bias, init_std));
   proj_ = &add_module("proj", std::make_unique<Linear>(dim, dim, bias, proj_init_std));
 }

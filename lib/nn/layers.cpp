@@ -152,12 +152,12 @@ std::unique_ptr<Module> make_norm(NormKind kind, std::int64_t dim, float eps) {
 
 TransformerBlock::TransformerBlock(const TransformerBlockConfig& c) {
   norm1_ = &add_module("norm1", make_norm(c.norm, c.dim, c.eps));
-  attn_ = &add_module("attn", std::make_unique<CausalSelfAttention>(
-                                  c.dim, c.heads, c.max_seq_len, c.bias, c.init_std,
-                                  c.proj_init_std));
+  attn_ =
+      &add_module("attn", std::make_unique<CausalSelfAttention>(
+                              c.dim, c.heads, c.max_seq_len, c.bias, c.init_std, c.proj_init_std));
   norm2_ = &add_module("norm2", make_norm(c.norm, c.dim, c.eps));
-  mlp_ = &add_module("mlp", std::make_unique<MLP>(c.dim, c.hidden, c.activation, c.init_std,
-                                                  c.proj_init_std));
+  mlp_ = &add_module(
+      "mlp", std::make_unique<MLP>(c.dim, c.hidden, c.activation, c.init_std, c.proj_init_std));
 }
 
 Tensor TransformerBlock::forward(Context& ctx, const Tensor& x) {

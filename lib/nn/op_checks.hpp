@@ -4,8 +4,8 @@
 
 #include <string>
 
-#include "quintet/core/tensor.hpp"
 #include "nn/op_dispatch.hpp"
+#include "quintet/core/tensor.hpp"
 #include "quintet/nn/ops.hpp"
 
 namespace quintet::nn::detail {
@@ -35,10 +35,10 @@ class OpChecker {
   DType compute(const char* name, const Tensor& t) const {
     on_device(name, t);
     const DType d = t.dtype();
-    const bool ok = on_cuda() ? (d == DType::bf16 || d == DType::f32)
-                              : (d == DType::f32 || d == DType::f64);
-    QUINTET_CHECK(ok, "{}: {} has dtype {}; on {} the ops compute in {}", op_, name,
-                  dtype_name(d), device_.str(), on_cuda() ? "bf16 or f32" : "f32 (or f64)");
+    const bool ok =
+        on_cuda() ? (d == DType::bf16 || d == DType::f32) : (d == DType::f32 || d == DType::f64);
+    QUINTET_CHECK(ok, "{}: {} has dtype {}; on {} the ops compute in {}", op_, name, dtype_name(d),
+                  device_.str(), on_cuda() ? "bf16 or f32" : "f32 (or f64)");
     return d;
   }
 

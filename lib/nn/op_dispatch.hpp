@@ -22,22 +22,22 @@ namespace quintet::nn::detail {
 // CUDA device (with the device made current), else cpu_ops::fn(args...). OpChecker's constructor
 // has already rejected a CUDA device when the kernels are not built.
 #if QUINTET_NN_HAS_CUDA_OPS
-#define QUINTET_NN_DISPATCH(checker, stream, fn, ...)                       \
-  do {                                                                      \
-    if ((checker).on_cuda()) {                                              \
+#define QUINTET_NN_DISPATCH(checker, stream, fn, ...)                          \
+  do {                                                                         \
+    if ((checker).on_cuda()) {                                                 \
       const ::quintet::detail::DeviceGuard quintet_guard_((checker).device()); \
-      ::quintet::nn::cuda_ops::fn(__VA_ARGS__, (stream));                   \
-    } else {                                                                \
-      ::quintet::nn::cpu_ops::fn(__VA_ARGS__);                              \
-    }                                                                       \
+      ::quintet::nn::cuda_ops::fn(__VA_ARGS__, (stream));                      \
+    } else {                                                                   \
+      ::quintet::nn::cpu_ops::fn(__VA_ARGS__);                                 \
+    }                                                                          \
   } while (0)
 #else
-#define QUINTET_NN_DISPATCH(checker, stream, fn, ...)                       \
-  do {                                                                      \
-    if ((checker).on_cuda()) {                                              \
+#define QUINTET_NN_DISPATCH(checker, stream, fn, ...)                               \
+  do {                                                                              \
+    if ((checker).on_cuda()) {                                                      \
       ::quintet::nn::detail::throw_no_cuda_ops((checker).op(), (checker).device()); \
-    }                                                                       \
-    (void)(stream);                                                         \
-    ::quintet::nn::cpu_ops::fn(__VA_ARGS__);                                \
+    }                                                                               \
+    (void)(stream);                                                                 \
+    ::quintet::nn::cpu_ops::fn(__VA_ARGS__);                                        \
   } while (0)
 #endif

@@ -15,8 +15,8 @@
 
 #include "nn/cpu/cpu_ops.hpp"
 #include "nn/cuda/cuda_ops.hpp"
-#include "nn/op_dispatch.hpp"
 #include "nn/op_checks.hpp"
+#include "nn/op_dispatch.hpp"
 
 namespace quintet::nn {
 
@@ -95,8 +95,8 @@ DType check_norm_input(const OpChecker& c, const Tensor& x, const Tensor& gamma,
                 shape_str(x.shape()));
   c.compute_as("gamma", gamma, t);
   c.shape("gamma", gamma, {d});
-  QUINTET_CHECK(eps > 0.0f && std::isfinite(eps), "{}: eps = {} must be a positive number",
-                c.op(), eps);
+  QUINTET_CHECK(eps > 0.0f && std::isfinite(eps), "{}: eps = {} must be a positive number", c.op(),
+                eps);
   return t;
 }
 // Checks dy like x and a saved statistic of one value per row.
@@ -252,12 +252,12 @@ AttentionOptions check_attention(const OpChecker& c, const Tensor& q, const Tens
   const DType t = c.compute("q", q);
   c.compute_as("k", k, t);
   c.compute_as("v", v, t);
-  QUINTET_CHECK(q.dim() == 4, "{}: q has shape {}, expected [batch, heads, seq, head_dim]",
-                c.op(), shape_str(q.shape()));
-  QUINTET_CHECK(k.dim() == 4 && k.size(0) == q.size(0) && k.size(1) == q.size(1) &&
-                    k.size(3) == q.size(3),
-                "{}: k has shape {}, expected [{}, {}, seq_k, {}] to match q {}", c.op(),
-                shape_str(k.shape()), q.size(0), q.size(1), q.size(3), shape_str(q.shape()));
+  QUINTET_CHECK(q.dim() == 4, "{}: q has shape {}, expected [batch, heads, seq, head_dim]", c.op(),
+                shape_str(q.shape()));
+  QUINTET_CHECK(
+      k.dim() == 4 && k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.size(3) == q.size(3),
+      "{}: k has shape {}, expected [{}, {}, seq_k, {}] to match q {}", c.op(),
+      shape_str(k.shape()), q.size(0), q.size(1), q.size(3), shape_str(q.shape()));
   c.shape("v", v, k.shape());
   QUINTET_CHECK(q.size(3) > 0, "{}: head_dim must be > 0, q has shape {}", c.op(),
                 shape_str(q.shape()));
@@ -279,8 +279,8 @@ AttentionOutput attention_forward(const Tensor& q, const Tensor& k, const Tensor
   const Tensor qc = q.contiguous(stream), kc = k.contiguous(stream), vc = v.contiguous(stream);
   AttentionOutput r;
   r.out = Tensor::empty(q.shape(), q.dtype(), c.device(), stream);
-  r.lse = Tensor::empty({q.size(0), q.size(1), q.size(2)}, accum_dtype(q.dtype()), c.device(),
-                        stream);
+  r.lse =
+      Tensor::empty({q.size(0), q.size(1), q.size(2)}, accum_dtype(q.dtype()), c.device(), stream);
   QUINTET_NN_DISPATCH(c, stream, attention_forward, qc, kc, vc, o, r.out, r.lse);
   return r;
 }

@@ -123,11 +123,12 @@ void adamw_step(const Tensor& master, const Tensor& grad, const Tensor& exp_avg,
   const struct {
     const char* name;
     const Tensor& t;
-  } state[] = {{"master", master}, {"grad", grad}, {"exp_avg", exp_avg}, {"exp_avg_sq", exp_avg_sq}};
+  } state[] = {
+      {"master", master}, {"grad", grad}, {"exp_avg", exp_avg}, {"exp_avg_sq", exp_avg_sq}};
   for (const auto& s : state) {
     c.on_device(s.name, s.t);
-    QUINTET_CHECK(s.t.dtype() == d, "adamw_step: {} has dtype {}, expected {} like master",
-                  s.name, dtype_name(s.t.dtype()), dtype_name(d));
+    QUINTET_CHECK(s.t.dtype() == d, "adamw_step: {} has dtype {}, expected {} like master", s.name,
+                  dtype_name(s.t.dtype()), dtype_name(d));
     c.shape(s.name, s.t, master.shape());
     QUINTET_CHECK(s.t.is_contiguous(), "adamw_step: {} must be contiguous", s.name);
   }
@@ -210,10 +211,11 @@ Tensor sum_of_squares(const std::vector<Tensor>& tensors, const Stream& stream) 
     const Tensor& t = tensors[i];
     QUINTET_CHECK(t.defined(), "sum_of_squares: tensor {} is undefined", i);
     QUINTET_CHECK(t.device() == c.device(),
-                  "sum_of_squares: tensor {} is on {} but the stream is on {}", i,
-                  t.device().str(), c.device().str());
-    QUINTET_CHECK(is_floating(t.dtype()), "sum_of_squares: tensor {} has dtype {}, expected a float",
-                  i, dtype_name(t.dtype()));
+                  "sum_of_squares: tensor {} is on {} but the stream is on {}", i, t.device().str(),
+                  c.device().str());
+    QUINTET_CHECK(is_floating(t.dtype()),
+                  "sum_of_squares: tensor {} has dtype {}, expected a float", i,
+                  dtype_name(t.dtype()));
   }
   Tensor out = Tensor::empty({}, DType::f32, c.device(), stream);
   out.fill_(0.0, stream);

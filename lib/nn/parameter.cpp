@@ -28,14 +28,18 @@ Parameter::Parameter(std::string local_name, Shape shape, ParameterInit init,
 }
 
 Tensor Parameter::data() const {
-  QUINTET_CHECK(data_.defined(), "Parameter {} has no memory yet; build a ParameterStore over its "
-                "module first", name_);
+  QUINTET_CHECK(data_.defined(),
+                "Parameter {} has no memory yet; build a ParameterStore over its "
+                "module first",
+                name_);
   return data_;
 }
 
 Tensor Parameter::grad() const {
-  QUINTET_CHECK(grad_.defined(), "Parameter {} has no gradient yet; build a ParameterStore over "
-                "its module first", name_);
+  QUINTET_CHECK(grad_.defined(),
+                "Parameter {} has no gradient yet; build a ParameterStore over "
+                "its module first",
+                name_);
   return grad_;
 }
 
@@ -57,8 +61,8 @@ ParameterStore::ParameterStore(Module& root, DType dtype, const Stream& stream,
   const Device device = stream.device();
   const bool ok = device.is_cuda() ? (dtype == DType::bf16 || dtype == DType::f32)
                                    : (dtype == DType::f32 || dtype == DType::f64);
-  QUINTET_CHECK(ok, "ParameterStore: dtype {} on {}; parameters are {} there",
-                dtype_name(dtype), device.str(), device.is_cuda() ? "bf16 or f32" : "f32 (or f64)");
+  QUINTET_CHECK(ok, "ParameterStore: dtype {} on {}; parameters are {} there", dtype_name(dtype),
+                device.str(), device.is_cuda() ? "bf16 or f32" : "f32 (or f64)");
   auto named = root.named_parameters();
   std::set<std::string> seen;
   for (const auto& [name, p] : named) {
@@ -85,8 +89,11 @@ ParameterStore::ParameterStore(Module& root, DType dtype, const Stream& stream,
       for (const auto& hook : hooks_) hook(q);
     };
     switch (p->init_.kind) {
-      case ParameterInit::Kind::zeros: break;
-      case ParameterInit::Kind::ones: p->data_.fill_(1.0, stream); break;
+      case ParameterInit::Kind::zeros:
+        break;
+      case ParameterInit::Kind::ones:
+        p->data_.fill_(1.0, stream);
+        break;
       case ParameterInit::Kind::normal: {
         const RandomKey key{seed, parameter_stream_id(p->name_), 0};
         const RandomRegion region{p->attrs_.full_shape, p->attrs_.shard_start};

@@ -31,8 +31,7 @@ inline double dot(const Tensor& a, const Tensor& b) {
 }
 
 // d loss / d x by central differences, perturbing x (an f64 CPU tensor) in place.
-inline Tensor numeric_grad(const std::function<double()>& loss, const Tensor& x,
-                           double h = 1e-5) {
+inline Tensor numeric_grad(const std::function<double()>& loss, const Tensor& x, double h = 1e-5) {
   Tensor g = Tensor::zeros(x.shape(), DType::f64);
   double* xp = x.data<double>();
   for (std::int64_t i = 0; i < x.numel(); ++i) {

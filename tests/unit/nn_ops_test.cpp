@@ -148,13 +148,23 @@ void reference_attention(const Tensor& q, const Tensor& k, const Tensor& v,
 
 TEST_CASE("attention forward against loops, backward against finite differences",
           "[nn][ops][attention]") {
-  Tensor q = randn64({2, 2, 5, 3}, 31), k = randn64({2, 2, 7, 3}, 32), v = randn64({2, 2, 7, 3}, 33);
+  Tensor q = randn64({2, 2, 5, 3}, 31), k = randn64({2, 2, 7, 3}, 32),
+         v = randn64({2, 2, 7, 3}, 33);
   const Tensor r = randn64({2, 2, 5, 3}, 34);
   AttentionOptions o;
   SECTION("causal, no offsets") {}
-  SECTION("causal, query block after the keys") { o.q_offset = 4; o.k_offset = 1; }
-  SECTION("causal, some rows see no key") { o.q_offset = 0; o.k_offset = 2; }
-  SECTION("full mask, explicit scale") { o.causal = false; o.scale = 0.3f; }
+  SECTION("causal, query block after the keys") {
+    o.q_offset = 4;
+    o.k_offset = 1;
+  }
+  SECTION("causal, some rows see no key") {
+    o.q_offset = 0;
+    o.k_offset = 2;
+  }
+  SECTION("full mask, explicit scale") {
+    o.causal = false;
+    o.scale = 0.3f;
+  }
   const AttentionOutput a = attention_forward(q, k, v, o, kCpu);
   Tensor ref_out, ref_lse;
   reference_attention(q, k, v, o, ref_out, ref_lse);
@@ -200,10 +210,12 @@ TEST_CASE("attention of one query block over key blocks merged by lse equals the
     b.o = attention_forward(qb, k.narrow(2, b.start, b.len), v.narrow(2, b.start, b.len), o, kCpu);
   }
   // Merge: lse = log(sum_b exp(lse_b)), out = sum_b exp(lse_b - lse) out_b.
-  Tensor lse = Tensor::zeros({1, 2, q1 - q0}, DType::f64), out = Tensor::zeros(qb.shape(), DType::f64);
+  Tensor lse = Tensor::zeros({1, 2, q1 - q0}, DType::f64),
+         out = Tensor::zeros(qb.shape(), DType::f64);
   for (int h = 0; h < 2; ++h)
     for (int i = 0; i < q1 - q0; ++i) {
-      const double a = blocks[0].o.lse.at<double>({0, h, i}), b = blocks[1].o.lse.at<double>({0, h, i});
+      const double a = blocks[0].o.lse.at<double>({0, h, i}),
+                   b = blocks[1].o.lse.at<double>({0, h, i});
       const double m = std::max(a, b);
       const double l = std::isinf(m) ? m : m + std::log(std::exp(a - m) + std::exp(b - m));
       lse.at<double>({0, h, i}) = l;
@@ -343,28 +355,28 @@ TEST_CASE("nn ops reject bad input with a quintet::Error", "[nn][ops]") {
   REQUIRE_THROWS_QUINTET(linear_forward(x.to(DType::bf16), w, Tensor(), kCpu), InvalidArgument,
                          "compute in f32");
   Tensor dw_bad = Tensor::zeros({4, 4});
-  REQUIRE_THROWS_QUINTET(linear_backward_weight(Tensor::randn({2, 4}, 4), x, dw_bad, Tensor(), kCpu),
-                         InvalidArgument, "dw has shape [4, 4], expected [4, 5]");
+  REQUIRE_THROWS_QUINTET(
+      linear_backward_weight(Tensor::randn({2, 4}, 4), x, dw_bad, Tensor(), kCpu), InvalidArgument,
+      "dw has shape [4, 4], expected [4, 5]");
   const Tensor q = Tensor::randn({1, 2, 4, 8}, 5);
   REQUIRE_THROWS_QUINTET(attention_forward(q, Tensor::randn({1, 3, 4, 8}, 6), q, {}, kCpu),
                          InvalidArgument, "k has shape");
   AttentionOptions neg;
   neg.q_offset = -1;
   REQUIRE_THROWS_QUINTET(attention_forward(q, q, q, neg, kCpu), InvalidArgument, "q_offset");
-  REQUIRE_THROWS_QUINTET(
-      embedding_forward(Tensor::from_vector<std::int64_t>({7}, {1}), w, kCpu), InvalidArgument,
-      "outside the table's vocabulary [0, 4)");
+  REQUIRE_THROWS_QUINTET(embedding_forward(Tensor::from_vector<std::int64_t>({7}, {1}), w, kCpu),
+                         InvalidArgument, "outside the table's vocabulary [0, 4)");
   REQUIRE_THROWS_QUINTET(embedding_forward(x, w, kCpu), InvalidArgument, "expected i32 or i64");
   REQUIRE_THROWS_QUINTET(
       cross_entropy_forward(x, Tensor::from_vector<std::int64_t>({1, 9}, {2}), -100, kCpu),
       InvalidArgument, "outside the vocabulary");
-  REQUIRE_THROWS_QUINTET(layernorm_forward(x, Tensor::randn({4}, 7), Tensor::randn({4}, 8), 1e-5f,
-                                           kCpu),
-                         InvalidArgument, "gamma has shape [4], expected [5]");
+  REQUIRE_THROWS_QUINTET(
+      layernorm_forward(x, Tensor::randn({4}, 7), Tensor::randn({4}, 8), 1e-5f, kCpu),
+      InvalidArgument, "gamma has shape [4], expected [5]");
   Tensor mw = Tensor::zeros({3});
-  REQUIRE_THROWS_QUINTET(adamw_step(mw, mw.clone(), mw.clone(), mw.clone(), {}, 0, 1.0f, Tensor(),
-                                    kCpu),
-                         InvalidArgument, "expected >= 1");
+  REQUIRE_THROWS_QUINTET(
+      adamw_step(mw, mw.clone(), mw.clone(), mw.clone(), {}, 0, 1.0f, Tensor(), kCpu),
+      InvalidArgument, "expected >= 1");
   if (cuda_available()) {  // device mismatch needs a visible GPU to build a CUDA stream
     const Stream gpu = Stream::create(Device::cuda(0));
     REQUIRE_THROWS_QUINTET(linear_forward(x, w, Tensor(), gpu), InvalidArgument, "cuda:0");

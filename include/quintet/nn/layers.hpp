@@ -70,8 +70,8 @@ class MLP : public Module {
 
  private:
   Activation activation_;
-  Linear* fc_;              // gelu: fc; swiglu: gate
-  Linear* up_ = nullptr;    // swiglu only
+  Linear* fc_;            // gelu: fc; swiglu: gate
+  Linear* up_ = nullptr;  // swiglu only
   Linear* proj_;
 };
 
@@ -95,8 +95,7 @@ class CausalSelfAttention : public Module {
 // of the ids must not exceed it.
 class Embedding : public Module {
  public:
-  Embedding(std::int64_t vocab, std::int64_t dim, float init_std = 0.02f,
-            std::int64_t max_len = 0);
+  Embedding(std::int64_t vocab, std::int64_t dim, float init_std = 0.02f, std::int64_t max_len = 0);
   Tensor forward(Context& ctx, const Tensor& ids) override;
   Tensor backward(Context& ctx, const Tensor& dy) override;
   Parameter& weight() { return *weight_; }
@@ -109,13 +108,13 @@ class Embedding : public Module {
 struct TransformerBlockConfig {
   std::int64_t dim = 64;
   std::int64_t heads = 4;
-  std::int64_t hidden = 256;       // MLP hidden size
+  std::int64_t hidden = 256;  // MLP hidden size
   std::int64_t max_seq_len = 1024;
   NormKind norm = NormKind::layernorm;
   Activation activation = Activation::gelu;
-  bool bias = true;                // biases of the attention projections
+  bool bias = true;  // biases of the attention projections
   float init_std = 0.02f;
-  float proj_init_std = 0.02f;     // output projections (GPT-2: 0.02 / sqrt(2 * layers))
+  float proj_init_std = 0.02f;  // output projections (GPT-2: 0.02 / sqrt(2 * layers))
   float eps = 1e-5f;
 };
 

@@ -32,9 +32,7 @@
 namespace quintet::nn {
 
 // The dtype of statistics and gradient accumulators for compute dtype T: f64 for f64, else f32.
-inline DType accum_dtype(DType compute) {
-  return compute == DType::f64 ? DType::f64 : DType::f32;
-}
+inline DType accum_dtype(DType compute) { return compute == DType::f64 ? DType::f64 : DType::f32; }
 
 // ---- linear: y = x · wᵀ + b ----------------------------------------------------------------
 // x [..., in] (T), w [out, in] (T), b [out] (T) or undefined for no bias. Returns y [..., out].

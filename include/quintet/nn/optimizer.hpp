@@ -11,12 +11,12 @@
 namespace quintet::nn {
 
 struct AdamWConfig {
-  AdamWHyper hyper;           // lr, betas, eps, weight_decay
+  AdamWHyper hyper;            // lr, betas, eps, weight_decay
   float max_grad_norm = 1.0f;  // clip when the global gradient norm exceeds it; <= 0: no clipping
 };
 
 struct OptimizerStepInfo {
-  double grad_norm = 0.0;  // global norm of the gradients before clipping
+  double grad_norm = 0.0;   // global norm of the gradients before clipping
   float grad_scale = 1.0f;  // the factor the gradients were multiplied by (clipping)
   std::int64_t step = 0;    // the step just taken (1 for the first)
 };

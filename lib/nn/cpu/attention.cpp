@@ -50,8 +50,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                        const AttentionOptions& options, const Tensor& out, const Tensor& lse) {
   dispatch_real(q.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    const std::int64_t heads = q.size(0) * q.size(1), sq = q.size(2), sk = k.size(2),
-                       d = q.size(3);
+    const std::int64_t heads = q.size(0) * q.size(1), sq = q.size(2), sk = k.size(2), d = q.size(3);
     RowMatrix<T> p(sq, sk);
     for (std::int64_t h = 0; h < heads; ++h) {
       const ConstMatMap<T> qm(q.data<T>() + h * sq * d, sq, d);
@@ -68,8 +67,7 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
                         const Tensor& dq, const Tensor& dk, const Tensor& dv) {
   dispatch_real(q.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    const std::int64_t heads = q.size(0) * q.size(1), sq = q.size(2), sk = k.size(2),
-                       d = q.size(3);
+    const std::int64_t heads = q.size(0) * q.size(1), sq = q.size(2), sk = k.size(2), d = q.size(3);
     RowMatrix<T> p(sq, sk), ds(sq, sk);
     for (std::int64_t h = 0; h < heads; ++h) {
       const ConstMatMap<T> qm(q.data<T>() + h * sq * d, sq, d);

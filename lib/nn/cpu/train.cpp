@@ -105,8 +105,8 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
 }
 
 void adamw_step(const Tensor& master, const Tensor& grad, const Tensor& exp_avg,
-                const Tensor& exp_avg_sq, const AdamWHyper& h, std::int64_t step,
-                float grad_scale, const Tensor& param) {
+                const Tensor& exp_avg_sq, const AdamWHyper& h, std::int64_t step, float grad_scale,
+                const Tensor& param) {
   dispatch_real(master.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T bc1 = T(1.0 - std::pow(double(h.beta1), double(step)));
