@@ -1,0 +1,320 @@
+// 01_collective_bench: Quintet's collectives against raw NCCL (GPU) or raw MPI (CPU), like
+// nccl-tests, in one run.
+//
+//   mpirun -np 2 01_collective_bench --op all --device cuda
+//   mpirun -np 4 01_collective_bench --op all_reduce --device cpu --max-bytes 64M --json
+//
+// For each operation and size (from --min-bytes to --max-bytes, times --step-factor) it
+//   1. runs the operation once through the Quintet communicator and checks the result against
+//      the expected values on every rank (a wrong result fails the run with exit code 1);
+//   2. times --iters back-to-back operations, --reps times, after --warmup untimed ones, through
+//      Quintet and through raw NCCL/MPI calls on the same buffers: CUDA events on the caller's
+//      stream on a GPU, a steady clock after a barrier on the CPU; a repetition counts as long as
+//      its slowest rank, and the median repetition is reported;
+//   3. prints time per operation, algorithm bandwidth (bytes / time), bus bandwidth (nccl-tests'
+//      factors) for both, and ours/raw (ratio of bus bandwidths; 1.0 = no overhead).
+// Bytes are per rank as in nccl-tests (see bench_ops.hpp); bandwidths in GB/s (1e9 bytes/s).
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "bench_ops.hpp"
+#include "quintet/collectives/bootstrap.hpp"
+#include "quintet/core/error.hpp"
+#if QUINTET_HAS_NCCL
+#include <cuda_runtime.h>
+#endif
+
+using namespace bench;
+using quintet::Communicator;
+using quintet::Device;
+using quintet::Stream;
+using quintet::Work;
+
+namespace {
+
+struct Options {
+  std::string op = "all";
+  std::string min_bytes = "8";
+  std::string max_bytes;  // default: 1G on a GPU, 64M on the CPU
+  double step_factor = 2.0;
+  int iters = 20;
+  int warmup = 5;
+  int reps = 5;
+  std::string dtype = "f32";
+  bool json = false;
+};
+
+// "8", "64K", "1M", "1G" (binary multiples) -> bytes.
+std::size_t parse_bytes(const std::string& text) {
+  std::size_t pos = 0;
+  unsigned long long value = 0;
+  try {
+    value = std::stoull(text, &pos);
+  } catch (const std::exception&) {
+    pos = 0;
+  }
+  const std::string suffix = pos > 0 ? text.substr(pos) : "";
+  std::size_t scale = 1;
+  if (suffix == "K" || suffix == "k") scale = std::size_t{1} << 10;
+  if (suffix == "M" || suffix == "m") scale = std::size_t{1} << 20;
+  if (suffix == "G" || suffix == "g") scale = std::size_t{1} << 30;
+  QUINTET_CHECK(pos > 0 && (suffix.empty() || scale > 1),
+                "bad size '{}': expected a number of bytes with an optional K, M or G suffix "
+                "(8, 64K, 1M, 1G)",
+                text);
+  return static_cast<std::size_t>(value) * scale;
+}
+
+std::vector<Op> parse_ops(const std::string& name, quintet::DType dtype) {
+  std::vector<Op> ops;
+  for (Op op : kAllOps) {
+    if (name == "all" || op_name(op) == name) ops.push_back(op);
+  }
+  QUINTET_CHECK(!ops.empty(),
+                "unknown --op '{}': expected all_reduce, all_gather, reduce_scatter, all_to_all, "
+                "broadcast, sendrecv or all",
+                name);
+  if (dtype == quintet::DType::u16) {  // u16 cannot be reduced (NCCL has no such type)
+    QUINTET_CHECK(name == "all" || !reduces(ops.front()),
+                  "--op {} reduces, and dtype u16 cannot be reduced; use --dtype i32 or f16", name);
+    std::erase_if(ops, reduces);
+  }
+  return ops;
+}
+
+// The slowest rank's value (every rank gets it).
+double max_over_ranks(Communicator& comm, const Device& device, double value) {
+  if (comm.size() == 1) return value;
+  const quintet::Tensor t = quintet::Tensor::full({1}, value, quintet::DType::f64, device);
+  comm.all_reduce(t, quintet::ReduceOp::max).synchronize();
+  return t.item({0});
+}
+
+// Seconds per operation: `iters` issues then finish(), timed on stream (GPU: CUDA events; CPU:
+// steady clock after a barrier), slowest rank, median over `reps` repetitions.
+double seconds_per_op(Communicator& comm, const Device& device, const Stream& stream,
+                      const Options& o, const std::function<void()>& issue,
+                      const std::function<void()>& finish) {
+  for (int i = 0; i < o.warmup; ++i) issue();
+  finish();
+  stream.synchronize();
+  std::vector<double> times;
+  quintet::Event start(device, true), stop(device, true);
+  for (int rep = 0; rep < o.reps; ++rep) {
+    double seconds = 0;
+    if (device.is_cuda()) {
+      start.record(stream);
+      for (int i = 0; i < o.iters; ++i) issue();
+      finish();
+      stop.record(stream);
+      stop.synchronize();
+      seconds = stop.elapsed_ms(start) * 1e-3;
+    } else {
+      comm.barrier().wait();
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < o.iters; ++i) issue();
+      finish();
+      seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    times.push_back(max_over_ranks(comm, device, seconds / o.iters));
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+// The raw baseline of this run: an NCCL communicator of its own (GPU), or a duplicate of
+// MPI_COMM_WORLD (CPU under mpirun); none otherwise. Released before the World.
+struct Baseline {
+  std::string name = "none";
+#if QUINTET_HAS_NCCL
+  ncclComm_t nccl = nullptr;
+#endif
+  MPI_Comm mpi = MPI_COMM_NULL;
+
+  Baseline(quintet::World& world) {
+    const Device& device = world.device();
+    if (device.is_cuda()) {
+#if QUINTET_HAS_NCCL
+      // The unique id travels over the Quintet communicator itself (works for every launcher).
+      ncclUniqueId id;
+      quintet::Tensor bytes = quintet::Tensor::empty(
+          {static_cast<std::int64_t>(sizeof(id.internal))}, quintet::DType::u8);
+      if (world.rank() == 0) {
+        if (ncclGetUniqueId(&id) != ncclSuccess) throw std::runtime_error("ncclGetUniqueId failed");
+        std::copy(id.internal, id.internal + sizeof(id.internal),
+                  static_cast<char*>(bytes.data_ptr()));
+      }
+      const quintet::Tensor on_device = bytes.to(device);
+      world.comm().broadcast(on_device, 0).synchronize();
+      const quintet::Tensor back = on_device.to(Device::cpu());
+      std::copy_n(static_cast<const char*>(back.data_ptr()), sizeof(id.internal), id.internal);
+      if (ncclCommInitRank(&nccl, world.size(), id, world.rank()) != ncclSuccess) {
+        throw std::runtime_error("raw ncclCommInitRank failed");
+      }
+      name = "raw NCCL";
+#endif
+    } else {
+      int initialized = 0, finalized = 0;
+      MPI_Initialized(&initialized);
+      MPI_Finalized(&finalized);
+      int mpi_size = 0;
+      if (initialized && !finalized) MPI_Comm_size(MPI_COMM_WORLD, &mpi_size);
+      if (mpi_size == world.size()) {
+        MPI_Comm_dup(MPI_COMM_WORLD, &mpi);
+        name = "raw MPI";
+      }
+    }
+  }
+  ~Baseline() {
+#if QUINTET_HAS_NCCL
+    if (nccl != nullptr) ncclCommDestroy(nccl);
+#endif
+    if (mpi != MPI_COMM_NULL) MPI_Comm_free(&mpi);
+  }
+  Baseline(const Baseline&) = delete;
+  Baseline& operator=(const Baseline&) = delete;
+};
+
+int run(quintet::World& world, const Options& o) {
+  const Device device = world.device();
+  const bool gpu = device.is_cuda();
+  const int me = world.rank(), n = world.size();
+  Communicator& comm = world.comm();
+  const quintet::DType dtype = quintet::parse_dtype(o.dtype);
+  const std::vector<Op> ops = parse_ops(o.op, dtype);
+  const std::size_t min_bytes = parse_bytes(o.min_bytes);
+  const std::size_t max_bytes =
+      parse_bytes(o.max_bytes.empty() ? (gpu ? "1G" : "64M") : o.max_bytes);
+  QUINTET_CHECK(min_bytes >= 1 && min_bytes <= max_bytes,
+                "--min-bytes {} and --max-bytes {}: expected 1 <= min <= max", min_bytes,
+                max_bytes);
+  QUINTET_CHECK(o.step_factor > 1.0, "--step-factor {} must be > 1", o.step_factor);
+  QUINTET_CHECK(o.iters >= 1 && o.reps >= 1 && o.warmup >= 0,
+                "--iters {}, --reps {}, --warmup {}: expected iters >= 1, reps >= 1, warmup >= 0",
+                o.iters, o.reps, o.warmup);
+  quintet::set_current_device(device);  // so no operation has to switch devices
+  const Stream stream = gpu ? Stream::create(device) : Stream();
+  Baseline baseline(world);
+
+  if (me == 0 && !o.json) {
+    std::printf(
+        "# 01_collective_bench: %d ranks, %s, backend %s, dtype %s; %d iters x %d reps "
+        "(median), %d warmup; baseline %s\n",
+        n, device.str().c_str(), std::string(quintet::backend_name(comm.backend())).c_str(),
+        o.dtype.c_str(), o.iters, o.reps, o.warmup, baseline.name.c_str());
+    std::printf("%-15s %12s %12s %10s %10s %10s %12s %10s %9s %8s\n", "op", "bytes", "count",
+                "time_us", "algbw", "busbw", "raw_time_us", "raw_busbw", "ours/raw", "correct");
+  }
+  for (Op op : ops) {
+    for (double size = static_cast<double>(min_bytes); size <= static_cast<double>(max_bytes);
+         size *= o.step_factor) {
+      const Buffers b = make_buffers(op, static_cast<std::size_t>(size), dtype, device, me, n);
+      if (b.count == 0) continue;  // fewer elements than ranks
+      // 1. Correctness of the first run, agreed by every rank before anything is timed.
+      issue_ours(comm, op, b, stream).wait(stream);
+      stream.synchronize();
+      const std::string error = verify(op, b, me, n);
+      if (!error.empty()) std::fprintf(stderr, "rank %d: %s\n", me, error.c_str());
+      if (max_over_ranks(comm, device, error.empty() ? 0.0 : 1.0) > 0) {
+        if (me == 0) {
+          std::fprintf(stderr,
+                       "FAILED: %s of %zu bytes (%s) gave a wrong result; see the ranks' "
+                       "messages above\n",
+                       std::string(op_name(op)).c_str(), b.bytes(), o.dtype.c_str());
+        }
+        return 1;
+      }
+      // 2. Timing: ours, then the raw baseline on the same buffers.
+      Work last;
+      const double ours = seconds_per_op(
+          comm, device, stream, o, [&] { last = issue_ours(comm, op, b, stream); },
+          [&] { last.wait(stream); });
+      std::optional<double> raw;
+#if QUINTET_HAS_NCCL
+      if (baseline.nccl != nullptr) {
+        raw = seconds_per_op(
+            comm, device, stream, o,
+            [&] { issue_raw_nccl(baseline.nccl, op, b, stream.handle(), me, n); }, [] {});
+      }
+#endif
+      if (baseline.mpi != MPI_COMM_NULL && b.count <= INT_MAX) {
+        raw = seconds_per_op(
+            comm, device, stream, o, [&] { run_raw_mpi(baseline.mpi, op, b, me, n); }, [] {});
+      }
+      // 3. Report.
+      const double bytes = static_cast<double>(b.bytes());
+      const double algbw = bytes / ours * 1e-9, busbw = algbw * bus_factor(op, n);
+      std::optional<double> raw_busbw;
+      if (raw) raw_busbw = bytes / *raw * 1e-9 * bus_factor(op, n);
+      if (me != 0) continue;
+      if (o.json) {
+        nlohmann::json row = {
+            {"op", op_name(op)},  {"bytes", b.bytes()},    {"dtype", o.dtype},
+            {"ranks", n},         {"time_us", ours * 1e6}, {"algbw_gbs", algbw},
+            {"busbw_gbs", busbw}, {"correct", true},       {"device", device.str()}};
+        row["raw_busbw_gbs"] = raw_busbw ? nlohmann::json(*raw_busbw) : nlohmann::json(nullptr);
+        row["raw_time_us"] = raw ? nlohmann::json(*raw * 1e6) : nlohmann::json(nullptr);
+        row["ratio"] = raw ? nlohmann::json(*raw / ours) : nlohmann::json(nullptr);
+        std::printf("%s\n", row.dump().c_str());
+      } else {
+        const std::string raw_time = raw ? fmt::format("{:.2f}", *raw * 1e6) : "-";
+        const std::string raw_bw = raw_busbw ? fmt::format("{:.2f}", *raw_busbw) : "-";
+        const std::string ratio = raw ? fmt::format("{:.3f}", *raw / ours) : "-";
+        std::printf("%-15s %12zu %12lld %10.2f %10.2f %10.2f %12s %10s %9s %8s\n",
+                    std::string(op_name(op)).c_str(), b.bytes(), static_cast<long long>(b.count),
+                    ours * 1e6, algbw, busbw, raw_time.c_str(), raw_bw.c_str(), ratio.c_str(),
+                    "yes");
+      }
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    // --device, --timeout-s, ... are the runtime's (RuntimeConfig); the rest are the bench's.
+    quintet::RuntimeConfig config = quintet::RuntimeConfig::from_args(argc, argv);
+    Options o;
+    CLI::App app{"Quintet collectives vs raw NCCL/MPI, like nccl-tests"};
+    app.add_option("--op", o.op,
+                   "all_reduce|all_gather|reduce_scatter|all_to_all|broadcast|"
+                   "sendrecv|all")
+        ->capture_default_str();
+    app.add_option("--min-bytes", o.min_bytes, "smallest size (K/M/G suffixes)")
+        ->capture_default_str();
+    app.add_option("--max-bytes", o.max_bytes, "largest size (default 1G on GPU, 64M on CPU)");
+    app.add_option("--step-factor", o.step_factor, "size multiplier between rows")
+        ->capture_default_str();
+    app.add_option("--iters", o.iters, "operations per timed repetition")->capture_default_str();
+    app.add_option("--warmup", o.warmup, "untimed operations before timing")->capture_default_str();
+    app.add_option("--reps", o.reps, "timed repetitions (the median is reported)")
+        ->capture_default_str();
+    app.add_option("--dtype", o.dtype, "f32|f16|bf16|f64|i32|i64|u8|u16")->capture_default_str();
+    std::string device_help;
+    app.add_option("--device", device_help, "cpu|cuda (read by the runtime; or QUINTET_DEVICE)");
+    app.add_flag("--json", o.json, "one JSON object per result line");
+    std::vector<const char*> args;
+    for (const std::string& a : config.remaining_args) args.push_back(a.c_str());
+    try {
+      app.parse(static_cast<int>(args.size()), args.data());
+    } catch (const CLI::ParseError& e) {
+      return app.exit(e);
+    }
+    quintet::World world = quintet::init(config);
+    return run(world, o);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "01_collective_bench: %s\n", e.what());
+    return 2;
+  }
+}
