@@ -1,0 +1,5 @@
+# nn on the GPU: every CUDA op against the CPU op (bf16 and f32, odd shapes), the attention
+# block/offset form, bad inputs. Exit 77 (skipped) without a GPU.
+quintet_gpu_test(NAME gpu_nn_dense_ops_test COMPONENT nn SOURCES gpu/nn_dense_ops_test.cpp)
+quintet_gpu_test(NAME gpu_nn_attention_test COMPONENT nn SOURCES gpu/nn_attention_test.cpp)
+quintet_gpu_test(NAME gpu_nn_train_ops_test COMPONENT nn SOURCES gpu/nn_train_ops_test.cpp)
