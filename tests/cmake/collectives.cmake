@@ -6,3 +6,9 @@ quintet_mpi_test(NAME collectives_validation_test COMPONENT collectives RANKS 1 
                  SOURCES mpi/collectives_validation_test.cpp)
 quintet_mpi_test(NAME collectives_split_test COMPONENT collectives RANKS 1 2 3 4 8
                  SOURCES mpi/collectives_split_test.cpp)
+quintet_unit_test(NAME collectives_bootstrap_test COMPONENT collectives
+                  SOURCES unit/collectives_bootstrap_test.cpp)
+quintet_unit_test(NAME collectives_tcp_store_test COMPONENT collectives
+                  SOURCES unit/collectives_tcp_store_test.cpp)
+# The store is a private class of the library: the test reaches its header from the source tree.
+target_include_directories(collectives_tcp_store_test PRIVATE ${PROJECT_SOURCE_DIR})
