@@ -57,8 +57,8 @@ TEST_CASE("attention forward and backward on the GPU equal the CPU's") {
 
       const nn::AttentionGrads g =
           nn::attention_backward(dout.gpu, q.gpu, k.gpu, v.gpu, r.out, r.lse, o, s);
-      const nn::AttentionGrads g_ref = nn::attention_backward(dout.cpu, q.cpu, k.cpu, v.cpu,
-                                                              r_ref.out, r_ref.lse, o, cpu);
+      const nn::AttentionGrads g_ref =
+          nn::attention_backward(dout.cpu, q.cpu, k.cpu, v.cpu, r_ref.out, r_ref.lse, o, cpu);
       CHECK_CLOSE(g.dq, g_ref.dq, s, t);
       CHECK_CLOSE(g.dk, g_ref.dk, s, t);
       CHECK_CLOSE(g.dv, g_ref.dv, s, t);
@@ -160,8 +160,8 @@ TEST_CASE("attention computed block by block with offsets equals slices of the f
           }
         }
         CHECK(rel_err(a, b) < tolerance(t));
-        CHECK(rel_err(values(dq_sum, s), values(fg.dq.narrow(2, qb.start, qb.len).contiguous(s), s)) <
-              tolerance(t));
+        CHECK(rel_err(values(dq_sum, s),
+                      values(fg.dq.narrow(2, qb.start, qb.len).contiguous(s), s)) < tolerance(t));
       }
       for (int kbi = 0; kbi < 2; ++kbi) {
         const Block& kb = kblocks[kbi];
@@ -197,7 +197,6 @@ TEST_CASE("attention on the GPU rejects bad inputs with InvalidArgument") {
   const nn::AttentionOutput r = nn::attention_forward(q, k, k, o, s);
   REQUIRE_THROWS_QUINTET(nn::attention_backward(q, q, k, k, r.out, r.lse.to(DType::bf16, s), o, s),
                          InvalidArgument, "lse");
-  REQUIRE_THROWS_QUINTET(
-      nn::attention_backward(q, q, k, k, r.out, r.lse.narrow(2, 0, 4), o, s), InvalidArgument,
-      "lse");
+  REQUIRE_THROWS_QUINTET(nn::attention_backward(q, q, k, k, r.out, r.lse.narrow(2, 0, 4), o, s),
+                         InvalidArgument, "lse");
 }

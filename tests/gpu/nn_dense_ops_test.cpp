@@ -21,8 +21,8 @@ TEST_CASE("linear forward and backward on the GPU equal the CPU's") {
     Shape lead;
     std::int64_t in, out;
   };
-  const Case cases[] = {{{1}, 1, 1}, {{37}, 53, 29}, {{3, 5}, 67, 131}, {{2, 64}, 256, 96},
-                        {{129}, 1000, 7}};
+  const Case cases[] = {
+      {{1}, 1, 1}, {{37}, 53, 29}, {{3, 5}, 67, 131}, {{2, 64}, 256, 96}, {{129}, 1000, 7}};
   std::uint64_t seed = 100;
   for (const DType t : kDTypes) {
     for (const Case& c : cases) {
@@ -80,10 +80,9 @@ TEST_CASE("layernorm and rmsnorm on the GPU equal the CPU's") {
       CHECK_CLOSE(ln.rstd, ln_ref.rstd, s, DType::f32);
       const Tensor dg = dg0.to(gpu, s), db = db0.to(gpu, s);
       const Tensor dg_ref = dg0.clone(), db_ref = db0.clone();
-      const Tensor dx =
-          nn::layernorm_backward(dy.gpu, x.gpu, g.gpu, ln.mean, ln.rstd, dg, db, s);
-      const Tensor dx_ref = nn::layernorm_backward(dy.cpu, x.cpu, g.cpu, ln_ref.mean,
-                                                   ln_ref.rstd, dg_ref, db_ref, cpu);
+      const Tensor dx = nn::layernorm_backward(dy.gpu, x.gpu, g.gpu, ln.mean, ln.rstd, dg, db, s);
+      const Tensor dx_ref = nn::layernorm_backward(dy.cpu, x.cpu, g.cpu, ln_ref.mean, ln_ref.rstd,
+                                                   dg_ref, db_ref, cpu);
       CHECK_CLOSE(dx, dx_ref, s, t);
       CHECK_CLOSE(dg, dg_ref, s, t);
       CHECK_CLOSE(db, db_ref, s, t);
@@ -95,13 +94,11 @@ TEST_CASE("layernorm and rmsnorm on the GPU equal the CPU's") {
       CHECK_CLOSE(rms.rstd, rms_ref.rstd, s, DType::f32);
       const Tensor rdg = dg0.to(gpu, s), rdg_ref = dg0.clone();
       const Tensor rdx = nn::rmsnorm_backward(dy.gpu, x.gpu, g.gpu, rms.rstd, rdg, s);
-      const Tensor rdx_ref =
-          nn::rmsnorm_backward(dy.cpu, x.cpu, g.cpu, rms_ref.rstd, rdg_ref, cpu);
+      const Tensor rdx_ref = nn::rmsnorm_backward(dy.cpu, x.cpu, g.cpu, rms_ref.rstd, rdg_ref, cpu);
       CHECK_CLOSE(rdx, rdx_ref, s, t);
       CHECK_CLOSE(rdg, rdg_ref, s, t);
       // Undefined parameter gradients are skipped.
-      CHECK_CLOSE(nn::rmsnorm_backward(dy.gpu, x.gpu, g.gpu, rms.rstd, Tensor(), s), rdx_ref, s,
-                  t);
+      CHECK_CLOSE(nn::rmsnorm_backward(dy.gpu, x.gpu, g.gpu, rms.rstd, Tensor(), s), rdx_ref, s, t);
     }
   }
 }
@@ -119,8 +116,7 @@ TEST_CASE("gelu, swiglu and softmax on the GPU equal the CPU's") {
     const Input dy = random_input(es, ++seed, t, s);
     CHECK_CLOSE(nn::gelu_forward(x.gpu, s), nn::gelu_forward(x.cpu, cpu), s, t);
     CHECK_CLOSE(nn::gelu_backward(dy.gpu, x.gpu, s), nn::gelu_backward(dy.cpu, x.cpu, cpu), s, t);
-    CHECK_CLOSE(nn::swiglu_forward(x.gpu, up.gpu, s), nn::swiglu_forward(x.cpu, up.cpu, cpu), s,
-                t);
+    CHECK_CLOSE(nn::swiglu_forward(x.gpu, up.gpu, s), nn::swiglu_forward(x.cpu, up.cpu, cpu), s, t);
     const nn::SwiGluGrads sg = nn::swiglu_backward(dy.gpu, x.gpu, up.gpu, s);
     const nn::SwiGluGrads sg_ref = nn::swiglu_backward(dy.cpu, x.cpu, up.cpu, cpu);
     CHECK_CLOSE(sg.dgate, sg_ref.dgate, s, t);
@@ -204,8 +200,7 @@ TEST_CASE("GPU ops reject bad inputs with InvalidArgument") {
   REQUIRE_THROWS_QUINTET(nn::linear_forward(x, w_cpu, Tensor(), s), InvalidArgument, "is on cpu");
   REQUIRE_THROWS_QUINTET(nn::linear_forward(x, w32.to(DType::bf16, s).transpose(0, 1), Tensor(), s),
                          InvalidArgument, "expected [out, 8]");
-  REQUIRE_THROWS_QUINTET(nn::gelu_forward(x.to(DType::f16, s), s), InvalidArgument,
-                         "bf16 or f32");
+  REQUIRE_THROWS_QUINTET(nn::gelu_forward(x.to(DType::f16, s), s), InvalidArgument, "bf16 or f32");
   const Tensor dw16 = Tensor::zeros({3, 8}, DType::bf16, gpu);
   REQUIRE_THROWS_QUINTET(nn::linear_backward_weight(x.narrow(1, 0, 3), x, dw16, Tensor(), s),
                          InvalidArgument, "dw");

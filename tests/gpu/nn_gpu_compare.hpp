@@ -84,9 +84,9 @@ inline double lse_err(const Tensor& gpu, const Tensor& cpu, const Stream& stream
 }  // namespace nn_gpu_test
 
 // CHECK_CLOSE(gpu_tensor, cpu_tensor, stream, dtype): relative error norm under the dtype's bar.
-#define CHECK_CLOSE(gpu, cpu, stream, dtype)                                    \
-  do {                                                                          \
-    const double nn_err_ = ::nn_gpu_test::rel_err((gpu), (cpu), (stream));      \
-    INFO(#gpu " vs " #cpu ": relative error " << nn_err_);                      \
-    CHECK(nn_err_ < ::nn_gpu_test::tolerance(dtype));                           \
+#define CHECK_CLOSE(gpu, cpu, stream, dtype)                               \
+  do {                                                                     \
+    const double nn_err_ = ::nn_gpu_test::rel_err((gpu), (cpu), (stream)); \
+    INFO(#gpu " vs " #cpu ": relative error " << nn_err_);                 \
+    CHECK(nn_err_ < ::nn_gpu_test::tolerance(dtype));                      \
   } while (0)

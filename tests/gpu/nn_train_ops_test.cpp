@@ -82,7 +82,8 @@ TEST_CASE("cross-entropy on the GPU equals the CPU's, with ignored targets") {
         INFO("dtype " << dtype_name(t) << " targets " << dtype_name(it) << " vocab " << V);
         const std::int64_t N = 53;
         const Input logits = random_input({N, V}, ++seed, t, s, 4.0);
-        std::vector<std::int64_t> tg = random_ids(N, V, ++seed, DType::i64).to_vector<std::int64_t>();
+        std::vector<std::int64_t> tg =
+            random_ids(N, V, ++seed, DType::i64).to_vector<std::int64_t>();
         for (std::int64_t i = 0; i < N; i += 5) tg[i] = kIgnore;
         const Tensor targets = Tensor::from_vector<std::int64_t>(tg, {N}).to(it);
         const nn::CrossEntropyOutput o =
@@ -106,8 +107,8 @@ TEST_CASE("cross-entropy on the GPU equals the CPU's, with ignored targets") {
     const Tensor logits = Tensor::randn({3, 4}, 9);
     const Tensor bad = Tensor::from_vector<std::int32_t>({2, 9, -100}, {3});
     const Tensor fixed = Tensor::from_vector<std::int32_t>({2, -100, -100}, {3});
-    const nn::CrossEntropyOutput o = nn::cross_entropy_forward(logits.to(gpu, s), bad.to(gpu, s),
-                                                               -100, s);
+    const nn::CrossEntropyOutput o =
+        nn::cross_entropy_forward(logits.to(gpu, s), bad.to(gpu, s), -100, s);
     const nn::CrossEntropyOutput o_ref = nn::cross_entropy_forward(logits, fixed, -100, cpu);
     CHECK_CLOSE(o.loss, o_ref.loss, s, DType::f32);
     CHECK(values(o.valid_count, s)[0] == 1.0);
@@ -115,8 +116,8 @@ TEST_CASE("cross-entropy on the GPU equals the CPU's, with ignored targets") {
     const nn::CrossEntropyOutput z = nn::cross_entropy_forward(logits.to(gpu, s), none, -100, s);
     CHECK(values(z.loss, s)[0] == 0.0);
     CHECK(values(z.valid_count, s)[0] == 0.0);
-    const Tensor dz = nn::cross_entropy_backward(logits.to(gpu, s), none, z.lse, z.valid_count,
-                                                 1.0f, -100, s);
+    const Tensor dz =
+        nn::cross_entropy_backward(logits.to(gpu, s), none, z.lse, z.valid_count, 1.0f, -100, s);
     for (const double v : values(dz, s)) CHECK(v == 0.0);
   }
 }
@@ -169,12 +170,14 @@ TEST_CASE("GPU training ops reject bad inputs with InvalidArgument") {
   REQUIRE_THROWS_QUINTET(
       nn::embedding_backward(Tensor::zeros({4, 3}, DType::bf16, gpu), ids, table, s),
       InvalidArgument, "dtable");
-  REQUIRE_THROWS_QUINTET(nn::cross_entropy_forward(table, Tensor::zeros({4}, DType::i64, gpu), -1, s),
-                         InvalidArgument, "targets");
+  REQUIRE_THROWS_QUINTET(
+      nn::cross_entropy_forward(table, Tensor::zeros({4}, DType::i64, gpu), -1, s), InvalidArgument,
+      "targets");
   const Tensor w = Tensor::zeros({6}, DType::f32, gpu);
-  REQUIRE_THROWS_QUINTET(nn::adamw_step(w, w.to(DType::bf16, s), w.clone(s), w.clone(s), {}, 1, 1.0f,
-                                        Tensor(), s),
-                         InvalidArgument, "grad");
-  REQUIRE_THROWS_QUINTET(nn::adamw_step(w, w.clone(s), w.clone(s), w.clone(s), {}, 0, 1.0f, Tensor(), s),
-                         InvalidArgument, "step");
+  REQUIRE_THROWS_QUINTET(
+      nn::adamw_step(w, w.to(DType::bf16, s), w.clone(s), w.clone(s), {}, 1, 1.0f, Tensor(), s),
+      InvalidArgument, "grad");
+  REQUIRE_THROWS_QUINTET(
+      nn::adamw_step(w, w.clone(s), w.clone(s), w.clone(s), {}, 0, 1.0f, Tensor(), s),
+      InvalidArgument, "step");
 }

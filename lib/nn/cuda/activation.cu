@@ -107,8 +107,8 @@ void gelu_backward(const Tensor& dy, const Tensor& x, const Tensor& dx, const St
   if (n == 0) return;
   dispatch_compute(x.dtype(), "gelu_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    gelu_backward_kernel<T><<<grid_for(n), kThreads, 0, stream.handle()>>>(ptr<T>(dy), ptr<T>(x),
-                                                                            ptr<T>(dx), n);
+    gelu_backward_kernel<T>
+        <<<grid_for(n), kThreads, 0, stream.handle()>>>(ptr<T>(dy), ptr<T>(x), ptr<T>(dx), n);
   });
   check_launch();
 }
@@ -118,8 +118,8 @@ void swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& y, const
   if (n == 0) return;
   dispatch_compute(gate.dtype(), "swiglu_forward", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    swiglu_forward_kernel<T><<<grid_for(n), kThreads, 0, stream.handle()>>>(
-        ptr<T>(gate), ptr<T>(up), ptr<T>(y), n);
+    swiglu_forward_kernel<T>
+        <<<grid_for(n), kThreads, 0, stream.handle()>>>(ptr<T>(gate), ptr<T>(up), ptr<T>(y), n);
   });
   check_launch();
 }

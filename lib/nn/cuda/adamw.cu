@@ -54,8 +54,7 @@ void adamw_step(const Tensor& master, const Tensor& grad, const Tensor& exp_avg,
   auto launch = [&](auto* p) {
     using P = std::remove_pointer_t<decltype(p)>;
     adamw_kernel<P><<<grid_for(n), kThreads, 0, stream.handle()>>>(
-        ptr<float>(master), ptr<float>(grad), ptr<float>(exp_avg), ptr<float>(exp_avg_sq), p, a,
-        n);
+        ptr<float>(master), ptr<float>(grad), ptr<float>(exp_avg), ptr<float>(exp_avg_sq), p, a, n);
   };
   if (param.defined()) {
     dispatch_float(param.dtype(), "adamw_step", [&](auto tag) {

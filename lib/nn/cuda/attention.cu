@@ -25,10 +25,10 @@ constexpr int kBlock = kWarps * 32;
 constexpr int kMaxHeadDim = 256;
 
 struct AttnShape {
-  std::int64_t sq, sk;      // query and key rows per (batch, head)
-  int d;                    // head_dim
-  int pitch;                // shared-memory row pitch (odd, >= d)
-  std::int64_t tiles;       // tiles of this kernel's own side per (batch, head)
+  std::int64_t sq, sk;  // query and key rows per (batch, head)
+  int d;                // head_dim
+  int pitch;            // shared-memory row pitch (odd, >= d)
+  std::int64_t tiles;   // tiles of this kernel's own side per (batch, head)
   std::int64_t q_offset, k_offset;
   bool causal;
   float scale;
@@ -153,8 +153,8 @@ __global__ void attention_delta_kernel(const T* dout, const T* out, float* delta
                                        int d) {
   const int lane = threadIdx.x & 31;
   const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * (blockDim.x >> 5);
-  for (std::int64_t r = blockIdx.x * static_cast<std::int64_t>(blockDim.x >> 5) +
-                        (threadIdx.x >> 5);
+  for (std::int64_t r =
+           blockIdx.x * static_cast<std::int64_t>(blockDim.x >> 5) + (threadIdx.x >> 5);
        r < rows; r += warps) {
     float s = 0.0f;
     for (int c = lane; c < d; c += 32) s += to_float(dout[r * d + c]) * to_float(out[r * d + c]);

@@ -12,7 +12,8 @@ using namespace detail;
 namespace {
 
 template <class I>
-__device__ __forceinline__ bool is_valid_target(I t, std::int64_t ignore_index, std::int64_t vocab) {
+__device__ __forceinline__ bool is_valid_target(I t, std::int64_t ignore_index,
+                                                std::int64_t vocab) {
   const std::int64_t v = static_cast<std::int64_t>(t);
   return v != ignore_index && v >= 0 && v < vocab;
 }
@@ -20,9 +21,8 @@ __device__ __forceinline__ bool is_valid_target(I t, std::int64_t ignore_index, 
 // loss_sum and count must be zero on entry.
 template <class T, class I>
 __global__ void cross_entropy_forward_kernel(const T* logits, const I* targets,
-                                             std::int64_t ignore_index, float* lse,
-                                             float* loss_sum, float* count, std::int64_t rows,
-                                             std::int64_t vocab) {
+                                             std::int64_t ignore_index, float* lse, float* loss_sum,
+                                             float* count, std::int64_t rows, std::int64_t vocab) {
   __shared__ float scratch[32];
   for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* x = logits + r * vocab;

@@ -20,28 +20,27 @@ namespace {
 // 32 MiB: what NVIDIA recommends for cuBLASLt on Hopper; enough for split-K algorithms.
 constexpr std::size_t kWorkspaceBytes = std::size_t{32} << 20;
 
-#define QUINTET_LT_CHECK(call)                                                          \
-  do {                                                                                  \
-    const cublasStatus_t quintet_lt_status_ = (call);                                   \
-    if (quintet_lt_status_ != CUBLAS_STATUS_SUCCESS) {                                  \
-      QUINTET_THROW(Cuda, "{} failed: {} ({})", #call,                                  \
-                    cublasLtGetStatusName(quintet_lt_status_),                          \
-                    cublasLtGetStatusString(quintet_lt_status_));                       \
-    }                                                                                   \
+#define QUINTET_LT_CHECK(call)                                                                    \
+  do {                                                                                            \
+    const cublasStatus_t quintet_lt_status_ = (call);                                             \
+    if (quintet_lt_status_ != CUBLAS_STATUS_SUCCESS) {                                            \
+      QUINTET_THROW(Cuda, "{} failed: {} ({})", #call, cublasLtGetStatusName(quintet_lt_status_), \
+                    cublasLtGetStatusString(quintet_lt_status_));                                 \
+    }                                                                                             \
   } while (0)
 
 // The problem an algorithm was chosen for. Alignments (bytes, power of two <= 256) are part of it
 // because cuBLASLt's fast kernels need aligned pointers and odd shapes need other kernels.
-using AlgoKey = std::tuple<int, bool, bool, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
-                           std::int64_t, std::int64_t, int, int, bool, bool, unsigned, unsigned,
-                           unsigned>;
+using AlgoKey =
+    std::tuple<int, bool, bool, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
+               std::int64_t, std::int64_t, int, int, bool, bool, unsigned, unsigned, unsigned>;
 
 // Process-wide state. Never destroyed: the workspaces are pooled device memory and the handles
 // belong to CUDA contexts, and freeing either during static destruction would race the CUDA
 // runtime's own teardown.
 struct Registry {
   std::mutex mutex;
-  std::map<int, cublasLtHandle_t> handles;                                 // by device
+  std::map<int, cublasLtHandle_t> handles;                                   // by device
   std::map<std::pair<int, cudaStream_t>, std::shared_ptr<void>> workspaces;  // by device, stream
   std::map<AlgoKey, cublasLtMatmulAlgo_t> algos;
 };
@@ -96,8 +95,9 @@ void lt_matmul(const LtMatmul& mm, const Stream& stream) {
     handle = h->second;
     auto w = reg.workspaces.find({device, s});
     if (w == reg.workspaces.end()) {
-      w = reg.workspaces.emplace(std::make_pair(device, s),
-                                 cuda_allocate(kWorkspaceBytes, stream.device(), stream))
+      w = reg.workspaces
+              .emplace(std::make_pair(device, s),
+                       cuda_allocate(kWorkspaceBytes, stream.device(), stream))
               .first;
     }
     workspace = w->second.get();
@@ -118,8 +118,8 @@ void lt_matmul(const LtMatmul& mm, const Stream& stream) {
     QUINTET_LT_CHECK(cublasLtMatmulDescSetAttribute(desc.h, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                     &mm.bias, sizeof mm.bias));
     const cudaDataType_t bias_type = mm.d_type;
-    QUINTET_LT_CHECK(cublasLtMatmulDescSetAttribute(
-        desc.h, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type));
+    QUINTET_LT_CHECK(cublasLtMatmulDescSetAttribute(desc.h, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                                    &bias_type, sizeof bias_type));
   }
 
   // Stored shapes: A is k×m when transposed, else m×k (rows, cols in column-major order).
@@ -131,11 +131,23 @@ void lt_matmul(const LtMatmul& mm, const Stream& stream) {
   QUINTET_LT_CHECK(cublasLtMatrixLayoutCreate(&ld.h, mm.d_type, mm.m, mm.n, mm.ldd));
 
   const unsigned align_a = alignment_of(mm.a), align_b = alignment_of(mm.b),
-                 align_d = std::min(alignment_of(mm.d),
-                                    mm.bias ? alignment_of(mm.bias) : 256u);
-  const AlgoKey key{device, mm.trans_a, mm.trans_b, mm.m,   mm.n,    mm.k,
-                    mm.lda, mm.ldb,     mm.ldd,     mm.ab_type, mm.d_type, mm.beta != 0.0f,
-                    mm.bias != nullptr, align_a,    align_b,    align_d};
+                 align_d = std::min(alignment_of(mm.d), mm.bias ? alignment_of(mm.bias) : 256u);
+  const AlgoKey key{device,
+                    mm.trans_a,
+                    mm.trans_b,
+                    mm.m,
+                    mm.n,
+                    mm.k,
+                    mm.lda,
+                    mm.ldb,
+                    mm.ldd,
+                    mm.ab_type,
+                    mm.d_type,
+                    mm.beta != 0.0f,
+                    mm.bias != nullptr,
+                    align_a,
+                    align_b,
+                    align_d};
   cublasLtMatmulAlgo_t algo;
   bool cached = false;
   {
@@ -164,8 +176,8 @@ void lt_matmul(const LtMatmul& mm, const Stream& stream) {
     cublasLtMatmulHeuristicResult_t result;
     std::memset(&result, 0, sizeof result);
     int found = 0;
-    QUINTET_LT_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, desc.h, la.h, lb.h, ld.h, ld.h,
-                                                    pref.h, 1, &result, &found));
+    QUINTET_LT_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, desc.h, la.h, lb.h, ld.h, ld.h, pref.h,
+                                                    1, &result, &found));
     if (found == 0) {
       QUINTET_THROW(Cuda,
                     "cuBLASLt found no algorithm for m={} n={} k={} (lda={} ldb={} ldd={}, "
@@ -178,8 +190,8 @@ void lt_matmul(const LtMatmul& mm, const Stream& stream) {
     std::lock_guard<std::mutex> lock(reg.mutex);
     reg.algos.emplace(key, algo);
   }
-  QUINTET_LT_CHECK(cublasLtMatmul(handle, desc.h, &mm.alpha, mm.a, la.h, mm.b, lb.h, &mm.beta,
-                                  mm.d, ld.h, mm.d, ld.h, &algo, workspace, kWorkspaceBytes, s));
+  QUINTET_LT_CHECK(cublasLtMatmul(handle, desc.h, &mm.alpha, mm.a, la.h, mm.b, lb.h, &mm.beta, mm.d,
+                                  ld.h, mm.d, ld.h, &algo, workspace, kWorkspaceBytes, s));
 }
 
 }  // namespace quintet::nn::cuda_ops::detail

@@ -50,8 +50,8 @@ void add(const Tensor& a, const Tensor& b, const Tensor& out, const Stream& stre
   if (n == 0) return;
   dispatch_compute(a.dtype(), "add", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    add_kernel<T><<<grid_for(n), kThreads, 0, stream.handle()>>>(ptr<T>(a), ptr<T>(b),
-                                                                  ptr<T>(out), n);
+    add_kernel<T>
+        <<<grid_for(n), kThreads, 0, stream.handle()>>>(ptr<T>(a), ptr<T>(b), ptr<T>(out), n);
   });
   check_launch();
 }
@@ -63,8 +63,8 @@ void add_(const Tensor& dst, const Tensor& src, float alpha, const Stream& strea
     using S = typename decltype(stag)::type;
     dispatch_compute(dst.dtype(), "add_", [&](auto dtag) {
       using D = typename decltype(dtag)::type;
-      add_inplace_kernel<D, S><<<grid_for(n), kThreads, 0, stream.handle()>>>(
-          ptr<D>(dst), ptr<S>(src), alpha, n);
+      add_inplace_kernel<D, S>
+          <<<grid_for(n), kThreads, 0, stream.handle()>>>(ptr<D>(dst), ptr<S>(src), alpha, n);
     });
   });
   check_launch();
@@ -75,8 +75,8 @@ void scale(const Tensor& x, float alpha, const Tensor& out, const Stream& stream
   if (n == 0) return;
   dispatch_compute(x.dtype(), "scale", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    scale_kernel<T><<<grid_for(n), kThreads, 0, stream.handle()>>>(ptr<T>(x), alpha, ptr<T>(out),
-                                                                    n);
+    scale_kernel<T>
+        <<<grid_for(n), kThreads, 0, stream.handle()>>>(ptr<T>(x), alpha, ptr<T>(out), n);
   });
   check_launch();
 }
@@ -87,8 +87,8 @@ void sum_of_squares(const Tensor& x, const Tensor& out, const Stream& stream) {
   const unsigned blocks = std::min<unsigned>(grid_for(n), 1024);
   dispatch_float(x.dtype(), "sum_of_squares", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    sum_of_squares_kernel<T><<<blocks, kThreads, 0, stream.handle()>>>(ptr<T>(x),
-                                                                        ptr<float>(out), n);
+    sum_of_squares_kernel<T>
+        <<<blocks, kThreads, 0, stream.handle()>>>(ptr<T>(x), ptr<float>(out), n);
   });
   check_launch();
 }

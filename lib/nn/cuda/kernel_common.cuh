@@ -29,8 +29,12 @@ struct TypeTag {
 template <class F>
 void dispatch_compute(DType dtype, const char* op, F&& f) {
   switch (dtype) {
-    case DType::bf16: f(TypeTag<bf16>{}); return;
-    case DType::f32: f(TypeTag<float>{}); return;
+    case DType::bf16:
+      f(TypeTag<bf16>{});
+      return;
+    case DType::f32:
+      f(TypeTag<float>{});
+      return;
     default:
       QUINTET_THROW(InvalidArgument, "{}: dtype {} on a GPU; the CUDA ops compute in bf16 or f32",
                     op, dtype_name(dtype));
@@ -41,13 +45,20 @@ void dispatch_compute(DType dtype, const char* op, F&& f) {
 template <class F>
 void dispatch_float(DType dtype, const char* op, F&& f) {
   switch (dtype) {
-    case DType::bf16: f(TypeTag<bf16>{}); return;
-    case DType::f16: f(TypeTag<__half>{}); return;
-    case DType::f32: f(TypeTag<float>{}); return;
-    case DType::f64: f(TypeTag<double>{}); return;
+    case DType::bf16:
+      f(TypeTag<bf16>{});
+      return;
+    case DType::f16:
+      f(TypeTag<__half>{});
+      return;
+    case DType::f32:
+      f(TypeTag<float>{});
+      return;
+    case DType::f64:
+      f(TypeTag<double>{});
+      return;
     default:
-      QUINTET_THROW(InvalidArgument, "{}: dtype {} is not a floating dtype", op,
-                    dtype_name(dtype));
+      QUINTET_THROW(InvalidArgument, "{}: dtype {} is not a floating dtype", op, dtype_name(dtype));
   }
 }
 

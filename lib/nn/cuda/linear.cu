@@ -59,8 +59,8 @@ void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Ten
     using T = typename decltype(tag)::type;
     const T* bias = b.defined() ? ptr<T>(b) : nullptr;
     if (in == 0) {
-      fill_rows_kernel<T><<<grid_for(rows * out), kThreads, 0, stream.handle()>>>(
-          ptr<T>(y), bias, rows, out);
+      fill_rows_kernel<T>
+          <<<grid_for(rows * out), kThreads, 0, stream.handle()>>>(ptr<T>(y), bias, rows, out);
       check_launch();
       return;
     }
@@ -137,8 +137,8 @@ void linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& dw,
       const std::int64_t chunk = std::max<std::int64_t>(256, (rows + 65534) / 65535);
       const dim3 grid(static_cast<unsigned>((out + kThreads - 1) / kThreads),
                       static_cast<unsigned>((rows + chunk - 1) / chunk));
-      column_sum_kernel<T><<<grid, kThreads, 0, stream.handle()>>>(ptr<T>(dy), ptr<float>(db),
-                                                                   rows, out, chunk);
+      column_sum_kernel<T>
+          <<<grid, kThreads, 0, stream.handle()>>>(ptr<T>(dy), ptr<float>(db), rows, out, chunk);
       check_launch();
     }
   });

@@ -117,8 +117,7 @@ void norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const
   const dim3 grid(static_cast<unsigned>((d + kThreads - 1) / kThreads),
                   static_cast<unsigned>((rows + chunk - 1) / chunk));
   norm_backward_params_kernel<T><<<grid, kThreads, 0, stream.handle()>>>(
-      ptr<T>(dy), ptr<T>(x), mu, ptr<float>(rstd),
-      dgamma.defined() ? ptr<float>(dgamma) : nullptr,
+      ptr<T>(dy), ptr<T>(x), mu, ptr<float>(rstd), dgamma.defined() ? ptr<float>(dgamma) : nullptr,
       dbeta.defined() ? ptr<float>(dbeta) : nullptr, rows, d, chunk);
   check_launch();
 }
@@ -152,8 +151,8 @@ void rmsnorm_forward(const Tensor& x, const Tensor& gamma, float eps, const Tens
 void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& rstd,
                       const Tensor& dx, const Tensor& dgamma, const Stream& stream) {
   dispatch_compute(x.dtype(), "rmsnorm_backward", [&](auto tag) {
-    norm_backward<typename decltype(tag)::type>(dy, x, gamma, Tensor(), rstd, dx, dgamma,
-                                                Tensor(), stream);
+    norm_backward<typename decltype(tag)::type>(dy, x, gamma, Tensor(), rstd, dx, dgamma, Tensor(),
+                                                stream);
   });
 }
 

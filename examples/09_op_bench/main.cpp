@@ -1,0 +1,209 @@
+// 09_op_bench: GPU throughput of Quintet's nn ops, against the baseline a user would otherwise
+// call, measured in the same run.
+//
+//   linear    - y = x·wᵀ + b, dx = dy·w, dw += dyᵀ·x in bf16 (f32 accumulation, dw f32) at
+//               transformer shapes; ours (quintet::nn::linear_*) vs one cuBLASLt call set up by
+//               hand (raw_cublaslt.hpp). FLOPs = 2·M·N·K per product. Target: ratio >= 0.9.
+//   attention - causal self-attention forward and forward+backward in bf16, seq 1024..8192,
+//               head_dim 64 and 128, batch·seq = 16384 tokens, heads = 2048 / head_dim.
+//               FLOP convention (FlashAttention's): forward = 4·b·h·s²·d, halved for causal;
+//               backward = 2.5 x forward, so forward+backward = 3.5 x forward.
+//               scripts/bench/attention_torch.py prints the same fields for PyTorch's SDPA.
+//
+//   09_op_bench [--json] [--iters N] [--skip-linear] [--skip-attention] [--seq 1024 ...]
+//               [--head-dim 64 128] [--tokens 8192] [--hidden 4096] [--device 0]
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "quintet/core/stream.hpp"
+#include "quintet/core/tensor.hpp"
+#include "quintet/nn/ops.hpp"
+#include "raw_cublaslt.hpp"
+
+using namespace quintet;
+
+namespace {
+
+constexpr const char* kAttentionFlops =
+    "forward = 4*b*h*s^2*d, halved for causal; forward+backward = 3.5 x forward";
+
+// Milliseconds per call of fn on stream: `warmup` untimed calls, then `iters` timed ones.
+double time_ms(const Stream& stream, int warmup, int iters, const std::function<void()>& fn) {
+  for (int i = 0; i < warmup; ++i) fn();
+  Event start(stream.device(), true), stop(stream.device(), true);
+  start.record(stream);
+  for (int i = 0; i < iters; ++i) fn();
+  stop.record(stream);
+  stop.synchronize();
+  return stop.elapsed_ms(start) / iters;
+}
+
+struct Options {
+  bool json = false;
+  int iters = 20;
+  bool skip_linear = false, skip_attention = false;
+  std::vector<std::int64_t> seqs = {1024, 2048, 4096, 8192};
+  std::vector<std::int64_t> head_dims = {64, 128};
+  std::int64_t tokens = 8192, hidden = 4096;
+  int device = 0;
+};
+
+void bench_linear(const Options& opt, const Stream& s) {
+  const Device gpu = s.device();
+  const std::int64_t M = opt.tokens, H = opt.hidden;
+  const std::pair<std::int64_t, std::int64_t> shapes[] = {{H, H}, {H, 4 * H}, {4 * H, H}};
+  if (!opt.json) {
+    std::printf("linear, bf16 in/out, f32 accumulation (dw in f32), tokens %lld\n",
+                static_cast<long long>(M));
+    std::printf("%-16s %6s %6s %10s %10s %10s %10s %7s\n", "pass", "in", "out", "ours ms",
+                "cuBLASLt", "ours TF/s", "cuBLASLt", "ratio");
+  }
+  std::uint64_t seed = 1;
+  for (const auto& [in, out] : shapes) {
+    const Tensor x = Tensor::randn({M, in}, ++seed, DType::bf16, gpu);
+    const Tensor w = Tensor::randn({out, in}, ++seed, DType::bf16, gpu);
+    const Tensor b = Tensor::randn({out}, ++seed, DType::bf16, gpu);
+    const Tensor dy = Tensor::randn({M, out}, ++seed, DType::bf16, gpu);
+    const Tensor dw = Tensor::zeros({out, in}, DType::f32, gpu);
+    const Tensor y_raw = Tensor::empty({M, out}, DType::bf16, gpu);
+    const Tensor dx_raw = Tensor::empty({M, in}, DType::bf16, gpu);
+    const Tensor dw_raw = Tensor::zeros({out, in}, DType::f32, gpu);
+    // The same column-major products as lib/nn/cuda/linear.cu, called by hand.
+    RawLtGemm fwd(true, false, out, M, in, w.data_ptr(), in, x.data_ptr(), in, y_raw.data_ptr(),
+                  out, CUDA_R_16BF, 0.0f, b.data_ptr());
+    RawLtGemm bwd_in(false, false, in, M, out, w.data_ptr(), in, dy.data_ptr(), out,
+                     dx_raw.data_ptr(), in, CUDA_R_16BF, 0.0f, nullptr);
+    RawLtGemm bwd_w(false, true, in, out, M, x.data_ptr(), in, dy.data_ptr(), out,
+                    dw_raw.data_ptr(), in, CUDA_R_32F, 1.0f, nullptr);
+    Stream::default_stream(gpu).synchronize();  // inputs were drawn on the default stream
+    const cudaStream_t h = s.handle();
+    struct Pass {
+      const char* name;
+      std::function<void()> ours, raw;
+    };
+    const Pass passes[] = {
+        {"forward", [&] { nn::linear_forward(x, w, b, s); }, [&] { fwd.run(h); }},
+        {"backward_input", [&] { nn::linear_backward_input(dy, w, s); }, [&] { bwd_in.run(h); }},
+        {"backward_weight", [&] { nn::linear_backward_weight(dy, x, dw, Tensor(), s); },
+         [&] { bwd_w.run(h); }},
+    };
+    const double flops = 2.0 * static_cast<double>(M) * static_cast<double>(in) * out;
+    for (const Pass& p : passes) {
+      const double ours = time_ms(s, 3, opt.iters, p.ours);
+      const double raw = time_ms(s, 3, opt.iters, p.raw);
+      const double tf_ours = flops / ours * 1e-9, tf_raw = flops / raw * 1e-9;
+      if (opt.json) {
+        nlohmann::json j{{"bench", "linear"},
+                         {"pass", p.name},
+                         {"dtype", "bf16"},
+                         {"tokens", M},
+                         {"in", in},
+                         {"out", out},
+                         {"ours_ms", ours},
+                         {"cublaslt_ms", raw},
+                         {"ours_tflops", tf_ours},
+                         {"cublaslt_tflops", tf_raw},
+                         {"ratio", tf_ours / tf_raw}};
+        std::printf("%s\n", j.dump().c_str());
+      } else {
+        std::printf("%-16s %6lld %6lld %10.3f %10.3f %10.1f %10.1f %7.3f\n", p.name,
+                    static_cast<long long>(in), static_cast<long long>(out), ours, raw, tf_ours,
+                    tf_raw, tf_ours / tf_raw);
+      }
+    }
+  }
+}
+
+void bench_attention(const Options& opt, const Stream& s) {
+  const Device gpu = s.device();
+  if (!opt.json) {
+    std::printf("\nattention, bf16, causal; FLOPs: %s\n", kAttentionFlops);
+    std::printf("%6s %6s %6s %6s %10s %10s %10s %10s\n", "batch", "heads", "seq", "hdim", "fwd ms",
+                "fwd TF/s", "f+b ms", "f+b TF/s");
+  }
+  std::uint64_t seed = 100;
+  for (const std::int64_t d : opt.head_dims) {
+    for (const std::int64_t seq : opt.seqs) {
+      const std::int64_t batch = std::max<std::int64_t>(1, 16384 / seq), heads = 2048 / d;
+      const Shape shape = {batch, heads, seq, d};
+      const Tensor q = Tensor::randn(shape, ++seed, DType::bf16, gpu);
+      const Tensor k = Tensor::randn(shape, ++seed, DType::bf16, gpu);
+      const Tensor v = Tensor::randn(shape, ++seed, DType::bf16, gpu);
+      const Tensor dout = Tensor::randn(shape, ++seed, DType::bf16, gpu);
+      Stream::default_stream(gpu).synchronize();  // inputs were drawn on the default stream
+      nn::AttentionOptions o;
+      o.causal = true;
+      // Fewer iterations for the long sequences: each one is long already.
+      const int iters = std::max(2, opt.iters * 1024 / static_cast<int>(seq) / 2);
+      const double fwd = time_ms(s, 1, iters, [&] { nn::attention_forward(q, k, v, o, s); });
+      const double fb = time_ms(s, 1, iters, [&] {
+        const nn::AttentionOutput r = nn::attention_forward(q, k, v, o, s);
+        nn::attention_backward(dout, q, k, v, r.out, r.lse, o, s);
+      });
+      const double fwd_flops = 4.0 * batch * heads * static_cast<double>(seq) * seq * d / 2.0;
+      const double tf_fwd = fwd_flops / fwd * 1e-9, tf_fb = 3.5 * fwd_flops / fb * 1e-9;
+      if (opt.json) {
+        nlohmann::json j{{"bench", "attention"},
+                         {"impl", "quintet"},
+                         {"dtype", "bf16"},
+                         {"causal", true},
+                         {"batch", batch},
+                         {"heads", heads},
+                         {"seq", seq},
+                         {"head_dim", d},
+                         {"fwd_ms", fwd},
+                         {"fwd_bwd_ms", fb},
+                         {"fwd_tflops", tf_fwd},
+                         {"fwd_bwd_tflops", tf_fb},
+                         {"flops_convention", kAttentionFlops}};
+        std::printf("%s\n", j.dump().c_str());
+      } else {
+        std::printf("%6lld %6lld %6lld %6lld %10.3f %10.2f %10.3f %10.2f\n",
+                    static_cast<long long>(batch), static_cast<long long>(heads),
+                    static_cast<long long>(seq), static_cast<long long>(d), fwd, tf_fwd, fb, tf_fb);
+      }
+      std::fflush(stdout);
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options opt;
+  CLI::App app{"GPU throughput of the nn ops: linear vs raw cuBLASLt, attention forward+backward"};
+  app.add_flag("--json", opt.json, "print one JSON object per result line");
+  app.add_option("--iters", opt.iters, "timed iterations per linear measurement")
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--skip-linear", opt.skip_linear, "do not run the linear benchmark");
+  app.add_flag("--skip-attention", opt.skip_attention, "do not run the attention benchmark");
+  app.add_option("--seq", opt.seqs, "attention sequence lengths");
+  app.add_option("--head-dim", opt.head_dims, "attention head dimensions (<= 256)");
+  app.add_option("--tokens", opt.tokens, "linear: rows of x (batch x sequence)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--hidden", opt.hidden, "linear: model width; shapes h->h, h->4h, 4h->h")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--device", opt.device, "CUDA device index");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (!cuda_available()) {
+      std::fprintf(stderr, "09_op_bench needs a CUDA GPU; none is visible\n");
+      return 1;
+    }
+    const Device gpu = Device::cuda(opt.device);
+    set_current_device(gpu);
+    const Stream s = Stream::create(gpu);
+    if (!opt.skip_linear) bench_linear(opt, s);
+    if (!opt.skip_attention) bench_attention(opt, s);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "09_op_bench: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
