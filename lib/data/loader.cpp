@@ -148,7 +148,7 @@ bool DataLoader::take(HostBatch* out, bool block) {
   slot.ready = false;
   ++next_consume_;
   lock.unlock();
-  space_cv_.notify_all();
+  space_cv_.notify_one();  // one slot freed: one worker can claim it (waking all convoys them)
   return true;
 }
 
