@@ -267,41 +267,69 @@ std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key, const 
   state_->check_usable("split");
   reap();
   DeviceGuard guard(device());
+  const std::string what = fmt::format("split into '{}' (color {}, key {})", name, color, key);
+  // Split the non-blocking control comm, so that a rank that never calls split is a timeout.
+  // NCCL writes the child handle when the split has finished in the background.
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
   ncclComm_t child = nullptr;
-  const int nccl_color = color < 0 ? NCCL_SPLIT_NOCOLOR : color;
-  const std::string what = fmt::format("split into '{}' (color {}, key {})", name, color, key);
-  ncclResult_t r = ncclCommSplit(comm_, nccl_color, key, &child, &config);
-  if (r != ncclSuccess && r != ncclInProgress) state_->throw_failure(r, what);
-  // The split runs in the background on both the child and the parent: wait for both.
-  if (child != nullptr) {
-    r = nccl_wait_not_in_progress(child, state_->timeout_s());
-    if (r != ncclSuccess) {
-      (void)ncclCommAbort(child);
-      if (r == ncclInProgress) {
-        state_->abort(fmt::format("{} timed out", what));
-        QUINTET_THROW(Timeout,
-                      "{} of {} did not complete within {} s: some rank of the parent did not "
-                      "call split; every rank must call it (color < 0 for no group); the "
-                      "communicator is aborted",
-                      what, state_->describe(), state_->timeout_s());
-      }
-      state_->throw_failure(r, what);
-    }
+  ncclResult_t r = ncclCommSplit(state_->control(), color < 0 ? NCCL_SPLIT_NOCOLOR : color, key,
+                                 &child, &config);
+  if (r == ncclSuccess || r == ncclInProgress) {
+    r = nccl_wait_not_in_progress(state_->control(), state_->timeout_s());
   }
-  state_->wait_launched(what);
+  if (r == ncclInProgress) {
+    const std::string message = fmt::format(
+        "{} of {} did not complete within {} s: some rank of the parent did not call split "
+        "(every rank must, with color < 0 for no group); the communicator is aborted",
+        what, state_->describe(), state_->timeout_s());
+    state_->abort(message);
+    QUINTET_THROW(Timeout, "{}", message);
+  }
+  if (r != ncclSuccess) state_->throw_failure(r, what);
   if (child == nullptr) return nullptr;
   int child_rank = 0, child_size = 0;
-  QUINTET_NCCL_CHECK(ncclCommUserRank(child, &child_rank));
-  QUINTET_NCCL_CHECK(ncclCommCount(child, &child_size));
+  r = ncclCommUserRank(child, &child_rank);
+  if (r == ncclSuccess) r = ncclCommCount(child, &child_size);
+  if (r != ncclSuccess) {
+    (void)ncclCommAbort(child);
+    state_->throw_failure(r, what);
+  }
   if (child_size == 1) {
     // The header's promise: a group of one rank gets the Self backend (local copies, no NCCL).
     nccl_destroy(child, state_->timeout_s());
     return make_self_communicator(device(), name);
   }
-  auto state = std::make_shared<NcclState>(child, device(), child_rank, child_size, name,
-                                           state_->timeout_s());
+  return communicator_over(child, child_rank, child_size, device(), state_->timeout_s(), name);
+}
+
+std::unique_ptr<Communicator> communicator_over(ncclComm_t control, int rank, int size,
+                                                const Device& device, double timeout_s,
+                                                const std::string& name) {
+  // The operations comm: a blocking split of control with the same ranks in the same order. It
+  // is issued on the non-blocking control comm, so the wait for it stays bounded.
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 1;
+  ncclComm_t comm = nullptr;
+  ncclResult_t r = ncclCommSplit(control, 0, rank, &comm, &config);
+  if (r == ncclSuccess || r == ncclInProgress) r = nccl_wait_not_in_progress(control, timeout_s);
+  if (r != ncclSuccess || comm == nullptr) {
+    const char* last = ncclGetLastError(nullptr);
+    (void)ncclCommAbort(control);
+    if (comm != nullptr) (void)ncclCommAbort(comm);
+    if (r == ncclInProgress) {
+      QUINTET_THROW(Timeout,
+                    "NCCL communicator '{}': rank {} of {} on {} could not create its operations "
+                    "communicator within {} s; a rank stopped during initialisation",
+                    name, rank, size, device.str(), timeout_s);
+    }
+    QUINTET_THROW(Nccl,
+                  "NCCL communicator '{}': creating the operations communicator of rank {} of {} "
+                  "on {} failed: {} (NCCL code {}){}{}",
+                  name, rank, size, device.str(), ncclGetErrorString(r), static_cast<int>(r),
+                  last && *last ? ": " : "", last ? last : "");
+  }
+  auto state = std::make_shared<NcclState>(comm, control, device, rank, size, name, timeout_s);
   return std::make_unique<NcclCommunicator>(std::move(state));
 }
 
@@ -337,12 +365,12 @@ std::unique_ptr<Communicator> nccl_create_communicator(const std::vector<char>& 
   DeviceGuard guard(device);  // NCCL binds the communicator to the current device
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;  // so that a missing rank is a timeout here, not a hang
-  ncclComm_t comm = nullptr;
-  ncclResult_t r = ncclCommInitRankConfig(&comm, size, id, rank, &config);
-  if (r == ncclSuccess || r == ncclInProgress) r = nccl_wait_not_in_progress(comm, timeout_s);
+  ncclComm_t control = nullptr;
+  ncclResult_t r = ncclCommInitRankConfig(&control, size, id, rank, &config);
+  if (r == ncclSuccess || r == ncclInProgress) r = nccl_wait_not_in_progress(control, timeout_s);
   if (r != ncclSuccess) {
     const char* last = ncclGetLastError(nullptr);
-    if (comm != nullptr) (void)ncclCommAbort(comm);
+    if (control != nullptr) (void)ncclCommAbort(control);
     if (r == ncclInProgress) {
       QUINTET_THROW(Timeout,
                     "NCCL communicator '{}': rank {} of {} on {} did not finish initialisation "
@@ -356,8 +384,7 @@ std::unique_ptr<Communicator> nccl_create_communicator(const std::vector<char>& 
                   name, rank, size, device.str(), ncclGetErrorString(r), static_cast<int>(r),
                   last && *last ? ": " : "", last ? last : "");
   }
-  auto state = std::make_shared<NcclState>(comm, device, rank, size, name, timeout_s);
-  return std::make_unique<NcclCommunicator>(std::move(state));
+  return communicator_over(control, rank, size, device, timeout_s, name);
 }
 
 }  // namespace quintet::detail

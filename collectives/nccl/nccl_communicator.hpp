@@ -1,15 +1,17 @@
 // NcclCommunicator: the Communicator of CUDA tensors, over one NCCL communicator (private).
 //
-// Each communicator owns a high-priority comm stream. An operation records an event on the
-// caller's stream and makes the comm stream wait on it (so the inputs are read after the work
-// queued before the call, and compute on the caller's stream overlaps the communication), runs
-// the NCCL call on the comm stream, and records a completion event there, held by the returned
-// Work. Operations issued on one communicator run in issue order on its comm stream.
+// Each communicator owns a high-priority comm stream and two NCCL comms of the same ranks (see
+// NcclState): a blocking one for the operations, a non-blocking one for bounded splits. An
+// operation records an event on the caller's stream and makes the comm stream wait on it (so the
+// inputs are read after the work queued before the call, and compute on the caller's stream
+// overlaps the communication), runs the NCCL call on the comm stream, and records a completion
+// event there, held by the returned Work. Operations issued on one communicator run in issue order
+// on its comm stream.
 //
-// The hot path allocates nothing on the GPU, never synchronises the host and never calls
-// cudaSetDevice unless the calling thread's current device is another GPU; its host cost is two
-// event records, one stream wait, the NCCL call and one small heap allocation (the Work).
-// Not thread-safe, like every Communicator.
+// The hot path allocates nothing on the GPU (but for the staging copy of an in-place all-to-all),
+// never synchronises the host and never calls cudaSetDevice unless the calling thread's current
+// device is another GPU; its host cost is two event records, one stream wait, the NCCL call and one
+// small heap allocation (the Work). Not thread-safe, like every Communicator.
 #pragma once
 
 #include <cstdint>
@@ -75,5 +77,12 @@ class NcclCommunicator final : public Communicator {
   std::deque<std::shared_ptr<NcclWork>> pending_;
   std::shared_ptr<void> barrier_buffer_;  // one float on the GPU for barrier()
 };
+
+// A communicator over the ranks of control (a non-blocking NCCL comm, owned from here on; this
+// rank is `rank` of `size`): splits off the blocking comm that runs the operations, bounded by
+// timeout_s. Collective over control's ranks. On failure control is aborted and this throws.
+std::unique_ptr<Communicator> communicator_over(ncclComm_t control, int rank, int size,
+                                                const Device& device, double timeout_s,
+                                                const std::string& name);
 
 }  // namespace quintet::detail

@@ -76,9 +76,10 @@ bool nccl_destroy(ncclComm_t comm, double timeout_s) noexcept {
 
 // ---- NcclState ----
 
-NcclState::NcclState(ncclComm_t comm, Device device, int rank, int size, std::string name,
-                     double timeout_s)
+NcclState::NcclState(ncclComm_t comm, ncclComm_t control, Device device, int rank, int size,
+                     std::string name, double timeout_s)
     : comm_(comm),
+      control_(control),
       device_(device),
       rank_(rank),
       size_(size),
@@ -87,7 +88,9 @@ NcclState::NcclState(ncclComm_t comm, Device device, int rank, int size, std::st
       stream_(Stream::create(device, StreamPriority::high)) {}
 
 NcclState::~NcclState() {
-  if (comm_ != nullptr) (void)ncclCommAbort(comm_);  // never shut down: a failed construction
+  // Never shut down: a failed construction.
+  if (comm_ != nullptr) (void)ncclCommAbort(comm_);
+  if (control_ != nullptr) (void)ncclCommAbort(control_);
   DeviceGuard guard(device_);
   (void)cudaStreamSynchronize(stream_.handle());
   for (cudaEvent_t e : all_events_) (void)cudaEventDestroy(e);
@@ -154,7 +157,9 @@ void NcclState::abort(const std::string& reason) noexcept {
   if (aborted_.load(std::memory_order_relaxed)) return;
   reason_ = reason;
   if (comm_ != nullptr) (void)ncclCommAbort(comm_);
+  if (control_ != nullptr) (void)ncclCommAbort(control_);
   comm_ = nullptr;
+  control_ = nullptr;
   aborted_.store(true, std::memory_order_release);
 }
 
@@ -179,11 +184,29 @@ void NcclState::throw_failure(ncclResult_t r, std::string_view what) {
 void NcclState::shutdown() noexcept {
   std::lock_guard lock(mutex_);
   if (comm_ == nullptr) return;
-  if (!nccl_destroy(comm_, timeout_s_)) {
-    reason_ = "destroyed while operations were unfinished or failed";
+  // The operations comm is blocking, so its ncclCommFinalize would wait for unfinished operations
+  // without bound: wait for them here, bounded, and abort if a peer never shows up.
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(timeout_s_));
+  cudaError_t idle = cudaStreamQuery(stream_.handle());
+  for (int polls = 0; idle == cudaErrorNotReady && Clock::now() < deadline;) {
+    backoff(polls);
+    idle = cudaStreamQuery(stream_.handle());
+  }
+  (void)cudaGetLastError();
+  bool clean = idle == cudaSuccess;
+  if (clean) {
+    clean = nccl_destroy(comm_, timeout_s_);
+  } else {
+    (void)ncclCommAbort(comm_);
+  }
+  if (control_ != nullptr && !nccl_destroy(control_, timeout_s_)) clean = false;
+  if (!clean) {
+    reason_ = "destroyed while operations were unfinished or had failed";
     aborted_.store(true, std::memory_order_release);
   }
   comm_ = nullptr;
+  control_ = nullptr;
 }
 
 // ---- NcclWork ----

@@ -50,14 +50,21 @@ bool nccl_destroy(ncclComm_t comm, double timeout_s) noexcept;
 
 class NcclState {
  public:
-  // Takes ownership of comm; creates the high-priority comm stream on device.
-  NcclState(ncclComm_t comm, Device device, int rank, int size, std::string name, double timeout_s);
+  // Takes ownership of both comms; creates the high-priority comm stream on device.
+  //   comm: blocking NCCL comm that runs the operations. Blocking on purpose: NCCL runs every
+  //     operation of a non-blocking comm through a freshly created thread (ncclGroupEnd returns
+  //     ncclInProgress), which costs tens of microseconds per operation.
+  //   control: non-blocking comm of the same ranks, used only to split, so that a rank that never
+  //     calls split is a timeout, not a hang (it never moves data, so NCCL never connects it).
+  NcclState(ncclComm_t comm, ncclComm_t control, Device device, int rank, int size,
+            std::string name, double timeout_s);
   // Waits for the comm stream and frees events; the comm was shut down (or aborted) before.
   ~NcclState();
   NcclState(const NcclState&) = delete;
   NcclState& operator=(const NcclState&) = delete;
 
   ncclComm_t comm() const { return comm_; }
+  ncclComm_t control() const { return control_; }
   const Stream& stream() const { return stream_; }
   const Device& device() const { return device_; }
   int rank() const { return rank_; }
@@ -87,13 +94,15 @@ class NcclState {
   // Throws the error of NCCL result r for `what`, with NCCL's last error text; aborts the comm
   // first unless r says the call was misused (a communication failure leaves it unusable).
   [[noreturn]] void throw_failure(ncclResult_t r, std::string_view what);
-  // ncclCommFinalize, waited for up to timeout_s(), then ncclCommDestroy; ncclCommAbort when
-  // that fails or times out. Idempotent, never throws.
+  // Waits up to timeout_s() for the comm stream to drain, then finalizes and destroys both comms
+  // (nccl_destroy); aborts them instead when operations are still running or fail. Idempotent,
+  // never throws.
   void shutdown() noexcept;
 
  private:
-  mutable std::mutex mutex_;  // guards comm_ against abort/shutdown, events_, reason_
+  mutable std::mutex mutex_;  // guards the comms against abort/shutdown, events_, reason_
   ncclComm_t comm_;
+  ncclComm_t control_;
   Device device_;
   int rank_;
   int size_;
