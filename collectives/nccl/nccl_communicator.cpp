@@ -59,7 +59,7 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<NcclState> state)
 NcclCommunicator::~NcclCommunicator() {
   state_->shutdown();
   {
-    DeviceGuard guard(state_->device());
+    QuietDeviceGuard guard(state_->device());
     (void)cudaStreamSynchronize(comm_stream_);
     if (ready_ != nullptr) (void)cudaEventDestroy(ready_);
     (void)cudaGetLastError();
@@ -110,6 +110,7 @@ Work NcclCommunicator::all_reduce(const Tensor& in, const Tensor& out, ReduceOp 
                                   const Stream& stream) {
   validate_all_reduce(*this, in, out, op);
   auto work = issue("all_reduce", stream, [&](cudaStream_t s) {
+    if (in.numel() == 0) return ncclSuccess;  // every rank has 0 elements: nothing to move
     return ncclAllReduce(in.data_ptr(), out.data_ptr(), static_cast<std::size_t>(in.numel()),
                          nccl_dtype(in.dtype()), nccl_op(op), comm_, s);
   });
@@ -122,6 +123,7 @@ Work NcclCommunicator::reduce_scatter(const Tensor& in, const Tensor& out, Reduc
                                       const Stream& stream) {
   validate_reduce_scatter(*this, in, out, op);
   auto work = issue("reduce_scatter", stream, [&](cudaStream_t s) {
+    if (out.numel() == 0) return ncclSuccess;
     return ncclReduceScatter(in.data_ptr(), out.data_ptr(), static_cast<std::size_t>(out.numel()),
                              nccl_dtype(in.dtype()), nccl_op(op), comm_, s);
   });
@@ -133,6 +135,7 @@ Work NcclCommunicator::reduce_scatter(const Tensor& in, const Tensor& out, Reduc
 Work NcclCommunicator::all_gather(const Tensor& in, const Tensor& out, const Stream& stream) {
   validate_all_gather(*this, in, out);
   auto work = issue("all_gather", stream, [&](cudaStream_t s) {
+    if (in.numel() == 0) return ncclSuccess;
     return ncclAllGather(in.data_ptr(), out.data_ptr(), wire_count(in.dtype(), in.numel()),
                          nccl_dtype(in.dtype()), comm_, s);
   });
@@ -144,6 +147,7 @@ Work NcclCommunicator::all_gather(const Tensor& in, const Tensor& out, const Str
 Work NcclCommunicator::broadcast(const Tensor& inout, int root, const Stream& stream) {
   validate_broadcast(*this, inout, root);
   auto work = issue("broadcast", stream, [&](cudaStream_t s) {
+    if (inout.numel() == 0) return ncclSuccess;
     return ncclBroadcast(inout.data_ptr(), inout.data_ptr(),
                          wire_count(inout.dtype(), inout.numel()), nccl_dtype(inout.dtype()), root,
                          comm_, s);
@@ -159,6 +163,7 @@ Work NcclCommunicator::reduce(const Tensor& in, const Tensor& out, ReduceOp op, 
   // Off the root NCCL ignores the receive buffer; pass in's so that no pointer is null.
   void* recv = is_root ? out.data_ptr() : in.data_ptr();
   auto work = issue("reduce", stream, [&](cudaStream_t s) {
+    if (in.numel() == 0) return ncclSuccess;
     return ncclReduce(in.data_ptr(), recv, static_cast<std::size_t>(in.numel()),
                       nccl_dtype(in.dtype()), nccl_op(op), root, comm_, s);
   });
@@ -329,7 +334,15 @@ std::unique_ptr<Communicator> communicator_over(ncclComm_t control, int rank, in
                   name, rank, size, device.str(), ncclGetErrorString(r), static_cast<int>(r),
                   last && *last ? ": " : "", last ? last : "");
   }
-  auto state = std::make_shared<NcclState>(comm, control, device, rank, size, name, timeout_s);
+  std::shared_ptr<NcclState> state;
+  try {
+    state = std::make_shared<NcclState>(comm, control, device, rank, size, name, timeout_s);
+  } catch (...) {
+    (void)ncclCommAbort(comm);
+    (void)ncclCommAbort(control);
+    throw;
+  }
+  // From here the state owns both comms (and aborts them if construction fails).
   return std::make_unique<NcclCommunicator>(std::move(state));
 }
 

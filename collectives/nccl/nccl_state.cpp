@@ -87,11 +87,25 @@ NcclState::NcclState(ncclComm_t comm, ncclComm_t control, Device device, int ran
       timeout_s_(timeout_s),
       stream_(Stream::create(device, StreamPriority::high)) {}
 
+QuietDeviceGuard::QuietDeviceGuard(const Device& device) noexcept {
+  int current = -1;
+  if (cudaGetDevice(&current) == cudaSuccess && current != device.index() &&
+      cudaSetDevice(device.index()) == cudaSuccess) {
+    previous_ = current;
+  }
+  (void)cudaGetLastError();
+}
+
+QuietDeviceGuard::~QuietDeviceGuard() {
+  if (previous_ >= 0) (void)cudaSetDevice(previous_);
+  (void)cudaGetLastError();
+}
+
 NcclState::~NcclState() {
   // Never shut down: a failed construction.
   if (comm_ != nullptr) (void)ncclCommAbort(comm_);
   if (control_ != nullptr) (void)ncclCommAbort(control_);
-  DeviceGuard guard(device_);
+  QuietDeviceGuard guard(device_);
   (void)cudaStreamSynchronize(stream_.handle());
   for (cudaEvent_t e : all_events_) (void)cudaEventDestroy(e);
   (void)cudaGetLastError();

@@ -48,6 +48,19 @@ ncclResult_t nccl_wait_not_in_progress(ncclComm_t comm, double timeout_s);
 // fails or times out. Returns false when it had to abort. Never throws.
 bool nccl_destroy(ncclComm_t comm, double timeout_s) noexcept;
 
+// Makes device current for the scope, ignoring every CUDA error: for destructors, which may run
+// while the CUDA runtime is shutting down and must not throw.
+class QuietDeviceGuard {
+ public:
+  explicit QuietDeviceGuard(const Device& device) noexcept;
+  ~QuietDeviceGuard();
+  QuietDeviceGuard(const QuietDeviceGuard&) = delete;
+  QuietDeviceGuard& operator=(const QuietDeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
 class NcclState {
  public:
   // Takes ownership of both comms; creates the high-priority comm stream on device.

@@ -82,7 +82,7 @@ TEST_CASE("several operations outstanding at once, waited out of order") {
     tensors.push_back(make_input(me, 100 + k, n, DType::f32, Values::add).to(c->device()));
     works.push_back(c->all_reduce(tensors.back(), ReduceOp::sum, s));
   }
-  // Drop our own references to half the tensors: the Works must keep them alive.
+  // Waited in reverse order, the even ones first with a deadline, then the odd ones.
   for (int k = kOps - 1; k >= 0; --k) {
     if (k % 2 == 0) {
       works[static_cast<std::size_t>(k)].wait_for(std::chrono::seconds(60));
@@ -110,10 +110,14 @@ TEST_CASE("wait(stream) orders the stream without blocking the host") {
   const Stream s = Stream::create(c->device());
   const Stream consumer = Stream::create(c->device());
   const std::int64_t n = 1 << 16;
-  const Tensor t = make_input(me, 31, n, DType::bf16, Values::add).to(c->device());
+  // The input lives in s's pool, as a tensor produced on s would.
+  Tensor in = Tensor::empty({n}, DType::bf16, c->device(), s);
+  in.copy_(make_input(me, 31, n, DType::bf16, Values::add), s);
+  const Tensor out = Tensor::empty({n}, DType::bf16, c->device());
+  void* const in_address = in.data_ptr();
   StreamBlocker blocker;
   blocker.block(s);  // the all_reduce's input is "produced" by work that has not run yet
-  const Work w = c->all_reduce(t, ReduceOp::sum, s);
+  const Work w = c->all_reduce(in, out, ReduceOp::sum, s);
   const auto start = std::chrono::steady_clock::now();
   w.wait(consumer);  // must return at once: the operation cannot have run
   const auto waited = std::chrono::steady_clock::now() - start;
@@ -121,11 +125,16 @@ TEST_CASE("wait(stream) orders the stream without blocking the host") {
   CHECK_FALSE(w.is_completed());
   CHECK(cudaStreamQuery(consumer.handle()) == cudaErrorNotReady);  // consumer now waits on it
   (void)cudaGetLastError();
+  // Dropping our reference must not hand the block to the next allocation on s while the
+  // operation (on the comm stream) has yet to read it.
+  in = Tensor();
+  const Tensor next = Tensor::empty({n}, DType::bf16, c->device(), s);
+  CHECK(next.data_ptr() != in_address);
   blocker.release();
   consumer.synchronize();
   CHECK(w.is_completed());
   check_values(
-      t.to(Device::cpu()), 0, n,
+      out.to(Device::cpu()), 0, n,
       [&](std::int64_t i) { return reduced(ReduceOp::sum, p, 31, i, DType::bf16); }, false,
       "all_reduce after the blocked producer");
 }
