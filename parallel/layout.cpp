@@ -131,9 +131,9 @@ void ParallelConfig::validate(int world) const {
     QUINTET_CHECK(dense_stride == expert_stride,
                   "order '{}' places pipeline stages {} ranks apart for dense layers (tp {}, cp "
                   "{}, dp {}) but {} ranks apart for expert layers (etp {}, ep {}, edp {}), so "
-                  "their pipeline groups would differ: put pp after dp in the order (e.g. "
-                  "'tp-cp-ep-dp-pp'), or choose sizes whose product before pp is the same for "
-                  "both",
+                  "their pipeline groups would differ: put pp last in the order (e.g. "
+                  "'tp-cp-ep-dp-pp') or first, or choose sizes whose product before pp is the "
+                  "same for both",
                   order, dense_stride, tp, cp, dense_dp, expert_stride, expert_tp, ep, edp_size);
   }
 }

@@ -6,12 +6,12 @@
 // (examples/02_layout prints them). Mesh (mesh.hpp) turns a Layout into communicators.
 //
 // Placement. The order string ("tp-cp-ep-dp-pp" by default) lists the five dimensions with the
-// first varying fastest: rank = tp + tp*(cp + cp*(ep + ep*(dp + dp*pp))) in the default order, so
-// tensor-parallel ranks are neighbours (one node). Dense layers use the sizes (tp, cp, dp, pp) with
-// ep folded out (size 1); expert layers see the same ranks as (etp, ep, edp, pp) with cp folded
-// out, where edp = world / (etp*ep*pp). This is Megatron-Core's RankGenerator used twice (decoder
-// and expert generators of initialize_model_parallel), so a job moved from Megatron keeps its
-// ranks.
+// first varying fastest: in the default order the rank at coordinates (t, c, e, d, p) is
+// t + tp*(c + cp*(e + ep*(d + dp*p))), so tensor-parallel ranks are neighbours (one node). Dense
+// layers use the sizes (tp, cp, dp, pp) with ep folded out (size 1); expert layers see the same
+// ranks as (etp, ep, edp, pp) with cp folded out, where edp = world / (etp*ep*pp). This is
+// Megatron-Core's RankGenerator used twice (decoder and expert generators of
+// initialize_model_parallel), so a job moved from Megatron keeps its ranks.
 //
 // Thread safety: a Layout is immutable after construction; share it freely.
 #pragma once
@@ -44,7 +44,7 @@ struct ParallelConfig {
   // ranks: every size >= 1 (etp, dp may be 0 = derived), vpp >= 1 and vpp > 1 only with pp > 1,
   // tp*cp*pp divides world (and equals world / dp when dp is given), etp*ep*pp divides world, the
   // order is a permutation of the five names, and dense and expert layers get the same pipeline
-  // groups (Megatron-Core asserts this too; it holds whenever pp comes after dp in the order).
+  // groups (Megatron-Core asserts this too; it always holds with pp last or first in the order).
   void validate(int world) const;
   // A validated copy with etp and dp filled in (never 0).
   ParallelConfig resolved(int world) const;
