@@ -53,8 +53,8 @@ struct Result {
   std::string mode;  // "naive" or "loader"
   int threads = 0;
   double seconds = 0;
-  double wait_seconds = -1;   // loader: time blocked in next()
-  double gpu_idle = -1;       // with --gpu-step-ms: share of GPU time not spent in step kernels
+  double wait_seconds = -1;  // loader: time blocked in next()
+  double gpu_idle = -1;      // with --gpu-step-ms: share of GPU time not spent in step kernels
 };
 
 double now_s() {
@@ -105,9 +105,9 @@ Result timed(const Options& o, const Device& dev, const Stream& compute, Step&& 
 void run(const Options& o) {
   std::string spec = o.data;
   if (spec.empty()) {
-    const SyntheticDataset s = ensure_synthetic_dataset(o.data_dir, SyntheticConfig{}, 4,
-                                                        o.synthetic_tokens,
-                                                        std::max<std::int64_t>(2, o.synthetic_tokens / 8));
+    const SyntheticDataset s =
+        ensure_synthetic_dataset(o.data_dir, SyntheticConfig{}, 4, o.synthetic_tokens,
+                                 std::max<std::int64_t>(2, o.synthetic_tokens / 8));
     spec = o.data_dir + "/train_*.qts";
   }
   const TokenDataset dataset = TokenDataset::open(spec);
@@ -130,8 +130,8 @@ void run(const Options& o) {
                floor ? fmt::format(", entropy floor {:.4f} nats/token", *floor) : "");
     fmt::print("batch {} x {} tokens, {} steps, device {}{}\n\n", o.batch, o.seq_len, o.steps,
                dev.str(), o.gpu_step_ms > 0 ? fmt::format(", GPU step {} ms", o.gpu_step_ms) : "");
-    fmt::print("{:<8} {:>7} {:>14} {:>9} {:>10} {:>9}\n", "mode", "threads", "tokens/s",
-               "x naive", "wait in", "GPU idle");
+    fmt::print("{:<8} {:>7} {:>14} {:>9} {:>10} {:>9}\n", "mode", "threads", "tokens/s", "x naive",
+               "wait in", "GPU idle");
     fmt::print("{:<8} {:>7} {:>14} {:>9} {:>10} {:>9}\n", "", "", "", "", "next()", "");
   }
   SamplerConfig sc;
@@ -144,9 +144,14 @@ void run(const Options& o) {
     if (r.mode == "naive") naive_rate = rate;
     const double wait = r.wait_seconds >= 0 ? r.wait_seconds / r.seconds : -1;
     if (o.json) {
-      nlohmann::json j = {{"mode", r.mode}, {"threads", r.threads}, {"device", dev.str()},
-                          {"seq_len", o.seq_len}, {"batch", o.batch}, {"steps", o.steps},
-                          {"gpu_step_ms", o.gpu_step_ms}, {"tokens_per_s", rate},
+      nlohmann::json j = {{"mode", r.mode},
+                          {"threads", r.threads},
+                          {"device", dev.str()},
+                          {"seq_len", o.seq_len},
+                          {"batch", o.batch},
+                          {"steps", o.steps},
+                          {"gpu_step_ms", o.gpu_step_ms},
+                          {"tokens_per_s", rate},
                           {"speedup_vs_naive", rate / naive_rate}};
       if (wait >= 0) j["wait_fraction"] = wait;
       if (r.gpu_idle >= 0) j["gpu_idle_fraction"] = r.gpu_idle;

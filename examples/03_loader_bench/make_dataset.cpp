@@ -31,7 +31,8 @@ namespace {
 void announce(bool json, const std::string& path, std::int64_t tokens, std::size_t docs,
               const std::string& extra = "") {
   if (json) {
-    fmt::print("{}\n", nlohmann::json{{"path", path}, {"tokens", tokens}, {"documents", docs}}.dump());
+    fmt::print("{}\n",
+               nlohmann::json{{"path", path}, {"tokens", tokens}, {"documents", docs}}.dump());
   } else {
     fmt::print("wrote {} ({} tokens, {} documents{})\n", path, tokens, docs, extra);
   }
@@ -118,8 +119,8 @@ int main(int argc, char** argv) {
     if (*text) {
       make_text(inputs, text_out, text_shard_tokens, json);
     } else {
-      const SyntheticDataset d = ensure_synthetic_dataset(synth_out, cfg, shards, shard_tokens,
-                                                          val_tokens);
+      const SyntheticDataset d =
+          ensure_synthetic_dataset(synth_out, cfg, shards, shard_tokens, val_tokens);
       const std::string floor = fmt::format(", entropy floor {:.6f} bits = {:.6f} nats per token",
                                             d.entropy_bits, d.entropy_nats);
       for (const auto& p : d.train) announce(json, p, shard_tokens, 1, floor);

@@ -30,7 +30,8 @@ void NaiveReader::read_batch(const std::vector<SampleRef>& samples, std::int32_t
     const std::size_t width = token_type_size(f.token_type());
     buffer_.resize(static_cast<std::size_t>(T + 1) * width);
     std::FILE* fp = files_[static_cast<std::size_t>(loc.file)];
-    const auto offset = static_cast<long>(f.data_offset() + static_cast<std::uint64_t>(loc.start) * width);
+    const auto offset =
+        static_cast<long>(f.data_offset() + static_cast<std::uint64_t>(loc.start) * width);
     if (std::fseek(fp, offset, SEEK_SET) != 0 ||
         std::fread(buffer_.data(), 1, buffer_.size(), fp) != buffer_.size()) {
       QUINTET_THROW(System, "reading {} bytes at {} of {} failed", buffer_.size(), offset,
@@ -49,15 +50,33 @@ void NaiveReader::read_batch(const std::vector<SampleRef>& samples, std::int32_t
       }
     };
     switch (f.token_type()) {
-      case TokenType::u8: convert(std::uint8_t{}); break;
-      case TokenType::i8: convert(std::int8_t{}); break;
-      case TokenType::i16: convert(std::int16_t{}); break;
-      case TokenType::u16: convert(std::uint16_t{}); break;
-      case TokenType::i32: convert(std::int32_t{}); break;
-      case TokenType::u32: convert(std::uint32_t{}); break;
-      case TokenType::i64: convert(std::int64_t{}); break;
-      case TokenType::f32: convert(float{}); break;
-      case TokenType::f64: convert(double{}); break;
+      case TokenType::u8:
+        convert(std::uint8_t{});
+        break;
+      case TokenType::i8:
+        convert(std::int8_t{});
+        break;
+      case TokenType::i16:
+        convert(std::int16_t{});
+        break;
+      case TokenType::u16:
+        convert(std::uint16_t{});
+        break;
+      case TokenType::i32:
+        convert(std::int32_t{});
+        break;
+      case TokenType::u32:
+        convert(std::uint32_t{});
+        break;
+      case TokenType::i64:
+        convert(std::int64_t{});
+        break;
+      case TokenType::f32:
+        convert(float{});
+        break;
+      case TokenType::f64:
+        convert(double{});
+        break;
     }
   }
 }

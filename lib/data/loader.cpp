@@ -30,8 +30,8 @@ namespace {
 LoaderConfig checked(LoaderConfig c) {
   QUINTET_CHECK(c.seq_len >= 1 && c.batch_size >= 1,
                 "DataLoader: seq_len {} and batch_size {} must be >= 1", c.seq_len, c.batch_size);
-  QUINTET_CHECK(c.threads >= 1 && c.threads <= 1024,
-                "DataLoader: threads {} must be in [1, 1024]", c.threads);
+  QUINTET_CHECK(c.threads >= 1 && c.threads <= 1024, "DataLoader: threads {} must be in [1, 1024]",
+                c.threads);
   QUINTET_CHECK(c.queue_depth >= 0, "DataLoader: queue_depth {} must be >= 0 (0 = automatic)",
                 c.queue_depth);
   if (c.queue_depth == 0) c.queue_depth = std::max(4, 2 * c.threads);
@@ -194,8 +194,8 @@ Batch DataLoader::next(const Stream& consumer) {
   if (failure_) std::rethrow_exception(failure_);
   QUINTET_CHECK(config_.device.is_cpu() || consumer.device() == config_.device,
                 "DataLoader::next: the consumer stream is on {}, the loader delivers to {}; pass "
-                "a stream of {}", consumer.device().str(), config_.device.str(),
-                config_.device.str());
+                "a stream of {}",
+                consumer.device().str(), config_.device.str(), config_.device.str());
   Batch out;
   if (!staged_.empty()) {
     out = std::move(staged_.front());

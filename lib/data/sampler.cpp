@@ -33,7 +33,8 @@ Sampler::Sampler(std::uint64_t num_windows, const SamplerConfig& config)
 }
 
 std::uint64_t Sampler::global_batch_size() const {
-  return static_cast<std::uint64_t>(config_.batch_size) * static_cast<std::uint64_t>(config_.dp_size);
+  return static_cast<std::uint64_t>(config_.batch_size) *
+         static_cast<std::uint64_t>(config_.dp_size);
 }
 
 std::uint64_t Sampler::feistel(std::uint64_t epoch, std::uint64_t x) const {
@@ -41,7 +42,8 @@ std::uint64_t Sampler::feistel(std::uint64_t epoch, std::uint64_t x) const {
   std::uint64_t left = x >> half_bits_, right = x & mask;
   const std::uint64_t key = mix(config_.seed ^ mix(epoch + 0x5851f42d4c957f2dULL));
   for (int r = 0; r < kRounds; ++r) {
-    const std::uint64_t f = mix(key + mix(right + static_cast<std::uint64_t>(r) * 0x632be59bd9b4e019ULL));
+    const std::uint64_t f =
+        mix(key + mix(right + static_cast<std::uint64_t>(r) * 0x632be59bd9b4e019ULL));
     const std::uint64_t next = left ^ (f & mask);
     left = right;
     right = next;

@@ -21,8 +21,10 @@ class AtomicFile {
       : path_(std::move(path)), tmp_(fmt::format("{}.tmp.{}", path_, ::getpid())) {
     file_ = std::fopen(tmp_.c_str(), "wb");
     if (file_ == nullptr) {
-      QUINTET_THROW(System, "cannot create {}: {}; check that the directory exists and is "
-                    "writable", tmp_, std::strerror(errno));
+      QUINTET_THROW(System,
+                    "cannot create {}: {}; check that the directory exists and is "
+                    "writable",
+                    tmp_, std::strerror(errno));
     }
   }
   ~AtomicFile() {
@@ -76,23 +78,39 @@ void check_fits(const std::uint32_t* tokens, std::int64_t count, TokenType type,
                 const std::string& path) {
   std::uint64_t max = 0;
   switch (type) {
-    case TokenType::u8: max = 0xff; break;
-    case TokenType::i8: max = 0x7f; break;
-    case TokenType::i16: max = 0x7fff; break;
-    case TokenType::u16: max = 0xffff; break;
-    case TokenType::i32: max = 0x7fffffff; break;
-    case TokenType::f32: max = 1u << 24; break;  // exactly representable integers
-    default: max = 0xffffffffu; break;
+    case TokenType::u8:
+      max = 0xff;
+      break;
+    case TokenType::i8:
+      max = 0x7f;
+      break;
+    case TokenType::i16:
+      max = 0x7fff;
+      break;
+    case TokenType::u16:
+      max = 0xffff;
+      break;
+    case TokenType::i32:
+      max = 0x7fffffff;
+      break;
+    case TokenType::f32:
+      max = 1u << 24;
+      break;  // exactly representable integers
+    default:
+      max = 0xffffffffu;
+      break;
   }
   for (std::int64_t i = 0; i < count; ++i) {
-    QUINTET_CHECK(tokens[i] <= max, "writing {}: token {} is {}, which does not fit {} (max {}); "
-                  "use a wider token type", path, i, tokens[i], token_type_name(type), max);
+    QUINTET_CHECK(tokens[i] <= max,
+                  "writing {}: token {} is {}, which does not fit {} (max {}); "
+                  "use a wider token type",
+                  path, i, tokens[i], token_type_name(type), max);
   }
 }
 
 // Appends count tokens converted to type to a byte buffer.
-void append_tokens(std::vector<unsigned char>& out, const std::uint32_t* tokens,
-                   std::int64_t count, TokenType type) {
+void append_tokens(std::vector<unsigned char>& out, const std::uint32_t* tokens, std::int64_t count,
+                   TokenType type) {
   const std::size_t width = token_type_size(type);
   const std::size_t at = out.size();
   out.resize(at + width * static_cast<std::size_t>(count));
@@ -105,15 +123,33 @@ void append_tokens(std::vector<unsigned char>& out, const std::uint32_t* tokens,
     }
   };
   switch (type) {
-    case TokenType::u8: store(std::uint8_t{}); break;
-    case TokenType::i8: store(std::int8_t{}); break;
-    case TokenType::i16: store(std::int16_t{}); break;
-    case TokenType::u16: store(std::uint16_t{}); break;
-    case TokenType::i32: store(std::int32_t{}); break;
-    case TokenType::u32: store(std::uint32_t{}); break;
-    case TokenType::i64: store(std::int64_t{}); break;
-    case TokenType::f32: store(float{}); break;
-    case TokenType::f64: store(double{}); break;
+    case TokenType::u8:
+      store(std::uint8_t{});
+      break;
+    case TokenType::i8:
+      store(std::int8_t{});
+      break;
+    case TokenType::i16:
+      store(std::int16_t{});
+      break;
+    case TokenType::u16:
+      store(std::uint16_t{});
+      break;
+    case TokenType::i32:
+      store(std::int32_t{});
+      break;
+    case TokenType::u32:
+      store(std::uint32_t{});
+      break;
+    case TokenType::i64:
+      store(std::int64_t{});
+      break;
+    case TokenType::f32:
+      store(float{});
+      break;
+    case TokenType::f64:
+      store(double{});
+      break;
   }
 }
 
@@ -188,8 +224,10 @@ void write_megatron_dataset(const std::string& prefix, const std::uint32_t* toke
                             TokenType token_type) {
   QUINTET_CHECK(count >= 0, "write_megatron_dataset: token count {} < 0", count);
   const int code = megatron_dtype_code(token_type);
-  QUINTET_CHECK(code != 0, "write_megatron_dataset: Megatron has no dtype code for {}; use i32 or "
-                "i64", token_type_name(token_type));
+  QUINTET_CHECK(code != 0,
+                "write_megatron_dataset: Megatron has no dtype code for {}; use i32 or "
+                "i64",
+                token_type_name(token_type));
   check_fits(tokens, count, token_type, prefix + ".bin");
   const std::vector<std::int64_t> docs = checked_documents(document_offsets, count);
   const std::size_t width = token_type_size(token_type);
@@ -208,11 +246,14 @@ void write_megatron_dataset(const std::string& prefix, const std::uint32_t* toke
   x.put<std::uint64_t>(seqs + 1);  // document index: 0, 1, ..., seqs
   for (std::uint64_t i = 0; i < seqs; ++i) {
     const std::int64_t n = docs[i + 1] - docs[i];
-    QUINTET_CHECK(n <= 0x7fffffff, "write_megatron_dataset: document {} has {} tokens; Megatron "
-                  "sequence sizes are int32", i, n);
+    QUINTET_CHECK(n <= 0x7fffffff,
+                  "write_megatron_dataset: document {} has {} tokens; Megatron "
+                  "sequence sizes are int32",
+                  i, n);
     x.put<std::int32_t>(static_cast<std::int32_t>(n));
   }
-  for (std::uint64_t i = 0; i < seqs; ++i) x.put<std::int64_t>(docs[i] * static_cast<std::int64_t>(width));
+  for (std::uint64_t i = 0; i < seqs; ++i)
+    x.put<std::int64_t>(docs[i] * static_cast<std::int64_t>(width));
   for (std::uint64_t i = 0; i <= seqs; ++i) x.put<std::int64_t>(static_cast<std::int64_t>(i));
   b.commit();
   x.commit();

@@ -29,7 +29,8 @@ std::vector<std::uint64_t> quantize(const std::vector<double>& probs, std::vecto
   std::vector<std::uint64_t> counts(probs.size());
   std::uint64_t total = 0;
   for (std::size_t i = 0; i + 1 < probs.size(); ++i) {
-    counts[i] = std::max<std::uint64_t>(1, static_cast<std::uint64_t>(std::llround(probs[i] * kTwo32)));
+    counts[i] =
+        std::max<std::uint64_t>(1, static_cast<std::uint64_t>(std::llround(probs[i] * kTwo32)));
     total += counts[i];
   }
   QUINTET_CHECK(total < kTwo32, "synthetic source: probabilities too skewed to quantise");
@@ -76,15 +77,19 @@ SyntheticSource::SyntheticSource(const SyntheticConfig& config) : config_(config
                 c.context_classes);
   QUINTET_CHECK(c.branches >= 1 && c.branches <= c.vocab_size - 1,
                 "synthetic source: branches {} must be in [1, vocab_size - 1 = {}] (the marker is "
-                "never a successor)", c.branches, c.vocab_size - 1);
+                "never a successor)",
+                c.branches, c.vocab_size - 1);
   QUINTET_CHECK(c.zipf_exponent >= 0 && c.zipf_exponent <= 8,
                 "synthetic source: zipf_exponent {} must be in [0, 8]", c.zipf_exponent);
-  QUINTET_CHECK(c.copy_prob >= 0 && c.copy_prob < 1, "synthetic source: copy_prob {} must be in "
-                "[0, 1)", c.copy_prob);
+  QUINTET_CHECK(c.copy_prob >= 0 && c.copy_prob < 1,
+                "synthetic source: copy_prob {} must be in "
+                "[0, 1)",
+                c.copy_prob);
   QUINTET_CHECK(c.copy_len >= 1, "synthetic source: copy_len {} must be >= 1", c.copy_len);
   QUINTET_CHECK(c.num_offsets >= 1 && c.num_offsets <= c.vocab_size,
                 "synthetic source: num_offsets {} must be in [1, vocab_size = {}] (offsets are "
-                "tokens)", c.num_offsets, c.vocab_size);
+                "tokens)",
+                c.num_offsets, c.vocab_size);
   QUINTET_CHECK(c.min_distance >= 1 && c.distance_step >= 0,
                 "synthetic source: min_distance {} must be >= 1 and distance_step {} >= 0",
                 c.min_distance, c.distance_step);
@@ -94,12 +99,13 @@ SyntheticSource::SyntheticSource(const SyntheticConfig& config) : config_(config
 
   std::vector<double> p(static_cast<std::size_t>(c.branches));
   double z = 0;
-  for (std::size_t i = 0; i < p.size(); ++i) z += p[i] = std::pow(static_cast<double>(i + 1), -c.zipf_exponent);
+  for (std::size_t i = 0; i < p.size(); ++i)
+    z += p[i] = std::pow(static_cast<double>(i + 1), -c.zipf_exponent);
   for (double& v : p) v /= z;
   successor_cumulative_ = quantize(p, &successor_probs_);
-  offset_cumulative_ = quantize(std::vector<double>(static_cast<std::size_t>(c.num_offsets),
-                                                    1.0 / c.num_offsets),
-                                &offset_probs_);
+  offset_cumulative_ =
+      quantize(std::vector<double>(static_cast<std::size_t>(c.num_offsets), 1.0 / c.num_offsets),
+               &offset_probs_);
 
   // The sparse transition table: per class, `branches` distinct tokens in [0, V - 1).
   const auto non_marker = static_cast<std::uint32_t>(c.vocab_size - 1);
@@ -109,8 +115,8 @@ SyntheticSource::SyntheticSource(const SyntheticConfig& config) : config_(config
     std::uint64_t draw = 0;
     for (int b = 0; b < c.branches;) {
       const auto w = philox::draw(c.seed, kTableStream, (cls << 20) + draw++);
-      const std::uint32_t t = static_cast<std::uint32_t>(
-          (static_cast<std::uint64_t>(w.v[0]) * non_marker) >> 32);
+      const std::uint32_t t =
+          static_cast<std::uint32_t>((static_cast<std::uint64_t>(w.v[0]) * non_marker) >> 32);
       if (std::find(row, row + b, t) == row + b) row[b++] = t;
     }
   }
@@ -123,7 +129,8 @@ double SyntheticSource::copy_prob() const {
 double SyntheticSource::entropy_bits() const {
   const double q = copy_prob();
   const double hq = (q > 0 && q < 1) ? -q * std::log2(q) - (1 - q) * std::log2(1 - q) : 0.0;
-  const double free_bits = hq + (1 - q) * entropy_of(successor_probs_) + q * entropy_of(offset_probs_);
+  const double free_bits =
+      hq + (1 - q) * entropy_of(successor_probs_) + q * entropy_of(offset_probs_);
   return free_bits / (1 + q * (1 + config_.copy_len));
 }
 
@@ -177,7 +184,8 @@ std::vector<std::uint32_t> SyntheticSource::generate(std::uint64_t stream, std::
       ++n;
     }
   }
-  if (realized_bits != nullptr) *realized_bits = count > 0 ? bits / static_cast<double>(count) : 0.0;
+  if (realized_bits != nullptr)
+    *realized_bits = count > 0 ? bits / static_cast<double>(count) : 0.0;
   return x;
 }
 
@@ -223,8 +231,8 @@ SyntheticDataset ensure_synthetic_dataset(const std::string& dir, const Syntheti
                                           std::int64_t val_tokens) {
   QUINTET_CHECK(train_shards >= 1 && tokens_per_shard >= 2 && val_tokens >= 2,
                 "ensure_synthetic_dataset: need >= 1 train shard and >= 2 tokens per shard; got "
-                "{} shards of {} tokens, {} validation tokens", train_shards, tokens_per_shard,
-                val_tokens);
+                "{} shards of {} tokens, {} validation tokens",
+                train_shards, tokens_per_shard, val_tokens);
   const SyntheticSource source(config);
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
@@ -232,7 +240,8 @@ SyntheticDataset ensure_synthetic_dataset(const std::string& dir, const Syntheti
   SyntheticDataset out;
   for (int i = 0; i < train_shards; ++i) {
     out.train.push_back(shard_path(dir, "train", i));
-    ensure_shard(source, out.train.back(), static_cast<std::uint64_t>(i), tokens_per_shard, "train");
+    ensure_shard(source, out.train.back(), static_cast<std::uint64_t>(i), tokens_per_shard,
+                 "train");
   }
   out.val.push_back(shard_path(dir, "val", 0));
   ensure_shard(source, out.val.back(), static_cast<std::uint64_t>(train_shards), val_tokens, "val");

@@ -52,7 +52,8 @@ bool file_exists(const std::string& path) {
 }
 
 bool ends_with(const std::string& s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 std::string printable(const unsigned char* p, std::size_t n) {
@@ -106,9 +107,12 @@ std::map<std::string, std::string> parse_metadata(const std::string& path, const
 
 std::string_view format_name(TokenFormat format) {
   switch (format) {
-    case TokenFormat::quintet: return "quintet";
-    case TokenFormat::llmc: return "llm.c";
-    case TokenFormat::megatron: return "megatron";
+    case TokenFormat::quintet:
+      return "quintet";
+    case TokenFormat::llmc:
+      return "llm.c";
+    case TokenFormat::megatron:
+      return "megatron";
   }
   return "?";
 }
@@ -116,44 +120,66 @@ std::string_view format_name(TokenFormat format) {
 std::size_t token_type_size(TokenType type) {
   switch (type) {
     case TokenType::u8:
-    case TokenType::i8: return 1;
+    case TokenType::i8:
+      return 1;
     case TokenType::i16:
-    case TokenType::u16: return 2;
+    case TokenType::u16:
+      return 2;
     case TokenType::i32:
     case TokenType::u32:
-    case TokenType::f32: return 4;
+    case TokenType::f32:
+      return 4;
     case TokenType::i64:
-    case TokenType::f64: return 8;
+    case TokenType::f64:
+      return 8;
   }
   return 0;
 }
 
 std::string_view token_type_name(TokenType type) {
   switch (type) {
-    case TokenType::u8: return "u8";
-    case TokenType::i8: return "i8";
-    case TokenType::i16: return "i16";
-    case TokenType::u16: return "u16";
-    case TokenType::i32: return "i32";
-    case TokenType::u32: return "u32";
-    case TokenType::i64: return "i64";
-    case TokenType::f32: return "f32";
-    case TokenType::f64: return "f64";
+    case TokenType::u8:
+      return "u8";
+    case TokenType::i8:
+      return "i8";
+    case TokenType::i16:
+      return "i16";
+    case TokenType::u16:
+      return "u16";
+    case TokenType::i32:
+      return "i32";
+    case TokenType::u32:
+      return "u32";
+    case TokenType::i64:
+      return "i64";
+    case TokenType::f32:
+      return "f32";
+    case TokenType::f64:
+      return "f64";
   }
   return "?";
 }
 
 int megatron_dtype_code(TokenType type) {
   switch (type) {
-    case TokenType::u8: return 1;
-    case TokenType::i8: return 2;
-    case TokenType::i16: return 3;
-    case TokenType::i32: return 4;
-    case TokenType::i64: return 5;
-    case TokenType::f64: return 6;
-    case TokenType::f32: return 7;
-    case TokenType::u16: return 8;
-    case TokenType::u32: return 0;
+    case TokenType::u8:
+      return 1;
+    case TokenType::i8:
+      return 2;
+    case TokenType::i16:
+      return 3;
+    case TokenType::i32:
+      return 4;
+    case TokenType::i64:
+      return 5;
+    case TokenType::f64:
+      return 6;
+    case TokenType::f32:
+      return 7;
+    case TokenType::u16:
+      return 8;
+    case TokenType::u32:
+      return 0;
   }
   return 0;
 }
@@ -175,7 +201,8 @@ TokenFile TokenFile::open(const std::string& path, const TokenFileOptions& optio
   }
   if (map->size() >= 4) {
     const auto magic = load<std::int32_t>(map->data(), 0);
-    if (magic == detail::kLlmcMagicGpt2 || magic == detail::kLlmcMagicLlama3) return open_llmc(path);
+    if (magic == detail::kLlmcMagicGpt2 || magic == detail::kLlmcMagicLlama3)
+      return open_llmc(path);
   }
   bad_file(path, 0,
            "expected a token file: a quintet shard (magic \"QTSHARD\\x00\"), an llm.c shard (int32 "
@@ -226,8 +253,9 @@ TokenFile TokenFile::open_quintet(const std::string& path, const TokenFileOption
   const long double expected_ld = static_cast<long double>(payload) +
                                   8.0L * (static_cast<long double>(docs) + 1) +
                                   static_cast<long double>(width) * count;
-  const std::string what = fmt::format("{} header bytes, {} document offsets, {} tokens of {} bytes",
-                                       payload, docs + 1, count, width);
+  const std::string what =
+      fmt::format("{} header bytes, {} document offsets, {} tokens of {} bytes", payload, docs + 1,
+                  count, width);
   if (expected_ld > static_cast<long double>(size)) {
     bad_file(path, size, "payload truncated: expected {:.0f} bytes ({}), found a file of {} bytes",
              static_cast<double>(expected_ld), what, size);
@@ -282,8 +310,10 @@ TokenFile TokenFile::open_llmc(const std::string& path) {
   const auto version = load<std::int32_t>(p, 4);
   const auto count = load<std::int32_t>(p, 8);
   if (magic != detail::kLlmcMagicGpt2 && magic != detail::kLlmcMagicLlama3) {
-    bad_file(path, 0, "wrong llm.c magic: expected {} (GPT-2, uint16) or {} (Llama 3, uint32), "
-             "found {}", detail::kLlmcMagicGpt2, detail::kLlmcMagicLlama3, magic);
+    bad_file(path, 0,
+             "wrong llm.c magic: expected {} (GPT-2, uint16) or {} (Llama 3, uint32), "
+             "found {}",
+             detail::kLlmcMagicGpt2, detail::kLlmcMagicLlama3, magic);
   }
   const bool gpt2 = magic == detail::kLlmcMagicGpt2;
   const std::int32_t want_version = gpt2 ? detail::kLlmcVersionGpt2 : detail::kLlmcVersionLlama3;
@@ -295,8 +325,8 @@ TokenFile TokenFile::open_llmc(const std::string& path) {
   impl->type = gpt2 ? TokenType::u16 : TokenType::u32;
   const std::uint64_t width = gpt2 ? 2 : 4;
   check_size(path, size, detail::kLlmcHeaderBytes + width * static_cast<std::uint64_t>(count),
-             fmt::format("{} header bytes + {} tokens of {} bytes", detail::kLlmcHeaderBytes,
-                         count, width));
+             fmt::format("{} header bytes + {} tokens of {} bytes", detail::kLlmcHeaderBytes, count,
+                         width));
   impl->num_tokens = count;
   impl->data_offset = detail::kLlmcHeaderBytes;
   impl->tokens = p + impl->data_offset;
@@ -313,8 +343,10 @@ TokenFile TokenFile::open_megatron(const std::string& path_or_prefix) {
   const unsigned char* p = idx.data();
   const std::uint64_t size = idx.size();
   if (size < detail::kMegatronHeaderBytes) {
-    bad_file(idx_path, size, "Megatron index header truncated: expected at least {} bytes, "
-             "found {}", detail::kMegatronHeaderBytes, size);
+    bad_file(idx_path, size,
+             "Megatron index header truncated: expected at least {} bytes, "
+             "found {}",
+             detail::kMegatronHeaderBytes, size);
   }
   if (std::memcmp(p, detail::kMegatronMagic, 9) != 0) {
     bad_file(idx_path, 0, "wrong magic: expected \"MMIDIDX\\x00\\x00\", found \"{}\"",
@@ -330,8 +362,10 @@ TokenFile TokenFile::open_megatron(const std::string& path_or_prefix) {
                                           TokenType::i16, TokenType::i32, TokenType::i64,
                                           TokenType::f64, TokenType::f32, TokenType::u16};
   if (code < 1 || code > 8) {
-    bad_file(idx_path, 17, "dtype code: expected 1..8 (1 u8, 2 i8, 3 i16, 4 i32, 5 i64, 6 f64, "
-             "7 f32, 8 u16), found {}", code);
+    bad_file(idx_path, 17,
+             "dtype code: expected 1..8 (1 u8, 2 i8, 3 i16, 4 i32, 5 i64, 6 f64, "
+             "7 f32, 8 u16), found {}",
+             code);
   }
   const TokenType type = kByCode[code];
   const std::uint64_t width = token_type_size(type);
@@ -339,8 +373,10 @@ TokenFile TokenFile::open_megatron(const std::string& path_or_prefix) {
   const auto docs = load<std::uint64_t>(p, 26);
   const long double expected_ld = detail::kMegatronHeaderBytes + 12.0L * seqs + 8.0L * docs;
   if (expected_ld > static_cast<long double>(size)) {
-    bad_file(idx_path, size, "index truncated: expected {:.0f} bytes (header, {} sequences, {} "
-             "document indices), found {}", static_cast<double>(expected_ld), seqs, docs, size);
+    bad_file(idx_path, size,
+             "index truncated: expected {:.0f} bytes (header, {} sequences, {} "
+             "document indices), found {}",
+             static_cast<double>(expected_ld), seqs, docs, size);
   }
   const std::uint64_t sizes_at = detail::kMegatronHeaderBytes;
   const std::uint64_t pointers_at = sizes_at + 4 * seqs;
@@ -356,27 +392,31 @@ TokenFile TokenFile::open_megatron(const std::string& path_or_prefix) {
   impl->map = std::make_shared<MappedFile>(bin_path);
   const std::uint64_t bin_size = impl->map->size();
   std::vector<std::int64_t> seq_start(seqs + 1, 0);  // token offset of each sequence
-  std::uint64_t end = 0;  // byte where the previous sequence ended
+  std::uint64_t end = 0;                             // byte where the previous sequence ended
   for (std::uint64_t i = 0; i < seqs; ++i) {
     const auto n = load<std::int32_t>(p, sizes_at + 4 * i);
     const auto ptr = load<std::int64_t>(p, pointers_at + 8 * i);
-    if (n < 0) bad_file(idx_path, sizes_at + 4 * i, "sequence {} size: expected >= 0, found {}", i, n);
+    if (n < 0)
+      bad_file(idx_path, sizes_at + 4 * i, "sequence {} size: expected >= 0, found {}", i, n);
     if (ptr < 0 || static_cast<std::uint64_t>(ptr) + width * n > bin_size) {
       bad_file(idx_path, pointers_at + 8 * i,
                "sequence {} points past the end of {}: expected bytes [{}, {}) within its {} "
-               "bytes", i, bin_path, ptr, ptr + static_cast<std::int64_t>(width) * n, bin_size);
+               "bytes",
+               i, bin_path, ptr, ptr + static_cast<std::int64_t>(width) * n, bin_size);
     }
     if (static_cast<std::uint64_t>(ptr) != end) {
       bad_file(idx_path, pointers_at + 8 * i,
-               "sequence {} pointer: expected {} (sequences stored back to back), found {}", i,
-               end, ptr);
+               "sequence {} pointer: expected {} (sequences stored back to back), found {}", i, end,
+               ptr);
     }
     end += width * n;
     seq_start[i + 1] = seq_start[i] + n;
   }
   if (end != bin_size) {
-    bad_file(bin_path, end, "file size disagrees with the index {}: expected {} bytes ({} "
-             "sequences of {}), found {}", idx_path, end, seqs, token_type_name(type), bin_size);
+    bad_file(bin_path, end,
+             "file size disagrees with the index {}: expected {} bytes ({} "
+             "sequences of {}), found {}",
+             idx_path, end, seqs, token_type_name(type), bin_size);
   }
   impl->document_offsets.clear();
   for (std::uint64_t j = 0; j < docs; ++j) {
@@ -424,8 +464,10 @@ void TokenFile::read(std::int64_t start, std::int64_t count, std::int32_t* out) 
                 start + count, m.path, m.num_tokens);
   const unsigned char* src = m.tokens + static_cast<std::uint64_t>(start) * token_type_size(m.type);
   auto bad_token = [&](std::int64_t i, auto value) {
-    QUINTET_THROW(InvalidArgument, "token {} of {} is {}: expected an integer in [0, 2^31) to be "
-                  "used as an int32 token id", start + i, m.path, value);
+    QUINTET_THROW(InvalidArgument,
+                  "token {} of {} is {}: expected an integer in [0, 2^31) to be "
+                  "used as an int32 token id",
+                  start + i, m.path, value);
   };
   auto convert = [&](auto tag) {
     using T = decltype(tag);
@@ -453,14 +495,30 @@ void TokenFile::read(std::int64_t start, std::int64_t count, std::int32_t* out) 
       convert(std::uint16_t{});
       return;
     }
-    case TokenType::u8: convert(std::uint8_t{}); return;
-    case TokenType::i8: convert(std::int8_t{}); return;
-    case TokenType::i16: convert(std::int16_t{}); return;
-    case TokenType::i32: convert(std::int32_t{}); return;
-    case TokenType::u32: convert(std::uint32_t{}); return;
-    case TokenType::i64: convert(std::int64_t{}); return;
-    case TokenType::f32: convert(float{}); return;
-    case TokenType::f64: convert(double{}); return;
+    case TokenType::u8:
+      convert(std::uint8_t{});
+      return;
+    case TokenType::i8:
+      convert(std::int8_t{});
+      return;
+    case TokenType::i16:
+      convert(std::int16_t{});
+      return;
+    case TokenType::i32:
+      convert(std::int32_t{});
+      return;
+    case TokenType::u32:
+      convert(std::uint32_t{});
+      return;
+    case TokenType::i64:
+      convert(std::int64_t{});
+      return;
+    case TokenType::f32:
+      convert(float{});
+      return;
+    case TokenType::f64:
+      convert(double{});
+      return;
   }
 }
 

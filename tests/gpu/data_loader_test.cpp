@@ -16,7 +16,8 @@ using namespace quintet::data;
 
 TEST_CASE("GPU batches arrive through the copy stream and equal the CPU loader's") {
   const std::string dir = (std::filesystem::temp_directory_path() /
-                           ("quintet_gpu_loader_" + std::to_string(::getpid()))).string();
+                           ("quintet_gpu_loader_" + std::to_string(::getpid())))
+                              .string();
   std::filesystem::create_directories(dir);
   std::mt19937 rng(5);
   std::vector<std::uint32_t> t(1 << 20);

@@ -25,7 +25,8 @@ namespace {
 std::string temp_dir() {
   static const std::string dir = [] {
     std::string d = (std::filesystem::temp_directory_path() /
-                     ("quintet_data_format_" + std::to_string(::getpid()))).string();
+                     ("quintet_data_format_" + std::to_string(::getpid())))
+                        .string();
     std::filesystem::create_directories(d);
     return d;
   }();
@@ -196,7 +197,8 @@ TEST_CASE("bad quintet shards are rejected at open with file, offset, expected a
   {
     auto b = bytes;
     b.resize(b.size() - 10);
-    expect(b, fmt::format("at byte {}: payload truncated: expected {} bytes", b.size(), bytes.size()));
+    expect(b,
+           fmt::format("at byte {}: payload truncated: expected {} bytes", b.size(), bytes.size()));
   }
   {
     auto b = bytes;
@@ -302,7 +304,8 @@ TEST_CASE("bad Megatron datasets are rejected at open") {
   }
   {
     auto b = idx;
-    poke<std::int64_t>(b, 42 + 8, 180);  // second sequence (70 tokens) at byte 180 of a 200-byte .bin
+    poke<std::int64_t>(b, 42 + 8,
+                       180);  // second sequence (70 tokens) at byte 180 of a 200-byte .bin
     write_all(prefix + ".idx", b);
     REQUIRE_THROWS_QUINTET(TokenFile::open(prefix), InvalidArgument,
                            "at byte 50: sequence 1 points past the end of " + prefix +

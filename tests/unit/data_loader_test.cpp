@@ -21,7 +21,8 @@ namespace {
 const std::string& data_dir() {
   static const std::string dir = [] {
     std::string d = (std::filesystem::temp_directory_path() /
-                     ("quintet_data_loader_" + std::to_string(::getpid()))).string();
+                     ("quintet_data_loader_" + std::to_string(::getpid())))
+                        .string();
     std::filesystem::create_directories(d);
     std::mt19937 rng(11);
     // Three shards of different formats and sizes.
@@ -64,7 +65,8 @@ void check_batch(const Batch& b, const Sampler& sampler, const TokenDataset& ds,
     std::uint64_t w = refs[i].window;
     std::size_t f = 0;
     for (;; ++f) {
-      const std::uint64_t nw = static_cast<std::uint64_t>((ds.files()[f].num_tokens() - 1) / seq_len);
+      const std::uint64_t nw =
+          static_cast<std::uint64_t>((ds.files()[f].num_tokens() - 1) / seq_len);
       if (w < nw) break;
       w -= nw;
     }
@@ -150,8 +152,8 @@ TEST_CASE("data-parallel loaders split each step's samples") {
     for (int i = 0; i < 6; ++i) {
       for (int j = 0; j < 16; ++j) {
         const auto& part = parts[i % 3][s];
-        REQUIRE(part[(i / 3) * 16 + j] == single[s][i * 16 + j]);                  // tokens
-        REQUIRE(part[32 + (i / 3) * 16 + j] == single[s][96 + i * 16 + j]);         // targets
+        REQUIRE(part[(i / 3) * 16 + j] == single[s][i * 16 + j]);            // tokens
+        REQUIRE(part[32 + (i / 3) * 16 + j] == single[s][96 + i * 16 + j]);  // targets
       }
     }
   }
@@ -165,14 +167,16 @@ TEST_CASE("a worker error comes out of next() when its batch is reached, and sta
   c.sampler.shuffle = false;  // window 24 holds token 250
   DataLoader loader(TokenDataset::open(data_dir() + "/negative"), c);
   for (int s = 0; s < 24; ++s) CHECK(loader.next().tokens.to_vector<std::int32_t>()[0] == 7);
-  REQUIRE_THROWS_QUINTET(loader.next(), InvalidArgument, "is 4294967295: expected an integer in [0, 2^31)");
+  REQUIRE_THROWS_QUINTET(loader.next(), InvalidArgument,
+                         "is 4294967295: expected an integer in [0, 2^31)");
   REQUIRE_THROWS_QUINTET(loader.next(), InvalidArgument, "is 4294967295");
   CHECK(loader.state().sample_index == 24);
 }
 
 TEST_CASE("bad loader arguments are rejected before any thread starts") {
   LoaderConfig c = config(0);
-  REQUIRE_THROWS_QUINTET(DataLoader(dataset(), c), InvalidArgument, "threads 0 must be in [1, 1024]");
+  REQUIRE_THROWS_QUINTET(DataLoader(dataset(), c), InvalidArgument,
+                         "threads 0 must be in [1, 1024]");
   c = config(2, 6000);
   REQUIRE_THROWS_QUINTET(DataLoader(dataset(), c), InvalidArgument, "no window of 6000 + 1 tokens");
   c = config(2);

@@ -68,13 +68,15 @@ TEST_CASE("over one epoch the ranks together read every window exactly once") {
     for (std::int64_t B : {5, 7}) {
       const std::uint64_t per_step = static_cast<std::uint64_t>(B) * R;
       const std::uint64_t steps = (W + per_step - 1) / per_step + 1;  // past the epoch's end
-      std::map<std::uint64_t, int> count;  // epoch 0 windows
+      std::map<std::uint64_t, int> count;                             // epoch 0 windows
       std::map<std::uint64_t, std::uint64_t> epoch1;  // position -> window in epoch 1
       for (int r = 0; r < R; ++r) {
         for (const SampleRef& s : run(W, 7, B, r, R, {}, steps)) {
           REQUIRE(s.window == run(W, 7, 1, 0, 1, {s.epoch, s.position}, 1)[0].window);
-          if (s.epoch == 0) ++count[s.window];
-          else epoch1[s.position] = s.window;
+          if (s.epoch == 0)
+            ++count[s.window];
+          else
+            epoch1[s.position] = s.window;
         }
       }
       INFO("R = " << R << ", B = " << B);
@@ -133,6 +135,7 @@ TEST_CASE("bad sampler arguments are rejected") {
   REQUIRE_THROWS_QUINTET(Sampler(10, c), InvalidArgument, "rank 2 must be in [0, dp_size = 2)");
   c.dp_rank = 0;
   c.start.sample_index = 10;
-  REQUIRE_THROWS_QUINTET(Sampler(10, c), InvalidArgument, "start sample_index 10 must be < the "
+  REQUIRE_THROWS_QUINTET(Sampler(10, c), InvalidArgument,
+                         "start sample_index 10 must be < the "
                          "number of windows 10");
 }

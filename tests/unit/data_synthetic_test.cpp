@@ -38,7 +38,8 @@ std::vector<double> log_losses(const SyntheticSource& src, const std::vector<std
       }
       continue;
     }
-    const std::uint32_t* succ = src.successors(src.context_class(x.data(), static_cast<std::int64_t>(n)));
+    const std::uint32_t* succ =
+        src.successors(src.context_class(x.data(), static_cast<std::int64_t>(n)));
     double p = 0.0;
     for (int b = 0; b < c.branches; ++b) {
       if (succ[b] == x[n]) p = src.successor_probs()[static_cast<std::size_t>(b)];
@@ -103,12 +104,14 @@ TEST_CASE("other parameters: more copies, other order and vocabulary") {
   CHECK(src.generate(0, 1000) == std::vector<std::uint32_t>(x.begin(), x.begin() + 1000));
   CHECK(src.generate(1, 1000) != std::vector<std::uint32_t>(x.begin(), x.begin() + 1000));
   cfg.branches = 1000;
-  REQUIRE_THROWS_QUINTET(SyntheticSource{cfg}, InvalidArgument, "branches 1000 must be in [1, vocab_size - 1 = 999]");
+  REQUIRE_THROWS_QUINTET(SyntheticSource{cfg}, InvalidArgument,
+                         "branches 1000 must be in [1, vocab_size - 1 = 999]");
 }
 
 TEST_CASE("ensure_synthetic_dataset writes shards once and records the floor") {
-  const std::string dir = (std::filesystem::temp_directory_path() /
-                           ("quintet_synth_" + std::to_string(::getpid()))).string();
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("quintet_synth_" + std::to_string(::getpid())))
+          .string();
   std::filesystem::remove_all(dir);
   SyntheticConfig cfg;
   const SyntheticDataset a = ensure_synthetic_dataset(dir, cfg, 2, 4096, 1024);
@@ -121,9 +124,11 @@ TEST_CASE("ensure_synthetic_dataset writes shards once and records the floor") {
   REQUIRE(ds.files().size() == 2);
   REQUIRE(entropy_floor_nats(ds).has_value());
   CHECK(*entropy_floor_nats(ds) == Approx(SyntheticSource(cfg).entropy_nats()).epsilon(1e-15));
-  CHECK(ds.files()[1].token(100) == static_cast<std::int64_t>(SyntheticSource(cfg).generate(1, 101)[100]));
+  CHECK(ds.files()[1].token(100) ==
+        static_cast<std::int64_t>(SyntheticSource(cfg).generate(1, 101)[100]));
   cfg.seed = 5;
   REQUIRE_THROWS_QUINTET(ensure_synthetic_dataset(dir, cfg, 2, 4096, 1024), InvalidArgument,
-                         "holds other data: expected the synthetic dataset v256-k2-c1024-b4-z1-q0.05-l24-d16-m32-s8-seed5");
+                         "holds other data: expected the synthetic dataset "
+                         "v256-k2-c1024-b4-z1-q0.05-l24-d16-m32-s8-seed5");
   std::filesystem::remove_all(dir);
 }

@@ -48,21 +48,21 @@
 namespace quintet::data {
 
 struct LoaderConfig {
-  std::int64_t seq_len = 1024;   // tokens per sample (the window holds seq_len + 1)
-  std::int64_t batch_size = 8;   // samples per batch on this rank
-  int threads = 4;               // worker threads, >= 1
-  int queue_depth = 0;           // batches prepared ahead; 0 means 2 * threads (at least 4)
-  Device device = Device::cpu(); // where next() delivers tokens and targets
+  std::int64_t seq_len = 1024;    // tokens per sample (the window holds seq_len + 1)
+  std::int64_t batch_size = 8;    // samples per batch on this rank
+  int threads = 4;                // worker threads, >= 1
+  int queue_depth = 0;            // batches prepared ahead; 0 means 2 * threads (at least 4)
+  Device device = Device::cpu();  // where next() delivers tokens and targets
   // Seed, data-parallel rank and size, shuffle and start state; batch_size is taken from above.
   SamplerConfig sampler;
 };
 
 struct Batch {
-  Tensor tokens;                  // [batch_size, seq_len] int32 on the loader's device
-  Tensor targets;                 // [batch_size, seq_len] int32, the tokens shifted by one
-  std::uint64_t index = 0;        // batch number since the loader started
-  std::vector<SampleRef> samples; // which windows, in row order
-  SamplerState next_state;        // the resume state once this batch is consumed
+  Tensor tokens;                   // [batch_size, seq_len] int32 on the loader's device
+  Tensor targets;                  // [batch_size, seq_len] int32, the tokens shifted by one
+  std::uint64_t index = 0;         // batch number since the loader started
+  std::vector<SampleRef> samples;  // which windows, in row order
+  SamplerState next_state;         // the resume state once this batch is consumed
   // GPU only: recorded on the loader's copy stream after the copy (null on the CPU).
   std::shared_ptr<Event> ready;
   // Makes stream wait, on the GPU, until tokens and targets are on the device (no-op on the CPU).
@@ -70,8 +70,8 @@ struct Batch {
 };
 
 struct LoaderStats {
-  std::uint64_t batches = 0;      // batches returned by next()
-  double wait_seconds = 0.0;      // time next() spent blocked on an empty queue
+  std::uint64_t batches = 0;  // batches returned by next()
+  double wait_seconds = 0.0;  // time next() spent blocked on an empty queue
 };
 
 class DataLoader {
@@ -118,10 +118,10 @@ class DataLoader {
   std::uint64_t next_consume_ = 0;  // next batch number next() takes from the ring
   bool stop_ = false;
 
-  std::uint64_t returned_ = 0;     // batches handed out by next()
-  std::exception_ptr failure_;     // sticky worker failure, rethrown by next()
+  std::uint64_t returned_ = 0;  // batches handed out by next()
+  std::exception_ptr failure_;  // sticky worker failure, rethrown by next()
   LoaderStats stats_;
-  std::deque<Batch> staged_;       // GPU: copied (or copying) batches not yet returned
+  std::deque<Batch> staged_;  // GPU: copied (or copying) batches not yet returned
   std::deque<std::unique_ptr<InFlight>> in_flight_;  // pinned sources of unfinished copies
   std::unique_ptr<Stream> copy_stream_;
   std::unique_ptr<Event> consumer_mark_;

@@ -39,16 +39,16 @@ namespace quintet::data {
 
 struct SyntheticConfig {
   std::uint64_t seed = 1234;
-  int vocab_size = 256;          // tokens 0..vocab_size-1; the marker is vocab_size-1
-  int order = 2;                 // Markov order: tokens of context
-  int context_classes = 1024;    // hashed contexts, each with its own successor set
-  int branches = 4;              // successors per context class
-  double zipf_exponent = 1.0;    // p_i proportional to (i + 1)^-zipf_exponent
-  double copy_prob = 0.05;       // q: probability of a copy event at a free position
-  int copy_len = 24;             // tokens copied per event
-  int num_offsets = 16;          // distinct copy distances
-  int min_distance = 32;         // tokens back to the first distance
-  int distance_step = 8;         // spacing of the distances
+  int vocab_size = 256;        // tokens 0..vocab_size-1; the marker is vocab_size-1
+  int order = 2;               // Markov order: tokens of context
+  int context_classes = 1024;  // hashed contexts, each with its own successor set
+  int branches = 4;            // successors per context class
+  double zipf_exponent = 1.0;  // p_i proportional to (i + 1)^-zipf_exponent
+  double copy_prob = 0.05;     // q: probability of a copy event at a free position
+  int copy_len = 24;           // tokens copied per event
+  int num_offsets = 16;        // distinct copy distances
+  int min_distance = 32;       // tokens back to the first distance
+  int distance_step = 8;       // spacing of the distances
 
   int max_distance() const { return min_distance + (num_offsets - 1) * distance_step; }
   // "v256-k2-c1024-b4-z1-q0.05-l24-d16-m32-s8-seed1234": identifies the generated data.
@@ -85,7 +85,7 @@ class SyntheticSource {
 
  private:
   SyntheticConfig config_;
-  std::uint64_t copy_threshold_ = 0;               // copy iff word < threshold
+  std::uint64_t copy_threshold_ = 0;                 // copy iff word < threshold
   std::vector<std::uint64_t> successor_cumulative_;  // upper bounds of each successor's range
   std::vector<std::uint64_t> offset_cumulative_;
   std::vector<double> successor_probs_, offset_probs_;
@@ -107,8 +107,7 @@ struct SyntheticDataset {
 // it throw InvalidArgument (delete them or use another dir). Creates dir. Safe to call from
 // several processes at once (each file appears atomically).
 SyntheticDataset ensure_synthetic_dataset(const std::string& dir,
-                                          const SyntheticConfig& config = {},
-                                          int train_shards = 4,
+                                          const SyntheticConfig& config = {}, int train_shards = 4,
                                           std::int64_t tokens_per_shard = std::int64_t{1} << 23,
                                           std::int64_t val_tokens = std::int64_t{1} << 20);
 

@@ -58,7 +58,8 @@ class TokenFile {
 
   // Opens path, choosing the format: a path ending in .idx, a .bin with a .idx beside it, or a
   // prefix with <prefix>.idx and <prefix>.bin is Megatron; a .qts path is a quintet shard;
-  // otherwise the magic number decides (quintet or llm.c). Throws InvalidArgument for a malformed file, System when unreadable.
+  // otherwise the magic number decides (quintet or llm.c). Throws InvalidArgument for a malformed
+  // file, System when unreadable.
   static TokenFile open(const std::string& path, const TokenFileOptions& options = {});
   static TokenFile open_quintet(const std::string& path, const TokenFileOptions& options = {});
   static TokenFile open_llmc(const std::string& path);
