@@ -4,6 +4,7 @@
 # short report go to $OUT when set (else build/device_check/); a summary table ends the output.
 #
 #   scripts/device_check.sh "mpirun -np 2 build/examples/01_collective_bench/01_collective_bench --op all --device cuda"
+# CTEST_ARGS adds ctest arguments (default: -E sanitize, since the sanitizer builds are CI's job).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -31,7 +32,7 @@ step() {  # step NAME COMMAND...: runs, logs, records PASS/FAIL and seconds
 } >"$report"
 
 step build bash scripts/setup.sh
-step ctest bash -c "cd build && ctest --output-on-failure -j4 --timeout 900"
+step ctest bash -c "cd build && ctest --output-on-failure -j4 --timeout 900 ${CTEST_ARGS:--E sanitize}"
 grep -E "tests passed|tests failed|\(Failed\)|\(Skipped\)|\*\*\*Failed|Not Run" "$log" | tail -40 >"$out/ctest_summary.txt"
 i=0
 for cmd in "$@"; do
