@@ -9,12 +9,19 @@
 #include "quintet/collectives/mpi.hpp"
 #include "quintet/core/allocator.hpp"
 #include "quintet/core/error.hpp"
+#include "quintet/core/log.hpp"
 
 namespace quintet::detail {
 
 namespace {
 
-ncclRedOp_t nccl_op(ReduceOp op) {
+// The NCCL reduction for op on a communicator of `size` ranks. On one rank avg is the identity
+// (x / 1 == x exactly), and it must not reach NCCL there: NCCL (2.28) runs a one-rank avg through
+// a special kernel (oneRankReduce) that splits the elements into 16-byte packs per block and
+// never writes the last elements when the count is not a multiple of its grid (seen on an H200:
+// the last 1-5 of 131077 f64 left unwritten). A one-rank sum is a plain copy.
+ncclRedOp_t nccl_op(ReduceOp op, int size) {
+  if (op == ReduceOp::avg && size == 1) return ncclSum;
   switch (op) {
     case ReduceOp::sum:
       return ncclSum;
@@ -58,11 +65,23 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<NcclState> state)
 
 NcclCommunicator::~NcclCommunicator() {
   state_->shutdown();
+  bool idle = false;
   {
     QuietDeviceGuard guard(state_->device());
-    (void)cudaStreamSynchronize(comm_stream_);
+    // Bounded: the comm stream may be held back forever by a caller's stream it waits on.
+    idle = stream_idle_within(comm_stream_, state_->timeout_s());
+    // Safe while the comm stream still waits on it: CUDA frees it once that wait is resolved.
     if (ready_ != nullptr) (void)cudaEventDestroy(ready_);
     (void)cudaGetLastError();
+  }
+  if (!idle) {
+    // Operations still queued may yet read or write their tensors, so their blocks must never go
+    // back to a pool: leak the pending Works (and the storages they hold) on purpose.
+    log::warn(
+        "{}: destroyed while its comm stream was still busy after {} s (an operation waits "
+        "on work that never finished); leaking the tensors of {} unfinished operations",
+        state_->describe(), state_->timeout_s(), pending_.size());
+    (void)new std::deque<std::shared_ptr<NcclWork>>(std::move(pending_));  // intentional leak
   }
   pending_.clear();  // every operation has finished: the tensors can go back to their pools
 }
@@ -112,7 +131,7 @@ Work NcclCommunicator::all_reduce(const Tensor& in, const Tensor& out, ReduceOp 
   auto work = issue("all_reduce", stream, [&](cudaStream_t s) {
     if (in.numel() == 0) return ncclSuccess;  // every rank has 0 elements: nothing to move
     return ncclAllReduce(in.data_ptr(), out.data_ptr(), static_cast<std::size_t>(in.numel()),
-                         nccl_dtype(in.dtype()), nccl_op(op), comm_, s);
+                         nccl_dtype(in.dtype()), nccl_op(op, size()), comm_, s);
   });
   work->keep(in.storage());
   work->keep(out.storage());
@@ -125,7 +144,7 @@ Work NcclCommunicator::reduce_scatter(const Tensor& in, const Tensor& out, Reduc
   auto work = issue("reduce_scatter", stream, [&](cudaStream_t s) {
     if (out.numel() == 0) return ncclSuccess;
     return ncclReduceScatter(in.data_ptr(), out.data_ptr(), static_cast<std::size_t>(out.numel()),
-                             nccl_dtype(in.dtype()), nccl_op(op), comm_, s);
+                             nccl_dtype(in.dtype()), nccl_op(op, size()), comm_, s);
   });
   work->keep(in.storage());
   work->keep(out.storage());
@@ -165,7 +184,7 @@ Work NcclCommunicator::reduce(const Tensor& in, const Tensor& out, ReduceOp op, 
   auto work = issue("reduce", stream, [&](cudaStream_t s) {
     if (in.numel() == 0) return ncclSuccess;
     return ncclReduce(in.data_ptr(), recv, static_cast<std::size_t>(in.numel()),
-                      nccl_dtype(in.dtype()), nccl_op(op), root, comm_, s);
+                      nccl_dtype(in.dtype()), nccl_op(op, size()), root, comm_, s);
   });
   work->keep(in.storage());
   if (is_root) work->keep(out.storage());

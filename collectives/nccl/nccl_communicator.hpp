@@ -28,7 +28,10 @@ namespace quintet::detail {
 class NcclCommunicator final : public Communicator {
  public:
   explicit NcclCommunicator(std::shared_ptr<NcclState> state);
-  // Finalizes the NCCL comm (ncclCommAbort if that fails or times out); never throws.
+  // Finalizes the NCCL comm (ncclCommAbort if that fails or times out); never throws. Its waits
+  // are bounded by the timeout: if the comm stream is still busy after that (held back by a
+  // caller's stream), the tensors of the unfinished operations are leaked, never reused. NCCL's
+  // own destroy returns once the peers that exchanged data on this comm destroyed theirs too.
   ~NcclCommunicator() override;
 
   int rank() const override { return state_->rank(); }

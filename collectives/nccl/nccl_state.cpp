@@ -63,6 +63,18 @@ ncclResult_t nccl_wait_not_in_progress(ncclComm_t comm, double timeout_s) {
   }
 }
 
+bool stream_idle_within(cudaStream_t stream, double timeout_s) noexcept {
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(timeout_s));
+  cudaError_t status = cudaStreamQuery(stream);
+  for (int polls = 0; status == cudaErrorNotReady && Clock::now() < deadline;) {
+    backoff(polls);
+    status = cudaStreamQuery(stream);
+  }
+  (void)cudaGetLastError();
+  return status == cudaSuccess;
+}
+
 bool nccl_destroy(ncclComm_t comm, double timeout_s) noexcept {
   ncclResult_t r = ncclCommFinalize(comm);
   if (r == ncclSuccess || r == ncclInProgress) r = nccl_wait_not_in_progress(comm, timeout_s);
@@ -106,7 +118,10 @@ NcclState::~NcclState() {
   if (comm_ != nullptr) (void)ncclCommAbort(comm_);
   if (control_ != nullptr) (void)ncclCommAbort(control_);
   QuietDeviceGuard guard(device_);
-  (void)cudaStreamSynchronize(stream_.handle());
+  // Bounded: a comm stream held back forever (by a caller's stream it waits on) must not hang the
+  // destructor. Destroying events and the stream while work is queued is safe: CUDA releases them
+  // once that work completes.
+  (void)stream_idle_within(stream_.handle(), timeout_s_);
   for (cudaEvent_t e : all_events_) (void)cudaEventDestroy(e);
   (void)cudaGetLastError();
 }
@@ -200,15 +215,7 @@ void NcclState::shutdown() noexcept {
   if (comm_ == nullptr) return;
   // The operations comm is blocking, so its ncclCommFinalize would wait for unfinished operations
   // without bound: wait for them here, bounded, and abort if a peer never shows up.
-  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                           std::chrono::duration<double>(timeout_s_));
-  cudaError_t idle = cudaStreamQuery(stream_.handle());
-  for (int polls = 0; idle == cudaErrorNotReady && Clock::now() < deadline;) {
-    backoff(polls);
-    idle = cudaStreamQuery(stream_.handle());
-  }
-  (void)cudaGetLastError();
-  bool clean = idle == cudaSuccess;
+  bool clean = stream_idle_within(stream_.handle(), timeout_s_);
   if (clean) {
     clean = nccl_destroy(comm_, timeout_s_);
   } else {

@@ -44,6 +44,10 @@ inline std::size_t wire_count(DType dtype, std::int64_t numel) {
 // (then returns ncclInProgress). Sleeps between polls; never throws.
 ncclResult_t nccl_wait_not_in_progress(ncclComm_t comm, double timeout_s);
 
+// Polls cudaStreamQuery(stream) until the stream is idle (true) or timeout_s passes (false); the
+// caller has made the stream's device current. Never throws, never blocks beyond timeout_s.
+bool stream_idle_within(cudaStream_t stream, double timeout_s) noexcept;
+
 // ncclCommFinalize, waited for up to timeout_s, then ncclCommDestroy; ncclCommAbort when that
 // fails or times out. Returns false when it had to abort. Never throws.
 bool nccl_destroy(ncclComm_t comm, double timeout_s) noexcept;
@@ -71,7 +75,8 @@ class NcclState {
   //     calls split is a timeout, not a hang (it never moves data, so NCCL never connects it).
   NcclState(ncclComm_t comm, ncclComm_t control, Device device, int rank, int size,
             std::string name, double timeout_s);
-  // Waits for the comm stream and frees events; the comm was shut down (or aborted) before.
+  // Waits up to timeout_s for the comm stream (never longer) and frees events; the comm was shut
+  // down (or aborted) before.
   ~NcclState();
   NcclState(const NcclState&) = delete;
   NcclState& operator=(const NcclState&) = delete;

@@ -1,11 +1,20 @@
 // The NCCL communicator's contract beyond values: split into groups, several operations
 // outstanding and waited out of order, wait() ordering a stream without blocking the host,
 // rejection of bad input before anything is sent, and timeouts instead of hangs (a rank that
-// never arrives at initialisation, a collective that a peer never joins). One GPU per rank.
+// never arrives at initialisation or at a split, an operation that never finishes). One GPU per
+// rank.
+//
+// No case may hang under any number of ranks: the operations run on a blocking NCCL comm, so a
+// rank whose peer never joins a collective would block inside NCCL. Every rank therefore issues
+// the same operations on shared communicators in the same order; a missing peer is only tested
+// where NCCL is non-blocking and bounded (init, split); an operation that never finishes is one
+// held back on the GPU behind a bounded host spin, on a communicator of one rank; and every
+// rank destroys shared communicators together (NCCL's destroy waits for the peers' destroy).
 #include <cuda_runtime.h>
 
 #include <atomic>
 #include <chrono>
+#include <memory>
 #include <thread>
 
 #include "collectives_nccl_support.hpp"
@@ -16,21 +25,49 @@ using namespace quintet::test;
 
 namespace {
 
-// Blocks a CUDA stream from the host: work queued after block() waits until release().
+// Blocks a CUDA stream from the host: work queued after block() waits until release() or until
+// max_hold has passed (so that a failing test can never leave the stream blocked for good). The
+// spin's state is shared with the callback, so the blocker may go before the callback ends.
 class StreamBlocker {
  public:
-  void block(const Stream& s) {
-    REQUIRE(cudaLaunchHostFunc(s.handle(), &StreamBlocker::spin, this) == cudaSuccess);
+  explicit StreamBlocker(std::chrono::milliseconds max_hold = std::chrono::seconds(20))
+      : hold_(std::make_shared<Hold>()) {
+    hold_->until = std::chrono::steady_clock::now() + max_hold;
   }
-  void release() { released_.store(true); }
+  ~StreamBlocker() { release(); }
+  StreamBlocker(const StreamBlocker&) = delete;
+  StreamBlocker& operator=(const StreamBlocker&) = delete;
+
+  void block(const Stream& s) {
+    auto* mine = new std::shared_ptr<Hold>(hold_);
+    if (cudaLaunchHostFunc(s.handle(), &StreamBlocker::spin, mine) != cudaSuccess) {
+      delete mine;
+      FAIL("cudaLaunchHostFunc failed");
+    }
+  }
+  void release() { hold_->released.store(true); }
 
  private:
-  static void spin(void* self) {
-    while (!static_cast<StreamBlocker*>(self)->released_.load()) {
+  struct Hold {
+    std::atomic<bool> released{false};
+    std::chrono::steady_clock::time_point until;
+  };
+  static void spin(void* arg) {
+    const std::unique_ptr<std::shared_ptr<Hold>> hold(static_cast<std::shared_ptr<Hold>*>(arg));
+    while (!(*hold)->released.load() && std::chrono::steady_clock::now() < (*hold)->until) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
   }
-  std::atomic<bool> released_{false};
+  std::shared_ptr<Hold> hold_;
+};
+
+// An MPI barrier on scope exit, even when a failed REQUIRE leaves the test case early, so that the
+// ranks never drift into different test cases (which would hang them in MPI).
+struct BarrierAtExit {
+  BarrierAtExit() = default;
+  BarrierAtExit(const BarrierAtExit&) = delete;
+  BarrierAtExit& operator=(const BarrierAtExit&) = delete;
+  ~BarrierAtExit() { MPI_Barrier(MPI_COMM_WORLD); }
 };
 
 }  // namespace
@@ -187,26 +224,50 @@ TEST_CASE("bad inputs are rejected before anything is sent") {
 
 TEST_CASE("a rank that never arrives makes initialisation a Timeout naming rank and size") {
   // Each rank alone: a communicator of 2 ranks with an id nobody else has.
+  const BarrierAtExit barrier;
   const std::vector<char> id = detail::nccl_make_unique_id();
   REQUIRE_THROWS_QUINTET(detail::nccl_create_communicator(id, 0, 2, local_gpu(), 3.0, "lonely"),
                          Timeout, "rank 0 of 2");
-  MPI_Barrier(MPI_COMM_WORLD);
 }
 
-TEST_CASE("a collective that a peer never joins times out, naming it, and aborts") {
-  if (world_size() < 2) return;  // needs a peer that stays away
-  auto c = make_nccl_world("deserted", 10.0);
-  const Stream s = Stream::create(c->device());
-  const Tensor t = Tensor::full({1024}, 1.0, DType::f32, c->device());
-  // Once together, so that NCCL has connected the peers for this operation (it does that inside
-  // the first call of a kind, on the host); then rank 0 stays away.
-  c->all_reduce(t, ReduceOp::sum, s).synchronize();
-  if (c->rank() == 1) {
-    const Work w = c->all_reduce(t, ReduceOp::sum, s);
-    REQUIRE_THROWS_QUINTET(w.wait_for(std::chrono::milliseconds(500)), Timeout,
-                           "all_reduce #2 on communicator 'deserted'");
-    REQUIRE_THROWS_QUINTET(c->all_reduce(t, ReduceOp::sum, s), Aborted, "aborted");
+TEST_CASE("a rank that never calls split makes split a Timeout on the others, not a hang") {
+  if (world_size() < 2) return;  // needs a rank that stays away
+  constexpr double kTimeout = 2.0;
+  const BarrierAtExit barrier;  // after c is gone, even if a check below fails
+  auto c = make_nccl_world("split-deserted", kTimeout);
+  // Only rank 0 splits. The split runs on the non-blocking control comm, so it is bounded.
+  if (c->rank() == 0) {
+    REQUIRE_THROWS_QUINTET(c->split(0, 0, "half"), Timeout, "did not call split");
+    REQUIRE_THROWS_QUINTET(
+        c->all_reduce(Tensor::zeros({4}, DType::f32, c->device()), ReduceOp::sum), Aborted,
+        "aborted");
+  } else {
+    // Stay alive (touching neither NCCL nor MPI) until rank 0 has timed out: destroying our comm
+    // earlier would fail its split with an error instead. Rank 0's abort may in turn wait for
+    // this destroy (NCCL's destroy waits for the peers), so no MPI barrier may come first.
+    std::this_thread::sleep_for(std::chrono::duration<double>(2 * kTimeout + 1));
   }
-  c.reset();  // rank 0 finalizes alone; bounded by the 10 s timeout, never a hang
-  MPI_Barrier(MPI_COMM_WORLD);
+  c.reset();  // rank 0 aborted; the others finalize theirs, bounded by the timeout
+}
+
+TEST_CASE("an operation that never finishes makes wait_for a Timeout naming it, and aborts") {
+  // A communicator of this rank alone (its own unique id), so that the held-back operation and
+  // the abort involve no peer: every rank runs this case by itself.
+  const std::vector<char> id = detail::nccl_make_unique_id();
+  auto c = detail::nccl_create_communicator(id, 0, 1, local_gpu(), 30.0, "held");
+  const Stream s = Stream::create(c->device());
+  const Tensor in = Tensor::full({4096}, 1.0, DType::f32, c->device());
+  const Tensor out = Tensor::zeros({4096}, DType::f32, c->device());
+  StreamBlocker blocker(std::chrono::seconds(3));  // holds the input back; at most 3 s
+  blocker.block(s);
+  const Work w = c->all_reduce(in, out, ReduceOp::sum, s);
+  const auto start = std::chrono::steady_clock::now();
+  REQUIRE_THROWS_QUINTET(w.wait_for(std::chrono::milliseconds(200)), Timeout,
+                         "all_reduce #1 on communicator 'held'");
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
+  REQUIRE_THROWS_QUINTET(c->all_reduce(in, out, ReduceOp::sum, s), Aborted, "timed out");
+  REQUIRE_THROWS_QUINTET(c->split(0, 0, "child"), Aborted, "aborted");
+  blocker.release();
+  c.reset();  // bounded: the stream drains once the blocker lets go
+  s.synchronize();
 }

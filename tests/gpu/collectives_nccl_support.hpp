@@ -62,6 +62,13 @@ inline Tensor host_after(const Tensor& t, const Work& work, const Stream& stream
   return t.to(Device::cpu());
 }
 
+// A GPU output of n elements filled with a value no reduction of the test inputs can give (they
+// stay within +-8 per rank, +-16 for prod), so an element the operation leaves unwritten always
+// shows as a mismatch instead of passing on a recycled block that held the right values.
+inline Tensor sentinel_output(std::int64_t n, DType dt, const Device& device) {
+  return Tensor::full({n}, 123.0, dt).to(device);  // host fill, synchronous copy
+}
+
 // Whether every backend reduces dt with op: not u16 (NCCL has no such type), avg only for
 // floating dtypes.
 inline bool reducible_everywhere(DType dt, ReduceOp op) {
@@ -84,7 +91,7 @@ inline void gpu_all_reduce(Communicator& c, const Stream& s, DType dt, std::int6
     if (!reducible_everywhere(dt, op)) continue;
     for (bool in_place : {false, true}) {
       const Tensor in = make_input(me, seed, n, dt, values_for(op)).to(c.device());
-      const Tensor out = in_place ? in : Tensor::empty({n}, dt, c.device());
+      const Tensor out = in_place ? in : sentinel_output(n, dt, c.device());
       const Work w = c.all_reduce(in, out, op, s);
       check_values(
           host_after(out, w, s), 0, n, [&](std::int64_t i) { return reduced(op, p, seed, i, dt); },
@@ -101,7 +108,7 @@ inline void gpu_reduce_scatter(Communicator& c, const Stream& s, DType dt, std::
     if (!reducible_everywhere(dt, op)) continue;
     for (bool in_place : {false, true}) {
       const Tensor in = make_input(me, seed, n * p, dt, values_for(op)).to(c.device());
-      const Tensor out = in_place ? in.narrow(0, me * n, n) : Tensor::empty({n}, dt, c.device());
+      const Tensor out = in_place ? in.narrow(0, me * n, n) : sentinel_output(n, dt, c.device());
       const Work w = c.reduce_scatter(in, out, op, s);
       check_values(
           host_after(out, w, s), 0, n,
@@ -118,7 +125,7 @@ inline void gpu_reduce(Communicator& c, const Stream& s, DType dt, std::int64_t 
     for (ReduceOp op : kAllReduceOps) {
       if (!reducible_everywhere(dt, op)) continue;
       const Tensor in = make_input(me, seed, n, dt, values_for(op)).to(c.device());
-      const Tensor out = me == root ? Tensor::empty({n}, dt, c.device()) : Tensor();
+      const Tensor out = me == root ? sentinel_output(n, dt, c.device()) : Tensor();
       const Work w = c.reduce(in, out, op, root, s);
       if (me == root) {
         check_values(
