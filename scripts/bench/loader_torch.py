@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""PyTorch DataLoader baseline for examples/03_loader_bench (run on the GPU machine).
+
+Reads the same token shards (Quintet .qts, llm.c .bin, Megatron .bin/.idx) as fixed windows of
+seq_len + 1 tokens, exactly as quintet::data::Windows cuts them, with a torch DataLoader
+(shuffle, pin_memory=True, 2 and 4 worker processes) and copies each batch to the GPU with
+non_blocking=True, as a PyTorch trainer would. Prints tokens/s per worker count; with
+--quintet-bench it also runs 03_loader_bench with the same settings and prints the ratio.
+
+  python3 scripts/bench/loader_torch.py --data 'data/synthetic/train_*.qts' --seq-len 1024 \
+      --batch 8 --steps 200 --device cuda:0 \
+      --quintet-bench build/examples/03_loader_bench/03_loader_bench
+"""
+import argparse
+import glob
+import json
+import os
+import struct
+import subprocess
+import sys
+import time
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+MEGATRON_DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64,
+                   6: np.float64, 7: np.float32, 8: np.uint16}
+
+
+def open_tokens(path):
+    """A numpy memmap of the tokens of one file (any of the three formats)."""
+    prefix = path[:-4] if path.endswith((".bin", ".idx")) else path
+    if os.path.exists(prefix + ".idx") and os.path.exists(prefix + ".bin"):
+        with open(prefix + ".idx", "rb") as f:
+            head = f.read(34)
+        assert head[:9] == b"MMIDIDX\x00\x00", f"{prefix}.idx: bad Megatron magic"
+        dtype = MEGATRON_DTYPES[head[17]]
+        return np.memmap(prefix + ".bin", dtype=dtype, mode="r")
+    with open(path, "rb") as f:
+        head = f.read(64)
+    if head[:8] == b"QTSHARD\x00":
+        _, _, width, count, docs, _, payload = struct.unpack("<8sIIQQQQ", head[:48])
+        dtype = np.uint16 if width == 2 else np.uint32
+        return np.memmap(path, dtype=dtype, mode="r", offset=payload + 8 * (docs + 1),
+                         shape=(count,))
+    magic, version, count = struct.unpack("<iii", head[:12])
+    assert magic in (20240520, 20240801), f"{path}: not a token file"
+    dtype = np.uint16 if magic == 20240520 else np.uint32
+    return np.memmap(path, dtype=dtype, mode="r", offset=1024, shape=(count,))
+
+
+def expand(spec):
+    paths, seen = [], set()
+    for entry in spec.split(","):
+        matches = sorted(glob.glob(entry)) if any(c in entry for c in "*?[") else [entry]
+        if not matches:
+            sys.exit(f"data spec '{entry}' matches no file")
+        for p in matches:
+            key = p[:-4] if p.endswith((".bin", ".idx")) and os.path.exists(p[:-4] + ".idx") else p
+            if key not in seen:
+                seen.add(key)
+                paths.append(p)
+    return paths
+
+
+class Windows(Dataset):
+    def __init__(self, paths, seq_len):
+        self.paths, self.seq_len = paths, seq_len
+        self.files = None  # opened lazily in each worker
+        sizes = [len(open_tokens(p)) for p in paths]
+        self.first = np.cumsum([0] + [max(0, (n - 1) // seq_len) for n in sizes])
+
+    def __len__(self):
+        return int(self.first[-1])
+
+    def __getitem__(self, i):
+        if self.files is None:
+            self.files = [open_tokens(p) for p in self.paths]
+        f = int(np.searchsorted(self.first, i, side="right")) - 1
+        start = (i - int(self.first[f])) * self.seq_len
+        w = torch.from_numpy(self.files[f][start:start + self.seq_len + 1].astype(np.int64))
+        return w[:-1], w[1:]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--data", default="data/synthetic/train_*.qts")
+    ap.add_argument("--seq-len", type=int, default=1024)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--workers", default="2,4")
+    ap.add_argument("--device", default="cuda:0" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--quintet-bench", default="", help="path of 03_loader_bench to compare")
+    ap.add_argument("--threads", default="1,2,4,8", help="03_loader_bench thread counts")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+
+    ds = Windows(expand(a.data), a.seq_len)
+    device = torch.device(a.device)
+    results = {}
+    for workers in [int(w) for w in a.workers.split(",")]:
+        loader = DataLoader(ds, batch_size=a.batch, shuffle=True, num_workers=workers,
+                            pin_memory=device.type == "cuda", drop_last=True,
+                            persistent_workers=True, prefetch_factor=4,
+                            generator=torch.Generator().manual_seed(1))
+        it = iter(loader)
+        for _ in range(5):  # warm-up: workers started, queues filled
+            next(it)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        for _ in range(a.steps):
+            try:
+                x, y = next(it)
+            except StopIteration:
+                it = iter(loader)
+                x, y = next(it)
+            x = x.to(device, non_blocking=True)
+            y = y.to(device, non_blocking=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        rate = a.steps * a.batch * a.seq_len / (time.perf_counter() - t0)
+        results[workers] = rate
+        line = {"mode": "torch", "workers": workers, "device": a.device, "seq_len": a.seq_len,
+                "batch": a.batch, "steps": a.steps, "tokens_per_s": rate}
+        print(json.dumps(line) if a.json else
+              f"torch DataLoader {workers} workers: {rate:.4g} tokens/s")
+        del it, loader
+
+    if a.quintet_bench:
+        out = subprocess.run([a.quintet_bench, "--data", a.data, "--seq-len", str(a.seq_len),
+                              "--batch", str(a.batch), "--steps", str(a.steps), "--threads",
+                              a.threads, "--device", a.device, "--json"],
+                             check=True, capture_output=True, text=True).stdout
+        best_torch = max(results.values())
+        for row in (json.loads(l) for l in out.splitlines() if l.startswith("{")):
+            row["vs_best_torch"] = row["tokens_per_s"] / best_torch
+            print(json.dumps(row) if a.json else
+                  f"quintet {row['mode']} threads {row['threads']}: {row['tokens_per_s']:.4g} "
+                  f"tokens/s = {row['vs_best_torch']:.2f}x the best torch DataLoader")
+
+
+if __name__ == "__main__":
+    main()
