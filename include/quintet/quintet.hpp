@@ -1,6 +1,10 @@
 // Quintet: the whole public API in one include.
 #pragma once
 
+#include "quintet/collectives/bootstrap.hpp"
+#include "quintet/collectives/communicator.hpp"
+#include "quintet/collectives/mpi.hpp"
+#include "quintet/collectives/work.hpp"
 #include "quintet/core/allocator.hpp"
 #include "quintet/core/config.hpp"
 #include "quintet/core/device.hpp"
@@ -18,15 +22,11 @@
 #include "quintet/data/synthetic.hpp"
 #include "quintet/data/token_dataset.hpp"
 #include "quintet/data/token_file.hpp"
-#include "quintet/parallel/layout.hpp"
-#include "quintet/parallel/mesh.hpp"
-#include "quintet/collectives/bootstrap.hpp"
-#include "quintet/collectives/communicator.hpp"
-#include "quintet/collectives/mpi.hpp"
-#include "quintet/collectives/work.hpp"
 #include "quintet/nn/context.hpp"
 #include "quintet/nn/layers.hpp"
 #include "quintet/nn/module.hpp"
 #include "quintet/nn/ops.hpp"
 #include "quintet/nn/optimizer.hpp"
 #include "quintet/nn/parameter.hpp"
+#include "quintet/parallel/layout.hpp"
+#include "quintet/parallel/mesh.hpp"

@@ -177,8 +177,7 @@ PinnedPool& pinned_pool() {
 
 }  // namespace
 
-std::shared_ptr<void> cuda_allocate(std::size_t bytes, const Device& device,
-                                    const Stream& stream) {
+std::shared_ptr<void> cuda_allocate(std::size_t bytes, const Device& device, const Stream& stream) {
   QUINTET_CHECK(device.is_cuda(), "cuda_allocate on {}", device.str());
   if (bytes == 0) return nullptr;
   DevicePool& pool = pool_for(device);

@@ -14,14 +14,22 @@ namespace quintet {
 
 std::string_view to_string(ErrorCode code) {
   switch (code) {
-    case ErrorCode::InvalidArgument: return "InvalidArgument";
-    case ErrorCode::Cuda: return "Cuda";
-    case ErrorCode::Nccl: return "Nccl";
-    case ErrorCode::Mpi: return "Mpi";
-    case ErrorCode::System: return "System";
-    case ErrorCode::Timeout: return "Timeout";
-    case ErrorCode::Remote: return "Remote";
-    case ErrorCode::Aborted: return "Aborted";
+    case ErrorCode::InvalidArgument:
+      return "InvalidArgument";
+    case ErrorCode::Cuda:
+      return "Cuda";
+    case ErrorCode::Nccl:
+      return "Nccl";
+    case ErrorCode::Mpi:
+      return "Mpi";
+    case ErrorCode::System:
+      return "System";
+    case ErrorCode::Timeout:
+      return "Timeout";
+    case ErrorCode::Remote:
+      return "Remote";
+    case ErrorCode::Aborted:
+      return "Aborted";
   }
   return "Unknown";
 }

@@ -31,8 +31,9 @@ void set_rank(int rank) { g_rank.store(rank); }
 void write(LogLevel lvl, std::string_view message) {
   static constexpr char kTag[] = {'D', 'I', 'W', 'E', '-'};
   const int rank = g_rank.load();
-  std::string line = rank >= 0 ? fmt::format("[quintet r{} {}] {}\n", rank, kTag[static_cast<int>(lvl)], message)
-                               : fmt::format("[quintet {}] {}\n", kTag[static_cast<int>(lvl)], message);
+  std::string line =
+      rank >= 0 ? fmt::format("[quintet r{} {}] {}\n", rank, kTag[static_cast<int>(lvl)], message)
+                : fmt::format("[quintet {}] {}\n", kTag[static_cast<int>(lvl)], message);
   std::fwrite(line.data(), 1, line.size(), stderr);  // one call per line: lines stay whole
 }
 

@@ -16,9 +16,9 @@ namespace {
 // bootstrap understands (OpenMPI, PMI, SLURM, torchrun-style).
 bool is_kept_variable(std::string_view name) {
   static constexpr std::string_view kPrefixes[] = {"QUINTET_", "OMPI_", "PMI_", "PMIX_", "SLURM_"};
-  static constexpr std::string_view kNames[] = {"RANK",        "WORLD_SIZE",  "LOCAL_RANK",
-                                                "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                                                "CUDA_VISIBLE_DEVICES"};
+  static constexpr std::string_view kNames[] = {
+      "RANK",        "WORLD_SIZE",  "LOCAL_RANK",          "LOCAL_WORLD_SIZE",
+      "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES"};
   for (auto p : kPrefixes) {
     if (name.starts_with(p)) return true;
   }

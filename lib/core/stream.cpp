@@ -46,7 +46,8 @@ Stream Stream::borrow(const Device& device, cudaStream_t handle) {
 }
 
 Stream::Stream(Stream&& other) noexcept
-    : device_(other.device_), handle_(std::exchange(other.handle_, nullptr)),
+    : device_(other.device_),
+      handle_(std::exchange(other.handle_, nullptr)),
       owned_(std::exchange(other.owned_, false)) {}
 
 Stream& Stream::operator=(Stream&& other) noexcept {
@@ -88,7 +89,8 @@ Event::Event(const Device& device, bool timing) : device_(device) {
 }
 
 Event::Event(Event&& other) noexcept
-    : device_(other.device_), handle_(std::exchange(other.handle_, nullptr)),
+    : device_(other.device_),
+      handle_(std::exchange(other.handle_, nullptr)),
       cpu_time_ms_(other.cpu_time_ms_) {}
 
 Event& Event::operator=(Event&& other) noexcept {

@@ -17,8 +17,8 @@ namespace quintet {
 std::int64_t shape_numel(const Shape& shape) {
   std::int64_t n = 1;
   for (std::size_t i = 0; i < shape.size(); ++i) {
-    QUINTET_CHECK(shape[i] >= 0, "shape {} has a negative size at dimension {}",
-                  shape_str(shape), i);
+    QUINTET_CHECK(shape[i] >= 0, "shape {} has a negative size at dimension {}", shape_str(shape),
+                  i);
     QUINTET_CHECK(shape[i] == 0 || n <= std::numeric_limits<std::int64_t>::max() / shape[i],
                   "shape {} has more elements than fit in int64", shape_str(shape));
     n *= shape[i];
@@ -66,9 +66,9 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device, const Stream& stream) {
   const std::int64_t n = shape_numel(shape);
   check_device(device);
-  QUINTET_CHECK(static_cast<std::uint64_t>(n) <=
-                    std::numeric_limits<std::size_t>::max() / dtype_size(dtype),
-                "shape {} of {} is too large to allocate", shape_str(shape), dtype_name(dtype));
+  QUINTET_CHECK(
+      static_cast<std::uint64_t>(n) <= std::numeric_limits<std::size_t>::max() / dtype_size(dtype),
+      "shape {} of {} is too large to allocate", shape_str(shape), dtype_name(dtype));
   const std::size_t bytes = static_cast<std::size_t>(n) * dtype_size(dtype);
   return from_storage(allocate(bytes, device, stream), bytes, shape, dtype, device);
 }
@@ -157,8 +157,8 @@ void* Tensor::data_ptr() const { return raw_data_at(offset_); }
 std::int64_t Tensor::element_offset(std::initializer_list<std::int64_t> index) const {
   check_defined("element access");
   QUINTET_CHECK(static_cast<int>(index.size()) == dim(),
-                "element access with {} indices on a {}-D tensor of shape {}", index.size(),
-                dim(), shape_str(shape_));
+                "element access with {} indices on a {}-D tensor of shape {}", index.size(), dim(),
+                shape_str(shape_));
   std::int64_t off = offset_;
   int d = 0;
   for (std::int64_t i : index) {
@@ -172,8 +172,8 @@ std::int64_t Tensor::element_offset(std::initializer_list<std::int64_t> index) c
 
 std::string Tensor::str() const {
   if (!defined_) return "Tensor(undefined)";
-  return fmt::format("Tensor(shape={}, dtype={}, device={})", shape_str(shape_),
-                     dtype_name(dtype_), device_.str());
+  return fmt::format("Tensor(shape={}, dtype={}, device={})", shape_str(shape_), dtype_name(dtype_),
+                     device_.str());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -196,15 +196,17 @@ Tensor Tensor::view(const Shape& shape) const {
   }
   if (infer >= 0) {
     QUINTET_CHECK(known != 0 && numel_ % known == 0,
-                  "Tensor::view({}): cannot infer -1 for {} elements of shape {}",
-                  shape_str(shape), numel_, shape_str(shape_));
+                  "Tensor::view({}): cannot infer -1 for {} elements of shape {}", shape_str(shape),
+                  numel_, shape_str(shape_));
     resolved[infer] = numel_ / known;
   }
   QUINTET_CHECK(shape_numel(resolved) == numel_,
                 "Tensor::view: shape {} has {} elements but the tensor of shape {} has {}",
                 shape_str(resolved), shape_numel(resolved), shape_str(shape_), numel_);
-  QUINTET_CHECK(is_contiguous(), "Tensor::view needs a contiguous tensor (shape {}, strides {}); "
-                "call contiguous() first", shape_str(shape_), shape_str(strides_));
+  QUINTET_CHECK(is_contiguous(),
+                "Tensor::view needs a contiguous tensor (shape {}, strides {}); "
+                "call contiguous() first",
+                shape_str(shape_), shape_str(strides_));
   Tensor t = *this;
   t.shape_ = resolved;
   t.strides_ = contiguous_strides(resolved);
@@ -283,8 +285,8 @@ bool copy_contiguous_bytes(const Tensor& dst, const Tensor& src, cudaStream_t st
     QUINTET_CUDA_CHECK(cudaMemcpyPeerAsync(dst.data_ptr(), dst.device().index(), src.data_ptr(),
                                            src.device().index(), bytes, stream));
   } else {
-    QUINTET_CUDA_CHECK(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), bytes, cudaMemcpyDefault,
-                                       stream));
+    QUINTET_CUDA_CHECK(
+        cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), bytes, cudaMemcpyDefault, stream));
   }
   return true;
 }
@@ -389,8 +391,8 @@ Tensor Tensor::to(const Device& device) const {
 Tensor Tensor::to(const Device& device, const Stream& stream) const {
   check_defined("to");
   if (device == device_) return *this;
-  Tensor out = device.is_cpu() ? empty_pinned(shape_, dtype_)
-                               : empty(shape_, dtype_, device, stream);
+  Tensor out =
+      device.is_cpu() ? empty_pinned(shape_, dtype_) : empty(shape_, dtype_, device, stream);
   out.copy_(*this, stream);
   return out;
 }

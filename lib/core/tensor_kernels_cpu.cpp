@@ -59,8 +59,8 @@ void cpu_fill(const Tensor& dst, double value) {
   });
 }
 
-void cpu_fill_random(const Tensor& dst, const RandomKey& key, Distribution dist, float lo,
-                     float hi, const RandomRegion& region) {
+void cpu_fill_random(const Tensor& dst, const RandomKey& key, Distribution dist, float lo, float hi,
+                     const RandomRegion& region) {
   const Shape full_strides = contiguous_strides(region.full_shape);
   std::int64_t base = 0;
   for (std::size_t k = 0; k < region.start.size(); ++k) base += region.start[k] * full_strides[k];
@@ -85,10 +85,10 @@ RandomRegion resolve_region(const Tensor& out, const RandomRegion& region) {
   if (region.full_shape.empty() && region.start.empty()) {
     return RandomRegion{out.shape(), Shape(out.shape().size(), 0)};
   }
-  QUINTET_CHECK(region.full_shape.size() == out.shape().size() &&
-                    region.start.size() == out.shape().size(),
-                "random region: full shape {} and start {} must have the tensor's {} dimensions",
-                shape_str(region.full_shape), shape_str(region.start), out.dim());
+  QUINTET_CHECK(
+      region.full_shape.size() == out.shape().size() && region.start.size() == out.shape().size(),
+      "random region: full shape {} and start {} must have the tensor's {} dimensions",
+      shape_str(region.full_shape), shape_str(region.start), out.dim());
   for (int k = 0; k < out.dim(); ++k) {
     QUINTET_CHECK(region.start[k] >= 0 && region.start[k] + out.size(k) <= region.full_shape[k],
                   "random region: a block of shape {} at {} does not fit in full shape {}",

@@ -50,7 +50,8 @@ TEST_CASE("dtype conversions on the GPU equal the CPU's bit for bit") {
   // Normal values scaled over 13 decades: subnormal halves, overflowing halves, ties.
   Tensor vals = Tensor::randn({100003}, 5, DType::f64);
   std::vector<double> v = vals.to_vector<double>();
-  for (std::size_t i = 0; i < v.size(); ++i) v[i] *= std::pow(10.0, static_cast<double>(i % 13) - 6);
+  for (std::size_t i = 0; i < v.size(); ++i)
+    v[i] *= std::pow(10.0, static_cast<double>(i % 13) - 6);
   Tensor f = Tensor::from_vector<double>(v, {static_cast<std::int64_t>(v.size())}).to(DType::f32);
   for (DType to : {DType::bf16, DType::f16, DType::i32, DType::f64}) {
     Tensor on_cpu = f.to(to);

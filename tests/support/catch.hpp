@@ -17,16 +17,16 @@ using Catch::Approx;
 
 // REQUIRE_THROWS_QUINTET(expr, code, "substring"): expr throws a quintet::Error with that code
 // whose message contains the substring.
-#define REQUIRE_THROWS_QUINTET(expr, error_code, substring)                                 \
-  do {                                                                                       \
-    bool quintet_threw_ = false;                                                             \
-    try {                                                                                    \
-      expr;                                                                                  \
-    } catch (const ::quintet::Error& e) {                                                    \
-      quintet_threw_ = true;                                                                 \
-      INFO("message: " << e.what());                                                         \
-      CHECK(e.code() == ::quintet::ErrorCode::error_code);                                   \
-      CHECK(std::string(e.what()).find(substring) != std::string::npos);                     \
-    }                                                                                        \
-    if (!quintet_threw_) FAIL("expected a quintet::Error from: " #expr);                     \
+#define REQUIRE_THROWS_QUINTET(expr, error_code, substring)              \
+  do {                                                                   \
+    bool quintet_threw_ = false;                                         \
+    try {                                                                \
+      expr;                                                              \
+    } catch (const ::quintet::Error& e) {                                \
+      quintet_threw_ = true;                                             \
+      INFO("message: " << e.what());                                     \
+      CHECK(e.code() == ::quintet::ErrorCode::error_code);               \
+      CHECK(std::string(e.what()).find(substring) != std::string::npos); \
+    }                                                                    \
+    if (!quintet_threw_) FAIL("expected a quintet::Error from: " #expr); \
   } while (0)

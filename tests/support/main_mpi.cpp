@@ -41,7 +41,8 @@ int main(int argc, char** argv) {
   if (result == 0) result = session.run();
   int worst = 0;
   MPI_Allreduce(&result, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  if (rank == 0 && worst != 0) std::printf("a rank failed (worst exit code %d of %d ranks)\n", worst, size);
+  if (rank == 0 && worst != 0)
+    std::printf("a rank failed (worst exit code %d of %d ranks)\n", worst, size);
   MPI_Finalize();
   return worst == 0 ? 0 : 1;
 }

@@ -50,9 +50,9 @@ TEST_CASE("half conversion: exact values, rounding, overflow and subnormals") {
   CHECK(to_half(1.0f).bits == 0x3c00);
   CHECK(to_half(-2.0f).bits == 0xc000);
   CHECK(to_half(65504.0f).bits == 0x7bff);
-  CHECK(to_half(65520.0f).bits == 0x7c00);        // rounds to infinity
-  CHECK(to_half(5.9604645e-8f).bits == 0x0001);   // smallest subnormal
-  CHECK(to_half(2.98e-8f).bits == 0x0000);        // below half of it
+  CHECK(to_half(65520.0f).bits == 0x7c00);       // rounds to infinity
+  CHECK(to_half(5.9604645e-8f).bits == 0x0001);  // smallest subnormal
+  CHECK(to_half(2.98e-8f).bits == 0x0000);       // below half of it
   // 1 + 2^-11 is halfway between 1 and 1 + 2^-10: ties to even.
   CHECK(to_half(1.0f + 1.0f / 2048).bits == 0x3c00);
   CHECK(to_half(1.0f + 3.0f / 2048).bits == 0x3c02);

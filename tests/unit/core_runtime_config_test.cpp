@@ -6,9 +6,9 @@
 using namespace quintet;
 
 TEST_CASE("environment then flags, flags win") {
-  auto c = RuntimeConfig::from({{"QUINTET_DEVICE", "cpu"}, {"QUINTET_TIMEOUT_S", "12.5"},
-                                {"OMPI_COMM_WORLD_RANK", "3"}},
-                               {"prog", "--device=cuda", "--steps", "10", "--seed", "99"});
+  auto c = RuntimeConfig::from(
+      {{"QUINTET_DEVICE", "cpu"}, {"QUINTET_TIMEOUT_S", "12.5"}, {"OMPI_COMM_WORLD_RANK", "3"}},
+      {"prog", "--device=cuda", "--steps", "10", "--seed", "99"});
   CHECK(c.device == DevicePreference::cuda);
   CHECK(c.timeout_s == 12.5);
   CHECK(c.seed == 99);
@@ -21,7 +21,8 @@ TEST_CASE("bad values name the variable or flag") {
                          "QUINTET_DEVICE");
   REQUIRE_THROWS_QUINTET(RuntimeConfig::from({}, {"p", "--timeout-s", "-1"}), InvalidArgument,
                          "--timeout-s");
-  REQUIRE_THROWS_QUINTET(RuntimeConfig::from({}, {"p", "--seed"}), InvalidArgument, "needs a value");
+  REQUIRE_THROWS_QUINTET(RuntimeConfig::from({}, {"p", "--seed"}), InvalidArgument,
+                         "needs a value");
 }
 
 TEST_CASE("from_env reads the process environment once") {

@@ -43,7 +43,8 @@ TEST_CASE("views share storage and index correctly") {
   // Compare every element of the contiguous copy with the transposed view.
   for (std::int64_t i = 0; i < 4; ++i)
     for (std::int64_t j = 0; j < 3; ++j)
-      for (std::int64_t k = 0; k < 2; ++k) REQUIRE(c.at<float>({i, j, k}) == t.at<float>({k, j, i}));
+      for (std::int64_t k = 0; k < 2; ++k)
+        REQUIRE(c.at<float>({i, j, k}) == t.at<float>({k, j, i}));
 
   Tensor n = t.narrow(1, 1, 2);
   CHECK(n.shape() == Shape{2, 2, 4});

@@ -18,12 +18,12 @@
 namespace quintet {
 
 struct AllocatorStats {
-  std::size_t current_bytes = 0;   // bytes handed out and not yet freed
-  std::size_t peak_bytes = 0;      // the most current_bytes has been since the last reset
-  std::size_t cached_bytes = 0;    // bytes held in the pools, free for reuse
-  std::size_t reserved_bytes = 0;  // bytes obtained from the driver (in use + cached)
-  std::size_t num_allocs = 0;      // allocate() calls
-  std::size_t num_cache_hits = 0;  // allocate() calls served from a pool
+  std::size_t current_bytes = 0;      // bytes handed out and not yet freed
+  std::size_t peak_bytes = 0;         // the most current_bytes has been since the last reset
+  std::size_t cached_bytes = 0;       // bytes held in the pools, free for reuse
+  std::size_t reserved_bytes = 0;     // bytes obtained from the driver (in use + cached)
+  std::size_t num_allocs = 0;         // allocate() calls
+  std::size_t num_cache_hits = 0;     // allocate() calls served from a pool
   std::size_t num_driver_allocs = 0;  // cudaMalloc calls
 };
 

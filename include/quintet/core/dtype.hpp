@@ -51,7 +51,8 @@ inline float bits_float(std::uint32_t u) {
 // float -> bf16, round to nearest even; NaN is kept a quiet NaN.
 inline BFloat16 to_bf16(float f) {
   std::uint32_t u = float_bits(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return BFloat16{static_cast<std::uint16_t>((u >> 16) | 0x40u)};
+  if ((u & 0x7fffffffu) > 0x7f800000u)
+    return BFloat16{static_cast<std::uint16_t>((u >> 16) | 0x40u)};
   u += 0x7fffu + ((u >> 16) & 1u);
   return BFloat16{static_cast<std::uint16_t>(u >> 16)};
 }
@@ -64,14 +65,38 @@ float from_half(Half h);
 // Maps a C++ type to its DType (float -> f32, BFloat16 -> bf16, ...).
 template <class T>
 struct DTypeOf;
-template <> struct DTypeOf<float> { static constexpr DType value = DType::f32; };
-template <> struct DTypeOf<double> { static constexpr DType value = DType::f64; };
-template <> struct DTypeOf<Half> { static constexpr DType value = DType::f16; };
-template <> struct DTypeOf<BFloat16> { static constexpr DType value = DType::bf16; };
-template <> struct DTypeOf<std::int32_t> { static constexpr DType value = DType::i32; };
-template <> struct DTypeOf<std::int64_t> { static constexpr DType value = DType::i64; };
-template <> struct DTypeOf<std::uint8_t> { static constexpr DType value = DType::u8; };
-template <> struct DTypeOf<std::uint16_t> { static constexpr DType value = DType::u16; };
+template <>
+struct DTypeOf<float> {
+  static constexpr DType value = DType::f32;
+};
+template <>
+struct DTypeOf<double> {
+  static constexpr DType value = DType::f64;
+};
+template <>
+struct DTypeOf<Half> {
+  static constexpr DType value = DType::f16;
+};
+template <>
+struct DTypeOf<BFloat16> {
+  static constexpr DType value = DType::bf16;
+};
+template <>
+struct DTypeOf<std::int32_t> {
+  static constexpr DType value = DType::i32;
+};
+template <>
+struct DTypeOf<std::int64_t> {
+  static constexpr DType value = DType::i64;
+};
+template <>
+struct DTypeOf<std::uint8_t> {
+  static constexpr DType value = DType::u8;
+};
+template <>
+struct DTypeOf<std::uint16_t> {
+  static constexpr DType value = DType::u16;
+};
 template <class T>
 inline constexpr DType dtype_of = DTypeOf<T>::value;
 
@@ -102,14 +127,22 @@ void store_from_double(void* data, DType dtype, std::size_t i, double value);
 template <class F>
 decltype(auto) dispatch_dtype(DType dtype, F&& f) {
   switch (dtype) {
-    case DType::f32: return f(float{});
-    case DType::f16: return f(Half{});
-    case DType::bf16: return f(BFloat16{});
-    case DType::f64: return f(double{});
-    case DType::i32: return f(std::int32_t{});
-    case DType::i64: return f(std::int64_t{});
-    case DType::u8: return f(std::uint8_t{});
-    case DType::u16: return f(std::uint16_t{});
+    case DType::f32:
+      return f(float{});
+    case DType::f16:
+      return f(Half{});
+    case DType::bf16:
+      return f(BFloat16{});
+    case DType::f64:
+      return f(double{});
+    case DType::i32:
+      return f(std::int32_t{});
+    case DType::i64:
+      return f(std::int64_t{});
+    case DType::u8:
+      return f(std::uint8_t{});
+    case DType::u16:
+      return f(std::uint16_t{});
   }
   return f(float{});
 }

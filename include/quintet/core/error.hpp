@@ -50,13 +50,12 @@ namespace detail {
 }  // namespace quintet
 
 // QUINTET_CHECK(cond, "format {}", args...): throws InvalidArgument when cond is false.
-#define QUINTET_CHECK(cond, ...)                                                         \
-  do {                                                                                   \
-    if (!(cond)) [[unlikely]] {                                                          \
-      ::quintet::detail::throw_error(::quintet::ErrorCode::InvalidArgument, __FILE__,    \
-                                     __LINE__, "check failed: " #cond,                   \
-                                     ::fmt::format(__VA_ARGS__));                        \
-    }                                                                                    \
+#define QUINTET_CHECK(cond, ...)                                                                \
+  do {                                                                                          \
+    if (!(cond)) [[unlikely]] {                                                                 \
+      ::quintet::detail::throw_error(::quintet::ErrorCode::InvalidArgument, __FILE__, __LINE__, \
+                                     "check failed: " #cond, ::fmt::format(__VA_ARGS__));       \
+    }                                                                                           \
   } while (0)
 
 // QUINTET_THROW(code, "format {}", args...): throws an Error with the given ErrorCode.
@@ -65,29 +64,29 @@ namespace detail {
                                  ::fmt::format(__VA_ARGS__))
 
 // QUINTET_CUDA_CHECK(cudaMemcpy(...)): throws Cuda with cudaGetErrorString on failure.
-#define QUINTET_CUDA_CHECK(call)                                                        \
-  do {                                                                                  \
-    const int quintet_status_ = static_cast<int>(call);                                 \
-    if (quintet_status_ != 0) [[unlikely]] {                                            \
-      ::quintet::detail::throw_cuda_error(quintet_status_, #call, __FILE__, __LINE__);  \
-    }                                                                                   \
+#define QUINTET_CUDA_CHECK(call)                                                       \
+  do {                                                                                 \
+    const int quintet_status_ = static_cast<int>(call);                                \
+    if (quintet_status_ != 0) [[unlikely]] {                                           \
+      ::quintet::detail::throw_cuda_error(quintet_status_, #call, __FILE__, __LINE__); \
+    }                                                                                  \
   } while (0)
 
 // QUINTET_NCCL_CHECK(ncclAllReduce(...)): throws Nccl with ncclGetErrorString on failure.
 // ncclInProgress (7, non-blocking communicators) is not a failure and is let through.
-#define QUINTET_NCCL_CHECK(call)                                                        \
-  do {                                                                                  \
-    const int quintet_status_ = static_cast<int>(call);                                 \
-    if (quintet_status_ != 0 && quintet_status_ != 7) [[unlikely]] {                    \
-      ::quintet::detail::throw_nccl_error(quintet_status_, #call, __FILE__, __LINE__);  \
-    }                                                                                   \
+#define QUINTET_NCCL_CHECK(call)                                                       \
+  do {                                                                                 \
+    const int quintet_status_ = static_cast<int>(call);                                \
+    if (quintet_status_ != 0 && quintet_status_ != 7) [[unlikely]] {                   \
+      ::quintet::detail::throw_nccl_error(quintet_status_, #call, __FILE__, __LINE__); \
+    }                                                                                  \
   } while (0)
 
 // QUINTET_MPI_CHECK(MPI_Allreduce(...)): throws Mpi with MPI_Error_string on failure.
-#define QUINTET_MPI_CHECK(call)                                                         \
-  do {                                                                                  \
-    const int quintet_status_ = (call);                                                 \
-    if (quintet_status_ != 0) [[unlikely]] {                                            \
-      ::quintet::detail::throw_mpi_error(quintet_status_, #call, __FILE__, __LINE__);   \
-    }                                                                                   \
+#define QUINTET_MPI_CHECK(call)                                                       \
+  do {                                                                                \
+    const int quintet_status_ = (call);                                               \
+    if (quintet_status_ != 0) [[unlikely]] {                                          \
+      ::quintet::detail::throw_mpi_error(quintet_status_, #call, __FILE__, __LINE__); \
+    }                                                                                 \
   } while (0)

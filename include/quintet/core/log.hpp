@@ -27,7 +27,8 @@ void write(LogLevel level, std::string_view message);
 
 template <class... Args>
 void debug(fmt::format_string<Args...> f, Args&&... args) {
-  if (level() <= LogLevel::debug) write(LogLevel::debug, fmt::format(f, std::forward<Args>(args)...));
+  if (level() <= LogLevel::debug)
+    write(LogLevel::debug, fmt::format(f, std::forward<Args>(args)...));
 }
 template <class... Args>
 void info(fmt::format_string<Args...> f, Args&&... args) {
@@ -39,7 +40,8 @@ void warn(fmt::format_string<Args...> f, Args&&... args) {
 }
 template <class... Args>
 void error(fmt::format_string<Args...> f, Args&&... args) {
-  if (level() <= LogLevel::error) write(LogLevel::error, fmt::format(f, std::forward<Args>(args)...));
+  if (level() <= LogLevel::error)
+    write(LogLevel::error, fmt::format(f, std::forward<Args>(args)...));
 }
 
 }  // namespace log

@@ -99,13 +99,30 @@ QUINTET_HOST_DEVICE inline void det_sincos_2pi(float t, float& s, float& c) {
   int quadrant = static_cast<int>(q + 0.5f);  // nearest quarter turn, 0..4
   const float r = (q - static_cast<float>(quadrant)) * 1.5707963267948966f;  // in [-pi/4, pi/4]
   const float r2 = r * r;
-  const float sr = r * (1.0f + r2 * (-0.16666666666f + r2 * (0.00833333333f + r2 * (-0.000198412698f + r2 * 2.7557319e-6f))));
-  const float cr = 1.0f + r2 * (-0.5f + r2 * (0.0416666666f + r2 * (-0.00138888889f + r2 * (2.48015873e-5f - r2 * 2.755731922e-7f))));
+  const float sr =
+      r * (1.0f + r2 * (-0.16666666666f +
+                        r2 * (0.00833333333f + r2 * (-0.000198412698f + r2 * 2.7557319e-6f))));
+  const float cr =
+      1.0f +
+      r2 * (-0.5f + r2 * (0.0416666666f +
+                          r2 * (-0.00138888889f + r2 * (2.48015873e-5f - r2 * 2.755731922e-7f))));
   switch (quadrant & 3) {
-    case 0: s = sr; c = cr; break;
-    case 1: s = cr; c = -sr; break;
-    case 2: s = -sr; c = -cr; break;
-    default: s = -cr; c = sr; break;
+    case 0:
+      s = sr;
+      c = cr;
+      break;
+    case 1:
+      s = cr;
+      c = -sr;
+      break;
+    case 2:
+      s = -sr;
+      c = -cr;
+      break;
+    default:
+      s = -cr;
+      c = sr;
+      break;
   }
 }
 

@@ -161,8 +161,10 @@ T* Tensor::data() const {
 
 template <class T>
 T& Tensor::at(std::initializer_list<std::int64_t> index) const {
-  QUINTET_CHECK(device_.is_cpu(), "Tensor::at needs a CPU tensor, got one on {}; use item() or "
-                "to(Device::cpu())", device_.str());
+  QUINTET_CHECK(device_.is_cpu(),
+                "Tensor::at needs a CPU tensor, got one on {}; use item() or "
+                "to(Device::cpu())",
+                device_.str());
   QUINTET_CHECK(dtype_of<T> == dtype_, "Tensor::at<{}>() on a tensor of dtype {}",
                 dtype_name(dtype_of<T>), dtype_name(dtype_));
   return *static_cast<T*>(raw_data_at(element_offset(index)));

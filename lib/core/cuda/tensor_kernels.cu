@@ -24,13 +24,31 @@ struct StridedLayout {
 };
 
 // Device-side scalar types matching our host DTypes.
-template <class T> struct DeviceType { using type = T; };
-template <> struct DeviceType<BFloat16> { using type = __nv_bfloat16; };
-template <> struct DeviceType<Half> { using type = __half; };
+template <class T>
+struct DeviceType {
+  using type = T;
+};
+template <>
+struct DeviceType<BFloat16> {
+  using type = __nv_bfloat16;
+};
+template <>
+struct DeviceType<Half> {
+  using type = __half;
+};
 
-template <class T> __device__ inline float to_f(T v) { return static_cast<float>(v); }
-template <> __device__ inline float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <> __device__ inline float to_f(__half v) { return __half2float(v); }
+template <class T>
+__device__ inline float to_f(T v) {
+  return static_cast<float>(v);
+}
+template <>
+__device__ inline float to_f(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+template <>
+__device__ inline float to_f(__half v) {
+  return __half2float(v);
+}
 
 // Conversion on the device with the host's rules (through float for the 16-bit formats,
 // round to nearest even, C++ truncation for integers).
@@ -97,8 +115,8 @@ __global__ void random_kernel(T* dst, StridedLayout l, std::int64_t n, std::int6
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     std::int64_t d, g;
     offsets_of(l, i, d, g);
-    const auto w = philox::draw(key.seed, key.stream_id,
-                                key.offset + static_cast<std::uint64_t>(base + g));
+    const auto w =
+        philox::draw(key.seed, key.stream_id, key.offset + static_cast<std::uint64_t>(base + g));
     const float x = uniform ? lo + (hi - lo) * philox::uniform01(w.v[0])
                             : lo + hi * philox::normal(w.v[0], w.v[1]);
     dst[d] = convert_dev<T>(x);
@@ -190,8 +208,8 @@ void cuda_fill_random(const Tensor& dst, const RandomKey& key, Distribution dist
     using D = dev_t<decltype(tag)>;
     if constexpr (std::is_floating_point_v<D> || std::is_same_v<D, __nv_bfloat16> ||
                   std::is_same_v<D, __half>) {
-      random_kernel<D><<<grid_for(n), 256, 0, stream>>>(static_cast<D*>(dst.data_ptr()), l, n,
-                                                        base, key, uniform, lo, hi);
+      random_kernel<D><<<grid_for(n), 256, 0, stream>>>(static_cast<D*>(dst.data_ptr()), l, n, base,
+                                                        key, uniform, lo, hi);
     }
   });
   QUINTET_CUDA_CHECK(cudaGetLastError());

@@ -75,8 +75,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
 // -> dq, dk, dv (overwritten), see ops.hpp for the merged-out/lse contract.
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& out, const Tensor& lse, const AttentionOptions& options,
-                        const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                        const Stream& stream);
+                        const Tensor& dq, const Tensor& dk, const Tensor& dv, const Stream& stream);
 
 // ids [N] i32/i64, table [V, D] -> y [N, D]; out-of-range id: zero row.
 void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& y,

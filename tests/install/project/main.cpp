@@ -5,8 +5,8 @@
 #include <cstdio>
 
 int main(int argc, char** argv) {
-  quintet::World world = quintet::init(argc, argv);   // MPI under mpirun, NCCL on GPUs
-  quintet::Device dev = world.device();                // cuda:<local rank>, or cpu
+  quintet::World world = quintet::init(argc, argv);  // MPI under mpirun, NCCL on GPUs
+  quintet::Device dev = world.device();              // cuda:<local rank>, or cpu
   quintet::Tensor x = quintet::Tensor::full({1024}, world.rank(), quintet::DType::f32, dev);
   world.comm().all_reduce(x, quintet::ReduceOp::sum).synchronize();
   if (world.rank() == 0) std::printf("sum of ranks: %.0f\n", x.item({0}));
