@@ -109,7 +109,9 @@ class Tensor {
   // to pinned memory are asynchronous on stream; other host memory makes the copy synchronous.
   Tensor& copy_(const Tensor& src);
   Tensor& copy_(const Tensor& src, const Stream& stream);
-  // A copy on device (this tensor itself when already there).
+  // A copy on device (this tensor itself when already there). Without a stream the copy is
+  // finished on return; with one it is queued on stream, and a copy to the CPU lands in pinned
+  // memory that must not be read before stream is synchronised.
   Tensor to(const Device& device) const;
   Tensor to(const Device& device, const Stream& stream) const;
   // A converted copy (this tensor itself when already of dtype); same device.
