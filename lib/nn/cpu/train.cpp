@@ -14,16 +14,20 @@ namespace {
 std::int64_t id_at(const Tensor& ids, std::int64_t i) {
   return ids.dtype() == DType::i32 ? ids.data<std::int32_t>()[i] : ids.data<std::int64_t>()[i];
 }
+
+// Every id must index a row of a table of `vocab` rows; checked before anything is written.
+void check_ids(const char* op, const Tensor& ids, std::int64_t vocab) {
+  for (std::int64_t i = 0; i < ids.numel(); ++i) {
+    const std::int64_t id = id_at(ids, i);
+    QUINTET_CHECK(id >= 0 && id < vocab,
+                  "{}: ids[{}] = {} is outside the table's vocabulary [0, {})", op, i, id, vocab);
+  }
+}
 }  // namespace
 
 void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& y) {
-  const std::int64_t n = ids.numel(), vocab = table.size(0), d = table.size(1);
-  for (std::int64_t i = 0; i < n; ++i) {
-    const std::int64_t id = id_at(ids, i);
-    QUINTET_CHECK(id >= 0 && id < vocab,
-                  "embedding_forward: ids[{}] = {} is outside the table's vocabulary [0, {})", i,
-                  id, vocab);
-  }
+  const std::int64_t n = ids.numel(), d = table.size(1);
+  check_ids("embedding_forward", ids, table.size(0));
   dispatch_real(table.dtype(), [&](auto tag) {
     using T = decltype(tag);
     for (std::int64_t i = 0; i < n; ++i) {
@@ -33,13 +37,8 @@ void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& y) 
 }
 
 void embedding_backward(const Tensor& dy, const Tensor& ids, const Tensor& dtable) {
-  const std::int64_t n = ids.numel(), vocab = dtable.size(0), d = dtable.size(1);
-  for (std::int64_t i = 0; i < n; ++i) {
-    const std::int64_t id = id_at(ids, i);
-    QUINTET_CHECK(id >= 0 && id < vocab,
-                  "embedding_backward: ids[{}] = {} is outside the table's vocabulary [0, {})", i,
-                  id, vocab);
-  }
+  const std::int64_t n = ids.numel(), d = dtable.size(1);
+  check_ids("embedding_backward", ids, dtable.size(0));
   dispatch_real(dy.dtype(), [&](auto tag) {
     using T = decltype(tag);
     for (std::int64_t i = 0; i < n; ++i) {
