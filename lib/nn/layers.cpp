@@ -21,7 +21,8 @@ Linear::Linear(std::int64_t in, std::int64_t out, bool bias, float init_std) : i
 
 Tensor Linear::forward(Context& ctx, const Tensor& x) {
   const Tensor y =
-      linear_forward(x, weight_->data(), bias_ ? bias_->data() : Tensor(), ctx.stream());
+      linear_forward(x, weight_->use(ctx.stream()), bias_ ? bias_->use(ctx.stream()) : Tensor(),
+                     ctx.stream());
   ctx.save(*this, {x});
   return y;
 }
@@ -42,7 +43,8 @@ LayerNorm::LayerNorm(std::int64_t dim, float eps) : eps_(eps) {
 }
 
 Tensor LayerNorm::forward(Context& ctx, const Tensor& x) {
-  NormOutput o = layernorm_forward(x, weight_->data(), bias_->data(), eps_, ctx.stream());
+  NormOutput o = layernorm_forward(x, weight_->use(ctx.stream()), bias_->use(ctx.stream()), eps_,
+                                   ctx.stream());
   ctx.save(*this, {x, o.mean, o.rstd});
   return o.y;
 }
@@ -61,7 +63,7 @@ RMSNorm::RMSNorm(std::int64_t dim, float eps) : eps_(eps) {
 }
 
 Tensor RMSNorm::forward(Context& ctx, const Tensor& x) {
-  NormOutput o = rmsnorm_forward(x, weight_->data(), eps_, ctx.stream());
+  NormOutput o = rmsnorm_forward(x, weight_->use(ctx.stream()), eps_, ctx.stream());
   ctx.save(*this, {x, o.rstd});
   return o.y;
 }
@@ -129,7 +131,7 @@ Tensor Embedding::forward(Context& ctx, const Tensor& ids) {
                 "Embedding: ids of shape {} have a sequence longer than the {} positions this "
                 "embedding has; shorten the sequence or build it with a larger max_len",
                 shape_str(ids.shape()), max_len_);
-  const Tensor y = embedding_forward(ids, weight_->data(), ctx.stream());
+  const Tensor y = embedding_forward(ids, weight_->use(ctx.stream()), ctx.stream());
   ctx.save(*this, {ids});
   return y;
 }

@@ -43,6 +43,11 @@ Tensor Parameter::grad() const {
   return grad_;
 }
 
+Tensor Parameter::use(const Stream& stream) {
+  if (on_use_) on_use_(*this, stream);
+  return data();
+}
+
 void Parameter::mark_grad_ready() {
   if (on_grad_ready_) on_grad_ready_(*this);
 }
@@ -88,6 +93,9 @@ ParameterStore::ParameterStore(Module& root, DType dtype, const Stream& stream,
     p->on_grad_ready_ = [this](Parameter& q) {
       for (const auto& hook : hooks_) hook(q);
     };
+    p->on_use_ = [this](Parameter& q, const Stream& s) {
+      if (use_hook_) use_hook_(q, s);
+    };
     switch (p->init_.kind) {
       case ParameterInit::Kind::zeros:
         break;
@@ -117,6 +125,10 @@ void ParameterStore::zero_grad(const Stream& stream) { grad_.fill_(0.0, stream);
 void ParameterStore::add_grad_ready_hook(std::function<void(Parameter&)> hook) {
   QUINTET_CHECK(static_cast<bool>(hook), "ParameterStore::add_grad_ready_hook: empty hook");
   hooks_.push_back(std::move(hook));
+}
+
+void ParameterStore::set_before_use_hook(std::function<void(Parameter&, const Stream&)> hook) {
+  use_hook_ = std::move(hook);
 }
 
 }  // namespace quintet::nn

@@ -64,6 +64,11 @@ class Parameter {
   Tensor data() const;
   Tensor grad() const;
   bool materialized() const { return data_.defined(); }
+  // data(), for a forward about to read it on stream: first runs the store's before-use hook
+  // (the ZeRO optimizer uses it to make stream wait for the all-gather that refreshes these
+  // values), so a module's forward waits only for the parameters it is about to use. Layers call
+  // this in forward; backward may call data() (the forward already waited).
+  Tensor use(const Stream& stream);
   // Offset of this parameter in the store's buffers, in elements.
   std::int64_t offset() const { return offset_; }
 
@@ -82,6 +87,7 @@ class Parameter {
   Tensor grad_;
   std::int64_t offset_ = -1;
   std::function<void(Parameter&)> on_grad_ready_;
+  std::function<void(Parameter&, const Stream&)> on_use_;
 };
 
 // Owns the value and gradient buffers of every parameter of a module tree. Parameters are laid
@@ -112,12 +118,16 @@ class ParameterStore {
   void zero_grad(const Stream& stream);
   // Adds a hook run (on the calling thread) each time a parameter is marked grad-ready.
   void add_grad_ready_hook(std::function<void(Parameter&)> hook);
+  // Sets the hook Parameter::use runs (one at a time; an empty function removes it). It is
+  // called on the thread running the forward, with the forward's stream.
+  void set_before_use_hook(std::function<void(Parameter&, const Stream&)> hook);
 
  private:
   std::vector<Parameter*> params_;
   Tensor data_;
   Tensor grad_;
   std::vector<std::function<void(Parameter&)>> hooks_;
+  std::function<void(Parameter&, const Stream&)> use_hook_;
 };
 
 // 64-bit FNV-1a of a name: the Philox stream id of a parameter's init.
