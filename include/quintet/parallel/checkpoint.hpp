@@ -1,0 +1,75 @@
+// Checkpoints of a sharded training job: every rank writes its own tensors (its parameter shard,
+// its optimizer state), rank 0 writes one metadata file, and the checkpoint becomes visible only
+// once every rank has finished, so an interrupted save never replaces a good checkpoint.
+//
+//   dir/
+//     latest                  one line: the name of the newest complete checkpoint ("step_000020")
+//     step_000020/
+//       checkpoint.json       step, world size, each shard's bytes and XXH64, and the caller's
+//                             metadata (config, layout, data position) under "user"
+//       rank_00000.qckpt ...  one shard per rank
+//     .partial-step_000030/   a save in progress (or killed): never read
+//
+// A save writes everything under dir/.partial-step_N/, agrees over the communicator that every
+// rank succeeded, and then rank 0 writes checkpoint.json, renames the directory to step_N and
+// replaces `latest` by rename (both atomic on POSIX file systems). A rank that fails makes every
+// rank throw (no rank waits forever). Loading reads `latest` only, and checks each shard's
+// checksum, tensor names, dtypes and shapes against what the caller expects.
+//
+// Shard format (rank_NNNNN.qckpt): "QNTCKPT1", u64 header length, a header of one line per tensor
+// ("name dtype d0,d1,... byte_offset byte_count"), the raw little-endian payload, then the
+// XXH64 of everything before it. Tensors are saved in their own dtype (bf16 stays bf16).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "quintet/collectives/communicator.hpp"
+#include "quintet/core/stream.hpp"
+#include "quintet/core/tensor.hpp"
+
+namespace quintet {
+
+// A tensor saved or restored under a name unique within a rank's shard.
+struct NamedTensor {
+  std::string name;
+  Tensor tensor;
+};
+
+// Saves step's checkpoint into dir (created if absent). Collective over comm (every rank calls it
+// with its own tensors; comm is the whole job, CPU or GPU). metadata_json must be a JSON value
+// (an object, typically); it is stored verbatim under "user". Tensors on a GPU are copied to the
+// host after the work queued on stream. Throws InvalidArgument (before any communication) for an
+// empty dir, a negative step, or duplicate/empty tensor names; System when a file cannot be
+// written; Remote on the ranks whose peers failed.
+void save_checkpoint(const std::string& dir, std::int64_t step,
+                     const std::vector<NamedTensor>& tensors, const std::string& metadata_json,
+                     Communicator& comm, const Stream& stream = Stream());
+
+// A complete checkpoint found on disk.
+struct CheckpointInfo {
+  std::string path;  // dir/step_NNNNNN
+  std::int64_t step = 0;
+  int world_size = 0;         // ranks that saved it
+  std::string metadata_json;  // the whole checkpoint.json text (the caller's part under "user")
+};
+
+// The checkpoint `dir/latest` names, or nullopt when there is none (no dir, no `latest`).
+// Throws System when `latest` names a checkpoint whose checkpoint.json is missing or unreadable.
+// Local: no communication.
+std::optional<CheckpointInfo> latest_checkpoint(const std::string& dir);
+
+// Restores this rank's tensors from checkpoint. Collective over comm. Every tensor must be in the
+// shard with the same dtype and shape (copied in place, on stream for GPU tensors); the shard's
+// checksum is verified first. Throws InvalidArgument when comm's size differs from the
+// checkpoint's world size or a tensor is missing or mismatched (the message names it), System for
+// a corrupt or unreadable shard; Remote on ranks whose peers failed.
+void load_checkpoint(const CheckpointInfo& checkpoint, const std::vector<NamedTensor>& tensors,
+                     Communicator& comm, const Stream& stream = Stream());
+
+// "step_000020" for 20: the directory name of a checkpoint.
+std::string checkpoint_name(std::int64_t step);
+
+}  // namespace quintet

@@ -1,0 +1,231 @@
+#include "quintet/parallel/checkpoint.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "quintet/core/error.hpp"
+#include "quintet/data/checksum.hpp"
+#include "shard_file.hpp"
+
+namespace quintet {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string shard_name(int rank) { return fmt::format("rank_{:05d}.qckpt", rank); }
+
+// Writes text to path and flushes it to the disk before returning.
+void write_file_durably(const fs::path& path, const std::string& text) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  QUINTET_CHECK_CODE(fd >= 0, System, "checkpoint: cannot create {}: {}", path.string(),
+                     std::strerror(errno));
+  std::size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = errno;
+      ::close(fd);
+      QUINTET_THROW(System, "checkpoint: cannot write {}: {}", path.string(), std::strerror(err));
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  const bool synced = ::fsync(fd) == 0;
+  ::close(fd);
+  QUINTET_CHECK_CODE(synced, System, "checkpoint: cannot flush {}", path.string());
+}
+
+void sync_directory(const fs::path& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) return;  // best effort: the renames are already atomic
+  ::fsync(fd);
+  ::close(fd);
+}
+
+// Sums local failure flags over comm: every rank learns how many ranks failed, and the first
+// failing rank's index, so a local error never leaves the other ranks waiting.
+struct Agreement {
+  std::int64_t failures = 0;
+  std::int64_t first_failed_rank = -1;
+};
+
+Agreement agree(Communicator& comm, bool ok) {
+  const int n = comm.size();
+  Tensor flags = Tensor::zeros({n}, DType::i64);
+  flags.data<std::int64_t>()[comm.rank()] = ok ? 0 : 1;
+  Tensor on_device = comm.device().is_cuda() ? flags.to(comm.device()) : flags;
+  comm.all_reduce(on_device, ReduceOp::sum).synchronize();
+  if (comm.device().is_cuda()) flags = on_device.to(Device::cpu());
+  Agreement a;
+  for (int r = 0; r < n; ++r) {
+    if (flags.data<std::int64_t>()[r] != 0) {
+      ++a.failures;
+      if (a.first_failed_rank < 0) a.first_failed_rank = r;
+    }
+  }
+  return a;
+}
+
+// Runs fn; if it or any other rank fails, every rank throws (the failing rank its own error).
+template <class Fn>
+void run_agreed(Communicator& comm, const char* what, Fn&& fn) {
+  std::exception_ptr failure;
+  try {
+    fn();
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  const Agreement a = agree(comm, failure == nullptr);
+  if (failure) std::rethrow_exception(failure);
+  QUINTET_CHECK_CODE(a.failures == 0, Remote, "{}: {} rank(s) failed, first rank {}", what,
+                     a.failures, a.first_failed_rank);
+}
+
+// Reads "key": <integer> from the checkpoint.json text rank 0 wrote (its own fixed layout).
+std::int64_t read_int_field(const std::string& json, const std::string& key,
+                            const std::string& path) {
+  const std::string pattern = "\"" + key + "\": ";
+  const auto pos = json.find(pattern);
+  QUINTET_CHECK_CODE(pos != std::string::npos, System, "checkpoint {}: no \"{}\" field", path, key);
+  return std::stoll(json.substr(pos + pattern.size()));
+}
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  QUINTET_CHECK_CODE(in.good(), System, "checkpoint: cannot read {}", path.string());
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+std::string checkpoint_name(std::int64_t step) { return fmt::format("step_{:06d}", step); }
+
+void save_checkpoint(const std::string& dir, std::int64_t step,
+                     const std::vector<NamedTensor>& tensors, const std::string& metadata_json,
+                     Communicator& comm, const Stream& stream) {
+  QUINTET_CHECK(!dir.empty(), "save_checkpoint: empty directory name");
+  QUINTET_CHECK(step >= 0, "save_checkpoint: step = {}; expected >= 0", step);
+  QUINTET_CHECK(!metadata_json.empty(), "save_checkpoint: empty metadata; pass a JSON value");
+  std::set<std::string> names;
+  for (const auto& t : tensors) {
+    QUINTET_CHECK(!t.name.empty() && t.name.find_first_of(" \n\t") == std::string::npos,
+                  "save_checkpoint: tensor name '{}' must be non-empty without spaces", t.name);
+    QUINTET_CHECK(names.insert(t.name).second, "save_checkpoint: two tensors are named {}", t.name);
+    QUINTET_CHECK(t.tensor.defined(), "save_checkpoint: tensor {} is undefined", t.name);
+  }
+
+  const fs::path root(dir);
+  const fs::path partial = root / (".partial-" + checkpoint_name(step));
+  const fs::path final_dir = root / checkpoint_name(step);
+  const int rank = comm.rank();
+
+  // Rank 0 clears what an earlier, interrupted save of this step left.
+  run_agreed(comm, "save_checkpoint: preparing the directory", [&] {
+    if (rank == 0) {
+      fs::create_directories(root);
+      fs::remove_all(partial);
+      fs::create_directories(partial);
+    }
+  });
+  std::uint64_t checksum = 0;
+  std::uint64_t bytes = 0;
+  run_agreed(comm, "save_checkpoint: writing shards", [&] {
+    const ShardSummary s = write_shard(partial / shard_name(rank), tensors, stream);
+    checksum = s.checksum;
+    bytes = s.bytes;
+  });
+
+  // Rank 0 lists every shard's checksum in the metadata.
+  Tensor mine = Tensor::from_vector<std::int64_t>(
+      {static_cast<std::int64_t>(checksum), static_cast<std::int64_t>(bytes)}, {2});
+  Tensor all = Tensor::empty({2 * comm.size()}, DType::i64);
+  if (comm.device().is_cuda()) {
+    Tensor d_all = Tensor::empty({2 * comm.size()}, DType::i64, comm.device());
+    comm.all_gather(mine.to(comm.device()), d_all).synchronize();
+    all = d_all.to(Device::cpu());
+  } else {
+    comm.all_gather(mine, all).synchronize();
+  }
+
+  run_agreed(comm, "save_checkpoint: committing", [&] {
+    if (rank != 0) return;
+    std::string json = fmt::format(
+        "{{\n  \"format\": \"quintet-checkpoint-1\",\n  \"step\": {},\n"
+        "  \"world_size\": {},\n  \"shards\": [\n",
+        step, comm.size());
+    for (int r = 0; r < comm.size(); ++r) {
+      json += fmt::format(
+          "    {{\"rank\": {}, \"file\": \"{}\", \"bytes\": {}, \"xxh64\": "
+          "\"{:016x}\"}}{}\n",
+          r, shard_name(r), all.data<std::int64_t>()[2 * r + 1],
+          static_cast<std::uint64_t>(all.data<std::int64_t>()[2 * r]),
+          r + 1 < comm.size() ? "," : "");
+    }
+    json += "  ],\n  \"user\": " + metadata_json + "\n}\n";
+    write_file_durably(partial / "checkpoint.json", json);
+    sync_directory(partial);
+    // Re-saving a step replaces it; `latest` is only moved after the new one is in place.
+    if (fs::exists(final_dir)) fs::remove_all(final_dir);
+    fs::rename(partial, final_dir);
+    write_file_durably(root / "latest.tmp", checkpoint_name(step) + "\n");
+    fs::rename(root / "latest.tmp", root / "latest");
+    sync_directory(root);
+  });
+}
+
+std::optional<CheckpointInfo> latest_checkpoint(const std::string& dir) {
+  const fs::path root(dir);
+  const fs::path latest = root / "latest";
+  if (!fs::exists(latest)) return std::nullopt;
+  std::string name = read_text(latest);
+  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+  QUINTET_CHECK_CODE(!name.empty() && name.find('/') == std::string::npos, System,
+                     "checkpoint: {} does not name a checkpoint ('{}')", latest.string(), name);
+  CheckpointInfo info;
+  info.path = (root / name).string();
+  const fs::path meta = root / name / "checkpoint.json";
+  QUINTET_CHECK_CODE(fs::exists(meta), System,
+                     "checkpoint: {} names {}, which has no checkpoint.json", latest.string(),
+                     info.path);
+  info.metadata_json = read_text(meta);
+  info.step = read_int_field(info.metadata_json, "step", meta.string());
+  info.world_size =
+      static_cast<int>(read_int_field(info.metadata_json, "world_size", meta.string()));
+  return info;
+}
+
+void load_checkpoint(const CheckpointInfo& checkpoint, const std::vector<NamedTensor>& tensors,
+                     Communicator& comm, const Stream& stream) {
+  QUINTET_CHECK(checkpoint.world_size == comm.size(),
+                "load_checkpoint: {} was saved by {} ranks, this job has {}; resume with the same "
+                "number of ranks and the same layout",
+                checkpoint.path, checkpoint.world_size, comm.size());
+  run_agreed(comm, "load_checkpoint", [&] {
+    const fs::path shard = fs::path(checkpoint.path) / shard_name(comm.rank());
+    // The checksum rank 0 recorded must be the one the shard carries.
+    const std::string key = fmt::format("\"file\": \"{}\"", shard_name(comm.rank()));
+    const auto pos = checkpoint.metadata_json.find(key);
+    QUINTET_CHECK_CODE(pos != std::string::npos, System, "checkpoint {}: no entry for {}",
+                       checkpoint.path, shard_name(comm.rank()));
+    const auto sum_pos = checkpoint.metadata_json.find("\"xxh64\": \"", pos);
+    QUINTET_CHECK_CODE(sum_pos != std::string::npos, System, "checkpoint {}: no checksum for {}",
+                       checkpoint.path, shard_name(comm.rank()));
+    const std::uint64_t expected =
+        std::stoull(checkpoint.metadata_json.substr(sum_pos + 10, 16), nullptr, 16);
+    read_shard(shard, expected, tensors, stream);
+  });
+}
+
+}  // namespace quintet

@@ -1,0 +1,37 @@
+// The per-rank shard file of a checkpoint (format in include/quintet/parallel/checkpoint.hpp).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <vector>
+
+#include "quintet/core/error.hpp"
+#include "quintet/parallel/checkpoint.hpp"
+
+// QUINTET_CHECK with another ErrorCode than InvalidArgument (System for file trouble, Remote for
+// a peer's failure).
+#define QUINTET_CHECK_CODE(cond, code, ...) \
+  do {                                      \
+    if (!(cond)) [[unlikely]] {             \
+      QUINTET_THROW(code, __VA_ARGS__);     \
+    }                                       \
+  } while (0)
+
+namespace quintet {
+
+struct ShardSummary {
+  std::uint64_t checksum = 0;  // XXH64 of the file up to its trailer
+  std::uint64_t bytes = 0;     // file size
+};
+
+// Writes tensors (copied to the host after the work queued on stream) to path and flushes it to
+// the disk.
+ShardSummary write_shard(const std::filesystem::path& path, const std::vector<NamedTensor>& tensors,
+                         const Stream& stream);
+
+// Verifies path's checksum (and that it equals expected_checksum), then copies each tensor's
+// saved values into it. Every tensor must be present with its dtype and shape.
+void read_shard(const std::filesystem::path& path, std::uint64_t expected_checksum,
+                const std::vector<NamedTensor>& tensors, const Stream& stream);
+
+}  // namespace quintet
