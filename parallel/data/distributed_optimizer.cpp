@@ -1,0 +1,234 @@
+// DistributedOptimizer: AdamW on the elements this rank owns, the global gradient norm over the
+// job, and the per-bucket parameter all-gathers of ZeRO (see distributed_optimizer.hpp).
+#include "quintet/parallel/distributed_optimizer.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+namespace quintet {
+
+namespace {
+
+// Whether a parameter replicated over tp (etp for experts) is counted on this rank: everywhere
+// when it is sharded there, else on tp (etp) rank 0 only.
+bool counted_over_tp(const nn::Parameter& p, const Mesh& mesh) {
+  const nn::ParameterAttributes& a = p.attributes();
+  if (a.is_expert) {
+    const bool sharded =
+        a.shard_axis == nn::ParallelAxis::tp || a.shard_axis == nn::ParallelAxis::etp;
+    return sharded || mesh.rank(Axis::etp) == 0;
+  }
+  return a.shard_axis == nn::ParallelAxis::tp || mesh.rank(Axis::tp) == 0;
+}
+
+}  // namespace
+
+DistributedOptimizer::DistributedOptimizer(DataParallel& dp, const nn::AdamWConfig& config,
+                                           const Stream& stream)
+    : dp_(dp), config_(config), stage_(dp.config().zero_stage) {
+  nn::ParameterStore& store = dp.store();
+  QUINTET_CHECK(stream.device() == store.device(),
+                "DistributedOptimizer: the parameters are on {} but the stream is on {}",
+                store.device().str(), stream.device().str());
+  const Mesh& mesh = dp.mesh();
+  const std::vector<GradientBucket>& buckets = dp.buckets();
+  std::int64_t total = 0;
+  for (int b = 0; b < static_cast<int>(buckets.size()); ++b) {
+    const GradientBucket& k = buckets[b];
+    const std::int64_t lo = stage_ > 0 ? k.owned_begin() : k.begin;
+    const std::int64_t hi = stage_ > 0 ? k.owned_end() : k.end;
+    for (nn::Parameter* p : k.params) {
+      const std::int64_t s = std::max(lo, p->offset());
+      const std::int64_t e = std::min(hi, p->offset() + p->numel());
+      if (e <= s) continue;
+      bool in_norm = counted_over_tp(*p, mesh);
+      if (stage_ == 0) {
+        // Every rank of the reduction group holds the same reduced gradient: count it on one.
+        in_norm = in_norm && mesh.rank(k.axis == Axis::edp ? Axis::edp : Axis::dp_cp) == 0;
+      } else if (k.axis == Axis::tp_dp_cp) {
+        in_norm = true;  // the shards over tp x dp x cp partition the (tp-replicated) parameter
+      }
+      segments_.push_back(Segment{p, b, s, e - s, total, in_norm});
+      total += e - s;
+    }
+  }
+  const DType state = nn::accum_dtype(store.dtype());
+  master_ = Tensor::empty({total}, state, store.device(), stream);
+  exp_avg_ = Tensor::empty({total}, state, store.device(), stream);
+  exp_avg_.fill_(0.0, stream);
+  exp_avg_sq_ = Tensor::empty({total}, state, store.device(), stream);
+  exp_avg_sq_.fill_(0.0, stream);
+  for (const Segment& g : segments_) {
+    const Tensor values = store.data_buffer().narrow(0, g.flat_offset, g.length);
+    master_.narrow(0, g.state_offset, g.length).copy_(nn::cast(values, state, stream), stream);
+  }
+  if (stage_ > 0) {
+    gathers_.assign(buckets.size(), Work());
+    gather_pending_.assign(buckets.size(), false);
+    for (const GradientBucket& k : buckets) {
+      Tensor staging;
+      if (k.shard_size * k.shard_count != k.numel()) {
+        staging =
+            Tensor::empty({k.shard_size * k.shard_count}, store.dtype(), store.device(), stream);
+        staging.fill_(0.0, stream);
+      }
+      gather_staging_.push_back(staging);
+    }
+    store.set_before_use_hook([this](nn::Parameter& p, const Stream& s) {
+      const std::vector<GradientBucket>& bs = dp_.buckets();
+      const auto it = std::upper_bound(
+          bs.begin(), bs.end(), p.offset(),
+          [](std::int64_t offset, const GradientBucket& k) { return offset < k.begin; });
+      wait_bucket(static_cast<int>(it - bs.begin()) - 1, s);
+    });
+  }
+}
+
+DistributedOptimizer::~DistributedOptimizer() {
+  if (stage_ == 0) return;
+  dp_.store().set_before_use_hook({});
+  // Leave the store's values current: nobody will wait for the gathers once the hook is gone.
+  try {
+    for (int b = 0; b < static_cast<int>(gathers_.size()); ++b) {
+      wait_bucket(b, dp_.compute_stream());
+    }
+    dp_.compute_stream().synchronize();
+  } catch (...) {
+  }
+}
+
+void DistributedOptimizer::wait_bucket(int b, const Stream& stream) {
+  if (b < 0 || b >= static_cast<int>(gather_pending_.size()) || !gather_pending_[b]) return;
+  gather_pending_[b] = false;
+  gathers_[b].wait(stream);
+  if (gather_staging_[b].defined()) {
+    const GradientBucket& k = dp_.buckets()[b];
+    dp_.store()
+        .data_buffer()
+        .narrow(0, k.begin, k.numel())
+        .copy_(gather_staging_[b].narrow(0, 0, k.numel()), stream);
+  }
+}
+
+void DistributedOptimizer::wait_for_parameters(const Stream& stream) {
+  for (int b = 0; b < static_cast<int>(gather_pending_.size()); ++b) wait_bucket(b, stream);
+}
+
+void DistributedOptimizer::gather_parameters(const Stream& stream) {
+  const Tensor& data = dp_.store().data_buffer();
+  const std::vector<GradientBucket>& buckets = dp_.buckets();
+  for (int b = 0; b < static_cast<int>(buckets.size()); ++b) {
+    const GradientBucket& k = buckets[b];
+    Communicator& comm = dp_.mesh().comm(k.axis);
+    const std::int64_t block = static_cast<std::int64_t>(k.shard_rank) * k.shard_size;
+    if (!gather_staging_[b].defined()) {
+      // In place: this rank's block of the bucket is the input.
+      const Tensor out = data.narrow(0, k.begin, k.numel());
+      gathers_[b] = comm.all_gather(out.narrow(0, block, k.shard_size), out, stream);
+    } else {
+      const Tensor& staging = gather_staging_[b];
+      const std::int64_t owned = k.owned_end() - k.owned_begin();
+      if (owned > 0) {
+        staging.narrow(0, block, owned).copy_(data.narrow(0, k.owned_begin(), owned), stream);
+      }
+      gathers_[b] = comm.all_gather(staging.narrow(0, block, k.shard_size), staging, stream);
+    }
+    gather_pending_[b] = true;
+  }
+}
+
+nn::OptimizerStepInfo DistributedOptimizer::step(const Stream& stream) {
+  QUINTET_CHECK(dp_.finished(),
+                "DistributedOptimizer::step: the gradients are not reduced; call "
+                "DataParallel::finish() after the last microbatch's backward");
+  QUINTET_CHECK(stream.device() == dp_.store().device(),
+                "DistributedOptimizer::step: the stream is on {} but the parameters are on {}",
+                stream.device().str(), dp_.store().device().str());
+  wait_for_parameters(stream);
+  const nn::ParameterStore& store = dp_.store();
+  const std::vector<GradientBucket>& buckets = dp_.buckets();
+  auto grad_of = [&](const Segment& g) {
+    if (stage_ == 0) return store.grad_buffer().narrow(0, g.flat_offset, g.length);
+    return dp_.owned_grad(g.bucket).narrow(0, g.flat_offset - buckets[g.bucket].owned_begin(),
+                                           g.length);
+  };
+
+  std::vector<Tensor> counted;
+  for (const Segment& g : segments_) {
+    if (g.in_norm) counted.push_back(grad_of(g));
+  }
+  const DType acc = store.grad_buffer().dtype();
+  Tensor sq = counted.empty() ? Tensor::zeros({1}, acc, store.device())
+                              : nn::sum_of_squares(counted, stream).view({1});
+  if (sq.dtype() != acc) sq = nn::cast(sq, acc, stream);
+  const Mesh& mesh = dp_.mesh();
+  mesh.comm(Axis::tp_dp_cp).all_reduce(sq, ReduceOp::sum, stream).wait(stream);
+  mesh.comm(Axis::pp).all_reduce(sq, ReduceOp::sum, stream).wait(stream);
+
+  nn::OptimizerStepInfo info;
+  info.grad_norm = std::sqrt(sq.item({0}));
+  QUINTET_CHECK(std::isfinite(info.grad_norm),
+                "DistributedOptimizer::step: the gradient norm is {}; a gradient holds inf or nan",
+                info.grad_norm);
+  if (config_.max_grad_norm > 0 && info.grad_norm > config_.max_grad_norm) {
+    info.grad_scale = static_cast<float>(config_.max_grad_norm / (info.grad_norm + 1e-6));
+  }
+  info.step = ++step_;
+  nn::AdamWHyper no_decay = config_.hyper;
+  no_decay.weight_decay = 0.0f;
+  for (const Segment& g : segments_) {
+    const nn::AdamWHyper& h = g.param->attributes().weight_decay ? config_.hyper : no_decay;
+    nn::adamw_step(master_.narrow(0, g.state_offset, g.length), grad_of(g),
+                   exp_avg_.narrow(0, g.state_offset, g.length),
+                   exp_avg_sq_.narrow(0, g.state_offset, g.length), h, info.step, info.grad_scale,
+                   store.data_buffer().narrow(0, g.flat_offset, g.length), stream);
+  }
+  if (stage_ > 0) gather_parameters(stream);
+  return info;
+}
+
+std::vector<std::pair<std::string, Tensor>> DistributedOptimizer::state() const {
+  return {{"step", Tensor::full({1}, static_cast<double>(step_), DType::i64)},
+          {"master", master_},
+          {"exp_avg", exp_avg_},
+          {"exp_avg_sq", exp_avg_sq_}};
+}
+
+void DistributedOptimizer::load_state(const std::vector<std::pair<std::string, Tensor>>& state,
+                                      const Stream& stream) {
+  const std::vector<std::pair<std::string, Tensor>> mine = this->state();
+  QUINTET_CHECK(state.size() == mine.size(),
+                "DistributedOptimizer::load_state: {} tensors given, expected {} (step, master, "
+                "exp_avg, exp_avg_sq)",
+                state.size(), mine.size());
+  std::set<std::string> seen;
+  for (const auto& [name, t] : state) {
+    QUINTET_CHECK(seen.insert(name).second, "DistributedOptimizer::load_state: '{}' given twice",
+                  name);
+    const auto it =
+        std::find_if(mine.begin(), mine.end(), [&](const auto& m) { return m.first == name; });
+    QUINTET_CHECK(it != mine.end(),
+                  "DistributedOptimizer::load_state: unknown tensor '{}' (expected step, master, "
+                  "exp_avg, exp_avg_sq)",
+                  name);
+    QUINTET_CHECK(t.defined() && t.shape() == it->second.shape() && t.dtype() == it->second.dtype(),
+                  "DistributedOptimizer::load_state: '{}' is {}, expected shape {} and dtype {} "
+                  "(was the state saved with the same model, layout and zero_stage?)",
+                  name, t.defined() ? t.str() : std::string("undefined"),
+                  shape_str(it->second.shape()), dtype_name(it->second.dtype()));
+    if (name == "step") {
+      QUINTET_CHECK(t.item({0}) >= 0, "DistributedOptimizer::load_state: step = {}", t.item({0}));
+    }
+  }
+  for (const auto& [name, t] : state) {
+    if (name == "step") {
+      step_ = static_cast<std::int64_t>(t.item({0}));
+    } else {
+      Tensor dst = name == "master" ? master_ : name == "exp_avg" ? exp_avg_ : exp_avg_sq_;
+      dst.copy_(t, stream);
+    }
+  }
+}
+
+}  // namespace quintet

@@ -1,0 +1,152 @@
+// Data parallelism on GPUs (one per rank, NCCL; run with 2 ranks): the tiny GPT of the CPU test,
+// in bf16 with f32 master weights, trained 3 steps with dp = 2 (ZeRO 0, 1 and 2; 1 or 2
+// microbatches; overlapped or serialised) against each rank training the whole batch alone with
+// nn::AdamW. The two runs differ by bf16 rounding of activations (half vs whole batch) and the
+// order of f32 sums, so the bound is relative to how far training moved the parameters: the mean
+// |difference| must stay under 5% of the mean |update| (a run without the gradient reduction
+// differs by ~50%), every element within 2 updates' worth (2 * steps * lr), and the gradient norms
+// within 2%. Also: the measured overlap statistics, and a CPU store with a GPU mesh is rejected.
+#include <cmath>
+
+#include "mpi/dp_tiny_model.hpp"
+#include "quintet/collectives/bootstrap.hpp"
+#include "quintet/nn/optimizer.hpp"
+#include "quintet/parallel/distributed_optimizer.hpp"
+#include "support/catch.hpp"
+
+using namespace quintet;
+using namespace dp_test;
+
+namespace {
+
+constexpr std::uint64_t kSeed = 7;
+constexpr std::int64_t kGlobalBatch = 16;
+constexpr int kSteps = 3;
+constexpr float kLr = 1e-2f;
+const TinyGptConfig kModel{64, 64, 4, 256, 32, 2};
+
+World gpu_world() {
+  RuntimeConfig config = RuntimeConfig::from_env();
+  config.device = DevicePreference::cuda;
+  config.timeout_s = 120;
+  return init(config);
+}
+
+nn::AdamWConfig adam_config() {
+  nn::AdamWConfig c;
+  c.hyper.lr = kLr;
+  c.hyper.weight_decay = 0.1f;
+  c.max_grad_norm = 1.0f;
+  return c;
+}
+
+struct RunResult {
+  std::vector<float> init, params;  // the whole value buffer, as f32
+  std::vector<double> norms;
+  std::vector<DataParallelStats> stats;
+};
+
+RunResult run_reference(const Stream& s) {
+  TinyGpt model(kModel);
+  nn::ParameterStore store(model, DType::bf16, s, kSeed);
+  RunResult r;
+  r.init = store.data_buffer().to_vector<float>();
+  nn::AdamW adam(store, adam_config(), s);
+  for (int step = 0; step < kSteps; ++step) {
+    store.zero_grad(s);
+    train_microbatch(model, batch_rows(kModel, step, kGlobalBatch, 0, kGlobalBatch, s.device()),
+                     1.0f, s);
+    r.norms.push_back(adam.step(s).grad_norm);
+  }
+  s.synchronize();
+  r.params = store.data_buffer().to_vector<float>();
+  return r;
+}
+
+RunResult run_dp(const Mesh& mesh, const DataParallelConfig& config, int micro, const Stream& s) {
+  TinyGpt model(kModel);
+  nn::ParameterStore store(model, DType::bf16, s, kSeed);
+  DataParallel dp(store, mesh, config, s);
+  DistributedOptimizer optimizer(dp, adam_config(), s);
+  const std::int64_t local = kGlobalBatch / mesh.size(Axis::dp), rows = local / micro;
+  RunResult r;
+  for (int step = 0; step < kSteps; ++step) {
+    dp.begin_step();
+    for (int m = 0; m < micro; ++m) {
+      dp.set_last_microbatch(m == micro - 1);
+      const std::int64_t row0 = mesh.rank(Axis::dp) * local + m * rows;
+      train_microbatch(model, batch_rows(kModel, step, kGlobalBatch, row0, rows, s.device()),
+                       1.0f / static_cast<float>(micro), s);
+    }
+    dp.finish(s);
+    r.norms.push_back(optimizer.step(s).grad_norm);
+    r.stats.push_back(dp.last_step_stats());
+  }
+  optimizer.wait_for_parameters(s);
+  s.synchronize();
+  r.params = store.data_buffer().to_vector<float>();
+  return r;
+}
+
+void require_close(const RunResult& got, const RunResult& want) {
+  for (std::size_t i = 0; i < want.norms.size(); ++i) {
+    INFO("step " << i << " norm " << got.norms[i] << " vs " << want.norms[i]);
+    CHECK(std::abs(got.norms[i] - want.norms[i]) <= 2e-2 * want.norms[i]);
+  }
+  double diff = 0.0, moved = 0.0, worst = 0.0;
+  for (std::size_t i = 0; i < want.params.size(); ++i) {
+    const double d = std::abs(got.params[i] - want.params[i]);
+    diff += d;
+    moved += std::abs(want.params[i] - want.init[i]);
+    worst = std::max(worst, d);
+  }
+  INFO("mean |difference| " << diff / want.params.size() << ", mean |update| "
+                            << moved / want.params.size() << ", max |difference| " << worst);
+  CHECK(moved > 0.0);
+  CHECK(diff <= 0.05 * moved);
+  CHECK(worst <= 2.0 * kSteps * kLr);
+}
+
+}  // namespace
+
+TEST_CASE("gpu dp: dp = 2 in bf16 follows one GPU training the whole batch") {
+  World world = gpu_world();
+  const Stream s = Stream::create(world.device());
+  const Mesh mesh(Layout(ParallelConfig{}, world.size()), world.comm());
+  RunResult reference = run_reference(s);
+  struct Case {
+    int stage;
+    bool overlap;
+    std::int64_t bucket;
+    int micro;
+  };
+  for (const Case c : {Case{0, true, 1 << 16, 1}, Case{0, false, 1 << 16, 2},
+                       Case{1, true, 1 << 14, 2}, Case{2, true, 25 << 20, 1}}) {
+    INFO("stage " << c.stage << " overlap " << c.overlap << " bucket " << c.bucket << " micro "
+                  << c.micro);
+    DataParallelConfig config;
+    config.zero_stage = c.stage;
+    config.overlap = c.overlap;
+    config.first_bucket_bytes = c.bucket / 4;
+    config.bucket_bytes = c.bucket;
+    RunResult got = run_dp(mesh, config, c.micro, s);
+    got.init = reference.init;
+    require_close(got, reference);
+    for (const DataParallelStats& st : got.stats) {
+      CHECK(st.buckets > 0);
+      CHECK(st.exposed_ms >= 0.0);
+      if (world.size() > 1) CHECK(st.comm_ms > 0.0);
+      if (!c.overlap) CHECK(st.comm_ms <= st.exposed_ms + 0.05);
+    }
+  }
+}
+
+TEST_CASE("gpu dp: a CPU store with a GPU mesh is rejected before any communication") {
+  World world = gpu_world();
+  const Mesh mesh(Layout(ParallelConfig{}, world.size()), world.comm());
+  TinyGpt model(kModel);
+  const Stream cpu;
+  nn::ParameterStore store(model, DType::f32, cpu, kSeed);
+  REQUIRE_THROWS_QUINTET(DataParallel(store, mesh, DataParallelConfig{}, cpu), InvalidArgument,
+                         "communicator moves tensors on");
+}
