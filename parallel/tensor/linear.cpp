@@ -1,0 +1,131 @@
+// Column- and row-parallel linear layers.
+#include "parallel/tensor/regions.hpp"
+#include "quintet/parallel/tensor_parallel.hpp"
+
+namespace quintet {
+
+using tp_detail::Pending;
+
+namespace {
+
+nn::ParameterAttributes shard_attrs(int dim, const Shape& full, const Shape& start) {
+  nn::ParameterAttributes a;
+  a.shard_dim = dim;
+  a.shard_axis = nn::ParallelAxis::tp;
+  a.full_shape = full;
+  a.shard_start = start;
+  return a;
+}
+
+}  // namespace
+
+// ---- ColumnParallelLinear ---------------------------------------------------------------------
+
+ColumnParallelLinear::ColumnParallelLinear(Communicator& tp, std::int64_t in, std::int64_t out,
+                                           bool bias, float init_std, bool sequence_parallel,
+                                           std::int64_t fused_parts, bool enter_region)
+    : tp_(&tp), in_(in), sp_(sequence_parallel), enter_region_(enter_region) {
+  const int n = tp.size(), r = tp.rank();
+  QUINTET_CHECK(in > 0 && out > 0 && fused_parts > 0 && out % fused_parts == 0,
+                "ColumnParallelLinear({}, {}, fused_parts = {}): sizes must be > 0 and out a "
+                "multiple of fused_parts",
+                in, out, fused_parts);
+  const std::int64_t part = out / fused_parts;
+  check_divisible(fused_parts == 1 ? "ColumnParallelLinear: out"
+                                   : "ColumnParallelLinear: out / "
+                                     "fused_parts",
+                  part, n);
+  const std::int64_t lpart = part / n;
+  local_out_ = lpart * fused_parts;
+  nn::ParameterAttributes b_attrs;
+  if (fused_parts == 1) {
+    weight_ = &add_parameter("weight", {lpart, in}, nn::ParameterInit::normal(init_std),
+                             shard_attrs(0, {out, in}, {r * lpart, 0}));
+    b_attrs = shard_attrs(0, {out}, {r * lpart});
+  } else {
+    weight_ =
+        &add_parameter("weight", {fused_parts, lpart, in}, nn::ParameterInit::normal(init_std),
+                       shard_attrs(1, {fused_parts, part, in}, {0, r * lpart, 0}));
+    b_attrs = shard_attrs(1, {fused_parts, part}, {0, r * lpart});
+  }
+  if (bias) {
+    b_attrs.weight_decay = false;
+    bias_ = &add_parameter("bias", fused_parts == 1 ? Shape{lpart} : Shape{fused_parts, lpart},
+                           nn::ParameterInit::zeros(), b_attrs);
+  }
+}
+
+Tensor ColumnParallelLinear::forward(nn::Context& ctx, const Tensor& x) {
+  const Stream& s = ctx.stream();
+  QUINTET_CHECK(x.defined() && x.dim() >= 1 && x.size(x.dim() - 1) == in_,
+                "ColumnParallelLinear: x is {}, expected [..., {}]",
+                x.defined() ? shape_str(x.shape()) : std::string("undefined"), in_);
+  const Tensor xin = enter_region_ && sp_ ? gather_sequence(x, *tp_, s) : x;
+  const Tensor w = weight_->use(s).view({local_out_, in_});
+  const Tensor b = bias_ ? bias_->use(s).view({local_out_}) : Tensor();
+  const Tensor y = nn::linear_forward(xin, w, b, s);
+  ctx.save(*this, {xin});
+  return y;
+}
+
+Tensor ColumnParallelLinear::backward(nn::Context& ctx, const Tensor& dy) {
+  const Stream& s = ctx.stream();
+  const Tensor xin = ctx.take(*this).at(0);
+  const Tensor dx = nn::linear_backward_input(dy, weight_->data().view({local_out_, in_}), s);
+  // dx leaves the region (all-reduce, or reduce-scatter with SP) while the weight gradient runs.
+  Pending reduced{dx, Work()};
+  if (enter_region_) {
+    reduced = sp_ ? tp_detail::start_reduce_scatter_sequence(dx, *tp_, s)
+                  : tp_detail::start_all_reduce(dx, *tp_, s);
+  }
+  nn::linear_backward_weight(dy, xin, weight_->grad().view({local_out_, in_}),
+                             bias_ ? bias_->grad().view({local_out_}) : Tensor(), s);
+  if (bias_) bias_->mark_grad_ready();
+  weight_->mark_grad_ready();
+  return reduced.finish(s);
+}
+
+// ---- RowParallelLinear ------------------------------------------------------------------------
+
+RowParallelLinear::RowParallelLinear(Communicator& tp, std::int64_t in, std::int64_t out, bool bias,
+                                     float init_std, bool sequence_parallel)
+    : tp_(&tp), out_(out), sp_(sequence_parallel) {
+  const int n = tp.size(), r = tp.rank();
+  QUINTET_CHECK(in > 0 && out > 0, "RowParallelLinear({}, {}): sizes must be > 0", in, out);
+  check_divisible("RowParallelLinear: in", in, n);
+  local_in_ = in / n;
+  weight_ = &add_parameter("weight", {out, local_in_}, nn::ParameterInit::normal(init_std),
+                           shard_attrs(1, {out, in}, {0, r * local_in_}));
+  if (bias) {
+    nn::ParameterAttributes a;
+    a.weight_decay = false;
+    bias_ = &add_parameter("bias", {out}, nn::ParameterInit::zeros(), a);
+  }
+}
+
+Tensor RowParallelLinear::forward(nn::Context& ctx, const Tensor& x) {
+  const Stream& s = ctx.stream();
+  QUINTET_CHECK(x.defined() && x.dim() >= 1 && x.size(x.dim() - 1) == local_in_,
+                "RowParallelLinear: x is {}, expected [..., {}] (this rank's input features)",
+                x.defined() ? shape_str(x.shape()) : std::string("undefined"), local_in_);
+  if (sp_) tp_detail::check_sequence("RowParallelLinear", x, tp_->size());
+  // The bias is added once, by tp rank 0, so the reduction sums it in exactly once.
+  const Tensor b = bias_ && tp_->rank() == 0 ? bias_->use(s) : Tensor();
+  if (bias_ && tp_->rank() != 0) bias_->use(s);  // same before-use hooks on every rank
+  const Tensor partial = nn::linear_forward(x, weight_->use(s), b, s);
+  ctx.save(*this, {x});
+  return sp_ ? tp_detail::start_reduce_scatter_sequence(partial, *tp_, s).finish(s)
+             : tp_detail::start_all_reduce(partial, *tp_, s).finish(s);
+}
+
+Tensor RowParallelLinear::backward(nn::Context& ctx, const Tensor& dy) {
+  const Stream& s = ctx.stream();
+  const Tensor x = ctx.take(*this).at(0);
+  const Tensor dy_full = sp_ ? gather_sequence(dy, *tp_, s) : dy;
+  nn::linear_backward_weight(dy_full, x, weight_->grad(), bias_ ? bias_->grad() : Tensor(), s);
+  if (bias_) bias_->mark_grad_ready();
+  weight_->mark_grad_ready();
+  return nn::linear_backward_input(dy_full, weight_->data(), s);
+}
+
+}  // namespace quintet

@@ -1,0 +1,60 @@
+// Norms on sequence-split activations: nn's LayerNorm/RMSNorm math, with parameters marked for a
+// gradient reduction over tp under sequence parallelism.
+#include "quintet/parallel/tensor_parallel.hpp"
+
+namespace quintet {
+
+namespace {
+nn::ParameterAttributes norm_attrs(bool sequence_parallel) {
+  nn::ParameterAttributes a;
+  a.weight_decay = false;
+  a.reduce_over_tp = sequence_parallel;
+  return a;
+}
+}  // namespace
+
+ParallelLayerNorm::ParallelLayerNorm(std::int64_t dim, float eps, bool sequence_parallel)
+    : eps_(eps) {
+  QUINTET_CHECK(dim > 0, "ParallelLayerNorm: dim = {} must be > 0", dim);
+  weight_ =
+      &add_parameter("weight", {dim}, nn::ParameterInit::ones(), norm_attrs(sequence_parallel));
+  bias_ = &add_parameter("bias", {dim}, nn::ParameterInit::zeros(), norm_attrs(sequence_parallel));
+}
+
+Tensor ParallelLayerNorm::forward(nn::Context& ctx, const Tensor& x) {
+  const Stream& s = ctx.stream();
+  nn::NormOutput o = nn::layernorm_forward(x, weight_->use(s), bias_->use(s), eps_, s);
+  ctx.save(*this, {x, o.mean, o.rstd});
+  return o.y;
+}
+
+Tensor ParallelLayerNorm::backward(nn::Context& ctx, const Tensor& dy) {
+  const auto v = ctx.take(*this);
+  const Tensor dx = nn::layernorm_backward(dy, v[0], weight_->data(), v[1], v[2], weight_->grad(),
+                                           bias_->grad(), ctx.stream());
+  bias_->mark_grad_ready();
+  weight_->mark_grad_ready();
+  return dx;
+}
+
+ParallelRMSNorm::ParallelRMSNorm(std::int64_t dim, float eps, bool sequence_parallel) : eps_(eps) {
+  QUINTET_CHECK(dim > 0, "ParallelRMSNorm: dim = {} must be > 0", dim);
+  weight_ =
+      &add_parameter("weight", {dim}, nn::ParameterInit::ones(), norm_attrs(sequence_parallel));
+}
+
+Tensor ParallelRMSNorm::forward(nn::Context& ctx, const Tensor& x) {
+  nn::NormOutput o = nn::rmsnorm_forward(x, weight_->use(ctx.stream()), eps_, ctx.stream());
+  ctx.save(*this, {x, o.rstd});
+  return o.y;
+}
+
+Tensor ParallelRMSNorm::backward(nn::Context& ctx, const Tensor& dy) {
+  const auto v = ctx.take(*this);
+  const Tensor dx =
+      nn::rmsnorm_backward(dy, v[0], weight_->data(), v[1], weight_->grad(), ctx.stream());
+  weight_->mark_grad_ready();
+  return dx;
+}
+
+}  // namespace quintet
