@@ -1,0 +1,5 @@
+# Tensor and sequence parallelism: every layer against its unsharded nn layer under mpirun (tp =
+# the whole job, odd sizes included), a transformer block trained under tp = 2 x dp = 2 against
+# one rank, and on two GPUs tp = 2 against tp = 1 in bf16 (skipped without two GPUs).
+quintet_mpi_test(NAME tp_layers_test COMPONENT tp RANKS 1 2 3 4 SOURCES mpi/tp_layers_test.cpp)
+quintet_mpi_test(NAME tp_train_test COMPONENT tp RANKS 4 SOURCES mpi/tp_train_test.cpp)
