@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 
 namespace quintet::nn {
 
@@ -44,6 +45,44 @@ OptimizerStepInfo AdamW::step(const Stream& stream) {
                info.grad_scale, separate_master_ ? p->data() : Tensor(), stream);
   }
   return info;
+}
+
+std::vector<std::pair<std::string, Tensor>> AdamW::state() const {
+  std::vector<std::pair<std::string, Tensor>> out = {
+      {"step", Tensor::full({1}, static_cast<double>(step_), DType::i64)}};
+  if (separate_master_) out.emplace_back("master", master_);
+  out.emplace_back("exp_avg", exp_avg_);
+  out.emplace_back("exp_avg_sq", exp_avg_sq_);
+  return out;
+}
+
+void AdamW::load_state(const std::vector<std::pair<std::string, Tensor>>& state,
+                       const Stream& stream) {
+  const std::vector<std::pair<std::string, Tensor>> mine = this->state();
+  QUINTET_CHECK(state.size() == mine.size(), "AdamW::load_state: {} tensors given, expected {}",
+                state.size(), mine.size());
+  std::set<std::string> seen;
+  for (const auto& [name, t] : state) {
+    QUINTET_CHECK(seen.insert(name).second, "AdamW::load_state: '{}' given twice", name);
+    const auto it =
+        std::find_if(mine.begin(), mine.end(), [&](const auto& m) { return m.first == name; });
+    QUINTET_CHECK(it != mine.end(), "AdamW::load_state: unknown tensor '{}'", name);
+    QUINTET_CHECK(t.defined() && t.shape() == it->second.shape() && t.dtype() == it->second.dtype(),
+                  "AdamW::load_state: '{}' is {}, expected shape {} and dtype {}", name,
+                  t.defined() ? t.str() : std::string("undefined"), shape_str(it->second.shape()),
+                  dtype_name(it->second.dtype()));
+    if (name == "step") {
+      QUINTET_CHECK(t.item({0}) >= 0, "AdamW::load_state: step = {}", t.item({0}));
+    }
+  }
+  for (const auto& [name, t] : state) {
+    if (name == "step") {
+      step_ = static_cast<std::int64_t>(t.item({0}));
+    } else {
+      Tensor dst = name == "master" ? master_ : name == "exp_avg" ? exp_avg_ : exp_avg_sq_;
+      dst.copy_(t, stream);
+    }
+  }
 }
 
 }  // namespace quintet::nn

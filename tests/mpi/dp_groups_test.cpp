@@ -12,6 +12,7 @@
 
 #include "quintet/collectives/bootstrap.hpp"
 #include "quintet/nn/module.hpp"
+#include "quintet/nn/optimizer.hpp"
 #include "quintet/parallel/distributed_optimizer.hpp"
 #include "support/catch.hpp"
 
@@ -279,4 +280,24 @@ TEST_CASE("dp: the optimizer state round-trips through state() / load_state()") 
       CHECK(xa[i].second.to_vector<double>() == xb[i].second.to_vector<double>());
     }
   }
+}
+
+TEST_CASE("dp: nn::AdamW state round-trips through state() / load_state()") {
+  Probe a, b;
+  nn::ParameterStore sa(a, DType::f32, kCpu, 3), sb(b, DType::f32, kCpu, 3);
+  nn::AdamW oa(sa, nn::AdamWConfig{}, kCpu), ob(sb, nn::AdamWConfig{}, kCpu);
+  auto one_step = [&](nn::ParameterStore& s, nn::AdamW& o, int t) {
+    Tensor(s.grad_buffer()).copy_(Tensor::randn(s.grad_buffer().shape(), 200 + t));
+    o.step(kCpu);
+  };
+  one_step(sa, oa, 0);
+  Tensor(sb.data_buffer()).copy_(sa.data_buffer());
+  ob.load_state(oa.state(), kCpu);
+  CHECK(ob.steps() == 1);
+  one_step(sa, oa, 1);
+  one_step(sb, ob, 1);
+  CHECK(sa.data_buffer().to_vector<float>() == sb.data_buffer().to_vector<float>());
+  auto bad = oa.state();
+  bad.pop_back();
+  REQUIRE_THROWS_QUINTET(ob.load_state(bad, kCpu), InvalidArgument, "tensors given");
 }

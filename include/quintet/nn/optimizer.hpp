@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "quintet/nn/ops.hpp"
@@ -34,6 +36,15 @@ class AdamW {
   void set_lr(float lr) { config_.hyper.lr = lr; }
   const AdamWConfig& config() const { return config_; }
   std::int64_t steps() const { return step_; }
+
+  // The optimizer state as named tensors, for checkpoints: "step" (i64 [1], a copy), "master"
+  // (only when the compute dtype is not the state dtype: f32/f64 values are their own master),
+  // "exp_avg", "exp_avg_sq" (views of the flat buffers, store layout).
+  std::vector<std::pair<std::string, Tensor>> state() const;
+  // Restores what state() returned: the same names, shapes and dtypes (copied in on stream).
+  // Throws InvalidArgument naming the tensor on a mismatch, before changing anything. Parameter
+  // values are not touched; restore them from the same checkpoint.
+  void load_state(const std::vector<std::pair<std::string, Tensor>>& state, const Stream& stream);
 
  private:
   ParameterStore& store_;
