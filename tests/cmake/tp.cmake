@@ -3,3 +3,7 @@
 # one rank, and on two GPUs tp = 2 against tp = 1 in bf16 (skipped without two GPUs).
 quintet_mpi_test(NAME tp_layers_test COMPONENT tp RANKS 1 2 3 4 SOURCES mpi/tp_layers_test.cpp)
 quintet_mpi_test(NAME tp_train_test COMPONENT tp RANKS 4 SOURCES mpi/tp_train_test.cpp)
+quintet_mpi_test(NAME tp_gpt_test COMPONENT tp RANKS 2 3 4 SOURCES mpi/tp_gpt_test.cpp)
+if(QUINTET_HAS_NCCL)
+  quintet_gpu_test(NAME gpu_tp_gpt_test COMPONENT tp RANKS 2 SOURCES gpu/tp_gpt_test.cpp)
+endif()
