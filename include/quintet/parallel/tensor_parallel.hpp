@@ -20,7 +20,7 @@
 // chunk, and data parallelism (or the caller) must all-reduce it (sum) over tp before the
 // optimizer step. Every other replicated parameter gets the same gradient on every tp rank.
 //
-// A GPT assembled from these layers (what examples/04_gpt_train does):
+// A GPT assembled from these layers (tests/mpi/tp_gpt.hpp builds exactly this):
 //   ids [B, S] (full sequence on every tp rank), targets [B, S]
 //   x  = VocabParallelEmbedding(tp, vocab, dim, std, sp).forward(ids)     // [B, S or S/tp, D]
 //   x  = PositionEmbedding(tp, max_seq_len, dim, std, sp).forward(x)      // adds rows of its chunk
