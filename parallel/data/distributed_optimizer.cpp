@@ -159,13 +159,19 @@ nn::OptimizerStepInfo DistributedOptimizer::step(const Stream& stream) {
     if (g.in_norm) counted.push_back(grad_of(g));
   }
   const DType acc = store.grad_buffer().dtype();
-  Tensor sq = counted.empty() ? Tensor::zeros({1}, acc, store.device())
-                              : nn::sum_of_squares(counted, stream).view({1});
+  Tensor sq;
+  if (counted.empty()) {
+    sq = Tensor::empty({1}, acc, store.device(), stream);
+    sq.fill_(0.0, stream);  // ordered on stream, before the all-reduce reads it
+  } else {
+    sq = nn::sum_of_squares(counted, stream).view({1});
+  }
   if (sq.dtype() != acc) sq = nn::cast(sq, acc, stream);
   const Mesh& mesh = dp_.mesh();
   mesh.comm(Axis::tp_dp_cp).all_reduce(sq, ReduceOp::sum, stream).wait(stream);
   mesh.comm(Axis::pp).all_reduce(sq, ReduceOp::sum, stream).wait(stream);
 
+  stream.synchronize();  // the host reads the norm to decide on clipping
   nn::OptimizerStepInfo info;
   info.grad_norm = std::sqrt(sq.item({0}));
   QUINTET_CHECK(std::isfinite(info.grad_norm),

@@ -59,7 +59,8 @@ class DistributedOptimizer {
 
   // This rank's optimizer state as named tensors (views, not copies; 1-D f32 of the owned
   // elements in bucket and parameter order, the same layout on every run of the same model,
-  // layout and config): "step" (i64 [1], a copy), "master", "exp_avg", "exp_avg_sq".
+  // layout and config): "step" (i64 [1], a CPU copy), "master", "exp_avg", "exp_avg_sq" (on the
+  // store's device).
   std::vector<std::pair<std::string, Tensor>> state() const;
   // Restores what state() returned (same names, shapes and dtypes; copied in on stream). Throws
   // InvalidArgument naming the tensor on a mismatch, before changing anything. Parameter values
