@@ -11,17 +11,73 @@ void OpState::finish(std::exception_ptr e) {
   {
     std::lock_guard lock(mutex);
     error = std::move(e);
-    done = true;
+    done.store(true, std::memory_order_release);
   }
   done_cv.notify_all();
+}
+
+void OpQueue::run(Task& task) {
+  std::string failure;
+  {
+    std::lock_guard lock(mutex);
+    failure = first_failure;
+  }
+  std::exception_ptr error;
+  if (!failure.empty()) {
+    try {
+      QUINTET_THROW(Aborted,
+                    "{} was not run: an earlier operation on this communicator failed ({}); "
+                    "create a new communicator after handling that error",
+                    task.state->description, failure);
+    } catch (...) {
+      error = std::current_exception();
+    }
+  } else {
+    try {
+      task.fn();
+    } catch (const std::exception& e) {
+      error = std::current_exception();
+      std::lock_guard lock(mutex);
+      first_failure = task.state->description + ": " + e.what();
+    } catch (...) {
+      error = std::current_exception();
+      std::lock_guard lock(mutex);
+      first_failure = task.state->description + ": unknown exception";
+    }
+  }
+  task.fn = nullptr;  // release the tensors before signalling completion
+  task.state->finish(error);
+}
+
+void OpQueue::help_until(const OpState& until) {
+  std::unique_lock lock(mutex);
+  bool ran = false;
+  while (!until.done.load(std::memory_order_acquire) && !running && !tasks.empty()) {
+    Task task = std::move(tasks.front());
+    tasks.pop_front();
+    running = true;
+    lock.unlock();
+    run(task);
+    lock.lock();
+    running = false;
+    ran = true;
+  }
+  lock.unlock();
+  // The thread may have found the queue busy and gone back to sleep: hand the rest (operations
+  // queued after ours, or a pending stop) back to it.
+  if (ran) work_cv.notify_all();
 }
 
 void CpuWork::wait(const Stream&) { synchronize_for(std::chrono::nanoseconds::max()); }
 
 bool CpuWork::synchronize_for(std::chrono::nanoseconds timeout) {
+  const bool forever = timeout == std::chrono::nanoseconds::max();
+  // A bounded wait must not enter a blocking MPI call that could outlast its timeout: only an
+  // unbounded one runs operations itself.
+  if (forever && !state_->done.load(std::memory_order_acquire)) queue_->help_until(*state_);
   std::unique_lock lock(state_->mutex);
-  auto is_done = [&] { return state_->done; };
-  if (timeout == std::chrono::nanoseconds::max()) {
+  auto is_done = [&] { return state_->done.load(std::memory_order_acquire); };
+  if (forever) {
     state_->done_cv.wait(lock, is_done);
   } else if (!state_->done_cv.wait_for(lock, timeout, is_done)) {
     return false;
@@ -30,14 +86,11 @@ bool CpuWork::synchronize_for(std::chrono::nanoseconds timeout) {
   return true;
 }
 
-bool CpuWork::is_completed() {
-  std::lock_guard lock(state_->mutex);
-  return state_->done;
-}
+bool CpuWork::is_completed() { return state_->done.load(std::memory_order_acquire); }
 
 ProgressThread::ProgressThread(std::string name)
-    : name_(std::move(name)), shared_(std::make_shared<Shared>()) {
-  thread_ = std::thread(&ProgressThread::loop, shared_);
+    : name_(std::move(name)), queue_(std::make_shared<OpQueue>()) {
+  thread_ = std::thread(&ProgressThread::loop, queue_);
 }
 
 ProgressThread::~ProgressThread() {
@@ -46,75 +99,51 @@ ProgressThread::~ProgressThread() {
 
 Work ProgressThread::submit(std::string description, std::function<void()> fn) {
   auto state = std::make_shared<OpState>(std::move(description));
+  bool wake = false;
   {
-    std::lock_guard lock(shared_->mutex);
-    QUINTET_CHECK(!shared_->stop, "{} submitted to communicator '{}' after it was shut down",
+    std::lock_guard lock(queue_->mutex);
+    QUINTET_CHECK(!queue_->stop, "{} submitted to communicator '{}' after it was shut down",
                   state->description, name_);
-    shared_->queue.push_back(Task{std::move(fn), state});
+    queue_->tasks.push_back(OpQueue::Task{std::move(fn), state});
+    // Only the first task of an idle queue needs a wake-up; a busy runner takes the next itself.
+    wake = !queue_->running && queue_->tasks.size() == 1;
   }
-  shared_->cv.notify_all();
-  return Work(std::make_shared<CpuWork>(std::move(state)));
+  if (wake) queue_->work_cv.notify_all();
+  return Work(std::make_shared<CpuWork>(std::move(state), queue_));
 }
 
 void ProgressThread::run_sync(std::string description, std::function<void()> fn) {
   submit(std::move(description), std::move(fn)).synchronize();
 }
 
-void ProgressThread::loop(std::shared_ptr<Shared> shared) {
+void ProgressThread::loop(std::shared_ptr<OpQueue> q) {
+  std::unique_lock lock(q->mutex);
   for (;;) {
-    Task task;
-    std::string failure;
-    {
-      std::unique_lock lock(shared->mutex);
-      shared->cv.wait(lock, [&] { return shared->stop || !shared->queue.empty(); });
-      if (shared->queue.empty()) break;  // stopping, and everything queued has run
-      task = std::move(shared->queue.front());
-      shared->queue.pop_front();
-      failure = shared->first_failure;
-    }
-    std::exception_ptr error;
-    if (!failure.empty()) {
-      try {
-        QUINTET_THROW(Aborted,
-                      "{} was not run: an earlier operation on this communicator failed "
-                      "({}); create a new communicator after handling that error",
-                      task.state->description, failure);
-      } catch (...) {
-        error = std::current_exception();
-      }
-    } else {
-      try {
-        task.fn();
-      } catch (const std::exception& e) {
-        error = std::current_exception();
-        std::lock_guard lock(shared->mutex);
-        shared->first_failure = task.state->description + ": " + e.what();
-      } catch (...) {
-        error = std::current_exception();
-        std::lock_guard lock(shared->mutex);
-        shared->first_failure = task.state->description + ": unknown exception";
-      }
-    }
-    task.fn = nullptr;  // release the tensors before signalling completion
-    task.state->finish(error);
+    q->work_cv.wait(lock, [&] { return !q->running && (q->stop || !q->tasks.empty()); });
+    if (q->tasks.empty()) break;  // stopping, and everything queued has run
+    OpQueue::Task task = std::move(q->tasks.front());
+    q->tasks.pop_front();
+    q->running = true;
+    lock.unlock();
+    q->run(task);
+    lock.lock();
+    q->running = false;
   }
-  {
-    std::lock_guard lock(shared->mutex);
-    shared->exited = true;
-  }
-  shared->cv.notify_all();
+  q->exited = true;
+  lock.unlock();
+  q->work_cv.notify_all();
 }
 
 bool ProgressThread::stop_and_join(double timeout_s) noexcept {
   if (!thread_.joinable()) return true;
   try {
-    std::unique_lock lock(shared_->mutex);
-    shared_->stop = true;
-    shared_->cv.notify_all();
-    auto exited = [&] { return shared_->exited; };
+    std::unique_lock lock(queue_->mutex);
+    queue_->stop = true;
+    queue_->work_cv.notify_all();
+    auto exited = [&] { return queue_->exited; };
     if (timeout_s < 0) {
-      shared_->cv.wait(lock, exited);
-    } else if (!shared_->cv.wait_for(lock, std::chrono::duration<double>(timeout_s), exited)) {
+      queue_->work_cv.wait(lock, exited);
+    } else if (!queue_->work_cv.wait_for(lock, std::chrono::duration<double>(timeout_s), exited)) {
       lock.unlock();
       log::error(
           "communicator '{}': its progress thread is still busy {} s after shutdown began "

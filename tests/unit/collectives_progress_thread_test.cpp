@@ -1,0 +1,112 @@
+// The MPI backend's ProgressThread: operations run one at a time and in submission order, whether
+// the thread or a caller blocked in Work::synchronize runs them (work stealing); failures abort
+// what was queued after them; bounded waits time out; shutdown drains the queue.
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "collectives/mpi/progress_thread.hpp"
+#include "support/catch.hpp"
+
+using quintet::Work;
+using quintet::detail::ProgressThread;
+
+namespace {
+thread_local bool tl_test_thread = false;  // set on the test's own threads, not the progress thread
+}  // namespace
+
+TEST_CASE("operations run one at a time, in order, with several threads waiting") {
+  constexpr int kOps = 3000, kWaiters = 3;
+  std::vector<int> order;
+  order.reserve(kOps);
+  std::atomic<int> active{0}, overlaps{0};
+  std::atomic<int> off_thread{0};  // run by a waiting caller rather than the progress thread
+  std::mutex order_mutex;          // only so that a broken exclusion cannot corrupt the vector
+  std::vector<Work> works(kOps);
+  std::atomic<int> submitted{0};
+  {
+    ProgressThread thread("test");
+    std::vector<std::thread> waiters;
+    for (int w = 0; w < kWaiters; ++w) {
+      waiters.emplace_back([&, w] {
+        tl_test_thread = true;
+        std::mt19937 rng(w);
+        for (int k = 0; k < 200; ++k) {
+          const int n = submitted.load();
+          if (n == 0) continue;
+          works[std::uniform_int_distribution<int>(0, n - 1)(rng)].synchronize();
+        }
+      });
+    }
+    tl_test_thread = true;
+    for (int i = 0; i < kOps; ++i) {
+      works[i] = thread.submit("op " + std::to_string(i), [&, i] {
+        if (active.fetch_add(1) != 0) ++overlaps;
+        if (tl_test_thread) ++off_thread;
+        {
+          std::lock_guard lock(order_mutex);
+          order.push_back(i);
+        }
+        active.fetch_sub(1);
+      });
+      submitted.store(i + 1);
+      if (i % 7 == 0) works[i].synchronize();  // the caller often finds the queue idle
+    }
+    for (std::thread& t : waiters) t.join();
+    works.back().synchronize();
+  }
+  CHECK(overlaps.load() == 0);
+  REQUIRE(order.size() == static_cast<std::size_t>(kOps));
+  for (int i = 0; i < kOps; ++i) REQUIRE(order[i] == i);
+  for (const Work& w : works) CHECK(w.is_completed());
+  INFO("operations run by waiting callers: " << off_thread.load());
+  // A caller that waits at once on what it just submitted is faster to the queue than a thread
+  // woken from sleep, so some operations (usually most of those) ran on callers.
+  CHECK(off_thread.load() > 0);
+}
+
+TEST_CASE("a failed operation aborts the ones after it, also when a caller runs them") {
+  ProgressThread thread("test");
+  std::atomic<int> ran_after{0};
+  Work ok = thread.submit("ok", [] {});
+  Work bad = thread.submit("bad op", [] { QUINTET_THROW(InvalidArgument, "boom"); });
+  std::vector<Work> after;
+  for (int i = 0; i < 3; ++i) after.push_back(thread.submit("after", [&] { ++ran_after; }));
+  REQUIRE_THROWS_QUINTET(after.back().synchronize(), Aborted, "bad op: ");
+  REQUIRE_THROWS_QUINTET(after.back().synchronize(), Aborted, "boom");
+  REQUIRE_NOTHROW(ok.synchronize());
+  REQUIRE_THROWS_QUINTET(bad.synchronize(), InvalidArgument, "boom");
+  REQUIRE_THROWS_QUINTET(after.front().wait(), Aborted, "was not run");
+  CHECK(ran_after.load() == 0);
+}
+
+TEST_CASE("a bounded wait times out behind a blocked operation; the queue then continues") {
+  ProgressThread thread("test");
+  std::atomic<bool> release{false};
+  std::atomic<bool> second_ran{false};
+  Work blocked = thread.submit("blocked", [&] {
+    while (!release.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  });
+  Work second = thread.submit("second op", [&] { second_ran = true; });
+  REQUIRE_THROWS_QUINTET(second.wait_for(std::chrono::milliseconds(30)), Timeout, "second op");
+  CHECK_FALSE(second.is_completed());
+  CHECK_FALSE(second_ran.load());
+  release = true;
+  REQUIRE_NOTHROW(second.synchronize());
+  CHECK(second_ran.load());
+  CHECK(blocked.is_completed());
+}
+
+TEST_CASE("shutdown runs every queued operation; their Works stay valid") {
+  std::atomic<int> ran{0};
+  std::vector<Work> works;
+  {
+    ProgressThread thread("test");
+    for (int i = 0; i < 100; ++i) works.push_back(thread.submit("op", [&] { ++ran; }));
+  }
+  CHECK(ran.load() == 100);
+  for (const Work& w : works) REQUIRE_NOTHROW(w.synchronize());
+}
