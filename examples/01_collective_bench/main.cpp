@@ -8,9 +8,10 @@
 //   1. runs the operation once through the Quintet communicator and checks the result against
 //      the expected values on every rank (a wrong result fails the run with exit code 1);
 //   2. times --iters back-to-back operations, --reps times, after --warmup untimed ones, through
-//      Quintet and through raw NCCL/MPI calls on the same buffers: CUDA events on the caller's
-//      stream on a GPU, a steady clock after a barrier on the CPU; a repetition counts as long as
-//      its slowest rank, and the median repetition is reported;
+//      Quintet and through raw NCCL/MPI calls on the same buffers, alternating the two's
+//      repetitions: CUDA events on the caller's stream on a GPU, a steady clock after a barrier
+//      on the CPU; a repetition counts as long as its slowest rank, and the median repetition is
+//      reported;
 //   3. prints time per operation, algorithm bandwidth (bytes / time), bus bandwidth (nccl-tests'
 //      factors) for both, and ours/raw (ratio of bus bandwidths; 1.0 = no overhead).
 // Bytes are per rank as in nccl-tests (see bench_ops.hpp); bandwidths in GB/s (1e9 bytes/s).
@@ -98,36 +99,52 @@ double max_over_ranks(Communicator& comm, const Device& device, double value) {
   return t.item({0});
 }
 
-// Seconds per operation: `iters` issues then finish(), timed on stream (GPU: CUDA events; CPU:
-// steady clock after a barrier), slowest rank, median over `reps` repetitions.
-double seconds_per_op(Communicator& comm, const Device& device, const Stream& stream,
-                      const Options& o, const std::function<void()>& issue,
-                      const std::function<void()>& finish) {
-  for (int i = 0; i < o.warmup; ++i) issue();
-  finish();
+// One way of running the operation: `iters` issues then finish() make one timed repetition.
+struct Timed {
+  std::function<void()> issue;
+  std::function<void()> finish;
+};
+
+// Seconds per operation of each contender, timed on stream (GPU: CUDA events; CPU: steady clock
+// after a barrier), slowest rank, median over `reps` repetitions. The contenders' repetitions
+// alternate (ours, raw, ours, raw, ...) after each one's warm-up, so that a slow spell of a shared
+// machine hits both alike instead of one of them.
+std::vector<double> seconds_per_op(Communicator& comm, const Device& device, const Stream& stream,
+                                   const Options& o, const std::vector<Timed>& contenders) {
+  for (const Timed& c : contenders) {
+    for (int i = 0; i < o.warmup; ++i) c.issue();
+    c.finish();
+  }
   stream.synchronize();
-  std::vector<double> times;
+  std::vector<std::vector<double>> times(contenders.size());
   quintet::Event start(device, true), stop(device, true);
   for (int rep = 0; rep < o.reps; ++rep) {
-    double seconds = 0;
-    if (device.is_cuda()) {
-      start.record(stream);
-      for (int i = 0; i < o.iters; ++i) issue();
-      finish();
-      stop.record(stream);
-      stop.synchronize();
-      seconds = stop.elapsed_ms(start) * 1e-3;
-    } else {
-      comm.barrier().wait();
-      const auto t0 = std::chrono::steady_clock::now();
-      for (int i = 0; i < o.iters; ++i) issue();
-      finish();
-      seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    for (std::size_t k = 0; k < contenders.size(); ++k) {
+      const Timed& c = contenders[k];
+      double seconds = 0;
+      if (device.is_cuda()) {
+        start.record(stream);
+        for (int i = 0; i < o.iters; ++i) c.issue();
+        c.finish();
+        stop.record(stream);
+        stop.synchronize();
+        seconds = stop.elapsed_ms(start) * 1e-3;
+      } else {
+        comm.barrier().wait();
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < o.iters; ++i) c.issue();
+        c.finish();
+        seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      }
+      times[k].push_back(max_over_ranks(comm, device, seconds / o.iters));
     }
-    times.push_back(max_over_ranks(comm, device, seconds / o.iters));
   }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  std::vector<double> medians;
+  for (std::vector<double>& t : times) {
+    std::sort(t.begin(), t.end());
+    medians.push_back(t[t.size() / 2]);
+  }
+  return medians;
 }
 
 // The raw baseline of this run: an NCCL communicator of its own (GPU), or a duplicate of
@@ -232,23 +249,23 @@ int run(quintet::World& world, const Options& o) {
         }
         return 1;
       }
-      // 2. Timing: ours, then the raw baseline on the same buffers.
+      // 2. Timing: ours and the raw baseline on the same buffers, repetitions interleaved.
       Work last;
-      const double ours = seconds_per_op(
-          comm, device, stream, o, [&] { last = issue_ours(comm, op, b, stream); },
-          [&] { last.wait(stream); });
-      std::optional<double> raw;
+      std::vector<Timed> contenders = {
+          {[&] { last = issue_ours(comm, op, b, stream); }, [&] { last.wait(stream); }}};
 #if QUINTET_HAS_NCCL
       if (baseline.nccl != nullptr) {
-        raw = seconds_per_op(
-            comm, device, stream, o,
-            [&] { issue_raw_nccl(baseline.nccl, op, b, stream.handle(), me, n); }, [] {});
+        contenders.push_back(
+            {[&] { issue_raw_nccl(baseline.nccl, op, b, stream.handle(), me, n); }, [] {}});
       }
 #endif
       if (baseline.mpi != MPI_COMM_NULL && b.count <= INT_MAX) {
-        raw = seconds_per_op(
-            comm, device, stream, o, [&] { run_raw_mpi(baseline.mpi, op, b, me, n); }, [] {});
+        contenders.push_back({[&] { run_raw_mpi(baseline.mpi, op, b, me, n); }, [] {}});
       }
+      const std::vector<double> seconds = seconds_per_op(comm, device, stream, o, contenders);
+      const double ours = seconds[0];
+      std::optional<double> raw;
+      if (seconds.size() > 1) raw = seconds[1];
       // 3. Report.
       const double bytes = static_cast<double>(b.bytes());
       const double algbw = bytes / ours * 1e-9, busbw = algbw * bus_factor(op, n);
