@@ -114,7 +114,8 @@ std::string checkpoint_name(std::int64_t step) { return fmt::format("step_{:06d}
 
 void save_checkpoint(const std::string& dir, std::int64_t step,
                      const std::vector<NamedTensor>& tensors, const std::string& metadata_json,
-                     Communicator& comm, const Stream& stream) {
+                     Communicator& comm, const Stream& stream,
+                     const std::function<void()>& before_commit) {
   QUINTET_CHECK(!dir.empty(), "save_checkpoint: empty directory name");
   QUINTET_CHECK(step >= 0, "save_checkpoint: step = {}; expected >= 0", step);
   QUINTET_CHECK(!metadata_json.empty(), "save_checkpoint: empty metadata; pass a JSON value");
@@ -159,6 +160,7 @@ void save_checkpoint(const std::string& dir, std::int64_t step,
     comm.all_gather(mine, all).synchronize();
   }
 
+  if (before_commit) before_commit();
   run_agreed(comm, "save_checkpoint: committing", [&] {
     if (rank != 0) return;
     std::string json = fmt::format(

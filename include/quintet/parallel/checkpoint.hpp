@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -43,10 +44,13 @@ struct NamedTensor {
 // (an object, typically); it is stored verbatim under "user". Tensors on a GPU are copied to the
 // host after the work queued on stream. Throws InvalidArgument (before any communication) for an
 // empty dir, a negative step, or duplicate/empty tensor names; System when a file cannot be
-// written; Remote on the ranks whose peers failed.
+// written; Remote on the ranks whose peers failed. before_commit, when given, runs on every rank
+// once all shards are written and agreed, just before rank 0 commits (for logging, or for tests
+// that stop a save midway).
 void save_checkpoint(const std::string& dir, std::int64_t step,
                      const std::vector<NamedTensor>& tensors, const std::string& metadata_json,
-                     Communicator& comm, const Stream& stream = Stream());
+                     Communicator& comm, const Stream& stream = Stream(),
+                     const std::function<void()>& before_commit = {});
 
 // A complete checkpoint found on disk.
 struct CheckpointInfo {

@@ -1,0 +1,208 @@
+// 04_gpt_train: a GPT trained under any dp x tp (+ sp) layout, on CPUs or GPUs, on the built-in
+// dataset or token shards, with checkpoints and per-step metrics. The template for your trainer:
+// one step reads top to bottom in train_step() below.
+//
+//   mpirun -np 4 04_gpt_train --tp 2 --dp 2 --device cpu --steps 200         # CPU, 4 ranks
+//   mpirun -np 2 04_gpt_train --dp 2 --layers 24 --hidden 1024 --heads 16 \
+//       --seq-len 1024 --micro-batch 8 --global-batch 16 --bench              # two GPUs
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstdio>
+#include <memory>
+
+#include "gpt_model.hpp"
+#include "metrics.hpp"
+#include "quintet/collectives/bootstrap.hpp"  // World, init
+#include "quintet/core/allocator.hpp"         // peak GPU memory
+#include "quintet/core/log.hpp"
+#include "quintet/data/loader.hpp"                     // DataLoader
+#include "quintet/data/synthetic.hpp"                  // the built-in dataset and its entropy floor
+#include "quintet/nn/ops.hpp"                          // add_
+#include "quintet/parallel/data_parallel.hpp"          // gradient buckets over dp
+#include "quintet/parallel/distributed_optimizer.hpp"  // AdamW, ZeRO 0/1/2, clipping
+#include "quintet/parallel/mesh.hpp"
+#include "trainer_state.hpp"
+
+namespace {
+
+using quintet::Axis;
+using quintet::Tensor;
+
+struct Trainer {
+  const gpt::TrainConfig& config;
+  quintet::World& world;
+  quintet::Mesh& mesh;
+  const quintet::Stream& stream;
+  gpt::GptModel& model;
+  quintet::VocabParallelCrossEntropy& loss_fn;
+  quintet::DataParallel& dp;
+  quintet::DistributedOptimizer& optimizer;
+  quintet::data::DataLoader& loader;
+  quintet::data::SamplerState data_position;  // after the last batch consumed
+};
+
+struct StepResult {
+  double loss = 0.0;
+  double grad_norm = 0.0;
+};
+
+// One optimizer step: accumulation over microbatches, the gradient reductions overlapping the
+// last backward, the (sharded) AdamW update, the loss averaged over dp.
+StepResult train_step(Trainer& t) {
+  const std::int64_t accumulation = t.config.accumulation();
+  const float dloss = 1.0f / static_cast<float>(accumulation);
+  Tensor loss_sum = Tensor::empty({}, quintet::DType::f32, t.stream.device(), t.stream);
+  loss_sum.fill_(0.0, t.stream);
+  t.dp.begin_step();
+  for (std::int64_t m = 0; m < accumulation; ++m) {
+    quintet::data::Batch batch = t.loader.next(t.stream);
+    batch.wait(t.stream);
+    t.data_position = batch.next_state;
+    t.dp.set_last_microbatch(m == accumulation - 1);
+    quintet::nn::Context ctx(t.stream);
+    const Tensor logits = t.model.forward(ctx, batch.tokens);
+    const auto out = t.loss_fn.forward(logits, batch.targets, t.stream);
+    const Tensor dlogits = t.loss_fn.backward(logits, batch.targets, out, dloss, t.stream);
+    t.model.backward(ctx, dlogits);
+    quintet::nn::add_(loss_sum, out.loss, dloss, t.stream);
+  }
+  t.dp.finish(t.stream);
+  const quintet::nn::OptimizerStepInfo info = t.optimizer.step(t.stream);
+  // Every tp rank has the same loss; the mean over dp is the loss of the global batch.
+  t.mesh.comm(Axis::dp).all_reduce(loss_sum, quintet::ReduceOp::avg, t.stream).wait(t.stream);
+  const Tensor host_loss = loss_sum.to(quintet::Device::cpu(), t.stream);
+  t.stream.synchronize();
+  return {host_loss.item(), info.grad_norm};
+}
+
+int run(const gpt::TrainConfig& c, quintet::World& world) {
+  gpt::validate(c, world.size());
+  const quintet::Device device = world.device();
+  const bool gpu = device.is_cuda();
+  quintet::Stream stream = gpu ? quintet::Stream::create(device) : quintet::Stream();
+
+  quintet::ParallelConfig layout;
+  layout.tp = c.tp;
+  layout.dp = c.dp;
+  quintet::Mesh mesh(quintet::Layout(layout, world.size()), world.comm());
+
+  // Data: the built-in dataset (made once, by whichever rank gets there first) or the user's.
+  std::string spec = c.data;
+  if (spec.empty()) {
+    const quintet::data::SyntheticConfig synthetic;
+    QUINTET_CHECK(c.vocab >= synthetic.vocab_size,
+                  "--vocab {}: the built-in dataset has {} tokens; use --vocab >= {}", c.vocab,
+                  synthetic.vocab_size, synthetic.vocab_size);
+    const auto made = quintet::data::ensure_synthetic_dataset(c.data_dir, synthetic);
+    spec = fmt::format("{}", fmt::join(made.train, ","));
+  }
+  quintet::data::TokenDataset dataset = quintet::data::TokenDataset::open(spec);
+  const std::optional<double> floor = quintet::data::entropy_floor_nats(dataset);
+
+  gpt::GptModel model(c, mesh.comm(Axis::tp));
+  quintet::nn::ParameterStore store(model, gpu ? quintet::DType::bf16 : quintet::DType::f32, stream,
+                                    c.seed);
+  quintet::VocabParallelCrossEntropy loss_fn(mesh.comm(Axis::tp), c.vocab);
+  quintet::DataParallelConfig dp_config;
+  dp_config.overlap = !c.no_overlap;
+  dp_config.zero_stage = c.zero;
+  quintet::DataParallel dp(store, mesh, dp_config, stream);
+  quintet::nn::AdamWConfig adam;
+  adam.hyper.lr = c.lr;
+  adam.hyper.beta1 = 0.9f;
+  adam.hyper.beta2 = 0.95f;
+  adam.hyper.eps = 1e-8f;
+  adam.hyper.weight_decay = c.weight_decay;
+  adam.max_grad_norm = c.clip;
+  quintet::DistributedOptimizer optimizer(dp, adam, stream);
+
+  gpt::RunPosition start;
+  if (!c.resume.empty()) {
+    if (auto resumed = gpt::resume_run(c, store, optimizer, world.comm(), stream)) {
+      start = *resumed;
+      if (world.rank() == 0) {
+        quintet::log::info("resumed from {} at step {}", c.resume, start.step);
+      }
+    }
+  }
+
+  quintet::data::LoaderConfig lc;
+  lc.seq_len = c.seq_len;
+  lc.batch_size = c.micro_batch;
+  lc.threads = c.loader_threads;
+  lc.device = device;
+  lc.sampler.seed = c.seed;
+  lc.sampler.dp_rank = mesh.rank(Axis::dp);
+  lc.sampler.dp_size = mesh.size(Axis::dp);
+  lc.sampler.start = start.data;
+  quintet::data::DataLoader loader(std::move(dataset), lc);
+
+  if (world.rank() == 0 && !c.json) {
+    fmt::print(
+        "04_gpt_train: {} params ({} non-embedding), {} layers, hidden {}, heads {}, "
+        "vocab {}, seq {} | tp {} x dp {}{}, ZeRO-{} | {} | global batch {} = micro {} x "
+        "dp {} x accumulation {}\n",
+        model.total_params(), model.non_embedding_params(), c.layers, c.hidden, c.heads, c.vocab,
+        c.seq_len, c.tp, c.dp, c.sp ? " (+sp)" : "", c.zero, device.str(), c.global_batch,
+        c.micro_batch, c.dp, c.accumulation());
+  }
+  Trainer t{c, world, mesh, stream, model, loss_fn, dp, optimizer, loader, start.data};
+  gpt::Reporter reporter(world.rank() == 0, c.json, c.progress, c.steps);
+  const double fpt =
+      gpt::flops_per_token(model.non_embedding_params(), c.layers, c.hidden, c.seq_len);
+  for (std::int64_t step = start.step; step < c.steps; ++step) {
+    const float lr = gpt::learning_rate(c, step);
+    optimizer.set_lr(lr);
+    if (gpu) quintet::cuda_reset_peak(device);
+    const auto t0 = std::chrono::steady_clock::now();
+    const StepResult r = train_step(t);
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    const quintet::DataParallelStats comm = dp.last_step_stats();
+
+    gpt::StepRecord rec;
+    rec.step = step + 1;
+    rec.loss = r.loss;
+    rec.entropy_floor = floor;
+    rec.lr = lr;
+    rec.grad_norm = r.grad_norm;
+    rec.ms = ms;
+    rec.tokens_per_s = static_cast<double>(c.tokens_per_step()) / (ms / 1000.0);
+    if (gpu) {
+      const double flops_per_gpu = rec.tokens_per_s * fpt / world.size();
+      rec.tflops = flops_per_gpu / 1e12;
+      rec.mfu = flops_per_gpu / gpt::kPeakFlopsPerGpu;
+      rec.peak_mem_bytes =
+          static_cast<std::int64_t>(quintet::cuda_allocator_stats(device).peak_bytes);
+    } else {
+      rec.peak_mem_bytes = gpt::peak_rss_bytes();
+    }
+    rec.comm_ms = comm.comm_ms;
+    rec.exposed_comm_pct = 100.0 * comm.exposed_ms / ms;
+    reporter.step(rec);
+
+    const bool last = step + 1 == c.steps;
+    if (!c.save.empty() && ((c.save_every > 0 && (step + 1) % c.save_every == 0) || last)) {
+      gpt::save_run(c, {step + 1, t.data_position}, store, optimizer, world.comm(), stream);
+    }
+  }
+  reporter.summary(c.bench ? c.bench_skip : 0);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const quintet::RuntimeConfig runtime = quintet::RuntimeConfig::from_args(argc, argv);
+    gpt::TrainConfig config;
+    int exit_code = 0;
+    if (!gpt::parse_args(runtime, &config, &exit_code)) return exit_code;
+    quintet::World world = quintet::init(runtime);
+    return run(config, world);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "04_gpt_train: %s\n", e.what());
+    return 2;
+  }
+}

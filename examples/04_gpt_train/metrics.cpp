@@ -1,0 +1,133 @@
+#include "metrics.hpp"
+
+#include <fmt/format.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+namespace gpt {
+
+double flops_per_token(std::int64_t n, std::int64_t layers, std::int64_t hidden,
+                       std::int64_t seq_len) {
+  return 6.0 * static_cast<double>(n) + 12.0 * static_cast<double>(layers) *
+                                            static_cast<double>(hidden) *
+                                            static_cast<double>(seq_len);
+}
+
+std::int64_t peak_rss_bytes() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<std::int64_t>(u.ru_maxrss) * 1024;
+}
+
+Reporter::Reporter(bool active, bool json, bool progress, std::int64_t total_steps)
+    : active_(active),
+      json_(json),
+      progress_(progress && active && !json && isatty(STDERR_FILENO)),
+      total_(total_steps) {}
+
+namespace {
+
+std::string mem_str(std::int64_t bytes) {
+  return bytes >= (1LL << 30) ? fmt::format("{:.2f} GiB", bytes / double(1LL << 30))
+                              : fmt::format("{:.1f} MiB", bytes / double(1LL << 20));
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+}  // namespace
+
+void Reporter::step(const StepRecord& r) {
+  records_.push_back(r);
+  if (!active_) return;
+  if (json_) {
+    nlohmann::json j{{"step", r.step},
+                     {"loss", r.loss},
+                     {"entropy_floor",
+                      r.entropy_floor ? nlohmann::json(*r.entropy_floor) : nlohmann::json(nullptr)},
+                     {"lr", r.lr},
+                     {"grad_norm", r.grad_norm},
+                     {"ms", r.ms},
+                     {"tokens_per_s", r.tokens_per_s},
+                     {"mfu", r.mfu ? nlohmann::json(*r.mfu) : nlohmann::json(nullptr)},
+                     {"tflops", r.tflops ? nlohmann::json(*r.tflops) : nlohmann::json(nullptr)},
+                     {"exposed_comm_pct", r.exposed_comm_pct},
+                     {"comm_ms", r.comm_ms},
+                     {"peak_mem_bytes", r.peak_mem_bytes}};
+    fmt::print("{}\n", j.dump());
+    std::fflush(stdout);
+    return;
+  }
+  if (progress_) std::fputs("\r\033[K", stderr);  // clear the bar before the line
+  std::string line = fmt::format("step {:5d}/{} | loss {:.4f}", r.step, total_, r.loss);
+  if (r.entropy_floor) line += fmt::format(" (floor {:.4f})", *r.entropy_floor);
+  line += fmt::format(" | lr {:.2e} | grad norm {:.3f} | {:.1f} ms | {:.0f} tok/s", r.lr,
+                      r.grad_norm, r.ms, r.tokens_per_s);
+  if (r.mfu) line += fmt::format(" | MFU {:.1f}% ({:.1f} TFLOP/s)", 100 * *r.mfu, *r.tflops);
+  line += fmt::format(" | exposed comm {:.1f}% | peak mem {}", r.exposed_comm_pct,
+                      mem_str(r.peak_mem_bytes));
+  fmt::print("{}\n", line);
+  std::fflush(stdout);
+  draw_progress(r);
+}
+
+void Reporter::draw_progress(const StepRecord& r) const {
+  if (!progress_) return;
+  double spent_ms = 0;
+  for (const auto& x : records_) spent_ms += x.ms;
+  const double per_step = spent_ms / static_cast<double>(records_.size());
+  const double eta_s = per_step * static_cast<double>(total_ - r.step) / 1000.0;
+  constexpr int kWidth = 30;
+  const int filled = static_cast<int>(kWidth * r.step / std::max<std::int64_t>(total_, 1));
+  fmt::print(stderr, "\r[{}{}] {}/{} ETA {:.0f} s", std::string(filled, '#'),
+             std::string(kWidth - filled, '.'), r.step, total_, eta_s);
+  if (r.step == total_) fmt::print(stderr, "\r\033[K");
+  std::fflush(stderr);
+}
+
+void Reporter::summary(std::int64_t skip) const {
+  if (!active_ || records_.empty()) return;
+  std::size_t first = static_cast<std::size_t>(std::max<std::int64_t>(skip, 0));
+  if (first >= records_.size()) first = 0;
+  std::vector<double> ms, tps, mfu, exposed, comm;
+  for (std::size_t i = first; i < records_.size(); ++i) {
+    ms.push_back(records_[i].ms);
+    tps.push_back(records_[i].tokens_per_s);
+    if (records_[i].mfu) mfu.push_back(*records_[i].mfu);
+    exposed.push_back(records_[i].exposed_comm_pct);
+    comm.push_back(records_[i].comm_ms);
+  }
+  const StepRecord& last = records_.back();
+  const std::int64_t measured = static_cast<std::int64_t>(records_.size() - first);
+  if (json_) {
+    nlohmann::json j{
+        {"summary", true},
+        {"steps_measured", measured},
+        {"final_loss", last.loss},
+        {"median_ms", median(ms)},
+        {"median_tokens_per_s", median(tps)},
+        {"median_mfu", mfu.empty() ? nlohmann::json(nullptr) : nlohmann::json(median(mfu))},
+        {"median_exposed_comm_pct", median(exposed)},
+        {"median_comm_ms", median(comm)},
+        {"peak_mem_bytes", last.peak_mem_bytes}};
+    fmt::print("{}\n", j.dump());
+    return;
+  }
+  fmt::print("summary: {} steps measured (first {} skipped) | final loss {:.4f}", measured, first,
+             last.loss);
+  if (last.entropy_floor) fmt::print(" (floor {:.4f})", *last.entropy_floor);
+  fmt::print(" | median {:.1f} ms/step, {:.0f} tok/s", median(ms), median(tps));
+  if (!mfu.empty()) fmt::print(", MFU {:.1f}%", 100 * median(mfu));
+  fmt::print(" | dp comm {:.2f} ms, exposed {:.1f}% | peak mem {}\n", median(comm), median(exposed),
+             mem_str(last.peak_mem_bytes));
+}
+
+}  // namespace gpt

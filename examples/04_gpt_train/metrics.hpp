@@ -1,0 +1,54 @@
+// What the trainer reports: one record per step (printed as a line or a JSON object), a progress
+// bar with ETA on a terminal, and a summary with medians at the end.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace gpt {
+
+struct StepRecord {
+  std::int64_t step = 0;                // 1-based: the optimizer step just taken
+  double loss = 0.0;                    // mean cross-entropy over the global batch (nats/token)
+  std::optional<double> entropy_floor;  // the dataset's, when it records one
+  double lr = 0.0;
+  double grad_norm = 0.0;           // global, before clipping
+  double ms = 0.0;                  // wall time of the step
+  double tokens_per_s = 0.0;        // global batch tokens / step time
+  std::optional<double> mfu;        // GPU only: model FLOP/s over 989 TFLOP/s per GPU
+  std::optional<double> tflops;     // GPU only: model TFLOP/s per GPU
+  double exposed_comm_pct = 0.0;    // exposed data-parallel communication, % of the step
+  double comm_ms = 0.0;             // data-parallel communication time (hidden or not)
+  std::int64_t peak_mem_bytes = 0;  // peak device memory (GPU) or resident set (CPU)
+};
+
+// Model FLOPs per token for training (forward + backward): 6 N + 12 L d T, N the non-embedding
+// parameters, L layers, d width, T sequence length (attention scores and values).
+double flops_per_token(std::int64_t non_embedding_params, std::int64_t layers, std::int64_t hidden,
+                       std::int64_t seq_len);
+
+// Dense bf16 peak of one H200 (and H100 SXM), the MFU denominator.
+constexpr double kPeakFlopsPerGpu = 989e12;
+
+class Reporter {
+ public:
+  // Prints only when active (rank 0). json: one object per step instead of a text line.
+  Reporter(bool active, bool json, bool progress, std::int64_t total_steps);
+  void step(const StepRecord& r);
+  // Median figures over records after skip (all records when too few), then a summary line.
+  void summary(std::int64_t skip) const;
+  const std::vector<StepRecord>& records() const { return records_; }
+
+ private:
+  void draw_progress(const StepRecord& r) const;
+  bool active_, json_, progress_;
+  std::int64_t total_;
+  std::vector<StepRecord> records_;
+};
+
+// Peak resident memory of this process in bytes (CPU runs).
+std::int64_t peak_rss_bytes();
+
+}  // namespace gpt

@@ -1,0 +1,108 @@
+#include "train_config.hpp"
+
+#include <CLI/CLI.hpp>
+#include <cmath>
+#include <numbers>
+
+#include "quintet/core/error.hpp"
+
+namespace gpt {
+
+bool parse_args(const quintet::RuntimeConfig& runtime, TrainConfig* c, int* exit_code) {
+  CLI::App app{"Train a GPT model under any dp x tp (+sp) layout, on CPU or GPU"};
+  app.add_option("--layers", c->layers, "transformer blocks")->capture_default_str();
+  app.add_option("--hidden", c->hidden, "model width")->capture_default_str();
+  app.add_option("--heads", c->heads, "attention heads")->capture_default_str();
+  app.add_option("--vocab", c->vocab, "vocabulary size (>= the dataset's)")->capture_default_str();
+  app.add_option("--seq-len", c->seq_len, "tokens per sequence")->capture_default_str();
+  app.add_option("--micro-batch", c->micro_batch, "sequences per rank per forward")
+      ->capture_default_str();
+  app.add_option("--global-batch", c->global_batch,
+                 "sequences per optimizer step over all dp ranks (accumulation follows)")
+      ->capture_default_str();
+  app.add_option("--tp", c->tp, "tensor-parallel size")->capture_default_str();
+  app.add_option("--dp", c->dp, "data-parallel size (tp * dp = ranks)")->capture_default_str();
+  app.add_flag("--sp", c->sp, "sequence parallelism (with --tp > 1)");
+  app.add_option("--zero", c->zero, "ZeRO stage: 0, 1 or 2")->capture_default_str();
+  app.add_option("--lr", c->lr, "peak learning rate")->capture_default_str();
+  app.add_option("--warmup", c->warmup, "linear warmup steps")->capture_default_str();
+  app.add_option("--min-lr", c->min_lr, "learning rate at the last step (cosine decay)")
+      ->capture_default_str();
+  app.add_option("--weight-decay", c->weight_decay, "AdamW weight decay")->capture_default_str();
+  app.add_option("--clip", c->clip, "clip the global gradient norm to this (<= 0: off)")
+      ->capture_default_str();
+  app.add_option("--steps", c->steps, "optimizer steps")->capture_default_str();
+  // Read by the runtime (RuntimeConfig::from_args); listed here for --help.
+  std::string runtime_flag;
+  app.add_option("--seed", runtime_flag, "seed of the init and the data order (default 1234)");
+  app.add_option("--device", runtime_flag, "cpu or cuda (default: cuda when a GPU is visible)");
+  app.add_option("--timeout-s", runtime_flag, "bound on communicator setup and waits");
+  app.add_option("--log-level", runtime_flag, "debug, info, warn, error, off");
+  app.add_option("--data", c->data, "token shards (glob); default: the built-in dataset");
+  app.add_option("--data-dir", c->data_dir, "where the built-in dataset is made")
+      ->capture_default_str();
+  app.add_option("--loader-threads", c->loader_threads, "data loader threads per rank")
+      ->capture_default_str();
+  app.add_option("--save", c->save, "checkpoint directory");
+  app.add_option("--save-every", c->save_every, "save every N steps (and at the end)")
+      ->capture_default_str();
+  app.add_option("--resume", c->resume, "resume from the latest checkpoint in this directory");
+  app.add_option("--exit-during-save", c->exit_during_save,
+                 "testing: exit midway through the save of this step")
+      ->group("");
+  app.add_flag("--no-overlap", c->no_overlap,
+               "run data-parallel communication after backward, not during it");
+  app.add_flag("--bench", c->bench, "report medians over the steps after --bench-skip");
+  app.add_option("--bench-skip", c->bench_skip, "warm-up steps left out of --bench")
+      ->capture_default_str();
+  app.add_flag("--json", c->json, "one JSON object per step");
+  app.add_flag("!--no-progress", c->progress, "no progress bar");
+  std::vector<const char*> args;
+  for (const std::string& a : runtime.remaining_args) args.push_back(a.c_str());
+  c->seed = runtime.seed;
+  try {
+    app.parse(static_cast<int>(args.size()), args.data());
+  } catch (const CLI::ParseError& e) {
+    *exit_code = app.exit(e);
+    return false;
+  }
+  return true;
+}
+
+void validate(const TrainConfig& c, int world) {
+  QUINTET_CHECK(c.tp >= 1 && c.dp >= 1, "--tp {} --dp {}: both must be >= 1", c.tp, c.dp);
+  QUINTET_CHECK(c.tp * c.dp == world,
+                "--tp {} x --dp {} = {} ranks, but the job has {}; launch with mpirun -np {} or "
+                "change --tp/--dp",
+                c.tp, c.dp, c.tp * c.dp, world, c.tp * c.dp);
+  QUINTET_CHECK(!c.sp || c.tp > 1, "--sp needs --tp > 1 (sequence parallelism splits over tp)");
+  QUINTET_CHECK(c.zero >= 0 && c.zero <= 2, "--zero {}: expected 0, 1 or 2", c.zero);
+  QUINTET_CHECK(c.layers >= 1 && c.hidden >= 1 && c.heads >= 1 && c.vocab >= 2 && c.seq_len >= 1,
+                "--layers {} --hidden {} --heads {} --vocab {} --seq-len {}: sizes must be "
+                "positive (vocab >= 2)",
+                c.layers, c.hidden, c.heads, c.vocab, c.seq_len);
+  QUINTET_CHECK(
+      c.micro_batch >= 1 && c.global_batch % (c.micro_batch * c.dp) == 0 && c.global_batch > 0,
+      "--global-batch {} must be a positive multiple of --micro-batch {} x --dp {} = {}",
+      c.global_batch, c.micro_batch, c.dp, c.micro_batch * c.dp);
+  QUINTET_CHECK(c.steps >= 1 && c.warmup >= 0, "--steps {} (>= 1) --warmup {} (>= 0)", c.steps,
+                c.warmup);
+  QUINTET_CHECK(c.lr > 0 && c.min_lr >= 0 && c.min_lr <= c.lr,
+                "--lr {} --min-lr {}: need lr > 0 and 0 <= min-lr <= lr", c.lr, c.min_lr);
+  QUINTET_CHECK(c.save_every >= 0, "--save-every {}: expected >= 0", c.save_every);
+  QUINTET_CHECK(c.save_every == 0 || !c.save.empty(), "--save-every {} needs --save DIR",
+                c.save_every);
+  QUINTET_CHECK(c.loader_threads >= 1, "--loader-threads {}: expected >= 1", c.loader_threads);
+}
+
+float learning_rate(const TrainConfig& c, std::int64_t step) {
+  if (step < c.warmup) return c.lr * static_cast<float>(step + 1) / static_cast<float>(c.warmup);
+  const std::int64_t decay_steps = c.steps - c.warmup;
+  if (decay_steps <= 1) return c.lr;
+  const double progress =
+      static_cast<double>(step - c.warmup) / static_cast<double>(decay_steps - 1);
+  const double cosine = 0.5 * (1.0 + std::cos(std::numbers::pi * progress));
+  return static_cast<float>(c.min_lr + (c.lr - c.min_lr) * cosine);
+}
+
+}  // namespace gpt

@@ -1,0 +1,69 @@
+// The configuration of one GPT training run: every flag of 04_gpt_train, parsed by CLI11.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "quintet/core/runtime_config.hpp"
+
+namespace gpt {
+
+struct TrainConfig {
+  // Model.
+  std::int64_t layers = 2;
+  std::int64_t hidden = 128;
+  std::int64_t heads = 4;
+  std::int64_t vocab = 256;  // the built-in dataset's vocabulary
+  std::int64_t seq_len = 128;
+  // Batch: global_batch = micro_batch * dp * accumulation steps (sequences per optimizer step).
+  std::int64_t micro_batch = 4;
+  std::int64_t global_batch = 16;
+  // Layout.
+  int tp = 1;
+  int dp = 1;
+  bool sp = false;  // sequence parallelism (needs tp > 1)
+  int zero = 0;     // 0, 1 or 2
+  // Optimizer and schedule: linear warmup to lr, then cosine decay to min_lr at the last step.
+  float lr = 1e-3f;
+  std::int64_t warmup = 10;
+  float min_lr = 1e-4f;
+  float weight_decay = 0.1f;
+  float clip = 1.0f;
+  std::int64_t steps = 100;
+  std::uint64_t seed = 1234;  // from the runtime's --seed (QUINTET_SEED)
+  // Data: a glob of token shards; empty = the built-in synthetic dataset (made in data_dir).
+  std::string data;
+  std::string data_dir = "data/synthetic";
+  int loader_threads = 2;
+  // Checkpoints.
+  std::string save;
+  std::int64_t save_every = 0;
+  std::string resume;
+  // Fault injection for the checkpoint test: the process exits (status 3) in the middle of the
+  // save of this step, after its shard is written and before the checkpoint is committed.
+  std::int64_t exit_during_save = -1;
+  // Measurement and output.
+  bool no_overlap = false;
+  bool bench = false;
+  std::int64_t bench_skip = 5;  // steps left out of the --bench medians (warm-up)
+  bool json = false;
+  bool progress = true;  // progress bar on a terminal (rank 0)
+
+  std::int64_t accumulation() const { return global_batch / (micro_batch * dp); }
+  std::int64_t tokens_per_step() const { return global_batch * seq_len; }
+};
+
+// Parses the flags the runtime left (runtime.remaining_args: --device, --seed, --timeout-s and
+// --log-level are the runtime's, read by RuntimeConfig::from_args) into config; seed and device
+// come from runtime. Returns false (after CLI11 printed help or an error) when the program should
+// exit with *exit_code.
+bool parse_args(const quintet::RuntimeConfig& runtime, TrainConfig* config, int* exit_code);
+
+// Rejects inconsistent settings (batch sizes that do not divide, sp without tp, ...) with a
+// quintet::Error naming the flag and how to fix it. world is the number of ranks.
+void validate(const TrainConfig& config, int world);
+
+// The learning rate at step (0-based): linear warmup over `warmup` steps, then cosine to min_lr.
+float learning_rate(const TrainConfig& config, std::int64_t step);
+
+}  // namespace gpt
