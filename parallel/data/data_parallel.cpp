@@ -183,6 +183,9 @@ void DataParallel::State::launch(int b) {
   bytes += static_cast<std::int64_t>(k.shard_size * k.shard_count) *
            static_cast<std::int64_t>(dtype_size(grad.dtype()));
   if (gpu) {
+    // The side stream idles between buckets: order it after the start too, so a reduction that
+    // is no GPU work (a one-rank group) ends when it starts rather than before.
+    start_events[b].wait(side);
     works[b].wait(side);
     end_events[b].record(side);
     end_seen[b] = 1;

@@ -73,7 +73,7 @@ def build(torch, args):
             for blk in self.blocks:
                 x = blk(x)
             logits = self.head(self.norm(x))
-            return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1))
+            return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
 
     return GPT
 
