@@ -151,7 +151,8 @@ int run(const gpt::TrainConfig& c, quintet::World& world) {
   gpt::Reporter reporter(world.rank() == 0, c.json, c.progress, c.steps);
   const double fpt =
       gpt::flops_per_token(model.non_embedding_params(), c.layers, c.hidden, c.seq_len);
-  for (std::int64_t step = start.step; step < c.steps; ++step) {
+  const std::int64_t end = c.stop_at > 0 ? c.stop_at : c.steps;
+  for (std::int64_t step = start.step; step < end; ++step) {
     const float lr = gpt::learning_rate(c, step);
     optimizer.set_lr(lr);
     if (gpu) quintet::cuda_reset_peak(device);
@@ -182,7 +183,7 @@ int run(const gpt::TrainConfig& c, quintet::World& world) {
     rec.exposed_comm_pct = 100.0 * comm.exposed_ms / ms;
     reporter.step(rec);
 
-    const bool last = step + 1 == c.steps;
+    const bool last = step + 1 == end;
     if (!c.save.empty() && ((c.save_every > 0 && (step + 1) % c.save_every == 0) || last)) {
       gpt::save_run(c, {step + 1, t.data_position}, store, optimizer, world.comm(), stream);
     }

@@ -32,6 +32,9 @@ bool parse_args(const quintet::RuntimeConfig& runtime, TrainConfig* c, int* exit
   app.add_option("--clip", c->clip, "clip the global gradient norm to this (<= 0: off)")
       ->capture_default_str();
   app.add_option("--steps", c->steps, "optimizer steps")->capture_default_str();
+  app.add_option("--stop-at", c->stop_at,
+                 "stop (and save, with --save) after this step; the schedule still spans --steps "
+                 "(for jobs cut into pieces by a time limit)");
   // Read by the runtime (RuntimeConfig::from_args); listed here for --help.
   std::string runtime_flag;
   app.add_option("--seed", runtime_flag, "seed of the init and the data order (default 1234)");
@@ -89,6 +92,8 @@ void validate(const TrainConfig& c, int world) {
                 c.warmup);
   QUINTET_CHECK(c.lr > 0 && c.min_lr >= 0 && c.min_lr <= c.lr,
                 "--lr {} --min-lr {}: need lr > 0 and 0 <= min-lr <= lr", c.lr, c.min_lr);
+  QUINTET_CHECK(c.stop_at >= 0 && c.stop_at <= c.steps, "--stop-at {}: expected 0 .. --steps {}",
+                c.stop_at, c.steps);
   QUINTET_CHECK(c.save_every >= 0, "--save-every {}: expected >= 0", c.save_every);
   QUINTET_CHECK(c.save_every == 0 || !c.save.empty(), "--save-every {} needs --save DIR",
                 c.save_every);

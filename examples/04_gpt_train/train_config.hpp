@@ -30,6 +30,7 @@ struct TrainConfig {
   float weight_decay = 0.1f;
   float clip = 1.0f;
   std::int64_t steps = 100;
+  std::int64_t stop_at = 0;  // > 0: stop (and save) after this step; the schedule still spans steps
   std::uint64_t seed = 1234;  // from the runtime's --seed (QUINTET_SEED)
   // Data: a glob of token shards; empty = the built-in synthetic dataset (made in data_dir).
   std::string data;
