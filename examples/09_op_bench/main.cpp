@@ -9,9 +9,12 @@
 //               FLOP convention (FlashAttention's): forward = 4·b·h·s²·d, halved for causal;
 //               backward = 2.5 x forward, so forward+backward = 3.5 x forward.
 //               scripts/bench/attention_torch.py prints the same fields for PyTorch's SDPA.
+//               --attention-kernel picks the CUDA implementation(s) measured: gemm (tensor-core
+//               GEMMs + fused softmax, the default), simt (the flash-style SIMT kernel), auto.
 //
 //   09_op_bench [--json] [--iters N] [--skip-linear] [--skip-attention] [--seq 1024 ...]
-//               [--head-dim 64 128] [--tokens 8192] [--hidden 4096] [--device 0]
+//               [--head-dim 64 128] [--attention-kernel gemm simt auto] [--tokens 8192]
+//               [--hidden 4096] [--device 0]
 #include <cstdint>
 #include <cstdio>
 #include <functional>
@@ -50,6 +53,7 @@ struct Options {
   bool skip_linear = false, skip_attention = false;
   std::vector<std::int64_t> seqs = {1024, 2048, 4096, 8192};
   std::vector<std::int64_t> head_dims = {64, 128};
+  std::vector<std::string> attention_kernels = {"gemm"};
   std::int64_t tokens = 8192, hidden = 4096;
   int device = 0;
 };
@@ -124,51 +128,52 @@ void bench_attention(const Options& opt, const Stream& s) {
   const Device gpu = s.device();
   if (!opt.json) {
     std::printf("\nattention, bf16, causal; FLOPs: %s\n", kAttentionFlops);
-    std::printf("%6s %6s %6s %6s %10s %10s %10s %10s\n", "batch", "heads", "seq", "hdim", "fwd ms",
-                "fwd TF/s", "f+b ms", "f+b TF/s");
+    std::printf("%-6s %6s %6s %6s %6s %10s %10s %10s %10s\n", "kernel", "batch", "heads", "seq",
+                "hdim", "fwd ms", "fwd TF/s", "f+b ms", "f+b TF/s");
   }
   std::uint64_t seed = 100;
-  for (const std::int64_t d : opt.head_dims) {
-    for (const std::int64_t seq : opt.seqs) {
-      const std::int64_t batch = std::max<std::int64_t>(1, 16384 / seq), heads = 2048 / d;
-      const Shape shape = {batch, heads, seq, d};
-      const Tensor q = Tensor::randn(shape, ++seed, DType::bf16, gpu);
-      const Tensor k = Tensor::randn(shape, ++seed, DType::bf16, gpu);
-      const Tensor v = Tensor::randn(shape, ++seed, DType::bf16, gpu);
-      const Tensor dout = Tensor::randn(shape, ++seed, DType::bf16, gpu);
-      Stream::default_stream(gpu).synchronize();  // inputs were drawn on the default stream
-      nn::AttentionOptions o;
-      o.causal = true;
-      // Fewer iterations for the long sequences: each one is long already.
-      const int iters = std::max(2, opt.iters * 1024 / static_cast<int>(seq) / 2);
-      const double fwd = time_ms(s, 1, iters, [&] { nn::attention_forward(q, k, v, o, s); });
-      const double fb = time_ms(s, 1, iters, [&] {
-        const nn::AttentionOutput r = nn::attention_forward(q, k, v, o, s);
-        nn::attention_backward(dout, q, k, v, r.out, r.lse, o, s);
-      });
-      const double fwd_flops = 4.0 * batch * heads * static_cast<double>(seq) * seq * d / 2.0;
-      const double tf_fwd = fwd_flops / fwd * 1e-9, tf_fb = 3.5 * fwd_flops / fb * 1e-9;
-      if (opt.json) {
-        nlohmann::json j{{"bench", "attention"},
-                         {"impl", "quintet"},
-                         {"dtype", "bf16"},
-                         {"causal", true},
-                         {"batch", batch},
-                         {"heads", heads},
-                         {"seq", seq},
-                         {"head_dim", d},
-                         {"fwd_ms", fwd},
-                         {"fwd_bwd_ms", fb},
-                         {"fwd_tflops", tf_fwd},
-                         {"fwd_bwd_tflops", tf_fb},
-                         {"flops_convention", kAttentionFlops}};
-        std::printf("%s\n", j.dump().c_str());
-      } else {
-        std::printf("%6lld %6lld %6lld %6lld %10.3f %10.2f %10.3f %10.2f\n",
-                    static_cast<long long>(batch), static_cast<long long>(heads),
-                    static_cast<long long>(seq), static_cast<long long>(d), fwd, tf_fwd, fb, tf_fb);
+  for (const std::string& kname : opt.attention_kernels) {
+    const nn::AttentionKernel kernel = kname == "gemm"   ? nn::AttentionKernel::gemm
+                                       : kname == "simt" ? nn::AttentionKernel::simt
+                                                         : nn::AttentionKernel::automatic;
+    for (const std::int64_t d : opt.head_dims) {
+      for (const std::int64_t seq : opt.seqs) {
+        const std::int64_t batch = std::max<std::int64_t>(1, 16384 / seq), heads = 2048 / d;
+        const Shape shape = {batch, heads, seq, d};
+        const Tensor q = Tensor::randn(shape, ++seed, DType::bf16, gpu);
+        const Tensor k = Tensor::randn(shape, ++seed, DType::bf16, gpu);
+        const Tensor v = Tensor::randn(shape, ++seed, DType::bf16, gpu);
+        const Tensor dout = Tensor::randn(shape, ++seed, DType::bf16, gpu);
+        Stream::default_stream(gpu).synchronize();  // inputs were drawn on the default stream
+        nn::AttentionOptions o;
+        o.causal = true;
+        o.kernel = kernel;
+        // Fewer iterations for the long sequences: each one is long already.
+        const int iters = std::max(2, opt.iters * 1024 / static_cast<int>(seq) / 2);
+        const double fwd = time_ms(s, 1, iters, [&] { nn::attention_forward(q, k, v, o, s); });
+        const double fb = time_ms(s, 1, iters, [&] {
+          const nn::AttentionOutput r = nn::attention_forward(q, k, v, o, s);
+          nn::attention_backward(dout, q, k, v, r.out, r.lse, o, s);
+        });
+        const double fwd_flops = 4.0 * batch * heads * static_cast<double>(seq) * seq * d / 2.0;
+        const double tf_fwd = fwd_flops / fwd * 1e-9, tf_fb = 3.5 * fwd_flops / fb * 1e-9;
+        if (opt.json) {
+          nlohmann::json j{{"bench", "attention"},    {"impl", "quintet"},
+                           {"kernel", kname},         {"dtype", "bf16"},
+                           {"causal", true},          {"batch", batch},
+                           {"heads", heads},          {"seq", seq},
+                           {"head_dim", d},           {"fwd_ms", fwd},
+                           {"fwd_bwd_ms", fb},        {"fwd_tflops", tf_fwd},
+                           {"fwd_bwd_tflops", tf_fb}, {"flops_convention", kAttentionFlops}};
+          std::printf("%s\n", j.dump().c_str());
+        } else {
+          std::printf("%-6s %6lld %6lld %6lld %6lld %10.3f %10.2f %10.3f %10.2f\n", kname.c_str(),
+                      static_cast<long long>(batch), static_cast<long long>(heads),
+                      static_cast<long long>(seq), static_cast<long long>(d), fwd, tf_fwd, fb,
+                      tf_fb);
+        }
+        std::fflush(stdout);
       }
-      std::fflush(stdout);
     }
   }
 }
@@ -184,7 +189,10 @@ int main(int argc, char** argv) {
   app.add_flag("--skip-linear", opt.skip_linear, "do not run the linear benchmark");
   app.add_flag("--skip-attention", opt.skip_attention, "do not run the attention benchmark");
   app.add_option("--seq", opt.seqs, "attention sequence lengths");
-  app.add_option("--head-dim", opt.head_dims, "attention head dimensions (<= 256)");
+  app.add_option("--head-dim", opt.head_dims, "attention head dimensions (simt: <= 256)");
+  app.add_option("--attention-kernel", opt.attention_kernels,
+                 "attention implementations to measure: gemm, simt, auto")
+      ->check(CLI::IsMember({"gemm", "simt", "auto"}));
   app.add_option("--tokens", opt.tokens, "linear: rows of x (batch x sequence)")
       ->check(CLI::PositiveNumber);
   app.add_option("--hidden", opt.hidden, "linear: model width; shapes h->h, h->4h, 4h->h")

@@ -1,6 +1,7 @@
 // Attention on the GPU: forward (out, log-sum-exp) and backward against the CPU op on odd shapes,
 // offsets and both masks; the block/offset form (one query block x one key block at a time,
-// merged with the log-sum-exp) against slicing the full attention; bad inputs.
+// merged with the log-sum-exp) against slicing the full attention; bad inputs. Every comparison
+// runs both CUDA implementations: the tensor-core GEMM path and the SIMT flash-style kernel.
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -12,6 +13,10 @@ using namespace nn_gpu_test;
 
 namespace {
 const DType kDTypes[] = {DType::f32, DType::bf16};
+const nn::AttentionKernel kKernels[] = {nn::AttentionKernel::gemm, nn::AttentionKernel::simt};
+const char* kernel_name(nn::AttentionKernel k) {
+  return k == nn::AttentionKernel::gemm ? "gemm" : "simt";
+}
 }  // namespace
 
 TEST_CASE("attention forward and backward on the GPU equal the CPU's") {
@@ -25,43 +30,55 @@ TEST_CASE("attention forward and backward on the GPU equal the CPU's") {
     float scale;
   };
   const Case cases[] = {
-      {1, 1, 1, 1, 1, true, 0, 0, 0.0f},       {2, 3, 37, 37, 17, true, 0, 0, 0.0f},
-      {1, 2, 100, 100, 64, true, 0, 0, 0.0f},  {1, 1, 65, 65, 128, false, 0, 0, 0.0f},
-      {1, 2, 33, 33, 256, true, 0, 0, 0.0f},   {2, 1, 45, 70, 40, true, 25, 0, 0.0f},
-      {1, 2, 40, 50, 24, true, 0, 10, 0.3f},   {1, 1, 31, 47, 96, false, 5, 3, 0.0f},
+      {1, 1, 1, 1, 1, true, 0, 0, 0.0f},
+      {2, 3, 37, 37, 17, true, 0, 0, 0.0f},
+      {1, 2, 100, 100, 64, true, 0, 0, 0.0f},
+      {1, 1, 65, 65, 128, false, 0, 0, 0.0f},
+      {1, 2, 33, 33, 256, true, 0, 0, 0.0f},
+      {2, 1, 45, 70, 40, true, 25, 0, 0.0f},
+      {1, 2, 40, 50, 24, true, 0, 10, 0.3f},
+      {1, 1, 31, 47, 96, false, 5, 3, 0.0f},
       {1, 1, 70, 20, 8, true, 100, 130, 0.0f},
+      // Long enough for the GEMM path to split the causal queries into blocks (one of which,
+      // with k_offset 300, sees no key at all).
+      {1, 2, 600, 600, 64, true, 0, 0, 0.0f},
+      {2, 1, 600, 300, 32, true, 0, 300, 0.0f},
+      {1, 1, 520, 700, 48, true, 180, 0, 0.0f},
   };
   std::uint64_t seed = 1000;
-  for (const DType t : kDTypes) {
-    for (const Case& c : cases) {
-      INFO("dtype " << dtype_name(t) << " B " << c.b << " H " << c.h << " Sq " << c.sq << " Sk "
-                    << c.sk << " D " << c.d << " causal " << c.causal << " offsets " << c.q_offset
-                    << "/" << c.k_offset);
-      const Input q = random_input({c.b, c.h, c.sq, c.d}, ++seed, t, s);
-      const Input k = random_input({c.b, c.h, c.sk, c.d}, ++seed, t, s);
-      const Input v = random_input({c.b, c.h, c.sk, c.d}, ++seed, t, s);
-      const Input dout = random_input({c.b, c.h, c.sq, c.d}, ++seed, t, s);
-      nn::AttentionOptions o;
-      o.causal = c.causal;
-      o.q_offset = c.q_offset;
-      o.k_offset = c.k_offset;
-      o.scale = c.scale;
-      const nn::AttentionOutput r = nn::attention_forward(q.gpu, k.gpu, v.gpu, o, s);
-      const nn::AttentionOutput r_ref = nn::attention_forward(q.cpu, k.cpu, v.cpu, o, cpu);
-      CHECK(r.out.shape() == q.gpu.shape());
-      CHECK(r.lse.shape() == Shape{c.b, c.h, c.sq});
-      CHECK_CLOSE(r.out, r_ref.out, s, t);
-      const double lerr = lse_err(r.lse, r_ref.lse, s);
-      INFO("lse relative error " << lerr);
-      CHECK(lerr < tolerance(t));
+  for (const nn::AttentionKernel kernel : kKernels) {
+    for (const DType t : kDTypes) {
+      for (const Case& c : cases) {
+        INFO("kernel " << kernel_name(kernel) << " dtype " << dtype_name(t) << " B " << c.b << " H "
+                       << c.h << " Sq " << c.sq << " Sk " << c.sk << " D " << c.d << " causal "
+                       << c.causal << " offsets " << c.q_offset << "/" << c.k_offset);
+        const Input q = random_input({c.b, c.h, c.sq, c.d}, ++seed, t, s);
+        const Input k = random_input({c.b, c.h, c.sk, c.d}, ++seed, t, s);
+        const Input v = random_input({c.b, c.h, c.sk, c.d}, ++seed, t, s);
+        const Input dout = random_input({c.b, c.h, c.sq, c.d}, ++seed, t, s);
+        nn::AttentionOptions o;
+        o.causal = c.causal;
+        o.q_offset = c.q_offset;
+        o.k_offset = c.k_offset;
+        o.scale = c.scale;
+        o.kernel = kernel;
+        const nn::AttentionOutput r = nn::attention_forward(q.gpu, k.gpu, v.gpu, o, s);
+        const nn::AttentionOutput r_ref = nn::attention_forward(q.cpu, k.cpu, v.cpu, o, cpu);
+        CHECK(r.out.shape() == q.gpu.shape());
+        CHECK(r.lse.shape() == Shape{c.b, c.h, c.sq});
+        CHECK_CLOSE(r.out, r_ref.out, s, t);
+        const double lerr = lse_err(r.lse, r_ref.lse, s);
+        INFO("lse relative error " << lerr);
+        CHECK(lerr < tolerance(t));
 
-      const nn::AttentionGrads g =
-          nn::attention_backward(dout.gpu, q.gpu, k.gpu, v.gpu, r.out, r.lse, o, s);
-      const nn::AttentionGrads g_ref =
-          nn::attention_backward(dout.cpu, q.cpu, k.cpu, v.cpu, r_ref.out, r_ref.lse, o, cpu);
-      CHECK_CLOSE(g.dq, g_ref.dq, s, t);
-      CHECK_CLOSE(g.dk, g_ref.dk, s, t);
-      CHECK_CLOSE(g.dv, g_ref.dv, s, t);
+        const nn::AttentionGrads g =
+            nn::attention_backward(dout.gpu, q.gpu, k.gpu, v.gpu, r.out, r.lse, o, s);
+        const nn::AttentionGrads g_ref =
+            nn::attention_backward(dout.cpu, q.cpu, k.cpu, v.cpu, r_ref.out, r_ref.lse, o, cpu);
+        CHECK_CLOSE(g.dq, g_ref.dq, s, t);
+        CHECK_CLOSE(g.dk, g_ref.dk, s, t);
+        CHECK_CLOSE(g.dv, g_ref.dv, s, t);
+      }
     }
   }
 }
@@ -107,70 +124,105 @@ TEST_CASE("attention computed block by block with offsets equals slices of the f
   const Block qblocks[] = {{0, 40}, {40, 37}};
   const Block kblocks[] = {{0, 30}, {30, 47}};
   std::uint64_t seed = 2000;
-  for (const DType t : kDTypes) {
-    for (const bool causal : {true, false}) {
-      INFO("dtype " << dtype_name(t) << " causal " << causal);
-      const Input q = random_input({B, H, S, D}, ++seed, t, s);
-      const Input k = random_input({B, H, S, D}, ++seed, t, s);
-      const Input v = random_input({B, H, S, D}, ++seed, t, s);
-      const Input dout = random_input({B, H, S, D}, ++seed, t, s);
-      nn::AttentionOptions full;
-      full.causal = causal;
-      const nn::AttentionOutput f = nn::attention_forward(q.gpu, k.gpu, v.gpu, full, s);
-      const nn::AttentionGrads fg =
-          nn::attention_backward(dout.gpu, q.gpu, k.gpu, v.gpu, f.out, f.lse, full, s);
+  for (const nn::AttentionKernel kernel : kKernels) {
+    for (const DType t : kDTypes) {
+      for (const bool causal : {true, false}) {
+        INFO("kernel " << kernel_name(kernel) << " dtype " << dtype_name(t) << " causal "
+                       << causal);
+        const Input q = random_input({B, H, S, D}, ++seed, t, s);
+        const Input k = random_input({B, H, S, D}, ++seed, t, s);
+        const Input v = random_input({B, H, S, D}, ++seed, t, s);
+        const Input dout = random_input({B, H, S, D}, ++seed, t, s);
+        nn::AttentionOptions full;
+        full.causal = causal;
+        full.kernel = kernel;
+        const nn::AttentionOutput f = nn::attention_forward(q.gpu, k.gpu, v.gpu, full, s);
+        const nn::AttentionGrads fg =
+            nn::attention_backward(dout.gpu, q.gpu, k.gpu, v.gpu, f.out, f.lse, full, s);
 
-      std::vector<Tensor> dk_sum(2), dv_sum(2);
-      for (const Block& qb : qblocks) {
-        Merged m;
-        Tensor dq_sum;
+        std::vector<Tensor> dk_sum(2), dv_sum(2);
+        for (const Block& qb : qblocks) {
+          Merged m;
+          Tensor dq_sum;
+          for (int kbi = 0; kbi < 2; ++kbi) {
+            const Block& kb = kblocks[kbi];
+            nn::AttentionOptions o = full;
+            o.q_offset = qb.start;
+            o.k_offset = kb.start;
+            const Tensor qs = q.gpu.narrow(2, qb.start, qb.len);
+            const Tensor ks = k.gpu.narrow(2, kb.start, kb.len);
+            const Tensor vs = v.gpu.narrow(2, kb.start, kb.len);
+            const nn::AttentionOutput r = nn::attention_forward(qs, ks, vs, o, s);
+            merge_into(m, values(r.out, s), values(r.lse, s), D);
+            // Backward of one block pair with the MERGED (= full) out and lse.
+            const nn::AttentionGrads g = nn::attention_backward(
+                dout.gpu.narrow(2, qb.start, qb.len), qs, ks, vs, f.out.narrow(2, qb.start, qb.len),
+                f.lse.narrow(2, qb.start, qb.len), o, s);
+            const Tensor dq32 = nn::cast(g.dq, DType::f32, s);
+            const Tensor dk32 = nn::cast(g.dk, DType::f32, s);
+            const Tensor dv32 = nn::cast(g.dv, DType::f32, s);
+            dq_sum = dq_sum.defined() ? nn::add(dq_sum, dq32, s) : dq32.clone(s);
+            dk_sum[kbi] = dk_sum[kbi].defined() ? nn::add(dk_sum[kbi], dk32, s) : dk32.clone(s);
+            dv_sum[kbi] = dv_sum[kbi].defined() ? nn::add(dv_sum[kbi], dv32, s) : dv32.clone(s);
+          }
+          const Tensor out_slice = f.out.narrow(2, qb.start, qb.len).contiguous(s);
+          const Tensor lse_slice = f.lse.narrow(2, qb.start, qb.len).contiguous(s);
+          CHECK(rel_err(m.out, values(out_slice, s)) < tolerance(t));
+          // Both sides -inf on the same rows; finite rows close.
+          const std::vector<double> want_lse = values(lse_slice, s);
+          std::vector<double> a, b;
+          for (std::size_t i = 0; i < want_lse.size(); ++i) {
+            if (std::isinf(want_lse[i])) {
+              CHECK(std::isinf(m.lse[i]));
+            } else {
+              a.push_back(m.lse[i]);
+              b.push_back(want_lse[i]);
+            }
+          }
+          CHECK(rel_err(a, b) < tolerance(t));
+          CHECK(rel_err(values(dq_sum, s),
+                        values(fg.dq.narrow(2, qb.start, qb.len).contiguous(s), s)) < tolerance(t));
+        }
         for (int kbi = 0; kbi < 2; ++kbi) {
           const Block& kb = kblocks[kbi];
-          nn::AttentionOptions o = full;
-          o.q_offset = qb.start;
-          o.k_offset = kb.start;
-          const Tensor qs = q.gpu.narrow(2, qb.start, qb.len);
-          const Tensor ks = k.gpu.narrow(2, kb.start, kb.len);
-          const Tensor vs = v.gpu.narrow(2, kb.start, kb.len);
-          const nn::AttentionOutput r = nn::attention_forward(qs, ks, vs, o, s);
-          merge_into(m, values(r.out, s), values(r.lse, s), D);
-          // Backward of one block pair with the MERGED (= full) out and lse.
-          const nn::AttentionGrads g = nn::attention_backward(
-              dout.gpu.narrow(2, qb.start, qb.len), qs, ks, vs, f.out.narrow(2, qb.start, qb.len),
-              f.lse.narrow(2, qb.start, qb.len), o, s);
-          const Tensor dq32 = nn::cast(g.dq, DType::f32, s);
-          const Tensor dk32 = nn::cast(g.dk, DType::f32, s);
-          const Tensor dv32 = nn::cast(g.dv, DType::f32, s);
-          dq_sum = dq_sum.defined() ? nn::add(dq_sum, dq32, s) : dq32.clone(s);
-          dk_sum[kbi] = dk_sum[kbi].defined() ? nn::add(dk_sum[kbi], dk32, s) : dk32.clone(s);
-          dv_sum[kbi] = dv_sum[kbi].defined() ? nn::add(dv_sum[kbi], dv32, s) : dv32.clone(s);
+          CHECK(rel_err(values(dk_sum[kbi], s),
+                        values(fg.dk.narrow(2, kb.start, kb.len).contiguous(s), s)) < tolerance(t));
+          CHECK(rel_err(values(dv_sum[kbi], s),
+                        values(fg.dv.narrow(2, kb.start, kb.len).contiguous(s), s)) < tolerance(t));
         }
-        const Tensor out_slice = f.out.narrow(2, qb.start, qb.len).contiguous(s);
-        const Tensor lse_slice = f.lse.narrow(2, qb.start, qb.len).contiguous(s);
-        CHECK(rel_err(m.out, values(out_slice, s)) < tolerance(t));
-        // Both sides -inf on the same rows; finite rows close.
-        const std::vector<double> want_lse = values(lse_slice, s);
-        std::vector<double> a, b;
-        for (std::size_t i = 0; i < want_lse.size(); ++i) {
-          if (std::isinf(want_lse[i])) {
-            CHECK(std::isinf(m.lse[i]));
-          } else {
-            a.push_back(m.lse[i]);
-            b.push_back(want_lse[i]);
-          }
-        }
-        CHECK(rel_err(a, b) < tolerance(t));
-        CHECK(rel_err(values(dq_sum, s),
-                      values(fg.dq.narrow(2, qb.start, qb.len).contiguous(s), s)) < tolerance(t));
-      }
-      for (int kbi = 0; kbi < 2; ++kbi) {
-        const Block& kb = kblocks[kbi];
-        CHECK(rel_err(values(dk_sum[kbi], s),
-                      values(fg.dk.narrow(2, kb.start, kb.len).contiguous(s), s)) < tolerance(t));
-        CHECK(rel_err(values(dv_sum[kbi], s),
-                      values(fg.dv.narrow(2, kb.start, kb.len).contiguous(s), s)) < tolerance(t));
       }
     }
+  }
+}
+
+TEST_CASE("attention's GEMM and SIMT paths agree on a GPT-sized causal block") {
+  const Device gpu = Device::cuda(0);
+  const Stream s = Stream::create(gpu);
+  const Shape shape{2, 4, 1024, 64};
+  std::uint64_t seed = 3000;
+  for (const DType t : kDTypes) {
+    INFO("dtype " << dtype_name(t));
+    const Input q = random_input(shape, ++seed, t, s);
+    const Input k = random_input(shape, ++seed, t, s);
+    const Input v = random_input(shape, ++seed, t, s);
+    const Input dout = random_input(shape, ++seed, t, s);
+    nn::AttentionOptions og, os;
+    og.kernel = nn::AttentionKernel::gemm;
+    os.kernel = nn::AttentionKernel::simt;
+    const nn::AttentionOutput rg = nn::attention_forward(q.gpu, k.gpu, v.gpu, og, s);
+    const nn::AttentionOutput rs = nn::attention_forward(q.gpu, k.gpu, v.gpu, os, s);
+    CHECK(rel_err(values(rg.out, s), values(rs.out, s)) < tolerance(t));
+    CHECK(rel_err(values(rg.lse, s), values(rs.lse, s)) < tolerance(t));
+    // The automatic choice for head_dim 64 is the GEMM path: bit-identical to forcing it.
+    const nn::AttentionOutput ra = nn::attention_forward(q.gpu, k.gpu, v.gpu, {}, s);
+    CHECK(values(ra.out, s) == values(rg.out, s));
+    const nn::AttentionGrads gg =
+        nn::attention_backward(dout.gpu, q.gpu, k.gpu, v.gpu, rg.out, rg.lse, og, s);
+    const nn::AttentionGrads gs =
+        nn::attention_backward(dout.gpu, q.gpu, k.gpu, v.gpu, rs.out, rs.lse, os, s);
+    CHECK(rel_err(values(gg.dq, s), values(gs.dq, s)) < tolerance(t));
+    CHECK(rel_err(values(gg.dk, s), values(gs.dk, s)) < tolerance(t));
+    CHECK(rel_err(values(gg.dv, s), values(gs.dv, s)) < tolerance(t));
   }
 }
 
@@ -189,10 +241,15 @@ TEST_CASE("attention on the GPU rejects bad inputs with InvalidArgument") {
   nn::AttentionOptions neg;
   neg.q_offset = -1;
   REQUIRE_THROWS_QUINTET(nn::attention_forward(q, k, k, neg, s), InvalidArgument, "q_offset");
-  // head_dim beyond what the GPU kernel supports.
+  // head_dim beyond what the SIMT kernel supports (automatic picks it for 300 bf16: 600 bytes
+  // is not a multiple of 16); the GEMM path takes any head_dim.
   const Tensor big = Tensor::zeros({1, 1, 3, 300}, DType::bf16, gpu);
   REQUIRE_THROWS_QUINTET(nn::attention_forward(big, big, big, o, s), InvalidArgument,
                          "head_dim up to 256");
+  nn::AttentionOptions og;
+  og.kernel = nn::AttentionKernel::gemm;
+  const nn::AttentionOutput rb = nn::attention_forward(big, big, big, og, s);
+  for (const double x : values(rb.out, s)) CHECK(x == 0.0);
   // The backward wants the forward's f32 log-sum-exp of shape [B, H, Sq].
   const nn::AttentionOutput r = nn::attention_forward(q, k, k, o, s);
   REQUIRE_THROWS_QUINTET(nn::attention_backward(q, q, k, k, r.out, r.lse.to(DType::bf16, s), o, s),

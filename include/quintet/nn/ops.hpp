@@ -91,11 +91,19 @@ Tensor softmax_backward(const Tensor& dy, const Tensor& y, const Stream& stream)
 // key j iff k_offset + j <= q_offset + i; with causal = false every key is visible. So the
 // attention of a long sequence can be computed one (query block, key block) pair at a time and
 // the blocks merged with their log-sum-exp (context parallelism).
+// The CUDA implementation (the CPU ignores it): `gemm` computes the scores with tensor-core
+// batched GEMMs (cuBLAS) and a fused softmax row kernel, materialising the scores of a bounded
+// chunk of (batch, head) pairs at a time; `simt` is the flash-attention-style SIMT kernel
+// (head_dim <= 256, no tensor cores, never stores the scores); `automatic` takes `gemm` when
+// head_dim is a multiple of 16 bytes of the dtype (8 bf16, 4 f32), else `simt`. Every choice gives
+// the same results up to rounding.
+enum class AttentionKernel { automatic, gemm, simt };
 struct AttentionOptions {
   bool causal = true;
   std::int64_t q_offset = 0;  // >= 0
   std::int64_t k_offset = 0;  // >= 0
   float scale = 0.0f;         // scores = scale * q·k; 0 means 1 / sqrt(head_dim)
+  AttentionKernel kernel = AttentionKernel::automatic;
 };
 struct AttentionOutput {
   Tensor out;  // [B, H, Sq, D] (T)

@@ -9,6 +9,10 @@
 //   backward - delta = rowsum(dout * out); then dq per query block (loop over key tiles) and dk,
 //              dv per key block (loop over query tiles): no atomics, deterministic.
 // Shared-memory rows have an odd pitch so that lane-per-row reads are free of bank conflicts.
+//
+// The entry points below dispatch on options.kernel: the tensor-core GEMM path of
+// attention_gemm.cu (automatic: when head_dim is a multiple of 16 bytes) or these kernels.
+#include "nn/cuda/attention_gemm.hpp"
 #include "nn/cuda/cuda_ops.hpp"
 #include "nn/cuda/kernel_common.cuh"
 
@@ -407,11 +411,27 @@ void dispatch_head_dim(int d, F&& f) {
   }
 }
 
+bool use_gemm(const Tensor& q, const AttentionOptions& o) {
+  switch (o.kernel) {
+    case AttentionKernel::gemm:
+      return true;
+    case AttentionKernel::simt:
+      return false;
+    case AttentionKernel::automatic:
+      break;
+  }
+  return attention_gemm_preferred(q);
+}
+
 }  // namespace
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                        const AttentionOptions& options, const Tensor& out, const Tensor& lse,
                        const Stream& stream) {
+  if (use_gemm(q, options)) {
+    attention_forward_gemm(q, k, v, options, out, lse, stream);
+    return;
+  }
   AttnShape a = make_shape(q, k, options);
   const std::int64_t bh = q.size(0) * q.size(1);
   if (bh == 0 || a.sq == 0) return;
@@ -430,6 +450,10 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
                         const Tensor& out, const Tensor& lse, const AttentionOptions& options,
                         const Tensor& dq, const Tensor& dk, const Tensor& dv,
                         const Stream& stream) {
+  if (use_gemm(q, options)) {
+    attention_backward_gemm(dout, q, k, v, out, lse, options, dq, dk, dv, stream);
+    return;
+  }
   AttnShape a = make_shape(q, k, options);
   const std::int64_t bh = q.size(0) * q.size(1);
   if (bh == 0) return;
