@@ -90,11 +90,14 @@ int run(const gpt::TrainConfig& c, quintet::World& world) {
   // Data: the built-in dataset (made once, by whichever rank gets there first) or the user's.
   std::string spec = c.data;
   if (spec.empty()) {
-    const quintet::data::SyntheticConfig synthetic;
+    quintet::data::SyntheticConfig synthetic;
+    synthetic.order = c.synthetic_order;
     QUINTET_CHECK(c.vocab >= synthetic.vocab_size,
                   "--vocab {}: the built-in dataset has {} tokens; use --vocab >= {}", c.vocab,
                   synthetic.vocab_size, synthetic.vocab_size);
-    const auto made = quintet::data::ensure_synthetic_dataset(c.data_dir, synthetic);
+    // One directory per dataset configuration, so datasets of other settings never clash.
+    const auto made =
+        quintet::data::ensure_synthetic_dataset(c.data_dir + "/" + synthetic.describe(), synthetic);
     spec = fmt::format("{}", fmt::join(made.train, ","));
   }
   quintet::data::TokenDataset dataset = quintet::data::TokenDataset::open(spec);

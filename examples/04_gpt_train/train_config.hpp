@@ -35,6 +35,7 @@ struct TrainConfig {
   // Data: a glob of token shards; empty = the built-in synthetic dataset (made in data_dir).
   std::string data;
   std::string data_dir = "data/synthetic";
+  int synthetic_order = 2;  // built-in dataset: tokens of context that pick the successors
   int loader_threads = 2;
   // Checkpoints.
   std::string save;

@@ -24,7 +24,8 @@ nlohmann::json identity(const TrainConfig& c) {
           {"sp", c.sp},
           {"zero", c.zero},
           {"seed", c.seed},
-          {"data", c.data.empty() ? "builtin:" + c.data_dir : c.data}};
+          {"data", c.data.empty() ? "builtin:" + c.data_dir : c.data},
+          {"synthetic_order", c.synthetic_order}};
 }
 
 std::vector<quintet::NamedTensor> run_tensors(quintet::nn::ParameterStore& store,
