@@ -1,0 +1,113 @@
+// TimedCommunicator: a Communicator that forwards every operation to another one and measures how
+// long the caller's stream was exposed to it.
+//
+// Use it to report the communication a model layer could not hide, e.g. the tensor-parallel
+// all-reduces that sit on the critical path of every block:
+//
+//   TimedCommunicator timed_tp(mesh.comm(Axis::tp));
+//   GptModel model(config, timed_tp);      // the layers issue their collectives through it
+//   ... one step ...
+//   const TimedCommunicator::Stats s = timed_tp.take_stats();   // s.exposed_ms of that step
+//
+// What is measured, per operation: a timing Event is recorded on the caller's stream just before
+// the operation is issued (start), and another on the stream passed to the first Work::wait(stream)
+// just after the wait (end). end - start is the time from issuing until that stream could continue:
+// the communication the stream was exposed to. Where the caller computes on the stream between
+// issuing and waiting (the column-parallel backward overlaps dx's all-reduce with the weight
+// gradient), that compute is inside the interval, so exposed_ms is an UPPER BOUND on the exposed
+// communication; where the wait follows the issue at once, it is the operation's whole latency.
+// On the CPU events are host timestamps taken at record time (Event's CPU behaviour), so the
+// interval is the host time from issue to the end of the (blocking) wait.
+//
+// A Work completed on the host instead (synchronize() or wait_for() before any wait(stream)) ends
+// its interval with a host clock (std::chrono::steady_clock) read when synchronize returns, against
+// a host clock read at issue: the host, not a stream, was exposed. Only the first completion of a
+// Work ends its interval; later waits are forwarded and not timed again. A Work never waited on nor
+// synchronized counts in ops and bytes but adds no exposed time; one whose interval ends after a
+// take_stats() adds its time to the window in which it ends.
+//
+// Ownership: the inner communicator is borrowed and must outlive this one and every Work it
+// returned. Results, errors and input validation are the inner communicator's: an operation that
+// throws is not counted. Thread safety: as Communicator (issue from one thread at a time; call
+// take_stats/reset from that thread); Works may be waited on from any thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "quintet/collectives/communicator.hpp"
+
+namespace quintet {
+
+class TimedCommunicator final : public Communicator {
+ public:
+  // Totals of one window (the operations issued since the last take_stats or reset).
+  struct Stats {
+    std::int64_t ops = 0;     // operations issued (that did not throw)
+    double exposed_ms = 0.0;  // sum over ended intervals of (end - start), milliseconds
+    std::int64_t bytes = 0;   // payload in bytes: per op the larger of its buffers on this rank
+                              // (p2p: the sum of its tensors; barrier: 0)
+  };
+
+  // Wraps inner (borrowed). The name of this communicator is inner's.
+  explicit TimedCommunicator(Communicator& inner);
+  ~TimedCommunicator() override;
+  TimedCommunicator(const TimedCommunicator&) = delete;
+  TimedCommunicator& operator=(const TimedCommunicator&) = delete;
+
+  // Returns the current window's totals and starts a new window. Blocks the host until the end
+  // events of the intervals it sums have completed (on a GPU: cudaEventSynchronize), so call it
+  // once a step, after the step's work has been synchronised anyway.
+  Stats take_stats();
+  // Starts a new window, discarding the current one's totals (intervals not yet ended are
+  // forgotten too).
+  void reset();
+
+  // Forwarded to inner.
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  Backend backend() const override { return inner_->backend(); }
+  Device device() const override { return inner_->device(); }
+  const std::string& name() const override { return inner_->name(); }
+
+  using Communicator::all_reduce;
+  // Each operation: records start on stream, forwards to inner with the same arguments, returns a
+  // Work that forwards to inner's Work and ends the interval (see above).
+  Work all_reduce(const Tensor& in, const Tensor& out, ReduceOp op,
+                  const Stream& stream = Stream()) override;
+  Work reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op,
+                      const Stream& stream = Stream()) override;
+  Work all_gather(const Tensor& in, const Tensor& out, const Stream& stream = Stream()) override;
+  Work broadcast(const Tensor& inout, int root, const Stream& stream = Stream()) override;
+  Work reduce(const Tensor& in, const Tensor& out, ReduceOp op, int root,
+              const Stream& stream = Stream()) override;
+  Work all_to_all(const Tensor& in, const Tensor& out, const Stream& stream = Stream()) override;
+  Work all_to_all_v(const Tensor& in, const std::vector<std::int64_t>& send_counts,
+                    const Tensor& out, const std::vector<std::int64_t>& recv_counts,
+                    const Stream& stream = Stream()) override;
+  Work send(const Tensor& in, int peer, const Stream& stream = Stream()) override;
+  Work recv(const Tensor& out, int peer, const Stream& stream = Stream()) override;
+  Work p2p(const std::vector<P2POp>& ops, const Stream& stream = Stream()) override;
+  Work barrier(const Stream& stream = Stream()) override;
+
+  // inner.split(color, key, name): a PLAIN (untimed) sub-communicator, owned by the caller; wrap
+  // it in its own TimedCommunicator to measure it. Not counted as an operation.
+  std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override;
+
+  // ---- Implementation details below ----
+  struct Interval;  // one operation's start, end and state (defined in the source)
+
+ private:
+  // Records start on stream, runs issue() (the inner call), counts the op and wraps its Work.
+  template <typename Issue>
+  Work timed(const Stream& stream, std::int64_t bytes, Issue&& issue);
+
+  Communicator* inner_;
+  Stats window_;
+  // Intervals of this window not yet summed (shared with their Works).
+  std::vector<std::shared_ptr<Interval>> pending_;
+};
+
+}  // namespace quintet
