@@ -10,11 +10,13 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <optional>
 
 #include "gpt_model.hpp"
 #include "metrics.hpp"
-#include "quintet/collectives/bootstrap.hpp"  // World, init
-#include "quintet/core/allocator.hpp"         // peak GPU memory
+#include "quintet/collectives/bootstrap.hpp"           // World, init
+#include "quintet/collectives/timed_communicator.hpp"  // exposed tp communication per step
+#include "quintet/core/allocator.hpp"                  // peak GPU memory
 #include "quintet/core/log.hpp"
 #include "quintet/data/loader.hpp"                     // DataLoader
 #include "quintet/data/synthetic.hpp"                  // the built-in dataset and its entropy floor
@@ -103,10 +105,15 @@ int run(const gpt::TrainConfig& c, quintet::World& world) {
   quintet::data::TokenDataset dataset = quintet::data::TokenDataset::open(spec);
   const std::optional<double> floor = quintet::data::entropy_floor_nats(dataset);
 
-  gpt::GptModel model(c, mesh.comm(Axis::tp));
+  // The tp layers and the loss issue their collectives through a timing wrapper (results are the
+  // inner communicator's), so each step can report the tp communication it was exposed to.
+  std::optional<quintet::TimedCommunicator> timed_tp;
+  if (c.tp > 1) timed_tp.emplace(mesh.comm(Axis::tp));
+  quintet::Communicator& tp_comm = timed_tp ? *timed_tp : mesh.comm(Axis::tp);
+  gpt::GptModel model(c, tp_comm);
   quintet::nn::ParameterStore store(model, gpu ? quintet::DType::bf16 : quintet::DType::f32, stream,
                                     c.seed);
-  quintet::VocabParallelCrossEntropy loss_fn(mesh.comm(Axis::tp), c.vocab);
+  quintet::VocabParallelCrossEntropy loss_fn(tp_comm, c.vocab);
   quintet::DataParallelConfig dp_config;
   dp_config.overlap = !c.no_overlap;
   dp_config.zero_stage = c.zero;
@@ -159,11 +166,13 @@ int run(const gpt::TrainConfig& c, quintet::World& world) {
     const float lr = gpt::learning_rate(c, step);
     optimizer.set_lr(lr);
     if (gpu) quintet::cuda_reset_peak(device);
+    if (timed_tp) timed_tp->reset();  // the window is this step
     const auto t0 = std::chrono::steady_clock::now();
     const StepResult r = train_step(t);
     const double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     const quintet::DataParallelStats comm = dp.last_step_stats();
+    const double tp_exposed_ms = timed_tp ? timed_tp->take_stats().exposed_ms : 0.0;
 
     gpt::StepRecord rec;
     rec.step = step + 1;
@@ -183,7 +192,8 @@ int run(const gpt::TrainConfig& c, quintet::World& world) {
       rec.peak_mem_bytes = gpt::peak_rss_bytes();
     }
     rec.comm_ms = comm.comm_ms;
-    rec.exposed_comm_pct = 100.0 * comm.exposed_ms / ms;
+    rec.tp_comm_ms = tp_exposed_ms;
+    rec.exposed_comm_pct = 100.0 * (comm.exposed_ms + tp_exposed_ms) / ms;
     reporter.step(rec);
 
     const bool last = step + 1 == end;

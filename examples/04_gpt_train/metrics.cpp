@@ -61,6 +61,7 @@ void Reporter::step(const StepRecord& r) {
                      {"tflops", r.tflops ? nlohmann::json(*r.tflops) : nlohmann::json(nullptr)},
                      {"exposed_comm_pct", r.exposed_comm_pct},
                      {"comm_ms", r.comm_ms},
+                     {"tp_comm_ms", r.tp_comm_ms},
                      {"peak_mem_bytes", r.peak_mem_bytes}};
     fmt::print("{}\n", j.dump());
     std::fflush(stdout);
@@ -72,8 +73,8 @@ void Reporter::step(const StepRecord& r) {
   line += fmt::format(" | lr {:.2e} | grad norm {:.3f} | {:.1f} ms | {:.0f} tok/s", r.lr,
                       r.grad_norm, r.ms, r.tokens_per_s);
   if (r.mfu) line += fmt::format(" | MFU {:.1f}% ({:.1f} TFLOP/s)", 100 * *r.mfu, *r.tflops);
-  line += fmt::format(" | exposed comm {:.1f}% | peak mem {}", r.exposed_comm_pct,
-                      mem_str(r.peak_mem_bytes));
+  line += fmt::format(" | exposed comm {:.1f}% (tp {:.1f} ms) | peak mem {}", r.exposed_comm_pct,
+                      r.tp_comm_ms, mem_str(r.peak_mem_bytes));
   fmt::print("{}\n", line);
   std::fflush(stdout);
   draw_progress(r);
@@ -97,13 +98,14 @@ void Reporter::summary(std::int64_t skip) const {
   if (!active_ || records_.empty()) return;
   std::size_t first = static_cast<std::size_t>(std::max<std::int64_t>(skip, 0));
   if (first >= records_.size()) first = 0;
-  std::vector<double> ms, tps, mfu, exposed, comm;
+  std::vector<double> ms, tps, mfu, exposed, comm, tp_comm;
   for (std::size_t i = first; i < records_.size(); ++i) {
     ms.push_back(records_[i].ms);
     tps.push_back(records_[i].tokens_per_s);
     if (records_[i].mfu) mfu.push_back(*records_[i].mfu);
     exposed.push_back(records_[i].exposed_comm_pct);
     comm.push_back(records_[i].comm_ms);
+    tp_comm.push_back(records_[i].tp_comm_ms);
   }
   const StepRecord& last = records_.back();
   const std::int64_t measured = static_cast<std::int64_t>(records_.size() - first);
@@ -117,6 +119,7 @@ void Reporter::summary(std::int64_t skip) const {
         {"median_mfu", mfu.empty() ? nlohmann::json(nullptr) : nlohmann::json(median(mfu))},
         {"median_exposed_comm_pct", median(exposed)},
         {"median_comm_ms", median(comm)},
+        {"median_tp_comm_ms", median(tp_comm)},
         {"peak_mem_bytes", last.peak_mem_bytes}};
     fmt::print("{}\n", j.dump());
     return;
@@ -126,8 +129,8 @@ void Reporter::summary(std::int64_t skip) const {
   if (last.entropy_floor) fmt::print(" (floor {:.4f})", *last.entropy_floor);
   fmt::print(" | median {:.1f} ms/step, {:.0f} tok/s", median(ms), median(tps));
   if (!mfu.empty()) fmt::print(", MFU {:.1f}%", 100 * median(mfu));
-  fmt::print(" | dp comm {:.2f} ms, exposed {:.1f}% | peak mem {}\n", median(comm), median(exposed),
-             mem_str(last.peak_mem_bytes));
+  fmt::print(" | dp comm {:.2f} ms, exposed tp comm {:.2f} ms, exposed {:.1f}% | peak mem {}\n",
+             median(comm), median(tp_comm), median(exposed), mem_str(last.peak_mem_bytes));
 }
 
 }  // namespace gpt

@@ -1,5 +1,14 @@
 // What the trainer reports: one record per step (printed as a line or a JSON object), a progress
 // bar with ETA on a terminal, and a summary with medians at the end.
+//
+// Communication figures of a step (all on this rank, rank 0 prints):
+//   comm_ms           data-parallel communication time, hidden or not (DataParallel's stats).
+//   tp_comm_ms        exposed tensor-parallel communication: the sum over the step's tp collectives
+//                     of the time from issuing to the compute stream being able to continue
+//                     (TimedCommunicator). Compute the stream runs between issue and wait (the
+//                     column-parallel backward overlaps dx's all-reduce with dW) is included, so
+//                     it is an upper bound. 0 at tp = 1.
+//   exposed_comm_pct  100 * (dp exposed ms + tp_comm_ms) / step ms.
 #pragma once
 
 #include <cstdint>
@@ -19,8 +28,9 @@ struct StepRecord {
   double tokens_per_s = 0.0;        // global batch tokens / step time
   std::optional<double> mfu;        // GPU only: model FLOP/s over 989 TFLOP/s per GPU
   std::optional<double> tflops;     // GPU only: model TFLOP/s per GPU
-  double exposed_comm_pct = 0.0;    // exposed data-parallel communication, % of the step
+  double exposed_comm_pct = 0.0;    // exposed dp + tp communication, % of the step (see above)
   double comm_ms = 0.0;             // data-parallel communication time (hidden or not)
+  double tp_comm_ms = 0.0;          // exposed tensor-parallel communication (see above)
   std::int64_t peak_mem_bytes = 0;  // peak device memory (GPU) or resident set (CPU)
 };
 
