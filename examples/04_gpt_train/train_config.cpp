@@ -10,6 +10,8 @@ namespace gpt {
 
 bool parse_args(const quintet::RuntimeConfig& runtime, TrainConfig* c, int* exit_code) {
   CLI::App app{"Train a GPT model under any dp x tp (+sp) layout, on CPU or GPU"};
+  // A flag given twice takes its last value, so wrappers (scripts/demo.sh) can be overridden.
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.add_option("--layers", c->layers, "transformer blocks")->capture_default_str();
   app.add_option("--hidden", c->hidden, "model width")->capture_default_str();
   app.add_option("--heads", c->heads, "attention heads")->capture_default_str();
