@@ -84,6 +84,10 @@ void validate(const TrainConfig& c, int world) {
                 "change --tp/--dp",
                 c.tp, c.dp, c.tp * c.dp, world, c.tp * c.dp);
   QUINTET_CHECK(!c.sp || c.tp > 1, "--sp needs --tp > 1 (sequence parallelism splits over tp)");
+  QUINTET_CHECK(!c.sp || c.seq_len % c.tp == 0,
+                "--seq-len {} is not divisible by --tp {}: sequence parallelism splits the "
+                "sequence evenly; choose a multiple of {}",
+                c.seq_len, c.tp, c.tp);
   QUINTET_CHECK(c.zero >= 0 && c.zero <= 2, "--zero {}: expected 0, 1 or 2", c.zero);
   QUINTET_CHECK(c.layers >= 1 && c.hidden >= 1 && c.heads >= 1 && c.vocab >= 2 && c.seq_len >= 1,
                 "--layers {} --hidden {} --heads {} --vocab {} --seq-len {}: sizes must be "

@@ -4,8 +4,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cinttypes>
-#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -13,7 +11,6 @@
 #include <sstream>
 
 #include "quintet/core/error.hpp"
-#include "quintet/data/checksum.hpp"
 #include "shard_file.hpp"
 
 namespace quintet {

@@ -4,6 +4,7 @@
 #               the same loss at each of 30 steps within 1e-4 relative
 #   resume      a run stopped and saved at step 10, then resumed, equals the uninterrupted run at
 #               steps 11..20
+#   bad_flags   inconsistent flags are refused with a message naming them
 #   killed      a save killed midway (--exit-during-save) is never loaded: resuming starts from
 #               the previous checkpoint and continues the uninterrupted run's losses
 # Usage: gpt_train_test.sh TRAINER MPIEXEC WORKDIR CASE [mpirun flags...]
@@ -90,6 +91,22 @@ case $case in
     compare full resumed 6 20 1e-6
     python3 -c "import json,sys; s=[json.loads(l)['step'] for l in open('resumed.jsonl') if '\"step\"' in l]; sys.exit(0 if s[0]==6 else f'resumed at {s[0]}, expected 6')"
     test "$(cat ckpt/latest)" = step_000020
+    ;;
+  bad_flags)
+    # Inconsistent flags fail on every rank with a message that names them, before training.
+    expect_error() {  # expect_error RANKS MESSAGE FLAGS...
+      local ranks=$1 message=$2
+      shift 2
+      if run bad "$ranks" "$@" 2>bad.err; then echo "expected failure: $*"; exit 1; fi
+      grep -q -- "$message" bad.err || { echo "no '$message' in:"; cat bad.err; exit 1; }
+    }
+    expect_error 2 "--tp 2 x --dp 2 = 4 ranks, but the job has 2" --steps 1 --tp 2 --dp 2
+    expect_error 2 "heads = 5 is not divisible by the tensor-parallel size tp = 2" \
+      --steps 1 --tp 2 --heads 5 --hidden 80
+    expect_error 2 "--seq-len 33 is not divisible by --tp 2" --steps 1 --tp 2 --sp --seq-len 33
+    expect_error 1 "--global-batch 12 must be a positive multiple of --micro-batch 5" \
+      --steps 1 --micro-batch 5
+    expect_error 1 "--zero 3: expected 0, 1 or 2" --steps 1 --zero 3
     ;;
   *)
     echo "unknown case $case"; exit 2 ;;
