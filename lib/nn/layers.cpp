@@ -20,9 +20,8 @@ Linear::Linear(std::int64_t in, std::int64_t out, bool bias, float init_std) : i
 }
 
 Tensor Linear::forward(Context& ctx, const Tensor& x) {
-  const Tensor y =
-      linear_forward(x, weight_->use(ctx.stream()), bias_ ? bias_->use(ctx.stream()) : Tensor(),
-                     ctx.stream());
+  const Tensor y = linear_forward(x, weight_->use(ctx.stream()),
+                                  bias_ ? bias_->use(ctx.stream()) : Tensor(), ctx.stream());
   ctx.save(*this, {x});
   return y;
 }

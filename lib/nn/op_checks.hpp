@@ -86,6 +86,17 @@ class OpChecker {
 };
 
 // The shape with the last dimension replaced.
+// targets [...] (ids) has the shape of logits [..., V] without the last dimension (a scalar
+// target for 1-D logits).
+inline void check_targets(const OpChecker& c, const Tensor& logits, const Tensor& targets) {
+  c.ids("targets", targets);
+  Shape expected = logits.shape();
+  expected.pop_back();
+  QUINTET_CHECK(targets.shape() == expected || (expected.empty() && targets.numel() == 1),
+                "{}: targets have shape {}, expected {} (logits {} without the vocabulary)", c.op(),
+                shape_str(targets.shape()), shape_str(expected), shape_str(logits.shape()));
+}
+
 inline Shape with_last(Shape shape, std::int64_t last) {
   shape.back() = last;
   return shape;

@@ -58,30 +58,38 @@ std::vector<std::pair<std::string, Tensor>> AdamW::state() const {
 
 void AdamW::load_state(const std::vector<std::pair<std::string, Tensor>>& state,
                        const Stream& stream) {
-  const std::vector<std::pair<std::string, Tensor>> mine = this->state();
-  QUINTET_CHECK(state.size() == mine.size(), "AdamW::load_state: {} tensors given, expected {}",
-                state.size(), mine.size());
+  load_optimizer_state("AdamW::load_state", state, this->state(), &step_, stream);
+}
+
+void load_optimizer_state(const char* who, const std::vector<std::pair<std::string, Tensor>>& state,
+                          const std::vector<std::pair<std::string, Tensor>>& expected,
+                          std::int64_t* step, const Stream& stream) {
+  std::string names;
+  for (const auto& [name, t] : expected) names += (names.empty() ? "" : ", ") + name;
+  QUINTET_CHECK(state.size() == expected.size(), "{}: {} tensors given, expected {} ({})", who,
+                state.size(), expected.size(), names);
   std::set<std::string> seen;
   for (const auto& [name, t] : state) {
-    QUINTET_CHECK(seen.insert(name).second, "AdamW::load_state: '{}' given twice", name);
-    const auto it =
-        std::find_if(mine.begin(), mine.end(), [&](const auto& m) { return m.first == name; });
-    QUINTET_CHECK(it != mine.end(), "AdamW::load_state: unknown tensor '{}'", name);
+    QUINTET_CHECK(seen.insert(name).second, "{}: '{}' given twice", who, name);
+    const auto it = std::find_if(expected.begin(), expected.end(),
+                                 [&](const auto& m) { return m.first == name; });
+    QUINTET_CHECK(it != expected.end(), "{}: unknown tensor '{}' (expected {})", who, name, names);
     QUINTET_CHECK(t.defined() && t.shape() == it->second.shape() && t.dtype() == it->second.dtype(),
-                  "AdamW::load_state: '{}' is {}, expected shape {} and dtype {}", name,
-                  t.defined() ? t.str() : std::string("undefined"), shape_str(it->second.shape()),
-                  dtype_name(it->second.dtype()));
-    if (name == "step") {
-      QUINTET_CHECK(t.item({0}) >= 0, "AdamW::load_state: step = {}", t.item({0}));
-    }
+                  "{}: '{}' is {}, expected shape {} and dtype {} (was the state saved with the "
+                  "same model, layout and settings?)",
+                  who, name, t.defined() ? t.str() : std::string("undefined"),
+                  shape_str(it->second.shape()), dtype_name(it->second.dtype()));
+    if (name == "step") QUINTET_CHECK(t.item({0}) >= 0, "{}: step = {}", who, t.item({0}));
   }
   for (const auto& [name, t] : state) {
     if (name == "step") {
-      step_ = static_cast<std::int64_t>(t.item({0}));
-    } else {
-      Tensor dst = name == "master" ? master_ : name == "exp_avg" ? exp_avg_ : exp_avg_sq_;
-      dst.copy_(t, stream);
+      *step = static_cast<std::int64_t>(t.item({0}));
+      continue;
     }
+    const auto it = std::find_if(expected.begin(), expected.end(),
+                                 [&](const auto& m) { return m.first == name; });
+    Tensor dst = it->second;
+    dst.copy_(t, stream);
   }
 }
 

@@ -22,16 +22,6 @@ void check_shard(const OpChecker& c, std::int64_t local, std::int64_t vocab_star
                 vocab_start, vocab_start + local, vocab_size);
 }
 
-// targets has the shape of logits without the last dimension.
-void check_targets(const OpChecker& c, const Tensor& logits, const Tensor& targets) {
-  c.ids("targets", targets);
-  Shape expected = logits.shape();
-  expected.pop_back();
-  QUINTET_CHECK(targets.shape() == expected || (expected.empty() && targets.numel() == 1),
-                "{}: targets have shape {}, expected {} (logits {} without the vocabulary)", c.op(),
-                shape_str(targets.shape()), shape_str(expected), shape_str(logits.shape()));
-}
-
 }  // namespace
 
 Tensor vocab_parallel_embedding_forward(const Tensor& ids, const Tensor& table_shard,

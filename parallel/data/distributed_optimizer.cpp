@@ -203,38 +203,8 @@ std::vector<std::pair<std::string, Tensor>> DistributedOptimizer::state() const 
 
 void DistributedOptimizer::load_state(const std::vector<std::pair<std::string, Tensor>>& state,
                                       const Stream& stream) {
-  const std::vector<std::pair<std::string, Tensor>> mine = this->state();
-  QUINTET_CHECK(state.size() == mine.size(),
-                "DistributedOptimizer::load_state: {} tensors given, expected {} (step, master, "
-                "exp_avg, exp_avg_sq)",
-                state.size(), mine.size());
-  std::set<std::string> seen;
-  for (const auto& [name, t] : state) {
-    QUINTET_CHECK(seen.insert(name).second, "DistributedOptimizer::load_state: '{}' given twice",
-                  name);
-    const auto it =
-        std::find_if(mine.begin(), mine.end(), [&](const auto& m) { return m.first == name; });
-    QUINTET_CHECK(it != mine.end(),
-                  "DistributedOptimizer::load_state: unknown tensor '{}' (expected step, master, "
-                  "exp_avg, exp_avg_sq)",
-                  name);
-    QUINTET_CHECK(t.defined() && t.shape() == it->second.shape() && t.dtype() == it->second.dtype(),
-                  "DistributedOptimizer::load_state: '{}' is {}, expected shape {} and dtype {} "
-                  "(was the state saved with the same model, layout and zero_stage?)",
-                  name, t.defined() ? t.str() : std::string("undefined"),
-                  shape_str(it->second.shape()), dtype_name(it->second.dtype()));
-    if (name == "step") {
-      QUINTET_CHECK(t.item({0}) >= 0, "DistributedOptimizer::load_state: step = {}", t.item({0}));
-    }
-  }
-  for (const auto& [name, t] : state) {
-    if (name == "step") {
-      step_ = static_cast<std::int64_t>(t.item({0}));
-    } else {
-      Tensor dst = name == "master" ? master_ : name == "exp_avg" ? exp_avg_ : exp_avg_sq_;
-      dst.copy_(t, stream);
-    }
-  }
+  nn::load_optimizer_state("DistributedOptimizer::load_state", state, this->state(), &step_,
+                           stream);
 }
 
 }  // namespace quintet

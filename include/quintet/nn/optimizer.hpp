@@ -54,4 +54,13 @@ class AdamW {
   Tensor master_, exp_avg_, exp_avg_sq_;  // flat, store layout
 };
 
+// Restores an optimizer's state from named tensors (what its state() returned): state must hold
+// exactly the names of expected, each with its shape and dtype, and "step" (i64 [1]) >= 0 — else
+// InvalidArgument naming `who` and the tensor, before anything changes. Then *step takes "step"
+// and every other tensor is copied, on stream, into the tensor of that name in expected (views of
+// the optimizer's buffers). Shared by AdamW and the data-parallel DistributedOptimizer.
+void load_optimizer_state(const char* who, const std::vector<std::pair<std::string, Tensor>>& state,
+                          const std::vector<std::pair<std::string, Tensor>>& expected,
+                          std::int64_t* step, const Stream& stream);
+
 }  // namespace quintet::nn
