@@ -28,7 +28,8 @@ Tensor Linear::forward(Context& ctx, const Tensor& x) {
 
 Tensor Linear::backward(Context& ctx, const Tensor& dy) {
   const Tensor x = ctx.take(*this).at(0);
-  linear_backward_weight(dy, x, weight_->grad(), bias_ ? bias_->grad() : Tensor(), ctx.stream());
+  linear_backward_weight(dy, x, weight_->grad_for_backward(ctx.stream()),
+                         bias_ ? bias_->grad_for_backward(ctx.stream()) : Tensor(), ctx.stream());
   if (bias_) bias_->mark_grad_ready();
   weight_->mark_grad_ready();
   return linear_backward_input(dy, weight_->data(), ctx.stream());
@@ -50,8 +51,9 @@ Tensor LayerNorm::forward(Context& ctx, const Tensor& x) {
 
 Tensor LayerNorm::backward(Context& ctx, const Tensor& dy) {
   const auto s = ctx.take(*this);
-  const Tensor dx = layernorm_backward(dy, s[0], weight_->data(), s[1], s[2], weight_->grad(),
-                                       bias_->grad(), ctx.stream());
+  const Tensor dx = layernorm_backward(dy, s[0], weight_->data(), s[1], s[2],
+                                       weight_->grad_for_backward(ctx.stream()),
+                                       bias_->grad_for_backward(ctx.stream()), ctx.stream());
   bias_->mark_grad_ready();
   weight_->mark_grad_ready();
   return dx;
@@ -69,8 +71,8 @@ Tensor RMSNorm::forward(Context& ctx, const Tensor& x) {
 
 Tensor RMSNorm::backward(Context& ctx, const Tensor& dy) {
   const auto s = ctx.take(*this);
-  const Tensor dx =
-      rmsnorm_backward(dy, s[0], weight_->data(), s[1], weight_->grad(), ctx.stream());
+  const Tensor dx = rmsnorm_backward(dy, s[0], weight_->data(), s[1],
+                                     weight_->grad_for_backward(ctx.stream()), ctx.stream());
   weight_->mark_grad_ready();
   return dx;
 }
@@ -137,7 +139,7 @@ Tensor Embedding::forward(Context& ctx, const Tensor& ids) {
 
 Tensor Embedding::backward(Context& ctx, const Tensor& dy) {
   const Tensor ids = ctx.take(*this).at(0);
-  embedding_backward(dy, ids, weight_->grad(), ctx.stream());
+  embedding_backward(dy, ids, weight_->grad_for_backward(ctx.stream()), ctx.stream());
   weight_->mark_grad_ready();
   return Tensor();
 }

@@ -36,11 +36,17 @@ Tensor Parameter::data() const {
 }
 
 Tensor Parameter::grad() const {
-  QUINTET_CHECK(grad_.defined(),
-                "Parameter {} has no gradient yet; build a ParameterStore over "
-                "its module first",
-                name_);
+  QUINTET_CHECK(grad_.defined(), "Parameter {} has no gradient {}", name_,
+                offset_ < 0 ? "yet; build a ParameterStore over its module first"
+                            : "bound: its store keeps gradients on demand (ZeRO-2), so a gradient "
+                              "exists only while backward accumulates it; read the reduced shard "
+                              "with DataParallel::owned_grad");
   return grad_;
+}
+
+Tensor Parameter::grad_for_backward(const Stream& stream) {
+  if (!grad_.defined() && on_grad_needed_) on_grad_needed_(*this, stream);
+  return grad();
 }
 
 Tensor Parameter::use(const Stream& stream) {
@@ -96,6 +102,9 @@ ParameterStore::ParameterStore(Module& root, DType dtype, const Stream& stream,
     p->on_use_ = [this](Parameter& q, const Stream& s) {
       if (use_hook_) use_hook_(q, s);
     };
+    p->on_grad_needed_ = [this](Parameter& q, const Stream& s) {
+      if (grad_binder_) grad_binder_(q, s);
+    };
     switch (p->init_.kind) {
       case ParameterInit::Kind::zeros:
         break;
@@ -120,7 +129,48 @@ Parameter& ParameterStore::find(const std::string& name) const {
                 params_.size());
 }
 
-void ParameterStore::zero_grad(const Stream& stream) { grad_.fill_(0.0, stream); }
+void ParameterStore::zero_grad(const Stream& stream) {
+  if (!on_demand_) {
+    grad_.fill_(0.0, stream);
+    return;
+  }
+  for (Parameter* p : params_) {
+    if (p->grad_.defined()) p->grad_.fill_(0.0, stream);
+  }
+}
+
+void ParameterStore::release_gradient_buffer(
+    std::function<void(Parameter&, const Stream&)> binder) {
+  QUINTET_CHECK(static_cast<bool>(binder),
+                "ParameterStore::release_gradient_buffer: empty binder; gradients could never be "
+                "bound again");
+  QUINTET_CHECK(!on_demand_,
+                "ParameterStore::release_gradient_buffer: the gradient buffer was already released "
+                "(one DataParallel with ZeRO stage 2 per store)");
+  on_demand_ = true;
+  grad_binder_ = std::move(binder);
+  grad_ = Tensor();
+  for (Parameter* p : params_) p->grad_ = Tensor();
+}
+
+void ParameterStore::bind_gradients(const std::vector<Parameter*>& params, const Tensor& storage,
+                                    std::int64_t first) {
+  QUINTET_CHECK(storage.defined() && storage.dim() == 1 && storage.is_contiguous() &&
+                    storage.dtype() == accum_dtype(dtype()) && storage.device() == device(),
+                "ParameterStore::bind_gradients: storage must be a contiguous 1-D {} tensor on {}",
+                dtype_name(accum_dtype(dtype())), device().str());
+  for (Parameter* p : params) {
+    QUINTET_CHECK(p->offset_ >= first && p->offset_ + p->numel() <= first + storage.numel(),
+                  "ParameterStore::bind_gradients: parameter {} (flat elements [{}, {})) is not "
+                  "inside the storage's [{}, {})",
+                  p->name(), p->offset_, p->offset_ + p->numel(), first, first + storage.numel());
+    p->grad_ = storage.narrow(0, p->offset_ - first, p->numel()).view(p->shape());
+  }
+}
+
+void ParameterStore::unbind_gradients(const std::vector<Parameter*>& params) {
+  for (Parameter* p : params) p->grad_ = Tensor();
+}
 
 void ParameterStore::add_grad_ready_hook(std::function<void(Parameter&)> hook) {
   QUINTET_CHECK(static_cast<bool>(hook), "ParameterStore::add_grad_ready_hook: empty hook");

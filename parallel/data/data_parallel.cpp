@@ -41,35 +41,67 @@ struct DataParallel::State {
   DataParallelConfig config;
   const Stream& compute;
   bool gpu = false;
-  Stream side;  // GPU: waits for each reduction, then records its end event
+  bool on_demand = false;  // ZeRO-2: gradients live in per-bucket buffers bound during backward
+  Stream side;             // GPU: waits for each reduction, then records its end event
 
   std::vector<GradientBucket> buckets;
   std::vector<Communicator*> comms;  // per bucket
   std::vector<ReduceOp> ops;
   std::vector<float> prescale;  // applied to the bucket's gradient before a sum reduction
-  std::vector<Tensor> staging;  // padded f32 copy for ZeRO when the group size does not divide
+  std::vector<Tensor> staging;  // stage 1: padded f32 copy when the group size does not divide
   std::unordered_map<const nn::Parameter*, std::pair<int, int>> where;  // bucket, param index
+
+  // ZeRO-2, per bucket.
+  std::vector<Tensor> full;     // padded gradient while bound (this microbatch), else undefined
+  std::vector<Tensor> shard;    // [shard_size] the reduced owned shard, summed over microbatches
+  std::vector<Tensor> scratch;  // [shard_size] a later microbatch's reduction, added into shard
+  std::vector<int> latest;      // this step's last launch of the bucket (index into launches)
+  std::vector<char> closed;     // reduced in this microbatch: its gradient may not be asked again
+
+  // One issued reduction.
+  struct Launch {
+    int bucket = 0;
+    Work work;
+    bool into_scratch = false;  // ZeRO-2: its result is in scratch, still to be added to shard
+    bool end_seen = false;
+  };
 
   // Per step.
   bool in_step = false;
   bool last_microbatch = true;
   bool finished = false;
   bool any_finished = false;
-  int next_launch = 0;
-  int first_unseen = 0;  // CPU: first bucket whose completion has not been observed
+  bool round_open = false;       // ZeRO-2: this microbatch has bound or marked a gradient
+  bool finished_called = false;  // finish() is running
+  int next_launch = 0;           // next bucket to reduce in this round (microbatch)
+  std::size_t ready_total = 0;   // parameters marked grad-ready in this round
+  int first_unseen = 0;          // CPU: first launch whose completion has not been observed
   std::vector<int> ready_count;
   std::vector<char> param_ready;
-  std::vector<Work> works;
-  std::vector<char> end_seen;
+  std::vector<Launch> launches;  // in issue order
   std::int64_t bytes = 0;
+  std::int64_t bound_bytes = 0;  // ZeRO-2: bytes of full bucket buffers bound now
+  std::int64_t peak_bytes = 0;   // the most gradient storage held at once this step
 
-  Event step_start, backward_end, done;
-  std::vector<Event> start_events, end_events;
+  Event step_start, done;
+  std::vector<Event> start_events, end_events;  // per launch, reused from step to step
+  // Exposed windows [first, second]: the compute stream waiting for reductions after backward
+  // (finish(); with stage 2 serialised also the end of each earlier microbatch). Pooled.
+  std::vector<std::pair<Event, Event>> windows;
+  int windows_used = 0;
 
   void plan();
   void on_grad_ready(nn::Parameter& p);
+  void bind(int b);
+  void on_grad_needed(nn::Parameter& p);
   void launch(int b);
+  void close_round();
+  Event& open_window();
+  void wait_launches(int from, const Stream& stream);
+  void absorb(Launch& l, const Stream& stream);
+  void reset_round();
   void poll();
+  std::int64_t resident_bytes() const;  // gradient storage that persists across the step
 };
 
 namespace {
@@ -107,8 +139,8 @@ double union_length(std::vector<std::pair<double, double>> intervals) {
 
 void DataParallel::State::plan() {
   const std::vector<nn::Parameter*>& params = store.parameters();
-  const std::int64_t grad_bytes =
-      static_cast<std::int64_t>(dtype_size(store.grad_buffer().dtype()));
+  const DType grad_dtype = nn::accum_dtype(store.dtype());
+  const std::int64_t grad_bytes = static_cast<std::int64_t>(dtype_size(grad_dtype));
   auto aligned = [](std::int64_t n) {
     const std::int64_t a = nn::ParameterStore::kAlignElements;
     return (n + a - 1) / a * a;
@@ -148,59 +180,186 @@ void DataParallel::State::plan() {
       ops.push_back(ReduceOp::avg);
       prescale.push_back(1.0f);
     }
-    Tensor stage;
-    if (config.zero_stage > 0 && b.shard_size * b.shard_count != b.numel()) {
-      stage = Tensor::empty({b.shard_size * b.shard_count}, store.grad_buffer().dtype(),
-                            store.device(), compute);
+    Tensor stage, owned;
+    if (config.zero_stage == 1 && b.shard_size * b.shard_count != b.numel()) {
+      stage = Tensor::empty({b.shard_size * b.shard_count}, grad_dtype, store.device(), compute);
       stage.fill_(0.0, compute);  // the padding tail stays zero
     }
+    if (config.zero_stage == 2) {
+      owned = Tensor::empty({b.shard_size}, grad_dtype, store.device(), compute);
+      owned.fill_(0.0, compute);
+    }
     staging.push_back(stage);
-    start_events.emplace_back(store.device(), true);
-    end_events.emplace_back(store.device(), true);
+    shard.push_back(owned);
   }
-  ready_count.assign(buckets.size(), 0);
+  const std::size_t nb = buckets.size();
+  full.assign(nb, Tensor());
+  scratch.assign(nb, Tensor());
+  latest.assign(nb, -1);
+  closed.assign(nb, 0);
+  ready_count.assign(nb, 0);
   param_ready.assign(params.size(), 0);
-  works.assign(buckets.size(), Work());
-  end_seen.assign(buckets.size(), 0);
+}
+
+std::int64_t DataParallel::State::resident_bytes() const {
+  if (!on_demand) {
+    std::int64_t total = store.grad_buffer().nbytes();
+    for (const Tensor& t : staging) total += t.defined() ? t.nbytes() : 0;
+    return total;
+  }
+  std::int64_t total = 0;
+  for (const Tensor& t : shard) total += t.nbytes();
+  for (const Tensor& t : scratch) total += t.defined() ? t.nbytes() : 0;
+  return total;
+}
+
+void DataParallel::State::bind(int b) {
+  const GradientBucket& k = buckets[b];
+  full[b] = Tensor::empty({k.shard_size * k.shard_count}, nn::accum_dtype(store.dtype()),
+                          store.device(), compute);
+  full[b].fill_(0.0, compute);  // layers accumulate; the padding tail is reduced as zeros
+  store.bind_gradients(k.params, full[b], k.begin);
+  bound_bytes += full[b].nbytes();
+  peak_bytes = std::max(peak_bytes, bound_bytes + resident_bytes());
+}
+
+void DataParallel::State::on_grad_needed(nn::Parameter& p) {
+  QUINTET_CHECK(in_step && !finished,
+                "DataParallel: backward asked for the gradient of {} outside a step; call "
+                "begin_step() before the microbatches' backward and finish() after them",
+                p.name());
+  const auto it = where.find(&p);
+  QUINTET_CHECK(it != where.end(), "DataParallel: parameter {} is not in this store", p.name());
+  const int b = it->second.first;
+  QUINTET_CHECK(!closed[b],
+                "DataParallel (ZeRO-2): backward asked for the gradient of {} after its bucket was "
+                "reduced in this microbatch; mark a parameter grad-ready only after its last "
+                "gradient contribution of the microbatch",
+                p.name());
+  round_open = true;
+  if (!full[b].defined()) bind(b);
 }
 
 void DataParallel::State::launch(int b) {
   const GradientBucket& k = buckets[b];
-  Tensor grad = store.grad_buffer().narrow(0, k.begin, k.numel());
-  start_events[b].record(compute);
-  if (prescale[b] != 1.0f) nn::scale_(grad, prescale[b], compute);
-  if (config.zero_stage == 0) {
-    works[b] = comms[b]->all_reduce(grad, grad, ops[b], compute);
-  } else {
-    Tensor in = grad;
-    if (staging[b].defined()) {
-      staging[b].narrow(0, 0, k.numel()).copy_(grad, compute);
-      in = staging[b];
+  const int index = static_cast<int>(launches.size());
+  while (static_cast<int>(start_events.size()) <= index) {
+    start_events.emplace_back(store.device(), true);
+    end_events.emplace_back(store.device(), true);
+  }
+  start_events[index].record(compute);
+  Launch l;
+  l.bucket = b;
+  if (on_demand) {
+    if (!full[b].defined()) bind(b);  // no gradient was asked for: it reduces as zeros
+    const Tensor grad = full[b];
+    if (prescale[b] != 1.0f) nn::scale_(grad, prescale[b], compute);
+    Tensor out = shard[b];
+    if (latest[b] >= 0) {
+      // A later microbatch: the earlier reduction (long finished) is folded into shard first,
+      // then this one lands in scratch.
+      absorb(launches[latest[b]], compute);
+      if (!scratch[b].defined()) {
+        scratch[b] = Tensor::empty({k.shard_size}, grad.dtype(), store.device(), compute);
+      }
+      out = scratch[b];
+      l.into_scratch = true;
     }
-    works[b] = comms[b]->reduce_scatter(in, in.narrow(0, k.shard_rank * k.shard_size, k.shard_size),
+    l.work = comms[b]->reduce_scatter(grad, out, ops[b], compute);
+    // The full gradient is gone for this rank: the communicator holds its memory until the
+    // reduction has read it, then it returns to the allocator.
+    store.unbind_gradients(k.params);
+    bound_bytes -= full[b].nbytes();
+    full[b] = Tensor();
+    closed[b] = 1;
+  } else {
+    const Tensor grad = store.grad_buffer().narrow(0, k.begin, k.numel());
+    if (prescale[b] != 1.0f) nn::scale_(grad, prescale[b], compute);
+    if (config.zero_stage == 0) {
+      l.work = comms[b]->all_reduce(grad, grad, ops[b], compute);
+    } else {
+      Tensor in = grad;
+      if (staging[b].defined()) {
+        staging[b].narrow(0, 0, k.numel()).copy_(grad, compute);
+        in = staging[b];
+      }
+      l.work = comms[b]->reduce_scatter(in, in.narrow(0, k.shard_rank * k.shard_size, k.shard_size),
                                         ops[b], compute);
+    }
   }
   bytes += static_cast<std::int64_t>(k.shard_size * k.shard_count) *
-           static_cast<std::int64_t>(dtype_size(grad.dtype()));
+           static_cast<std::int64_t>(dtype_size(nn::accum_dtype(store.dtype())));
   if (gpu) {
     // The side stream idles between buckets: order it after the start too, so a reduction that
     // is no GPU work (a one-rank group) ends when it starts rather than before.
-    start_events[b].wait(side);
-    works[b].wait(side);
-    end_events[b].record(side);
-    end_seen[b] = 1;
+    start_events[index].wait(side);
+    l.work.wait(side);
+    end_events[index].record(side);
+    l.end_seen = true;
+  }
+  latest[b] = index;
+  launches.push_back(std::move(l));
+}
+
+void DataParallel::State::absorb(Launch& l, const Stream& stream) {
+  if (!l.into_scratch) return;
+  l.work.wait(stream);
+  nn::add_(shard[l.bucket], scratch[l.bucket], 1.0f, stream);
+  l.into_scratch = false;
+}
+
+void DataParallel::State::reset_round() {
+  next_launch = 0;
+  ready_total = 0;
+  round_open = false;
+  std::fill(ready_count.begin(), ready_count.end(), 0);
+  std::fill(param_ready.begin(), param_ready.end(), 0);
+  std::fill(closed.begin(), closed.end(), 0);
+}
+
+void DataParallel::State::close_round() {
+  // Serialised stage 2 waits for each microbatch's reductions before the next one computes, so
+  // that they are exposed as in stages 0, 1 (finish() closes the last round itself).
+  const bool wait = on_demand && !config.overlap && !finished_called;
+  const int from = static_cast<int>(launches.size());
+  if (wait) open_window().record(compute);
+  while (next_launch < static_cast<int>(buckets.size())) launch(next_launch++);
+  reset_round();
+  if (wait) {
+    wait_launches(from, compute);
+    windows[windows_used - 1].second.record(compute);
+  }
+}
+
+Event& DataParallel::State::open_window() {
+  if (windows_used == static_cast<int>(windows.size())) {
+    windows.emplace_back(Event(store.device(), true), Event(store.device(), true));
+  }
+  return windows[windows_used++].first;
+}
+
+void DataParallel::State::wait_launches(int from, const Stream& stream) {
+  for (int i = from; i < static_cast<int>(launches.size()); ++i) {
+    Launch& l = launches[i];
+    if (!gpu) poll();
+    l.work.wait(stream);
+    if (!gpu && !l.end_seen) {
+      end_events[i].record(stream);
+      l.end_seen = true;
+    }
   }
 }
 
 void DataParallel::State::poll() {
   // CPU: the end of a reduction is the first time the host sees its Work complete.
-  for (int b = first_unseen; b < next_launch; ++b) {
-    if (!end_seen[b] && works[b].is_completed()) {
-      end_events[b].record(compute);
-      end_seen[b] = 1;
+  const int n = static_cast<int>(launches.size());
+  for (int i = first_unseen; i < n; ++i) {
+    if (!launches[i].end_seen && launches[i].work.is_completed()) {
+      end_events[i].record(compute);
+      launches[i].end_seen = true;
     }
   }
-  while (first_unseen < next_launch && end_seen[first_unseen]) ++first_unseen;
+  while (first_unseen < n && launches[first_unseen].end_seen) ++first_unseen;
 }
 
 void DataParallel::State::on_grad_ready(nn::Parameter& p) {
@@ -208,7 +367,9 @@ void DataParallel::State::on_grad_ready(nn::Parameter& p) {
                 "DataParallel: parameter {} was marked grad-ready outside a step; call "
                 "begin_step() before the microbatches' backward and finish() after them",
                 p.name());
-  if (!last_microbatch) return;
+  // Stages 0, 1 reduce once, after the last microbatch; stage 2 reduces every microbatch, so
+  // that no full gradient outlives its microbatch's backward.
+  if (!last_microbatch && !on_demand) return;
   const auto it = where.find(&p);
   QUINTET_CHECK(it != where.end(), "DataParallel: parameter {} is not in this store", p.name());
   const auto [b, i] = it->second;
@@ -218,12 +379,17 @@ void DataParallel::State::on_grad_ready(nn::Parameter& p) {
                 "its last gradient contribution)",
                 p.name());
   param_ready[i] = 1;
+  ++ready_total;
+  round_open = true;
   ++ready_count[b];
   if (config.overlap) {
     while (next_launch < static_cast<int>(buckets.size()) &&
            ready_count[next_launch] == static_cast<int>(buckets[next_launch].params.size())) {
       launch(next_launch++);
     }
+  }
+  if (on_demand && ready_total == param_ready.size()) {
+    close_round();  // every gradient of the microbatch is complete
   }
   if (!gpu) poll();
 }
@@ -236,6 +402,9 @@ DataParallel::DataParallel(nn::ParameterStore& store, const Mesh& mesh,
   QUINTET_CHECK(compute_stream.device() == device,
                 "DataParallel: the parameters are on {} but the compute stream is on {}",
                 device.str(), compute_stream.device().str());
+  QUINTET_CHECK(!store.gradients_on_demand(),
+                "DataParallel: this store's gradient buffer was released by a ZeRO-2 "
+                "DataParallel; build one DataParallel per store");
   for (Axis axis : {Axis::dp_cp, Axis::edp, Axis::tp_dp_cp, Axis::pp}) {
     const Device cd = mesh.comm(axis).device();
     QUINTET_CHECK(cd == device,
@@ -248,20 +417,25 @@ DataParallel::DataParallel(nn::ParameterStore& store, const Mesh& mesh,
   s.gpu = device.is_cuda();
   if (s.gpu) s.side = Stream::create(device);
   s.step_start = Event(device, true);
-  s.backward_end = Event(device, true);
   s.done = Event(device, true);
   s.plan();
   std::weak_ptr<State> weak = state_;
   store.add_grad_ready_hook([weak](nn::Parameter& p) {
     if (auto st = weak.lock()) st->on_grad_ready(p);
   });
+  if (config.zero_stage == 2) {
+    s.on_demand = true;
+    store.release_gradient_buffer([weak](nn::Parameter& p, const Stream&) {
+      if (auto st = weak.lock()) st->on_grad_needed(p);
+    });
+  }
 }
 
 DataParallel::~DataParallel() {
   // Outstanding reductions must not write into buffers after their owner is gone: wait for them
   // (no throw from a destructor).
   try {
-    for (int b = 0; b < state_->next_launch; ++b) state_->works[b].synchronize();
+    for (State::Launch& l : state_->launches) l.work.synchronize();
   } catch (...) {
   }
 }
@@ -276,25 +450,30 @@ void DataParallel::begin_step() {
   s.in_step = true;
   s.finished = false;
   s.last_microbatch = true;
-  s.next_launch = 0;
   s.first_unseen = 0;
   s.bytes = 0;
-  std::fill(s.ready_count.begin(), s.ready_count.end(), 0);
-  std::fill(s.param_ready.begin(), s.param_ready.end(), 0);
-  std::fill(s.end_seen.begin(), s.end_seen.end(), 0);
-  std::fill(s.works.begin(), s.works.end(), Work());
+  s.launches.clear();
+  s.windows_used = 0;
+  std::fill(s.latest.begin(), s.latest.end(), -1);
+  s.reset_round();
+  s.peak_bytes = s.bound_bytes + s.resident_bytes();
 }
 
 void DataParallel::set_last_microbatch(bool last) {
   State& s = *state_;
   QUINTET_CHECK(s.in_step && !s.finished,
                 "DataParallel::set_last_microbatch: not inside a step; call begin_step() first");
-  QUINTET_CHECK(s.next_launch == 0,
-                "DataParallel::set_last_microbatch: reductions of this step have already started; "
-                "the last microbatch must be the last one to run backward");
+  if (s.on_demand) {
+    // A new microbatch: the previous one's backward is over, so its buckets not reduced yet (a
+    // parameter it never marked) reduce now.
+    if (s.round_open) s.close_round();
+  } else {
+    QUINTET_CHECK(s.next_launch == 0,
+                  "DataParallel::set_last_microbatch: reductions of this step have already "
+                  "started; the last microbatch must be the last one to run backward");
+    s.reset_round();
+  }
   s.last_microbatch = last;
-  std::fill(s.ready_count.begin(), s.ready_count.end(), 0);
-  std::fill(s.param_ready.begin(), s.param_ready.end(), 0);
 }
 
 void DataParallel::finish(const Stream& stream) {
@@ -305,18 +484,19 @@ void DataParallel::finish(const Stream& stream) {
                 "DataParallel::finish: the stream is on {} but the gradients are on {}",
                 stream.device().str(), s.store.device().str());
   if (!s.gpu) s.poll();
-  s.backward_end.record(stream);
-  while (s.next_launch < static_cast<int>(s.buckets.size())) s.launch(s.next_launch++);
-  for (int b = 0; b < s.next_launch; ++b) {
-    if (!s.gpu) s.poll();
-    s.works[b].wait(stream);
-    if (!s.gpu && !s.end_seen[b]) {
-      s.end_events[b].record(stream);
-      s.end_seen[b] = 1;
-    }
+  s.finished_called = true;
+  s.open_window().record(stream);  // backward's compute is queued: the rest is waiting
+  if (!s.on_demand) {
+    while (s.next_launch < static_cast<int>(s.buckets.size())) s.launch(s.next_launch++);
+  } else if (s.round_open || s.launches.empty()) {
+    s.close_round();  // a step whose backward marked nothing still reduces (zeros)
   }
+  s.wait_launches(0, stream);
+  for (State::Launch& l : s.launches) s.absorb(l, stream);
+  s.windows[s.windows_used - 1].second.record(stream);
   s.done.record(stream);
   s.finished = true;
+  s.finished_called = false;
   s.any_finished = true;
 }
 
@@ -328,14 +508,18 @@ DataParallelStats DataParallel::last_step_stats() const {
   if (!s.any_finished) return stats;
   s.done.synchronize();
   std::vector<std::pair<double, double>> intervals;
-  for (int b = 0; b < s.next_launch; ++b) {
-    intervals.emplace_back(s.start_events[b].elapsed_ms(s.step_start),
-                           s.end_events[b].elapsed_ms(s.step_start));
+  for (std::size_t i = 0; i < s.launches.size(); ++i) {
+    intervals.emplace_back(s.start_events[i].elapsed_ms(s.step_start),
+                           s.end_events[i].elapsed_ms(s.step_start));
   }
   stats.comm_ms = union_length(std::move(intervals));
-  stats.exposed_ms = std::max(0.0, static_cast<double>(s.done.elapsed_ms(s.backward_end)));
+  for (int w = 0; w < s.windows_used; ++w) {
+    stats.exposed_ms +=
+        std::max(0.0, static_cast<double>(s.windows[w].second.elapsed_ms(s.windows[w].first)));
+  }
   stats.bytes = s.bytes;
-  stats.buckets = s.next_launch;
+  stats.buckets = static_cast<int>(s.launches.size());
+  stats.peak_gradient_bytes = s.peak_bytes;
   return stats;
 }
 
@@ -350,6 +534,7 @@ Tensor DataParallel::owned_grad(int b) const {
                 "store's buffer; use store().grad_buffer()");
   const GradientBucket& k = s.buckets[b];
   const std::int64_t n = k.owned_end() - k.owned_begin();
+  if (s.on_demand) return s.shard[b].narrow(0, 0, n);
   if (s.staging[b].defined()) return s.staging[b].narrow(0, k.owned_begin() - k.begin, n);
   return s.store.grad_buffer().narrow(0, k.owned_begin(), n);
 }

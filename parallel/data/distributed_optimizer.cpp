@@ -158,7 +158,7 @@ nn::OptimizerStepInfo DistributedOptimizer::step(const Stream& stream) {
   for (const Segment& g : segments_) {
     if (g.in_norm) counted.push_back(grad_of(g));
   }
-  const DType acc = store.grad_buffer().dtype();
+  const DType acc = nn::accum_dtype(store.dtype());
   Tensor sq;
   if (counted.empty()) {
     sq = Tensor::empty({1}, acc, store.device(), stream);

@@ -78,8 +78,8 @@ Tensor ColumnParallelLinear::backward(nn::Context& ctx, const Tensor& dy) {
     reduced = sp_ ? tp_detail::start_reduce_scatter_sequence(dx, *tp_, s)
                   : tp_detail::start_all_reduce(dx, *tp_, s);
   }
-  nn::linear_backward_weight(dy, xin, weight_->grad().view({local_out_, in_}),
-                             bias_ ? bias_->grad().view({local_out_}) : Tensor(), s);
+  nn::linear_backward_weight(dy, xin, weight_->grad_for_backward(s).view({local_out_, in_}),
+                             bias_ ? bias_->grad_for_backward(s).view({local_out_}) : Tensor(), s);
   if (bias_) bias_->mark_grad_ready();
   weight_->mark_grad_ready();
   return reduced.finish(s);
@@ -122,7 +122,8 @@ Tensor RowParallelLinear::backward(nn::Context& ctx, const Tensor& dy) {
   const Stream& s = ctx.stream();
   const Tensor x = ctx.take(*this).at(0);
   const Tensor dy_full = sp_ ? gather_sequence(dy, *tp_, s) : dy;
-  nn::linear_backward_weight(dy_full, x, weight_->grad(), bias_ ? bias_->grad() : Tensor(), s);
+  nn::linear_backward_weight(dy_full, x, weight_->grad_for_backward(s),
+                             bias_ ? bias_->grad_for_backward(s) : Tensor(), s);
   if (bias_) bias_->mark_grad_ready();
   weight_->mark_grad_ready();
   return nn::linear_backward_input(dy_full, weight_->data(), s);

@@ -30,8 +30,9 @@ Tensor ParallelLayerNorm::forward(nn::Context& ctx, const Tensor& x) {
 
 Tensor ParallelLayerNorm::backward(nn::Context& ctx, const Tensor& dy) {
   const auto v = ctx.take(*this);
-  const Tensor dx = nn::layernorm_backward(dy, v[0], weight_->data(), v[1], v[2], weight_->grad(),
-                                           bias_->grad(), ctx.stream());
+  const Tensor dx = nn::layernorm_backward(dy, v[0], weight_->data(), v[1], v[2],
+                                           weight_->grad_for_backward(ctx.stream()),
+                                           bias_->grad_for_backward(ctx.stream()), ctx.stream());
   bias_->mark_grad_ready();
   weight_->mark_grad_ready();
   return dx;
@@ -51,8 +52,8 @@ Tensor ParallelRMSNorm::forward(nn::Context& ctx, const Tensor& x) {
 
 Tensor ParallelRMSNorm::backward(nn::Context& ctx, const Tensor& dy) {
   const auto v = ctx.take(*this);
-  const Tensor dx =
-      nn::rmsnorm_backward(dy, v[0], weight_->data(), v[1], weight_->grad(), ctx.stream());
+  const Tensor dx = nn::rmsnorm_backward(dy, v[0], weight_->data(), v[1],
+                                         weight_->grad_for_backward(ctx.stream()), ctx.stream());
   weight_->mark_grad_ready();
   return dx;
 }

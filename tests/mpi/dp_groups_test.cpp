@@ -137,12 +137,13 @@ void check_layout(Communicator& world, const ParallelConfig& pc, int stage, std:
     for (std::int64_t i = 0; i < p->numel(); ++i) {
       g.push_back(static_cast<float>(local_grad(layout, me, k, i)));
     }
-    p->grad().copy_(Tensor::from_vector(g, p->shape()));
+    p->grad_for_backward(kCpu).copy_(Tensor::from_vector(g, p->shape()));
     p->mark_grad_ready();
   }
   dp.finish(kCpu);
 
-  const std::vector<float> grads = store.grad_buffer().to_vector<float>();
+  const std::vector<float> grads =
+      stage == 0 ? store.grad_buffer().to_vector<float>() : std::vector<float>();
   for (int bi = 0; bi < static_cast<int>(dp.buckets().size()); ++bi) {
     const GradientBucket& b = dp.buckets()[bi];
     const std::int64_t lo = stage == 0 ? b.begin : b.owned_begin();
@@ -246,6 +247,34 @@ TEST_CASE("dp: bad input throws before any communication") {
   optimizer.wait_for_parameters(kCpu);
 }
 
+TEST_CASE("dp: ZeRO-2 refuses a gradient asked for after its bucket was reduced") {
+  World world = cpu_world();
+  const Mesh mesh(Layout(ParallelConfig{}, world.size()), world.comm());
+  Probe probe;
+  nn::ParameterStore store(probe, DType::f32, kCpu, 3);
+  DataParallelConfig config;
+  config.zero_stage = 2;
+  config.first_bucket_bytes = 4;  // one parameter per bucket
+  config.bucket_bytes = 4;
+  DataParallel dp(store, mesh, config, kCpu);
+  REQUIRE_THROWS_QUINTET(DataParallel(store, mesh, DataParallelConfig{}, kCpu), InvalidArgument,
+                         "one DataParallel per store");
+  nn::Parameter& first = *store.parameters().front();
+  REQUIRE_THROWS_QUINTET(first.grad_for_backward(kCpu), InvalidArgument, "outside a step");
+  dp.begin_step();
+  first.grad_for_backward(kCpu).fill_(1.0);
+  first.mark_grad_ready();  // bucket 0 reduces now
+  REQUIRE_THROWS_QUINTET(first.grad_for_backward(kCpu), InvalidArgument,
+                         "after its bucket was reduced");
+  REQUIRE_THROWS_QUINTET(first.grad(), InvalidArgument, "keeps gradients on demand");
+  dp.finish(kCpu);  // the rest reduce as zeros; the ranks stay in step
+  const GradientBucket& b = dp.buckets().front();
+  const std::vector<float> owned = dp.owned_grad(0).to_vector<float>();
+  for (std::int64_t e = b.owned_begin(); e < b.owned_end(); ++e) {
+    CHECK(owned[e - b.owned_begin()] == (e < first.offset() + first.numel() ? 1.0f : 0.0f));
+  }
+}
+
 TEST_CASE("dp: the optimizer state round-trips through state() / load_state()") {
   World world = cpu_world();
   const Mesh mesh(Layout(ParallelConfig{}, world.size()), world.comm());
@@ -259,7 +288,7 @@ TEST_CASE("dp: the optimizer state round-trips through state() / load_state()") 
     auto one_step = [&](nn::ParameterStore& s, DataParallel& d, DistributedOptimizer& o, int t) {
       d.begin_step();
       for (nn::Parameter* p : s.parameters()) {
-        p->grad().copy_(Tensor::randn(p->shape(), 100 + t + mesh.global_rank()));
+        p->grad_for_backward(kCpu).copy_(Tensor::randn(p->shape(), 100 + t + mesh.global_rank()));
         p->mark_grad_ready();
       }
       d.finish(kCpu);

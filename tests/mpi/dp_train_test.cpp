@@ -144,6 +144,10 @@ TEST_CASE("dp: training with dp = N equals one rank at the same global batch") {
       {"ZeRO-1, tiny buckets, 2 microbatches", 1, true, 256, 1024, 2},
       {"ZeRO-1, default buckets", 1, true, 1 << 20, 25 << 20, 1},
       {"ZeRO-2, tiny buckets", 2, true, 256, 1024, 1},
+      {"ZeRO-2, default buckets, 2 microbatches", 2, true, 1 << 20, 25 << 20, 2},
+      // 3 or 4 microbatches: the later ones' reductions land in scratch and are added to the
+      // shard when the bucket reduces again.
+      {"ZeRO-2, tiny buckets, 3-4 microbatches", 2, true, 256, 1024, 0},
       {"ZeRO-2, huge buckets, 2 microbatches, serialised", 2, false, std::int64_t{1} << 30,
        std::int64_t{1} << 30, 2},
   };
@@ -154,7 +158,10 @@ TEST_CASE("dp: training with dp = N equals one rank at the same global batch") {
     config.overlap = c.overlap;
     config.first_bucket_bytes = c.first;
     config.bucket_bytes = c.bytes;
-    const RunResult got = run_data_parallel(mesh, config, c.micro);
+    const std::int64_t local = kGlobalBatch / world.size();
+    const int micro = c.micro > 0 ? c.micro : local % 3 == 0 ? 3 : 4;
+    REQUIRE(local % micro == 0);
+    const RunResult got = run_data_parallel(mesh, config, micro);
     require_same(got, reference);
     for (const DataParallelStats& st : got.stats) {
       CHECK(st.buckets > 0);
@@ -164,8 +171,63 @@ TEST_CASE("dp: training with dp = N equals one rank at the same global batch") {
       // Serialised, every reduction runs inside finish(): its span holds all of them.
       if (!c.overlap) CHECK(st.comm_ms <= st.exposed_ms + 1e-3);
       if (world.size() > 1) CHECK(st.comm_ms > 0.0);
+      // Stage 2 reduces every microbatch; stages 0, 1 once per step.
+      if (c.stage == 2) CHECK(st.buckets % micro == 0);
     }
   }
+}
+
+TEST_CASE("dp: ZeRO-2 holds the gradient shards and the buckets in flight, not a full buffer") {
+  World world = cpu_world();
+  const Mesh mesh(Layout(ParallelConfig{}, world.size()), world.comm());
+  auto peak = [&](int stage, std::int64_t* shard_bytes, std::int64_t* largest3) {
+    TinyGpt model(kModel);
+    nn::ParameterStore store(model, DType::f32, kCpu, kSeed);
+    const std::int64_t full_bytes = store.total_elements() * 4;
+    DataParallelConfig config;
+    config.zero_stage = stage;
+    config.first_bucket_bytes = 256;  // about one parameter per bucket
+    config.bucket_bytes = 1024;
+    DataParallel dp(store, mesh, config, kCpu);
+    DistributedOptimizer optimizer(dp, adam_config(), kCpu);
+    if (stage == 2) {
+      CHECK(!store.grad_buffer().defined());
+      REQUIRE_THROWS_QUINTET(store.parameters().front()->grad(), InvalidArgument,
+                             "keeps gradients on demand");
+    }
+    std::vector<std::int64_t> sizes;
+    *shard_bytes = 0;
+    for (const GradientBucket& b : dp.buckets()) {
+      *shard_bytes += b.shard_size * 4;
+      sizes.push_back(b.shard_size * b.shard_count * 4);
+    }
+    std::sort(sizes.rbegin(), sizes.rend());
+    *largest3 = 0;
+    for (std::size_t i = 0; i < std::min<std::size_t>(3, sizes.size()); ++i) *largest3 += sizes[i];
+    const std::int64_t rows = kGlobalBatch / world.size();
+    dp.begin_step();
+    train_microbatch(model,
+                     batch_rows(kModel, 0, kGlobalBatch, world.rank() * rows, rows, Device::cpu()),
+                     1.0f, kCpu);
+    dp.finish(kCpu);
+    optimizer.step(kCpu);
+    optimizer.wait_for_parameters(kCpu);
+    const DataParallelStats st = dp.last_step_stats();
+    if (stage == 0) CHECK(st.peak_gradient_bytes == full_bytes);
+    if (stage == 2) {
+      // No gradient is left bound once the step is done.
+      for (const nn::Parameter* p : store.parameters()) CHECK(!p->grad_bound());
+    }
+    return st.peak_gradient_bytes;
+  };
+  std::int64_t shards = 0, largest = 0;
+  const std::int64_t full = peak(0, &shards, &largest);
+  const std::int64_t zero2 = peak(2, &shards, &largest);
+  INFO("stage 0 peak " << full << " B, ZeRO-2 peak " << zero2 << " B, shards " << shards
+                       << " B, three largest buckets " << largest << " B");
+  CHECK(zero2 >= shards);
+  CHECK(zero2 <= shards + largest);  // the bound buckets: a layer's weight and bias at most
+  if (world.size() > 1) CHECK(zero2 < full);
 }
 
 TEST_CASE("dp: buckets tile the gradient buffer in order, within their limits") {

@@ -64,6 +64,14 @@ class Parameter {
   Tensor data() const;
   Tensor grad() const;
   bool materialized() const { return data_.defined(); }
+  // The gradient a backward accumulates into on stream: grad(), after the store's gradient binder
+  // has bound it when the store keeps gradients on demand (ZeRO-2, see
+  // ParameterStore::release_gradient_buffer). Layers call this in backward, before
+  // mark_grad_ready(); the binder throws InvalidArgument for a gradient asked for after its bucket
+  // was already reduced.
+  Tensor grad_for_backward(const Stream& stream);
+  // Whether grad() has storage now (always, unless the store keeps gradients on demand).
+  bool grad_bound() const { return grad_.defined(); }
   // data(), for a forward about to read it on stream: first runs the store's before-use hook
   // (the ZeRO optimizer uses it to make stream wait for the all-gather that refreshes these
   // values), so a module's forward waits only for the parameters it is about to use. Layers call
@@ -88,6 +96,7 @@ class Parameter {
   std::int64_t offset_ = -1;
   std::function<void(Parameter&)> on_grad_ready_;
   std::function<void(Parameter&, const Stream&)> on_use_;
+  std::function<void(Parameter&, const Stream&)> on_grad_needed_;
 };
 
 // Owns the value and gradient buffers of every parameter of a module tree. Parameters are laid
@@ -106,16 +115,32 @@ class ParameterStore {
 
   // The parameters in backward order (= buffer order).
   const std::vector<Parameter*>& parameters() const { return params_; }
-  // The flat buffers ([total elements], including alignment padding, which stays zero).
+  // The flat buffers ([total elements], including alignment padding, which stays zero). The
+  // gradient buffer is undefined once release_gradient_buffer() has run.
   const Tensor& data_buffer() const { return data_; }
   const Tensor& grad_buffer() const { return grad_; }
+  // Elements of the flat buffers (values and, while it exists, gradients).
+  std::int64_t total_elements() const { return data_.numel(); }
   DType dtype() const { return data_.dtype(); }
   const Device& device() const { return data_.device(); }
   // The parameter of that full name; throws InvalidArgument listing none if absent.
   Parameter& find(const std::string& name) const;
 
-  // Zeroes every gradient on stream.
+  // Zeroes every gradient on stream (with gradients on demand: every bound one).
   void zero_grad(const Stream& stream);
+
+  // Gradients on demand (ZeRO-2): frees the flat gradient buffer and unbinds every gradient.
+  // From then on a gradient has storage only while bind_gradients has bound it; grad() throws
+  // InvalidArgument otherwise, and Parameter::grad_for_backward calls binder (on the backward's
+  // thread, with its stream), which must bind it. Irreversible for this store.
+  void release_gradient_buffer(std::function<void(Parameter&, const Stream&)> binder);
+  bool gradients_on_demand() const { return on_demand_; }
+  // Points the gradients of params at views of storage (1-D, accum dtype, on the store's device),
+  // where storage element i stands for flat element `first + i`; every parameter must lie inside.
+  void bind_gradients(const std::vector<Parameter*>& params, const Tensor& storage,
+                      std::int64_t first);
+  // Takes the gradient storage of params away (grad() throws until bound again).
+  void unbind_gradients(const std::vector<Parameter*>& params);
   // Adds a hook run (on the calling thread) each time a parameter is marked grad-ready.
   void add_grad_ready_hook(std::function<void(Parameter&)> hook);
   // Sets the hook Parameter::use runs (one at a time; an empty function removes it). It is
@@ -128,6 +153,8 @@ class ParameterStore {
   Tensor grad_;
   std::vector<std::function<void(Parameter&)>> hooks_;
   std::function<void(Parameter&, const Stream&)> use_hook_;
+  std::function<void(Parameter&, const Stream&)> grad_binder_;
+  bool on_demand_ = false;
 };
 
 // 64-bit FNV-1a of a name: the Philox stream id of a parameter's init.

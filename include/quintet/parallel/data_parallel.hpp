@@ -12,22 +12,32 @@
 //                                      (sequence-parallel norm weights: partial sums over tp)
 //   expert (is_expert)                 mean over Axis::edp
 // Buckets never mix groups. A bucket's reduction (an all-reduce for ZeRO stage 0, a
-// reduce-scatter into this rank's shard for stages 1 and 2) starts the moment backward of the
-// LAST microbatch marks its last parameter grad-ready, in bucket order (a bucket that becomes
-// ready early waits for the ones before it, so every rank issues the same sequence), and runs on
-// the group's communicator while the rest of backward computes. finish() starts whatever is left
-// and makes the stream wait for all of it. With overlap = false every reduction starts in
-// finish(), after backward: the same reductions, serialised, for comparison.
+// reduce-scatter into this rank's shard for stages 1 and 2) starts the moment backward marks its
+// last parameter grad-ready, in bucket order (a bucket that becomes ready early waits for the ones
+// before it, so every rank issues the same sequence), and runs on the group's communicator while
+// the rest of backward computes. finish() starts whatever is left and makes the stream wait for
+// all of it. With overlap = false every reduction starts after backward (stages 0, 1: in
+// finish(); stage 2: once the microbatch's last gradient is marked): the same reductions,
+// serialised, for comparison.
+//
+// Stages 0 and 1 reduce once per step, during the LAST microbatch's backward; the earlier
+// microbatches accumulate into the store's full f32 gradient buffer. Stage 2 keeps no full
+// gradient buffer (the store's is released when the DataParallel is built): a bucket's f32
+// gradient exists only from the moment backward first asks for one of its parameters'
+// gradients (Parameter::grad_for_backward binds a zeroed, padded buffer for the whole bucket)
+// until its reduction has read it, and it is reduce-scattered in EVERY microbatch into the
+// rank's persistent shard (a later microbatch's result is added to it). So the gradient memory
+// of stage 2 is the shards (1/S of the model, twice with accumulation) plus the buckets that
+// backward is filling or the communicator is still reading — not the model's size — at the
+// price of one reduction per microbatch. A microbatch's round of reductions closes when every
+// parameter has been marked grad-ready, or else at the next set_last_microbatch()/finish().
 //
 // ZeRO shards (stages 1, 2): a bucket of n elements reduced over a group of S ranks is padded to
 // L = S * ceil(n / S) elements; rank r owns elements [r * L/S, (r + 1) * L/S) of it (clipped to
-// n). When S divides n the reduce-scatter runs in place in the gradient buffer; otherwise the
-// bucket is copied into a padded staging buffer (kept per bucket) that is reduce-scattered.
-// Memory: the store's full f32 gradient buffer stays allocated in every stage, because layers
-// accumulate into it during backward; stage 2 reduces like stage 1 (once, after the last
-// microbatch) and after finish() only the owned shard of the gradients is meaningful — the rest
-// of the buffer holds this rank's unreduced partial sums. See distributed_optimizer.hpp for the
-// optimizer half (sharded master weights and moments, parameter all-gather).
+// n). Stage 1 reduce-scatters in place in the gradient buffer when S divides n, else through a
+// padded staging buffer (kept per bucket); after finish() only the owned part of its buffer is
+// meaningful (the rest holds this rank's unreduced partial sums). See distributed_optimizer.hpp
+// for the optimizer half (sharded master weights and moments, parameter all-gather).
 //
 // Measurement (last_step_stats), per step, in milliseconds:
 //   comm_ms     length of the union of the intervals [a bucket's reduction was issued, it
@@ -38,7 +48,9 @@
 //               so it is late by at most one hook interval.
 //   exposed_ms  the time the compute stream waited for the reductions: from the point finish()
 //               is called (backward compute done, an event recorded there) to the point after the
-//               last Work is waited for (GPU: events on the compute stream; CPU: host clock).
+//               last Work is waited for (GPU: events on the compute stream; CPU: host clock);
+//               with stage 2 serialised, plus the same wait at the end of each earlier
+//               microbatch's backward.
 // Both are measured, never derived from sizes and bandwidths.
 //
 // Threading: call everything on the thread that runs backward (hooks run there). The store, mesh
@@ -88,13 +100,19 @@ struct DataParallelStats {
   double comm_ms = 0.0;     // time some gradient reduction was in flight
   double exposed_ms = 0.0;  // time the compute stream waited for them after backward
   std::int64_t bytes = 0;   // bytes of gradient reduced (f32, padded buckets)
-  int buckets = 0;          // reductions issued
+  int buckets = 0;          // reductions issued (stage 2: per microbatch)
+  // The most gradient storage this DataParallel held at once during the step, in bytes: the full
+  // buffer (+ stage-1 staging) for stages 0, 1; for stage 2 the shards (+ scratch) plus the
+  // bucket buffers bound for backward (a buffer counts until its reduction is issued; the
+  // communicator holds it a little longer, until the reduction has read it).
+  std::int64_t peak_gradient_bytes = 0;
 };
 
 class DataParallel {
  public:
-  // Plans the buckets and subscribes to the store's grad-ready hooks. The compute stream is the
-  // one backward runs on (reductions are ordered after the work queued there). Throws
+  // Plans the buckets and subscribes to the store's grad-ready hooks (stage 2: also releases the
+  // store's gradient buffer and binds gradients on demand; the store stays so). The compute stream
+  // is the one backward runs on (reductions are ordered after the work queued there). Throws
   // InvalidArgument, before any communication, for a bad config, a store or stream on another
   // device than the mesh's communicators, or an expert parameter that asks for reduce_over_tp.
   DataParallel(nn::ParameterStore& store, const Mesh& mesh, const DataParallelConfig& config,
@@ -106,12 +124,14 @@ class DataParallel {
   // Starts a step: zeroes the gradients on the compute stream, resets the bucket counters and
   // marks the next microbatch as the last one (so a step of one microbatch needs no other call).
   void begin_step();
-  // Before each microbatch's forward/backward: whether it is the last of the step. Only the last
-  // microbatch's backward starts reductions; the earlier ones just accumulate.
+  // Before each microbatch's forward/backward: whether it is the last of the step. Stages 0, 1:
+  // only the last microbatch's backward starts reductions; the earlier ones just accumulate.
+  // Stage 2: reduces what the previous microbatch left unreduced (every microbatch reduces).
   void set_last_microbatch(bool last);
   // Issues the reductions not started yet and makes stream wait for all of them. After it, stage 0
   // gradients hold the mean over the group; stages 1, 2 hold it in each bucket's owned shard
-  // (owned_grad). Throws InvalidArgument when called twice in a step or before begin_step.
+  // (owned_grad; stage 2 has no other gradient left). Throws InvalidArgument when called twice in
+  // a step or before begin_step.
   void finish(const Stream& stream);
   // Whether finish() has run since the last begin_step().
   bool finished() const;
@@ -122,7 +142,8 @@ class DataParallel {
 
   const std::vector<GradientBucket>& buckets() const;
   // The reduced gradient of bucket b's owned elements [owned_begin, owned_end) after finish():
-  // a 1-D f32 view into the gradient buffer or the bucket's staging buffer (stages 1, 2 only).
+  // a 1-D f32 view into the gradient buffer, the bucket's staging buffer (stage 1) or its shard
+  // (stage 2). Stages 1, 2 only.
   Tensor owned_grad(int b) const;
   const DataParallelConfig& config() const;
   nn::ParameterStore& store() const;
