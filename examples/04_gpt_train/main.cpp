@@ -7,6 +7,7 @@
 //       --seq-len 1024 --micro-batch 8 --global-batch 16 --bench              # two GPUs
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -117,6 +118,9 @@ int run(const gpt::TrainConfig& c, quintet::World& world) {
   quintet::DataParallelConfig dp_config;
   dp_config.overlap = !c.no_overlap;
   dp_config.zero_stage = c.zero;
+  dp_config.bucket_bytes = std::max<std::int64_t>(
+      4, static_cast<std::int64_t>(c.bucket_mb * static_cast<double>(1 << 20)));
+  dp_config.first_bucket_bytes = std::min(dp_config.first_bucket_bytes, dp_config.bucket_bytes);
   quintet::DataParallel dp(store, mesh, dp_config, stream);
   quintet::nn::AdamWConfig adam;
   adam.hyper.lr = c.lr;
@@ -191,6 +195,7 @@ int run(const gpt::TrainConfig& c, quintet::World& world) {
     } else {
       rec.peak_mem_bytes = gpt::peak_rss_bytes();
     }
+    rec.grad_mem_bytes = comm.peak_gradient_bytes;
     rec.comm_ms = comm.comm_ms;
     rec.tp_comm_ms = tp_exposed_ms;
     rec.exposed_comm_pct = 100.0 * (comm.exposed_ms + tp_exposed_ms) / ms;

@@ -62,7 +62,8 @@ void Reporter::step(const StepRecord& r) {
                      {"exposed_comm_pct", r.exposed_comm_pct},
                      {"comm_ms", r.comm_ms},
                      {"tp_comm_ms", r.tp_comm_ms},
-                     {"peak_mem_bytes", r.peak_mem_bytes}};
+                     {"peak_mem_bytes", r.peak_mem_bytes},
+                     {"grad_mem_bytes", r.grad_mem_bytes}};
     fmt::print("{}\n", j.dump());
     std::fflush(stdout);
     return;
@@ -73,8 +74,9 @@ void Reporter::step(const StepRecord& r) {
   line += fmt::format(" | lr {:.2e} | grad norm {:.3f} | {:.1f} ms | {:.0f} tok/s", r.lr,
                       r.grad_norm, r.ms, r.tokens_per_s);
   if (r.mfu) line += fmt::format(" | MFU {:.1f}% ({:.1f} TFLOP/s)", 100 * *r.mfu, *r.tflops);
-  line += fmt::format(" | exposed comm {:.1f}% (tp {:.1f} ms) | peak mem {}", r.exposed_comm_pct,
-                      r.tp_comm_ms, mem_str(r.peak_mem_bytes));
+  line += fmt::format(" | exposed comm {:.1f}% (tp {:.1f} ms) | peak mem {} (grads {})",
+                      r.exposed_comm_pct, r.tp_comm_ms, mem_str(r.peak_mem_bytes),
+                      mem_str(r.grad_mem_bytes));
   fmt::print("{}\n", line);
   std::fflush(stdout);
   draw_progress(r);
@@ -120,7 +122,8 @@ void Reporter::summary(std::int64_t skip) const {
         {"median_exposed_comm_pct", median(exposed)},
         {"median_comm_ms", median(comm)},
         {"median_tp_comm_ms", median(tp_comm)},
-        {"peak_mem_bytes", last.peak_mem_bytes}};
+        {"peak_mem_bytes", last.peak_mem_bytes},
+        {"grad_mem_bytes", last.grad_mem_bytes}};
     fmt::print("{}\n", j.dump());
     return;
   }
@@ -129,8 +132,10 @@ void Reporter::summary(std::int64_t skip) const {
   if (last.entropy_floor) fmt::print(" (floor {:.4f})", *last.entropy_floor);
   fmt::print(" | median {:.1f} ms/step, {:.0f} tok/s", median(ms), median(tps));
   if (!mfu.empty()) fmt::print(", MFU {:.1f}%", 100 * median(mfu));
-  fmt::print(" | dp comm {:.2f} ms, exposed tp comm {:.2f} ms, exposed {:.1f}% | peak mem {}\n",
-             median(comm), median(tp_comm), median(exposed), mem_str(last.peak_mem_bytes));
+  fmt::print(
+      " | dp comm {:.2f} ms, exposed tp comm {:.2f} ms, exposed {:.1f}% | peak mem {} (grads {})\n",
+      median(comm), median(tp_comm), median(exposed), mem_str(last.peak_mem_bytes),
+      mem_str(last.grad_mem_bytes));
 }
 
 }  // namespace gpt

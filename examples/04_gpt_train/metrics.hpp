@@ -32,6 +32,7 @@ struct StepRecord {
   double comm_ms = 0.0;             // data-parallel communication time (hidden or not)
   double tp_comm_ms = 0.0;          // exposed tensor-parallel communication (see above)
   std::int64_t peak_mem_bytes = 0;  // peak device memory (GPU) or resident set (CPU)
+  std::int64_t grad_mem_bytes = 0;  // the most gradient storage held at once (ZeRO-2: shards)
 };
 
 // Model FLOPs per token for training (forward + backward): 6 N + 12 L d T, N the non-embedding

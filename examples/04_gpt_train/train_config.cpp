@@ -58,6 +58,9 @@ bool parse_args(const quintet::RuntimeConfig& runtime, TrainConfig* c, int* exit
   app.add_option("--exit-during-save", c->exit_during_save,
                  "testing: exit midway through the save of this step")
       ->group("");
+  app.add_option("--bucket-mb", c->bucket_mb,
+                 "MiB of gradient per data-parallel bucket (the first is at most 1 MiB)")
+      ->capture_default_str();
   app.add_flag("--no-overlap", c->no_overlap,
                "run data-parallel communication after backward, not during it");
   app.add_flag("--bench", c->bench, "report medians over the steps after --bench-skip");
@@ -89,6 +92,8 @@ void validate(const TrainConfig& c, int world) {
                 "sequence evenly; choose a multiple of {}",
                 c.seq_len, c.tp, c.tp);
   QUINTET_CHECK(c.zero >= 0 && c.zero <= 2, "--zero {}: expected 0, 1 or 2", c.zero);
+  QUINTET_CHECK(c.bucket_mb > 0 && c.bucket_mb <= 1 << 20,
+                "--bucket-mb {}: expected a size in MiB above 0 (the default is 25)", c.bucket_mb);
   QUINTET_CHECK(c.layers >= 1 && c.hidden >= 1 && c.heads >= 1 && c.vocab >= 2 && c.seq_len >= 1,
                 "--layers {} --hidden {} --heads {} --vocab {} --seq-len {}: sizes must be "
                 "positive (vocab >= 2)",

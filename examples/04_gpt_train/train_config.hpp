@@ -21,8 +21,9 @@ struct TrainConfig {
   // Layout.
   int tp = 1;
   int dp = 1;
-  bool sp = false;  // sequence parallelism (needs tp > 1)
-  int zero = 0;     // 0, 1 or 2
+  bool sp = false;          // sequence parallelism (needs tp > 1)
+  int zero = 0;             // 0, 1 or 2
+  double bucket_mb = 25.0;  // MiB of f32 gradient per reduction bucket after the first (1 MiB)
   // Optimizer and schedule: linear warmup to lr, then cosine decay to min_lr at the last step.
   float lr = 1e-3f;
   std::int64_t warmup = 10;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Tests of examples/04_gpt_train on the CPU under mpirun (ctest: gpt_train_*):
-#   layouts     tp 2 x dp 2, tp 2 (+sp), ZeRO-1, dp 3 and one rank, same seed and global batch:
+#   layouts     tp 2 x dp 2 (+sp, ZeRO-1, ZeRO-2), tp 2 (+sp), dp 3 ZeRO-2 and one rank, same seed and global batch:
 #               the same loss at each of 30 steps within 1e-4 relative
 #   resume      a run stopped and saved at step 10, then resumed, equals the uninterrupted run at
 #               steps 11..20
@@ -62,7 +62,10 @@ case $case in
     run tp2 2 --steps 30 --tp 2
     run tp2_sp 2 --steps 30 --tp 2 --sp
     run dp3_zero2 3 --steps 30 --dp 3 --zero 2
-    for r in tp2_dp2 tp2_dp2_sp tp2_dp2_zero1 tp2 dp3_zero2; do compare one $r 1 30 1e-4; done
+    run tp2_dp2_sp_zero2 4 --steps 30 --tp 2 --dp 2 --sp --zero 2 --bucket-mb 0.01
+    for r in tp2_dp2 tp2_dp2_sp tp2_dp2_zero1 tp2 dp3_zero2 tp2_dp2_sp_zero2; do
+      compare one $r 1 30 1e-4
+    done
     compare tp2 tp2_sp 1 30 1e-4
     compare tp2_dp2 tp2_dp2_zero1 1 30 1e-4
     ;;
@@ -107,6 +110,7 @@ case $case in
     expect_error 1 "--global-batch 12 must be a positive multiple of --micro-batch 5" \
       --steps 1 --micro-batch 5
     expect_error 1 "--zero 3: expected 0, 1 or 2" --steps 1 --zero 3
+    expect_error 1 "--bucket-mb 0: expected a size in MiB" --steps 1 --bucket-mb 0
     ;;
   *)
     echo "unknown case $case"; exit 2 ;;
