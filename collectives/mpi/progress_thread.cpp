@@ -9,8 +9,24 @@
 namespace quintet::detail {
 
 namespace {
-// How long a caller waiting for an operation the progress thread runs polls before sleeping.
+
+// How long a waiting caller that cannot take the next task (another thread is running one) polls
+// for that task's end before sleeping: the end of a short operation is then seen at once instead
+// of after a wake-up (tens of µs on a loaded machine), as the raw MPI call's own polling would.
 constexpr std::chrono::microseconds kSpinBeforeSleep{2000};
+
+// Polls done() until it is true or `budget` has passed; returns its last value. Yielding keeps an
+// oversubscribed core usable by the ranks.
+template <class Done>
+bool spin_for(std::chrono::microseconds budget, Done done) {
+  const auto until = std::chrono::steady_clock::now() + budget;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() >= until) return false;
+    std::this_thread::yield();
+  }
+  return true;
+}
+
 }  // namespace
 
 void OpState::finish(std::exception_ptr e) {
@@ -55,46 +71,64 @@ void OpQueue::run(Task& task) {
   task.state->finish(error);
 }
 
+void OpQueue::end_task() {
+  running.store(false, std::memory_order_release);
+  if (sleepers > 0) turn_cv.notify_all();
+}
+
 void OpQueue::help_until(const OpState& until) {
+  auto is_done = [&] { return until.done.load(std::memory_order_acquire); };
+  if (is_done()) return;
   std::unique_lock lock(mutex);
-  bool ran = false;
-  while (!until.done.load(std::memory_order_acquire) && !running && !tasks.empty()) {
-    Task task = std::move(tasks.front());
-    tasks.pop_front();
-    running = true;
+  ++waiters;  // from here on the thread starts no task: this caller runs them
+  while (!is_done()) {
+    if (!running.load(std::memory_order_relaxed) && !tasks.empty()) {
+      Task task = std::move(tasks.front());
+      tasks.pop_front();
+      running.store(true, std::memory_order_relaxed);
+      lock.unlock();
+      run(task);
+      lock.lock();
+      end_task();
+      continue;
+    }
+    // Someone else runs a task, ours or one before it: the thread (it had started before this
+    // caller came) or another waiting caller. Poll for its end, then sleep until a task ends.
     lock.unlock();
-    run(task);
+    const bool ended = spin_for(
+        kSpinBeforeSleep, [&] { return is_done() || !running.load(std::memory_order_acquire); });
     lock.lock();
-    running = false;
-    ran = true;
+    if (!ended) {
+      ++sleepers;
+      turn_cv.wait(lock, [&] {
+        return is_done() || (!running.load(std::memory_order_relaxed) && !tasks.empty());
+      });
+      --sleepers;
+    }
   }
+  --waiters;
+  // Hand what is left (operations queued after ours, or a pending stop) back to the thread, which
+  // waits while there are waiters. Another waiter still here takes over instead.
+  const bool hand_back = waiters == 0 && (stop || !tasks.empty());
   lock.unlock();
-  // The thread may have found the queue busy and gone back to sleep: hand the rest (operations
-  // queued after ours, or a pending stop) back to it.
-  if (ran) work_cv.notify_all();
+  if (hand_back) work_cv.notify_all();
 }
 
 void CpuWork::wait(const Stream&) { synchronize_for(std::chrono::nanoseconds::max()); }
 
 bool CpuWork::synchronize_for(std::chrono::nanoseconds timeout) {
-  const bool forever = timeout == std::chrono::nanoseconds::max();
-  // A bounded wait must not enter a blocking MPI call that could outlast its timeout: only an
-  // unbounded one runs operations itself.
-  if (forever && !state_->done.load(std::memory_order_acquire)) queue_->help_until(*state_);
-  auto is_done = [&] { return state_->done.load(std::memory_order_acquire); };
-  // The progress thread is running it: poll for a while before sleeping, as the raw MPI call
-  // would, so the end of a short operation is seen at once instead of after a wake-up (tens of
-  // µs on a loaded machine). Yielding keeps an oversubscribed core usable by the ranks.
-  if (forever && !is_done()) {
-    const auto spin_until = std::chrono::steady_clock::now() + kSpinBeforeSleep;
-    while (!is_done() && std::chrono::steady_clock::now() < spin_until) std::this_thread::yield();
+  if (timeout == std::chrono::nanoseconds::max()) {
+    queue_->help_until(*state_);
+  } else {
+    // A bounded wait must not enter a blocking MPI call that could outlast its timeout: it only
+    // sleeps, and the thread (or an unbounded waiter) runs the operation.
+    std::unique_lock lock(state_->mutex);
+    if (!state_->done_cv.wait_for(lock, timeout,
+                                  [&] { return state_->done.load(std::memory_order_acquire); })) {
+      return false;
+    }
   }
-  std::unique_lock lock(state_->mutex);
-  if (forever) {
-    state_->done_cv.wait(lock, is_done);
-  } else if (!state_->done_cv.wait_for(lock, timeout, is_done)) {
-    return false;
-  }
+  std::lock_guard lock(state_->mutex);
   if (state_->error) std::rethrow_exception(state_->error);
   return true;
 }
@@ -118,8 +152,10 @@ Work ProgressThread::submit(std::string description, std::function<void()> fn) {
     QUINTET_CHECK(!queue_->stop, "{} submitted to communicator '{}' after it was shut down",
                   state->description, name_);
     queue_->tasks.push_back(OpQueue::Task{std::move(fn), state});
-    // Only the first task of an idle queue needs a wake-up; a busy runner takes the next itself.
-    wake = !queue_->running && queue_->tasks.size() == 1;
+    // Only the first task of an idle queue needs a wake-up: a busy runner takes the next itself,
+    // and while a caller waits the thread would not take it.
+    wake = !queue_->running.load(std::memory_order_relaxed) && queue_->waiters == 0 &&
+           queue_->tasks.size() == 1;
   }
   if (wake) queue_->work_cv.notify_all();
   return Work(std::make_shared<CpuWork>(std::move(state), queue_));
@@ -132,15 +168,20 @@ void ProgressThread::run_sync(std::string description, std::function<void()> fn)
 void ProgressThread::loop(std::shared_ptr<OpQueue> q) {
   std::unique_lock lock(q->mutex);
   for (;;) {
-    q->work_cv.wait(lock, [&] { return !q->running && (q->stop || !q->tasks.empty()); });
+    // While a caller waits in help_until, it runs the tasks: starting one here would only make it
+    // wait for this thread, and run the operation on a core whose cache does not hold its buffers.
+    q->work_cv.wait(lock, [&] {
+      return !q->running.load(std::memory_order_relaxed) &&
+             ((q->stop && q->tasks.empty()) || (q->waiters == 0 && !q->tasks.empty()));
+    });
     if (q->tasks.empty()) break;  // stopping, and everything queued has run
     OpQueue::Task task = std::move(q->tasks.front());
     q->tasks.pop_front();
-    q->running = true;
+    q->running.store(true, std::memory_order_relaxed);
     lock.unlock();
     q->run(task);
     lock.lock();
-    q->running = false;
+    q->end_task();
   }
   q->exited = true;
   lock.unlock();

@@ -2,10 +2,15 @@
 // submitted (the CPU counterpart of a CUDA comm stream), and CpuWork, the Work of one of them.
 //
 // Operations normally run on the communicator's own thread, so they progress while the caller
-// computes. A caller that blocks in Work::wait/synchronize on an operation that has not started
-// runs the queued operations itself, in order, up to its own (work stealing): it would only sleep
-// otherwise, and this saves the two thread wake-ups of a hand-off (tens of µs each). Either way at
-// most one operation of a communicator runs at a time, in submission order.
+// computes. A caller that blocks in Work::wait/synchronize takes the queue over: while it waits,
+// the thread starts no new operation, and the caller runs the queued ones itself, in order, up to
+// its own; if an operation is already running it polls for its end (up to 2 ms, then sleeps until
+// it ends) and runs the next one itself. The caller would only wait otherwise, and this saves the
+// thread wake-ups of a hand-off (tens of µs each) and runs the operations on the caller's core,
+// where its buffers are in cache, as a raw MPI call would. When it leaves, the thread resumes what
+// is left. A bounded wait (Work::wait_for) runs nothing: it only sleeps, so that no blocking MPI
+// call outlasts its timeout. Either way at most one operation of a communicator runs at a time, in
+// submission order.
 //
 // Once an operation fails, the ones queued after it fail too (Aborted, naming the first failure),
 // because the ranks of the group no longer agree on what was sent. Thread-safe.
@@ -46,8 +51,13 @@ struct OpQueue {
   };
   std::mutex mutex;
   std::condition_variable work_cv;  // the thread waits here for a task it may run, or stop
+  std::condition_variable turn_cv;  // waiting callers sleep here for their op or their turn
   std::deque<Task> tasks;
-  bool running = false;  // a task is being run (by the thread or by a waiting caller)
+  // A task is being run (by the thread or by a waiting caller). Written under the mutex; atomic so
+  // that a waiting caller can poll it without taking the mutex.
+  std::atomic<bool> running{false};
+  int waiters = 0;   // callers inside help_until; while there is one the thread starts no task
+  int sleepers = 0;  // those of them asleep on turn_cv
   bool stop = false;
   bool exited = false;
   std::string first_failure;  // empty while every operation has succeeded
@@ -55,8 +65,11 @@ struct OpQueue {
   // Runs task (on the calling thread) and finishes its state; records a failure. Call with
   // running set by this thread and the mutex not held.
   void run(Task& task);
-  // Runs queued tasks on the calling thread, in order, while `until` is not done and no one else
-  // is running one. Returns when until is done or another thread holds the queue.
+  // After run, with the mutex held: clears running and wakes the callers asleep on turn_cv.
+  void end_task();
+  // Blocks until `until` is done, running the queued tasks on the calling thread, in order, while
+  // no one else runs one (see the top of this file). Call only from an unbounded wait: a task may
+  // be a blocking MPI call.
   void help_until(const OpState& until);
 };
 

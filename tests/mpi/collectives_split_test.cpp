@@ -1,8 +1,13 @@
 // Sub-communicators from split used concurrently, several operations outstanding and waited out
-// of order, timeouts and errors carried to Work, and World under mpirun.
+// of order, callers taking over the queue while they wait (several at once, or leaving early),
+// timeouts and errors carried to Work, and World under mpirun.
 #include <mpi.h>
 
 #include <chrono>
+#include <exception>
+#include <numeric>
+#include <thread>
+#include <vector>
 
 #include "collectives_suite.hpp"
 #include "quintet/collectives/mpi.hpp"
@@ -76,6 +81,98 @@ TEST_CASE("split groups: even/odd and blocks of two, used at the same time") {
   run_suite(*parity, 9000 + 100 * (me % 2), {0, 1, 37});
   busy.wait();
   CHECK(background.item({123}) == block_size);
+}
+
+namespace {
+
+// Operation k of a queue of mixed operations on c, and the value its tensor must hold after it.
+struct Queued {
+  Tensor t;
+  double expected = 0;
+  Work work;
+};
+
+// Issues n operations on c (all_reduce, broadcast and all_gather in turn), none waited. The last
+// rank joins 20 ms late, so on the other ranks the first operation is still running on the
+// communicator's thread (it waits for that rank) while the caller issues the rest and waits.
+std::vector<Queued> issue_queue(Communicator& c, int n) {
+  const int me = c.rank(), p = c.size();
+  if (me == p - 1) std::this_thread::sleep_for(20ms);
+  std::vector<Queued> q;
+  for (int k = 0; k < n; ++k) {
+    Queued op;
+    if (k % 3 == 0) {  // element-wise sum of me + k over the ranks
+      op.t = Tensor::full({(k == 0 ? 1 << 15 : 64) + k}, me + k, DType::f32);
+      op.expected = p * (p - 1) / 2.0 + p * k;
+      op.work = c.all_reduce(op.t, ReduceOp::sum);
+    } else if (k % 3 == 1) {  // rank k % p's values
+      const int root = k % p;
+      op.t = Tensor::full({33 + k}, me == root ? 1000.0 + k : -1.0, DType::f64);
+      op.expected = 1000.0 + k;
+      op.work = c.broadcast(op.t, root);
+    } else {  // all_gather of one element per rank, summed after: the same sum as above
+      op.t = Tensor::zeros({p}, DType::i64);
+      op.expected = p * (p - 1) / 2.0 + p * k;
+      op.work = c.all_gather(Tensor::full({1}, me + k, DType::i64), op.t);
+    }
+    q.push_back(std::move(op));
+    if (k == 0) std::this_thread::sleep_for(5ms);  // lets the thread start the first one
+  }
+  return q;
+}
+
+void check_queue(const std::vector<Queued>& q) {
+  for (std::size_t k = 0; k < q.size(); ++k) {
+    INFO("operation " << k << " " << q[k].work.describe());
+    CHECK(q[k].work.is_completed());
+    const std::vector<double> v = q[k].t.to_vector<double>();
+    const double got = k % 3 == 2 ? std::accumulate(v.begin(), v.end(), 0.0) : v.back();
+    CHECK(got == q[k].expected);
+    if (k % 3 != 2) CHECK(v.front() == q[k].expected);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("a waiting caller runs the queued operations, alone, with another waiter, or leaving") {
+  World world = cpu_world();
+  auto c = world.comm().split(0, world.rank(), "takeover");
+  REQUIRE(c);
+  constexpr int kOps = 40;
+
+  SECTION("many operations outstanding, the last waited while the thread runs the first") {
+    std::vector<Queued> q = issue_queue(*c, kOps);
+    q.back().work.wait();
+    check_queue(q);  // everything before the last has completed, with its values
+  }
+  SECTION("two threads waiting on the same communicator at once") {
+    std::vector<Queued> q = issue_queue(*c, kOps);
+    std::exception_ptr helper_error;
+    std::thread helper([&] {
+      try {
+        for (int k = kOps - 1; k >= 0; k -= 2) q[k].work.wait();  // the last one first
+      } catch (...) {
+        helper_error = std::current_exception();
+      }
+    });
+    for (int k = 0; k < kOps; k += 2) q[k].work.synchronize();
+    helper.join();
+    if (helper_error) std::rethrow_exception(helper_error);
+    check_queue(q);
+  }
+  SECTION("a waiter that leaves with operations queued: the thread runs them") {
+    std::vector<Queued> q = issue_queue(*c, kOps);
+    q[kOps / 4].work.wait();
+    // A bounded wait runs nothing itself: these complete only if the thread resumes the queue.
+    for (int k = kOps / 4 + 1; k < kOps; ++k) q[k].work.wait_for(60s);
+    check_queue(q);
+  }
+  SECTION("a waiter that leaves with operations queued, then shutdown: they all run") {
+    std::vector<Queued> q = issue_queue(*c, kOps);
+    q[kOps / 2].work.wait();
+    c.reset();  // drains the queue before joining the thread
+    check_queue(q);
+  }
 }
 
 TEST_CASE("split with a negative color, and groups of one rank") {
