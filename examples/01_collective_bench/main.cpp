@@ -10,11 +10,13 @@
 //      the expected values on every rank (a wrong result fails the run with exit code 1);
 //   2. times --iters back-to-back operations, --reps times, after --warmup untimed ones, through
 //      Quintet and through raw NCCL/MPI calls on the same buffers, alternating the two's
-//      repetitions: CUDA events on the caller's stream on a GPU, a steady clock after a barrier
-//      on the CPU; a repetition counts as long as its slowest rank, and the median repetition is
-//      reported;
-//   3. prints time per operation, algorithm bandwidth (bytes / time), bus bandwidth (nccl-tests'
-//      factors) for both, and ours/raw (ratio of bus bandwidths; 1.0 = no overhead).
+//      repetitions (ours, raw, ours, raw, ...): CUDA events on the caller's stream on a GPU, a
+//      steady clock after a barrier on the CPU; a repetition counts as long as its slowest rank;
+//   3. prints, for both, the median repetition's time per operation, algorithm bandwidth
+//      (bytes / time) and bus bandwidth (nccl-tests' factors), and ours/raw: the median over
+//      repetitions of raw time / ours time within one repetition pair (1.0 = no overhead). A pair
+//      runs back to back and so shares the machine's state (other load, clock speed), which a
+//      ratio of the two medians, taken from different repetitions, does not.
 // Bytes are per rank as in nccl-tests (see bench_ops.hpp); bandwidths in GB/s (1e9 bytes/s).
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -49,7 +51,7 @@ struct Options {
   double step_factor = 2.0;
   int iters = 20;
   int warmup = 5;
-  int reps = 5;
+  std::optional<int> reps;  // unset: 5 on a GPU (stable timings), 11 on the CPU (noisier)
   std::string dtype = "f32";
   bool json = false;
   bool wait_each = false;  // wait for every operation before issuing the next (latency)
@@ -107,12 +109,13 @@ struct Timed {
   std::function<void()> finish;
 };
 
-// Seconds per operation of each contender, timed on stream (GPU: CUDA events; CPU: steady clock
-// after a barrier), slowest rank, median over `reps` repetitions. The contenders' repetitions
-// alternate (ours, raw, ours, raw, ...) after each one's warm-up, so that a slow spell of a shared
-// machine hits both alike instead of one of them.
-std::vector<double> seconds_per_op(Communicator& comm, const Device& device, const Stream& stream,
-                                   const Options& o, const std::vector<Timed>& contenders) {
+// Seconds per operation of each contender in each of `reps` repetitions ([contender][rep]), timed
+// on stream (GPU: CUDA events; CPU: steady clock after a barrier), slowest rank. The contenders'
+// repetitions alternate (ours, raw, ours, raw, ...) after each one's warm-up, so that a slow spell
+// of a shared machine hits both alike instead of one of them.
+std::vector<std::vector<double>> seconds_per_op(Communicator& comm, const Device& device,
+                                                const Stream& stream, const Options& o,
+                                                const std::vector<Timed>& contenders) {
   for (const Timed& c : contenders) {
     for (int i = 0; i < o.warmup; ++i) c.issue();
     c.finish();
@@ -120,7 +123,7 @@ std::vector<double> seconds_per_op(Communicator& comm, const Device& device, con
   stream.synchronize();
   std::vector<std::vector<double>> times(contenders.size());
   quintet::Event start(device, true), stop(device, true);
-  for (int rep = 0; rep < o.reps; ++rep) {
+  for (int rep = 0; rep < *o.reps; ++rep) {
     for (std::size_t k = 0; k < contenders.size(); ++k) {
       const Timed& c = contenders[k];
       double seconds = 0;
@@ -141,12 +144,13 @@ std::vector<double> seconds_per_op(Communicator& comm, const Device& device, con
       times[k].push_back(max_over_ranks(comm, device, seconds / o.iters));
     }
   }
-  std::vector<double> medians;
-  for (std::vector<double>& t : times) {
-    std::sort(t.begin(), t.end());
-    medians.push_back(t[t.size() / 2]);
-  }
-  return medians;
+  return times;
+}
+
+// The middle value (the upper one of the two middles for an even count).
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
 }
 
 // The raw baseline of this run: an NCCL communicator of its own (GPU), or a duplicate of
@@ -202,9 +206,10 @@ struct Baseline {
   Baseline& operator=(const Baseline&) = delete;
 };
 
-int run(quintet::World& world, const Options& o) {
+int run(quintet::World& world, Options o) {
   const Device device = world.device();
   const bool gpu = device.is_cuda();
+  if (!o.reps) o.reps = gpu ? 5 : 11;
   const int me = world.rank(), n = world.size();
   Communicator& comm = world.comm();
   const quintet::DType dtype = quintet::parse_dtype(o.dtype);
@@ -216,9 +221,9 @@ int run(quintet::World& world, const Options& o) {
                 "--min-bytes {} and --max-bytes {}: expected 1 <= min <= max", min_bytes,
                 max_bytes);
   QUINTET_CHECK(o.step_factor > 1.0, "--step-factor {} must be > 1", o.step_factor);
-  QUINTET_CHECK(o.iters >= 1 && o.reps >= 1 && o.warmup >= 0,
+  QUINTET_CHECK(o.iters >= 1 && *o.reps >= 1 && o.warmup >= 0,
                 "--iters {}, --reps {}, --warmup {}: expected iters >= 1, reps >= 1, warmup >= 0",
-                o.iters, o.reps, o.warmup);
+                o.iters, *o.reps, o.warmup);
   quintet::set_current_device(device);  // so no operation has to switch devices
   const Stream stream = gpu ? Stream::create(device) : Stream();
   Baseline baseline(world);
@@ -226,9 +231,9 @@ int run(quintet::World& world, const Options& o) {
   if (me == 0 && !o.json) {
     std::printf(
         "# 01_collective_bench: %d ranks, %s, backend %s, dtype %s; %d iters x %d reps "
-        "(median), %d warmup; baseline %s\n",
+        "(medians; ours/raw: median of the repetitions' raw/ours), %d warmup; baseline %s\n",
         n, device.str().c_str(), std::string(quintet::backend_name(comm.backend())).c_str(),
-        o.dtype.c_str(), o.iters, o.reps, o.warmup, baseline.name.c_str());
+        o.dtype.c_str(), o.iters, *o.reps, o.warmup, baseline.name.c_str());
     std::printf("%-15s %12s %12s %10s %10s %10s %12s %10s %9s %8s\n", "op", "bytes", "count",
                 "time_us", "algbw", "busbw", "raw_time_us", "raw_busbw", "ours/raw", "correct");
   }
@@ -267,10 +272,18 @@ int run(quintet::World& world, const Options& o) {
       if (baseline.mpi != MPI_COMM_NULL && b.count <= INT_MAX) {
         contenders.push_back({[&] { run_raw_mpi(baseline.mpi, op, b, me, n); }, [] {}});
       }
-      const std::vector<double> seconds = seconds_per_op(comm, device, stream, o, contenders);
-      const double ours = seconds[0];
-      std::optional<double> raw;
-      if (seconds.size() > 1) raw = seconds[1];
+      const std::vector<std::vector<double>> seconds =
+          seconds_per_op(comm, device, stream, o, contenders);
+      const double ours = median(seconds[0]);
+      std::optional<double> raw, ratio;
+      if (seconds.size() > 1) {
+        raw = median(seconds[1]);
+        std::vector<double> pair_ratios;  // raw / ours of each repetition pair
+        for (int rep = 0; rep < *o.reps; ++rep) {
+          pair_ratios.push_back(seconds[1][rep] / seconds[0][rep]);
+        }
+        ratio = median(pair_ratios);
+      }
       // 3. Report.
       const double bytes = static_cast<double>(b.bytes());
       const double algbw = bytes / ours * 1e-9, busbw = algbw * bus_factor(op, n);
@@ -284,15 +297,15 @@ int run(quintet::World& world, const Options& o) {
             {"busbw_gbs", busbw}, {"correct", true},       {"device", device.str()}};
         row["raw_busbw_gbs"] = raw_busbw ? nlohmann::json(*raw_busbw) : nlohmann::json(nullptr);
         row["raw_time_us"] = raw ? nlohmann::json(*raw * 1e6) : nlohmann::json(nullptr);
-        row["ratio"] = raw ? nlohmann::json(*raw / ours) : nlohmann::json(nullptr);
+        row["ratio"] = ratio ? nlohmann::json(*ratio) : nlohmann::json(nullptr);
         std::printf("%s\n", row.dump().c_str());
       } else {
         const std::string raw_time = raw ? fmt::format("{:.2f}", *raw * 1e6) : "-";
         const std::string raw_bw = raw_busbw ? fmt::format("{:.2f}", *raw_busbw) : "-";
-        const std::string ratio = raw ? fmt::format("{:.3f}", *raw / ours) : "-";
+        const std::string ratio_text = ratio ? fmt::format("{:.3f}", *ratio) : "-";
         std::printf("%-15s %12zu %12lld %10.2f %10.2f %10.2f %12s %10s %9s %8s\n",
                     std::string(op_name(op)).c_str(), b.bytes(), static_cast<long long>(b.count),
-                    ours * 1e6, algbw, busbw, raw_time.c_str(), raw_bw.c_str(), ratio.c_str(),
+                    ours * 1e6, algbw, busbw, raw_time.c_str(), raw_bw.c_str(), ratio_text.c_str(),
                     "yes");
       }
       std::fflush(stdout);
@@ -320,8 +333,9 @@ int main(int argc, char** argv) {
         ->capture_default_str();
     app.add_option("--iters", o.iters, "operations per timed repetition")->capture_default_str();
     app.add_option("--warmup", o.warmup, "untimed operations before timing")->capture_default_str();
-    app.add_option("--reps", o.reps, "timed repetitions (the median is reported)")
-        ->capture_default_str();
+    app.add_option("--reps", o.reps,
+                   "timed repetitions, each of ours and raw (medians are reported; default 5 on "
+                   "a GPU, 11 on the CPU)");
     app.add_option("--dtype", o.dtype, "f32|f16|bf16|f64|i32|i64|u8|u16")->capture_default_str();
     std::string device_help;
     app.add_option("--device", device_help, "cpu|cuda (read by the runtime; or QUINTET_DEVICE)");
