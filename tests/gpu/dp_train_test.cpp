@@ -54,8 +54,7 @@ RunResult run_reference(const Stream& s) {
   nn::AdamW adam(store, adam_config(), s);
   for (int step = 0; step < kSteps; ++step) {
     store.zero_grad(s);
-    train_microbatch(model, batch_rows(kModel, step, kGlobalBatch, 0, kGlobalBatch, s.device()),
-                     1.0f, s);
+    train_microbatch(model, batch_rows(kModel, step, kGlobalBatch, 0, kGlobalBatch, s), 1.0f, s);
     r.norms.push_back(adam.step(s).grad_norm);
   }
   s.synchronize();
@@ -75,7 +74,7 @@ RunResult run_dp(const Mesh& mesh, const DataParallelConfig& config, int micro, 
     for (int m = 0; m < micro; ++m) {
       dp.set_last_microbatch(m == micro - 1);
       const std::int64_t row0 = mesh.rank(Axis::dp) * local + m * rows;
-      train_microbatch(model, batch_rows(kModel, step, kGlobalBatch, row0, rows, s.device()),
+      train_microbatch(model, batch_rows(kModel, step, kGlobalBatch, row0, rows, s),
                        1.0f / static_cast<float>(micro), s);
     }
     dp.finish(s);

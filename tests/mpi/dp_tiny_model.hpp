@@ -60,12 +60,15 @@ class TinyGpt : public nn::Module {
 };
 
 // Rows [row0, row0 + rows) of step's global batch: ids and next-token targets, i64 [rows, seq],
-// the same on every rank (drawn on the host from the step number).
+// the same on every rank (drawn on the host from the step number), on stream's device. They are
+// allocated on stream (its pool), as everything the step uses: a batch allocated on another
+// stream could get the block of the previous microbatch's batch, freed while stream still reads
+// it.
 struct Batch {
   Tensor ids, targets;
 };
 inline Batch batch_rows(const TinyGptConfig& c, int step, std::int64_t global_batch,
-                        std::int64_t row0, std::int64_t rows, const Device& device) {
+                        std::int64_t row0, std::int64_t rows, const Stream& stream) {
   std::mt19937_64 gen(1000 + step);
   std::uniform_int_distribution<std::int64_t> token(0, c.vocab - 1);
   std::vector<std::int64_t> all(static_cast<std::size_t>(global_batch * (c.seq + 1)));
@@ -77,8 +80,8 @@ inline Batch batch_rows(const TinyGptConfig& c, int step, std::int64_t global_ba
       targets.push_back(all[static_cast<std::size_t>(r * (c.seq + 1) + s + 1)]);
     }
   }
-  return {Tensor::from_vector(ids, {rows, c.seq}, device),
-          Tensor::from_vector(targets, {rows, c.seq}, device)};
+  return {Tensor::from_vector(ids, {rows, c.seq}).to(stream.device(), stream),
+          Tensor::from_vector(targets, {rows, c.seq}).to(stream.device(), stream)};
 }
 
 // Forward and backward of one microbatch; the loss gradient is dloss (1/m for m microbatches).

@@ -64,8 +64,7 @@ RunResult run_reference() {
   RunResult r;
   for (int s = 0; s < kSteps; ++s) {
     store.zero_grad(kCpu);
-    train_microbatch(model, batch_rows(kModel, s, kGlobalBatch, 0, kGlobalBatch, Device::cpu()),
-                     1.0f, kCpu);
+    train_microbatch(model, batch_rows(kModel, s, kGlobalBatch, 0, kGlobalBatch, kCpu), 1.0f, kCpu);
     const nn::OptimizerStepInfo info = adam.step(kCpu);
     r.norms.push_back(info.grad_norm);
     r.scales.push_back(info.grad_scale);
@@ -87,7 +86,7 @@ RunResult run_data_parallel(const Mesh& mesh, const DataParallelConfig& config, 
     for (int m = 0; m < micro; ++m) {
       dp.set_last_microbatch(m == micro - 1);
       const std::int64_t row0 = mesh.rank(Axis::dp) * local + m * rows;
-      train_microbatch(model, batch_rows(kModel, s, kGlobalBatch, row0, rows, Device::cpu()),
+      train_microbatch(model, batch_rows(kModel, s, kGlobalBatch, row0, rows, kCpu),
                        1.0f / static_cast<float>(micro), kCpu);
     }
     dp.finish(kCpu);
@@ -206,8 +205,7 @@ TEST_CASE("dp: ZeRO-2 holds the gradient shards and the buckets in flight, not a
     for (std::size_t i = 0; i < std::min<std::size_t>(3, sizes.size()); ++i) *largest3 += sizes[i];
     const std::int64_t rows = kGlobalBatch / world.size();
     dp.begin_step();
-    train_microbatch(model,
-                     batch_rows(kModel, 0, kGlobalBatch, world.rank() * rows, rows, Device::cpu()),
+    train_microbatch(model, batch_rows(kModel, 0, kGlobalBatch, world.rank() * rows, rows, kCpu),
                      1.0f, kCpu);
     dp.finish(kCpu);
     optimizer.step(kCpu);
