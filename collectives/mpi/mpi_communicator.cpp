@@ -259,6 +259,19 @@ Work MpiCommunicator::p2p(const std::vector<P2POp>& ops, const Stream&) {
   validate_p2p(*this, ops);
   const Tensor* first = ops.empty() ? nullptr : &ops.front().tensor;
   return enqueue("p2p", first, [this, ops] {
+    // One send and one receive (a ring or pipeline step): MPI_Sendrecv, the call a user would
+    // make, which lets MPI pair the two transfers itself.
+    if (ops.size() == 2 && ops[0].kind != ops[1].kind &&
+        std::max(ops[0].tensor.numel(), ops[1].tensor.numel()) <= options_.max_chunk_elements) {
+      const P2POp& snd = ops[0].kind == P2POp::Kind::send ? ops[0] : ops[1];
+      const P2POp& rcv = ops[0].kind == P2POp::Kind::send ? ops[1] : ops[0];
+      QUINTET_MPI_CHECK(MPI_Sendrecv(snd.tensor.data_ptr(), static_cast<int>(snd.tensor.numel()),
+                                     mpi_datatype(snd.tensor.dtype()), snd.peer, kUserTag,
+                                     rcv.tensor.data_ptr(), static_cast<int>(rcv.tensor.numel()),
+                                     mpi_datatype(rcv.tensor.dtype()), rcv.peer, kUserTag, comm_,
+                                     MPI_STATUS_IGNORE));
+      return;
+    }
     std::vector<MPI_Request> requests;
     // Receives first, so that every matching send finds its buffer posted.
     for (const bool receive : {true, false}) {

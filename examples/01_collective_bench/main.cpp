@@ -111,8 +111,9 @@ struct Timed {
 
 // Seconds per operation of each contender in each of `reps` repetitions ([contender][rep]), timed
 // on stream (GPU: CUDA events; CPU: steady clock after a barrier), slowest rank. The contenders'
-// repetitions alternate (ours, raw, ours, raw, ...) after each one's warm-up, so that a slow spell
-// of a shared machine hits both alike instead of one of them.
+// repetitions alternate after each one's warm-up, and so does who goes first in a repetition (ours,
+// raw | raw, ours | ...), so that a slow spell of a shared machine, or whatever the one before
+// leaves behind (caches, a woken thread), hits both alike instead of one of them.
 std::vector<std::vector<double>> seconds_per_op(Communicator& comm, const Device& device,
                                                 const Stream& stream, const Options& o,
                                                 const std::vector<Timed>& contenders) {
@@ -124,7 +125,8 @@ std::vector<std::vector<double>> seconds_per_op(Communicator& comm, const Device
   std::vector<std::vector<double>> times(contenders.size());
   quintet::Event start(device, true), stop(device, true);
   for (int rep = 0; rep < *o.reps; ++rep) {
-    for (std::size_t k = 0; k < contenders.size(); ++k) {
+    for (std::size_t j = 0; j < contenders.size(); ++j) {
+      const std::size_t k = rep % 2 == 0 ? j : contenders.size() - 1 - j;
       const Timed& c = contenders[k];
       double seconds = 0;
       if (device.is_cuda()) {
