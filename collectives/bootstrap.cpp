@@ -139,7 +139,9 @@ World init(const RuntimeConfig& config) {
   w.config_ = config;
   w.info_ = detect_launch(config);
   if (w.info_.launcher != Launcher::env && mpi_initialized()) w.info_.launcher = Launcher::mpi;
-  const MpiOptions mpi_options{config.timeout_s};
+  MpiOptions mpi_options;
+  mpi_options.timeout_s = config.timeout_s;
+  mpi_options.idle_start_delay_us = config.mpi_idle_start_us;
 
   if (w.info_.launcher == Launcher::mpi) {
     if (start_mpi()) w.finalizer_ = std::make_unique<detail::MpiFinalizer>();

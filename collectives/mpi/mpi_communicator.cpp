@@ -32,7 +32,11 @@ void copy_bytes(void* dst, const void* src, std::size_t n) {
 }  // namespace
 
 MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name, const MpiOptions& options)
-    : comm_(comm), name_(std::move(name)), options_(options), thread_(name_) {
+    : comm_(comm),
+      name_(std::move(name)),
+      options_(options),
+      thread_(name_, std::chrono::microseconds(static_cast<std::int64_t>(
+                         std::clamp(options.idle_start_delay_us, 0.0, 1e6)))) {
   QUINTET_CHECK(options_.max_chunk_elements > 0 && options_.max_chunk_elements <= INT_MAX,
                 "MpiOptions::max_chunk_elements is {}; expected 1..{}", options_.max_chunk_elements,
                 INT_MAX);

@@ -135,8 +135,9 @@ bool CpuWork::synchronize_for(std::chrono::nanoseconds timeout) {
 
 bool CpuWork::is_completed() { return state_->done.load(std::memory_order_acquire); }
 
-ProgressThread::ProgressThread(std::string name)
+ProgressThread::ProgressThread(std::string name, std::chrono::microseconds idle_start_delay)
     : name_(std::move(name)), queue_(std::make_shared<OpQueue>()) {
+  queue_->idle_start_delay = idle_start_delay;
   thread_ = std::thread(&ProgressThread::loop, queue_);
 }
 
@@ -167,13 +168,23 @@ void ProgressThread::run_sync(std::string description, std::function<void()> fn)
 
 void ProgressThread::loop(std::shared_ptr<OpQueue> q) {
   std::unique_lock lock(q->mutex);
+  // While a caller waits in help_until, it runs the tasks: starting one here would only make it
+  // wait for this thread, and run the operation on a core whose cache does not hold its buffers.
+  auto may_start = [&] {
+    return !q->running.load(std::memory_order_relaxed) &&
+           ((q->stop && q->tasks.empty()) || (q->waiters == 0 && !q->tasks.empty()));
+  };
   for (;;) {
-    // While a caller waits in help_until, it runs the tasks: starting one here would only make it
-    // wait for this thread, and run the operation on a core whose cache does not hold its buffers.
-    q->work_cv.wait(lock, [&] {
-      return !q->running.load(std::memory_order_relaxed) &&
-             ((q->stop && q->tasks.empty()) || (q->waiters == 0 && !q->tasks.empty()));
-    });
+    if (!may_start()) {
+      q->work_cv.wait(lock, may_start);
+      // Woken from idle by a new operation: give its caller a moment to wait for it (then the
+      // caller runs it on its own core, as a raw MPI call would) before starting it here, for a
+      // caller that went on computing. A burst already running goes on without this pause.
+      if (!q->stop && q->idle_start_delay.count() > 0) {
+        q->work_cv.wait_for(lock, q->idle_start_delay, [&] { return q->stop; });
+        continue;
+      }
+    }
     if (q->tasks.empty()) break;  // stopping, and everything queued has run
     OpQueue::Task task = std::move(q->tasks.front());
     q->tasks.pop_front();

@@ -8,15 +8,18 @@
 // it ends) and runs the next one itself. The caller would only wait otherwise, and this saves the
 // thread wake-ups of a hand-off (tens of µs each) and runs the operations on the caller's core,
 // where its buffers are in cache, as a raw MPI call would. When it leaves, the thread resumes what
-// is left. A bounded wait (Work::wait_for) runs nothing: it only sleeps, so that no blocking MPI
-// call outlasts its timeout. Either way at most one operation of a communicator runs at a time, in
-// submission order.
+// is left. Woken from idle by a new operation, the thread first leaves it a moment (50 µs by
+// default) for its caller to wait for (and so run) it: an operation issued and then waited for at
+// once runs on the caller's thread; one nobody waits for starts up to that much later. A bounded
+// wait (Work::wait_for) runs nothing: it only sleeps, so that no blocking MPI call outlasts its
+// timeout. Either way at most one operation of a communicator runs at a time, in submission order.
 //
 // Once an operation fails, the ones queued after it fail too (Aborted, naming the first failure),
 // because the ranks of the group no longer agree on what was sent. Thread-safe.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -58,6 +61,7 @@ struct OpQueue {
   std::atomic<bool> running{false};
   int waiters = 0;   // callers inside help_until; while there is one the thread starts no task
   int sleepers = 0;  // those of them asleep on turn_cv
+  std::chrono::microseconds idle_start_delay{50};  // see ProgressThread's constructor
   bool stop = false;
   bool exited = false;
   std::string first_failure;  // empty while every operation has succeeded
@@ -89,7 +93,11 @@ class CpuWork final : public WorkImpl {
 
 class ProgressThread {
  public:
-  explicit ProgressThread(std::string name);
+  // idle_start_delay: how long the thread, woken from idle by a new operation, leaves it for its
+  // caller to take over before starting it (see the header comment).
+  explicit ProgressThread(std::string name,
+                          std::chrono::microseconds idle_start_delay = std::chrono::microseconds{
+                              50});
   ProgressThread(const ProgressThread&) = delete;
   ProgressThread& operator=(const ProgressThread&) = delete;
   // Same as stop_and_join(no timeout) if not called before.

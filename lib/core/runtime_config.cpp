@@ -47,12 +47,15 @@ DevicePreference parse_device_preference(std::string_view v, std::string_view so
   QUINTET_THROW(InvalidArgument, "{}: unknown device '{}': expected cpu, cuda or auto", source, v);
 }
 
-double parse_double(std::string_view v, std::string_view source) {
+// A number in [lo, hi] (lo itself only when allow_lo), else InvalidArgument saying `expected`.
+double parse_double(std::string_view v, std::string_view source, double lo, bool allow_lo,
+                    double hi, std::string_view expected) {
   char* end = nullptr;
   const std::string s(v);
   const double d = std::strtod(s.c_str(), &end);
-  QUINTET_CHECK(!s.empty() && end == s.c_str() + s.size() && d > 0,
-                "{}: expected a positive number of seconds, got '{}'", source, v);
+  QUINTET_CHECK(
+      !s.empty() && end == s.c_str() + s.size() && (d > lo || (allow_lo && d == lo)) && d <= hi,
+      "{}: expected {}, got '{}'", source, expected, v);
   return d;
 }
 
@@ -72,9 +75,11 @@ bool apply(RuntimeConfig& c, std::string_view name, std::string_view value,
   } else if (name == "log-level") {
     c.log_level = parse_log_level(value);
   } else if (name == "timeout-s") {
-    c.timeout_s = parse_double(value, source);
+    c.timeout_s = parse_double(value, source, 0.0, false, 1e12, "a positive number of seconds");
   } else if (name == "seed") {
     c.seed = parse_u64(value, source);
+  } else if (name == "mpi-idle-start-us") {
+    c.mpi_idle_start_us = parse_double(value, source, 0.0, true, 1e6, "0 to 1000000 microseconds");
   } else {
     return false;
   }
@@ -91,7 +96,8 @@ RuntimeConfig RuntimeConfig::from(const std::map<std::string, std::string>& env,
       {"QUINTET_DEVICE", "device"},
       {"QUINTET_LOG_LEVEL", "log-level"},
       {"QUINTET_TIMEOUT_S", "timeout-s"},
-      {"QUINTET_SEED", "seed"}};
+      {"QUINTET_SEED", "seed"},
+      {"QUINTET_MPI_IDLE_START_US", "mpi-idle-start-us"}};
   for (const auto& [var, flag] : kEnvFlags) {
     auto it = env.find(std::string(var));
     if (it != env.end()) apply(c, flag, it->second, var);
@@ -109,7 +115,8 @@ RuntimeConfig RuntimeConfig::from(const std::map<std::string, std::string>& env,
       value = name.substr(eq + 1);
       name = name.substr(0, eq);
     }
-    static constexpr std::string_view kOurs[] = {"device", "log-level", "timeout-s", "seed"};
+    static constexpr std::string_view kOurs[] = {"device", "log-level", "timeout-s", "seed",
+                                                 "mpi-idle-start-us"};
     bool ours = false;
     for (auto o : kOurs) ours = ours || name == o;
     if (!ours) {

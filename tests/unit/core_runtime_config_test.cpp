@@ -14,6 +14,9 @@ TEST_CASE("environment then flags, flags win") {
   CHECK(c.seed == 99);
   CHECK(c.get_env("OMPI_COMM_WORLD_RANK") == std::optional<std::string>("3"));
   CHECK(c.remaining_args == std::vector<std::string>{"prog", "--steps", "10"});
+  CHECK(c.mpi_idle_start_us == 50.0);
+  CHECK(RuntimeConfig::from({{"QUINTET_MPI_IDLE_START_US", "0"}}, {}).mpi_idle_start_us == 0.0);
+  CHECK(RuntimeConfig::from({}, {"p", "--mpi-idle-start-us=20"}).mpi_idle_start_us == 20.0);
 }
 
 TEST_CASE("bad values name the variable or flag") {
@@ -23,6 +26,8 @@ TEST_CASE("bad values name the variable or flag") {
                          "--timeout-s");
   REQUIRE_THROWS_QUINTET(RuntimeConfig::from({}, {"p", "--seed"}), InvalidArgument,
                          "needs a value");
+  REQUIRE_THROWS_QUINTET(RuntimeConfig::from({{"QUINTET_MPI_IDLE_START_US", "-3"}}, {}),
+                         InvalidArgument, "QUINTET_MPI_IDLE_START_US");
 }
 
 TEST_CASE("from_env reads the process environment once") {

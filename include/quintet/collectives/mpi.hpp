@@ -20,6 +20,9 @@ struct MpiOptions {
   // Largest number of elements passed to one MPI call: larger operations are split into pieces of
   // at most this many (MPI counts are int). Lower it only to test the split paths.
   std::int64_t max_chunk_elements = INT_MAX;
+  // How long the progress thread, woken from idle by a new operation, leaves it for its caller to
+  // run (by waiting for it) before starting it itself, in microseconds; 0 starts it at once.
+  double idle_start_delay_us = 50.0;
 };
 
 // A communicator over the ranks of comm (MPI_Comm_dup'ed: comm stays the caller's). Collective

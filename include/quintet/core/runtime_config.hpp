@@ -5,6 +5,9 @@
 //   QUINTET_LOG_LEVEL=info         --log-level LEVEL        debug, info, warn, error, off
 //   QUINTET_TIMEOUT_S=300          --timeout-s SECONDS      bound on communicator init and waits
 //   QUINTET_SEED=1234              --seed N                 base seed of random initialisation
+//   QUINTET_MPI_IDLE_START_US=50   --mpi-idle-start-us US   how long a CPU communicator's thread,
+//                                                           woken by a new operation, leaves it for
+//                                                           its caller to run (0: start at once)
 //
 // Flags win over the environment; unknown flags are left for the program (see remaining_args).
 #pragma once
@@ -26,6 +29,7 @@ struct RuntimeConfig {
   LogLevel log_level = LogLevel::info;
   double timeout_s = 300.0;
   std::uint64_t seed = 1234;
+  double mpi_idle_start_us = 50.0;
   // Every variable of the environment that was read, for error messages and launchers
   // (MPI/SLURM/torchrun variables used by bootstrap live here too).
   std::map<std::string, std::string> env;
