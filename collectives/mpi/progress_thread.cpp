@@ -174,16 +174,19 @@ void ProgressThread::loop(std::shared_ptr<OpQueue> q) {
     return !q->running.load(std::memory_order_relaxed) &&
            ((q->stop && q->tasks.empty()) || (q->waiters == 0 && !q->tasks.empty()));
   };
+  bool busy = false;  // what this thread did last was run a task or pause: a burst goes on
   for (;;) {
     if (!may_start()) {
       q->work_cv.wait(lock, may_start);
-      // Woken from idle by a new operation: give its caller a moment to wait for it (then the
-      // caller runs it on its own core, as a raw MPI call would) before starting it here, for a
-      // caller that went on computing. A burst already running goes on without this pause.
-      if (!q->stop && q->idle_start_delay.count() > 0) {
-        q->work_cv.wait_for(lock, q->idle_start_delay, [&] { return q->stop; });
-        continue;
-      }
+      busy = false;
+    }
+    // Come from idle (or just started) to a new operation: give its caller a moment to wait for
+    // it (then the caller runs it on its own core, as a raw MPI call would) before starting it
+    // here, for a caller that went on computing. Once per idle spell; a burst goes on at once.
+    if (!busy && !q->stop && q->idle_start_delay.count() > 0) {
+      busy = true;
+      q->work_cv.wait_for(lock, q->idle_start_delay, [&] { return q->stop; });
+      continue;
     }
     if (q->tasks.empty()) break;  // stopping, and everything queued has run
     OpQueue::Task task = std::move(q->tasks.front());

@@ -1,6 +1,7 @@
 // The MPI backend's ProgressThread: operations run one at a time and in submission order, whether
 // the thread or a caller blocked in Work::synchronize runs them (work stealing); failures abort
-// what was queued after them; bounded waits time out; shutdown drains the queue.
+// what was queued after them; bounded waits time out; shutdown drains the queue; a new operation
+// is left to its caller for the idle delay.
 #include <atomic>
 #include <chrono>
 #include <mutex>
@@ -109,4 +110,38 @@ TEST_CASE("shutdown runs every queued operation; their Works stay valid") {
   }
   CHECK(ran.load() == 100);
   for (const Work& w : works) REQUIRE_NOTHROW(w.synchronize());
+}
+
+TEST_CASE("a new operation is left to its caller for the idle delay, then the thread starts it") {
+  using std::chrono::milliseconds;
+  using Clock = std::chrono::steady_clock;
+  {
+    // A delay no scheduling hiccup outlasts: the caller, waiting at once, always runs it.
+    ProgressThread thread("test", std::chrono::seconds(5));
+    std::thread::id ran_on;
+    Work w = thread.submit("waited", [&] { ran_on = std::this_thread::get_id(); });
+    w.synchronize();
+    CHECK(ran_on == std::this_thread::get_id());
+  }
+  for (const auto delay : {milliseconds(0), milliseconds(20)}) {
+    INFO("idle start delay " << delay.count() << " ms");
+    // Nobody waits (is_completed runs nothing): the thread starts it, no sooner than the delay.
+    ProgressThread thread("test", delay);
+    std::thread::id ran_on;
+    std::atomic<bool> started{false};
+    Clock::time_point start_time;
+    const Clock::time_point submitted = Clock::now();
+    Work w = thread.submit("not waited", [&] {
+      start_time = Clock::now();
+      ran_on = std::this_thread::get_id();
+      started = true;
+    });
+    const Clock::time_point give_up = submitted + std::chrono::seconds(60);
+    while (!w.is_completed() && Clock::now() < give_up)
+      std::this_thread::sleep_for(milliseconds(1));
+    REQUIRE(w.is_completed());
+    CHECK(started.load());
+    CHECK(ran_on != std::this_thread::get_id());
+    CHECK(start_time - submitted >= delay);
+  }
 }
