@@ -82,6 +82,7 @@ struct DataParallel::State {
   std::int64_t bytes = 0;
   std::int64_t bound_bytes = 0;  // ZeRO-2: bytes of full bucket buffers bound now
   std::int64_t peak_bytes = 0;   // the most gradient storage held at once this step
+  std::int64_t resident = 0;     // resident_bytes(), kept current
 
   Event step_start, done;
   std::vector<Event> start_events, end_events;  // per launch, reused from step to step
@@ -101,7 +102,8 @@ struct DataParallel::State {
   void absorb(Launch& l, const Stream& stream);
   void reset_round();
   void poll();
-  std::int64_t resident_bytes() const;  // gradient storage that persists across the step
+  std::int64_t resident_bytes() const;  // gradient storage that persists across steps
+  void note_peak();
 };
 
 namespace {
@@ -213,6 +215,8 @@ std::int64_t DataParallel::State::resident_bytes() const {
   return total;
 }
 
+void DataParallel::State::note_peak() { peak_bytes = std::max(peak_bytes, bound_bytes + resident); }
+
 void DataParallel::State::bind(int b) {
   const GradientBucket& k = buckets[b];
   full[b] = Tensor::empty({k.shard_size * k.shard_count}, nn::accum_dtype(store.dtype()),
@@ -220,7 +224,7 @@ void DataParallel::State::bind(int b) {
   full[b].fill_(0.0, compute);  // layers accumulate; the padding tail is reduced as zeros
   store.bind_gradients(k.params, full[b], k.begin);
   bound_bytes += full[b].nbytes();
-  peak_bytes = std::max(peak_bytes, bound_bytes + resident_bytes());
+  note_peak();
 }
 
 void DataParallel::State::on_grad_needed(nn::Parameter& p) {
@@ -261,6 +265,8 @@ void DataParallel::State::launch(int b) {
       absorb(launches[latest[b]], compute);
       if (!scratch[b].defined()) {
         scratch[b] = Tensor::empty({k.shard_size}, grad.dtype(), store.device(), compute);
+        resident += scratch[b].nbytes();
+        note_peak();
       }
       out = scratch[b];
       l.into_scratch = true;
@@ -429,6 +435,7 @@ DataParallel::DataParallel(nn::ParameterStore& store, const Mesh& mesh,
       if (auto st = weak.lock()) st->on_grad_needed(p);
     });
   }
+  s.resident = s.resident_bytes();
 }
 
 DataParallel::~DataParallel() {
@@ -456,7 +463,7 @@ void DataParallel::begin_step() {
   s.windows_used = 0;
   std::fill(s.latest.begin(), s.latest.end(), -1);
   s.reset_round();
-  s.peak_bytes = s.bound_bytes + s.resident_bytes();
+  s.peak_bytes = s.bound_bytes + s.resident;
 }
 
 void DataParallel::set_last_microbatch(bool last) {
