@@ -10,8 +10,9 @@
 //      the expected values on every rank (a wrong result fails the run with exit code 1);
 //   2. times --iters back-to-back operations, --reps times, after --warmup untimed ones, through
 //      Quintet and through raw NCCL/MPI calls on the same buffers, alternating the two's
-//      repetitions (ours, raw, ours, raw, ...): CUDA events on the caller's stream on a GPU, a
-//      steady clock after a barrier on the CPU; a repetition counts as long as its slowest rank;
+//      repetitions and who goes first in each (ours, raw | raw, ours | ...): CUDA events on the
+//      caller's stream on a GPU, a steady clock after a barrier on the CPU; a repetition counts as
+//      long as its slowest rank;
 //   3. prints, for both, the median repetition's time per operation, algorithm bandwidth
 //      (bytes / time) and bus bandwidth (nccl-tests' factors), and ours/raw: the median over
 //      repetitions of raw time / ours time within one repetition pair (1.0 = no overhead). A pair
