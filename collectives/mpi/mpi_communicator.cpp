@@ -35,8 +35,8 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name, const MpiOptio
     : comm_(comm),
       name_(std::move(name)),
       options_(options),
-      thread_(name_, std::chrono::microseconds(static_cast<std::int64_t>(
-                         std::clamp(options.idle_start_delay_us, 0.0, 1e6)))) {
+      thread_(name_,
+              std::chrono::microseconds(static_cast<std::int64_t>(options.idle_start_delay_us))) {
   QUINTET_CHECK(options_.max_chunk_elements > 0 && options_.max_chunk_elements <= INT_MAX,
                 "MpiOptions::max_chunk_elements is {}; expected 1..{}", options_.max_chunk_elements,
                 INT_MAX);
@@ -342,6 +342,10 @@ std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, const std::st
                 "MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...)",
                 name, level);
   QUINTET_CHECK(comm != MPI_COMM_NULL, "make_mpi_communicator('{}'): comm is MPI_COMM_NULL", name);
+  QUINTET_CHECK(options.idle_start_delay_us >= 0 && options.idle_start_delay_us <= 1e6,
+                "make_mpi_communicator('{}'): MpiOptions::idle_start_delay_us is {}; expected 0 "
+                "to 1000000 microseconds",
+                name, options.idle_start_delay_us);
   int size = 0;
   QUINTET_MPI_CHECK(MPI_Comm_size(comm, &size));
   if (size == 1) return make_self_communicator(Device::cpu(), name);

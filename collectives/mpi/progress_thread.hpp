@@ -61,7 +61,7 @@ struct OpQueue {
   std::atomic<bool> running{false};
   int waiters = 0;   // callers inside help_until; while there is one the thread starts no task
   int sleepers = 0;  // those of them asleep on turn_cv
-  std::chrono::microseconds idle_start_delay{50};  // see ProgressThread's constructor
+  std::chrono::microseconds idle_start_delay{};  // set by ProgressThread's constructor
   bool stop = false;
   bool exited = false;
   std::string first_failure;  // empty while every operation has succeeded

@@ -82,7 +82,7 @@ struct DataParallel::State {
   std::int64_t bytes = 0;
   std::int64_t bound_bytes = 0;  // ZeRO-2: bytes of full bucket buffers bound now
   std::int64_t peak_bytes = 0;   // the most gradient storage held at once this step
-  std::int64_t resident = 0;     // resident_bytes(), kept current
+  std::int64_t resident = 0;  // gradient storage kept across steps: the buffer, staging or shards
 
   Event step_start, done;
   std::vector<Event> start_events, end_events;  // per launch, reused from step to step
@@ -102,7 +102,6 @@ struct DataParallel::State {
   void absorb(Launch& l, const Stream& stream);
   void reset_round();
   void poll();
-  std::int64_t resident_bytes() const;  // gradient storage that persists across steps
   void note_peak();
 };
 
@@ -201,18 +200,6 @@ void DataParallel::State::plan() {
   closed.assign(nb, 0);
   ready_count.assign(nb, 0);
   param_ready.assign(params.size(), 0);
-}
-
-std::int64_t DataParallel::State::resident_bytes() const {
-  if (!on_demand) {
-    std::int64_t total = store.grad_buffer().nbytes();
-    for (const Tensor& t : staging) total += t.defined() ? t.nbytes() : 0;
-    return total;
-  }
-  std::int64_t total = 0;
-  for (const Tensor& t : shard) total += t.nbytes();
-  for (const Tensor& t : scratch) total += t.defined() ? t.nbytes() : 0;
-  return total;
 }
 
 void DataParallel::State::note_peak() { peak_bytes = std::max(peak_bytes, bound_bytes + resident); }
@@ -435,7 +422,10 @@ DataParallel::DataParallel(nn::ParameterStore& store, const Mesh& mesh,
       if (auto st = weak.lock()) st->on_grad_needed(p);
     });
   }
-  s.resident = s.resident_bytes();
+  // What stays allocated from step to step (stage 2 adds scratch shards when it needs them).
+  s.resident = s.on_demand ? 0 : store.grad_buffer().nbytes();
+  for (const Tensor& t : s.on_demand ? s.shard : s.staging)
+    s.resident += t.defined() ? t.nbytes() : 0;
 }
 
 DataParallel::~DataParallel() {

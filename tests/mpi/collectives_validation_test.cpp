@@ -112,3 +112,11 @@ TEST_CASE("bad inputs are rejected before anything is sent") {
   c.all_reduce(x, ReduceOp::sum).wait();
   CHECK(x.to_vector<double>() == std::vector<double>(3, p));
 }
+
+TEST_CASE("bad MpiOptions are rejected before the communicator is made") {
+  World world = cpu_world();  // initialises MPI
+  MpiOptions bad;
+  bad.idle_start_delay_us = -1.0;
+  REQUIRE_THROWS_QUINTET(make_mpi_communicator(MPI_COMM_WORLD, "bad", bad), InvalidArgument,
+                         "idle_start_delay_us is -1");
+}
