@@ -18,8 +18,11 @@
 
 #include "quintet/collectives/communicator.hpp"
 #include "quintet/nn/module.hpp"
-#include "quintet/parallel/parallel_transformer.hpp"
-#include "quintet/parallel/tensor_parallel.hpp"
+#include "quintet/parallel/tensor/transformer.hpp"
+#include "quintet/parallel/tensor/linear.hpp"
+#include "quintet/parallel/tensor/norm.hpp"
+#include "quintet/parallel/tensor/regions.hpp"
+#include "quintet/parallel/tensor/vocab.hpp"
 #include "train_config.hpp"
 
 namespace gpt {

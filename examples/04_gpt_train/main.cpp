@@ -22,8 +22,8 @@
 #include "quintet/data/loader.hpp"                     // DataLoader
 #include "quintet/data/synthetic.hpp"                  // the built-in dataset and its entropy floor
 #include "quintet/nn/ops.hpp"                          // add_
-#include "quintet/parallel/data_parallel.hpp"          // gradient buckets over dp
-#include "quintet/parallel/distributed_optimizer.hpp"  // AdamW, ZeRO 0/1/2, clipping
+#include "quintet/parallel/data/data_parallel.hpp"          // gradient buckets over dp
+#include "quintet/parallel/data/distributed_optimizer.hpp"  // AdamW, ZeRO 0/1/2, clipping
 #include "quintet/parallel/mesh.hpp"
 #include "trainer_state.hpp"
 

@@ -10,8 +10,8 @@
 #include "quintet/collectives/communicator.hpp"
 #include "quintet/data/sampler.hpp"
 #include "quintet/nn/parameter.hpp"
-#include "quintet/parallel/checkpoint.hpp"
-#include "quintet/parallel/distributed_optimizer.hpp"
+#include "quintet/parallel/checkpoint/checkpoint.hpp"
+#include "quintet/parallel/data/distributed_optimizer.hpp"
 #include "train_config.hpp"
 
 namespace gpt {

@@ -1,4 +1,4 @@
-#include "quintet/parallel/checkpoint.hpp"
+#include "quintet/parallel/checkpoint/checkpoint.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>

@@ -1,4 +1,4 @@
-// The per-rank shard file of a checkpoint (format in include/quintet/parallel/checkpoint.hpp).
+// The per-rank shard file of a checkpoint (format in include/quintet/parallel/checkpoint/checkpoint.hpp).
 #pragma once
 
 #include <cstdint>
@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "quintet/core/error.hpp"
-#include "quintet/parallel/checkpoint.hpp"
+#include "quintet/parallel/checkpoint/checkpoint.hpp"
 
 // QUINTET_CHECK with another ErrorCode than InvalidArgument (System for file trouble, Remote for
 // a peer's failure).

@@ -1,6 +1,6 @@
 // DataParallel: bucket planning, the grad-ready hook that issues reductions in bucket order, and
 // the measurement of their cost (see data_parallel.hpp for the contract).
-#include "quintet/parallel/data_parallel.hpp"
+#include "quintet/parallel/data/data_parallel.hpp"
 
 #include <algorithm>
 #include <unordered_map>

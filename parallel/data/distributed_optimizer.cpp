@@ -1,6 +1,6 @@
 // DistributedOptimizer: AdamW on the elements this rank owns, the global gradient norm over the
 // job, and the per-bucket parameter all-gathers of ZeRO (see distributed_optimizer.hpp).
-#include "quintet/parallel/distributed_optimizer.hpp"
+#include "quintet/parallel/data/distributed_optimizer.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -16,10 +16,10 @@ bool counted_over_tp(const nn::Parameter& p, const Mesh& mesh) {
   const nn::ParameterAttributes& a = p.attributes();
   if (a.is_expert) {
     const bool sharded =
-        a.shard_axis == nn::ParallelAxis::tp || a.shard_axis == nn::ParallelAxis::etp;
+        a.shard_axis == Axis::tp || a.shard_axis == Axis::etp;
     return sharded || mesh.rank(Axis::etp) == 0;
   }
-  return a.shard_axis == nn::ParallelAxis::tp || mesh.rank(Axis::tp) == 0;
+  return a.shard_axis == Axis::tp || mesh.rank(Axis::tp) == 0;
 }
 
 }  // namespace

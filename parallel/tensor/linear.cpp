@@ -1,6 +1,7 @@
 // Column- and row-parallel linear layers.
-#include "parallel/tensor/regions.hpp"
-#include "quintet/parallel/tensor_parallel.hpp"
+#include "parallel/tensor/internal/regions.hpp"
+#include "quintet/parallel/tensor/linear.hpp"
+#include "quintet/parallel/tensor/regions.hpp"
 
 namespace quintet {
 
@@ -11,7 +12,7 @@ namespace {
 nn::ParameterAttributes shard_attrs(int dim, const Shape& full, const Shape& start) {
   nn::ParameterAttributes a;
   a.shard_dim = dim;
-  a.shard_axis = nn::ParallelAxis::tp;
+  a.shard_axis = Axis::tp;
   a.full_shape = full;
   a.shard_start = start;
   return a;

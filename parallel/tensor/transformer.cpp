@@ -1,8 +1,8 @@
 // Parallel attention, MLP and transformer block: the math of nn's CausalSelfAttention, MLP and
 // TransformerBlock (lib/nn/attention_layer.cpp, lib/nn/layers.cpp) on this rank's heads and
 // hidden features.
-#include "parallel/tensor/regions.hpp"
-#include "quintet/parallel/parallel_transformer.hpp"
+#include "parallel/tensor/internal/regions.hpp"
+#include "quintet/parallel/tensor/transformer.hpp"
 
 namespace quintet {
 

@@ -2,9 +2,10 @@
 // sequence-parallel chunk.
 #include <vector>
 
-#include "parallel/tensor/regions.hpp"
+#include "parallel/tensor/internal/regions.hpp"
 #include "quintet/nn/vocab_parallel_ops.hpp"
-#include "quintet/parallel/tensor_parallel.hpp"
+#include "quintet/parallel/tensor/vocab.hpp"
+#include "quintet/parallel/tensor/regions.hpp"
 
 namespace quintet {
 
@@ -21,7 +22,7 @@ VocabParallelEmbedding::VocabParallelEmbedding(Communicator& tp, std::int64_t vo
   vocab_start_ = tp.rank() * local;
   nn::ParameterAttributes a;
   a.shard_dim = 0;
-  a.shard_axis = nn::ParallelAxis::tp;
+  a.shard_axis = Axis::tp;
   a.full_shape = {vocab, dim};
   a.shard_start = {vocab_start_, 0};
   weight_ = &add_parameter("weight", {local, dim}, nn::ParameterInit::normal(init_std), a);

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "quintet/collectives/bootstrap.hpp"
-#include "quintet/parallel/checkpoint.hpp"
+#include "quintet/parallel/checkpoint/checkpoint.hpp"
 #include "support/catch.hpp"
 
 using namespace quintet;

@@ -13,7 +13,7 @@
 #include "quintet/collectives/bootstrap.hpp"
 #include "quintet/nn/module.hpp"
 #include "quintet/nn/optimizer.hpp"
-#include "quintet/parallel/distributed_optimizer.hpp"
+#include "quintet/parallel/data/distributed_optimizer.hpp"
 #include "support/catch.hpp"
 
 using namespace quintet;
@@ -36,13 +36,13 @@ class Probe : public nn::Module {
  public:
   explicit Probe(bool bad_expert = false) {
     nn::ParameterAttributes tp_shard;
-    tp_shard.shard_dim = 0, tp_shard.shard_axis = nn::ParallelAxis::tp;
+    tp_shard.shard_dim = 0, tp_shard.shard_axis = Axis::tp;
     nn::ParameterAttributes norm;
     norm.reduce_over_tp = true, norm.weight_decay = false;
     nn::ParameterAttributes expert;
     expert.is_expert = true, expert.reduce_over_tp = bad_expert;
     nn::ParameterAttributes expert_shard = expert;
-    expert_shard.shard_dim = 0, expert_shard.shard_axis = nn::ParallelAxis::etp;
+    expert_shard.shard_dim = 0, expert_shard.shard_axis = Axis::etp;
     add_parameter("dense", {37}, nn::ParameterInit::normal(1.0f));
     add_parameter("tp_shard", {11}, nn::ParameterInit::normal(1.0f), tp_shard);
     add_parameter("norm", {70}, nn::ParameterInit::ones(), norm);

@@ -14,7 +14,7 @@
 #include "mpi/dp_tiny_model.hpp"
 #include "quintet/collectives/bootstrap.hpp"
 #include "quintet/nn/optimizer.hpp"
-#include "quintet/parallel/distributed_optimizer.hpp"
+#include "quintet/parallel/data/distributed_optimizer.hpp"
 #include "support/catch.hpp"
 
 using namespace quintet;

@@ -7,8 +7,11 @@
 #include <string>
 #include <vector>
 
-#include "quintet/parallel/parallel_transformer.hpp"
-#include "quintet/parallel/tensor_parallel.hpp"
+#include "quintet/parallel/tensor/transformer.hpp"
+#include "quintet/parallel/tensor/linear.hpp"
+#include "quintet/parallel/tensor/norm.hpp"
+#include "quintet/parallel/tensor/regions.hpp"
+#include "quintet/parallel/tensor/vocab.hpp"
 
 namespace tp_test {
 

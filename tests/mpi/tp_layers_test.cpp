@@ -6,8 +6,11 @@
 #include <map>
 
 #include "quintet/nn/layers.hpp"
-#include "quintet/parallel/parallel_transformer.hpp"
-#include "quintet/parallel/tensor_parallel.hpp"
+#include "quintet/parallel/tensor/transformer.hpp"
+#include "quintet/parallel/tensor/linear.hpp"
+#include "quintet/parallel/tensor/norm.hpp"
+#include "quintet/parallel/tensor/regions.hpp"
+#include "quintet/parallel/tensor/vocab.hpp"
 #include "tp_support.hpp"
 
 using namespace quintet;

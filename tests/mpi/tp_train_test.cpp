@@ -6,7 +6,7 @@
 // tp_support.hpp's tolerance, parameters within kParamTol after each step.
 #include "quintet/nn/layers.hpp"
 #include "quintet/nn/optimizer.hpp"
-#include "quintet/parallel/parallel_transformer.hpp"
+#include "quintet/parallel/tensor/transformer.hpp"
 #include "tp_support.hpp"
 
 using namespace quintet;

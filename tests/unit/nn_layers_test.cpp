@@ -177,13 +177,13 @@ TEST_CASE("a shard's init is its slice of the unsharded init", "[nn][parameters]
   ParameterStore fs(full, DType::f32, kCpu, 7);
   ParameterAttributes shard;
   shard.shard_dim = 1;
-  shard.shard_axis = ParallelAxis::tp;
+  shard.shard_axis = Axis::tp;
   shard.full_shape = {6, 10};
   shard.shard_start = {0, 5};
   OneParameter part({6, 5}, shard);
   ParameterStore ps(part, DType::f32, kCpu, 7);
   require_close(part.p().data(), full.p().data().narrow(1, 5, 5), 0.0, "column shard");
-  REQUIRE(part.p().attributes().shard_axis == ParallelAxis::tp);
+  REQUIRE(part.p().attributes().shard_axis == Axis::tp);
 }
 
 TEST_CASE("AdamW clips by the global norm and skips decay where asked", "[nn][optimizer]") {

@@ -11,18 +11,17 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "quintet/core/axis.hpp"
 #include "quintet/core/random.hpp"
 #include "quintet/core/tensor.hpp"
 
 namespace quintet::nn {
 
 class Module;
-
-// The parallel axis a parameter dimension is split over (see DESIGN §4).
-enum class ParallelAxis { none, tp, cp, ep, etp, dp, pp };
 
 // How a parameter's values are first drawn.
 struct ParameterInit {
@@ -36,7 +35,7 @@ struct ParameterInit {
 
 struct ParameterAttributes {
   int shard_dim = -1;                            // the dimension split across ranks, -1 for none
-  ParallelAxis shard_axis = ParallelAxis::none;  // the axis it is split over
+  std::optional<Axis> shard_axis;  // the axis it is split over (none when not a shard)
   bool is_expert = false;                        // an expert's weight (reduced over edp, not dp)
   bool reduce_over_tp = false;  // grad must be all-reduced over tp (sequence-parallel norms)
   bool weight_decay = true;     // AdamW applies weight decay (false for norms and biases)

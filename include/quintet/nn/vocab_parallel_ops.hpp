@@ -1,4 +1,4 @@
-// The ops of a vocabulary split over ranks (tensor parallelism, parallel/tensor_parallel.hpp): a
+// The ops of a vocabulary split over ranks (tensor parallelism, parallel/tensor/regions.hpp): a
 // masked embedding lookup into one shard of the table, and the cross-entropy of logits whose
 // vocabulary dimension is split, computed from per-shard partial statistics so the full logits
 // are never gathered. The ops themselves do not communicate: the caller moves the partials.

@@ -21,6 +21,8 @@
 #include <string_view>
 #include <vector>
 
+#include "quintet/core/axis.hpp"
+
 namespace quintet {
 
 // The sizes of the parallel dimensions. A size is a number of ranks.
@@ -52,27 +54,6 @@ struct ParallelConfig {
   int edp(int world) const;
 };
 
-// The rank groups a Layout provides. Single-dimension axes first, then combined ones.
-enum class Axis {
-  tp,         // tensor parallel (dense layers)
-  cp,         // context parallel
-  ep,         // expert parallel
-  dp,         // data parallel of dense layers, without cp
-  pp,         // pipeline: the stages of one pipeline, first stage first
-  etp,        // expert tensor parallel
-  edp,        // expert data parallel
-  tp_cp,      // "tp-cp": tensor x context
-  dp_cp,      // "dp-cp": data x context (where dense gradients are reduced when cp > 1)
-  tp_dp_cp,   // "tp-dp-cp": everything but pp
-  mp,         // model parallel: "tp-pp"
-  etp_ep,     // "etp-ep": expert tensor x expert parallel (token dispatch with etp > 1)
-  embedding,  // first and last stage of each pipeline (the rank alone when pp == 1); ranks of
-              // middle stages are in no embedding group
-};
-inline constexpr int kNumAxes = 13;
-inline constexpr std::array<Axis, kNumAxes> kAllAxes = {
-    Axis::tp,    Axis::cp,    Axis::ep,       Axis::dp, Axis::pp,     Axis::etp,      Axis::edp,
-    Axis::tp_cp, Axis::dp_cp, Axis::tp_dp_cp, Axis::mp, Axis::etp_ep, Axis::embedding};
 // "tp", "tp-cp", "dp-cp", "tp-dp-cp", "mp", "etp-ep", "embedding", ...
 std::string_view axis_name(Axis axis);
 

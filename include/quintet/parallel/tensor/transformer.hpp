@@ -2,7 +2,7 @@
 // split along its hidden size, the same math as nn::TransformerBlock (nn/layers.hpp). With tp = 1
 // and no sequence parallelism it equals nn::TransformerBlock built from the same config and seed
 // (the fused QKV weight is declared [3, dim, dim] rather than [3 * dim, dim]: same values in the
-// same order). See tensor_parallel.hpp for the conventions (activations, streams, parameters)
+// same order). See regions.hpp for the conventions (activations, streams, parameters)
 // and for how a GPT is assembled from these blocks.
 #pragma once
 
@@ -11,7 +11,9 @@
 #include "quintet/collectives/communicator.hpp"
 #include "quintet/nn/layers.hpp"
 #include "quintet/nn/module.hpp"
-#include "quintet/parallel/tensor_parallel.hpp"
+#include "quintet/parallel/tensor/linear.hpp"
+#include "quintet/parallel/tensor/norm.hpp"
+#include "quintet/parallel/tensor/regions.hpp"
 
 namespace quintet {
 

@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "quintet/nn/optimizer.hpp"
-#include "quintet/parallel/data_parallel.hpp"
+#include "quintet/parallel/data/data_parallel.hpp"
 
 namespace quintet {
 

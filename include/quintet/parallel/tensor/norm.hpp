@@ -1,0 +1,42 @@
+// Norms on (possibly sequence-split) activations (parallel/tensor/norm.cpp). Conventions:
+// regions.hpp.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "quintet/nn/layers.hpp"
+#include "quintet/nn/module.hpp"
+#include "quintet/nn/ops.hpp"
+
+namespace quintet {
+
+// ---- norms on (possibly sequence-split) activations ------------------------------------------
+
+// nn::LayerNorm over the last dim (weight, bias [dim], replicated) whose parameters carry
+// reduce_over_tp = sequence_parallel.
+class ParallelLayerNorm : public nn::Module {
+ public:
+  ParallelLayerNorm(std::int64_t dim, float eps, bool sequence_parallel);
+  Tensor forward(nn::Context& ctx, const Tensor& x) override;
+  Tensor backward(nn::Context& ctx, const Tensor& dy) override;
+
+ private:
+  float eps_;
+  nn::Parameter* weight_;
+  nn::Parameter* bias_;
+};
+
+// nn::RMSNorm over the last dim (weight [dim], replicated), reduce_over_tp = sequence_parallel.
+class ParallelRMSNorm : public nn::Module {
+ public:
+  ParallelRMSNorm(std::int64_t dim, float eps, bool sequence_parallel);
+  Tensor forward(nn::Context& ctx, const Tensor& x) override;
+  Tensor backward(nn::Context& ctx, const Tensor& dy) override;
+
+ private:
+  float eps_;
+  nn::Parameter* weight_;
+};
+
+}  // namespace quintet
