@@ -13,7 +13,6 @@
 #include <memory>
 #include <optional>
 
-#include "gpt_model.hpp"
 #include "metrics.hpp"
 #include "quintet/collectives/bootstrap.hpp"           // World, init
 #include "quintet/collectives/timed_communicator.hpp"  // exposed tp communication per step
@@ -25,6 +24,7 @@
 #include "quintet/parallel/data/data_parallel.hpp"          // gradient buckets over dp
 #include "quintet/parallel/data/distributed_optimizer.hpp"  // AdamW, ZeRO 0/1/2, clipping
 #include "quintet/parallel/mesh.hpp"
+#include "quintet/parallel/model/gpt.hpp"           // the library GPT (model + loss)
 #include "trainer_state.hpp"
 
 namespace {
@@ -37,8 +37,7 @@ struct Trainer {
   quintet::World& world;
   quintet::Mesh& mesh;
   const quintet::Stream& stream;
-  gpt::GptModel& model;
-  quintet::VocabParallelCrossEntropy& loss_fn;
+  quintet::model::GptChunk& model;
   quintet::DataParallel& dp;
   quintet::DistributedOptimizer& optimizer;
   quintet::data::DataLoader& loader;
@@ -64,11 +63,10 @@ StepResult train_step(Trainer& t) {
     t.data_position = batch.next_state;
     t.dp.set_last_microbatch(m == accumulation - 1);
     quintet::nn::Context ctx(t.stream);
-    const Tensor logits = t.model.forward(ctx, batch.tokens);
-    const auto out = t.loss_fn.forward(logits, batch.targets, t.stream);
-    const Tensor dlogits = t.loss_fn.backward(logits, batch.targets, out, dloss, t.stream);
-    t.model.backward(ctx, dlogits);
-    quintet::nn::add_(loss_sum, out.loss, dloss, t.stream);
+    ctx.set_targets(batch.targets, dloss);
+    const Tensor loss = t.model.forward(ctx, batch.tokens);  // the model ends in its loss
+    t.model.backward(ctx, Tensor());
+    quintet::nn::add_(loss_sum, loss, dloss, t.stream);
   }
   t.dp.finish(t.stream);
   const quintet::nn::OptimizerStepInfo info = t.optimizer.step(t.stream);
@@ -111,10 +109,10 @@ int run(const gpt::TrainConfig& c, quintet::World& world) {
   std::optional<quintet::TimedCommunicator> timed_tp;
   if (c.tp > 1) timed_tp.emplace(mesh.comm(Axis::tp));
   quintet::Communicator& tp_comm = timed_tp ? *timed_tp : mesh.comm(Axis::tp);
-  gpt::GptModel model(c, tp_comm);
-  quintet::nn::ParameterStore store(model, gpu ? quintet::DType::bf16 : quintet::DType::f32, stream,
-                                    c.seed);
-  quintet::VocabParallelCrossEntropy loss_fn(tp_comm, c.vocab);
+  const quintet::model::GptConfig model_config = gpt::model_config(c, gpu);
+  const auto model = quintet::model::build_gpt_chunk(model_config, {&tp_comm},
+                                                     quintet::model::ChunkSpec::whole(model_config));
+  quintet::nn::ParameterStore store(*model, model_config.dtype, stream, c.seed);
   quintet::DataParallelConfig dp_config;
   dp_config.overlap = !c.no_overlap;
   dp_config.zero_stage = c.zero;
@@ -157,14 +155,14 @@ int run(const gpt::TrainConfig& c, quintet::World& world) {
         "04_gpt_train: {} params ({} non-embedding), {} layers, hidden {}, heads {}, "
         "vocab {}, seq {} | tp {} x dp {}{}, ZeRO-{} | {} | global batch {} = micro {} x "
         "dp {} x accumulation {}\n",
-        model.total_params(), model.non_embedding_params(), c.layers, c.hidden, c.heads, c.vocab,
+        model_config.total_params(), model_config.non_embedding_params(), c.layers, c.hidden, c.heads, c.vocab,
         c.seq_len, c.tp, c.dp, c.sp ? " (+sp)" : "", c.zero, device.str(), c.global_batch,
         c.micro_batch, c.dp, c.accumulation());
   }
-  Trainer t{c, world, mesh, stream, model, loss_fn, dp, optimizer, loader, start.data};
+  Trainer t{c, world, mesh, stream, *model, dp, optimizer, loader, start.data};
   gpt::Reporter reporter(world.rank() == 0, c.json, c.progress, c.steps);
   const double fpt =
-      gpt::flops_per_token(model.non_embedding_params(), c.layers, c.hidden, c.seq_len);
+      gpt::flops_per_token(model_config.non_embedding_params(), c.layers, c.hidden, c.seq_len);
   const std::int64_t end = c.stop_at > 0 ? c.stop_at : c.steps;
   for (std::int64_t step = start.step; step < end; ++step) {
     const float lr = gpt::learning_rate(c, step);

@@ -112,6 +112,28 @@ void validate(const TrainConfig& c, int world) {
   QUINTET_CHECK(c.save_every == 0 || !c.save.empty(), "--save-every {} needs --save DIR",
                 c.save_every);
   QUINTET_CHECK(c.loader_threads >= 1, "--loader-threads {}: expected >= 1", c.loader_threads);
+  // The model's own checks (heads, vocabulary and MLP width against tp), before any
+  // communicator exists.
+  model_config(c, /*gpu=*/false).validate(c.tp);
+}
+
+quintet::model::GptConfig model_config(const TrainConfig& c, bool gpu) {
+  quintet::model::GptConfig m;
+  m.layers = c.layers;
+  m.hidden = c.hidden;
+  m.heads = c.heads;
+  m.ffn_hidden = 4 * c.hidden;
+  m.vocab = c.vocab;
+  m.seq_len = c.seq_len;
+  m.norm = quintet::nn::NormKind::layernorm;
+  m.activation = quintet::nn::Activation::gelu;
+  m.bias = true;
+  m.tied_embeddings = false;
+  m.learned_positions = true;
+  m.init_std = 0.02f;
+  m.dtype = gpu ? quintet::DType::bf16 : quintet::DType::f32;
+  m.sequence_parallel = c.sp;
+  return m;
 }
 
 float learning_rate(const TrainConfig& c, std::int64_t step) {

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "quintet/core/runtime_config.hpp"
+#include "quintet/parallel/model/gpt_config.hpp"
 
 namespace gpt {
 
@@ -65,6 +66,10 @@ bool parse_args(const quintet::RuntimeConfig& runtime, TrainConfig* config, int*
 // Rejects inconsistent settings (batch sizes that do not divide, sp without tp, ...) with a
 // quintet::Error naming the flag and how to fix it. world is the number of ranks.
 void validate(const TrainConfig& config, int world);
+
+// The library model these flags describe: a GPT-2 style model (LayerNorm, GELU MLP of 4 * hidden,
+// learned positions, untied LM head, init std 0.02), bf16 on GPUs and f32 on the CPU.
+quintet::model::GptConfig model_config(const TrainConfig& config, bool gpu);
 
 // The learning rate at step (0-based): linear warmup over `warmup` steps, then cosine to min_lr.
 float learning_rate(const TrainConfig& config, std::int64_t step);

@@ -28,10 +28,9 @@ Tensor Linear::forward(Context& ctx, const Tensor& x) {
 
 Tensor Linear::backward(Context& ctx, const Tensor& dy) {
   const Tensor x = ctx.take(*this).at(0);
-  linear_backward_weight(dy, x, weight_->grad_for_backward(ctx.stream()),
-                         bias_ ? bias_->grad_for_backward(ctx.stream()) : Tensor(), ctx.stream());
-  if (bias_) bias_->mark_grad_ready();
-  weight_->mark_grad_ready();
+  accumulate_gradients(ctx.stream(), {weight_, bias_}, [&](const std::vector<Tensor>& g) {
+    linear_backward_weight(dy, x, g[0], g[1], ctx.stream());
+  });
   return linear_backward_input(dy, weight_->data(), ctx.stream());
 }
 
@@ -51,11 +50,10 @@ Tensor LayerNorm::forward(Context& ctx, const Tensor& x) {
 
 Tensor LayerNorm::backward(Context& ctx, const Tensor& dy) {
   const auto s = ctx.take(*this);
-  const Tensor dx = layernorm_backward(dy, s[0], weight_->data(), s[1], s[2],
-                                       weight_->grad_for_backward(ctx.stream()),
-                                       bias_->grad_for_backward(ctx.stream()), ctx.stream());
-  bias_->mark_grad_ready();
-  weight_->mark_grad_ready();
+  Tensor dx;
+  accumulate_gradients(ctx.stream(), {weight_, bias_}, [&](const std::vector<Tensor>& g) {
+    dx = layernorm_backward(dy, s[0], weight_->data(), s[1], s[2], g[0], g[1], ctx.stream());
+  });
   return dx;
 }
 
@@ -71,9 +69,10 @@ Tensor RMSNorm::forward(Context& ctx, const Tensor& x) {
 
 Tensor RMSNorm::backward(Context& ctx, const Tensor& dy) {
   const auto s = ctx.take(*this);
-  const Tensor dx = rmsnorm_backward(dy, s[0], weight_->data(), s[1],
-                                     weight_->grad_for_backward(ctx.stream()), ctx.stream());
-  weight_->mark_grad_ready();
+  Tensor dx;
+  accumulate_gradients(ctx.stream(), {weight_}, [&](const std::vector<Tensor>& g) {
+    dx = rmsnorm_backward(dy, s[0], weight_->data(), s[1], g[0], ctx.stream());
+  });
   return dx;
 }
 
@@ -139,8 +138,9 @@ Tensor Embedding::forward(Context& ctx, const Tensor& ids) {
 
 Tensor Embedding::backward(Context& ctx, const Tensor& dy) {
   const Tensor ids = ctx.take(*this).at(0);
-  embedding_backward(dy, ids, weight_->grad_for_backward(ctx.stream()), ctx.stream());
-  weight_->mark_grad_ready();
+  accumulate_gradients(ctx.stream(), {weight_}, [&](const std::vector<Tensor>& g) {
+    embedding_backward(dy, ids, g[0], ctx.stream());
+  });
   return Tensor();
 }
 

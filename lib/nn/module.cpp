@@ -25,6 +25,19 @@ std::size_t Context::pending() const {
   return n;
 }
 
+void Context::set_targets(Tensor targets, float loss_scale) {
+  QUINTET_CHECK(targets.defined(), "Context::set_targets: the targets are an undefined tensor");
+  targets_ = std::move(targets);
+  loss_scale_ = loss_scale;
+}
+
+const Tensor& Context::targets() const {
+  QUINTET_CHECK(targets_.defined(),
+                "Context: no targets for the loss; call ctx.set_targets(targets, loss_scale) on "
+                "this microbatch's context before the forward of a model chunk that ends in a loss");
+  return targets_;
+}
+
 Parameter& Module::add_parameter(const std::string& name, const Shape& shape, ParameterInit init,
                                  ParameterAttributes attrs) {
   auto p = std::make_unique<Parameter>(name, shape, init, std::move(attrs));

@@ -58,6 +58,19 @@ void Parameter::mark_grad_ready() {
   if (on_grad_ready_) on_grad_ready_(*this);
 }
 
+void accumulate_gradients(const Stream& stream, std::initializer_list<Parameter*> params,
+                          const std::function<void(const std::vector<Tensor>& grads)>& accumulate,
+                          GradReady ready) {
+  std::vector<Tensor> grads;
+  grads.reserve(params.size());
+  for (Parameter* p : params) grads.push_back(p ? p->grad_for_backward(stream) : Tensor());
+  accumulate(grads);
+  if (ready == GradReady::defer) return;
+  for (Parameter* p : params) {
+    if (p) p->mark_grad_ready();
+  }
+}
+
 std::uint64_t parameter_stream_id(const std::string& name) {
   std::uint64_t h = 1469598103934665603ull;
   for (unsigned char c : name) {

@@ -56,6 +56,17 @@ ColumnParallelLinear::ColumnParallelLinear(Communicator& tp, std::int64_t in, st
   }
 }
 
+ColumnParallelLinear::ColumnParallelLinear(Communicator& tp, nn::Parameter& shared_weight,
+                                           bool sequence_parallel)
+    : tp_(&tp), sp_(sequence_parallel), enter_region_(true), weight_owned_(false) {
+  QUINTET_CHECK(shared_weight.shape().size() == 2,
+                "ColumnParallelLinear: a shared weight must be [out/tp, in], found {} ({})",
+                shape_str(shared_weight.shape()), shared_weight.name());
+  local_out_ = shared_weight.shape()[0];
+  in_ = shared_weight.shape()[1];
+  weight_ = &shared_weight;
+}
+
 Tensor ColumnParallelLinear::forward(nn::Context& ctx, const Tensor& x) {
   const Stream& s = ctx.stream();
   QUINTET_CHECK(x.defined() && x.dim() >= 1 && x.size(x.dim() - 1) == in_,
@@ -79,10 +90,13 @@ Tensor ColumnParallelLinear::backward(nn::Context& ctx, const Tensor& dy) {
     reduced = sp_ ? tp_detail::start_reduce_scatter_sequence(dx, *tp_, s)
                   : tp_detail::start_all_reduce(dx, *tp_, s);
   }
-  nn::linear_backward_weight(dy, xin, weight_->grad_for_backward(s).view({local_out_, in_}),
-                             bias_ ? bias_->grad_for_backward(s).view({local_out_}) : Tensor(), s);
-  if (bias_) bias_->mark_grad_ready();
-  weight_->mark_grad_ready();
+  nn::accumulate_gradients(
+      s, {weight_, bias_},
+      [&](const std::vector<Tensor>& g) {
+        nn::linear_backward_weight(dy, xin, g[0].view({local_out_, in_}),
+                                   bias_ ? g[1].view({local_out_}) : Tensor(), s);
+      },
+      weight_owned_ ? nn::GradReady::mark : nn::GradReady::defer);
   return reduced.finish(s);
 }
 
@@ -123,10 +137,9 @@ Tensor RowParallelLinear::backward(nn::Context& ctx, const Tensor& dy) {
   const Stream& s = ctx.stream();
   const Tensor x = ctx.take(*this).at(0);
   const Tensor dy_full = sp_ ? gather_sequence(dy, *tp_, s) : dy;
-  nn::linear_backward_weight(dy_full, x, weight_->grad_for_backward(s),
-                             bias_ ? bias_->grad_for_backward(s) : Tensor(), s);
-  if (bias_) bias_->mark_grad_ready();
-  weight_->mark_grad_ready();
+  nn::accumulate_gradients(s, {weight_, bias_}, [&](const std::vector<Tensor>& g) {
+    nn::linear_backward_weight(dy_full, x, g[0], g[1], s);
+  });
   return nn::linear_backward_input(dy_full, weight_->data(), s);
 }
 

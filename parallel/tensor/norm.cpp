@@ -30,11 +30,10 @@ Tensor ParallelLayerNorm::forward(nn::Context& ctx, const Tensor& x) {
 
 Tensor ParallelLayerNorm::backward(nn::Context& ctx, const Tensor& dy) {
   const auto v = ctx.take(*this);
-  const Tensor dx = nn::layernorm_backward(dy, v[0], weight_->data(), v[1], v[2],
-                                           weight_->grad_for_backward(ctx.stream()),
-                                           bias_->grad_for_backward(ctx.stream()), ctx.stream());
-  bias_->mark_grad_ready();
-  weight_->mark_grad_ready();
+  Tensor dx;
+  nn::accumulate_gradients(ctx.stream(), {weight_, bias_}, [&](const std::vector<Tensor>& g) {
+    dx = nn::layernorm_backward(dy, v[0], weight_->data(), v[1], v[2], g[0], g[1], ctx.stream());
+  });
   return dx;
 }
 
@@ -52,10 +51,19 @@ Tensor ParallelRMSNorm::forward(nn::Context& ctx, const Tensor& x) {
 
 Tensor ParallelRMSNorm::backward(nn::Context& ctx, const Tensor& dy) {
   const auto v = ctx.take(*this);
-  const Tensor dx = nn::rmsnorm_backward(dy, v[0], weight_->data(), v[1],
-                                         weight_->grad_for_backward(ctx.stream()), ctx.stream());
-  weight_->mark_grad_ready();
+  Tensor dx;
+  nn::accumulate_gradients(ctx.stream(), {weight_}, [&](const std::vector<Tensor>& g) {
+    dx = nn::rmsnorm_backward(dy, v[0], weight_->data(), v[1], g[0], ctx.stream());
+  });
   return dx;
+}
+
+std::unique_ptr<nn::Module> make_parallel_norm(nn::NormKind kind, std::int64_t dim, float eps,
+                                               bool sequence_parallel) {
+  if (kind == nn::NormKind::rmsnorm) {
+    return std::make_unique<ParallelRMSNorm>(dim, eps, sequence_parallel);
+  }
+  return std::make_unique<ParallelLayerNorm>(dim, eps, sequence_parallel);
 }
 
 }  // namespace quintet

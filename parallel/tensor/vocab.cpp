@@ -42,9 +42,9 @@ Tensor VocabParallelEmbedding::backward(nn::Context& ctx, const Tensor& dy) {
   const Stream& s = ctx.stream();
   const Tensor ids = ctx.take(*this).at(0);
   const Tensor dy_full = sp_ ? gather_sequence(dy, *tp_, s) : dy;
-  nn::vocab_parallel_embedding_backward(dy_full, ids, weight_->grad_for_backward(s), vocab_start_,
-                                        s);
-  weight_->mark_grad_ready();
+  nn::accumulate_gradients(s, {weight_}, [&](const std::vector<Tensor>& g) {
+    nn::vocab_parallel_embedding_backward(dy_full, ids, g[0], vocab_start_, s);
+  });
   return Tensor();
 }
 
@@ -85,8 +85,9 @@ Tensor PositionEmbedding::forward(nn::Context& ctx, const Tensor& x) {
 
 Tensor PositionEmbedding::backward(nn::Context& ctx, const Tensor& dy) {
   const Tensor ids = ctx.take(*this).at(0);
-  nn::embedding_backward(dy, ids, weight_->grad_for_backward(ctx.stream()), ctx.stream());
-  weight_->mark_grad_ready();
+  nn::accumulate_gradients(ctx.stream(), {weight_}, [&](const std::vector<Tensor>& g) {
+    nn::embedding_backward(dy, ids, g[0], ctx.stream());
+  });
   return dy;
 }
 

@@ -1,5 +1,6 @@
 // Context: the activations one microbatch saved in its forward for its backward (see module.hpp),
-// and the stream that microbatch's ops run on. One Context per microbatch in flight.
+// the stream that microbatch's ops run on, and its training targets for the loss at the end of a
+// model. One Context per microbatch in flight.
 #pragma once
 
 #include <unordered_map>
@@ -32,8 +33,18 @@ class Context {
   std::size_t pending() const;
   void clear() { saved_.clear(); }
 
+  // The targets of this microbatch (e.g. next-token ids [B, S]) for the loss module at the end of
+  // a model (the last pipeline chunk's), and the factor the gradient of that loss is scaled by
+  // (1/m for m accumulated microbatches): the loss's backward starts from d(loss) = loss_scale.
+  void set_targets(Tensor targets, float loss_scale = 1.0f);
+  // Throws InvalidArgument when set_targets was not called on this context.
+  const Tensor& targets() const;
+  float loss_scale() const { return loss_scale_; }
+
  private:
   const Stream* stream_;
+  Tensor targets_;
+  float loss_scale_ = 1.0f;
   std::unordered_map<const Module*, std::vector<std::vector<Tensor>>> saved_;
 };
 

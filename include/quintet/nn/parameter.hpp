@@ -11,12 +11,14 @@
 
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "quintet/core/axis.hpp"
 #include "quintet/core/random.hpp"
+#include "quintet/core/stream.hpp"
 #include "quintet/core/tensor.hpp"
 
 namespace quintet::nn {
@@ -97,6 +99,21 @@ class Parameter {
   std::function<void(Parameter&, const Stream&)> on_use_;
   std::function<void(Parameter&, const Stream&)> on_grad_needed_;
 };
+
+// The gradient protocol of a layer's backward, in one place, so that a new layer cannot get it
+// wrong: binds the gradient of each parameter (Parameter::grad_for_backward on stream, which with
+// gradients on demand may allocate it), calls accumulate(grads) with them in the order given (an
+// undefined tensor for a null parameter, e.g. an absent bias), which must ADD this microbatch's
+// contribution into them on stream, then marks each non-null parameter grad-ready in the order
+// given. Every layer's backward goes through it.
+//
+// GradReady::defer leaves them unmarked: for a weight shared by two layers (a tied LM head
+// reusing the embedding's table), the layer whose backward runs first defers, and the owner's
+// backward, which runs last, marks it. A parameter must be marked exactly once per microbatch.
+enum class GradReady { mark, defer };
+void accumulate_gradients(const Stream& stream, std::initializer_list<Parameter*> params,
+                          const std::function<void(const std::vector<Tensor>& grads)>& accumulate,
+                          GradReady ready = GradReady::mark);
 
 // Owns the value and gradient buffers of every parameter of a module tree. Parameters are laid
 // out in backward order (the reverse of the modules' registration order), each aligned to

@@ -27,6 +27,12 @@ class ColumnParallelLinear : public nn::Module {
   ColumnParallelLinear(Communicator& tp, std::int64_t in, std::int64_t out, bool bias,
                        float init_std, bool sequence_parallel, std::int64_t fused_parts = 1,
                        bool enter_region = true);
+  // A column-parallel layer without bias that borrows another layer's weight, a [out/tp, in]
+  // shard split along out (a tied LM head reusing VocabParallelEmbedding::weight(): the same rows
+  // of the same table). The weight is not a parameter of this module; backward accumulates its
+  // gradient but leaves it for the owner's backward, which must run later in the same microbatch,
+  // to mark ready (nn::GradReady::defer).
+  ColumnParallelLinear(Communicator& tp, nn::Parameter& shared_weight, bool sequence_parallel);
   Tensor forward(nn::Context& ctx, const Tensor& x) override;
   Tensor backward(nn::Context& ctx, const Tensor& dy) override;
   std::int64_t local_out() const { return local_out_; }
@@ -37,6 +43,7 @@ class ColumnParallelLinear : public nn::Module {
   Communicator* tp_;
   std::int64_t in_, local_out_;
   bool sp_, enter_region_;
+  bool weight_owned_ = true;
   nn::Parameter* weight_;
   nn::Parameter* bias_ = nullptr;
 };

@@ -39,4 +39,8 @@ class ParallelRMSNorm : public nn::Module {
   nn::Parameter* weight_;
 };
 
+// A ParallelLayerNorm or ParallelRMSNorm (the final norm of a model, for instance).
+std::unique_ptr<nn::Module> make_parallel_norm(nn::NormKind kind, std::int64_t dim, float eps,
+                                               bool sequence_parallel);
+
 }  // namespace quintet

@@ -1,0 +1,62 @@
+// GptChunk: the library's GPT, or one pipeline chunk of it, as a Module (parallel/model/gpt.cpp).
+// Every trainer and test builds its model here; nobody keeps a copy.
+//
+//   ids [B, S] -> wte: VocabParallelEmbedding (+ wpe: PositionEmbedding)   [embedding chunk]
+//              -> block{first_layer} .. block{first_layer + num_layers - 1}: TransformerBlock
+//              -> norm -> lm_head: ColumnParallelLinear d -> vocab/tp (or tied to wte)
+//              -> loss: VocabParallelLoss against ctx.targets()          [head chunk]
+//
+// forward(ctx, x): x is the ids [B, S] (i32/i64, the full sequence on every tp rank) when the chunk
+// holds the embedding, else the previous chunk's output [B, S(/tp), d]. It returns the loss (a
+// scalar f32 tensor, mean over the counted tokens; call ctx.set_targets first) when the chunk holds
+// the head, else its activations [B, S(/tp), d] for the next chunk.
+// backward(ctx, dy): dy is undefined for a head chunk (the loss's gradient is ctx.loss_scale()),
+// else d(output). It accumulates every parameter's gradient and returns d(input) (undefined for
+// an embedding chunk: ids have no gradient).
+//
+// Names are global: block l is "block{l}" in whichever chunk holds it, so the chunks of a model
+// cut any way hold exactly the parameters of the one-chunk model, under the same names, and the
+// counter-based init (ParameterStore) gives them the same values; every tp rank's shard is the
+// exact slice of the tp = 1 draw. Build the store with config.dtype.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "quintet/nn/module.hpp"
+#include "quintet/parallel/model/block.hpp"
+#include "quintet/parallel/model/chunk_spec.hpp"
+#include "quintet/parallel/model/gpt_config.hpp"
+#include "quintet/parallel/model/groups.hpp"
+#include "quintet/parallel/model/loss.hpp"
+#include "quintet/parallel/tensor/linear.hpp"
+#include "quintet/parallel/tensor/vocab.hpp"
+
+namespace quintet::model {
+
+class GptChunk : public nn::Module {
+ public:
+  // Validates groups, config and spec (InvalidArgument, before any layer exists).
+  GptChunk(const GptConfig& config, const ModelGroups& groups, const ChunkSpec& spec);
+  Tensor forward(nn::Context& ctx, const Tensor& x) override;
+  Tensor backward(nn::Context& ctx, const Tensor& dy) override;
+
+  const GptConfig& config() const { return config_; }
+  const ChunkSpec& spec() const { return spec_; }
+
+ private:
+  GptConfig config_;
+  ChunkSpec spec_;
+  VocabParallelEmbedding* tokens_ = nullptr;
+  PositionEmbedding* positions_ = nullptr;
+  std::vector<TransformerBlock*> blocks_;
+  nn::Module* final_norm_ = nullptr;
+  ColumnParallelLinear* head_ = nullptr;
+  VocabParallelLoss* loss_ = nullptr;
+};
+
+// The chunk `spec` of the model `config` over `groups` (the whole model: ChunkSpec::whole).
+std::unique_ptr<GptChunk> build_gpt_chunk(const GptConfig& config, const ModelGroups& groups,
+                                          const ChunkSpec& spec);
+
+}  // namespace quintet::model

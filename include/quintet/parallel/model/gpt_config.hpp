@@ -1,0 +1,66 @@
+// GptConfig: the one description of the library's transformer / GPT (parallel/model/), from which
+// every trainer and test builds its model (gpt.hpp), whole or cut into pipeline chunks.
+//
+// A block is pre-norm: h = x + attention(norm1(x)); y = h + mlp(norm2(h)). Its attention slot and
+// MLP slot are filled by configuration (`attention`, `mlp`), not by a block class per combination:
+// today tensor-parallel attention and the tensor-parallel dense MLP; context-parallel attention
+// and MoE plug into the same slots. Init: normal(0, init_std) for matrices and embeddings, the two
+// output projections of each block normal(0, output_init_std()) (GPT-2), biases zero, norm gains
+// one. Implemented by parallel/model/gpt_config.cpp.
+#pragma once
+
+#include <cstdint>
+
+#include "quintet/core/dtype.hpp"
+#include "quintet/nn/layers.hpp"
+
+namespace quintet::model {
+
+// What fills a block's attention slot.
+enum class AttentionKind {
+  tensor_parallel,  // causal self-attention with heads split over tp (ParallelAttention)
+};
+
+// What fills a block's MLP slot.
+enum class MlpKind {
+  dense,  // the MLP split along its width over tp (ParallelMLP)
+};
+
+struct GptConfig {
+  std::int64_t layers = 2;
+  std::int64_t hidden = 128;     // model width d
+  std::int64_t heads = 4;        // attention heads; head dim = hidden / heads
+  std::int64_t ffn_hidden = 0;   // MLP width; 0 = 4 * hidden
+  std::int64_t vocab = 256;
+  std::int64_t seq_len = 128;    // longest sequence: the position table and the causal mask
+  nn::NormKind norm = nn::NormKind::layernorm;
+  nn::Activation activation = nn::Activation::gelu;  // GELU MLP has biases, SwiGLU none
+  bool bias = true;              // biases of the attention projections
+  bool tied_embeddings = false;  // the LM head reuses the token embedding's table
+  bool learned_positions = true; // a learned absolute position embedding after the tokens
+  float init_std = 0.02f;
+  float proj_init_std = 0.0f;    // output projections; 0 = init_std / sqrt(2 * layers)
+  float eps = 1e-5f;             // of the norms
+  DType dtype = DType::f32;      // compute dtype of the parameters (give it to ParameterStore)
+  bool sequence_parallel = false;  // activations between blocks are [B, S/tp, d]
+  AttentionKind attention = AttentionKind::tensor_parallel;
+  MlpKind mlp = MlpKind::dense;
+
+  // The MLP width (ffn_hidden, or 4 * hidden when 0).
+  std::int64_t mlp_width() const;
+  // The init std of the two output projections of each block.
+  float output_init_std() const;
+  // Throws InvalidArgument, naming the field and how to fix it, unless every size is positive,
+  // hidden divides by heads, and heads, vocab and the MLP width divide by tp (and, with sequence
+  // parallelism, tp > 1 is not required but seq_len must divide by tp). Called by every builder
+  // before any layer is made, so a bad config fails before any communication.
+  void validate(int tp) const;
+
+  // Parameters of the whole, unsharded model (a tied table counted once), and the N of the
+  // 6 N training FLOPs per token: every weight outside the token and position embeddings, with
+  // the LM head counted even when tied (it is a real matmul).
+  std::int64_t total_params() const;
+  std::int64_t non_embedding_params() const;
+};
+
+}  // namespace quintet::model

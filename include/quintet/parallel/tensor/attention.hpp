@@ -1,0 +1,32 @@
+// Tensor-parallel causal self-attention (parallel/tensor/attention.cpp): the attention of a
+// transformer block split by heads over tp. Conventions (activations, streams, parameters):
+// regions.hpp.
+#pragma once
+
+#include <cstdint>
+
+#include "quintet/collectives/communicator.hpp"
+#include "quintet/nn/module.hpp"
+#include "quintet/parallel/tensor/linear.hpp"
+
+namespace quintet {
+
+// Causal self-attention with heads split over tp: qkv = ColumnParallelLinear with 3 fused parts
+// (parameters "qkv.weight" [3, dim/tp, dim], "qkv.bias" [3, dim/tp]), heads/tp local heads,
+// proj = RowParallelLinear (dim/tp -> dim). x [B, S(/tp), dim] -> same shape.
+class ParallelAttention : public nn::Module {
+ public:
+  ParallelAttention(Communicator& tp, std::int64_t dim, std::int64_t heads,
+                    std::int64_t max_seq_len, bool bias, float init_std, float proj_init_std,
+                    bool sequence_parallel);
+  Tensor forward(nn::Context& ctx, const Tensor& x) override;
+  Tensor backward(nn::Context& ctx, const Tensor& dy) override;
+
+ private:
+  std::int64_t tp_size_, dim_, local_heads_, head_dim_, max_seq_len_;
+  bool sp_;
+  ColumnParallelLinear* qkv_;
+  RowParallelLinear* proj_;
+};
+
+}  // namespace quintet

@@ -1,0 +1,33 @@
+// The tensor-parallel MLP (parallel/tensor/mlp.cpp): a transformer block's MLP split along its
+// hidden size over tp. Conventions (activations, streams, parameters): regions.hpp.
+#pragma once
+
+#include <cstdint>
+
+#include "quintet/collectives/communicator.hpp"
+#include "quintet/nn/layers.hpp"
+#include "quintet/nn/module.hpp"
+#include "quintet/parallel/tensor/linear.hpp"
+
+namespace quintet {
+
+// nn::MLP split along hidden: GELU: fc (column) -> gelu -> proj (row), with biases. SwiGLU: gate
+// "fc" and "up" (column, no bias, sharing one entry into the tp region) -> silu(gate) * up ->
+// proj (row, no bias). x [B, S(/tp), dim] -> same shape.
+class ParallelMLP : public nn::Module {
+ public:
+  ParallelMLP(Communicator& tp, std::int64_t dim, std::int64_t hidden, nn::Activation activation,
+              float init_std, float proj_init_std, bool sequence_parallel);
+  Tensor forward(nn::Context& ctx, const Tensor& x) override;
+  Tensor backward(nn::Context& ctx, const Tensor& dy) override;
+
+ private:
+  Communicator* tp_;
+  nn::Activation activation_;
+  bool sp_;
+  ColumnParallelLinear* fc_;
+  ColumnParallelLinear* up_ = nullptr;
+  RowParallelLinear* proj_;
+};
+
+}  // namespace quintet

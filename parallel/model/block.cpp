@@ -1,0 +1,65 @@
+// The transformer block and its slot factories.
+#include "quintet/parallel/model/block.hpp"
+
+#include "quintet/nn/ops.hpp"
+#include "quintet/parallel/tensor/attention.hpp"
+#include "quintet/parallel/tensor/mlp.hpp"
+#include "quintet/parallel/tensor/norm.hpp"
+
+namespace quintet::model {
+
+void check_groups(const GptConfig& config, const ModelGroups& groups) {
+  QUINTET_CHECK(groups.tp != nullptr,
+                "ModelGroups: no tensor-parallel communicator; pass ModelGroups::of(mesh) or a "
+                "one-rank communicator for no tensor parallelism");
+  config.validate(groups.tp->size());
+}
+
+std::unique_ptr<nn::Module> make_attention(const GptConfig& c, const ModelGroups& g) {
+  switch (c.attention) {
+    case AttentionKind::tensor_parallel:
+      return std::make_unique<ParallelAttention>(*g.tp, c.hidden, c.heads, c.seq_len, c.bias,
+                                                 c.init_std, c.output_init_std(),
+                                                 c.sequence_parallel);
+  }
+  QUINTET_THROW(InvalidArgument, "GptConfig: unknown attention kind {}",
+                static_cast<int>(c.attention));
+}
+
+std::unique_ptr<nn::Module> make_mlp(const GptConfig& c, const ModelGroups& g) {
+  switch (c.mlp) {
+    case MlpKind::dense:
+      return std::make_unique<ParallelMLP>(*g.tp, c.hidden, c.mlp_width(), c.activation,
+                                           c.init_std, c.output_init_std(), c.sequence_parallel);
+  }
+  QUINTET_THROW(InvalidArgument, "GptConfig: unknown MLP kind {}", static_cast<int>(c.mlp));
+}
+
+std::unique_ptr<nn::Module> make_norm(const GptConfig& c) {
+  return make_parallel_norm(c.norm, c.hidden, c.eps, c.sequence_parallel);
+}
+
+TransformerBlock::TransformerBlock(const GptConfig& c, const ModelGroups& g) {
+  check_groups(c, g);
+  norm1_ = &add_module("norm1", make_norm(c));
+  attn_ = &add_module("attn", make_attention(c, g));
+  norm2_ = &add_module("norm2", make_norm(c));
+  mlp_ = &add_module("mlp", make_mlp(c, g));
+}
+
+Tensor TransformerBlock::forward(nn::Context& ctx, const Tensor& x) {
+  const Stream& s = ctx.stream();
+  const Tensor h = nn::add(x, attn_->forward(ctx, norm1_->forward(ctx, x)), s);
+  return nn::add(h, mlp_->forward(ctx, norm2_->forward(ctx, h)), s);
+}
+
+Tensor TransformerBlock::backward(nn::Context& ctx, const Tensor& dy) {
+  const Stream& s = ctx.stream();
+  Tensor dh = norm2_->backward(ctx, mlp_->backward(ctx, dy));
+  nn::add_(dh, dy, 1.0f, s);
+  Tensor dx = norm1_->backward(ctx, attn_->backward(ctx, dh));
+  nn::add_(dx, dh, 1.0f, s);
+  return dx;
+}
+
+}  // namespace quintet::model

@@ -1,0 +1,73 @@
+// The GPT chunk: embedding, blocks, and the head with its loss, each present as the spec says.
+#include "quintet/parallel/model/gpt.hpp"
+
+#include <string>
+
+namespace quintet::model {
+
+namespace {
+// Validates before any member is built, so a bad config fails first, naming the field.
+const GptConfig& checked(const GptConfig& config, const ModelGroups& groups,
+                         const ChunkSpec& spec) {
+  check_groups(config, groups);
+  spec.validate(config);
+  return config;
+}
+}  // namespace
+
+GptChunk::GptChunk(const GptConfig& config, const ModelGroups& groups, const ChunkSpec& spec)
+    : config_(checked(config, groups, spec)), spec_(spec) {
+  const GptConfig& c = config_;
+  Communicator& tp = *groups.tp;
+  const bool sp = c.sequence_parallel;
+  if (spec.embedding) {
+    tokens_ = &add_module(
+        "wte", std::make_unique<VocabParallelEmbedding>(tp, c.vocab, c.hidden, c.init_std, sp));
+    if (c.learned_positions) {
+      positions_ = &add_module(
+          "wpe", std::make_unique<PositionEmbedding>(tp, c.seq_len, c.hidden, c.init_std, sp));
+    }
+  }
+  for (std::int64_t l = spec.first_layer; l < spec.first_layer + spec.num_layers; ++l) {
+    blocks_.push_back(&add_module("block" + std::to_string(l),
+                                  std::make_unique<TransformerBlock>(c, groups)));
+  }
+  if (spec.head) {
+    final_norm_ = &add_module("norm", make_norm(c));
+    head_ = c.tied_embeddings
+                ? &add_module("lm_head",
+                              std::make_unique<ColumnParallelLinear>(tp, tokens_->weight(), sp))
+                : &add_module("lm_head", std::make_unique<ColumnParallelLinear>(
+                                             tp, c.hidden, c.vocab, false, c.init_std, sp));
+    loss_ = &add_module("loss", std::make_unique<VocabParallelLoss>(tp, c.vocab));
+  }
+}
+
+Tensor GptChunk::forward(nn::Context& ctx, const Tensor& x) {
+  Tensor h = x;
+  if (tokens_) h = tokens_->forward(ctx, h);
+  if (positions_) h = positions_->forward(ctx, h);
+  for (TransformerBlock* block : blocks_) h = block->forward(ctx, h);
+  if (!loss_) return h;
+  h = final_norm_->forward(ctx, h);
+  return loss_->forward(ctx, head_->forward(ctx, h));
+}
+
+Tensor GptChunk::backward(nn::Context& ctx, const Tensor& dy) {
+  Tensor d = dy;
+  if (loss_) {
+    d = head_->backward(ctx, loss_->backward(ctx, d));
+    d = final_norm_->backward(ctx, d);
+  }
+  for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it) d = (*it)->backward(ctx, d);
+  if (positions_) d = positions_->backward(ctx, d);
+  if (tokens_) d = tokens_->backward(ctx, d);
+  return d;
+}
+
+std::unique_ptr<GptChunk> build_gpt_chunk(const GptConfig& config, const ModelGroups& groups,
+                                          const ChunkSpec& spec) {
+  return std::make_unique<GptChunk>(config, groups, spec);
+}
+
+}  // namespace quintet::model

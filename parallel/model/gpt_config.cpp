@@ -1,0 +1,68 @@
+// GptConfig's derived sizes and its validation.
+#include "quintet/parallel/model/gpt_config.hpp"
+
+#include <cmath>
+
+#include "quintet/core/error.hpp"
+
+namespace quintet::model {
+
+std::int64_t GptConfig::mlp_width() const { return ffn_hidden > 0 ? ffn_hidden : 4 * hidden; }
+
+float GptConfig::output_init_std() const {
+  if (proj_init_std > 0.0f) return proj_init_std;
+  return init_std / std::sqrt(2.0f * static_cast<float>(layers));
+}
+
+void GptConfig::validate(int tp) const {
+  const auto positive = [](const char* name, std::int64_t v) {
+    QUINTET_CHECK(v > 0, "GptConfig: {} = {} must be > 0", name, v);
+  };
+  positive("layers", layers);
+  positive("hidden", hidden);
+  positive("heads", heads);
+  positive("vocab", vocab);
+  positive("seq_len", seq_len);
+  QUINTET_CHECK(ffn_hidden >= 0, "GptConfig: ffn_hidden = {} must be > 0, or 0 for 4 * hidden",
+                ffn_hidden);
+  QUINTET_CHECK(init_std > 0.0f && proj_init_std >= 0.0f && eps > 0.0f,
+                "GptConfig: init_std = {} and eps = {} must be > 0, proj_init_std = {} >= 0",
+                init_std, eps, proj_init_std);
+  QUINTET_CHECK(hidden % heads == 0,
+                "GptConfig: hidden = {} is not divisible by heads = {}; the head dimension is "
+                "hidden / heads",
+                hidden, heads);
+  QUINTET_CHECK(tp >= 1, "GptConfig: the tensor-parallel size tp = {} must be >= 1", tp);
+  const auto divides = [tp](const char* name, std::int64_t v) {
+    QUINTET_CHECK(v % tp == 0,
+                  "{} = {} is not divisible by the tensor-parallel size tp = {}; choose a {} that "
+                  "is a multiple of {} or another tp",
+                  name, v, tp, name, tp);
+  };
+  divides("heads", heads);
+  divides("vocab", vocab);
+  divides("the MLP width (ffn_hidden)", mlp_width());
+  if (sequence_parallel) {
+    QUINTET_CHECK(seq_len % tp == 0,
+                  "GptConfig: seq_len = {} is not divisible by tp = {}; sequence parallelism splits "
+                  "the sequence evenly over the tensor-parallel ranks",
+                  seq_len, tp);
+  }
+}
+
+std::int64_t GptConfig::non_embedding_params() const {
+  const std::int64_t d = hidden, f = mlp_width();
+  const std::int64_t norm_params = norm == nn::NormKind::layernorm ? 2 * d : d;
+  const std::int64_t attn = 4 * d * d + (bias ? 4 * d : 0);  // qkv and the output projection
+  const std::int64_t mlp = activation == nn::Activation::gelu ? 2 * d * f + f + d : 3 * d * f;
+  const std::int64_t head = d * vocab;
+  return layers * (attn + mlp + 2 * norm_params) + norm_params + head;
+}
+
+std::int64_t GptConfig::total_params() const {
+  const std::int64_t d = hidden;
+  return non_embedding_params() - (tied_embeddings ? d * vocab : 0) + vocab * d +
+         (learned_positions ? seq_len * d : 0);
+}
+
+}  // namespace quintet::model

@@ -1,0 +1,78 @@
+// Causal self-attention with heads split over tp: the math of nn::CausalSelfAttention
+// (lib/nn/attention_layer.cpp) on this rank's heads.
+#include "quintet/parallel/tensor/attention.hpp"
+
+#include "quintet/parallel/tensor/regions.hpp"
+
+namespace quintet {
+
+namespace {
+std::int64_t checked_local_heads(std::int64_t dim, std::int64_t heads, int tp) {
+  QUINTET_CHECK(dim > 0 && heads > 0 && dim % heads == 0,
+                "ParallelAttention: dim = {} must be a positive multiple of heads = {}", dim,
+                heads);
+  check_divisible("ParallelAttention: heads", heads, tp);
+  return heads / tp;
+}
+}  // namespace
+
+ParallelAttention::ParallelAttention(Communicator& tp, std::int64_t dim, std::int64_t heads,
+                                     std::int64_t max_seq_len, bool bias, float init_std,
+                                     float proj_init_std, bool sequence_parallel)
+    : tp_size_(tp.size()),
+      dim_(dim),
+      local_heads_(checked_local_heads(dim, heads, tp.size())),
+      head_dim_(dim / heads),
+      max_seq_len_(max_seq_len),
+      sp_(sequence_parallel) {
+  QUINTET_CHECK(max_seq_len > 0, "ParallelAttention: max_seq_len = {} must be > 0", max_seq_len);
+  qkv_ = &add_module("qkv", std::make_unique<ColumnParallelLinear>(tp, dim, 3 * dim, bias, init_std,
+                                                                   sequence_parallel, 3));
+  proj_ = &add_module("proj", std::make_unique<RowParallelLinear>(tp, dim, dim, bias, proj_init_std,
+                                                                  sequence_parallel));
+}
+
+Tensor ParallelAttention::forward(nn::Context& ctx, const Tensor& x) {
+  QUINTET_CHECK(x.defined() && x.dim() == 3 && x.size(2) == dim_,
+                "ParallelAttention: x has shape {}, expected [batch, seq{}, {}]",
+                x.defined() ? shape_str(x.shape()) : std::string("undefined"), sp_ ? "/tp" : "",
+                dim_);
+  const std::int64_t seq = sp_ ? x.size(1) * tp_size_ : x.size(1);
+  QUINTET_CHECK(seq <= max_seq_len_,
+                "ParallelAttention: sequence of {} tokens is longer than the causal mask allows "
+                "(max_seq_len = {}); shorten it or build the layer with a larger max_seq_len",
+                seq, max_seq_len_);
+  const Stream& st = ctx.stream();
+  const std::int64_t b = x.size(0), h = local_heads_, hd = head_dim_;
+  const Tensor qkv = qkv_->forward(ctx, x).view({b, seq, 3, h, hd});
+  auto head = [&](int i) {
+    return qkv.narrow(2, i, 1).transpose(1, 3).contiguous(st).view({b, h, seq, hd});
+  };
+  const Tensor q = head(0), k = head(1), v = head(2);
+  nn::AttentionOptions opt;
+  opt.causal = true;
+  const nn::AttentionOutput a = nn::attention_forward(q, k, v, opt, st);
+  ctx.save(*this, {q, k, v, a.out, a.lse});
+  const Tensor merged = a.out.transpose(1, 2).contiguous(st).view({b, seq, h * hd});
+  return proj_->forward(ctx, merged);
+}
+
+Tensor ParallelAttention::backward(nn::Context& ctx, const Tensor& dy) {
+  const Stream& st = ctx.stream();
+  const Tensor dmerged = proj_->backward(ctx, dy);
+  const auto sv = ctx.take(*this);
+  const Tensor &q = sv[0], &k = sv[1], &v = sv[2], &out = sv[3], &lse = sv[4];
+  const std::int64_t b = q.size(0), h = q.size(1), s = q.size(2), hd = q.size(3);
+  const Tensor dout = dmerged.view({b, s, h, hd}).transpose(1, 2).contiguous(st);
+  nn::AttentionOptions opt;
+  opt.causal = true;
+  const nn::AttentionGrads g = nn::attention_backward(dout, q, k, v, out, lse, opt, st);
+  Tensor dqkv = Tensor::empty({b, s, 3, h, hd}, q.dtype(), q.device(), st);
+  const Tensor* parts[3] = {&g.dq, &g.dk, &g.dv};
+  for (int i = 0; i < 3; ++i) {
+    dqkv.narrow(2, i, 1).transpose(1, 3).copy_(parts[i]->view({b, h, 1, s, hd}), st);
+  }
+  return qkv_->backward(ctx, dqkv.view({b, s, 3 * h * hd}));
+}
+
+}  // namespace quintet

@@ -1,0 +1,59 @@
+// The MLP split along its hidden size: the math of nn::MLP (lib/nn/layers.cpp) on this rank's
+// hidden features.
+#include "quintet/parallel/tensor/mlp.hpp"
+
+#include "parallel/tensor/internal/regions.hpp"
+#include "quintet/parallel/tensor/regions.hpp"
+
+namespace quintet {
+
+ParallelMLP::ParallelMLP(Communicator& tp, std::int64_t dim, std::int64_t hidden,
+                         nn::Activation activation, float init_std, float proj_init_std,
+                         bool sequence_parallel)
+    : tp_(&tp), activation_(activation), sp_(sequence_parallel) {
+  check_divisible("ParallelMLP: hidden", hidden, tp.size());
+  const bool gelu = activation == nn::Activation::gelu;
+  // SwiGLU's gate and up share one entry into the tp region (done here, not by each linear).
+  fc_ = &add_module("fc", std::make_unique<ColumnParallelLinear>(tp, dim, hidden, gelu, init_std,
+                                                                 sequence_parallel, 1, gelu));
+  if (!gelu) {
+    up_ = &add_module("up", std::make_unique<ColumnParallelLinear>(tp, dim, hidden, false, init_std,
+                                                                   sequence_parallel, 1, false));
+  }
+  proj_ = &add_module("proj", std::make_unique<RowParallelLinear>(
+                                  tp, hidden, dim, gelu, proj_init_std, sequence_parallel));
+}
+
+Tensor ParallelMLP::forward(nn::Context& ctx, const Tensor& x) {
+  const Stream& s = ctx.stream();
+  Tensor h;
+  if (activation_ == nn::Activation::gelu) {
+    const Tensor a = fc_->forward(ctx, x);
+    h = nn::gelu_forward(a, s);
+    ctx.save(*this, {a});
+  } else {
+    const Tensor xin = sp_ ? gather_sequence(x, *tp_, s) : x;
+    const Tensor a = fc_->forward(ctx, xin);
+    const Tensor u = up_->forward(ctx, xin);
+    h = nn::swiglu_forward(a, u, s);
+    ctx.save(*this, {a, u});
+  }
+  return proj_->forward(ctx, h);
+}
+
+Tensor ParallelMLP::backward(nn::Context& ctx, const Tensor& dy) {
+  const Stream& s = ctx.stream();
+  const Tensor dh = proj_->backward(ctx, dy);
+  const auto saved = ctx.take(*this);
+  if (activation_ == nn::Activation::gelu) {
+    return fc_->backward(ctx, nn::gelu_backward(dh, saved[0], s));
+  }
+  const nn::SwiGluGrads g = nn::swiglu_backward(dh, saved[0], saved[1], s);
+  const Tensor dx_up = up_->backward(ctx, g.dup);
+  Tensor dx = fc_->backward(ctx, g.dgate);
+  nn::add_(dx, dx_up, 1.0f, s);
+  return sp_ ? tp_detail::start_reduce_scatter_sequence(dx, *tp_, s).finish(s)
+             : tp_detail::start_all_reduce(dx, *tp_, s).finish(s);
+}
+
+}  // namespace quintet
