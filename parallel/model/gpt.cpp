@@ -10,6 +10,7 @@ namespace {
 const GptConfig& checked(const GptConfig& config, const ModelGroups& groups,
                          const ChunkSpec& spec) {
   check_groups(config, groups);
+  config.validate(groups.tp->size());
   spec.validate(config);
   return config;
 }

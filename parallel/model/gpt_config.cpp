@@ -14,14 +14,28 @@ float GptConfig::output_init_std() const {
   return init_std / std::sqrt(2.0f * static_cast<float>(layers));
 }
 
+namespace {
+void check_divides(const char* name, std::int64_t v, int tp) {
+  QUINTET_CHECK(v % tp == 0,
+                "{} = {} is not divisible by the tensor-parallel size tp = {}; choose a {} that is "
+                "a multiple of {} or another tp",
+                name, v, tp, name, tp);
+}
+}  // namespace
+
 void GptConfig::validate(int tp) const {
+  validate_block(tp);
+  QUINTET_CHECK(vocab > 0, "GptConfig: vocab = {} must be > 0", vocab);
+  check_divides("vocab", vocab, tp);
+}
+
+void GptConfig::validate_block(int tp) const {
   const auto positive = [](const char* name, std::int64_t v) {
     QUINTET_CHECK(v > 0, "GptConfig: {} = {} must be > 0", name, v);
   };
   positive("layers", layers);
   positive("hidden", hidden);
   positive("heads", heads);
-  positive("vocab", vocab);
   positive("seq_len", seq_len);
   QUINTET_CHECK(ffn_hidden >= 0, "GptConfig: ffn_hidden = {} must be > 0, or 0 for 4 * hidden",
                 ffn_hidden);
@@ -33,21 +47,8 @@ void GptConfig::validate(int tp) const {
                 "hidden / heads",
                 hidden, heads);
   QUINTET_CHECK(tp >= 1, "GptConfig: the tensor-parallel size tp = {} must be >= 1", tp);
-  const auto divides = [tp](const char* name, std::int64_t v) {
-    QUINTET_CHECK(v % tp == 0,
-                  "{} = {} is not divisible by the tensor-parallel size tp = {}; choose a {} that "
-                  "is a multiple of {} or another tp",
-                  name, v, tp, name, tp);
-  };
-  divides("heads", heads);
-  divides("vocab", vocab);
-  divides("the MLP width (ffn_hidden)", mlp_width());
-  if (sequence_parallel) {
-    QUINTET_CHECK(seq_len % tp == 0,
-                  "GptConfig: seq_len = {} is not divisible by tp = {}; sequence parallelism splits "
-                  "the sequence evenly over the tensor-parallel ranks",
-                  seq_len, tp);
-  }
+  check_divides("heads", heads, tp);
+  check_divides("the MLP width (ffn_hidden)", mlp_width(), tp);
 }
 
 std::int64_t GptConfig::non_embedding_params() const {

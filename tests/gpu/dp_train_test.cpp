@@ -47,7 +47,7 @@ struct RunResult {
 };
 
 RunResult run_reference(const Stream& s) {
-  TinyGpt model(kModel);
+  TinyGpt model(kModel, s.device());
   nn::ParameterStore store(model, DType::bf16, s, kSeed);
   RunResult r;
   r.init = store.data_buffer().to_vector<float>();
@@ -63,7 +63,7 @@ RunResult run_reference(const Stream& s) {
 }
 
 RunResult run_dp(const Mesh& mesh, const DataParallelConfig& config, int micro, const Stream& s) {
-  TinyGpt model(kModel);
+  TinyGpt model(kModel, s.device());
   nn::ParameterStore store(model, DType::bf16, s, kSeed);
   DataParallel dp(store, mesh, config, s);
   DistributedOptimizer optimizer(dp, adam_config(), s);

@@ -1,6 +1,7 @@
-// A tiny GPT (token embedding, pre-norm transformer blocks, final LayerNorm, linear head) and the
-// deterministic token batches the data-parallel tests train it on, shared by the CPU (mpi/) and
-// GPU tests. Only nn layers and ops: the reference run is one rank with nn::AdamW.
+// A tiny GPT (the library's model at tp = 1: token and position embedding, pre-norm transformer
+// blocks, final LayerNorm, LM head and loss) and the deterministic token batches the
+// data-parallel tests train it on, shared by the CPU (mpi/) and GPU tests. The reference run is
+// one rank with nn::AdamW.
 #pragma once
 
 #include <fmt/format.h>
@@ -10,8 +11,9 @@
 #include <random>
 #include <vector>
 
-#include "quintet/nn/layers.hpp"
+#include "quintet/collectives/mpi.hpp"
 #include "quintet/nn/ops.hpp"
+#include "quintet/parallel/model/gpt.hpp"
 
 namespace dp_test {
 
@@ -24,39 +26,26 @@ struct TinyGptConfig {
   std::int64_t hidden = 32;
   std::int64_t seq = 8;
   int layers = 2;
+  model::GptConfig gpt() const {
+    return model::GptConfig{.layers = layers,
+                            .hidden = dim,
+                            .heads = heads,
+                            .ffn_hidden = hidden,
+                            .vocab = vocab,
+                            .seq_len = seq};
+  }
 };
 
-class TinyGpt : public nn::Module {
+// The library GPT (quintet/parallel/model/gpt.hpp), whole, at tp = 1 over its own one-rank
+// communicator (built first, so it outlives the layers that borrow it).
+struct SoloTp {
+  explicit SoloTp(const Device& device) : comm(make_self_communicator(device, "tiny_gpt.tp")) {}
+  std::unique_ptr<Communicator> comm;
+};
+class TinyGpt : private SoloTp, public model::GptChunk {
  public:
-  explicit TinyGpt(const TinyGptConfig& c) {
-    tok_ = &add_module("tok", std::make_unique<nn::Embedding>(c.vocab, c.dim));
-    nn::TransformerBlockConfig bc;
-    bc.dim = c.dim, bc.heads = c.heads, bc.hidden = c.hidden, bc.max_seq_len = c.seq;
-    for (int i = 0; i < c.layers; ++i) {
-      blocks_.push_back(
-          &add_module(fmt::format("block{}", i), std::make_unique<nn::TransformerBlock>(bc)));
-    }
-    norm_ = &add_module("norm", std::make_unique<nn::LayerNorm>(c.dim));
-    head_ = &add_module("head", std::make_unique<nn::Linear>(c.dim, c.vocab));
-  }
-  // ids [batch, seq] -> logits [batch, seq, vocab]
-  Tensor forward(nn::Context& ctx, const Tensor& ids) override {
-    Tensor x = tok_->forward(ctx, ids);
-    for (nn::TransformerBlock* b : blocks_) x = b->forward(ctx, x);
-    return head_->forward(ctx, norm_->forward(ctx, x));
-  }
-  Tensor backward(nn::Context& ctx, const Tensor& dlogits) override {
-    Tensor dy = norm_->backward(ctx, head_->backward(ctx, dlogits));
-    for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it) dy = (*it)->backward(ctx, dy);
-    tok_->backward(ctx, dy);
-    return Tensor();
-  }
-
- private:
-  nn::Embedding* tok_;
-  std::vector<nn::TransformerBlock*> blocks_;
-  nn::LayerNorm* norm_;
-  nn::Linear* head_;
+  explicit TinyGpt(const TinyGptConfig& c, const Device& device = Device::cpu())
+      : SoloTp(device), model::GptChunk(c.gpt(), {comm.get()}, model::ChunkSpec::whole(c.gpt())) {}
 };
 
 // Rows [row0, row0 + rows) of step's global batch: ids and next-token targets, i64 [rows, seq],
@@ -88,12 +77,10 @@ inline Batch batch_rows(const TinyGptConfig& c, int step, std::int64_t global_ba
 // Returns the loss tensor (scalar f32, not read back).
 inline Tensor train_microbatch(TinyGpt& model, const Batch& b, float dloss, const Stream& stream) {
   nn::Context ctx(stream);
-  const Tensor logits = model.forward(ctx, b.ids);
-  nn::CrossEntropyOutput ce = nn::cross_entropy_forward(logits, b.targets, -1, stream);
-  const Tensor dlogits =
-      nn::cross_entropy_backward(logits, b.targets, ce.lse, ce.valid_count, dloss, -1, stream);
-  model.backward(ctx, dlogits);
-  return ce.loss;
+  ctx.set_targets(b.targets, dloss);
+  const Tensor loss = model.forward(ctx, b.ids);
+  model.backward(ctx, Tensor());
+  return loss;
 }
 
 }  // namespace dp_test

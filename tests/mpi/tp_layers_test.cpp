@@ -6,7 +6,9 @@
 #include <map>
 
 #include "quintet/nn/layers.hpp"
-#include "quintet/parallel/tensor/transformer.hpp"
+#include "quintet/parallel/model/block.hpp"
+#include "quintet/parallel/tensor/attention.hpp"
+#include "quintet/parallel/tensor/mlp.hpp"
 #include "quintet/parallel/tensor/linear.hpp"
 #include "quintet/parallel/tensor/norm.hpp"
 #include "quintet/parallel/tensor/regions.hpp"
@@ -131,34 +133,34 @@ TEST_CASE("tp attention, MLP, norms and block equal their nn layers", "[tp]") {
     compare(mine, ref, tp, input(25), act, act, 205);
   }
   SECTION("transformer block, layernorm + gelu") {
-    ParallelTransformerConfig pc{.dim = kD,
-                                 .heads = kHeads,
-                                 .hidden = kHidden,
-                                 .max_seq_len = kS,
-                                 .init_std = 0.3f,
-                                 .proj_init_std = 0.2f,
-                                 .sequence_parallel = sp};
+    model::GptConfig pc{.hidden = kD,
+                        .heads = kHeads,
+                        .ffn_hidden = kHidden,
+                        .seq_len = kS,
+                        .init_std = 0.3f,
+                        .proj_init_std = 0.2f,
+                        .sequence_parallel = sp};
     nn::TransformerBlockConfig rc{.dim = kD,
                                   .heads = kHeads,
                                   .hidden = kHidden,
                                   .max_seq_len = kS,
                                   .init_std = 0.3f,
                                   .proj_init_std = 0.2f};
-    ParallelTransformerBlock mine(tp, pc);
+    model::TransformerBlock mine(pc, {&tp});
     nn::TransformerBlock ref(rc);
     compare(mine, ref, tp, input(26), act, act, 206);
   }
   SECTION("transformer block, rmsnorm + swiglu, no bias") {
-    ParallelTransformerConfig pc{.dim = kD,
-                                 .heads = kHeads,
-                                 .hidden = kHidden,
-                                 .max_seq_len = 2 * kS,
-                                 .norm = nn::NormKind::rmsnorm,
-                                 .activation = nn::Activation::swiglu,
-                                 .bias = false,
-                                 .init_std = 0.3f,
-                                 .proj_init_std = 0.2f,
-                                 .sequence_parallel = sp};
+    model::GptConfig pc{.hidden = kD,
+                        .heads = kHeads,
+                        .ffn_hidden = kHidden,
+                        .seq_len = 2 * kS,
+                        .norm = nn::NormKind::rmsnorm,
+                        .activation = nn::Activation::swiglu,
+                        .bias = false,
+                        .init_std = 0.3f,
+                        .proj_init_std = 0.2f,
+                        .sequence_parallel = sp};
     nn::TransformerBlockConfig rc{.dim = kD,
                                   .heads = kHeads,
                                   .hidden = kHidden,
@@ -168,7 +170,7 @@ TEST_CASE("tp attention, MLP, norms and block equal their nn layers", "[tp]") {
                                   .bias = false,
                                   .init_std = 0.3f,
                                   .proj_init_std = 0.2f};
-    ParallelTransformerBlock mine(tp, pc);
+    model::TransformerBlock mine(pc, {&tp});
     nn::TransformerBlock ref(rc);
     compare(mine, ref, tp, input(27), act, act, 207);
   }
@@ -267,9 +269,11 @@ TEST_CASE("tp rejects sizes that do not divide, before communicating", "[tp]") {
                            InvalidArgument, fmt::format("heads = {} is not divisible", odd));
     REQUIRE_THROWS_QUINTET(ParallelMLP(tp, 8, odd, nn::Activation::gelu, 0.02f, 0.02f, false),
                            InvalidArgument, fmt::format("hidden = {} is not divisible", odd));
-    ParallelTransformerConfig c{.dim = 4 * odd, .heads = odd, .hidden = 4 * n};
-    REQUIRE_THROWS_QUINTET(ParallelTransformerBlock(tp, c), InvalidArgument,
-                           fmt::format("tp = {}", n));
+    model::GptConfig c{.hidden = 4 * odd, .heads = odd, .ffn_hidden = 4 * n};
+    REQUIRE_THROWS_QUINTET(model::TransformerBlock(c, {&tp}), InvalidArgument,
+                           fmt::format("heads = {} is not divisible by the tensor-parallel size "
+                                       "tp = {}",
+                                       odd, n));
     // A sequence that does not split evenly, at forward, before the all-gather/reduce-scatter.
     VocabParallelEmbedding emb(tp, 4 * n, 8, 0.02f, true);
     nn::ParameterStore store(emb, DType::f32, kCpu, 1);

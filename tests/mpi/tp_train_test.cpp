@@ -6,7 +6,7 @@
 // tp_support.hpp's tolerance, parameters within kParamTol after each step.
 #include "quintet/nn/layers.hpp"
 #include "quintet/nn/optimizer.hpp"
-#include "quintet/parallel/tensor/transformer.hpp"
+#include "quintet/parallel/model/block.hpp"
 #include "tp_support.hpp"
 
 using namespace quintet;
@@ -30,14 +30,14 @@ TEST_CASE("tp=2 x dp=2 transformer block training equals one rank", "[tp][dp]") 
   const auto act = GENERATE(nn::Activation::gelu, nn::Activation::swiglu);
   INFO("sequence_parallel = " << sp << ", swiglu = " << (act == nn::Activation::swiglu));
 
-  ParallelTransformerConfig pc{.dim = kD,
-                               .heads = kHeads,
-                               .hidden = kHidden,
-                               .max_seq_len = kS,
-                               .activation = act,
-                               .init_std = 0.2f,
-                               .proj_init_std = 0.1f,
-                               .sequence_parallel = sp};
+  model::GptConfig pc{.hidden = kD,
+                      .heads = kHeads,
+                      .ffn_hidden = kHidden,
+                      .seq_len = kS,
+                      .activation = act,
+                      .init_std = 0.2f,
+                      .proj_init_std = 0.1f,
+                      .sequence_parallel = sp};
   nn::TransformerBlockConfig rc{.dim = kD,
                                 .heads = kHeads,
                                 .hidden = kHidden,
@@ -45,7 +45,7 @@ TEST_CASE("tp=2 x dp=2 transformer block training equals one rank", "[tp][dp]") 
                                 .activation = act,
                                 .init_std = 0.2f,
                                 .proj_init_std = 0.1f};
-  ParallelTransformerBlock mine(tp, pc);
+  model::TransformerBlock mine(pc, {&tp});
   nn::TransformerBlock ref(rc);
   nn::ParameterStore my_store(mine, DType::f32, kCpu, 42), ref_store(ref, DType::f32, kCpu, 42);
   nn::AdamWConfig oc;

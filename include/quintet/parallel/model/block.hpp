@@ -26,7 +26,7 @@ std::unique_ptr<nn::Module> make_norm(const GptConfig& config);
 
 class TransformerBlock : public nn::Module {
  public:
-  // Validates config against groups.tp (GptConfig::validate) before making any layer.
+  // Validates config against groups.tp (GptConfig::validate_block) before making any layer.
   TransformerBlock(const GptConfig& config, const ModelGroups& groups);
   Tensor forward(nn::Context& ctx, const Tensor& x) override;
   Tensor backward(nn::Context& ctx, const Tensor& dy) override;
@@ -38,7 +38,7 @@ class TransformerBlock : public nn::Module {
   nn::Module* mlp_;
 };
 
-// Throws InvalidArgument unless groups has every communicator config needs; then config.validate.
+// Throws InvalidArgument unless groups has every communicator config needs.
 void check_groups(const GptConfig& config, const ModelGroups& groups);
 
 }  // namespace quintet::model

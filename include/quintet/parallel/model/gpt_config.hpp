@@ -51,10 +51,13 @@ struct GptConfig {
   // The init std of the two output projections of each block.
   float output_init_std() const;
   // Throws InvalidArgument, naming the field and how to fix it, unless every size is positive,
-  // hidden divides by heads, and heads, vocab and the MLP width divide by tp (and, with sequence
-  // parallelism, tp > 1 is not required but seq_len must divide by tp). Called by every builder
-  // before any layer is made, so a bad config fails before any communication.
+  // hidden divides by heads, and heads, vocab and the MLP width divide by tp. Called by every
+  // builder before any layer is made, so a bad config fails before any communication. (With
+  // sequence parallelism the sequence of each batch must divide by tp; the layers check it in
+  // forward, before their collectives.)
   void validate(int tp) const;
+  // The part of validate() a transformer block needs (everything but the vocabulary).
+  void validate_block(int tp) const;
 
   // Parameters of the whole, unsharded model (a tied table counted once), and the N of the
   // 6 N training FLOPs per token: every weight outside the token and position embeddings, with

@@ -1,0 +1,217 @@
+// The library model (quintet/parallel/model/) in one process, at tp = 1 over a one-rank
+// communicator: a model cut into 1, 2, 3 and 4 chunks holds exactly the one-chunk model's
+// parameters (same names, same initial values), and running the chunks one after another gives
+// the one-chunk model's loss and gradients bit for bit; tied embeddings equal an untied model whose
+// head is a copy of the table, with the two gradients summed; the parameter counts equal the
+// parameters built; and the bad inputs are refused with a message that names them.
+#include <map>
+#include <string>
+#include <vector>
+
+#include "quintet/collectives/mpi.hpp"
+#include "quintet/parallel/model/gpt.hpp"
+#include "support/catch.hpp"
+
+using namespace quintet;
+
+namespace {
+
+const Stream kCpu;
+
+model::GptConfig small_config() {
+  return model::GptConfig{.layers = 4,
+                          .hidden = 16,
+                          .heads = 2,
+                          .ffn_hidden = 24,
+                          .vocab = 20,
+                          .seq_len = 8,
+                          .init_std = 0.3f,
+                          .proj_init_std = 0.2f};
+}
+
+struct Batch {
+  Tensor ids, targets;
+};
+Batch make_batch(const model::GptConfig& c, std::uint64_t seed) {
+  std::vector<std::int64_t> ids, targets;
+  for (std::int64_t i = 0; i < 2 * c.seq_len; ++i) {
+    ids.push_back(static_cast<std::int64_t>((seed * 7 + 5 * i + 3) % c.vocab));
+    targets.push_back(static_cast<std::int64_t>((seed * 11 + 3 * i + 1) % c.vocab));
+  }
+  return {Tensor::from_vector(ids, {2, c.seq_len}), Tensor::from_vector(targets, {2, c.seq_len})};
+}
+
+std::vector<float> host(const Tensor& t) { return t.contiguous().to_vector<float>(); }
+
+// Every parameter of a module tree by its full name.
+std::map<std::string, nn::Parameter*> by_name(const nn::Module& m) {
+  std::map<std::string, nn::Parameter*> out;
+  for (auto& [name, p] : m.named_parameters()) {
+    REQUIRE(out.emplace(name, p).second);
+  }
+  return out;
+}
+
+// Forward through the chunks in order, then backward in reverse: the loss.
+Tensor run_chunks(std::vector<std::unique_ptr<model::GptChunk>>& chunks, const Batch& b,
+                  float loss_scale) {
+  nn::Context ctx(kCpu);
+  ctx.set_targets(b.targets, loss_scale);
+  Tensor x = b.ids;
+  for (auto& chunk : chunks) x = chunk->forward(ctx, x);
+  Tensor d;
+  for (auto it = chunks.rbegin(); it != chunks.rend(); ++it) d = (*it)->backward(ctx, d);
+  REQUIRE(!d.defined());
+  REQUIRE(ctx.pending() == 0);
+  return x;
+}
+
+}  // namespace
+
+TEST_CASE("model: chunks partition the one-chunk model and compute it bit for bit", "[model]") {
+  auto solo = make_self_communicator(Device::cpu(), "tp");
+  const model::ModelGroups groups{solo.get()};
+  model::GptConfig c = small_config();
+  c.activation = GENERATE(nn::Activation::gelu, nn::Activation::swiglu);
+  const int n = GENERATE(1, 2, 3, 4);
+  INFO(n << " chunks, swiglu = " << (c.activation == nn::Activation::swiglu));
+
+  auto whole = model::build_gpt_chunk(c, groups, model::ChunkSpec::whole(c));
+  nn::ParameterStore whole_store(*whole, DType::f32, kCpu, 77);
+  const auto specs = model::split_into_chunks(c, n);
+  REQUIRE(specs.size() == static_cast<std::size_t>(n));
+  std::vector<std::unique_ptr<model::GptChunk>> chunks;
+  std::vector<std::unique_ptr<nn::ParameterStore>> stores;
+  std::int64_t next_layer = 0;
+  for (const model::ChunkSpec& s : specs) {
+    CHECK(s.first_layer == next_layer);
+    CHECK(s.num_layers >= c.layers / n);
+    CHECK(s.num_layers <= c.layers / n + 1);
+    next_layer += s.num_layers;
+    chunks.push_back(model::build_gpt_chunk(c, groups, s));
+    stores.push_back(std::make_unique<nn::ParameterStore>(*chunks.back(), DType::f32, kCpu, 77));
+  }
+  CHECK(next_layer == c.layers);
+  CHECK(specs.front().embedding);
+  CHECK(specs.back().head);
+
+  // The same names, each in exactly one chunk, with the same initial values.
+  const auto want = by_name(*whole);
+  std::map<std::string, nn::Parameter*> got;
+  for (auto& chunk : chunks) {
+    for (auto& [name, p] : by_name(*chunk)) REQUIRE(got.emplace(name, p).second);
+  }
+  REQUIRE(got.size() == want.size());
+  for (auto& [name, p] : want) {
+    INFO(name);
+    REQUIRE(got.count(name) == 1);
+    CHECK(host(got[name]->data()) == host(p->data()));
+  }
+
+  // The loss and every gradient, bit for bit, over two microbatches of accumulation.
+  for (int micro = 0; micro < 2; ++micro) {
+    const Batch b = make_batch(c, 10 + micro);
+    std::vector<std::unique_ptr<model::GptChunk>> one;
+    one.push_back(std::move(whole));
+    const Tensor want_loss = run_chunks(one, b, 0.5f);
+    whole = std::move(one.front());
+    const Tensor got_loss = run_chunks(chunks, b, 0.5f);
+    CHECK(got_loss.item() == want_loss.item());
+    CHECK(got_loss.item() > 0.0);
+  }
+  for (auto& [name, p] : want) {
+    INFO("gradient of " << name);
+    CHECK(host(got[name]->grad()) == host(p->grad()));
+  }
+}
+
+TEST_CASE("model: tied embeddings equal an untied head that copies the table", "[model]") {
+  auto solo = make_self_communicator(Device::cpu(), "tp");
+  const model::ModelGroups groups{solo.get()};
+  model::GptConfig tied = small_config();
+  tied.tied_embeddings = true;
+  model::GptConfig untied = small_config();
+  auto a = model::build_gpt_chunk(tied, groups, model::ChunkSpec::whole(tied));
+  auto b = model::build_gpt_chunk(untied, groups, model::ChunkSpec::whole(untied));
+  nn::ParameterStore sa(*a, DType::f32, kCpu, 5), sb(*b, DType::f32, kCpu, 5);
+  REQUIRE(sa.parameters().size() + 1 == sb.parameters().size());
+  nn::Parameter& table = sb.find("wte.weight");
+  sb.find("lm_head.weight").data().copy_(table.data());
+
+  const Batch batch = make_batch(tied, 3);
+  nn::Context ca(kCpu), cb(kCpu);
+  ca.set_targets(batch.targets);
+  cb.set_targets(batch.targets);
+  const double la = a->forward(ca, batch.ids).item(), lb = b->forward(cb, batch.ids).item();
+  CHECK(la == Approx(lb).epsilon(1e-6));
+  a->backward(ca, Tensor());
+  b->backward(cb, Tensor());
+  const std::vector<float> ga = host(sa.find("wte.weight").grad());
+  const std::vector<float> g_table = host(table.grad());
+  const std::vector<float> g_head = host(sb.find("lm_head.weight").grad());
+  REQUIRE(ga.size() == g_table.size());
+  for (std::size_t i = 0; i < ga.size(); ++i) {
+    INFO("element " << i);
+    CHECK(ga[i] == Approx(g_table[i] + g_head[i]).margin(1e-6).epsilon(1e-4));
+  }
+  CHECK(tied.total_params() + tied.vocab * tied.hidden == untied.total_params());
+  CHECK(tied.non_embedding_params() == untied.non_embedding_params());
+}
+
+TEST_CASE("model: parameter counts equal the parameters built", "[model]") {
+  auto solo = make_self_communicator(Device::cpu(), "tp");
+  model::GptConfig c = small_config();
+  c.activation = GENERATE(nn::Activation::gelu, nn::Activation::swiglu);
+  c.norm = GENERATE(nn::NormKind::layernorm, nn::NormKind::rmsnorm);
+  c.bias = GENERATE(true, false);
+  c.tied_embeddings = GENERATE(false, true);
+  c.learned_positions = GENERATE(true, false);
+  auto m = model::build_gpt_chunk(c, {solo.get()}, model::ChunkSpec::whole(c));
+  std::int64_t total = 0, embeddings = 0;
+  for (auto& [name, p] : m->named_parameters()) {
+    total += p->numel();
+    if (name == "wte.weight" || name == "wpe.weight") embeddings += p->numel();
+  }
+  CHECK(c.total_params() == total);
+  // The LM head is counted in the 6 N FLOPs even when it shares the table.
+  CHECK(c.non_embedding_params() ==
+        total - embeddings + (c.tied_embeddings ? c.vocab * c.hidden : 0));
+}
+
+TEST_CASE("model: bad configs, chunks and calls are refused with their names", "[model]") {
+  auto solo = make_self_communicator(Device::cpu(), "tp");
+  const model::ModelGroups groups{solo.get()};
+  const model::GptConfig c = small_config();
+  model::GptConfig bad = c;
+  bad.heads = 3;
+  REQUIRE_THROWS_QUINTET(model::build_gpt_chunk(bad, groups, model::ChunkSpec::whole(bad)),
+                         InvalidArgument, "hidden = 16 is not divisible by heads = 3");
+  bad = c;
+  bad.vocab = 0;
+  REQUIRE_THROWS_QUINTET(bad.validate(1), InvalidArgument, "vocab = 0 must be > 0");
+  REQUIRE_THROWS_QUINTET(model::build_gpt_chunk(c, {}, model::ChunkSpec::whole(c)),
+                         InvalidArgument, "no tensor-parallel communicator");
+  REQUIRE_THROWS_QUINTET(model::split_into_chunks(c, 5), InvalidArgument,
+                         "5 chunks for 4 layers");
+  REQUIRE_THROWS_QUINTET(model::split_into_chunks(c, 0), InvalidArgument, "0 chunks");
+  REQUIRE_THROWS_QUINTET(model::build_gpt_chunk(c, groups, model::ChunkSpec{3, 2, false, true}),
+                         InvalidArgument, "layers [3, 5) are not inside the model's 4 layers");
+  REQUIRE_THROWS_QUINTET(model::build_gpt_chunk(c, groups, model::ChunkSpec{0, 0, false, false}),
+                         InvalidArgument, "an empty chunk");
+  model::GptConfig tied = c;
+  tied.tied_embeddings = true;
+  REQUIRE_THROWS_QUINTET(model::build_gpt_chunk(tied, groups, model::split_into_chunks(tied, 2)[1]),
+                         InvalidArgument, "tied embeddings need the embedding and the LM head");
+
+  auto m = model::build_gpt_chunk(c, groups, model::ChunkSpec::whole(c));
+  nn::ParameterStore store(*m, DType::f32, kCpu, 1);
+  const Batch b = make_batch(c, 1);
+  nn::Context no_targets(kCpu);
+  REQUIRE_THROWS_QUINTET(m->forward(no_targets, b.ids), InvalidArgument,
+                         "no targets for the loss");
+  nn::Context ctx(kCpu);
+  ctx.set_targets(b.targets);
+  m->forward(ctx, b.ids);
+  REQUIRE_THROWS_QUINTET(m->backward(ctx, Tensor::zeros({})), InvalidArgument,
+                         "takes an undefined tensor");
+}
