@@ -18,13 +18,13 @@
 #include "quintet/collectives/timed_communicator.hpp"  // exposed tp communication per step
 #include "quintet/core/allocator.hpp"                  // peak GPU memory
 #include "quintet/core/log.hpp"
-#include "quintet/data/loader.hpp"                     // DataLoader
-#include "quintet/data/synthetic.hpp"                  // the built-in dataset and its entropy floor
-#include "quintet/nn/ops.hpp"                          // add_
-#include "quintet/parallel/data/data_parallel.hpp"          // gradient buckets over dp
+#include "quintet/data/loader.hpp"                  // DataLoader
+#include "quintet/data/synthetic.hpp"               // the built-in dataset and its entropy floor
+#include "quintet/nn/ops.hpp"                       // add_
+#include "quintet/parallel/data/data_parallel.hpp"  // gradient buckets over dp
 #include "quintet/parallel/data/distributed_optimizer.hpp"  // AdamW, ZeRO 0/1/2, clipping
 #include "quintet/parallel/mesh.hpp"
-#include "quintet/parallel/model/gpt.hpp"           // the library GPT (model + loss)
+#include "quintet/parallel/model/gpt.hpp"  // the library GPT (model + loss)
 #include "trainer_state.hpp"
 
 namespace {
@@ -110,8 +110,8 @@ int run(const gpt::TrainConfig& c, quintet::World& world) {
   if (c.tp > 1) timed_tp.emplace(mesh.comm(Axis::tp));
   quintet::Communicator& tp_comm = timed_tp ? *timed_tp : mesh.comm(Axis::tp);
   const quintet::model::GptConfig model_config = gpt::model_config(c, gpu);
-  const auto model = quintet::model::build_gpt_chunk(model_config, {&tp_comm},
-                                                     quintet::model::ChunkSpec::whole(model_config));
+  const auto model = quintet::model::build_gpt_chunk(
+      model_config, {&tp_comm}, quintet::model::ChunkSpec::whole(model_config));
   quintet::nn::ParameterStore store(*model, model_config.dtype, stream, c.seed);
   quintet::DataParallelConfig dp_config;
   dp_config.overlap = !c.no_overlap;
@@ -155,9 +155,9 @@ int run(const gpt::TrainConfig& c, quintet::World& world) {
         "04_gpt_train: {} params ({} non-embedding), {} layers, hidden {}, heads {}, "
         "vocab {}, seq {} | tp {} x dp {}{}, ZeRO-{} | {} | global batch {} = micro {} x "
         "dp {} x accumulation {}\n",
-        model_config.total_params(), model_config.non_embedding_params(), c.layers, c.hidden, c.heads, c.vocab,
-        c.seq_len, c.tp, c.dp, c.sp ? " (+sp)" : "", c.zero, device.str(), c.global_batch,
-        c.micro_batch, c.dp, c.accumulation());
+        model_config.total_params(), model_config.non_embedding_params(), c.layers, c.hidden,
+        c.heads, c.vocab, c.seq_len, c.tp, c.dp, c.sp ? " (+sp)" : "", c.zero, device.str(),
+        c.global_batch, c.micro_batch, c.dp, c.accumulation());
   }
   Trainer t{c, world, mesh, stream, *model, dp, optimizer, loader, start.data};
   gpt::Reporter reporter(world.rank() == 0, c.json, c.progress, c.steps);

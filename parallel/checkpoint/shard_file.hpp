@@ -1,4 +1,5 @@
-// The per-rank shard file of a checkpoint (format in include/quintet/parallel/checkpoint/checkpoint.hpp).
+// The per-rank shard file of a checkpoint (format in
+// include/quintet/parallel/checkpoint/checkpoint.hpp).
 #pragma once
 
 #include <cstdint>

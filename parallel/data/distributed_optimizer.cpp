@@ -15,8 +15,7 @@ namespace {
 bool counted_over_tp(const nn::Parameter& p, const Mesh& mesh) {
   const nn::ParameterAttributes& a = p.attributes();
   if (a.is_expert) {
-    const bool sharded =
-        a.shard_axis == Axis::tp || a.shard_axis == Axis::etp;
+    const bool sharded = a.shard_axis == Axis::tp || a.shard_axis == Axis::etp;
     return sharded || mesh.rank(Axis::etp) == 0;
   }
   return a.shard_axis == Axis::tp || mesh.rank(Axis::tp) == 0;

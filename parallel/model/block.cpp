@@ -29,8 +29,8 @@ std::unique_ptr<nn::Module> make_attention(const GptConfig& c, const ModelGroups
 std::unique_ptr<nn::Module> make_mlp(const GptConfig& c, const ModelGroups& g) {
   switch (c.mlp) {
     case MlpKind::dense:
-      return std::make_unique<ParallelMLP>(*g.tp, c.hidden, c.mlp_width(), c.activation,
-                                           c.init_std, c.output_init_std(), c.sequence_parallel);
+      return std::make_unique<ParallelMLP>(*g.tp, c.hidden, c.mlp_width(), c.activation, c.init_std,
+                                           c.output_init_std(), c.sequence_parallel);
   }
   QUINTET_THROW(InvalidArgument, "GptConfig: unknown MLP kind {}", static_cast<int>(c.mlp));
 }

@@ -25,9 +25,9 @@ void ChunkSpec::validate(const GptConfig& config) const {
 }
 
 std::string ChunkSpec::str() const {
-  std::string s = num_layers > 0 ? fmt::format("layers {}-{}", first_layer,
-                                               first_layer + num_layers - 1)
-                                 : std::string("no layers");
+  std::string s = num_layers > 0
+                      ? fmt::format("layers {}-{}", first_layer, first_layer + num_layers - 1)
+                      : std::string("no layers");
   if (embedding) s += " + embedding";
   if (head) s += " + head";
   return s;

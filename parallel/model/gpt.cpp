@@ -30,8 +30,8 @@ GptChunk::GptChunk(const GptConfig& config, const ModelGroups& groups, const Chu
     }
   }
   for (std::int64_t l = spec.first_layer; l < spec.first_layer + spec.num_layers; ++l) {
-    blocks_.push_back(&add_module("block" + std::to_string(l),
-                                  std::make_unique<TransformerBlock>(c, groups)));
+    blocks_.push_back(
+        &add_module("block" + std::to_string(l), std::make_unique<TransformerBlock>(c, groups)));
   }
   if (spec.head) {
     final_norm_ = &add_module("norm", make_norm(c));

@@ -1,6 +1,6 @@
 // Column- and row-parallel linear layers.
-#include "parallel/tensor/internal/regions.hpp"
 #include "quintet/parallel/tensor/linear.hpp"
+#include "parallel/tensor/internal/regions.hpp"
 #include "quintet/parallel/tensor/regions.hpp"
 
 namespace quintet {

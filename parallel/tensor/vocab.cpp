@@ -4,8 +4,8 @@
 
 #include "parallel/tensor/internal/regions.hpp"
 #include "quintet/nn/vocab_parallel_ops.hpp"
-#include "quintet/parallel/tensor/vocab.hpp"
 #include "quintet/parallel/tensor/regions.hpp"
+#include "quintet/parallel/tensor/vocab.hpp"
 
 namespace quintet {
 

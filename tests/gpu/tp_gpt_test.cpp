@@ -2,8 +2,9 @@
 // vocab-parallel embedding, position embedding, 2 blocks, norm, column-parallel LM head,
 // vocab-parallel loss) in bf16 at tp = 2, with and without sequence parallelism, against the same
 // model at tp = 1 on each rank's GPU (a one-rank communicator, same seed). bf16 tolerances: the
-// loss within 1e-2 relative and every parameter gradient within 5e-2 in relative L2 norm (||got - want|| / ||want||; the row-parallel partial sums are rounded to bf16
-// before the reduction, which tp = 1 never does). Exits 77 (skipped) without two GPUs.
+// loss within 1e-2 relative and every parameter gradient within 5e-2 in relative L2 norm (||got -
+// want|| / ||want||; the row-parallel partial sums are rounded to bf16 before the reduction, which
+// tp = 1 never does). Exits 77 (skipped) without two GPUs.
 #include <cmath>
 
 #include "quintet/collectives/bootstrap.hpp"

@@ -189,10 +189,9 @@ TEST_CASE("model: bad configs, chunks and calls are refused with their names", "
   bad = c;
   bad.vocab = 0;
   REQUIRE_THROWS_QUINTET(bad.validate(1), InvalidArgument, "vocab = 0 must be > 0");
-  REQUIRE_THROWS_QUINTET(model::build_gpt_chunk(c, {}, model::ChunkSpec::whole(c)),
-                         InvalidArgument, "no tensor-parallel communicator");
-  REQUIRE_THROWS_QUINTET(model::split_into_chunks(c, 5), InvalidArgument,
-                         "5 chunks for 4 layers");
+  REQUIRE_THROWS_QUINTET(model::build_gpt_chunk(c, {}, model::ChunkSpec::whole(c)), InvalidArgument,
+                         "no tensor-parallel communicator");
+  REQUIRE_THROWS_QUINTET(model::split_into_chunks(c, 5), InvalidArgument, "5 chunks for 4 layers");
   REQUIRE_THROWS_QUINTET(model::split_into_chunks(c, 0), InvalidArgument, "0 chunks");
   REQUIRE_THROWS_QUINTET(model::build_gpt_chunk(c, groups, model::ChunkSpec{3, 2, false, true}),
                          InvalidArgument, "layers [3, 5) are not inside the model's 4 layers");
@@ -207,8 +206,7 @@ TEST_CASE("model: bad configs, chunks and calls are refused with their names", "
   nn::ParameterStore store(*m, DType::f32, kCpu, 1);
   const Batch b = make_batch(c, 1);
   nn::Context no_targets(kCpu);
-  REQUIRE_THROWS_QUINTET(m->forward(no_targets, b.ids), InvalidArgument,
-                         "no targets for the loss");
+  REQUIRE_THROWS_QUINTET(m->forward(no_targets, b.ids), InvalidArgument, "no targets for the loss");
   nn::Context ctx(kCpu);
   ctx.set_targets(b.targets);
   m->forward(ctx, b.ids);

@@ -1,5 +1,6 @@
 // Communicators over MPI (CPU tensors) and for groups of one rank, for programs that manage MPI
-// themselves. Most programs get theirs from quintet::init() (bootstrap.hpp) instead.
+// themselves. Most programs get theirs from quintet::init() (bootstrap.hpp) instead. Implemented by
+// collectives/mpi/mpi_communicator.cpp and collectives/self/self_communicator.cpp.
 #pragma once
 
 #include <mpi.h>

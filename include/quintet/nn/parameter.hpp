@@ -36,11 +36,11 @@ struct ParameterInit {
 };
 
 struct ParameterAttributes {
-  int shard_dim = -1;                            // the dimension split across ranks, -1 for none
+  int shard_dim = -1;              // the dimension split across ranks, -1 for none
   std::optional<Axis> shard_axis;  // the axis it is split over (none when not a shard)
-  bool is_expert = false;                        // an expert's weight (reduced over edp, not dp)
-  bool reduce_over_tp = false;  // grad must be all-reduced over tp (sequence-parallel norms)
-  bool weight_decay = true;     // AdamW applies weight decay (false for norms and biases)
+  bool is_expert = false;          // an expert's weight (reduced over edp, not dp)
+  bool reduce_over_tp = false;     // grad must be all-reduced over tp (sequence-parallel norms)
+  bool weight_decay = true;        // AdamW applies weight decay (false for norms and biases)
   // When this parameter is a shard: the unsharded shape and where the shard starts in it. The
   // random init draws exactly that slice of the unsharded draw. Empty = not a shard.
   Shape full_shape;

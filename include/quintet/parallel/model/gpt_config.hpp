@@ -28,20 +28,20 @@ enum class MlpKind {
 
 struct GptConfig {
   std::int64_t layers = 2;
-  std::int64_t hidden = 128;     // model width d
-  std::int64_t heads = 4;        // attention heads; head dim = hidden / heads
-  std::int64_t ffn_hidden = 0;   // MLP width; 0 = 4 * hidden
+  std::int64_t hidden = 128;    // model width d
+  std::int64_t heads = 4;       // attention heads; head dim = hidden / heads
+  std::int64_t ffn_hidden = 0;  // MLP width; 0 = 4 * hidden
   std::int64_t vocab = 256;
-  std::int64_t seq_len = 128;    // longest sequence: the position table and the causal mask
+  std::int64_t seq_len = 128;  // longest sequence: the position table and the causal mask
   nn::NormKind norm = nn::NormKind::layernorm;
   nn::Activation activation = nn::Activation::gelu;  // GELU MLP has biases, SwiGLU none
-  bool bias = true;              // biases of the attention projections
-  bool tied_embeddings = false;  // the LM head reuses the token embedding's table
-  bool learned_positions = true; // a learned absolute position embedding after the tokens
+  bool bias = true;                                  // biases of the attention projections
+  bool tied_embeddings = false;   // the LM head reuses the token embedding's table
+  bool learned_positions = true;  // a learned absolute position embedding after the tokens
   float init_std = 0.02f;
-  float proj_init_std = 0.0f;    // output projections; 0 = init_std / sqrt(2 * layers)
-  float eps = 1e-5f;             // of the norms
-  DType dtype = DType::f32;      // compute dtype of the parameters (give it to ParameterStore)
+  float proj_init_std = 0.0f;      // output projections; 0 = init_std / sqrt(2 * layers)
+  float eps = 1e-5f;               // of the norms
+  DType dtype = DType::f32;        // compute dtype of the parameters (give it to ParameterStore)
   bool sequence_parallel = false;  // activations between blocks are [B, S/tp, d]
   AttentionKind attention = AttentionKind::tensor_parallel;
   MlpKind mlp = MlpKind::dense;
