@@ -1,0 +1,53 @@
+// The pipeline simulator (parallel/pipeline/simulator.cpp): runs a Schedule on a model of the
+// executor (schedule.hpp says what it models) with a cost per action, before anything touches the
+// network. It reports a deadlock naming the rank and the action it is stuck at, each rank's
+// timeline, the bubble fraction and the peak number of microbatches in flight per rank. Pure.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "quintet/parallel/pipeline/schedule.hpp"
+
+namespace quintet::pipeline {
+
+// Time units are the caller's (milliseconds, or 1 for unit costs). backward is the full backward
+// (B); a split schedule runs I for backward - weight_grad and W for weight_grad.
+struct ActionCosts {
+  double forward = 1.0;
+  double backward = 2.0;
+  double weight_grad = 1.0;  // the W part of backward; 0 <= weight_grad <= backward
+  double p2p = 0.0;          // latency of one batched transfer, from both sides posted to done
+};
+
+struct TimedAction {
+  Action action;
+  double start = 0.0;
+  double end = 0.0;
+};
+
+struct Simulation {
+  bool deadlock = false;
+  // With a deadlock: every stuck rank and the action it waits at, e.g. "rank 1 waits at 1RF3 (the
+  // send 0SF3 never comes)" (one line each).
+  std::string deadlock_report;
+  double makespan = 0.0;                         // end of the last action of any rank
+  std::vector<double> busy;                      // [pp]: compute time of each rank
+  double bubble_fraction = 0.0;                  // 1 - sum(busy) / (pp * makespan)
+  std::vector<int> peak_in_flight;               // [pp]: max (stage, microbatch) pairs between the
+                                                 // start of their F and the end of their B (or W)
+  std::vector<std::vector<TimedAction>> timeline;  // [pp]: every action with its times
+};
+
+// Simulates schedule (validated first) with costs. Never throws for a deadlock: it is reported.
+Simulation simulate(const Schedule& schedule, const ActionCosts& costs = {});
+
+// validate() and simulate(); throws InvalidArgument with the deadlock report when the schedule
+// would hang. Executors call it before their first step.
+Simulation check_schedule(const Schedule& schedule, const ActionCosts& costs = {});
+
+// The simulated timeline as a Chrome / Perfetto trace (JSON: one process, one thread per rank,
+// one complete event per action, times in microseconds of the cost unit).
+std::string chrome_trace(const Simulation& simulation);
+
+}  // namespace quintet::pipeline
