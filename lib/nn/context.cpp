@@ -40,4 +40,10 @@ const Tensor& Context::targets() const {
   return targets_;
 }
 
+void Context::run_deferred_gradients() {
+  std::vector<std::function<void()>> work = std::move(deferred_);
+  deferred_.clear();
+  for (auto& w : work) w();
+}
+
 }  // namespace quintet::nn

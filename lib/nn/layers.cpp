@@ -28,9 +28,12 @@ Tensor Linear::forward(Context& ctx, const Tensor& x) {
 
 Tensor Linear::backward(Context& ctx, const Tensor& dy) {
   const Tensor x = ctx.take(*this).at(0);
-  accumulate_gradients(ctx.stream(), {weight_, bias_}, [&](const std::vector<Tensor>& g) {
-    linear_backward_weight(dy, x, g[0], g[1], ctx.stream());
-  });
+  accumulate_gradients(
+      ctx, {weight_, bias_},
+      [dy, x](const std::vector<Tensor>& g, const Stream& st) {
+        linear_backward_weight(dy, x, g[0], g[1], st);
+      },
+      GradTiming::deferrable);
   return linear_backward_input(dy, weight_->data(), ctx.stream());
 }
 
@@ -51,9 +54,12 @@ Tensor LayerNorm::forward(Context& ctx, const Tensor& x) {
 Tensor LayerNorm::backward(Context& ctx, const Tensor& dy) {
   const auto s = ctx.take(*this);
   Tensor dx;
-  accumulate_gradients(ctx.stream(), {weight_, bias_}, [&](const std::vector<Tensor>& g) {
-    dx = layernorm_backward(dy, s[0], weight_->data(), s[1], s[2], g[0], g[1], ctx.stream());
-  });
+  accumulate_gradients(
+      ctx, {weight_, bias_},
+      [&](const std::vector<Tensor>& g, const Stream& st) {
+        dx = layernorm_backward(dy, s[0], weight_->data(), s[1], s[2], g[0], g[1], st);
+      },
+      GradTiming::now);
   return dx;
 }
 
@@ -70,9 +76,12 @@ Tensor RMSNorm::forward(Context& ctx, const Tensor& x) {
 Tensor RMSNorm::backward(Context& ctx, const Tensor& dy) {
   const auto s = ctx.take(*this);
   Tensor dx;
-  accumulate_gradients(ctx.stream(), {weight_}, [&](const std::vector<Tensor>& g) {
-    dx = rmsnorm_backward(dy, s[0], weight_->data(), s[1], g[0], ctx.stream());
-  });
+  accumulate_gradients(
+      ctx, {weight_},
+      [&](const std::vector<Tensor>& g, const Stream& st) {
+        dx = rmsnorm_backward(dy, s[0], weight_->data(), s[1], g[0], st);
+      },
+      GradTiming::now);
   return dx;
 }
 
@@ -138,9 +147,12 @@ Tensor Embedding::forward(Context& ctx, const Tensor& ids) {
 
 Tensor Embedding::backward(Context& ctx, const Tensor& dy) {
   const Tensor ids = ctx.take(*this).at(0);
-  accumulate_gradients(ctx.stream(), {weight_}, [&](const std::vector<Tensor>& g) {
-    embedding_backward(dy, ids, g[0], ctx.stream());
-  });
+  accumulate_gradients(
+      ctx, {weight_},
+      [dy, ids](const std::vector<Tensor>& g, const Stream& st) {
+        embedding_backward(dy, ids, g[0], st);
+      },
+      GradTiming::deferrable);
   return Tensor();
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <set>
 
+#include "quintet/nn/context.hpp"
 #include "quintet/nn/module.hpp"
 #include "quintet/nn/ops.hpp"
 
@@ -58,16 +59,23 @@ void Parameter::mark_grad_ready() {
   if (on_grad_ready_) on_grad_ready_(*this);
 }
 
-void accumulate_gradients(const Stream& stream, std::initializer_list<Parameter*> params,
-                          const std::function<void(const std::vector<Tensor>& grads)>& accumulate,
-                          GradReady ready) {
-  std::vector<Tensor> grads;
-  grads.reserve(params.size());
-  for (Parameter* p : params) grads.push_back(p ? p->grad_for_backward(stream) : Tensor());
-  accumulate(grads);
-  if (ready == GradReady::defer) return;
-  for (Parameter* p : params) {
-    if (p) p->mark_grad_ready();
+void accumulate_gradients(Context& ctx, std::initializer_list<Parameter*> params,
+                          GradientWork accumulate, GradTiming timing, GradReady ready) {
+  auto work = [ps = std::vector<Parameter*>(params), fn = std::move(accumulate), ready,
+               stream = &ctx.stream()] {
+    std::vector<Tensor> grads;
+    grads.reserve(ps.size());
+    for (Parameter* p : ps) grads.push_back(p ? p->grad_for_backward(*stream) : Tensor());
+    fn(grads, *stream);
+    if (ready == GradReady::defer) return;
+    for (Parameter* p : ps) {
+      if (p) p->mark_grad_ready();
+    }
+  };
+  if (timing == GradTiming::deferrable && ctx.defers_weight_gradients()) {
+    ctx.defer(std::move(work));
+  } else {
+    work();
   }
 }
 

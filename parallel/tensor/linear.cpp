@@ -90,13 +90,15 @@ Tensor ColumnParallelLinear::backward(nn::Context& ctx, const Tensor& dy) {
     reduced = sp_ ? tp_detail::start_reduce_scatter_sequence(dx, *tp_, s)
                   : tp_detail::start_all_reduce(dx, *tp_, s);
   }
+  const Shape w_shape{local_out_, in_};
+  const Shape b_shape{local_out_};
   nn::accumulate_gradients(
-      s, {weight_, bias_},
-      [&](const std::vector<Tensor>& g) {
-        nn::linear_backward_weight(dy, xin, g[0].view({local_out_, in_}),
-                                   bias_ ? g[1].view({local_out_}) : Tensor(), s);
+      ctx, {weight_, bias_},
+      [dy, xin, w_shape, b_shape](const std::vector<Tensor>& g, const Stream& st) {
+        nn::linear_backward_weight(dy, xin, g[0].view(w_shape),
+                                   g[1].defined() ? g[1].view(b_shape) : Tensor(), st);
       },
-      weight_owned_ ? nn::GradReady::mark : nn::GradReady::defer);
+      nn::GradTiming::deferrable, weight_owned_ ? nn::GradReady::mark : nn::GradReady::defer);
   return reduced.finish(s);
 }
 
@@ -137,9 +139,12 @@ Tensor RowParallelLinear::backward(nn::Context& ctx, const Tensor& dy) {
   const Stream& s = ctx.stream();
   const Tensor x = ctx.take(*this).at(0);
   const Tensor dy_full = sp_ ? gather_sequence(dy, *tp_, s) : dy;
-  nn::accumulate_gradients(s, {weight_, bias_}, [&](const std::vector<Tensor>& g) {
-    nn::linear_backward_weight(dy_full, x, g[0], g[1], s);
-  });
+  nn::accumulate_gradients(
+      ctx, {weight_, bias_},
+      [dy_full, x](const std::vector<Tensor>& g, const Stream& st) {
+        nn::linear_backward_weight(dy_full, x, g[0], g[1], st);
+      },
+      nn::GradTiming::deferrable);
   return nn::linear_backward_input(dy_full, weight_->data(), s);
 }
 

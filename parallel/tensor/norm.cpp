@@ -31,9 +31,12 @@ Tensor ParallelLayerNorm::forward(nn::Context& ctx, const Tensor& x) {
 Tensor ParallelLayerNorm::backward(nn::Context& ctx, const Tensor& dy) {
   const auto v = ctx.take(*this);
   Tensor dx;
-  nn::accumulate_gradients(ctx.stream(), {weight_, bias_}, [&](const std::vector<Tensor>& g) {
-    dx = nn::layernorm_backward(dy, v[0], weight_->data(), v[1], v[2], g[0], g[1], ctx.stream());
-  });
+  nn::accumulate_gradients(
+      ctx, {weight_, bias_},
+      [&](const std::vector<Tensor>& g, const Stream& st) {
+        dx = nn::layernorm_backward(dy, v[0], weight_->data(), v[1], v[2], g[0], g[1], st);
+      },
+      nn::GradTiming::now);
   return dx;
 }
 
@@ -52,9 +55,12 @@ Tensor ParallelRMSNorm::forward(nn::Context& ctx, const Tensor& x) {
 Tensor ParallelRMSNorm::backward(nn::Context& ctx, const Tensor& dy) {
   const auto v = ctx.take(*this);
   Tensor dx;
-  nn::accumulate_gradients(ctx.stream(), {weight_}, [&](const std::vector<Tensor>& g) {
-    dx = nn::rmsnorm_backward(dy, v[0], weight_->data(), v[1], g[0], ctx.stream());
-  });
+  nn::accumulate_gradients(
+      ctx, {weight_},
+      [&](const std::vector<Tensor>& g, const Stream& st) {
+        dx = nn::rmsnorm_backward(dy, v[0], weight_->data(), v[1], g[0], st);
+      },
+      nn::GradTiming::now);
   return dx;
 }
 

@@ -42,9 +42,12 @@ Tensor VocabParallelEmbedding::backward(nn::Context& ctx, const Tensor& dy) {
   const Stream& s = ctx.stream();
   const Tensor ids = ctx.take(*this).at(0);
   const Tensor dy_full = sp_ ? gather_sequence(dy, *tp_, s) : dy;
-  nn::accumulate_gradients(s, {weight_}, [&](const std::vector<Tensor>& g) {
-    nn::vocab_parallel_embedding_backward(dy_full, ids, g[0], vocab_start_, s);
-  });
+  nn::accumulate_gradients(
+      ctx, {weight_},
+      [dy_full, ids, start = vocab_start_](const std::vector<Tensor>& g, const Stream& st) {
+        nn::vocab_parallel_embedding_backward(dy_full, ids, g[0], start, st);
+      },
+      nn::GradTiming::deferrable);
   return Tensor();
 }
 
@@ -85,9 +88,12 @@ Tensor PositionEmbedding::forward(nn::Context& ctx, const Tensor& x) {
 
 Tensor PositionEmbedding::backward(nn::Context& ctx, const Tensor& dy) {
   const Tensor ids = ctx.take(*this).at(0);
-  nn::accumulate_gradients(ctx.stream(), {weight_}, [&](const std::vector<Tensor>& g) {
-    nn::embedding_backward(dy, ids, g[0], ctx.stream());
-  });
+  nn::accumulate_gradients(
+      ctx, {weight_},
+      [dy, ids](const std::vector<Tensor>& g, const Stream& st) {
+        nn::embedding_backward(dy, ids, g[0], st);
+      },
+      nn::GradTiming::deferrable);
   return dy;
 }
 

@@ -2,7 +2,8 @@
 // communicator: a model cut into 1, 2, 3 and 4 chunks holds exactly the one-chunk model's
 // parameters (same names, same initial values), and running the chunks one after another gives
 // the one-chunk model's loss and gradients bit for bit; tied embeddings equal an untied model whose
-// head is a copy of the table, with the two gradients summed; the parameter counts equal the
+// head is a copy of the table, with the two gradients summed; a backward split into I and a
+// deferred W (zero-bubble pipelines) equals the whole one; the parameter counts equal the
 // parameters built; and the bad inputs are refused with a message that names them.
 #include <map>
 #include <string>
@@ -212,4 +213,46 @@ TEST_CASE("model: bad configs, chunks and calls are refused with their names", "
   m->forward(ctx, b.ids);
   REQUIRE_THROWS_QUINTET(m->backward(ctx, Tensor::zeros({})), InvalidArgument,
                          "takes an undefined tensor");
+}
+
+TEST_CASE("model: a backward split into I and deferred W equals the whole backward", "[model]") {
+  auto solo = make_self_communicator(Device::cpu(), "tp");
+  model::GptConfig c = small_config();
+  c.tied_embeddings = GENERATE(false, true);
+  c.activation = GENERATE(nn::Activation::gelu, nn::Activation::swiglu);
+  auto a = model::build_gpt_chunk(c, {solo.get()}, model::ChunkSpec::whole(c));
+  auto b = model::build_gpt_chunk(c, {solo.get()}, model::ChunkSpec::whole(c));
+  nn::ParameterStore sa(*a, DType::f32, kCpu, 8), sb(*b, DType::f32, kCpu, 8);
+  int marked = 0;
+  sb.add_grad_ready_hook([&](nn::Parameter&) { ++marked; });
+  const Batch batch = make_batch(c, 4);
+  nn::Context ca(kCpu), cb(kCpu);
+  ca.set_targets(batch.targets);
+  cb.set_targets(batch.targets);
+  a->forward(ca, batch.ids);
+  b->forward(cb, batch.ids);
+  a->backward(ca, Tensor());
+  cb.set_defer_weight_gradients(true);
+  b->backward(cb, Tensor());  // I: input gradients now, the weight gradients queued
+  cb.set_defer_weight_gradients(false);
+  const std::size_t params = sb.parameters().size();
+  // Only the norms (fused dx + dweight kernels) ran and were marked; the rest wait for W.
+  std::size_t norms = 0;
+  for (const nn::Parameter* p : sb.parameters()) {
+    const bool is_norm = p->name().find("norm") != std::string::npos;
+    norms += is_norm;
+    if (!is_norm) {
+      INFO(p->name() << " before W");
+      CHECK(host(p->grad()) == std::vector<float>(static_cast<std::size_t>(p->numel()), 0.0f));
+    }
+  }
+  CHECK(static_cast<std::size_t>(marked) == norms);
+  CHECK(cb.deferred_count() > 0);
+  cb.run_deferred_gradients();  // W
+  CHECK(cb.deferred_count() == 0);
+  CHECK(static_cast<std::size_t>(marked) == params);
+  for (nn::Parameter* p : sa.parameters()) {
+    INFO("gradient of " << p->name());
+    CHECK(host(sb.find(p->name()).grad()) == host(p->grad()));
+  }
 }

@@ -3,6 +3,7 @@
 // model. One Context per microbatch in flight.
 #pragma once
 
+#include <functional>
 #include <unordered_map>
 #include <vector>
 
@@ -41,10 +42,23 @@ class Context {
   const Tensor& targets() const;
   float loss_scale() const { return loss_scale_; }
 
+  // Weight-gradient deferral, for zero-bubble schedules that split a backward into its
+  // input-gradient part (I, now) and its weight-gradient part (W, later): while on, every
+  // deferrable nn::accumulate_gradients of a backward on this context is queued here
+  // (parameter.hpp) instead of run; run_deferred_gradients() runs the queue in order and empties
+  // it.
+  void set_defer_weight_gradients(bool on) { defer_ = on; }
+  bool defers_weight_gradients() const { return defer_; }
+  void defer(std::function<void()> work) { deferred_.push_back(std::move(work)); }
+  void run_deferred_gradients();
+  std::size_t deferred_count() const { return deferred_.size(); }
+
  private:
   const Stream* stream_;
   Tensor targets_;
   float loss_scale_ = 1.0f;
+  bool defer_ = false;
+  std::vector<std::function<void()>> deferred_;
   std::unordered_map<const Module*, std::vector<std::vector<Tensor>>> saved_;
 };
 

@@ -24,6 +24,7 @@
 namespace quintet::nn {
 
 class Module;
+class Context;
 
 // How a parameter's values are first drawn.
 struct ParameterInit {
@@ -101,18 +102,27 @@ class Parameter {
 };
 
 // The gradient protocol of a layer's backward, in one place, so that a new layer cannot get it
-// wrong: binds the gradient of each parameter (Parameter::grad_for_backward on stream, which with
-// gradients on demand may allocate it), calls accumulate(grads) with them in the order given (an
+// wrong: binds the gradient of each parameter (Parameter::grad_for_backward, which with gradients
+// on demand may allocate it), calls accumulate(grads, stream) with them in the order given (an
 // undefined tensor for a null parameter, e.g. an absent bias), which must ADD this microbatch's
 // contribution into them on stream, then marks each non-null parameter grad-ready in the order
 // given. Every layer's backward goes through it.
 //
-// GradReady::defer leaves them unmarked: for a weight shared by two layers (a tied LM head
-// reusing the embedding's table), the layer whose backward runs first defers, and the owner's
+// GradTiming says whether the work may run later. Zero-bubble pipeline schedules split a backward
+// into its input-gradient part (I) and its weight-gradient part (W): while
+// ctx.defers_weight_gradients(), deferrable work is queued on ctx and runs, binding and marking
+// included, at ctx.run_deferred_gradients(). Deferrable work must therefore hold what it reads by
+// value (tensors are shared handles), not by reference to the backward's locals. A fused kernel
+// that computes dx together with the weight gradient (the norms) is GradTiming::now.
+//
+// GradReady::defer leaves the parameters unmarked: for a weight shared by two layers (a tied LM
+// head reusing the embedding's table), the layer whose backward runs first defers, and the owner's
 // backward, which runs last, marks it. A parameter must be marked exactly once per microbatch.
+enum class GradTiming { deferrable, now };
 enum class GradReady { mark, defer };
-void accumulate_gradients(const Stream& stream, std::initializer_list<Parameter*> params,
-                          const std::function<void(const std::vector<Tensor>& grads)>& accumulate,
+using GradientWork = std::function<void(const std::vector<Tensor>& grads, const Stream& stream)>;
+void accumulate_gradients(Context& ctx, std::initializer_list<Parameter*> params,
+                          GradientWork accumulate, GradTiming timing,
                           GradReady ready = GradReady::mark);
 
 // Owns the value and gradient buffers of every parameter of a module tree. Parameters are laid
