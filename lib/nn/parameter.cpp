@@ -61,21 +61,32 @@ void Parameter::mark_grad_ready() {
 
 void accumulate_gradients(Context& ctx, std::initializer_list<Parameter*> params,
                           GradientWork accumulate, GradTiming timing, GradReady ready) {
-  auto work = [ps = std::vector<Parameter*>(params), fn = std::move(accumulate), ready,
-               stream = &ctx.stream()] {
-    std::vector<Tensor> grads;
-    grads.reserve(ps.size());
-    for (Parameter* p : ps) grads.push_back(p ? p->grad_for_backward(*stream) : Tensor());
-    fn(grads, *stream);
+  std::vector<Parameter*> ps(params);
+  auto mark = [ps, ready] {
     if (ready == GradReady::defer) return;
     for (Parameter* p : ps) {
       if (p) p->mark_grad_ready();
     }
   };
-  if (timing == GradTiming::deferrable && ctx.defers_weight_gradients()) {
-    ctx.defer(std::move(work));
+  auto run = [ps, fn = std::move(accumulate), stream = &ctx.stream()] {
+    std::vector<Tensor> grads;
+    grads.reserve(ps.size());
+    for (Parameter* p : ps) grads.push_back(p ? p->grad_for_backward(*stream) : Tensor());
+    fn(grads, *stream);
+  };
+  if (!ctx.defers_weight_gradients()) {
+    run();
+    mark();
+  } else if (timing == GradTiming::deferrable) {
+    ctx.defer([run = std::move(run), mark = std::move(mark)] {
+      run();
+      mark();
+    });
   } else {
-    work();
+    // Computed now (its kernel also gives dx), marked with the rest of the microbatch's weight
+    // gradients, so that every mark of a backward happens at its W.
+    run();
+    ctx.defer(std::move(mark));
   }
 }
 

@@ -113,7 +113,9 @@ class Parameter {
 // ctx.defers_weight_gradients(), deferrable work is queued on ctx and runs, binding and marking
 // included, at ctx.run_deferred_gradients(). Deferrable work must therefore hold what it reads by
 // value (tensors are shared handles), not by reference to the backward's locals. A fused kernel
-// that computes dx together with the weight gradient (the norms) is GradTiming::now.
+// that computes dx together with the weight gradient (the norms) is GradTiming::now: it runs at
+// once, but while deferring its parameters are marked ready at W too, so that all the marks of a
+// (stage, microbatch) backward happen at its W.
 //
 // GradReady::defer leaves the parameters unmarked: for a weight shared by two layers (a tied LM
 // head reusing the embedding's table), the layer whose backward runs first defers, and the owner's
