@@ -1,0 +1,95 @@
+// PipelineExecutor: runs one rank's part of a pipeline Schedule (schedule.hpp) over the model
+// chunks of the stages it holds, on the pipeline communicator (parallel/pipeline/executor.cpp).
+//
+// Per step, it walks the rank's actions in order on one stream:
+//   F   the stage's forward on a fresh nn::Context for (stage, microbatch); the first stage's input
+//       is the microbatch's tokens, the last stage's chunk ends in its loss (ctx.set_targets with
+//       the microbatch's targets and loss_scale), whose value is summed, times loss_scale, into
+//       the step's loss;
+//   B   its backward (d(loss) = loss_scale on the last stage); I the same with the weight
+//       gradients deferred on the context (nn::Context::set_defer_weight_gradients), W runs them;
+//       the context (the saved activations) is freed after B or W;
+//   SF/RF/SB/RB  consecutive transfers are issued as one batched p2p (Communicator::p2p) without
+//       waiting, receives into buffers of the activation shape; a compute action waits (Work::wait on
+//       the stream) for the receive it consumes, so transfers overlap the compute in between.
+// Between two stages on the same rank the tensor is handed over directly. At the end of the step
+// it waits for every transfer it issued.
+//
+// Data parallelism: give each stage's DataParallel (one per chunk's ParameterStore). The executor
+// tells it which backward is the stage's last gradient-marking action of the step
+// (DataParallel::set_last_microbatch), so that stage's gradient reduction starts right after it,
+// overlapping the rest of the schedule. The caller runs dp.begin_step() before run() and
+// dp.finish() after it, as without a pipeline.
+//
+// Errors: the constructor checks the schedule (check_schedule: structure, then a simulated run, so a
+// schedule that would deadlock is an InvalidArgument naming the rank and action), that the stages
+// given are exactly this rank's, and the communicator's size, before any communication. Not
+// thread-safe; the chunks, DataParallels and communicator are borrowed and must outlive it.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "quintet/collectives/communicator.hpp"
+#include "quintet/core/stream.hpp"
+#include "quintet/core/tensor.hpp"
+#include "quintet/nn/module.hpp"
+#include "quintet/parallel/data/data_parallel.hpp"
+#include "quintet/parallel/pipeline/schedule.hpp"
+
+namespace quintet::pipeline {
+
+// One stage this rank holds.
+struct StageModule {
+  int stage = 0;                // global stage index
+  nn::Module* chunk = nullptr;  // stage 0: takes tokens; the last stage: returns the loss
+  DataParallel* dp = nullptr;   // optional: the data parallelism over this chunk's store
+};
+
+// One microbatch's data: tokens [B, S] (read by the first stage), targets [B, S] (the last).
+struct MicrobatchData {
+  Tensor tokens;
+  Tensor targets;
+};
+
+struct ExecutorConfig {
+  // What travels between stages: the activations [B, S(/tp with sequence parallelism), d] and
+  // their gradients, in this dtype (the model's compute dtype).
+  Shape activation_shape;
+  DType activation_dtype = DType::f32;
+};
+
+class PipelineExecutor {
+ public:
+  // pp: this rank's pipeline communicator (size schedule.pp, rank = pipeline rank); stages: one
+  // entry per stage in schedule.stages_of(pp.rank()), in any order.
+  PipelineExecutor(Schedule schedule, Communicator& pp, std::vector<StageModule> stages,
+                   ExecutorConfig config);
+  ~PipelineExecutor();
+  PipelineExecutor(const PipelineExecutor&) = delete;
+  PipelineExecutor& operator=(const PipelineExecutor&) = delete;
+
+  // One step on stream. data(m) is called once per microbatch m, in increasing order, on a rank
+  // that holds the first or the last stage (never elsewhere). Returns the sum over microbatches of
+  // loss * loss_scale (a scalar f32 on stream's device) on the rank holding the last stage, an
+  // undefined tensor on the others. Every rank of the pipeline must call it.
+  Tensor run(const std::function<MicrobatchData(int microbatch)>& data, float loss_scale,
+             const Stream& stream);
+
+  const Schedule& schedule() const { return schedule_; }
+
+ private:
+  struct Slot;
+  Slot& slot(int stage, int microbatch);
+  const StageModule& stage_module(int stage) const;
+
+  Schedule schedule_;
+  Communicator* pp_;
+  std::vector<StageModule> stages_;
+  ExecutorConfig config_;
+  int rank_ = 0;
+  std::vector<std::size_t> last_marking_;  // per stage held: index of its last B or W
+};
+
+}  // namespace quintet::pipeline
