@@ -31,6 +31,7 @@
 #include "quintet/nn/parameter.hpp"
 #include "quintet/nn/vocab_parallel_ops.hpp"
 #include "quintet/parallel/checkpoint/checkpoint.hpp"
+#include "quintet/parallel/data/bucket_plan.hpp"
 #include "quintet/parallel/data/data_parallel.hpp"
 #include "quintet/parallel/data/distributed_optimizer.hpp"
 #include "quintet/parallel/layout.hpp"
