@@ -15,7 +15,7 @@
 
 #include "metrics.hpp"
 #include "quintet/collectives/bootstrap.hpp"           // World, init
-#include "quintet/collectives/timed_communicator.hpp"  // exposed tp communication per step
+#include "quintet/parallel/overlap/timed_communicator.hpp"  // exposed tp communication per step
 #include "quintet/core/allocator.hpp"                  // peak GPU memory
 #include "quintet/core/log.hpp"
 #include "quintet/data/loader.hpp"                  // DataLoader

@@ -1,13 +1,11 @@
 # Collectives: communicators (MPI, Self; NCCL in collectives_gpu.cmake), Work, bootstrap and the
-# TCP store.
+# TCP store. (TimedCommunicator moved to parallel/overlap/: overlap.cmake.)
 quintet_mpi_test(NAME collectives_ops_test COMPONENT collectives RANKS 1 2 3 4 8
                  SOURCES mpi/collectives_ops_test.cpp)
 quintet_mpi_test(NAME collectives_validation_test COMPONENT collectives RANKS 1 2 3 4 8
                  SOURCES mpi/collectives_validation_test.cpp)
 quintet_mpi_test(NAME collectives_split_test COMPONENT collectives RANKS 1 2 3 4 8
                  SOURCES mpi/collectives_split_test.cpp)
-quintet_mpi_test(NAME collectives_timed_test COMPONENT collectives RANKS 1 2 3
-                 SOURCES mpi/collectives_timed_test.cpp)
 quintet_unit_test(NAME collectives_bootstrap_test COMPONENT collectives
                   SOURCES unit/collectives_bootstrap_test.cpp)
 quintet_unit_test(NAME collectives_tcp_store_test COMPONENT collectives

@@ -1,5 +1,7 @@
 # Data parallelism: gradient buckets overlapped with backward, accumulation, ZeRO-1/2 and the
 # global gradient norm, against one-rank training (CPU, under mpirun) and on one and two GPUs.
+# The bucket plan (boundaries, groups, ZeRO shard ranges) with no process.
+quintet_unit_test(NAME dp_bucket_plan_test COMPONENT dp SOURCES unit/dp_bucket_plan_test.cpp)
 quintet_mpi_test(NAME dp_train_test COMPONENT dp RANKS 1 2 3 4 SOURCES mpi/dp_train_test.cpp)
 quintet_mpi_test(NAME dp_groups_test COMPONENT dp RANKS 1 2 3 4 SOURCES mpi/dp_groups_test.cpp)
 quintet_gpu_test(NAME gpu_dp_train_test COMPONENT dp RANKS 1 2 SOURCES gpu/dp_train_test.cpp)

@@ -3,9 +3,10 @@
 //
 // The chunk's f32 gradient buffer (nn::ParameterStore, backward order) is cut into buckets: runs
 // of consecutive parameters of one gradient group, the first bucket at most first_bucket_bytes,
-// the others at most bucket_bytes (a larger parameter gets a bucket of its own). The cut depends
-// only on the store's layout and the config, so it is the same on every rank. A parameter's
-// attributes pick its group, and so the communicator its bucket reduces over:
+// the others at most bucket_bytes (a larger parameter gets a bucket of its own). The cut is a
+// BucketPlan (bucket_plan.hpp: the exact rule, a pure function of the store's layout, the config
+// and the group sizes), so it is the same on every rank. A parameter's attributes pick its group,
+// and so the communicator its bucket reduces over:
 //   dense                              mean over Axis::dp_cp (== dp when cp == 1)
 //   dense with reduce_over_tp          sum over tp, mean over dp_cp: one reduction over
 //                                      Axis::tp_dp_cp of the gradient pre-scaled by 1/|dp_cp|
@@ -32,14 +33,17 @@
 // price of one reduction per microbatch. A microbatch's round of reductions closes when every
 // parameter has been marked grad-ready, or else at the next set_last_microbatch()/finish().
 //
-// ZeRO shards (stages 1, 2): a bucket of n elements reduced over a group of S ranks is padded to
-// L = S * ceil(n / S) elements; rank r owns elements [r * L/S, (r + 1) * L/S) of it (clipped to
-// n). Stage 1 reduce-scatters in place in the gradient buffer when S divides n, else through a
-// padded staging buffer (kept per bucket); after finish() only the owned part of its buffer is
-// meaningful (the rest holds this rank's unreduced partial sums). See distributed_optimizer.hpp
-// for the optimizer half (sharded master weights and moments, parameter all-gather).
+// ZeRO shards (stages 1, 2; the ranges are BucketPlan's): a bucket of n elements reduced over a
+// group of S ranks is padded to L = S * ceil(n / S) elements; rank r owns elements
+// [r * L/S, (r + 1) * L/S) of it (clipped to n). Stage 1 reduce-scatters in place in the gradient
+// buffer when S divides n, else through a padded staging buffer (kept per bucket); after finish()
+// only the owned part of its buffer is meaningful (the rest holds this rank's unreduced partial
+// sums). See distributed_optimizer.hpp for the optimizer half (sharded master weights and
+// moments, parameter all-gather).
 //
-// Measurement (last_step_stats), per step, in milliseconds:
+// Measurement (last_step_stats), per step, in milliseconds, through one OverlapMeter
+// (parallel/overlap/overlap_meter.hpp; a window per step, its origin marked on the compute stream
+// at begin_step): each reduction is an in_flight interval, each wait below an exposed interval.
 //   comm_ms     length of the union of the intervals [a bucket's reduction was issued, it
 //               completed]. GPU: timing events — the start recorded on the compute stream when the
 //               reduction is issued (its inputs are ready there), the end on a side stream made to
@@ -65,6 +69,7 @@
 #include "quintet/collectives/communicator.hpp"
 #include "quintet/core/stream.hpp"
 #include "quintet/nn/parameter.hpp"
+#include "quintet/parallel/data/bucket_plan.hpp"  // GradientBucket, BucketPlan
 #include "quintet/parallel/mesh.hpp"
 
 namespace quintet {
@@ -76,23 +81,6 @@ struct DataParallelConfig {
   int zero_stage = 0;   // 0: all-reduce, replicated optimizer; 1, 2: reduce-scatter + sharded state
   // Throws InvalidArgument naming the field unless the values above are in range.
   void validate() const;
-};
-
-// One bucket of the gradient buffer (element offsets into the store's flat buffers).
-struct GradientBucket {
-  std::int64_t begin = 0;              // first element (the first parameter's offset)
-  std::int64_t end = 0;                // one past the last element (includes alignment padding)
-  Axis axis = Axis::dp_cp;             // the group it is reduced (and, for ZeRO, sharded) over
-  std::vector<nn::Parameter*> params;  // in buffer order
-  // ZeRO layout (also filled for stage 0, where it is unused): group size, this rank's index in
-  // it, elements per shard (padded size / shard_count). This rank owns the flat elements
-  // [owned_begin(), owned_end()).
-  int shard_count = 1;
-  int shard_rank = 0;
-  std::int64_t shard_size = 0;
-  std::int64_t numel() const { return end - begin; }
-  std::int64_t owned_begin() const;
-  std::int64_t owned_end() const;
 };
 
 // What one step's reductions cost, measured (see the header comment for the definitions).
@@ -140,7 +128,8 @@ class DataParallel {
   // (and on a GPU its timing events) have completed. Zeros before the first finish().
   DataParallelStats last_step_stats() const;
 
-  const std::vector<GradientBucket>& buckets() const;
+  const std::vector<GradientBucket>& buckets() const;  // == plan().buckets()
+  const BucketPlan& plan() const;
   // The reduced gradient of bucket b's owned elements [owned_begin, owned_end) after finish():
   // a 1-D f32 view into the gradient buffer, the bucket's staging buffer (stage 1) or its shard
   // (stage 2). Stages 1, 2 only.

@@ -10,7 +10,7 @@
 
 #include "collectives_support.hpp"
 #include "quintet/collectives/mpi.hpp"
-#include "quintet/collectives/timed_communicator.hpp"
+#include "quintet/parallel/overlap/timed_communicator.hpp"
 
 using namespace quintet;
 using namespace quintet::test;

@@ -9,22 +9,24 @@
 //   ... one step ...
 //   const TimedCommunicator::Stats s = timed_tp.take_stats();   // s.exposed_ms of that step
 //
-// What is measured, per operation: a timing Event is recorded on the caller's stream just before
-// the operation is issued (start), and another on the stream passed to the first Work::wait(stream)
-// just after the wait (end). end - start is the time from issuing until that stream could continue:
-// the communication the stream was exposed to. Where the caller computes on the stream between
-// issuing and waiting (the column-parallel backward overlaps dx's all-reduce with the weight
-// gradient), that compute is inside the interval, so exposed_ms is an UPPER BOUND on the exposed
-// communication; where the wait follows the issue at once, it is the operation's whole latency.
-// On the CPU events are host timestamps taken at record time (Event's CPU behaviour), so the
-// interval is the host time from issue to the end of the (blocking) wait.
+// What is measured, per operation: one exposed interval of an OverlapMeter (overlap_meter.hpp),
+// started by a mark recorded on the caller's stream just before the operation is issued, and ended
+// by a mark recorded on the stream passed to the first Work::wait(stream) just after the wait. Its
+// length is the time from issuing until that stream could continue: the communication the stream
+// was exposed to. Where the caller computes on the stream between issuing and waiting (the
+// column-parallel backward overlaps dx's all-reduce with the weight gradient), that compute is
+// inside the interval, so exposed_ms is an UPPER BOUND on the exposed communication; where the
+// wait follows the issue at once, it is the operation's whole latency. On the CPU the marks are
+// host timestamps taken at record time (Event's CPU behaviour), so the interval is the host time
+// from issue to the end of the (blocking) wait.
 //
 // A Work completed on the host instead (synchronize() or wait_for() before any wait(stream)) ends
-// its interval with a host clock (std::chrono::steady_clock) read when synchronize returns, against
-// a host clock read at issue: the host, not a stream, was exposed. Only the first completion of a
-// Work ends its interval; later waits are forwarded and not timed again. A Work never waited on nor
-// synchronized counts in ops and bytes but adds no exposed time; one whose interval ends after a
-// take_stats() adds its time to the window in which it ends.
+// its interval on the host (OverlapInterval::end_on_host: the host clock when synchronize
+// returns, against the host clock read at issue): the host, not a stream, was exposed. The host
+// clocks are also used when the issuing and the waiting stream are on different devices. Only the
+// first completion of a Work ends its interval; later waits are forwarded and not timed again. A
+// Work never waited on nor synchronized counts in ops and bytes but adds no exposed time; one
+// whose interval ends after a take_stats() adds its time to the window in which it ends.
 //
 // Ownership: the inner communicator is borrowed and must outlive this one and every Work it
 // returned. Results, errors and input validation are the inner communicator's: an operation that
@@ -38,6 +40,7 @@
 #include <vector>
 
 #include "quintet/collectives/communicator.hpp"
+#include "quintet/parallel/overlap/overlap_meter.hpp"
 
 namespace quintet {
 
@@ -47,6 +50,7 @@ class TimedCommunicator final : public Communicator {
   struct Stats {
     std::int64_t ops = 0;     // operations issued (that did not throw)
     double exposed_ms = 0.0;  // sum over ended intervals of (end - start), milliseconds
+                              // (OverlapTotals::exposed_ms of the window)
     std::int64_t bytes = 0;   // payload in bytes: per op the larger of its buffers on this rank
                               // (p2p: the sum of its tensors; barrier: 0)
   };
@@ -96,18 +100,14 @@ class TimedCommunicator final : public Communicator {
   // it in its own TimedCommunicator to measure it. Not counted as an operation.
   std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override;
 
-  // ---- Implementation details below ----
-  struct Interval;  // one operation's start, end and state (defined in the source)
-
  private:
   // Records start on stream, runs issue() (the inner call), counts the op and wraps its Work.
   template <typename Issue>
   Work timed(const Stream& stream, std::int64_t bytes, Issue&& issue);
 
   Communicator* inner_;
-  Stats window_;
-  // Intervals of this window not yet summed (shared with their Works).
-  std::vector<std::shared_ptr<Interval>> pending_;
+  Stats window_;        // ops and bytes of this window
+  OverlapMeter meter_;  // its exposed intervals (shared with their Works)
 };
 
 }  // namespace quintet

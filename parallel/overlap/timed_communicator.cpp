@@ -1,9 +1,9 @@
-#include "quintet/collectives/timed_communicator.hpp"
+// TimedCommunicator: forwarding, counting, and one exposed OverlapMeter interval per operation (see
+// timed_communicator.hpp for what is measured).
+#include "quintet/parallel/overlap/timed_communicator.hpp"
 
 #include <algorithm>
 #include <chrono>
-#include <mutex>
-#include <optional>
 #include <utility>
 
 #include "quintet/core/error.hpp"
@@ -13,64 +13,22 @@ namespace quintet {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double ms_between(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double, std::milli>(b - a).count();
-}
-
 std::int64_t bytes_of(const Tensor& t) {
   return t.defined() ? static_cast<std::int64_t>(t.nbytes()) : 0;
 }
 
-}  // namespace
-
-// One operation's interval. The start is recorded by the issuing thread before the Work exists;
-// the end by whichever thread completes the Work first; take_stats reads it: hence the mutex.
-struct TimedCommunicator::Interval {
-  explicit Interval(const Device& device) : start(device, /*timing=*/true) {}
-
-  std::mutex mutex;
-  Event start;
-  Clock::time_point host_start;
-  std::optional<Event> end;                   // ended by wait(stream)
-  std::optional<Clock::time_point> host_end;  // ended by wait(stream) or on the host
-
-  bool ended() const { return host_end.has_value(); }
-
-  // end - start in ms; blocks until both events have completed. Events of different devices (a
-  // CPU issue stream and a CUDA wait stream) cannot be compared: the host clocks are used then.
-  // A waiting stream that is not ordered after the issuing one (a one-rank op that queues nothing
-  // there) may pass its end before the start: it was exposed to nothing, hence the clamp at 0.
-  double elapsed_ms() const {
-    if (end && end->device() == start.device()) {
-      start.synchronize();
-      end->synchronize();
-      return std::max(0.0, static_cast<double>(end->elapsed_ms(start)));
-    }
-    return std::max(0.0, ms_between(host_start, *host_end));
-  }
-};
-
-namespace {
-
-// The Work of a timed operation: forwards to the inner Work and ends the interval on the first
-// completion.
+// The Work of a timed operation: forwards to the inner Work and ends the operation's exposed
+// interval on the first completion (the interval ignores later ends).
 class TimedWork final : public WorkImpl {
  public:
-  TimedWork(Work inner, std::shared_ptr<TimedCommunicator::Interval> interval)
+  TimedWork(Work inner, std::shared_ptr<OverlapInterval> interval)
       : inner_(std::move(inner)), interval_(std::move(interval)) {}
 
   void wait(const Stream& stream) override {
     inner_.wait(stream);
-    std::lock_guard<std::mutex> lock(interval_->mutex);
-    if (interval_->ended()) return;
     // The end is recorded on the waiting stream after its wait: it completes when the stream can
     // continue past the operation.
-    Event end(stream.device(), /*timing=*/true);
-    end.record(stream);
-    interval_->end.emplace(std::move(end));
-    interval_->host_end = Clock::now();
+    interval_->end(stream);
   }
 
   bool synchronize_for(std::chrono::nanoseconds timeout) override {
@@ -85,8 +43,7 @@ class TimedWork final : public WorkImpl {
         throw;
       }
     }
-    std::lock_guard<std::mutex> lock(interval_->mutex);
-    if (!interval_->ended()) interval_->host_end = Clock::now();
+    interval_->end_on_host();
     return true;
   }
 
@@ -96,7 +53,7 @@ class TimedWork final : public WorkImpl {
 
  private:
   Work inner_;
-  std::shared_ptr<TimedCommunicator::Interval> interval_;
+  std::shared_ptr<OverlapInterval> interval_;
 };
 
 }  // namespace
@@ -107,35 +64,24 @@ TimedCommunicator::~TimedCommunicator() = default;
 
 template <typename Issue>
 Work TimedCommunicator::timed(const Stream& stream, std::int64_t bytes, Issue&& issue) {
-  auto interval = std::make_shared<Interval>(stream.device());
-  interval->start.record(stream);
-  interval->host_start = Clock::now();
+  // An operation that throws leaves its interval unended: it adds nothing to exposed_ms.
+  std::shared_ptr<OverlapInterval> interval = meter_.begin(OverlapKind::exposed, stream);
   Work inner = issue();  // validation errors propagate from here, nothing counted
   window_.ops += 1;
   window_.bytes += bytes;
-  pending_.push_back(interval);
   return Work(std::make_shared<TimedWork>(std::move(inner), std::move(interval)));
 }
 
 TimedCommunicator::Stats TimedCommunicator::take_stats() {
   Stats stats = window_;
-  std::vector<std::shared_ptr<Interval>> open;
-  for (auto& interval : pending_) {
-    std::lock_guard<std::mutex> lock(interval->mutex);
-    if (interval->ended()) {
-      stats.exposed_ms += interval->elapsed_ms();
-    } else if (interval.use_count() > 1) {
-      open.push_back(interval);  // its Work is alive: it may still end, in a later window
-    }
-  }
+  stats.exposed_ms = meter_.take().exposed_ms;
   window_ = Stats{};
-  pending_ = std::move(open);
   return stats;
 }
 
 void TimedCommunicator::reset() {
   window_ = Stats{};
-  pending_.clear();
+  meter_.start_window();
 }
 
 Work TimedCommunicator::all_reduce(const Tensor& in, const Tensor& out, ReduceOp op,
