@@ -1,10 +1,11 @@
-// 04_gpt_train: a GPT trained under any dp x tp (+ sp) layout, on CPUs or GPUs, on the built-in
+// 04_gpt_train: a GPT trained under any dp x tp (+ sp) x pp layout, on CPUs or GPUs, on the built-in
 // dataset or token shards, with checkpoints and per-step metrics. The template for your trainer:
 // one step reads top to bottom in train_step() below.
 //
 //   mpirun -np 4 04_gpt_train --tp 2 --dp 2 --device cpu --steps 200         # CPU, 4 ranks
 //   mpirun -np 2 04_gpt_train --dp 2 --layers 24 --hidden 1024 --heads 16 \
 //       --seq-len 1024 --micro-batch 8 --global-batch 16 --bench              # two GPUs
+//   mpirun -np 4 04_gpt_train --pp 4 --schedule zb-h1 --layers 8 --global-batch 32 --device cpu
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -25,6 +26,7 @@
 #include "quintet/parallel/data/distributed_optimizer.hpp"  // AdamW, ZeRO 0/1/2, clipping
 #include "quintet/parallel/mesh.hpp"
 #include "quintet/parallel/model/gpt.hpp"  // the library GPT (model + loss)
+#include "quintet/parallel/pipeline/executor.hpp"  // the pipeline schedule, run
 #include "trainer_state.hpp"
 
 namespace {
@@ -32,14 +34,22 @@ namespace {
 using quintet::Axis;
 using quintet::Tensor;
 
+// One pipeline stage this rank holds: its chunk of the model, the chunk's parameters, their
+// data parallelism and optimizer (a rank holds --vpp stages; one without a pipeline).
+struct Stage {
+  std::unique_ptr<quintet::model::GptChunk> model;
+  std::unique_ptr<quintet::nn::ParameterStore> store;
+  std::unique_ptr<quintet::DataParallel> dp;
+  std::unique_ptr<quintet::DistributedOptimizer> optimizer;
+};
+
 struct Trainer {
   const gpt::TrainConfig& config;
   quintet::World& world;
   quintet::Mesh& mesh;
   const quintet::Stream& stream;
-  quintet::model::GptChunk& model;
-  quintet::DataParallel& dp;
-  quintet::DistributedOptimizer& optimizer;
+  std::vector<Stage>& stages;
+  quintet::pipeline::PipelineExecutor& pipeline;
   quintet::data::DataLoader& loader;
   quintet::data::SamplerState data_position;  // after the last batch consumed
 };
@@ -49,28 +59,36 @@ struct StepResult {
   double grad_norm = 0.0;
 };
 
-// One optimizer step: accumulation over microbatches, the gradient reductions overlapping the
-// last backward, the (sharded) AdamW update, the loss averaged over dp.
+// One optimizer step: the pipeline schedule over the step's microbatches (without a pipeline:
+// forward and backward of each in turn, accumulating), the gradient reductions overlapping the
+// last backwards, the (sharded) AdamW update, the loss averaged over dp.
 StepResult train_step(Trainer& t) {
-  const std::int64_t accumulation = t.config.accumulation();
-  const float dloss = 1.0f / static_cast<float>(accumulation);
-  Tensor loss_sum = Tensor::empty({}, quintet::DType::f32, t.stream.device(), t.stream);
-  loss_sum.fill_(0.0, t.stream);
-  t.dp.begin_step();
-  for (std::int64_t m = 0; m < accumulation; ++m) {
+  const float dloss = 1.0f / static_cast<float>(t.config.accumulation());
+  for (Stage& s : t.stages) s.dp->begin_step();
+  // Called on the ranks of the first and last stage, once per microbatch, in order.
+  auto next_microbatch = [&t](int) {
     quintet::data::Batch batch = t.loader.next(t.stream);
     batch.wait(t.stream);
     t.data_position = batch.next_state;
-    t.dp.set_last_microbatch(m == accumulation - 1);
-    quintet::nn::Context ctx(t.stream);
-    ctx.set_targets(batch.targets, dloss);
-    const Tensor loss = t.model.forward(ctx, batch.tokens);  // the model ends in its loss
-    t.model.backward(ctx, Tensor());
-    quintet::nn::add_(loss_sum, loss, dloss, t.stream);
+    return quintet::pipeline::MicrobatchData{batch.tokens, batch.targets};
+  };
+  Tensor loss_sum = t.pipeline.run(next_microbatch, dloss, t.stream);
+  std::vector<quintet::DistributedOptimizer*> optimizers;
+  for (Stage& s : t.stages) {
+    s.dp->finish(t.stream);
+    optimizers.push_back(s.optimizer.get());
   }
-  t.dp.finish(t.stream);
-  const quintet::nn::OptimizerStepInfo info = t.optimizer.step(t.stream);
-  // Every tp rank has the same loss; the mean over dp is the loss of the global batch.
+  const quintet::nn::OptimizerStepInfo info =
+      quintet::DistributedOptimizer::step_together(optimizers, t.stream);
+  // The last stage has the loss (every tp rank the same); the sum over pp brings it to every
+  // stage, the mean over dp makes it the loss of the global batch.
+  if (t.config.pp > 1) {
+    if (!loss_sum.defined()) {
+      loss_sum = Tensor::empty({}, quintet::DType::f32, t.stream.device(), t.stream);
+      loss_sum.fill_(0.0, t.stream);
+    }
+    t.mesh.comm(Axis::pp).all_reduce(loss_sum, quintet::ReduceOp::sum, t.stream).wait(t.stream);
+  }
   t.mesh.comm(Axis::dp).all_reduce(loss_sum, quintet::ReduceOp::avg, t.stream).wait(t.stream);
   const Tensor host_loss = loss_sum.to(quintet::Device::cpu(), t.stream);
   t.stream.synchronize();
@@ -86,6 +104,7 @@ int run(const gpt::TrainConfig& c, quintet::World& world) {
   quintet::ParallelConfig layout;
   layout.tp = c.tp;
   layout.dp = c.dp;
+  layout.pp = c.pp;
   quintet::Mesh mesh(quintet::Layout(layout, world.size()), world.comm());
 
   // Data: the built-in dataset (made once, by whichever rank gets there first) or the user's.
@@ -110,16 +129,14 @@ int run(const gpt::TrainConfig& c, quintet::World& world) {
   if (c.tp > 1) timed_tp.emplace(mesh.comm(Axis::tp));
   quintet::Communicator& tp_comm = timed_tp ? *timed_tp : mesh.comm(Axis::tp);
   const quintet::model::GptConfig model_config = gpt::model_config(c, gpu);
-  const auto model = quintet::model::build_gpt_chunk(
-      model_config, {&tp_comm}, quintet::model::ChunkSpec::whole(model_config));
-  quintet::nn::ParameterStore store(*model, model_config.dtype, stream, c.seed);
+  quintet::pipeline::Schedule schedule = gpt::pipeline_schedule(c);
+  const auto chunks = quintet::model::split_into_chunks(model_config, c.pp * c.vpp);
   quintet::DataParallelConfig dp_config;
   dp_config.overlap = !c.no_overlap;
   dp_config.zero_stage = c.zero;
   dp_config.bucket_bytes = std::max<std::int64_t>(
       4, static_cast<std::int64_t>(c.bucket_mb * static_cast<double>(1 << 20)));
   dp_config.first_bucket_bytes = std::min(dp_config.first_bucket_bytes, dp_config.bucket_bytes);
-  quintet::DataParallel dp(store, mesh, dp_config, stream);
   quintet::nn::AdamWConfig adam;
   adam.hyper.lr = c.lr;
   adam.hyper.beta1 = 0.9f;
@@ -127,11 +144,30 @@ int run(const gpt::TrainConfig& c, quintet::World& world) {
   adam.hyper.eps = 1e-8f;
   adam.hyper.weight_decay = c.weight_decay;
   adam.max_grad_norm = c.clip;
-  quintet::DistributedOptimizer optimizer(dp, adam, stream);
+  // This rank's stages: each a chunk of the library model with its own parameters, data
+  // parallelism and optimizer.
+  std::vector<Stage> stages;
+  std::vector<quintet::pipeline::StageModule> stage_modules;
+  std::vector<gpt::StageState> saved_state;
+  for (int s : schedule.stages_of(mesh.rank(Axis::pp))) {
+    Stage st;
+    st.model = quintet::model::build_gpt_chunk(model_config, {&tp_comm}, chunks[s]);
+    st.store = std::make_unique<quintet::nn::ParameterStore>(*st.model, model_config.dtype,
+                                                             stream, c.seed);
+    st.dp = std::make_unique<quintet::DataParallel>(*st.store, mesh, dp_config, stream);
+    st.optimizer = std::make_unique<quintet::DistributedOptimizer>(*st.dp, adam, stream);
+    stage_modules.push_back({s, st.model.get(), st.dp.get()});
+    saved_state.push_back({s, st.store.get(), st.optimizer.get()});
+    stages.push_back(std::move(st));
+  }
+  const std::int64_t seq = c.sp ? c.seq_len / c.tp : c.seq_len;
+  quintet::pipeline::PipelineExecutor pipeline(
+      std::move(schedule), mesh.comm(Axis::pp), stage_modules,
+      {{c.micro_batch, seq, c.hidden}, model_config.dtype});
 
   gpt::RunPosition start;
   if (!c.resume.empty()) {
-    if (auto resumed = gpt::resume_run(c, store, optimizer, world.comm(), stream)) {
+    if (auto resumed = gpt::resume_run(c, saved_state, world.comm(), stream)) {
       start = *resumed;
       if (world.rank() == 0) {
         quintet::log::info("resumed from {} at step {}", c.resume, start.step);
@@ -153,27 +189,34 @@ int run(const gpt::TrainConfig& c, quintet::World& world) {
   if (world.rank() == 0 && !c.json) {
     fmt::print(
         "04_gpt_train: {} params ({} non-embedding), {} layers, hidden {}, heads {}, "
-        "vocab {}, seq {} | tp {} x dp {}{}, ZeRO-{} | {} | global batch {} = micro {} x "
-        "dp {} x accumulation {}\n",
+        "vocab {}, seq {} | tp {} x dp {} x pp {}{} ({} x {} chunks), ZeRO-{} | {} | "
+        "global batch {} = micro {} x dp {} x accumulation {}\n",
         model_config.total_params(), model_config.non_embedding_params(), c.layers, c.hidden,
-        c.heads, c.vocab, c.seq_len, c.tp, c.dp, c.sp ? " (+sp)" : "", c.zero, device.str(),
+        c.heads, c.vocab, c.seq_len, c.tp, c.dp, c.pp, c.sp ? " (+sp)" : "",
+        pipeline.schedule().name, c.vpp, c.pp, c.zero, device.str(),
         c.global_batch, c.micro_batch, c.dp, c.accumulation());
   }
-  Trainer t{c, world, mesh, stream, *model, dp, optimizer, loader, start.data};
+  Trainer t{c, world, mesh, stream, stages, pipeline, loader, start.data};
   gpt::Reporter reporter(world.rank() == 0, c.json, c.progress, c.steps);
   const double fpt =
       gpt::flops_per_token(model_config.non_embedding_params(), c.layers, c.hidden, c.seq_len);
   const std::int64_t end = c.stop_at > 0 ? c.stop_at : c.steps;
   for (std::int64_t step = start.step; step < end; ++step) {
     const float lr = gpt::learning_rate(c, step);
-    optimizer.set_lr(lr);
+    for (Stage& st : stages) st.optimizer->set_lr(lr);
     if (gpu) quintet::cuda_reset_peak(device);
     if (timed_tp) timed_tp->reset();  // the window is this step
     const auto t0 = std::chrono::steady_clock::now();
     const StepResult r = train_step(t);
     const double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    const quintet::DataParallelStats comm = dp.last_step_stats();
+    quintet::DataParallelStats comm;  // over this rank's stages
+    for (const Stage& st : stages) {
+      const quintet::DataParallelStats one = st.dp->last_step_stats();
+      comm.comm_ms += one.comm_ms;
+      comm.exposed_ms += one.exposed_ms;
+      comm.peak_gradient_bytes += one.peak_gradient_bytes;
+    }
     const double tp_exposed_ms = timed_tp ? timed_tp->take_stats().exposed_ms : 0.0;
 
     gpt::StepRecord rec;
@@ -201,7 +244,7 @@ int run(const gpt::TrainConfig& c, quintet::World& world) {
 
     const bool last = step + 1 == end;
     if (!c.save.empty() && ((c.save_every > 0 && (step + 1) % c.save_every == 0) || last)) {
-      gpt::save_run(c, {step + 1, t.data_position}, store, optimizer, world.comm(), stream);
+      gpt::save_run(c, {step + 1, t.data_position}, saved_state, world.comm(), stream);
     }
   }
   reporter.summary(c.bench ? c.bench_skip : 0);

@@ -23,7 +23,13 @@ bool parse_args(const quintet::RuntimeConfig& runtime, TrainConfig* c, int* exit
                  "sequences per optimizer step over all dp ranks (accumulation follows)")
       ->capture_default_str();
   app.add_option("--tp", c->tp, "tensor-parallel size")->capture_default_str();
-  app.add_option("--dp", c->dp, "data-parallel size (tp * dp = ranks)")->capture_default_str();
+  app.add_option("--dp", c->dp, "data-parallel size (tp * dp * pp = ranks)")
+      ->capture_default_str();
+  app.add_option("--pp", c->pp, "pipeline-parallel size (stages)")->capture_default_str();
+  app.add_option("--vpp", c->vpp, "model chunks per pipeline rank (interleaved, zb-v)")
+      ->capture_default_str();
+  app.add_option("--schedule", c->schedule, "pipeline schedule: gpipe, 1f1b, interleaved, zb-h1, zb-v")
+      ->capture_default_str();
   app.add_flag("--sp", c->sp, "sequence parallelism (with --tp > 1)");
   app.add_option("--zero", c->zero, "ZeRO stage: 0, 1 or 2")->capture_default_str();
   app.add_option("--lr", c->lr, "peak learning rate")->capture_default_str();
@@ -81,11 +87,23 @@ bool parse_args(const quintet::RuntimeConfig& runtime, TrainConfig* c, int* exit
 }
 
 void validate(const TrainConfig& c, int world) {
-  QUINTET_CHECK(c.tp >= 1 && c.dp >= 1, "--tp {} --dp {}: both must be >= 1", c.tp, c.dp);
-  QUINTET_CHECK(c.tp * c.dp == world,
-                "--tp {} x --dp {} = {} ranks, but the job has {}; launch with mpirun -np {} or "
-                "change --tp/--dp",
-                c.tp, c.dp, c.tp * c.dp, world, c.tp * c.dp);
+  QUINTET_CHECK(c.tp >= 1 && c.dp >= 1 && c.pp >= 1 && c.vpp >= 1,
+                "--tp {} --dp {} --pp {} --vpp {}: all must be >= 1", c.tp, c.dp, c.pp, c.vpp);
+  if (c.pp == 1) {
+    QUINTET_CHECK(c.tp * c.dp == world,
+                  "--tp {} x --dp {} = {} ranks, but the job has {}; launch with mpirun -np {} or "
+                  "change --tp/--dp",
+                  c.tp, c.dp, c.tp * c.dp, world, c.tp * c.dp);
+  } else {
+    QUINTET_CHECK(c.tp * c.dp * c.pp == world,
+                  "--tp {} x --dp {} x --pp {} = {} ranks, but the job has {}; launch with mpirun "
+                  "-np {} or change --tp/--dp/--pp",
+                  c.tp, c.dp, c.pp, c.tp * c.dp * c.pp, world, c.tp * c.dp * c.pp);
+  }
+  QUINTET_CHECK(c.layers % (c.pp * c.vpp) == 0,
+                "--layers {} is not divisible by --pp {} x --vpp {} = {} pipeline chunks; the "
+                "layers are split evenly over the chunks",
+                c.layers, c.pp, c.vpp, c.pp * c.vpp);
   QUINTET_CHECK(!c.sp || c.tp > 1, "--sp needs --tp > 1 (sequence parallelism splits over tp)");
   QUINTET_CHECK(!c.sp || c.seq_len % c.tp == 0,
                 "--seq-len {} is not divisible by --tp {}: sequence parallelism splits the "
@@ -112,9 +130,15 @@ void validate(const TrainConfig& c, int world) {
   QUINTET_CHECK(c.save_every == 0 || !c.save.empty(), "--save-every {} needs --save DIR",
                 c.save_every);
   QUINTET_CHECK(c.loader_threads >= 1, "--loader-threads {}: expected >= 1", c.loader_threads);
-  // The model's own checks (heads, vocabulary and MLP width against tp), before any
-  // communicator exists.
+  // The model's own checks (heads, vocabulary and MLP width against tp) and the schedule's rules
+  // (its microbatches, vpp), before any communicator exists.
   model_config(c, /*gpu=*/false).validate(c.tp);
+  pipeline_schedule(c);
+}
+
+quintet::pipeline::Schedule pipeline_schedule(const TrainConfig& c) {
+  const quintet::pipeline::ScheduleKind kind = quintet::pipeline::parse_schedule_kind(c.schedule);
+  return quintet::pipeline::make_schedule(kind, c.pp, c.vpp, static_cast<int>(c.accumulation()));
 }
 
 quintet::model::GptConfig model_config(const TrainConfig& c, bool gpu) {

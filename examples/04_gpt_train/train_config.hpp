@@ -6,6 +6,7 @@
 
 #include "quintet/core/runtime_config.hpp"
 #include "quintet/parallel/model/gpt_config.hpp"
+#include "quintet/parallel/pipeline/schedule.hpp"
 
 namespace gpt {
 
@@ -22,6 +23,9 @@ struct TrainConfig {
   // Layout.
   int tp = 1;
   int dp = 1;
+  int pp = 1;                     // pipeline stages (ranks)
+  int vpp = 1;                    // model chunks per pipeline rank
+  std::string schedule = "1f1b";  // gpipe, 1f1b, interleaved, zb-h1, zb-v
   bool sp = false;          // sequence parallelism (needs tp > 1)
   int zero = 0;             // 0, 1 or 2
   double bucket_mb = 25.0;  // MiB of f32 gradient per reduction bucket after the first (1 MiB)
@@ -53,6 +57,7 @@ struct TrainConfig {
   bool json = false;
   bool progress = true;  // progress bar on a terminal (rank 0)
 
+  // Microbatches per step on each rank (the pipeline's microbatches).
   std::int64_t accumulation() const { return global_batch / (micro_batch * dp); }
   std::int64_t tokens_per_step() const { return global_batch * seq_len; }
 };
@@ -70,6 +75,10 @@ void validate(const TrainConfig& config, int world);
 // The library model these flags describe: a GPT-2 style model (LayerNorm, GELU MLP of 4 * hidden,
 // learned positions, untied LM head, init std 0.02), bf16 on GPUs and f32 on the CPU.
 quintet::model::GptConfig model_config(const TrainConfig& config, bool gpu);
+
+// The pipeline schedule these flags ask for (--schedule over --pp, --vpp and accumulation()
+// microbatches); throws InvalidArgument stating the schedule's rule when they break it.
+quintet::pipeline::Schedule pipeline_schedule(const TrainConfig& config);
 
 // The learning rate at step (0-based): linear warmup over `warmup` steps, then cosine to min_lr.
 float learning_rate(const TrainConfig& config, std::int64_t step);

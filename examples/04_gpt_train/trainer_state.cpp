@@ -21,6 +21,8 @@ nlohmann::json identity(const TrainConfig& c) {
           {"global_batch", c.global_batch},
           {"tp", c.tp},
           {"dp", c.dp},
+          {"pp", c.pp},
+          {"vpp", c.vpp},
           {"sp", c.sp},
           {"zero", c.zero},
           {"seed", c.seed},
@@ -28,19 +30,28 @@ nlohmann::json identity(const TrainConfig& c) {
           {"synthetic_order", c.synthetic_order}};
 }
 
-std::vector<quintet::NamedTensor> run_tensors(quintet::nn::ParameterStore& store,
-                                              quintet::DistributedOptimizer& optimizer) {
-  std::vector<quintet::NamedTensor> tensors{{"params", store.data_buffer()}};
-  for (auto& [name, t] : optimizer.state()) tensors.push_back({"optimizer." + name, t});
+// The tensor names of a stage: plain when the rank holds one stage, else prefixed.
+std::string prefix(const std::vector<StageState>& stages, const StageState& s) {
+  return stages.size() == 1 ? std::string() : "stage" + std::to_string(s.stage) + ".";
+}
+
+std::vector<quintet::NamedTensor> run_tensors(const std::vector<StageState>& stages) {
+  std::vector<quintet::NamedTensor> tensors;
+  for (const StageState& s : stages) {
+    tensors.push_back({prefix(stages, s) + "params", s.store->data_buffer()});
+    for (auto& [name, t] : s.optimizer->state()) {
+      tensors.push_back({prefix(stages, s) + "optimizer." + name, t});
+    }
+  }
   return tensors;
 }
 
 }  // namespace
 
-void save_run(const TrainConfig& c, const RunPosition& pos, quintet::nn::ParameterStore& store,
-              quintet::DistributedOptimizer& optimizer, quintet::Communicator& world,
-              const quintet::Stream& stream) {
-  optimizer.wait_for_parameters(stream);  // ZeRO: every value current before it is written
+void save_run(const TrainConfig& c, const RunPosition& pos, const std::vector<StageState>& stages,
+              quintet::Communicator& world, const quintet::Stream& stream) {
+  // ZeRO: every value current before it is written.
+  for (const StageState& s : stages) s.optimizer->wait_for_parameters(stream);
   nlohmann::json meta{{"config", identity(c)},
                       {"step", pos.step},
                       {"data_epoch", pos.data.epoch},
@@ -54,12 +65,11 @@ void save_run(const TrainConfig& c, const RunPosition& pos, quintet::nn::Paramet
       std::_Exit(3);
     };
   }
-  quintet::save_checkpoint(c.save, pos.step, run_tensors(store, optimizer), meta.dump(), world,
-                           stream, before_commit);
+  quintet::save_checkpoint(c.save, pos.step, run_tensors(stages), meta.dump(), world, stream,
+                           before_commit);
 }
 
-std::optional<RunPosition> resume_run(const TrainConfig& c, quintet::nn::ParameterStore& store,
-                                      quintet::DistributedOptimizer& optimizer,
+std::optional<RunPosition> resume_run(const TrainConfig& c, const std::vector<StageState>& stages,
                                       quintet::Communicator& world, const quintet::Stream& stream) {
   const auto info = quintet::latest_checkpoint(c.resume);
   if (!info) return std::nullopt;
@@ -75,14 +85,20 @@ std::optional<RunPosition> resume_run(const TrainConfig& c, quintet::nn::Paramet
   }
   // Parameter values load in place; the optimizer state into copies it then takes (its "step" is
   // not a view).
-  std::vector<quintet::NamedTensor> tensors{{"params", store.data_buffer()}};
-  std::vector<std::pair<std::string, quintet::Tensor>> state = optimizer.state();
-  for (auto& [name, t] : state) {
-    t = quintet::Tensor::empty(t.shape(), t.dtype(), t.device(), stream);
-    tensors.push_back({"optimizer." + name, t});
+  std::vector<quintet::NamedTensor> tensors;
+  std::vector<std::vector<std::pair<std::string, quintet::Tensor>>> states;
+  for (const StageState& s : stages) {
+    tensors.push_back({prefix(stages, s) + "params", s.store->data_buffer()});
+    states.push_back(s.optimizer->state());
+    for (auto& [name, t] : states.back()) {
+      t = quintet::Tensor::empty(t.shape(), t.dtype(), t.device(), stream);
+      tensors.push_back({prefix(stages, s) + "optimizer." + name, t});
+    }
   }
   quintet::load_checkpoint(*info, tensors, world, stream);
-  optimizer.load_state(state, stream);
+  for (std::size_t i = 0; i < stages.size(); ++i) {
+    stages[i].optimizer->load_state(states[i], stream);
+  }
   RunPosition pos;
   pos.step = meta.at("step").get<std::int64_t>();
   pos.data.epoch = meta.at("data_epoch").get<std::uint64_t>();

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "quintet/collectives/communicator.hpp"
 #include "quintet/data/sampler.hpp"
@@ -22,17 +23,26 @@ struct RunPosition {
   quintet::data::SamplerState data;  // the next sample of the global stream
 };
 
-// Saves the run after position.step steps into config.save (collective over world). Every rank
-// writes its parameter values and optimizer state; rank 0 the metadata.
-void save_run(const TrainConfig& config, const RunPosition& position,
-              quintet::nn::ParameterStore& store, quintet::DistributedOptimizer& optimizer,
-              quintet::Communicator& world, const quintet::Stream& stream);
+// One pipeline stage this rank holds: its parameters and their optimizer.
+struct StageState {
+  int stage = 0;
+  quintet::nn::ParameterStore* store = nullptr;
+  quintet::DistributedOptimizer* optimizer = nullptr;
+};
 
-// Restores the latest checkpoint of config.resume into store and optimizer and returns where it
-// stands, or nothing (a fresh start) when the directory holds none. Throws InvalidArgument when
-// the checkpoint's model, layout or batch differ from config (naming the field).
-std::optional<RunPosition> resume_run(const TrainConfig& config, quintet::nn::ParameterStore& store,
-                                      quintet::DistributedOptimizer& optimizer,
+// Saves the run after position.step steps into config.save (collective over world). Every rank
+// writes the parameter values and optimizer state of its stages (tensors "params",
+// "optimizer.*", prefixed "stage<s>." when a rank holds several stages); rank 0 the metadata.
+void save_run(const TrainConfig& config, const RunPosition& position,
+              const std::vector<StageState>& stages, quintet::Communicator& world,
+              const quintet::Stream& stream);
+
+// Restores the latest checkpoint of config.resume into the stages' stores and optimizers and
+// returns where it stands, or nothing (a fresh start) when the directory holds none. Throws
+// InvalidArgument when the checkpoint's model, layout or batch differ from config (naming the
+// field).
+std::optional<RunPosition> resume_run(const TrainConfig& config,
+                                      const std::vector<StageState>& stages,
                                       quintet::Communicator& world, const quintet::Stream& stream);
 
 }  // namespace gpt

@@ -138,6 +138,49 @@ void DistributedOptimizer::gather_parameters(const Stream& stream) {
 }
 
 nn::OptimizerStepInfo DistributedOptimizer::step(const Stream& stream) {
+  DistributedOptimizer* self = this;
+  return step_together({&self, 1}, stream);
+}
+
+nn::OptimizerStepInfo DistributedOptimizer::step_together(
+    std::span<DistributedOptimizer* const> optimizers, const Stream& stream) {
+  QUINTET_CHECK(!optimizers.empty(), "DistributedOptimizer::step_together: no optimizers");
+  const Mesh& mesh = optimizers.front()->dp_.mesh();
+  Tensor sq;
+  for (DistributedOptimizer* o : optimizers) {
+    QUINTET_CHECK(&o->dp_.mesh() == &mesh,
+                  "DistributedOptimizer::step_together: the optimizers' DataParallels must share "
+                  "one mesh (the chunks of one rank)");
+    const Tensor part = o->local_sum_of_squares(stream);
+    if (sq.defined()) {
+      QUINTET_CHECK(part.dtype() == sq.dtype(),
+                    "DistributedOptimizer::step_together: chunks with different gradient dtypes "
+                    "({} and {})",
+                    dtype_name(sq.dtype()), dtype_name(part.dtype()));
+      nn::add_(sq, part, 1.0f, stream);
+    } else {
+      sq = part;
+    }
+  }
+  mesh.comm(Axis::tp_dp_cp).all_reduce(sq, ReduceOp::sum, stream).wait(stream);
+  mesh.comm(Axis::pp).all_reduce(sq, ReduceOp::sum, stream).wait(stream);
+  stream.synchronize();  // the host reads the norm to decide on clipping
+  const double norm = std::sqrt(sq.item({0}));
+  QUINTET_CHECK(std::isfinite(norm),
+                "DistributedOptimizer::step: the gradient norm is {}; a gradient holds inf or nan",
+                norm);
+  nn::OptimizerStepInfo info;
+  for (DistributedOptimizer* o : optimizers) info = o->apply(norm, stream);
+  return info;
+}
+
+Tensor DistributedOptimizer::grad_of(const Segment& g) const {
+  if (stage_ == 0) return dp_.store().grad_buffer().narrow(0, g.flat_offset, g.length);
+  return dp_.owned_grad(g.bucket).narrow(
+      0, g.flat_offset - dp_.buckets()[g.bucket].owned_begin(), g.length);
+}
+
+Tensor DistributedOptimizer::local_sum_of_squares(const Stream& stream) {
   QUINTET_CHECK(dp_.finished(),
                 "DistributedOptimizer::step: the gradients are not reduced; call "
                 "DataParallel::finish() after the last microbatch's backward");
@@ -146,12 +189,6 @@ nn::OptimizerStepInfo DistributedOptimizer::step(const Stream& stream) {
                 stream.device().str(), dp_.store().device().str());
   wait_for_parameters(stream);
   const nn::ParameterStore& store = dp_.store();
-  const std::vector<GradientBucket>& buckets = dp_.buckets();
-  auto grad_of = [&](const Segment& g) {
-    if (stage_ == 0) return store.grad_buffer().narrow(0, g.flat_offset, g.length);
-    return dp_.owned_grad(g.bucket).narrow(0, g.flat_offset - buckets[g.bucket].owned_begin(),
-                                           g.length);
-  };
 
   std::vector<Tensor> counted;
   for (const Segment& g : segments_) {
@@ -166,16 +203,13 @@ nn::OptimizerStepInfo DistributedOptimizer::step(const Stream& stream) {
     sq = nn::sum_of_squares(counted, stream).view({1});
   }
   if (sq.dtype() != acc) sq = nn::cast(sq, acc, stream);
-  const Mesh& mesh = dp_.mesh();
-  mesh.comm(Axis::tp_dp_cp).all_reduce(sq, ReduceOp::sum, stream).wait(stream);
-  mesh.comm(Axis::pp).all_reduce(sq, ReduceOp::sum, stream).wait(stream);
+  return sq;
+}
 
-  stream.synchronize();  // the host reads the norm to decide on clipping
+nn::OptimizerStepInfo DistributedOptimizer::apply(double norm, const Stream& stream) {
+  const nn::ParameterStore& store = dp_.store();
   nn::OptimizerStepInfo info;
-  info.grad_norm = std::sqrt(sq.item({0}));
-  QUINTET_CHECK(std::isfinite(info.grad_norm),
-                "DistributedOptimizer::step: the gradient norm is {}; a gradient holds inf or nan",
-                info.grad_norm);
+  info.grad_norm = norm;
   if (config_.max_grad_norm > 0 && info.grad_norm > config_.max_grad_norm) {
     info.grad_scale = static_cast<float>(config_.max_grad_norm / (info.grad_norm + 1e-6));
   }

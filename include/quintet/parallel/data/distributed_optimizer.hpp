@@ -24,6 +24,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -48,6 +49,13 @@ class DistributedOptimizer {
   // scalar all-reduces; synchronises stream to read it), clips, updates, and for ZeRO issues the
   // parameter all-gathers. Does not zero the gradients (DataParallel::begin_step does).
   nn::OptimizerStepInfo step(const Stream& stream);
+  // step() for the optimizers of every model chunk this rank holds (a pipeline rank with vpp > 1
+  // chunks has one store, DataParallel and optimizer per chunk): one global norm over all of
+  // them (each chunk's part summed here, then the same all-reduces as step()), the same clipping
+  // for all, then each one's update. Their DataParallels must share one mesh. Returns the info
+  // of the step (the same norm and scale for every chunk).
+  static nn::OptimizerStepInfo step_together(std::span<DistributedOptimizer* const> optimizers,
+                                             const Stream& stream);
   void set_lr(float lr) { config_.hyper.lr = lr; }
   const nn::AdamWConfig& config() const { return config_; }
   std::int64_t steps() const { return step_; }
@@ -78,6 +86,12 @@ class DistributedOptimizer {
     std::int64_t state_offset;  // into master_/exp_avg_/exp_avg_sq_
     bool in_norm;               // whether this rank counts it in the global norm
   };
+  // The reduced gradient this rank updates segment g from.
+  Tensor grad_of(const Segment& g) const;
+  // This rank's part of the squared global norm (what it counts), as a [1] tensor on stream.
+  Tensor local_sum_of_squares(const Stream& stream);
+  // The update given the global norm.
+  nn::OptimizerStepInfo apply(double norm, const Stream& stream);
   void gather_parameters(const Stream& stream);
   void wait_bucket(int b, const Stream& stream);
 

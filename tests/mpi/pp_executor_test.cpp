@@ -1,0 +1,238 @@
+// The pipeline executor (quintet/parallel/pipeline/executor.hpp) under mpirun, CPU, f32: one
+// training step of the library GPT cut into pp * vpp stages, under every schedule, combined with
+// tp (with and without sequence parallelism) and dp (ZeRO 0 and 1), equals the whole model on one
+// rank over the same global batch: the loss, every gradient after the data-parallel reduction,
+// and (with ZeRO-1) the parameters after an optimizer step. Which layouts run depends on the job's
+// size (2, 3, 4 or 8 ranks). Bad inputs are refused before any communication.
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "quintet/collectives/mpi.hpp"
+#include "quintet/nn/optimizer.hpp"
+#include "quintet/parallel/data/distributed_optimizer.hpp"
+#include "quintet/parallel/model/gpt.hpp"
+#include "quintet/parallel/pipeline/executor.hpp"
+#include "tp_support.hpp"
+
+using namespace quintet;
+using namespace tp_test;
+using pipeline::ScheduleKind;
+
+namespace {
+
+const Stream kCpu;
+constexpr std::uint64_t kSeed = 7;
+constexpr std::int64_t kRows = 2;  // sequences per microbatch
+
+struct Case {
+  int pp, vpp, tp, dp;
+  ScheduleKind kind;
+  int micro;  // microbatches per step on each dp rank
+  bool sp = false;
+  int zero = 0;
+  std::string str() const {
+    return fmt::format("pp {} vpp {} tp {} dp {} {} m {}{} zero {}", pp, vpp, tp, dp,
+                       pipeline::schedule_kind_name(kind), micro, sp ? " sp" : "", zero);
+  }
+};
+
+std::vector<Case> cases_for(int world) {
+  std::vector<Case> out;
+  auto every_schedule = [&](int pp) {
+    out.push_back({pp, 1, 1, 1, ScheduleKind::gpipe, pp + 1});
+    out.push_back({pp, 1, 1, 1, ScheduleKind::one_f_one_b, 2 * pp});
+    out.push_back({pp, 1, 1, 1, ScheduleKind::zb_h1, 2 * pp});
+    out.push_back({pp, 2, 1, 1, ScheduleKind::interleaved, 2 * pp});
+    out.push_back({pp, 2, 1, 1, ScheduleKind::zb_v, 2 * pp});
+  };
+  if (world == 2 || world == 3 || world == 4) every_schedule(world);
+  if (world == 4) {
+    for (bool sp : {false, true}) {
+      out.push_back({2, 1, 2, 1, ScheduleKind::one_f_one_b, 4, sp});
+      out.push_back({2, 1, 2, 1, ScheduleKind::zb_h1, 4, sp});
+    }
+    out.push_back({2, 1, 1, 2, ScheduleKind::one_f_one_b, 4, false, 0});
+    out.push_back({2, 1, 1, 2, ScheduleKind::one_f_one_b, 4, false, 1});
+    out.push_back({2, 2, 1, 2, ScheduleKind::interleaved, 4, false, 1});
+  }
+  if (world == 8) {
+    out.push_back({2, 1, 2, 2, ScheduleKind::one_f_one_b, 4, true, 1});
+    out.push_back({2, 2, 2, 2, ScheduleKind::zb_v, 4, true, 0});
+    out.push_back({2, 2, 2, 2, ScheduleKind::interleaved, 4, false, 1});
+    out.push_back({4, 1, 1, 2, ScheduleKind::zb_h1, 4, false, 0});
+  }
+  return out;
+}
+
+model::GptConfig gpt_config(const Case& c) {
+  return model::GptConfig{.layers = 2 * c.pp * c.vpp,
+                          .hidden = 16,
+                          .heads = 4,
+                          .ffn_hidden = 32,
+                          .vocab = 32,
+                          .seq_len = 8,
+                          .init_std = 0.2f,
+                          .proj_init_std = 0.1f,
+                          .sequence_parallel = c.sp};
+}
+
+// Global microbatch g's data (the same on every rank that asks).
+pipeline::MicrobatchData microbatch(const model::GptConfig& c, int g) {
+  std::vector<std::int64_t> ids, targets;
+  for (std::int64_t i = 0; i < kRows * c.seq_len; ++i) {
+    ids.push_back((7 * g + 5 * i + 3) % c.vocab);
+    targets.push_back((11 * g + 3 * i + 1) % c.vocab);
+  }
+  return {Tensor::from_vector(ids, {kRows, c.seq_len}),
+          Tensor::from_vector(targets, {kRows, c.seq_len})};
+}
+
+nn::AdamWConfig adam() {
+  nn::AdamWConfig a;
+  a.hyper.lr = 1e-2f;
+  a.hyper.eps = 1e-4f;
+  a.max_grad_norm = 0.0f;  // no clipping: each chunk's optimizer steps on its own
+  return a;
+}
+
+void run_case(const Case& c, Communicator& world) {
+  INFO(c.str());
+  const Mesh mesh(Layout(ParallelConfig{.tp = c.tp, .dp = c.dp, .pp = c.pp}, world.size()), world);
+  const model::GptConfig config = gpt_config(c);
+  model::GptConfig ref_config = config;
+  ref_config.sequence_parallel = false;
+  const int pp_rank = mesh.rank(Axis::pp), dp_rank = mesh.rank(Axis::dp);
+  const pipeline::Schedule schedule = pipeline::make_schedule(c.kind, c.pp, c.vpp, c.micro);
+  const auto specs = model::split_into_chunks(config, c.pp * c.vpp);
+
+  // This rank's stages: a chunk, its store, its data parallelism (and optimizer) each.
+  struct Held {
+    std::unique_ptr<model::GptChunk> chunk;
+    std::unique_ptr<nn::ParameterStore> store;
+    std::unique_ptr<DataParallel> dp;
+    std::unique_ptr<DistributedOptimizer> opt;
+  };
+  std::vector<Held> held;
+  std::vector<pipeline::StageModule> stages;
+  DataParallelConfig dpc;
+  dpc.zero_stage = c.zero;
+  dpc.first_bucket_bytes = 512;
+  dpc.bucket_bytes = 2048;
+  for (int s : schedule.stages_of(pp_rank)) {
+    Held h;
+    h.chunk = model::build_gpt_chunk(config, {&mesh.comm(Axis::tp)}, specs[s]);
+    h.store = std::make_unique<nn::ParameterStore>(*h.chunk, DType::f32, kCpu, kSeed);
+    h.dp = std::make_unique<DataParallel>(*h.store, mesh, dpc, kCpu);
+    if (c.zero > 0) h.opt = std::make_unique<DistributedOptimizer>(*h.dp, adam(), kCpu);
+    stages.push_back({s, h.chunk.get(), h.dp.get()});
+    held.push_back(std::move(h));
+  }
+  const std::int64_t seq = c.sp ? config.seq_len / c.tp : config.seq_len;
+  pipeline::PipelineExecutor executor(schedule, mesh.comm(Axis::pp), stages,
+                                      {{kRows, seq, config.hidden}, DType::f32});
+
+  // The reference: the whole model on this rank over every dp rank's microbatches.
+  auto solo = make_self_communicator(Device::cpu(), "solo");
+  auto ref = model::build_gpt_chunk(ref_config, {solo.get()}, model::ChunkSpec::whole(ref_config));
+  nn::ParameterStore ref_store(*ref, DType::f32, kCpu, kSeed);
+  const int total = c.dp * c.micro;
+  double ref_loss = 0.0;
+  for (int g = 0; g < total; ++g) {
+    const pipeline::MicrobatchData d = microbatch(config, g);
+    nn::Context ctx(kCpu);
+    ctx.set_targets(d.targets, 1.0f / static_cast<float>(total));
+    ref_loss += ref->forward(ctx, d.tokens).item() / total;
+    ref->backward(ctx, Tensor());
+  }
+
+  for (Held& h : held) h.dp->begin_step();
+  int fetched = 0;
+  const Tensor loss = executor.run(
+      [&](int m) {
+        CHECK(m == fetched++);  // in increasing order, once each
+        return microbatch(config, dp_rank * c.micro + m);
+      },
+      1.0f / static_cast<float>(c.micro), kCpu);
+  for (Held& h : held) h.dp->finish(kCpu);
+  const bool last = schedule.stage_rank.back() == pp_rank;
+  REQUIRE(loss.defined() == last);
+  if (last) {
+    Tensor mean = loss.clone();
+    mesh.comm(Axis::dp).all_reduce(mean, ReduceOp::avg).wait();
+    CHECK(std::abs(mean.item() - ref_loss) <= 1e-5 * std::abs(ref_loss));
+  }
+  const bool holds_ends = last || schedule.stage_rank.front() == pp_rank;
+  CHECK((fetched == c.micro) == holds_ends);
+  CHECK((fetched == 0) == !holds_ends);
+
+  if (c.zero == 0) {
+    for (Held& h : held) {
+      for (auto& [name, p] : h.chunk->named_parameters()) {
+        require_close(p->grad(), shard_of(ref_store.find(name).grad(), *p), "gradient of " + name,
+                      2e-6, 1e-5);
+      }
+    }
+    return;
+  }
+  // ZeRO-1: one optimizer step on both sides, then the parameters.
+  nn::AdamW ref_opt(ref_store, adam(), kCpu);
+  ref_opt.step(kCpu);
+  for (Held& h : held) {
+    h.opt->step(kCpu);
+    h.opt->wait_for_parameters(kCpu);
+    for (auto& [name, p] : h.chunk->named_parameters()) {
+      require_close(p->data(), shard_of(ref_store.find(name).data(), *p), "value of " + name, 2e-6,
+                    1e-5);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("pp: one step under every schedule and layout equals one rank", "[pp]") {
+  World world = cpu_world();
+  const auto cases = cases_for(world.size());
+  REQUIRE(!cases.empty());
+  for (const Case& c : cases) run_case(c, world.comm());
+}
+
+TEST_CASE("pp: bad inputs are refused before any communication", "[pp]") {
+  World world = cpu_world();
+  const int n = world.size();
+  const Mesh mesh(Layout(ParallelConfig{.pp = n}, n), world.comm());
+  const pipeline::Schedule good = pipeline::make_schedule(ScheduleKind::one_f_one_b, n, 1, n);
+  model::GptConfig config = gpt_config({n, 1, 1, 1, ScheduleKind::one_f_one_b, n});
+  const auto specs = model::split_into_chunks(config, n);
+  auto chunk = model::build_gpt_chunk(config, {&mesh.comm(Axis::tp)}, specs[mesh.rank(Axis::pp)]);
+  nn::ParameterStore store(*chunk, DType::f32, kCpu, kSeed);
+  const pipeline::ExecutorConfig ec{{kRows, config.seq_len, config.hidden}, DType::f32};
+  const int other = (mesh.rank(Axis::pp) + 1) % n;
+  // Chunks for another rank's stage.
+  REQUIRE_THROWS_QUINTET(
+      pipeline::PipelineExecutor(good, mesh.comm(Axis::pp), {{other, chunk.get()}}, ec),
+      InvalidArgument, fmt::format("holds stages [{}]", mesh.rank(Axis::pp)));
+  // A schedule for another pipeline size.
+  const pipeline::Schedule wrong = pipeline::make_schedule(ScheduleKind::gpipe, n + 1, 1, 2);
+  REQUIRE_THROWS_QUINTET(pipeline::PipelineExecutor(wrong, mesh.comm(Axis::pp),
+                                                    {{mesh.rank(Axis::pp), chunk.get()}}, ec),
+                         InvalidArgument, "schedule is for pp");
+  // A schedule that would deadlock: the first send of rank 0 removed.
+  pipeline::Schedule broken = good;
+  auto& a0 = broken.actions[0];
+  for (std::size_t i = 0; i < a0.size(); ++i) {
+    if (a0[i].kind == pipeline::ActionKind::send_forward) {
+      a0.erase(a0.begin() + static_cast<std::ptrdiff_t>(i));
+      break;
+    }
+  }
+  REQUIRE_THROWS_QUINTET(pipeline::PipelineExecutor(broken, mesh.comm(Axis::pp),
+                                                    {{mesh.rank(Axis::pp), chunk.get()}}, ec),
+                         InvalidArgument, "rank 1");
+  // Layers that do not split into the stages.
+  REQUIRE_THROWS_QUINTET(model::split_into_chunks(config, static_cast<int>(config.layers) + 1),
+                         InvalidArgument, "chunks for");
+}
