@@ -5,9 +5,9 @@
 #include <utility>
 
 #include "collectives/validation.hpp"
-#include "core/internal/cuda_guard.hpp"
 #include "quintet/collectives/mpi.hpp"
 #include "quintet/core/allocator.hpp"
+#include "quintet/core/device_guard.hpp"
 #include "quintet/core/error.hpp"
 #include "quintet/core/log.hpp"
 

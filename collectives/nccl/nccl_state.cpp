@@ -4,7 +4,7 @@
 
 #include <thread>
 
-#include "core/internal/cuda_guard.hpp"
+#include "quintet/core/device_guard.hpp"
 #include "quintet/core/error.hpp"
 
 namespace quintet::detail {

@@ -9,6 +9,7 @@
 #include "quintet/core/allocator.hpp"
 #include "quintet/core/config.hpp"
 #include "quintet/core/device.hpp"
+#include "quintet/core/device_guard.hpp"
 #include "quintet/core/dtype.hpp"
 #include "quintet/core/error.hpp"
 #include "quintet/core/log.hpp"
