@@ -27,28 +27,6 @@ bool is_usage_error(ncclResult_t r) { return r == ncclInvalidArgument || r == nc
 
 }  // namespace
 
-ncclDataType_t nccl_dtype(DType dtype) {
-  switch (dtype) {
-    case DType::f32:
-      return ncclFloat32;
-    case DType::f16:
-      return ncclFloat16;
-    case DType::bf16:
-      return ncclBfloat16;
-    case DType::f64:
-      return ncclFloat64;
-    case DType::i32:
-      return ncclInt32;
-    case DType::i64:
-      return ncclInt64;
-    case DType::u8:
-      return ncclUint8;
-    case DType::u16:
-      return ncclUint8;  // moved as two bytes per element; never reduced
-  }
-  return ncclUint8;
-}
-
 ncclResult_t nccl_wait_not_in_progress(ncclComm_t comm, double timeout_s) {
   const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                            std::chrono::duration<double>(timeout_s));
@@ -303,3 +281,29 @@ std::string NcclWork::describe() const {
 }
 
 }  // namespace quintet::detail
+
+namespace quintet {
+
+ncclDataType_t nccl_datatype(DType dtype) {
+  switch (dtype) {
+    case DType::f32:
+      return ncclFloat32;
+    case DType::f16:
+      return ncclFloat16;
+    case DType::bf16:
+      return ncclBfloat16;
+    case DType::f64:
+      return ncclFloat64;
+    case DType::i32:
+      return ncclInt32;
+    case DType::i64:
+      return ncclInt64;
+    case DType::u8:
+      return ncclUint8;
+    case DType::u16:
+      return ncclUint8;  // moved as two bytes per element; never reduced
+  }
+  return ncclUint8;
+}
+
+}  // namespace quintet

@@ -42,3 +42,8 @@
 #include "quintet/parallel/tensor/regions.hpp"
 #include "quintet/parallel/tensor/transformer.hpp"
 #include "quintet/parallel/tensor/vocab.hpp"
+
+// Includes nccl.h, so only in a build with NCCL.
+#if QUINTET_HAS_NCCL
+#include "quintet/collectives/nccl.hpp"
+#endif
