@@ -3,7 +3,8 @@
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
-install(TARGETS quintet EXPORT quintetTargets
+# quintet_api (quintet::api) carries the include folder and the public dependencies of quintet.
+install(TARGETS quintet quintet_api EXPORT quintetTargets
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}

@@ -16,14 +16,25 @@ enum Dim { kTp = 0, kCp, kEp, kDp, kPp };
 constexpr std::array<std::string_view, 5> kDimNames = {"tp", "cp", "ep", "dp", "pp"};
 
 constexpr std::string_view kOrderHint =
-    "write the five names tp, cp, ep, dp, pp once each, joined by '-' (the first varies "
+    "write each of the names tp, cp, ep, dp, pp at most once, joined by '-' (the first varies "
     "fastest), e.g. 'tp-cp-ep-dp-pp'";
 
-// Parses an order string into position -> dimension; throws with what is wrong with it.
-std::array<int, 5> parse_order(std::string_view order) {
-  std::array<int, 5> result{};
+// Where Megatron-Core's RankGenerator appends the dimensions an order leaves out: in the order of
+// its name_to_size table (tp, pp, dp, ep, cp), after the named ones.
+constexpr std::array<int, 5> kAppendOrder = {kTp, kPp, kDp, kEp, kCp};
+
+// An order string parsed: position -> dimension, the first `named` positions as written, then the
+// dimensions it leaves out, in kAppendOrder.
+struct ParsedOrder {
+  std::array<int, 5> dims{};
+  int named = 0;
+};
+
+// Parses an order string; throws with what is wrong with it. Whether the dimensions it leaves out
+// have size 1 is checked by check_omitted, which knows the sizes.
+ParsedOrder parse_order(std::string_view order) {
+  ParsedOrder result;
   std::array<bool, 5> seen{};
-  int count = 0;
   std::size_t start = 0;
   while (true) {
     const std::size_t end = order.find('-', start);
@@ -36,14 +47,54 @@ std::array<int, 5> parse_order(std::string_view order) {
     QUINTET_CHECK(dim >= 0, "order '{}' has unknown name '{}'; {}", order, token, kOrderHint);
     QUINTET_CHECK(!seen[dim], "order '{}' names '{}' twice; {}", order, token, kOrderHint);
     seen[dim] = true;
-    result[count++] = dim;
+    result.dims[result.named++] = dim;
     if (end == std::string_view::npos) break;
     start = end + 1;
   }
-  for (int d = 0; d < 5; ++d) {
-    QUINTET_CHECK(seen[d], "order '{}' does not name '{}'; {}", order, kDimNames[d], kOrderHint);
+  int pos = result.named;
+  for (int d : kAppendOrder) {
+    if (!seen[d]) result.dims[pos++] = d;
   }
   return result;
+}
+
+// The order written out in full: the named dimensions, then the appended ones.
+std::string full_order(const ParsedOrder& parsed) {
+  std::string out;
+  for (int d : parsed.dims) out += fmt::format("{}{}", out.empty() ? "" : "-", kDimNames[d]);
+  return out;
+}
+
+// A dimension may be left out of the order only when it has size 1 in dense and in expert layers
+// (Megatron-Core raises for both of its generators otherwise). Sizes by dimension.
+void check_omitted(std::string_view order, const ParsedOrder& parsed,
+                   const std::array<std::int64_t, 5>& dense,
+                   const std::array<std::int64_t, 5>& expert) {
+  for (int pos = parsed.named; pos < 5; ++pos) {
+    const int d = parsed.dims[pos];
+    std::string found, fix;
+    if (dense[d] > 1 && d == kDp) {
+      found = fmt::format("dp = world / (tp*cp*pp) = {}", dense[d]);
+      fix = "choose tp*cp*pp = world";
+    } else if (dense[d] > 1) {
+      found = fmt::format("{} = {}", kDimNames[d], dense[d]);
+      fix = fmt::format("set {} = 1", kDimNames[d]);
+    } else if (expert[d] > 1 && d == kDp) {
+      found = fmt::format("edp = world / (etp*ep*pp) = {} (expert layers)", expert[d]);
+      fix = "choose etp*ep*pp = world";
+    } else if (expert[d] > 1) {  // ep, or etp for tp
+      const std::string_view name = d == kTp ? "etp" : kDimNames[d];
+      found = fmt::format("{} = {} (expert layers)", name, expert[d]);
+      fix = fmt::format("set {} = 1", name);
+    } else {
+      continue;
+    }
+    QUINTET_THROW(InvalidArgument,
+                  "order '{}' leaves out '{}', but {}: a dimension may be left out of the order "
+                  "only when its size is 1 (Megatron-Core appends it then); name '{}' in the "
+                  "order where it should vary (e.g. '{}-{}') or {}",
+                  order, kDimNames[d], found, kDimNames[d], order, kDimNames[d], fix);
+  }
 }
 
 // Product of the sizes (by dimension) of the dimensions placed before pp in the order: the
@@ -101,7 +152,7 @@ void ParallelConfig::validate(int world) const {
   QUINTET_CHECK(
       vpp == 1 || pp > 1,
       "vpp = {} model chunks per rank needs a pipeline, but pp = 1: set pp > 1 or vpp = 1", vpp);
-  const std::array<int, 5> order_dims = parse_order(order);
+  const ParsedOrder parsed = parse_order(order);
 
   const std::int64_t tcp = std::int64_t{tp} * cp * pp;
   QUINTET_CHECK(world % tcp == 0,
@@ -121,13 +172,14 @@ void ParallelConfig::validate(int world) const {
                 "world = etp*ep*edp*pp ranks, so choose ep and etp (default tp) whose product "
                 "with pp divides {}",
                 expert_tp, ep, pp, etpp, world, world);
+  const std::int64_t edp_size = world / etpp;
+  check_omitted(order, parsed, {tp, cp, 1, dense_dp, pp}, {expert_tp, 1, ep, edp_size, pp});
 
   // Dense and expert layers must agree on the pipelines (Megatron-Core asserts the same): the
   // stages of a pipeline are pp_stride ranks apart, the product of the sizes placed before pp.
   if (pp > 1) {
-    const std::int64_t edp_size = world / etpp;
-    const std::int64_t dense_stride = pp_stride(order_dims, {tp, cp, 1, dense_dp, pp});
-    const std::int64_t expert_stride = pp_stride(order_dims, {expert_tp, 1, ep, edp_size, pp});
+    const std::int64_t dense_stride = pp_stride(parsed.dims, {tp, cp, 1, dense_dp, pp});
+    const std::int64_t expert_stride = pp_stride(parsed.dims, {expert_tp, 1, ep, edp_size, pp});
     QUINTET_CHECK(dense_stride == expert_stride,
                   "order '{}' places pipeline stages {} ranks apart for dense layers (tp {}, cp "
                   "{}, dp {}) but {} ranks apart for expert layers (etp {}, ep {}, edp {}), so "
@@ -143,6 +195,7 @@ ParallelConfig ParallelConfig::resolved(int world) const {
   ParallelConfig out = *this;
   if (out.etp == 0) out.etp = tp;
   if (out.dp == 0) out.dp = world / (tp * cp * pp);
+  out.order = full_order(parse_order(order));
   return out;
 }
 
@@ -218,7 +271,7 @@ std::vector<std::vector<int>> orthogonal_rank_groups(int world, const std::vecto
 
 Layout::Layout(const ParallelConfig& config, int world)
     : config_(config.resolved(world)), world_(world) {
-  order_ = parse_order(config_.order);
+  order_ = parse_order(config_.order).dims;
   const int edp = world / (config_.etp * config_.ep * config_.pp);
   const std::array<int, 5> dense_by_dim = {config_.tp, config_.cp, 1, config_.dp, config_.pp};
   const std::array<int, 5> expert_by_dim = {config_.etp, 1, config_.ep, edp, config_.pp};

@@ -70,6 +70,9 @@ int op_index(ReduceOp op) {
 }
 
 }  // namespace
+}  // namespace quintet::detail
+
+namespace quintet {
 
 MPI_Datatype mpi_datatype(DType dtype) {
   switch (dtype) {
@@ -92,8 +95,8 @@ MPI_Datatype mpi_datatype(DType dtype) {
 }
 
 MPI_Op mpi_op(DType dtype, ReduceOp op) {
-  if (dtype == DType::bf16) return user_ops().bf16[op_index(op)];
-  if (dtype == DType::f16) return user_ops().f16[op_index(op)];
+  if (dtype == DType::bf16) return detail::user_ops().bf16[detail::op_index(op)];
+  if (dtype == DType::f16) return detail::user_ops().f16[detail::op_index(op)];
   switch (op) {
     case ReduceOp::sum:
     case ReduceOp::avg:
@@ -107,6 +110,10 @@ MPI_Op mpi_op(DType dtype, ReduceOp op) {
   }
   return MPI_SUM;
 }
+
+}  // namespace quintet
+
+namespace quintet::detail {
 
 void divide_by(void* data, DType dtype, std::int64_t count, int divisor) {
   dispatch_dtype(dtype, [&](auto tag) {

@@ -5,9 +5,9 @@
 #include <utility>
 
 #include "collectives/validation.hpp"
-#include "core/internal/cuda_guard.hpp"
 #include "quintet/collectives/mpi.hpp"
 #include "quintet/core/allocator.hpp"
+#include "quintet/core/device_guard.hpp"
 #include "quintet/core/error.hpp"
 #include "quintet/core/log.hpp"
 
@@ -131,7 +131,7 @@ Work NcclCommunicator::all_reduce(const Tensor& in, const Tensor& out, ReduceOp 
   auto work = issue("all_reduce", stream, [&](cudaStream_t s) {
     if (in.numel() == 0) return ncclSuccess;  // every rank has 0 elements: nothing to move
     return ncclAllReduce(in.data_ptr(), out.data_ptr(), static_cast<std::size_t>(in.numel()),
-                         nccl_dtype(in.dtype()), nccl_op(op, size()), comm_, s);
+                         nccl_datatype(in.dtype()), nccl_op(op, size()), comm_, s);
   });
   work->keep(in.storage());
   work->keep(out.storage());
@@ -144,7 +144,7 @@ Work NcclCommunicator::reduce_scatter(const Tensor& in, const Tensor& out, Reduc
   auto work = issue("reduce_scatter", stream, [&](cudaStream_t s) {
     if (out.numel() == 0) return ncclSuccess;
     return ncclReduceScatter(in.data_ptr(), out.data_ptr(), static_cast<std::size_t>(out.numel()),
-                             nccl_dtype(in.dtype()), nccl_op(op, size()), comm_, s);
+                             nccl_datatype(in.dtype()), nccl_op(op, size()), comm_, s);
   });
   work->keep(in.storage());
   work->keep(out.storage());
@@ -155,8 +155,8 @@ Work NcclCommunicator::all_gather(const Tensor& in, const Tensor& out, const Str
   validate_all_gather(*this, in, out);
   auto work = issue("all_gather", stream, [&](cudaStream_t s) {
     if (in.numel() == 0) return ncclSuccess;
-    return ncclAllGather(in.data_ptr(), out.data_ptr(), wire_count(in.dtype(), in.numel()),
-                         nccl_dtype(in.dtype()), comm_, s);
+    return ncclAllGather(in.data_ptr(), out.data_ptr(), nccl_count(in.dtype(), in.numel()),
+                         nccl_datatype(in.dtype()), comm_, s);
   });
   work->keep(in.storage());
   work->keep(out.storage());
@@ -168,8 +168,8 @@ Work NcclCommunicator::broadcast(const Tensor& inout, int root, const Stream& st
   auto work = issue("broadcast", stream, [&](cudaStream_t s) {
     if (inout.numel() == 0) return ncclSuccess;
     return ncclBroadcast(inout.data_ptr(), inout.data_ptr(),
-                         wire_count(inout.dtype(), inout.numel()), nccl_dtype(inout.dtype()), root,
-                         comm_, s);
+                         nccl_count(inout.dtype(), inout.numel()), nccl_datatype(inout.dtype()),
+                         root, comm_, s);
   });
   work->keep(inout.storage());
   return Work(std::move(work));
@@ -184,7 +184,7 @@ Work NcclCommunicator::reduce(const Tensor& in, const Tensor& out, ReduceOp op, 
   auto work = issue("reduce", stream, [&](cudaStream_t s) {
     if (in.numel() == 0) return ncclSuccess;
     return ncclReduce(in.data_ptr(), recv, static_cast<std::size_t>(in.numel()),
-                      nccl_dtype(in.dtype()), nccl_op(op, size()), root, comm_, s);
+                      nccl_datatype(in.dtype()), nccl_op(op, size()), root, comm_, s);
   });
   work->keep(in.storage());
   if (is_root) work->keep(out.storage());
@@ -209,7 +209,7 @@ Work NcclCommunicator::exchange(const char* op, const Tensor& in,
                                 const std::vector<std::int64_t>& send_counts, const Tensor& out,
                                 const std::vector<std::int64_t>& recv_counts,
                                 const Stream& stream) {
-  const ncclDataType_t type = nccl_dtype(in.dtype());
+  const ncclDataType_t type = nccl_datatype(in.dtype());
   const Tensor staging = staging_for(in, out);
   const Tensor& src = staging.defined() ? staging : in;
   auto work = issue(op, stream, [&](cudaStream_t s) {
@@ -223,11 +223,11 @@ Work NcclCommunicator::exchange(const char* op, const Tensor& in,
       const std::int64_t sc = send_counts[static_cast<std::size_t>(peer)];
       const std::int64_t rc = recv_counts[static_cast<std::size_t>(peer)];
       if (sc > 0) {
-        r = ncclSend(element_ptr(src, send_offset), wire_count(in.dtype(), sc), type, peer, comm_,
+        r = ncclSend(element_ptr(src, send_offset), nccl_count(in.dtype(), sc), type, peer, comm_,
                      s);
       }
       if (rc > 0 && r == ncclSuccess) {
-        r = ncclRecv(element_ptr(out, recv_offset), wire_count(out.dtype(), rc), type, peer, comm_,
+        r = ncclRecv(element_ptr(out, recv_offset), nccl_count(out.dtype(), rc), type, peer, comm_,
                      s);
       }
       send_offset += sc;
@@ -245,8 +245,8 @@ Work NcclCommunicator::exchange(const char* op, const Tensor& in,
 Work NcclCommunicator::send(const Tensor& in, int peer, const Stream& stream) {
   validate_send_recv(*this, "send", in, peer);
   auto work = issue("send", stream, [&](cudaStream_t s) {
-    return ncclSend(in.data_ptr(), wire_count(in.dtype(), in.numel()), nccl_dtype(in.dtype()), peer,
-                    comm_, s);
+    return ncclSend(in.data_ptr(), nccl_count(in.dtype(), in.numel()), nccl_datatype(in.dtype()),
+                    peer, comm_, s);
   });
   work->keep(in.storage());
   return Work(std::move(work));
@@ -255,8 +255,8 @@ Work NcclCommunicator::send(const Tensor& in, int peer, const Stream& stream) {
 Work NcclCommunicator::recv(const Tensor& out, int peer, const Stream& stream) {
   validate_send_recv(*this, "recv", out, peer);
   auto work = issue("recv", stream, [&](cudaStream_t s) {
-    return ncclRecv(out.data_ptr(), wire_count(out.dtype(), out.numel()), nccl_dtype(out.dtype()),
-                    peer, comm_, s);
+    return ncclRecv(out.data_ptr(), nccl_count(out.dtype(), out.numel()),
+                    nccl_datatype(out.dtype()), peer, comm_, s);
   });
   work->keep(out.storage());
   return Work(std::move(work));
@@ -268,10 +268,10 @@ Work NcclCommunicator::p2p(const std::vector<P2POp>& ops, const Stream& stream) 
     ncclResult_t r = ncclGroupStart();
     for (std::size_t i = 0; i < ops.size() && r == ncclSuccess; ++i) {
       const Tensor& t = ops[i].tensor;
-      const std::size_t count = wire_count(t.dtype(), t.numel());
+      const std::size_t count = nccl_count(t.dtype(), t.numel());
       r = ops[i].kind == P2POp::Kind::send
-              ? ncclSend(t.data_ptr(), count, nccl_dtype(t.dtype()), ops[i].peer, comm_, s)
-              : ncclRecv(t.data_ptr(), count, nccl_dtype(t.dtype()), ops[i].peer, comm_, s);
+              ? ncclSend(t.data_ptr(), count, nccl_datatype(t.dtype()), ops[i].peer, comm_, s)
+              : ncclRecv(t.data_ptr(), count, nccl_datatype(t.dtype()), ops[i].peer, comm_, s);
     }
     const ncclResult_t end = ncclGroupEnd();
     return r != ncclSuccess ? r : end;

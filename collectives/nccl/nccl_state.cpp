@@ -4,7 +4,7 @@
 
 #include <thread>
 
-#include "core/internal/cuda_guard.hpp"
+#include "quintet/core/device_guard.hpp"
 #include "quintet/core/error.hpp"
 
 namespace quintet::detail {
@@ -26,28 +26,6 @@ void backoff(int& polls) {
 bool is_usage_error(ncclResult_t r) { return r == ncclInvalidArgument || r == ncclInvalidUsage; }
 
 }  // namespace
-
-ncclDataType_t nccl_dtype(DType dtype) {
-  switch (dtype) {
-    case DType::f32:
-      return ncclFloat32;
-    case DType::f16:
-      return ncclFloat16;
-    case DType::bf16:
-      return ncclBfloat16;
-    case DType::f64:
-      return ncclFloat64;
-    case DType::i32:
-      return ncclInt32;
-    case DType::i64:
-      return ncclInt64;
-    case DType::u8:
-      return ncclUint8;
-    case DType::u16:
-      return ncclUint8;  // moved as two bytes per element; never reduced
-  }
-  return ncclUint8;
-}
 
 ncclResult_t nccl_wait_not_in_progress(ncclComm_t comm, double timeout_s) {
   const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
@@ -303,3 +281,29 @@ std::string NcclWork::describe() const {
 }
 
 }  // namespace quintet::detail
+
+namespace quintet {
+
+ncclDataType_t nccl_datatype(DType dtype) {
+  switch (dtype) {
+    case DType::f32:
+      return ncclFloat32;
+    case DType::f16:
+      return ncclFloat16;
+    case DType::bf16:
+      return ncclBfloat16;
+    case DType::f64:
+      return ncclFloat64;
+    case DType::i32:
+      return ncclInt32;
+    case DType::i64:
+      return ncclInt64;
+    case DType::u8:
+      return ncclUint8;
+    case DType::u16:
+      return ncclUint8;  // moved as two bytes per element; never reduced
+  }
+  return ncclUint8;
+}
+
+}  // namespace quintet

@@ -26,19 +26,13 @@
 #include <string_view>
 #include <vector>
 
+#include "quintet/collectives/nccl.hpp"
 #include "quintet/collectives/work.hpp"
 #include "quintet/core/device.hpp"
 #include "quintet/core/dtype.hpp"
 #include "quintet/core/stream.hpp"
 
 namespace quintet::detail {
-
-// The NCCL type that carries dtype (u16, which NCCL lacks, travels as bytes: see wire_count).
-ncclDataType_t nccl_dtype(DType dtype);
-// Number of NCCL elements for numel elements of dtype (2 per u16, which moves as ncclUint8).
-inline std::size_t wire_count(DType dtype, std::int64_t numel) {
-  return static_cast<std::size_t>(numel) * (dtype == DType::u16 ? 2 : 1);
-}
 
 // Polls ncclCommGetAsyncError(comm) until it is no longer ncclInProgress or timeout_s passes
 // (then returns ncclInProgress). Sleeps between polls; never throws.

@@ -4,6 +4,11 @@
 
 #include <vector>
 
+#include "quintet/collectives/mpi.hpp"
+#if QUINTET_HAS_NCCL
+#include "quintet/collectives/nccl.hpp"
+#endif
+
 namespace bench {
 
 using quintet::Device;
@@ -111,28 +116,6 @@ quintet::Work issue_ours(quintet::Communicator& comm, Op op, const Buffers& b,
 
 #if QUINTET_HAS_NCCL
 namespace {
-ncclDataType_t raw_nccl_type(DType dtype) {
-  switch (dtype) {
-    case DType::f32:
-      return ncclFloat32;
-    case DType::f16:
-      return ncclFloat16;
-    case DType::bf16:
-      return ncclBfloat16;
-    case DType::f64:
-      return ncclFloat64;
-    case DType::i32:
-      return ncclInt32;
-    case DType::i64:
-      return ncclInt64;
-    case DType::u8:
-      return ncclUint8;
-    case DType::u16:
-      return ncclFloat16;  // moved, never reduced: the bits travel unchanged
-  }
-  return ncclUint8;
-}
-
 void nccl_check(ncclResult_t r, const char* what) {
   if (r != ncclSuccess) {
     throw std::runtime_error(fmt::format("raw NCCL {} failed: {}", what, ncclGetErrorString(r)));
@@ -142,9 +125,10 @@ void nccl_check(ncclResult_t r, const char* what) {
 
 void issue_raw_nccl(ncclComm_t comm, Op op, const Buffers& b, cudaStream_t stream, int rank,
                     int ranks) {
-  const ncclDataType_t t = raw_nccl_type(b.in.dtype());
-  const auto count = static_cast<std::size_t>(b.count);
-  const auto block = static_cast<std::size_t>(b.block);
+  // The library's type table: u16, which NCCL lacks, moves as two bytes per element.
+  const ncclDataType_t t = quintet::nccl_datatype(b.in.dtype());
+  const std::size_t count = quintet::nccl_count(b.in.dtype(), b.count);
+  const std::size_t block = quintet::nccl_count(b.in.dtype(), b.block);
   switch (op) {
     case Op::all_reduce:
       nccl_check(ncclAllReduce(b.in.data_ptr(), b.out.data_ptr(), count, t, ncclSum, comm, stream),
@@ -183,69 +167,22 @@ void issue_raw_nccl(ncclComm_t comm, Op op, const Buffers& b, cudaStream_t strea
 }
 #endif
 
-namespace {
-
-// Sum of 16-bit floating values through float, as a user of raw MPI would write it.
-template <class T>
-void sum_16bit(void* in, void* inout, int* len, MPI_Datatype*) {
-  const T* a = static_cast<const T*>(in);
-  T* b = static_cast<T*>(inout);
-  for (int i = 0; i < *len; ++i) {
-    b[i] = quintet::convert_scalar<T>(quintet::convert_scalar<float>(a[i]) +
-                                      quintet::convert_scalar<float>(b[i]));
-  }
-}
-
-MPI_Datatype raw_mpi_type(DType dtype) {
-  switch (dtype) {
-    case DType::f32:
-      return MPI_FLOAT;
-    case DType::f64:
-      return MPI_DOUBLE;
-    case DType::i32:
-      return MPI_INT32_T;
-    case DType::i64:
-      return MPI_INT64_T;
-    case DType::u8:
-      return MPI_UINT8_T;
-    case DType::f16:
-    case DType::bf16:
-    case DType::u16:
-      return MPI_UINT16_T;
-  }
-  return MPI_BYTE;
-}
-
-MPI_Op raw_mpi_sum(DType dtype) {
-  static MPI_Op half_sum = MPI_OP_NULL, bf16_sum = MPI_OP_NULL;
-  if (dtype == DType::f16) {
-    if (half_sum == MPI_OP_NULL) MPI_Op_create(&sum_16bit<quintet::Half>, 1, &half_sum);
-    return half_sum;
-  }
-  if (dtype == DType::bf16) {
-    if (bf16_sum == MPI_OP_NULL) MPI_Op_create(&sum_16bit<quintet::BFloat16>, 1, &bf16_sum);
-    return bf16_sum;
-  }
-  return MPI_SUM;
-}
-
-}  // namespace
-
 bool run_raw_mpi(MPI_Comm comm, Op op, const Buffers& b, int rank, int ranks) {
   if (b.count > INT_MAX) return false;
-  const MPI_Datatype t = raw_mpi_type(b.in.dtype());
+  const MPI_Datatype t = quintet::mpi_datatype(b.in.dtype());  // the library's type table
+  const MPI_Op sum = quintet::mpi_op(b.in.dtype(), quintet::ReduceOp::sum);
   const int count = static_cast<int>(b.count), block = static_cast<int>(b.block);
   void* in = b.in.data_ptr();
   void* out = b.out.data_ptr();
   switch (op) {
     case Op::all_reduce:
-      MPI_Allreduce(in, out, count, t, raw_mpi_sum(b.in.dtype()), comm);
+      MPI_Allreduce(in, out, count, t, sum, comm);
       break;
     case Op::all_gather:
       MPI_Allgather(in, block, t, out, block, t, comm);
       break;
     case Op::reduce_scatter:
-      MPI_Reduce_scatter_block(in, out, block, t, raw_mpi_sum(b.in.dtype()), comm);
+      MPI_Reduce_scatter_block(in, out, block, t, sum, comm);
       break;
     case Op::all_to_all:
       MPI_Alltoall(in, block, t, out, block, t, comm);

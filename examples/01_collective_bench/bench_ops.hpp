@@ -1,6 +1,8 @@
 // The operations of 01_collective_bench: buffers, nccl-tests' sizes and bus factors, the expected
 // result of each operation (for verification), and the same operation issued three ways: through
-// a Quintet Communicator, through raw NCCL calls (GPU) and through raw MPI calls (CPU).
+// a Quintet Communicator, through raw NCCL calls (GPU) and through raw MPI calls (CPU). The raw
+// calls take their datatypes (and MPI's bf16/f16 sum) from the library's tables
+// (quintet/collectives/nccl.hpp, mpi.hpp), so both sides move the same bytes.
 //
 // Sizes follow nccl-tests: `bytes` is the whole buffer of the operation (all_reduce: the tensor;
 // all_gather: the gathered output; reduce_scatter and all_to_all: the input), rounded down to a

@@ -8,6 +8,7 @@
 #include "quintet/core/allocator.hpp"
 #include "quintet/core/config.hpp"
 #include "quintet/core/device.hpp"
+#include "quintet/core/device_guard.hpp"
 #include "quintet/core/dtype.hpp"
 #include "quintet/core/error.hpp"
 #include "quintet/core/log.hpp"
@@ -43,3 +44,8 @@
 #include "quintet/parallel/tensor/regions.hpp"
 #include "quintet/parallel/tensor/transformer.hpp"
 #include "quintet/parallel/tensor/vocab.hpp"
+
+// Includes nccl.h, so only in a build with NCCL.
+#if QUINTET_HAS_NCCL
+#include "quintet/collectives/nccl.hpp"
+#endif

@@ -6,8 +6,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "core/internal/cuda_guard.hpp"
+#include "core/internal/cuda_stream.hpp"
 #include "quintet/core/config.hpp"
+#include "quintet/core/device_guard.hpp"
 #include "quintet/core/error.hpp"
 #if QUINTET_HAS_CUDA
 #include <cuda_runtime.h>
@@ -61,7 +62,7 @@ class DevicePool {
       note_alloc(*size_class);
       return p;
     }
-    detail::DeviceGuard guard(Device::cuda(device_));
+    DeviceGuard guard(Device::cuda(device_));
     void* p = nullptr;
     cudaError_t status = cudaMalloc(&p, size);
     if (status == cudaErrorMemoryAllocation) {
@@ -109,7 +110,7 @@ class DevicePool {
     if (stats_.current_bytes > stats_.peak_bytes) stats_.peak_bytes = stats_.current_bytes;
   }
   void release_cached_locked() {
-    detail::DeviceGuard guard(Device::cuda(device_));
+    DeviceGuard guard(Device::cuda(device_));
     // Blocks may still be used by queued kernels of their stream: wait for the device first.
     (void)cudaDeviceSynchronize();
     for (auto& [stream, pool] : pools_) {

@@ -2,8 +2,8 @@
 
 #include <charconv>
 
-#include "core/internal/cuda_guard.hpp"
 #include "quintet/core/config.hpp"
+#include "quintet/core/device_guard.hpp"
 #include "quintet/core/error.hpp"
 #if QUINTET_HAS_CUDA
 #include <cuda_runtime.h>
@@ -67,8 +67,6 @@ void set_current_device(const Device& device) {
 #endif
 }
 
-namespace detail {
-
 DeviceGuard::DeviceGuard(const Device& device) {
 #if QUINTET_HAS_CUDA
   if (!device.is_cuda()) return;
@@ -90,5 +88,4 @@ DeviceGuard::~DeviceGuard() {
 #endif
 }
 
-}  // namespace detail
 }  // namespace quintet

@@ -1,8 +1,9 @@
 #include "quintet/core/random.hpp"
 
-#include "core/internal/cuda_guard.hpp"
+#include "core/internal/cuda_stream.hpp"
 #include "core/internal/tensor_kernels.hpp"
 #include "quintet/core/allocator.hpp"
+#include "quintet/core/device_guard.hpp"
 #include "quintet/core/philox.hpp"
 #if QUINTET_HAS_CUDA
 #include <cuda_runtime.h>
@@ -20,7 +21,7 @@ void fill_random(Tensor& out, const RandomKey& key, Distribution dist, float lo,
     return;
   }
 #if QUINTET_HAS_CUDA
-  detail::DeviceGuard guard(out.device());
+  DeviceGuard guard(out.device());
   detail::cuda_fill_random(out, key, dist, lo, hi, r, detail::cuda_stream_of(stream));
 #else
   (void)stream;
@@ -59,7 +60,7 @@ std::vector<std::uint32_t> philox_words(const RandomKey& key, std::uint64_t coun
   }
   check_device(device);
 #if QUINTET_HAS_CUDA
-  detail::DeviceGuard guard(device);
+  DeviceGuard guard(device);
   Stream stream = Stream::default_stream(device);
   auto buf = cuda_allocate(out.size() * sizeof(std::uint32_t), device, stream);
   detail::cuda_philox_words(static_cast<std::uint32_t*>(buf.get()), key, count, nullptr);

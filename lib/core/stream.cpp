@@ -3,8 +3,9 @@
 #include <chrono>
 #include <utility>
 
-#include "core/internal/cuda_guard.hpp"
+#include "core/internal/cuda_stream.hpp"
 #include "quintet/core/config.hpp"
+#include "quintet/core/device_guard.hpp"
 #include "quintet/core/error.hpp"
 #if QUINTET_HAS_CUDA
 #include <cuda_runtime.h>
@@ -21,7 +22,7 @@ double host_now_ms() {
 
 Stream Stream::create(const Device& device, StreamPriority priority) {
   if (device.is_cpu()) return Stream();
-  detail::DeviceGuard guard(device);
+  DeviceGuard guard(device);
 #if QUINTET_HAS_CUDA
   int least = 0, greatest = 0;
   QUINTET_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
@@ -69,7 +70,7 @@ Stream::~Stream() {
 void Stream::synchronize() const {
 #if QUINTET_HAS_CUDA
   if (device_.is_cuda()) {
-    detail::DeviceGuard guard(device_);
+    DeviceGuard guard(device_);
     QUINTET_CUDA_CHECK(cudaStreamSynchronize(handle_));
   }
 #endif
@@ -78,7 +79,7 @@ void Stream::synchronize() const {
 Event::Event(const Device& device, bool timing) : device_(device) {
 #if QUINTET_HAS_CUDA
   if (device.is_cuda()) {
-    detail::DeviceGuard guard(device);
+    DeviceGuard guard(device);
     QUINTET_CUDA_CHECK(
         cudaEventCreateWithFlags(&handle_, timing ? cudaEventDefault : cudaEventDisableTiming));
   }
@@ -116,7 +117,7 @@ void Event::record(const Stream& stream) {
     QUINTET_CHECK(!stream.device().is_cuda() || stream.device() == device_,
                   "Event::record: event of {} recorded on a stream of {}", device_.str(),
                   stream.device().str());
-    detail::DeviceGuard guard(device_);
+    DeviceGuard guard(device_);
     QUINTET_CUDA_CHECK(cudaEventRecord(handle_, detail::cuda_stream_of(stream)));
   }
 #else
@@ -127,7 +128,7 @@ void Event::record(const Stream& stream) {
 void Event::wait(const Stream& stream) const {
 #if QUINTET_HAS_CUDA
   if (handle_ != nullptr && stream.device().is_cuda()) {
-    detail::DeviceGuard guard(stream.device());
+    DeviceGuard guard(stream.device());
     QUINTET_CUDA_CHECK(cudaStreamWaitEvent(stream.handle(), handle_, 0));
   } else if (handle_ != nullptr) {
     synchronize();  // a CPU "stream" is the host: waiting means blocking

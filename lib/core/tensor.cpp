@@ -3,10 +3,11 @@
 #include <algorithm>
 #include <limits>
 
-#include "core/internal/cuda_guard.hpp"
+#include "core/internal/cuda_stream.hpp"
 #include "core/internal/tensor_kernels.hpp"
 #include "quintet/core/allocator.hpp"
 #include "quintet/core/config.hpp"
+#include "quintet/core/device_guard.hpp"
 #include "quintet/core/random.hpp"
 #if QUINTET_HAS_CUDA
 #include <cuda_runtime.h>
@@ -320,7 +321,7 @@ Tensor& Tensor::copy_(const Tensor& src, const Stream& stream) {
   }
 #if QUINTET_HAS_CUDA
   const Device& gpu = device_.is_cuda() ? device_ : src.device();
-  detail::DeviceGuard guard(gpu);
+  DeviceGuard guard(gpu);
   cudaStream_t s = detail::cuda_stream_of(stream);
   if (device_ == src.device()) {
     detail::cuda_copy_convert(*this, src, s);
@@ -416,7 +417,7 @@ Tensor Tensor::to(DType dtype, const Stream& stream) const {
     detail::cpu_copy_convert(out, *this);
   } else {
 #if QUINTET_HAS_CUDA
-    detail::DeviceGuard guard(device_);
+    DeviceGuard guard(device_);
     detail::cuda_copy_convert(out, *this, detail::cuda_stream_of(stream));
 #endif
   }
@@ -438,7 +439,7 @@ Tensor& Tensor::fill_(double value, const Stream& stream) {
     detail::cpu_fill(*this, value);
   } else {
 #if QUINTET_HAS_CUDA
-    detail::DeviceGuard guard(device_);
+    DeviceGuard guard(device_);
     detail::cuda_fill(*this, value, detail::cuda_stream_of(stream));
 #else
     (void)stream;

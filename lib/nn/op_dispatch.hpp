@@ -7,7 +7,7 @@
 #include "quintet/core/config.hpp"
 
 #if QUINTET_HAS_CUDA && QUINTET_NN_CUDA_OPS
-#include "core/internal/cuda_guard.hpp"
+#include "quintet/core/device_guard.hpp"
 #define QUINTET_NN_HAS_CUDA_OPS 1
 #else
 #define QUINTET_NN_HAS_CUDA_OPS 0
@@ -22,14 +22,14 @@ namespace quintet::nn::detail {
 // CUDA device (with the device made current), else cpu_ops::fn(args...). OpChecker's constructor
 // has already rejected a CUDA device when the kernels are not built.
 #if QUINTET_NN_HAS_CUDA_OPS
-#define QUINTET_NN_DISPATCH(checker, stream, fn, ...)                          \
-  do {                                                                         \
-    if ((checker).on_cuda()) {                                                 \
-      const ::quintet::detail::DeviceGuard quintet_guard_((checker).device()); \
-      ::quintet::nn::cuda_ops::fn(__VA_ARGS__, (stream));                      \
-    } else {                                                                   \
-      ::quintet::nn::cpu_ops::fn(__VA_ARGS__);                                 \
-    }                                                                          \
+#define QUINTET_NN_DISPATCH(checker, stream, fn, ...)                  \
+  do {                                                                 \
+    if ((checker).on_cuda()) {                                         \
+      const ::quintet::DeviceGuard quintet_guard_((checker).device()); \
+      ::quintet::nn::cuda_ops::fn(__VA_ARGS__, (stream));              \
+    } else {                                                           \
+      ::quintet::nn::cpu_ops::fn(__VA_ARGS__);                         \
+    }                                                                  \
   } while (0)
 #else
 #define QUINTET_NN_DISPATCH(checker, stream, fn, ...)                               \

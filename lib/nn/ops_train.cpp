@@ -221,7 +221,7 @@ Tensor sum_of_squares(const std::vector<Tensor>& tensors, const Stream& stream) 
     return out;
   }
 #if QUINTET_NN_HAS_CUDA_OPS
-  const ::quintet::detail::DeviceGuard guard(c.device());
+  const ::quintet::DeviceGuard guard(c.device());
   for (const Tensor& t : tensors) cuda_ops::sum_of_squares(t.contiguous(stream), out, stream);
 #endif
   return out;

@@ -10,9 +10,9 @@ quintet_unit_test(NAME collectives_bootstrap_test COMPONENT collectives
                   SOURCES unit/collectives_bootstrap_test.cpp)
 quintet_unit_test(NAME collectives_tcp_store_test COMPONENT collectives
                   SOURCES unit/collectives_tcp_store_test.cpp)
-# The store is a private class of the library: the test reaches its header from the source tree.
-target_include_directories(collectives_tcp_store_test PRIVATE ${PROJECT_SOURCE_DIR})
-# The MPI backend's progress thread (a private class: its header is reached from the source tree).
+# The store is a private class of the collectives layer: the test gets that layer's include root.
+target_link_libraries(collectives_tcp_store_test PRIVATE quintet_collectives_private)
+# The MPI backend's progress thread (a private class of the collectives layer, like the store).
 quintet_unit_test(NAME collectives_progress_thread_test COMPONENT collectives
                   SOURCES unit/collectives_progress_thread_test.cpp)
-target_include_directories(collectives_progress_thread_test PRIVATE ${PROJECT_SOURCE_DIR})
+target_link_libraries(collectives_progress_thread_test PRIVATE quintet_collectives_private)

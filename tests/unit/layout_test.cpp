@@ -165,6 +165,45 @@ TEST_CASE("layout: order names are case-insensitive, like Megatron-Core's") {
   for (Axis axis : quintet::kAllAxes) CHECK(upper.groups(axis) == lower.groups(axis));
 }
 
+TEST_CASE("layout: an order may leave out dimensions of size 1, appended as Megatron-Core does") {
+  // Megatron-Core's RankGenerator appends each dimension the order leaves out (it must have size
+  // 1) after the named ones, in the order of its table: tp, pp, dp, ep, cp.
+  struct Partial {
+    ParallelConfig config;
+    int world;
+    std::string full;
+  };
+  const std::vector<Partial> partial = {
+      {make(2, 1, 1, 0, 4, "tp-dp-pp"), 16, "tp-dp-pp-ep-cp"},
+      {make(2, 1, 1, 0, 4, "pp-tp"), 8, "pp-tp-dp-ep-cp"},
+      {make(1, 1, 1, 0, 1, "dp"), 4, "dp-tp-pp-ep-cp"},
+      {make(2, 2, 1, 0, 2, "cp-tp-dp-pp"), 16, "cp-tp-dp-pp-ep"},
+      {make(2, 1, 2, 1, 2, "TP-EP-DP-PP"), 16, "tp-ep-dp-pp-cp"},
+      {make(2, 1, 1, 0, 1, "ep-dp-tp"), 8, "ep-dp-tp-pp-cp"},
+  };
+  for (const Partial& p : partial) {
+    INFO("order " << p.config.order << ", world " << p.world);
+    ParallelConfig full_config = p.config;
+    full_config.order = p.full;
+    const Layout l(p.config, p.world), full(full_config, p.world);
+    CHECK(l.config().order == p.full);
+    for (Axis axis : quintet::kAllAxes) {
+      INFO("axis " << quintet::axis_name(axis));
+      CHECK(l.groups(axis) == full.groups(axis));
+    }
+    for (int r = 0; r < p.world; ++r) {
+      const Coordinates a = l.coordinates(r), b = full.coordinates(r);
+      CHECK((a.tp == b.tp && a.cp == b.cp && a.ep == b.ep && a.dp == b.dp && a.pp == b.pp &&
+             a.etp == b.etp && a.edp == b.edp));
+    }
+  }
+  // Megatron-Core's docstring placement (16 ranks, tp 2, pp 4) from the order "tp-dp-pp".
+  const Layout l(make(2, 1, 1, 0, 4, "tp-dp-pp"), 16);
+  CHECK_GROUPS(l, Axis::tp, {{0, 1}, {2, 3}, {4, 5}, {6, 7}, {8, 9}, {10, 11}, {12, 13}, {14, 15}});
+  CHECK_GROUPS(l, Axis::pp, {{0, 4, 8, 12}, {1, 5, 9, 13}, {2, 6, 10, 14}, {3, 7, 11, 15}});
+  CHECK_GROUPS(l, Axis::dp, {{0, 2}, {1, 3}, {4, 6}, {5, 7}, {8, 10}, {9, 11}, {12, 14}, {13, 15}});
+}
+
 TEST_CASE("layout: orthogonal_rank_groups follows Megatron-Core's docstring example") {
   // parallel_size = [tp 2, dp 3, pp 4], mask dp: dp_group[0] = [0,2,4], [1] = [1,3,5], ...,
   // [7] = [19,21,23].
@@ -206,7 +245,22 @@ TEST_CASE("layout: invalid configs say what to change") {
        "name 'xp'"},
       {with([](auto& c) { c.order = "tp-cp-ep-dp-pp-"; }), 8, "has unknown name ''"},
       {with([](auto& c) { c.order = "tp-cp-tp-dp-pp"; }), 8, "names 'tp' twice"},
-      {with([](auto& c) { c.order = "tp-cp-ep-dp"; }), 8, "order 'tp-cp-ep-dp' does not name 'pp'"},
+      {with([](auto& c) { c.order = "tp-tp"; }), 8, "order 'tp-tp' names 'tp' twice"},
+      {with([](auto& c) { c.order = "tp-dp-xp"; }), 8, "order 'tp-dp-xp' has unknown name 'xp'"},
+      {with([](auto& c) { c.pp = 2, c.order = "tp-cp-ep-dp"; }), 8,
+       "order 'tp-cp-ep-dp' leaves out 'pp', but pp = 2: a dimension may be left out of the order "
+       "only when its size is 1 (Megatron-Core appends it then); name 'pp' in the order where it "
+       "should vary (e.g. 'tp-cp-ep-dp-pp') or set pp = 1"},
+      {with([](auto& c) { c.tp = 2, c.cp = 2, c.order = "tp-dp-pp"; }), 8,
+       "order 'tp-dp-pp' leaves out 'cp', but cp = 2"},
+      {with([](auto& c) { c.tp = 2, c.order = "tp-pp"; }), 8,
+       "order 'tp-pp' leaves out 'dp', but dp = world / (tp*cp*pp) = 4"},
+      {with([](auto& c) { c.ep = 2, c.order = "tp-cp-dp-pp"; }), 8,
+       "order 'tp-cp-dp-pp' leaves out 'ep', but ep = 2 (expert layers)"},
+      {with([](auto& c) { c.etp = 2, c.order = "cp-ep-dp-pp"; }), 8,
+       "order 'cp-ep-dp-pp' leaves out 'tp', but etp = 2 (expert layers)"},
+      {with([](auto& c) { c.tp = 8, c.etp = 1, c.order = "tp-cp-ep-pp"; }), 8,
+       "order 'tp-cp-ep-pp' leaves out 'dp', but edp = world / (etp*ep*pp) = 8 (expert layers)"},
       {with([](auto& c) { c.tp = 5; }), 12,
        "tp*cp*pp = 5*1*1 = 5 does not divide the world size 12"},
       {with([](auto& c) { c.tp = 2, c.cp = 2, c.pp = 3; }), 16, "= 12 does not divide"},

@@ -37,4 +37,12 @@ std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, const std::st
 // caller's stream (none when in == out); Work completes at once.
 std::unique_ptr<Communicator> make_self_communicator(const Device& device, const std::string& name);
 
+// The MPI datatype the MPI backend moves one element of dtype as (bf16, f16 and u16 travel as
+// MPI_UINT16_T, so counts stay in elements), for programs that issue MPI calls on Quintet tensors.
+MPI_Datatype mpi_datatype(DType dtype);
+// The MPI op the MPI backend reduces dtype with (avg maps to the sum: divide afterwards). For bf16
+// and f16, which MPI lacks, user-defined ops that reduce through float and round once per step
+// (as a GPU would), created on first use and freed by MPI_Finalize. Needs an initialised MPI.
+MPI_Op mpi_op(DType dtype, ReduceOp op);
+
 }  // namespace quintet

@@ -39,16 +39,20 @@ struct ParallelConfig {
   // pipeline. vpp > 1 needs pp > 1: with one stage there is nothing to interleave. Whether the
   // model's layers divide into pp*vpp chunks is checked by the pipeline, which knows the model.
   int vpp = 1;
-  // The five names tp, cp, ep, dp, pp, each once, joined by '-'; the first varies fastest.
+  // The names tp, cp, ep, dp, pp joined by '-', the first varying fastest. As in Megatron-Core, a
+  // dimension of size 1 may be left out: it is appended after the named ones, in the order tp, pp,
+  // dp, ep, cp (so "tp-dp-pp" with cp = ep = 1 is "tp-dp-pp-ep-cp"). Case-insensitive.
   std::string order = std::string(kDefaultOrder);
 
   // Throws InvalidArgument, naming the field and how to fix it, unless this config fits `world`
   // ranks: every size >= 1 (etp, dp may be 0 = derived), vpp >= 1 and vpp > 1 only with pp > 1,
   // tp*cp*pp divides world (and equals world / dp when dp is given), etp*ep*pp divides world, the
-  // order is a permutation of the five names, and dense and expert layers get the same pipeline
+  // order names each dimension at most once and leaves out only dimensions of size 1 in dense and
+  // expert layers (tp and etp, dp and edp), and dense and expert layers get the same pipeline
   // groups (Megatron-Core asserts this too; it always holds with pp last or first in the order).
   void validate(int world) const;
-  // A validated copy with etp and dp filled in (never 0).
+  // A validated copy with etp and dp filled in (never 0) and the order written out in full, in
+  // lower case, with the dimensions it left out appended.
   ParallelConfig resolved(int world) const;
   // The expert data-parallel size world / (etp*ep*pp) of a validated config.
   int edp(int world) const;

@@ -26,16 +26,12 @@
 // buffers qn*kn (compact).
 #include "nn/cuda/attention_gemm.hpp"
 
-#include <cublas_v2.h>
-
 #include <algorithm>
 #include <climits>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <type_traits>
-#include <utility>
 
+#include "nn/cuda/cublas_handles.hpp"
 #include "nn/cuda/kernel_common.cuh"
 #include "quintet/core/allocator.hpp"
 
@@ -47,49 +43,9 @@ namespace {
 
 // Bytes of score-side buffers of one block (f32 scores + probabilities in the compute dtype).
 constexpr std::int64_t kScoreBudget = std::int64_t{512} << 20;
-constexpr std::size_t kCublasWorkspace = std::size_t{32} << 20;
 // A causal attention's query rows are split into blocks of at least this many rows (at most 8
 // blocks), so that each block's GEMMs stop at the last key it can see.
 constexpr std::int64_t kCausalQueryBlock = 256;
-
-#define QUINTET_CUBLAS_CHECK(call)                                  \
-  do {                                                              \
-    const cublasStatus_t quintet_cublas_status_ = (call);           \
-    if (quintet_cublas_status_ != CUBLAS_STATUS_SUCCESS) {          \
-      QUINTET_THROW(Cuda, "{} failed: {} ({})", #call,              \
-                    cublasGetStatusName(quintet_cublas_status_),    \
-                    cublasGetStatusString(quintet_cublas_status_)); \
-    }                                                               \
-  } while (0)
-
-// One cuBLAS handle per (device, stream), bound to that stream with a workspace from the caching
-// allocator on it. Never destroyed (see cublaslt.cu: handles and pooled memory must outlive the
-// CUDA runtime's static teardown).
-struct Handles {
-  std::mutex mutex;
-  std::map<std::pair<int, cudaStream_t>, cublasHandle_t> handles;
-  std::map<std::pair<int, cudaStream_t>, std::shared_ptr<void>> workspaces;
-};
-Handles& handles() {
-  static Handles* h = new Handles;
-  return *h;
-}
-
-cublasHandle_t handle_for(const Stream& stream) {
-  const std::pair<int, cudaStream_t> key{stream.device().index(), stream.handle()};
-  Handles& reg = handles();
-  std::lock_guard<std::mutex> lock(reg.mutex);
-  auto it = reg.handles.find(key);
-  if (it != reg.handles.end()) return it->second;
-  cublasHandle_t h = nullptr;
-  QUINTET_CUBLAS_CHECK(cublasCreate(&h));
-  // SetStream resets the workspace to cuBLAS's own pool: set ours after it.
-  QUINTET_CUBLAS_CHECK(cublasSetStream(h, stream.handle()));
-  std::shared_ptr<void> ws = cuda_allocate(kCublasWorkspace, stream.device(), stream);
-  QUINTET_CUBLAS_CHECK(cublasSetWorkspace(h, ws.get(), kCublasWorkspace));
-  reg.workspaces.emplace(key, std::move(ws));
-  return reg.handles.emplace(key, h).first->second;
-}
 
 // C = alpha * op(A)·op(B) + beta * C for `batch` matrices, column-major (see the file comment).
 struct Gemm {
@@ -296,7 +252,7 @@ void forward_impl(const Tensor& q, const Tensor& k, const Tensor& v, const Atten
   const std::shared_ptr<void> ws = cuda_allocate(p.total_bytes, stream.device(), stream);
   float* scores = static_cast<float*>(ws.get());
   T* probs = reinterpret_cast<T*>(static_cast<char*>(ws.get()) + p.probs_offset);
-  const cublasHandle_t h = handle_for(stream);
+  const cublasHandle_t h = cublas_handle(stream);
   const T *qp = ptr<T>(q), *kp = ptr<T>(k), *vp = ptr<T>(v);
   T* op = ptr<T>(out);
   float* lp = ptr<float>(lse);
@@ -375,7 +331,7 @@ void backward_impl(const Tensor& dout, const Tensor& q, const Tensor& k, const T
   float* acc_k_buf =
       kF32 ? nullptr : reinterpret_cast<float*>(static_cast<char*>(ws.get()) + acc_offset);
   float* acc_v_buf = kF32 ? nullptr : acc_k_buf + acc_elems;
-  const cublasHandle_t h = handle_for(stream);
+  const cublasHandle_t h = cublas_handle(stream);
   const T *qp = ptr<T>(q), *kp = ptr<T>(k), *vp = ptr<T>(v), *dop = ptr<T>(dout),
           *outp = ptr<T>(out);
   T *dqp = ptr<T>(dq), *dkp = ptr<T>(dk), *dvp = ptr<T>(dv);

@@ -1,10 +1,8 @@
 // Private: the cuBLASLt matrix multiply behind the linear op (lib/nn/cuda/linear.cu).
 //
-// One cuBLASLt handle per device and one workspace per (device, stream), created on first use and
-// reused for the life of the process (no allocation per call; the workspace comes from
-// quintet::cuda_allocate on that stream, so it is only ever used in that stream's order). The
-// algorithm chosen by cuBLASLt's heuristic is cached per problem (shapes, dtypes, alignments,
-// epilogue). Thread-safe. C++17.
+// The handle and the stream's workspace come from the registry of cublas_handles.hpp (no
+// allocation per call). The algorithm chosen by cuBLASLt's heuristic is cached per problem
+// (shapes, dtypes, alignments, epilogue). Thread-safe. C++17.
 #pragma once
 
 #include <cublasLt.h>

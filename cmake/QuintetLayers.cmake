@@ -1,0 +1,117 @@
+# The layers of the library, one OBJECT library each, linked into the one shared library
+# `quintet`. Dependencies point one way (DESIGN.md section 1):
+#
+#   core  <-  nn, data, collectives  <-  parallel
+#
+# Every layer sees the public headers (include/, through quintet_api) and, privately, its own
+# source folder only, reached under the layer's name: core's sources write
+# #include "core/internal/tensor_kernels.hpp", parallel's "parallel/tensor/internal/regions.hpp".
+# The include root of a layer is a folder of the build tree holding one symbolic link,
+#   <build>/layers/<layer>/<layer> -> <source folder of the layer>
+# so the source tree itself (where every layer's folder lies side by side) is never on an include
+# path, and "core/internal/..." does not resolve from nn: the build fails. tests/layering checks
+# that it stays so.
+#
+#   quintet_add_layer(<name> SOURCE_DIR <folder> [DEPENDS <layers below>])
+# gathers <folder>/**/*.cpp and *.cu (CONFIGURE_DEPENDS: a new file or subfolder is picked up by
+# the next build); a folder named cuda/ (and every .cu file) is built only with CUDA, nccl/ only
+# with NCCL, cudnn/ only with cuDNN. It makes quintet_<name> (the objects) and
+# quintet_<name>_private (an INTERFACE target with the layer's private include root, for white-box
+# tests of that layer only).
+
+# What the public headers need: their folder, the generated config.hpp, C++20 and the libraries
+# they name in their interface. Linked PUBLIC by quintet, hence installed with it.
+add_library(quintet_api INTERFACE)
+set_target_properties(quintet_api PROPERTIES EXPORT_NAME api)
+target_include_directories(quintet_api
+  INTERFACE $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include>
+            $<BUILD_INTERFACE:${PROJECT_BINARY_DIR}/include>
+            $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
+target_compile_features(quintet_api INTERFACE cxx_std_20)
+target_link_libraries(quintet_api INTERFACE MPI::MPI_CXX fmt::fmt Threads::Threads)
+if(QUINTET_HAS_CUDA)
+  target_link_libraries(quintet_api INTERFACE CUDA::cudart)
+endif()
+if(QUINTET_HAS_NCCL)
+  target_link_libraries(quintet_api INTERFACE NCCL::NCCL)
+endif()
+
+function(quintet_add_layer name)
+  cmake_parse_arguments(L "" "SOURCE_DIR" "DEPENDS" ${ARGN})
+  set(dir ${PROJECT_SOURCE_DIR}/${L_SOURCE_DIR})
+  file(GLOB_RECURSE sources RELATIVE ${dir} CONFIGURE_DEPENDS ${dir}/*.cpp ${dir}/*.cu)
+  if(NOT QUINTET_HAS_CUDA)
+    list(FILTER sources EXCLUDE REGEX "(^|/)cuda/|\\.cu$")
+  endif()
+  if(NOT QUINTET_HAS_NCCL)
+    list(FILTER sources EXCLUDE REGEX "(^|/)nccl/")
+  endif()
+  if(NOT QUINTET_HAS_CUDNN)
+    list(FILTER sources EXCLUDE REGEX "(^|/)cudnn/")
+  endif()
+  list(TRANSFORM sources PREPEND ${dir}/)
+
+  set(root ${PROJECT_BINARY_DIR}/layers/${name})
+  file(MAKE_DIRECTORY ${root})
+  file(CREATE_LINK ${dir} ${root}/${name} SYMBOLIC)
+
+  add_library(quintet_${name} OBJECT ${sources})
+  target_include_directories(quintet_${name} PRIVATE ${root})
+  target_link_libraries(quintet_${name} PUBLIC quintet_api)
+  foreach(dep IN LISTS L_DEPENDS)
+    target_link_libraries(quintet_${name} PUBLIC quintet_${dep})
+  endforeach()
+  target_compile_options(quintet_${name} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra>)
+  if(QUINTET_HAS_CUDA)
+    set_target_properties(quintet_${name} PROPERTIES CUDA_STANDARD 17
+                                                     CUDA_SEPARABLE_COMPILATION OFF)
+    target_compile_options(quintet_${name}
+                           PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr>)
+  endif()
+
+  add_library(quintet_${name}_private INTERFACE)
+  target_include_directories(quintet_${name}_private INTERFACE ${root})
+
+  # For tests/layering: the layer's folder and the layers whose public headers it may include
+  # (itself and everything below it).
+  set(allowed ${name})
+  foreach(dep IN LISTS L_DEPENDS)
+    get_property(below GLOBAL PROPERTY QUINTET_LAYER_${dep}_ALLOWED)
+    list(APPEND allowed ${below})
+  endforeach()
+  list(REMOVE_DUPLICATES allowed)
+  set_property(GLOBAL APPEND PROPERTY QUINTET_LAYERS ${name})
+  set_property(GLOBAL PROPERTY QUINTET_LAYER_${name}_DIR ${L_SOURCE_DIR})
+  set_property(GLOBAL PROPERTY QUINTET_LAYER_${name}_ALLOWED ${allowed})
+endfunction()
+
+quintet_add_layer(core SOURCE_DIR lib/core)
+quintet_add_layer(nn SOURCE_DIR lib/nn DEPENDS core)
+quintet_add_layer(data SOURCE_DIR lib/data DEPENDS core)
+quintet_add_layer(collectives SOURCE_DIR collectives DEPENDS core)
+quintet_add_layer(parallel SOURCE_DIR parallel DEPENDS nn data collectives)
+
+# What one layer needs beyond the others.
+if(QUINTET_HAS_CUDA)
+  # core: bitwise CPU == GPU random numbers need IEEE arithmetic without contraction into FMA.
+  set_source_files_properties(${PROJECT_SOURCE_DIR}/lib/core/cuda/tensor_kernels.cu
+                              PROPERTIES COMPILE_OPTIONS "--fmad=false")
+endif()
+target_link_libraries(quintet_nn PRIVATE Eigen3::Eigen)
+if(QUINTET_HAS_CUDA)
+  target_link_libraries(quintet_nn PRIVATE CUDA::cublasLt CUDA::cublas)
+endif()
+if(QUINTET_HAS_CUDNN)
+  target_link_libraries(quintet_nn PRIVATE CUDNN::CUDNN)
+endif()
+
+# The one library users link: every layer's objects, the public interface of quintet_api.
+add_library(quintet SHARED)
+add_library(quintet::quintet ALIAS quintet)
+set_target_properties(quintet PROPERTIES VERSION ${PROJECT_VERSION} SOVERSION ${PROJECT_VERSION_MAJOR}
+                                         LINKER_LANGUAGE CXX)
+target_link_libraries(quintet PUBLIC quintet_api)
+get_property(_quintet_layers GLOBAL PROPERTY QUINTET_LAYERS)
+foreach(layer IN LISTS _quintet_layers)
+  target_link_libraries(quintet PRIVATE quintet_${layer})
+endforeach()
