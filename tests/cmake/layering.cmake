@@ -27,3 +27,9 @@ add_test(NAME layering_check_can_fail
                  -P ${CMAKE_CURRENT_SOURCE_DIR}/layering/check_layering.cmake)
 set_tests_properties(layering_check_can_fail PROPERTIES LABELS "unit;layering" TIMEOUT 120
   PASS_REGULAR_EXPRESSION "nn can include another layer's private header \"core/internal/")
+
+# The umbrella header quintet.hpp includes every public header and nothing that is gone.
+add_test(NAME umbrella_header_check
+         COMMAND ${CMAKE_COMMAND} -DSOURCE_DIR=${PROJECT_SOURCE_DIR}
+                 -P ${CMAKE_CURRENT_SOURCE_DIR}/layering/check_umbrella.cmake)
+set_tests_properties(umbrella_header_check PROPERTIES LABELS "unit;layering" TIMEOUT 60)

@@ -1,0 +1,27 @@
+# quintet.hpp includes every public header, and only headers that exist: each header under
+# include/quintet/ appears in an #include line of quintet.hpp, and each #include "quintet/..." of
+# quintet.hpp names a file that exists (or the generated config.hpp).
+# Usage: cmake -DSOURCE_DIR=<repo> -P check_umbrella.cmake
+file(READ ${SOURCE_DIR}/include/quintet/quintet.hpp umbrella)
+file(GLOB_RECURSE headers RELATIVE ${SOURCE_DIR}/include ${SOURCE_DIR}/include/quintet/*.hpp)
+set(problems "")
+foreach(h IN LISTS headers)
+  if(h STREQUAL "quintet/quintet.hpp")
+    continue()
+  endif()
+  string(FIND "${umbrella}" "#include \"${h}\"" at)
+  if(at EQUAL -1)
+    string(APPEND problems "  quintet.hpp does not include ${h}\n")
+  endif()
+endforeach()
+string(REGEX MATCHALL "#include \"quintet/[^\"]+\"" lines "${umbrella}")
+foreach(line IN LISTS lines)
+  string(REGEX REPLACE "#include \"(.*)\"" "\\1" h "${line}")
+  if(NOT EXISTS ${SOURCE_DIR}/include/${h} AND NOT h STREQUAL "quintet/core/config.hpp")
+    string(APPEND problems "  quintet.hpp includes ${h}, which does not exist\n")
+  endif()
+endforeach()
+if(problems)
+  message(FATAL_ERROR "include/quintet/quintet.hpp is out of date:\n${problems}")
+endif()
+message(STATUS "quintet.hpp includes every public header")
