@@ -7,18 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "quintet/parallel/pipeline/schedule.hpp"
+#include "quintet/parallel/pipeline/schedule.hpp"  // Schedule, ActionCosts
 
 namespace quintet::pipeline {
-
-// Time units are the caller's (milliseconds, or 1 for unit costs). backward is the full backward
-// (B); a split schedule runs I for backward - weight_grad and W for weight_grad.
-struct ActionCosts {
-  double forward = 1.0;
-  double backward = 2.0;
-  double weight_grad = 1.0;  // the W part of backward; 0 <= weight_grad <= backward
-  double p2p = 0.0;          // latency of one batched transfer, from both sides posted to done
-};
 
 struct TimedAction {
   Action action;
@@ -31,11 +22,11 @@ struct Simulation {
   // With a deadlock: every stuck rank and the action it waits at, e.g. "rank 1 waits at 1RF3 (the
   // send 0SF3 never comes)" (one line each).
   std::string deadlock_report;
-  double makespan = 0.0;                         // end of the last action of any rank
-  std::vector<double> busy;                      // [pp]: compute time of each rank
-  double bubble_fraction = 0.0;                  // 1 - sum(busy) / (pp * makespan)
-  std::vector<int> peak_in_flight;               // [pp]: max (stage, microbatch) pairs between the
-                                                 // start of their F and the end of their B (or W)
+  double makespan = 0.0;            // end of the last action of any rank
+  std::vector<double> busy;         // [pp]: compute time of each rank
+  double bubble_fraction = 0.0;     // 1 - sum(busy) / (pp * makespan)
+  std::vector<int> peak_in_flight;  // [pp]: max (stage, microbatch) pairs between the
+                                    // start of their F and the end of their B (or W)
   std::vector<std::vector<TimedAction>> timeline;  // [pp]: every action with its times
 };
 
