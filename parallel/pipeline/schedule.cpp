@@ -22,10 +22,6 @@ constexpr std::array<ActionKind, 8> kAllKinds = {
     ActionKind::send_backward, ActionKind::recv_backward,
 };
 
-bool is_send(ActionKind kind) {
-  return kind == ActionKind::send_forward || kind == ActionKind::send_backward;
-}
-
 // Position of every action of one kind in its rank's list, indexed by (stage, microbatch); -1 when
 // absent. validate() fills one table per kind.
 class Positions {
@@ -78,7 +74,8 @@ void check_order(const Schedule& s, int r, int pos_earlier, const Action& earlie
   QUINTET_CHECK(pos_earlier >= 0 && pos_later >= 0 && pos_earlier < pos_later,
                 "schedule '{}': on rank {}, {} must come after {} ({}), but {}", s.name, r,
                 later.str(), earlier.str(), why,
-                pos_earlier < 0 ? fmt::format("{} is missing", earlier.str())
+                pos_earlier < 0 ? fmt::format("{} is missing; add it", earlier.str())
+                : pos_later < 0 ? fmt::format("{} is missing; add it", later.str())
                                 : fmt::format("it is action {} and {} is action {}", pos_later,
                                               earlier.str(), pos_earlier));
 }
@@ -206,6 +203,10 @@ int Schedule::peer(const Action& transfer) const {
 }
 
 namespace detail {
+
+bool is_send(ActionKind kind) {
+  return kind == ActionKind::send_forward || kind == ActionKind::send_backward;
+}
 
 std::string ordinal(int i) {
   const int n = i + 1;
@@ -378,7 +379,7 @@ void Schedule::validate() const {
   for (int r = 0; r < pp; ++r) {
     for (const Action& a : actions[r]) {
       if (is_compute(a.kind)) continue;
-      if (is_send(a.kind)) {
+      if (detail::is_send(a.kind)) {
         sends[r][peer(a)].push_back(a);
       } else {
         recvs[peer(a)][r].push_back(a);
@@ -460,7 +461,7 @@ Schedule parse_text(std::string_view text, const std::string& origin) {
   bool have_header = false, have_stages = false;
   int line_no = 0;
   std::size_t begin = 0;
-  while (begin <= text.size()) {
+  while (begin < text.size()) {  // a final newline ends the last line, it opens no new one
     std::size_t end = text.find('\n', begin);
     if (end == std::string_view::npos) end = text.size();
     std::string_view line = text.substr(begin, end - begin);

@@ -26,6 +26,9 @@ std::optional<Action> input_receive(const Schedule& schedule, const Action& comp
 // I; none for W or when the neighbour is on this rank.
 std::optional<Action> output_send(const Schedule& schedule, const Action& compute);
 
+// SF or SB.
+bool is_send(ActionKind kind);
+
 // "the 3rd".
 std::string ordinal(int index_from_zero);
 

@@ -15,6 +15,8 @@ namespace quintet::pipeline {
 
 namespace {
 
+using detail::is_send;
+
 constexpr double kUnknown = -1.0;
 
 struct Batch {
@@ -55,10 +57,6 @@ double cost_of(ActionKind kind, const ActionCosts& c) {
     default:
       return 0.0;
   }
-}
-
-bool is_send(ActionKind kind) {
-  return kind == ActionKind::send_forward || kind == ActionKind::send_backward;
 }
 
 // Splits each rank's list into computes and batches, and pairs every transfer with its match.

@@ -24,11 +24,13 @@
 // order on its compute stream. Each maximal run of consecutive SF/RF/SB/RB actions in its list is
 // one batched point-to-point operation (Communicator::p2p), issued when the compute before it has
 // been issued, without waiting; batches of a rank run one after another on its communicator
-// (stream or progress thread), and a batch completes only once every peer batch that holds a
-// matching operation has started (transports match a send with a receive only when both are
-// posted). A compute action that needs a received tensor waits for the batch of its receive.
-// Messages between two ranks are matched in the order they are posted, so the sends from rank a to
-// rank b, in a's order, must be exactly the receives b posts from a, in b's order.
+// (stream or progress thread). A batch starts once the batch before it has completed and the
+// compute before it in the list has finished (the comm stream waits on an event recorded after
+// that compute, DESIGN.md §3), and it completes only once every peer batch that holds a matching
+// operation has started (transports match a send with a receive only when both are posted). A
+// compute action that needs a received tensor waits for the batch of its receive, and for nothing
+// else. Messages between two ranks are matched in the order they are posted, so the sends from
+// rank a to rank b, in a's order, must be exactly the receives b posts from a, in b's order.
 #pragma once
 
 #include <cstdint>
