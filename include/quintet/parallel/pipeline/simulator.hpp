@@ -7,18 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "quintet/parallel/pipeline/schedule.hpp"
+#include "quintet/parallel/pipeline/schedule.hpp"  // Schedule, ActionCosts
 
 namespace quintet::pipeline {
-
-// Time units are the caller's (milliseconds, or 1 for unit costs). backward is the full backward
-// (B); a split schedule runs I for backward - weight_grad and W for weight_grad.
-struct ActionCosts {
-  double forward = 1.0;
-  double backward = 2.0;
-  double weight_grad = 1.0;  // the W part of backward; 0 <= weight_grad <= backward
-  double p2p = 0.0;          // latency of one batched transfer, from both sides posted to done
-};
 
 struct TimedAction {
   Action action;
@@ -31,23 +22,29 @@ struct Simulation {
   // With a deadlock: every stuck rank and the action it waits at, e.g. "rank 1 waits at 1RF3 (the
   // send 0SF3 never comes)" (one line each).
   std::string deadlock_report;
-  double makespan = 0.0;                         // end of the last action of any rank
-  std::vector<double> busy;                      // [pp]: compute time of each rank
-  double bubble_fraction = 0.0;                  // 1 - sum(busy) / (pp * makespan)
-  std::vector<int> peak_in_flight;               // [pp]: max (stage, microbatch) pairs between the
-                                                 // start of their F and the end of their B (or W)
-  std::vector<std::vector<TimedAction>> timeline;  // [pp]: every action with its times
+  double makespan = 0.0;            // end of the last action of any rank
+  std::vector<double> busy;         // [pp]: compute time of each rank
+  double bubble_fraction = 0.0;     // 1 - sum(busy) / (pp * makespan)
+  std::vector<int> peak_in_flight;  // [pp]: max (stage, microbatch) pairs between the
+                                    // start of their F and the end of their B (or W)
+  // [pp]: every action with its times, in list order; a transfer has its batch's start and end.
+  // With a deadlock, only the actions that ran.
+  std::vector<std::vector<TimedAction>> timeline;
 };
 
-// Simulates schedule (validated first) with costs. Never throws for a deadlock: it is reported.
+// Simulates schedule with costs. The structure is validated first (validate() without the rules on
+// transfers); transfers are modelled, not checked: a send or receive without its match, or a
+// batch that waits on a later one, is a deadlock. Never throws for a deadlock: it is reported.
 Simulation simulate(const Schedule& schedule, const ActionCosts& costs = {});
 
 // validate() and simulate(); throws InvalidArgument with the deadlock report when the schedule
 // would hang. Executors call it before their first step.
 Simulation check_schedule(const Schedule& schedule, const ActionCosts& costs = {});
 
-// The simulated timeline as a Chrome / Perfetto trace (JSON: one process, one thread per rank,
-// one complete event per action, times in microseconds of the cost unit).
+// The simulated timeline as a Chrome / Perfetto trace (JSON): one process, per rank one thread of
+// compute ("rank r", tid r: one complete event per action) and one of its p2p batches ("rank r
+// p2p", tid pp + r: one event per batch, named by its transfers). ts and dur are the times times
+// 1000, so a cost unit reads as one millisecond.
 std::string chrome_trace(const Simulation& simulation);
 
 }  // namespace quintet::pipeline
