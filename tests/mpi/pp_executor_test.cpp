@@ -220,7 +220,7 @@ TEST_CASE("pp: bad inputs are refused before any communication", "[pp]") {
   REQUIRE_THROWS_QUINTET(pipeline::PipelineExecutor(wrong, mesh.comm(Axis::pp),
                                                     {{mesh.rank(Axis::pp), chunk.get()}}, ec),
                          InvalidArgument, "schedule is for pp");
-  // A schedule that would deadlock: the first send of rank 0 removed.
+  // A schedule whose first send on rank 0 was removed: refused, naming the rank and the action.
   pipeline::Schedule broken = good;
   auto& a0 = broken.actions[0];
   for (std::size_t i = 0; i < a0.size(); ++i) {
@@ -231,7 +231,7 @@ TEST_CASE("pp: bad inputs are refused before any communication", "[pp]") {
   }
   REQUIRE_THROWS_QUINTET(pipeline::PipelineExecutor(broken, mesh.comm(Axis::pp),
                                                     {{mesh.rank(Axis::pp), chunk.get()}}, ec),
-                         InvalidArgument, "rank 1");
+                         InvalidArgument, "on rank 0, 0SF0 must come after 0F0");
   // Layers that do not split into the stages.
   REQUIRE_THROWS_QUINTET(model::split_into_chunks(config, static_cast<int>(config.layers) + 1),
                          InvalidArgument, "chunks for");

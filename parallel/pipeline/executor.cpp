@@ -1,0 +1,199 @@
+// The pipeline executor: one walk over the rank's actions per step.
+#include "quintet/parallel/pipeline/executor.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <limits>
+#include <map>
+#include <utility>
+
+#include "quintet/nn/ops.hpp"
+#include "quintet/parallel/pipeline/simulator.hpp"
+
+namespace quintet::pipeline {
+
+namespace {
+constexpr std::size_t kNone = std::numeric_limits<std::size_t>::max();
+
+bool is_backward(ActionKind k) { return k == ActionKind::backward || k == ActionKind::input_grad; }
+// The actions whose backward marks gradients ready (all of a (stage, microbatch)'s marks happen at
+// its B, or at its W when split).
+bool marks_gradients(ActionKind k) {
+  return k == ActionKind::backward || k == ActionKind::weight_grad;
+}
+}  // namespace
+
+// The state of one (stage, microbatch) during a step.
+struct PipelineExecutor::Slot {
+  std::unique_ptr<nn::Context> ctx;
+  Tensor input;        // the stage's input (received or handed over)
+  Work input_recv;     // the batch that receives input, when it travels
+  Tensor output;       // the stage's output, until its send is issued
+  Tensor grad_output;  // d(output): received or handed over (none on the last stage)
+  Work grad_recv;
+  Tensor grad_input;  // d(input), until its send is issued
+};
+
+PipelineExecutor::PipelineExecutor(Schedule schedule, Communicator& pp,
+                                   std::vector<StageModule> stages, ExecutorConfig config)
+    : schedule_(std::move(schedule)), pp_(&pp), stages_(std::move(stages)), config_(config) {
+  check_schedule(schedule_);
+  QUINTET_CHECK(pp.size() == schedule_.pp,
+                "PipelineExecutor: the schedule is for pp = {} ranks, but the pipeline "
+                "communicator has {}",
+                schedule_.pp, pp.size());
+  rank_ = pp.rank();
+  const std::vector<int> want = schedule_.stages_of(rank_);
+  std::vector<int> got;
+  for (const StageModule& s : stages_) {
+    QUINTET_CHECK(s.chunk != nullptr, "PipelineExecutor: stage {} has no model chunk", s.stage);
+    got.push_back(s.stage);
+  }
+  std::sort(got.begin(), got.end());
+  QUINTET_CHECK(got == want,
+                "PipelineExecutor: pipeline rank {} holds stages [{}] in this schedule, but was "
+                "given chunks for stages [{}]",
+                rank_, fmt::join(want, ", "), fmt::join(got, ", "));
+  QUINTET_CHECK(config_.activation_shape.size() >= 2 && shape_numel(config_.activation_shape) > 0,
+                "PipelineExecutor: activation_shape {} must be [batch, seq, ...] with no zero",
+                shape_str(config_.activation_shape));
+  last_marking_.assign(static_cast<std::size_t>(schedule_.num_stages()), kNone);
+  const auto& actions = schedule_.actions[static_cast<std::size_t>(rank_)];
+  for (std::size_t i = 0; i < actions.size(); ++i) {
+    if (marks_gradients(actions[i].kind)) {
+      last_marking_[static_cast<std::size_t>(actions[i].stage)] = i;
+    }
+  }
+}
+
+PipelineExecutor::~PipelineExecutor() = default;
+
+const StageModule& PipelineExecutor::stage_module(int stage) const {
+  for (const StageModule& s : stages_) {
+    if (s.stage == stage) return s;
+  }
+  QUINTET_THROW(InvalidArgument, "PipelineExecutor: rank {} holds no stage {}", rank_, stage);
+}
+
+Tensor PipelineExecutor::run(const std::function<MicrobatchData(int)>& data, float loss_scale,
+                             const Stream& stream) {
+  const int last_stage = schedule_.num_stages() - 1;
+  const auto& actions = schedule_.actions[static_cast<std::size_t>(rank_)];
+  const auto& stage_rank = schedule_.stage_rank;
+  std::map<std::pair<int, int>, Slot> slots;
+  auto slot_of = [&](int stage, int mb) -> Slot& { return slots[{stage, mb}]; };
+  auto local = [&](int stage) {
+    return stage >= 0 && stage <= last_stage &&
+           stage_rank[static_cast<std::size_t>(stage)] == rank_;
+  };
+
+  // Microbatch data, fetched in increasing order when a first or last stage first needs it.
+  std::map<int, MicrobatchData> fetched;
+  int next_fetch = 0;
+  auto data_of = [&](int mb) -> const MicrobatchData& {
+    while (next_fetch <= mb) {
+      fetched.emplace(next_fetch, data(next_fetch));
+      ++next_fetch;
+    }
+    return fetched.at(mb);
+  };
+
+  Tensor loss_sum;
+  std::vector<Work> issued;          // every batch of this step
+  std::vector<Tensor> sent;          // send buffers, alive until the step's batches are done
+  std::vector<P2POp> batch;          // the batch being built
+  std::vector<Work*> batch_recvs;    // where its receives' Work goes once issued
+  auto issue = [&] {
+    if (batch.empty()) return;
+    Work w = pp_->p2p(batch, stream);
+    for (const P2POp& op : batch) {
+      if (op.kind == P2POp::Kind::send) sent.push_back(op.tensor);
+    }
+    for (Work* r : batch_recvs) *r = w;
+    issued.push_back(std::move(w));
+    batch.clear();
+    batch_recvs.clear();
+  };
+  auto buffer = [&] {
+    return Tensor::empty(config_.activation_shape, config_.activation_dtype, stream.device(),
+                         stream);
+  };
+
+  for (std::size_t i = 0; i < actions.size(); ++i) {
+    const Action& a = actions[i];
+    const int s = a.stage, m = a.microbatch;
+    Slot& sl = slot_of(s, m);
+    if (!is_compute(a.kind)) {
+      switch (a.kind) {
+        case ActionKind::send_forward:
+          batch.push_back(P2POp::send(sl.output, stage_rank[s + 1]));
+          sl.output = Tensor();
+          break;
+        case ActionKind::recv_forward:
+          sl.input = buffer();
+          batch.push_back(P2POp::recv(sl.input, stage_rank[s - 1]));
+          batch_recvs.push_back(&sl.input_recv);
+          break;
+        case ActionKind::send_backward:
+          batch.push_back(P2POp::send(sl.grad_input, stage_rank[s - 1]));
+          sl.grad_input = Tensor();
+          break;
+        default:  // recv_backward
+          sl.grad_output = buffer();
+          batch.push_back(P2POp::recv(sl.grad_output, stage_rank[s + 1]));
+          batch_recvs.push_back(&sl.grad_recv);
+          break;
+      }
+      // A batch is a maximal run of consecutive transfers.
+      if (i + 1 == actions.size() || is_compute(actions[i + 1].kind)) issue();
+      continue;
+    }
+
+    const StageModule& sm = stage_module(s);
+    if (marks_gradients(a.kind) && sm.dp) sm.dp->set_last_microbatch(i == last_marking_[s]);
+    if (a.kind == ActionKind::forward) {
+      sl.ctx = std::make_unique<nn::Context>(stream);
+      Tensor x;
+      if (s == 0) {
+        x = data_of(m).tokens;
+      } else {
+        sl.input_recv.wait(stream);
+        x = std::move(sl.input);
+      }
+      if (s == last_stage) {
+        sl.ctx->set_targets(data_of(m).targets, loss_scale);
+        const Tensor loss = sm.chunk->forward(*sl.ctx, x);
+        if (!loss_sum.defined()) {
+          loss_sum = Tensor::empty({}, DType::f32, stream.device(), stream);
+          loss_sum.fill_(0.0, stream);
+        }
+        nn::add_(loss_sum, loss, loss_scale, stream);
+      } else {
+        Tensor y = sm.chunk->forward(*sl.ctx, x);
+        (local(s + 1) ? slot_of(s + 1, m).input : sl.output) = std::move(y);
+      }
+    } else if (is_backward(a.kind)) {
+      Tensor dy;
+      if (s != last_stage) {
+        sl.grad_recv.wait(stream);
+        dy = std::move(sl.grad_output);
+      }
+      const bool split = a.kind == ActionKind::input_grad;
+      sl.ctx->set_defer_weight_gradients(split);
+      Tensor dx = sm.chunk->backward(*sl.ctx, dy);
+      sl.ctx->set_defer_weight_gradients(false);
+      if (!split) sl.ctx.reset();  // the saved activations are no longer needed
+      if (s > 0) (local(s - 1) ? slot_of(s - 1, m).grad_output : sl.grad_input) = std::move(dx);
+    } else {  // weight_grad
+      sl.ctx->run_deferred_gradients();
+      sl.ctx.reset();
+    }
+  }
+  issue();
+  for (Work& w : issued) w.wait(stream);
+  return loss_sum;
+}
+
+}  // namespace quintet::pipeline
