@@ -1,6 +1,6 @@
-// 04_gpt_train: a GPT trained under any dp x tp (+ sp) x pp layout, on CPUs or GPUs, on the built-in
-// dataset or token shards, with checkpoints and per-step metrics. The template for your trainer:
-// one step reads top to bottom in train_step() below.
+// 04_gpt_train: a GPT trained under any dp x tp (+ sp) x pp layout, on CPUs or GPUs, on the
+// built-in dataset or token shards, with checkpoints and per-step metrics. The template for your
+// trainer: one step reads top to bottom in train_step() below.
 //
 //   mpirun -np 4 04_gpt_train --tp 2 --dp 2 --device cpu --steps 200         # CPU, 4 ranks
 //   mpirun -np 2 04_gpt_train --dp 2 --layers 24 --hidden 1024 --heads 16 \
@@ -15,9 +15,8 @@
 #include <optional>
 
 #include "metrics.hpp"
-#include "quintet/collectives/bootstrap.hpp"           // World, init
-#include "quintet/parallel/overlap/timed_communicator.hpp"  // exposed tp communication per step
-#include "quintet/core/allocator.hpp"                  // peak GPU memory
+#include "quintet/collectives/bootstrap.hpp"  // World, init
+#include "quintet/core/allocator.hpp"         // peak GPU memory
 #include "quintet/core/log.hpp"
 #include "quintet/data/loader.hpp"                  // DataLoader
 #include "quintet/data/synthetic.hpp"               // the built-in dataset and its entropy floor
@@ -25,8 +24,9 @@
 #include "quintet/parallel/data/data_parallel.hpp"  // gradient buckets over dp
 #include "quintet/parallel/data/distributed_optimizer.hpp"  // AdamW, ZeRO 0/1/2, clipping
 #include "quintet/parallel/mesh.hpp"
-#include "quintet/parallel/model/gpt.hpp"  // the library GPT (model + loss)
-#include "quintet/parallel/pipeline/executor.hpp"  // the pipeline schedule, run
+#include "quintet/parallel/model/gpt.hpp"                   // the library GPT (model + loss)
+#include "quintet/parallel/overlap/timed_communicator.hpp"  // exposed tp communication per step
+#include "quintet/parallel/pipeline/executor.hpp"           // the pipeline schedule, run
 #include "trainer_state.hpp"
 
 namespace {
@@ -152,8 +152,8 @@ int run(const gpt::TrainConfig& c, quintet::World& world) {
   for (int s : schedule.stages_of(mesh.rank(Axis::pp))) {
     Stage st;
     st.model = quintet::model::build_gpt_chunk(model_config, {&tp_comm}, chunks[s]);
-    st.store = std::make_unique<quintet::nn::ParameterStore>(*st.model, model_config.dtype,
-                                                             stream, c.seed);
+    st.store = std::make_unique<quintet::nn::ParameterStore>(*st.model, model_config.dtype, stream,
+                                                             c.seed);
     st.dp = std::make_unique<quintet::DataParallel>(*st.store, mesh, dp_config, stream);
     st.optimizer = std::make_unique<quintet::DistributedOptimizer>(*st.dp, adam, stream);
     stage_modules.push_back({s, st.model.get(), st.dp.get()});
@@ -193,8 +193,8 @@ int run(const gpt::TrainConfig& c, quintet::World& world) {
         "global batch {} = micro {} x dp {} x accumulation {}\n",
         model_config.total_params(), model_config.non_embedding_params(), c.layers, c.hidden,
         c.heads, c.vocab, c.seq_len, c.tp, c.dp, c.pp, c.sp ? " (+sp)" : "",
-        pipeline.schedule().name, c.vpp, c.pp, c.zero, device.str(),
-        c.global_batch, c.micro_batch, c.dp, c.accumulation());
+        pipeline.schedule().name, c.vpp, c.pp, c.zero, device.str(), c.global_batch, c.micro_batch,
+        c.dp, c.accumulation());
   }
   Trainer t{c, world, mesh, stream, stages, pipeline, loader, start.data};
   gpt::Reporter reporter(world.rank() == 0, c.json, c.progress, c.steps);

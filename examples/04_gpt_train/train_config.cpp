@@ -23,12 +23,12 @@ bool parse_args(const quintet::RuntimeConfig& runtime, TrainConfig* c, int* exit
                  "sequences per optimizer step over all dp ranks (accumulation follows)")
       ->capture_default_str();
   app.add_option("--tp", c->tp, "tensor-parallel size")->capture_default_str();
-  app.add_option("--dp", c->dp, "data-parallel size (tp * dp * pp = ranks)")
-      ->capture_default_str();
+  app.add_option("--dp", c->dp, "data-parallel size (tp * dp * pp = ranks)")->capture_default_str();
   app.add_option("--pp", c->pp, "pipeline-parallel size (stages)")->capture_default_str();
   app.add_option("--vpp", c->vpp, "model chunks per pipeline rank (interleaved, zb-v)")
       ->capture_default_str();
-  app.add_option("--schedule", c->schedule, "pipeline schedule: gpipe, 1f1b, interleaved, zb-h1, zb-v")
+  app.add_option("--schedule", c->schedule,
+                 "pipeline schedule: gpipe, 1f1b, interleaved, zb-h1, zb-v")
       ->capture_default_str();
   app.add_flag("--sp", c->sp, "sequence parallelism (with --tp > 1)");
   app.add_option("--zero", c->zero, "ZeRO stage: 0, 1 or 2")->capture_default_str();

@@ -26,8 +26,8 @@ struct TrainConfig {
   int pp = 1;                     // pipeline stages (ranks)
   int vpp = 1;                    // model chunks per pipeline rank
   std::string schedule = "1f1b";  // gpipe, 1f1b, interleaved, zb-h1, zb-v
-  bool sp = false;          // sequence parallelism (needs tp > 1)
-  int zero = 0;             // 0, 1 or 2
+  bool sp = false;                // sequence parallelism (needs tp > 1)
+  int zero = 0;                   // 0, 1 or 2
   double bucket_mb = 25.0;  // MiB of f32 gradient per reduction bucket after the first (1 MiB)
   // Optimizer and schedule: linear warmup to lr, then cosine decay to min_lr at the last step.
   float lr = 1e-3f;

@@ -176,8 +176,8 @@ nn::OptimizerStepInfo DistributedOptimizer::step_together(
 
 Tensor DistributedOptimizer::grad_of(const Segment& g) const {
   if (stage_ == 0) return dp_.store().grad_buffer().narrow(0, g.flat_offset, g.length);
-  return dp_.owned_grad(g.bucket).narrow(
-      0, g.flat_offset - dp_.buckets()[g.bucket].owned_begin(), g.length);
+  return dp_.owned_grad(g.bucket).narrow(0, g.flat_offset - dp_.buckets()[g.bucket].owned_begin(),
+                                         g.length);
 }
 
 Tensor DistributedOptimizer::local_sum_of_squares(const Stream& stream) {

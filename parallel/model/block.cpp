@@ -8,11 +8,10 @@
 
 namespace quintet::model {
 
-void check_groups(const GptConfig& config, const ModelGroups& groups) {
+void check_groups(const ModelGroups& groups) {
   QUINTET_CHECK(groups.tp != nullptr,
                 "ModelGroups: no tensor-parallel communicator; pass ModelGroups::of(mesh) or a "
                 "one-rank communicator for no tensor parallelism");
-  (void)config;  // the context- and expert-parallel slots will need their groups
 }
 
 std::unique_ptr<nn::Module> make_attention(const GptConfig& c, const ModelGroups& g) {
@@ -40,7 +39,7 @@ std::unique_ptr<nn::Module> make_norm(const GptConfig& c) {
 }
 
 TransformerBlock::TransformerBlock(const GptConfig& c, const ModelGroups& g) {
-  check_groups(c, g);
+  check_groups(g);
   c.validate_block(g.tp->size());
   norm1_ = &add_module("norm1", make_norm(c));
   attn_ = &add_module("attn", make_attention(c, g));

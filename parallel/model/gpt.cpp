@@ -9,7 +9,7 @@ namespace {
 // Validates before any member is built, so a bad config fails first, naming the field.
 const GptConfig& checked(const GptConfig& config, const ModelGroups& groups,
                          const ChunkSpec& spec) {
-  check_groups(config, groups);
+  check_groups(groups);
   config.validate(groups.tp->size());
   spec.validate(config);
   return config;

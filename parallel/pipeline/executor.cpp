@@ -101,10 +101,10 @@ Tensor PipelineExecutor::run(const std::function<MicrobatchData(int)>& data, flo
   };
 
   Tensor loss_sum;
-  std::vector<Work> issued;          // every batch of this step
-  std::vector<Tensor> sent;          // send buffers, alive until the step's batches are done
-  std::vector<P2POp> batch;          // the batch being built
-  std::vector<Work*> batch_recvs;    // where its receives' Work goes once issued
+  std::vector<Work> issued;        // every batch of this step
+  std::vector<Tensor> sent;        // send buffers, alive until the step's batches are done
+  std::vector<P2POp> batch;        // the batch being built
+  std::vector<Work*> batch_recvs;  // where its receives' Work goes once issued
   auto issue = [&] {
     if (batch.empty()) return;
     Work w = pp_->p2p(batch, stream);

@@ -3,7 +3,7 @@
 // tp (with and without sequence parallelism) and dp (ZeRO 0 and 1), equals the whole model on one
 // rank over the same global batch: the loss, every gradient after the data-parallel reduction,
 // and (with ZeRO-1) the parameters after an optimizer step. Which layouts run depends on the job's
-// size (2, 3, 4 or 8 ranks). Bad inputs are refused before any communication.
+// size (2, 3 or 4 ranks). Bad inputs are refused before any communication.
 #include <fmt/format.h>
 
 #include <cstdint>
@@ -58,12 +58,6 @@ std::vector<Case> cases_for(int world) {
     out.push_back({2, 1, 1, 2, ScheduleKind::one_f_one_b, 4, false, 0});
     out.push_back({2, 1, 1, 2, ScheduleKind::one_f_one_b, 4, false, 1});
     out.push_back({2, 2, 1, 2, ScheduleKind::interleaved, 4, false, 1});
-  }
-  if (world == 8) {
-    out.push_back({2, 1, 2, 2, ScheduleKind::one_f_one_b, 4, true, 1});
-    out.push_back({2, 2, 2, 2, ScheduleKind::zb_v, 4, true, 0});
-    out.push_back({2, 2, 2, 2, ScheduleKind::interleaved, 4, false, 1});
-    out.push_back({4, 1, 1, 2, ScheduleKind::zb_h1, 4, false, 0});
   }
   return out;
 }

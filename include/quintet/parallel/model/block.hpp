@@ -38,7 +38,7 @@ class TransformerBlock : public nn::Module {
   nn::Module* mlp_;
 };
 
-// Throws InvalidArgument unless groups has every communicator config needs.
-void check_groups(const GptConfig& config, const ModelGroups& groups);
+// Throws InvalidArgument unless groups has every communicator the model needs.
+void check_groups(const ModelGroups& groups);
 
 }  // namespace quintet::model

@@ -10,8 +10,8 @@
 //       gradients deferred on the context (nn::Context::set_defer_weight_gradients), W runs them;
 //       the context (the saved activations) is freed after B or W;
 //   SF/RF/SB/RB  consecutive transfers are issued as one batched p2p (Communicator::p2p) without
-//       waiting, receives into buffers of the activation shape; a compute action waits (Work::wait on
-//       the stream) for the receive it consumes, so transfers overlap the compute in between.
+//       waiting, receives into buffers of the activation shape; a compute action waits (Work::wait
+//       on the stream) for the receive it consumes, so transfers overlap the compute in between.
 // Between two stages on the same rank the tensor is handed over directly. At the end of the step
 // it waits for every transfer it issued.
 //
@@ -21,8 +21,8 @@
 // overlapping the rest of the schedule. The caller runs dp.begin_step() before run() and
 // dp.finish() after it, as without a pipeline.
 //
-// Errors: the constructor checks the schedule (check_schedule: structure, then a simulated run, so a
-// schedule that would deadlock is an InvalidArgument naming the rank and action), that the stages
+// Errors: the constructor checks the schedule (check_schedule: structure, then a simulated run, so
+// a schedule that would deadlock is an InvalidArgument naming the rank and action), that the stages
 // given are exactly this rank's, and the communicator's size, before any communication. Not
 // thread-safe; the chunks, DataParallels and communicator are borrowed and must outlive it.
 #pragma once
