@@ -3,7 +3,7 @@
 // tp (with and without sequence parallelism) and dp (ZeRO 0 and 1), equals the whole model on one
 // rank over the same global batch: the loss, every gradient after the data-parallel reduction,
 // and (with ZeRO-1) the parameters after an optimizer step. Which layouts run depends on the job's
-// size (2, 3 or 4 ranks). Bad inputs are refused before any communication.
+// size (2, 3, 4 or 8 ranks). Bad inputs are refused before any communication.
 #include <fmt/format.h>
 
 #include <cstdint>
@@ -59,6 +59,12 @@ std::vector<Case> cases_for(int world) {
     out.push_back({2, 1, 1, 2, ScheduleKind::one_f_one_b, 4, false, 1});
     out.push_back({2, 2, 1, 2, ScheduleKind::interleaved, 4, false, 1});
   }
+  if (world == 8) {
+    out.push_back({2, 1, 2, 2, ScheduleKind::one_f_one_b, 4, false, 0});
+    out.push_back({2, 1, 2, 2, ScheduleKind::one_f_one_b, 4, true, 1});
+    out.push_back({2, 2, 2, 2, ScheduleKind::zb_v, 4, true, 1});
+    out.push_back({2, 2, 2, 2, ScheduleKind::interleaved, 4, false, 1});
+  }
   return out;
 }
 
@@ -88,9 +94,27 @@ pipeline::MicrobatchData microbatch(const model::GptConfig& c, int g) {
 nn::AdamWConfig adam() {
   nn::AdamWConfig a;
   a.hyper.lr = 1e-2f;
-  a.hyper.eps = 1e-4f;
+  // eps well above the smallest gradients (~1e-5), so that one step's value does not amplify
+  // their f32 rounding (with eps << |g| an update is lr * sign(g), whatever g's precision).
+  a.hyper.eps = 1e-3f;
   a.max_grad_norm = 0.0f;  // no clipping: each chunk's optimizer steps on its own
   return a;
+}
+
+// Runs a case's comparisons; a failure on one rank fails the case on every rank, so that all of
+// them leave it together (a rank that left alone would meet the others' next case's collectives).
+template <typename F>
+void agreed(Communicator& world, F&& checks) {
+  bool failed = false;
+  try {
+    checks();
+  } catch (...) {  // Catch has recorded the failure; count it and carry on
+    failed = true;
+  }
+  Tensor any = Tensor::from_vector(std::vector<float>{failed ? 1.0f : 0.0f}, {});
+  world.all_reduce(any, ReduceOp::max).wait();
+  INFO("a comparison failed on " << (failed ? "this rank" : "another rank"));
+  REQUIRE(any.item() == 0.0f);
 }
 
 void run_case(const Case& c, Communicator& world) {
@@ -152,37 +176,41 @@ void run_case(const Case& c, Communicator& world) {
       },
       1.0f / static_cast<float>(c.micro), kCpu);
   for (Held& h : held) h.dp->finish(kCpu);
-  const bool last = schedule.stage_rank.back() == pp_rank;
-  REQUIRE(loss.defined() == last);
-  if (last) {
-    Tensor mean = loss.clone();
-    mesh.comm(Axis::dp).all_reduce(mean, ReduceOp::avg).wait();
-    CHECK(std::abs(mean.item() - ref_loss) <= 1e-5 * std::abs(ref_loss));
-  }
-  const bool holds_ends = last || schedule.stage_rank.front() == pp_rank;
-  CHECK((fetched == c.micro) == holds_ends);
-  CHECK((fetched == 0) == !holds_ends);
+  agreed(world, [&] {
+    const bool last = schedule.stage_rank.back() == pp_rank;
+    REQUIRE(loss.defined() == last);
+    if (last) {
+      Tensor mean = loss.clone();
+      mesh.comm(Axis::dp).all_reduce(mean, ReduceOp::avg).wait();
+      CHECK(std::abs(mean.item() - ref_loss) <= 1e-5 * std::abs(ref_loss));
+    }
+    const bool holds_ends = last || schedule.stage_rank.front() == pp_rank;
+    CHECK((fetched == c.micro) == holds_ends);
+    CHECK((fetched == 0) == !holds_ends);
 
-  if (c.zero == 0) {
+    if (c.zero == 0) {
+      for (Held& h : held) {
+        for (auto& [name, p] : h.chunk->named_parameters()) {
+          require_close(p->grad(), shard_of(ref_store.find(name).grad(), *p), "gradient of " + name,
+                        2e-6, 1e-5);
+        }
+      }
+      return;
+    }
+    // ZeRO-1: one optimizer step on both sides, then the parameters.
+    nn::AdamW ref_opt(ref_store, adam(), kCpu);
+    ref_opt.step(kCpu);
+    for (Held& h : held) {  // every collective first, then the comparisons
+      h.opt->step(kCpu);
+      h.opt->wait_for_parameters(kCpu);
+    }
     for (Held& h : held) {
       for (auto& [name, p] : h.chunk->named_parameters()) {
-        require_close(p->grad(), shard_of(ref_store.find(name).grad(), *p), "gradient of " + name,
-                      2e-6, 1e-5);
+        require_close(p->data(), shard_of(ref_store.find(name).data(), *p), "value of " + name, 2e-6,
+                      1e-5);
       }
     }
-    return;
-  }
-  // ZeRO-1: one optimizer step on both sides, then the parameters.
-  nn::AdamW ref_opt(ref_store, adam(), kCpu);
-  ref_opt.step(kCpu);
-  for (Held& h : held) {
-    h.opt->step(kCpu);
-    h.opt->wait_for_parameters(kCpu);
-    for (auto& [name, p] : h.chunk->named_parameters()) {
-      require_close(p->data(), shard_of(ref_store.find(name).data(), *p), "value of " + name, 2e-6,
-                    1e-5);
-    }
-  }
+  });
 }
 
 }  // namespace
