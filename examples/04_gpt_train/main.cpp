@@ -64,7 +64,6 @@ struct StepResult {
 // last backwards, the (sharded) AdamW update, the loss averaged over dp.
 StepResult train_step(Trainer& t) {
   const float dloss = 1.0f / static_cast<float>(t.config.accumulation());
-  for (Stage& s : t.stages) s.dp->begin_step();
   // Called on the ranks of the first and last stage, once per microbatch, in order.
   auto next_microbatch = [&t](int) {
     quintet::data::Batch batch = t.loader.next(t.stream);
@@ -72,12 +71,10 @@ StepResult train_step(Trainer& t) {
     t.data_position = batch.next_state;
     return quintet::pipeline::MicrobatchData{batch.tokens, batch.targets};
   };
+  // Begins and finishes each stage's data-parallel step, sums tied embedding gradients.
   Tensor loss_sum = t.pipeline.run(next_microbatch, dloss, t.stream);
   std::vector<quintet::DistributedOptimizer*> optimizers;
-  for (Stage& s : t.stages) {
-    s.dp->finish(t.stream);
-    optimizers.push_back(s.optimizer.get());
-  }
+  for (Stage& s : t.stages) optimizers.push_back(s.optimizer.get());
   const quintet::nn::OptimizerStepInfo info =
       quintet::DistributedOptimizer::step_together(optimizers, t.stream);
   // The last stage has the loss (every tp rank the same); the sum over pp brings it to every

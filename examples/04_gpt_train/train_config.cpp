@@ -17,6 +17,8 @@ bool parse_args(const quintet::RuntimeConfig& runtime, TrainConfig* c, int* exit
   app.add_option("--heads", c->heads, "attention heads")->capture_default_str();
   app.add_option("--vocab", c->vocab, "vocabulary size (>= the dataset's)")->capture_default_str();
   app.add_option("--seq-len", c->seq_len, "tokens per sequence")->capture_default_str();
+  app.add_flag("--tied-embeddings", c->tied_embeddings,
+               "the LM head reuses the token embedding's table (across pipeline stages too)");
   app.add_option("--micro-batch", c->micro_batch, "sequences per rank per forward")
       ->capture_default_str();
   app.add_option("--global-batch", c->global_batch,
@@ -152,7 +154,7 @@ quintet::model::GptConfig model_config(const TrainConfig& c, bool gpu) {
   m.norm = quintet::nn::NormKind::layernorm;
   m.activation = quintet::nn::Activation::gelu;
   m.bias = true;
-  m.tied_embeddings = false;
+  m.tied_embeddings = c.tied_embeddings;
   m.learned_positions = true;
   m.init_std = 0.02f;
   m.dtype = gpu ? quintet::DType::bf16 : quintet::DType::f32;

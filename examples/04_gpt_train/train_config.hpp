@@ -17,6 +17,7 @@ struct TrainConfig {
   std::int64_t heads = 4;
   std::int64_t vocab = 256;  // the built-in dataset's vocabulary
   std::int64_t seq_len = 128;
+  bool tied_embeddings = false;  // the LM head reuses the token embedding's table
   // Batch: global_batch = micro_batch * dp * accumulation steps (sequences per optimizer step).
   std::int64_t micro_batch = 4;
   std::int64_t global_batch = 16;
@@ -73,7 +74,7 @@ bool parse_args(const quintet::RuntimeConfig& runtime, TrainConfig* config, int*
 void validate(const TrainConfig& config, int world);
 
 // The library model these flags describe: a GPT-2 style model (LayerNorm, GELU MLP of 4 * hidden,
-// learned positions, untied LM head, init std 0.02), bf16 on GPUs and f32 on the CPU.
+// learned positions, LM head untied unless --tied-embeddings, init std 0.02), bf16 on GPUs and f32 on the CPU.
 quintet::model::GptConfig model_config(const TrainConfig& config, bool gpu);
 
 // The pipeline schedule these flags ask for (--schedule over --pp, --vpp and accumulation()

@@ -17,6 +17,7 @@ nlohmann::json identity(const TrainConfig& c) {
           {"heads", c.heads},
           {"vocab", c.vocab},
           {"seq_len", c.seq_len},
+          {"tied_embeddings", c.tied_embeddings},
           {"micro_batch", c.micro_batch},
           {"global_batch", c.global_batch},
           {"tp", c.tp},

@@ -28,6 +28,14 @@ Parameter::Parameter(std::string local_name, Shape shape, ParameterInit init,
                 shape_str(shape_));
 }
 
+void Parameter::set_tied(TiedRole role) {
+  QUINTET_CHECK(!materialized(),
+                "Parameter {}: set_tied after a ParameterStore was built over it; mark tied "
+                "weights when the model is built",
+                name_);
+  attrs_.tied = role;
+}
+
 Tensor Parameter::data() const {
   QUINTET_CHECK(data_.defined(),
                 "Parameter {} has no memory yet; build a ParameterStore over its "

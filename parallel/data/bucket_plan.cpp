@@ -108,8 +108,9 @@ BucketPlan::BucketPlan(std::vector<BucketParameter> params, const BucketSizes& s
     // The first bucket closes at its own (small) limit; later buckets at bucket_bytes.
     const std::int64_t limit = buckets_.size() <= 1 ? sizes.first_bucket_bytes : sizes.bucket_bytes;
     GradientBucket* cur = buckets_.empty() ? nullptr : &buckets_.back();
-    const bool fits =
-        cur != nullptr && cur->axis == axis && (cur->numel() + size) * sizes.element_bytes <= limit;
+    const bool alone = p.tied || (i > 0 && params_[i - 1].tied);
+    const bool fits = cur != nullptr && !alone && cur->axis == axis &&
+                      (cur->numel() + size) * sizes.element_bytes <= limit;
     if (!fits) {
       GradientBucket b;
       b.begin = p.offset;
@@ -138,7 +139,8 @@ std::vector<BucketParameter> describe(const nn::ParameterStore& store) {
   std::vector<BucketParameter> out;
   for (const nn::Parameter* p : store.parameters()) {
     const nn::ParameterAttributes& a = p->attributes();
-    out.push_back({p->name(), p->offset(), p->numel(), a.is_expert, a.reduce_over_tp});
+    out.push_back({p->name(), p->offset(), p->numel(), a.is_expert, a.reduce_over_tp,
+                   a.tied != nn::TiedRole::none});
   }
   return out;
 }

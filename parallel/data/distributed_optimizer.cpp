@@ -48,6 +48,8 @@ DistributedOptimizer::DistributedOptimizer(DataParallel& dp, const nn::AdamWConf
       } else if (k.axis == Axis::tp_dp_cp) {
         in_norm = true;  // the shards over tp x dp x cp partition the (tp-replicated) parameter
       }
+      // A weight tied across chunks is held twice with equal gradients: counted on its owner.
+      in_norm = in_norm && p->attributes().tied != nn::TiedRole::copy;
       segments_.push_back(Segment{p, b, s, e - s, total, in_norm});
       total += e - s;
     }

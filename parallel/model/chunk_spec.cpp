@@ -18,10 +18,6 @@ void ChunkSpec::validate(const GptConfig& config) const {
   QUINTET_CHECK(num_layers > 0 || embedding || head,
                 "ChunkSpec: an empty chunk (no layers, no embedding, no head); give it at least "
                 "one of them");
-  QUINTET_CHECK(!config.tied_embeddings || embedding == head,
-                "ChunkSpec ({}): tied embeddings need the embedding and the LM head in the same "
-                "chunk; untie them (tied_embeddings = false) or keep both in one chunk",
-                str());
 }
 
 std::string ChunkSpec::str() const {

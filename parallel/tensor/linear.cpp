@@ -57,8 +57,8 @@ ColumnParallelLinear::ColumnParallelLinear(Communicator& tp, std::int64_t in, st
 }
 
 ColumnParallelLinear::ColumnParallelLinear(Communicator& tp, nn::Parameter& shared_weight,
-                                           bool sequence_parallel)
-    : tp_(&tp), sp_(sequence_parallel), enter_region_(true), weight_owned_(false) {
+                                           bool sequence_parallel, nn::GradReady ready)
+    : tp_(&tp), sp_(sequence_parallel), enter_region_(true), ready_(ready) {
   QUINTET_CHECK(shared_weight.shape().size() == 2,
                 "ColumnParallelLinear: a shared weight must be [out/tp, in], found {} ({})",
                 shape_str(shared_weight.shape()), shared_weight.name());
@@ -98,7 +98,7 @@ Tensor ColumnParallelLinear::backward(nn::Context& ctx, const Tensor& dy) {
         nn::linear_backward_weight(dy, xin, g[0].view(w_shape),
                                    g[1].defined() ? g[1].view(b_shape) : Tensor(), st);
       },
-      nn::GradTiming::deferrable, weight_owned_ ? nn::GradReady::mark : nn::GradReady::defer);
+      nn::GradTiming::deferrable, ready_);
   return reduced.finish(s);
 }
 

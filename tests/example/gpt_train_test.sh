@@ -2,6 +2,10 @@
 # Tests of examples/04_gpt_train on the CPU under mpirun (ctest: gpt_train_*):
 #   layouts     tp 2 x dp 2 (+sp, ZeRO-1, ZeRO-2), tp 2 (+sp), dp 3 ZeRO-2 and one rank, same seed and global batch:
 #               the same loss at each of 30 steps within 1e-4 relative
+#   pipeline    pp 2 under every schedule, pp 4, pp 3 (interleaved), pp 2 with tp 2 (+sp), dp 2
+#               (ZeRO-1, ZeRO-2), pp 2 x tp 2 x dp 2 at 8 ranks, and tied embeddings across stages:
+#               the one-rank loss at each of 20 steps within 1e-4 relative; a pp 2 run stopped,
+#               saved and resumed equals the uninterrupted one
 #   resume      a run stopped and saved at step 10, then resumed, equals the uninterrupted run at
 #               steps 11..20
 #   bad_flags   inconsistent flags are refused with a message naming them
@@ -69,6 +73,37 @@ case $case in
     compare tp2 tp2_sp 1 30 1e-4
     compare tp2_dp2 tp2_dp2_zero1 1 30 1e-4
     ;;
+  pipeline)
+    deep=(--layers 4)
+    run one 1 --steps 20 "${deep[@]}"
+    run one_tied 1 --steps 20 "${deep[@]}" --tied-embeddings
+    run pp2_1f1b 2 --steps 20 "${deep[@]}" --pp 2
+    run pp2_gpipe 2 --steps 20 "${deep[@]}" --pp 2 --schedule gpipe
+    run pp2_zbh1 2 --steps 20 "${deep[@]}" --pp 2 --schedule zb-h1
+    run pp2_interleaved 2 --steps 20 "${deep[@]}" --pp 2 --vpp 2 --schedule interleaved
+    run pp2_zbv_tied 2 --steps 20 "${deep[@]}" --pp 2 --vpp 2 --schedule zb-v --tied-embeddings
+    run pp4_zbh1_tied 4 --steps 20 "${deep[@]}" --pp 4 --schedule zb-h1 --tied-embeddings
+    run pp2_tp2_sp 4 --steps 20 "${deep[@]}" --pp 2 --tp 2 --sp
+    run pp2_dp2_zero1 4 --steps 20 "${deep[@]}" --pp 2 --dp 2 --zero 1
+    run pp2_dp2_zero2_tied 4 --steps 20 "${deep[@]}" --pp 2 --dp 2 --zero 2 --tied-embeddings
+    run pp2_tp2_dp2 8 --steps 20 "${deep[@]}" --pp 2 --tp 2 --dp 2 --sp --zero 1 --vpp 2 \
+      --schedule zb-v
+    for r in pp2_1f1b pp2_gpipe pp2_zbh1 pp2_interleaved pp2_tp2_sp pp2_dp2_zero1 pp2_tp2_dp2; do
+      compare one $r 1 20 1e-4
+    done
+    for r in pp2_zbv_tied pp4_zbh1_tied pp2_dp2_zero2_tied; do compare one_tied $r 1 20 1e-4; done
+    # An odd pipeline: 3 stages of 2 chunks.
+    run one6 1 --steps 20 --layers 6
+    run pp3_interleaved 3 --steps 20 --layers 6 --pp 3 --vpp 2 --schedule interleaved
+    compare one6 pp3_interleaved 1 20 1e-4
+    # Stopped and resumed: every stage's parameters and optimizer state come back.
+    run pp_first_half 2 --steps 20 "${deep[@]}" --pp 2 --vpp 2 --schedule zb-v --tied-embeddings \
+      --save ckpt --stop-at 10
+    run pp_second_half 2 --steps 20 "${deep[@]}" --pp 2 --vpp 2 --schedule zb-v --tied-embeddings \
+      --resume ckpt
+    compare pp2_zbv_tied pp_first_half 1 10 1e-6
+    compare pp2_zbv_tied pp_second_half 11 20 1e-6
+    ;;
   resume)
     run full 4 --steps 20 --tp 2 --dp 2 --zero 1
     run first_half 4 --steps 20 --tp 2 --dp 2 --zero 1 --save ckpt --stop-at 10
@@ -111,6 +146,15 @@ case $case in
       --steps 1 --micro-batch 5
     expect_error 1 "--zero 3: expected 0, 1 or 2" --steps 1 --zero 3
     expect_error 1 "--bucket-mb 0: expected a size in MiB" --steps 1 --bucket-mb 0
+    expect_error 2 "--tp 1 x --dp 1 x --pp 4 = 4 ranks, but the job has 2" --steps 1 --pp 4 \
+      --layers 4
+    expect_error 2 "--layers 2 is not divisible by --pp 2 x --vpp 2 = 4 pipeline chunks" \
+      --steps 1 --pp 2 --vpp 2 --schedule interleaved
+    expect_error 2 "zb-h1 needs microbatches >= pp" --steps 1 --pp 2 --schedule zb-h1 \
+      --global-batch 2
+    expect_error 2 "must be a multiple of pp, found 3" --steps 1 --pp 2 --vpp 2 --layers 4 --schedule interleaved \
+      --global-batch 6
+    expect_error 2 "unknown pipeline schedule '2f2b'" --steps 1 --pp 2 --schedule 2f2b
     ;;
   *)
     echo "unknown case $case"; exit 2 ;;

@@ -24,9 +24,11 @@ std::vector<BucketParameter> packed(const std::vector<std::int64_t>& numels,
     p.name = "p" + std::to_string(i);
     p.offset = offset;
     p.numel = numels[i];
-    const char kind = kinds.empty() ? 'd' : kinds[i];  // d dense, t reduce_over_tp, e expert
+    // d dense, t reduce_over_tp, e expert, w tied (one copy of a weight tied across chunks)
+    const char kind = kinds.empty() ? 'd' : kinds[i];
     p.reduce_over_tp = kind == 't';
     p.is_expert = kind == 'e';
+    p.tied = kind == 'w';
     out.push_back(p);
     offset += (numels[i] + 63) / 64 * 64;
   }
@@ -126,6 +128,21 @@ TEST_CASE("bucket plan: a parameter larger than a bucket gets its own") {
   CHECK(big.shard_size == 256);
   CHECK(big.owned_begin() == 320);
   CHECK(big.owned_end() == 576);
+}
+
+TEST_CASE("bucket plan: a tied parameter always has a bucket of its own") {
+  // Five small dense parameters of 64 elements; all would fit one 4096-byte bucket.
+  const BucketPlan plan(packed({64, 64, 64, 64, 64}, {'d', 'w', 'd', 'd', 'w'}),
+                        sizes(4096, 4096), groups(3, 1));
+  check_buckets(plan, {{0, 64, 0, 1, Axis::dp_cp},
+                       {64, 128, 1, 1, Axis::dp_cp},
+                       {128, 256, 2, 2, Axis::dp_cp},
+                       {256, 320, 4, 1, Axis::dp_cp}});
+  // Its shards depend on nothing but its own size: the same in any store that holds it.
+  const BucketPlan alone(packed({64}, {'w'}), sizes(4096, 4096), groups(3, 1));
+  CHECK(alone.buckets()[0].owned_end() - alone.buckets()[0].owned_begin() ==
+        plan.buckets()[1].owned_end() - plan.buckets()[1].owned_begin());
+  CHECK(alone.buckets()[0].owned_begin() == plan.buckets()[1].owned_begin() - 64);
 }
 
 TEST_CASE("bucket plan: groups are never mixed") {

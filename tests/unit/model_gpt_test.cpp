@@ -3,7 +3,8 @@
 // parameters (same names, same initial values), and running the chunks one after another gives
 // the one-chunk model's loss and gradients bit for bit; tied embeddings equal an untied model whose
 // head is a copy of the table, with the two gradients summed; a backward split into I and a
-// deferred W (zero-bubble pipelines) equals the whole one; the parameter counts equal the
+// deferred W (zero-bubble pipelines) equals the whole one; a tied table cut across chunks is an
+// owner and a copy whose gradients sum to the one-chunk model's; the parameter counts equal the
 // parameters built; and the bad inputs are refused with a message that names them.
 #include <map>
 #include <string>
@@ -159,6 +160,50 @@ TEST_CASE("model: tied embeddings equal an untied head that copies the table", "
   CHECK(tied.non_embedding_params() == untied.non_embedding_params());
 }
 
+TEST_CASE("model: a tied table cut across chunks is an owner and a copy whose gradients sum to "
+          "the one-chunk model's",
+          "[model]") {
+  auto solo = make_self_communicator(Device::cpu(), "tp");
+  const model::ModelGroups groups{solo.get()};
+  model::GptConfig c = small_config();
+  c.tied_embeddings = true;
+  const int n = GENERATE(2, 3);
+  INFO(n << " chunks");
+  auto whole = model::build_gpt_chunk(c, groups, model::ChunkSpec::whole(c));
+  nn::ParameterStore whole_store(*whole, DType::f32, kCpu, 9);
+  CHECK(whole_store.find("wte.weight").attributes().tied == nn::TiedRole::none);
+  std::vector<std::unique_ptr<model::GptChunk>> chunks;
+  std::vector<std::unique_ptr<nn::ParameterStore>> stores;
+  for (const model::ChunkSpec& s : model::split_into_chunks(c, n)) {
+    chunks.push_back(model::build_gpt_chunk(c, groups, s));
+    stores.push_back(std::make_unique<nn::ParameterStore>(*chunks.back(), DType::f32, kCpu, 9));
+  }
+  nn::Parameter& owner = stores.front()->find("wte.weight");
+  nn::Parameter& copy = stores.back()->find("wte.weight");
+  CHECK(owner.attributes().tied == nn::TiedRole::owner);
+  CHECK(copy.attributes().tied == nn::TiedRole::copy);
+  CHECK(host(owner.data()) == host(whole_store.find("wte.weight").data()));
+  CHECK(host(copy.data()) == host(owner.data()));  // one name, one init draw
+  REQUIRE_THROWS_QUINTET(stores.back()->find("lm_head.weight"), InvalidArgument,
+                         "no parameter named 'lm_head.weight'");  // the head borrows the copy
+
+  const Batch b = make_batch(c, 4);
+  std::vector<std::unique_ptr<model::GptChunk>> one;
+  one.push_back(std::move(whole));
+  const double want = run_chunks(one, b, 1.0f).item();
+  CHECK(run_chunks(chunks, b, 1.0f).item() == Approx(want).epsilon(1e-6));
+  const std::vector<float> g_whole = host(whole_store.find("wte.weight").grad());
+  const std::vector<float> g_owner = host(owner.grad()), g_copy = host(copy.grad());
+  REQUIRE(g_whole.size() == g_owner.size());
+  for (std::size_t i = 0; i < g_whole.size(); ++i) {
+    INFO("element " << i);
+    CHECK(g_owner[i] + g_copy[i] == Approx(g_whole[i]).margin(1e-6).epsilon(1e-4));
+  }
+  // Marked once tied, always before a store exists.
+  REQUIRE_THROWS_QUINTET(owner.set_tied(nn::TiedRole::none), InvalidArgument,
+                         "set_tied after a ParameterStore was built");
+}
+
 TEST_CASE("model: parameter counts equal the parameters built", "[model]") {
   auto solo = make_self_communicator(Device::cpu(), "tp");
   model::GptConfig c = small_config();
@@ -198,10 +243,6 @@ TEST_CASE("model: bad configs, chunks and calls are refused with their names", "
                          InvalidArgument, "layers [3, 5) are not inside the model's 4 layers");
   REQUIRE_THROWS_QUINTET(model::build_gpt_chunk(c, groups, model::ChunkSpec{0, 0, false, false}),
                          InvalidArgument, "an empty chunk");
-  model::GptConfig tied = c;
-  tied.tied_embeddings = true;
-  REQUIRE_THROWS_QUINTET(model::build_gpt_chunk(tied, groups, model::split_into_chunks(tied, 2)[1]),
-                         InvalidArgument, "tied embeddings need the embedding and the LM head");
 
   auto m = model::build_gpt_chunk(c, groups, model::ChunkSpec::whole(c));
   nn::ParameterStore store(*m, DType::f32, kCpu, 1);

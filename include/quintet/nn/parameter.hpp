@@ -26,6 +26,14 @@ namespace quintet::nn {
 class Module;
 class Context;
 
+// A weight held twice, by two model chunks that both use it (a token embedding tied to the LM
+// head, with the embedding on the first pipeline stage and the head on the last): the owner and
+// the copy start equal (one name, so one init draw), their gradients are summed after each step's
+// data-parallel reduction (pipeline::PipelineExecutor does it), so they stay equal. Data
+// parallelism gives such a weight a bucket of its own, so that the two copies' ZeRO shards cover
+// the same elements; the gradient norm counts the owner only.
+enum class TiedRole { none, owner, copy };
+
 // How a parameter's values are first drawn.
 struct ParameterInit {
   enum class Kind { normal, zeros, ones };
@@ -42,6 +50,7 @@ struct ParameterAttributes {
   bool is_expert = false;          // an expert's weight (reduced over edp, not dp)
   bool reduce_over_tp = false;     // grad must be all-reduced over tp (sequence-parallel norms)
   bool weight_decay = true;        // AdamW applies weight decay (false for norms and biases)
+  TiedRole tied = TiedRole::none;  // one of two copies of a weight tied across chunks
   // When this parameter is a shard: the unsharded shape and where the shard starts in it. The
   // random init draws exactly that slice of the unsharded draw. Empty = not a shard.
   Shape full_shape;
@@ -59,6 +68,9 @@ class Parameter {
   std::int64_t numel() const { return shape_numel(shape_); }
   const ParameterInit& init() const { return init_; }
   const ParameterAttributes& attributes() const { return attrs_; }
+  // Marks this parameter as one copy of a weight tied across chunks (TiedRole), before a store
+  // has materialised it (InvalidArgument after).
+  void set_tied(TiedRole role);
 
   // The values (compute dtype) and the gradient (accum_dtype: f32, f64 for f64 values): handles
   // to views into the store's flat buffers (writing through them writes the buffers). Throw

@@ -10,7 +10,9 @@
 //   (bucket's elements + p's aligned size) * element_bytes <= limit,
 // where limit is first_bucket_bytes while the current bucket is the first one (index 0) and
 // bucket_bytes after; otherwise p starts a new bucket (so a parameter larger than the limit gets a
-// bucket of its own). A bucket spans the elements [first parameter's offset, last parameter's
+// bucket of its own). A tied parameter (one copy of a weight tied across chunks, see
+// nn::TiedRole) always gets a bucket of its own, so that its two copies, in two stores, have the
+// same ZeRO shards. A bucket spans the elements [first parameter's offset, last parameter's
 // offset + its aligned size): the alignment padding after each parameter is in it.
 //
 // Groups. A parameter's attributes pick the group its gradient is reduced over:
@@ -54,6 +56,7 @@ struct BucketParameter {
   std::int64_t numel = 0;       // elements (before alignment)
   bool is_expert = false;       // nn::ParameterAttributes::is_expert
   bool reduce_over_tp = false;  // nn::ParameterAttributes::reduce_over_tp
+  bool tied = false;            // nn::ParameterAttributes::tied != none: a bucket of its own
 };
 
 // Where the buckets are cut.

@@ -15,8 +15,8 @@
 // compute it: each element is counted once over dp/cp/edp (stage 0: on group rank 0 only; ZeRO:
 // each rank counts its shard) and once over tp/etp for parameters replicated there (counted on
 // tp or etp rank 0; a parameter with attributes().shard_axis == tp (expert: tp or etp) is
-// sharded and counted everywhere), then summed over Axis::tp_dp_cp and Axis::pp. (A weight tied
-// across pipeline stages would be counted once per stage that holds it.) Clipping scales the
+// sharded and counted everywhere), then summed over Axis::tp_dp_cp and Axis::pp. A weight tied
+// across chunks (nn::TiedRole) is counted on its owner's chunk only. Clipping scales the
 // update by max_grad_norm / (norm + 1e-6) when norm > max_grad_norm, as nn::AdamW does.
 //
 // The DataParallel (and its store and mesh) must outlive the optimizer. Same thread as the

@@ -19,9 +19,8 @@ struct ChunkSpec {
 
   // The whole model as one chunk.
   static ChunkSpec whole(const GptConfig& config);
-  // Throws InvalidArgument unless the chunk lies inside config's layers and holds something, and,
-  // with tied embeddings, holds the embedding and the head together (a tied table split across
-  // chunks needs the pipeline's embedding group to keep its two copies equal).
+  // Throws InvalidArgument unless the chunk lies inside config's layers and holds something. (With
+  // tied embeddings, a head chunk without the embedding holds a copy of the table: gpt.hpp.)
   void validate(const GptConfig& config) const;
   // "layers 0-3 + embedding + head".
   std::string str() const;

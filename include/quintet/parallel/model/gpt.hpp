@@ -18,6 +18,12 @@
 // cut any way hold exactly the parameters of the one-chunk model, under the same names, and the
 // counter-based init (ParameterStore) gives them the same values; every tp rank's shard is the
 // exact slice of the tp = 1 draw. Build the store with config.dtype.
+//
+// Tied embeddings: in one chunk the head borrows wte's table. Cut across chunks, the head's chunk
+// holds its own copy of the table as "wte.weight" (a wte module that its forward never runs, so
+// the same name gives the same init) and the head reads that; the embedding chunk's table is
+// nn::TiedRole::owner, the head chunk's nn::TiedRole::copy, and the pipeline executor sums the
+// two gradients after each step's data-parallel reduction, so the copies stay equal.
 #pragma once
 
 #include <memory>
@@ -47,7 +53,7 @@ class GptChunk : public nn::Module {
  private:
   GptConfig config_;
   ChunkSpec spec_;
-  VocabParallelEmbedding* tokens_ = nullptr;
+  VocabParallelEmbedding* tokens_ = nullptr;  // run by forward (the embedding chunk)
   PositionEmbedding* positions_ = nullptr;
   std::vector<TransformerBlock*> blocks_;
   nn::Module* final_norm_ = nullptr;

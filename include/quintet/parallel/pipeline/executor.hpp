@@ -15,11 +15,20 @@
 // Between two stages on the same rank the tensor is handed over directly. At the end of the step
 // it waits for every transfer it issued.
 //
-// Data parallelism: give each stage's DataParallel (one per chunk's ParameterStore). The executor
-// tells it which backward is the stage's last gradient-marking action of the step
-// (DataParallel::set_last_microbatch), so that stage's gradient reduction starts right after it,
-// overlapping the rest of the schedule. The caller runs dp.begin_step() before run() and
-// dp.finish() after it, as without a pipeline.
+// Data parallelism: give each stage's DataParallel (one per chunk's ParameterStore). run() begins
+// their step (DataParallel::begin_step, which zeroes the gradients), tells each which backward is
+// its stage's last gradient-marking action of the step (set_last_microbatch), so that stage's
+// gradient reduction starts right after it, overlapping the rest of the schedule, and finishes
+// them at the end (DataParallel::finish). Without a DataParallel the caller zeroes the gradients
+// before run(); they accumulate over the step's microbatches.
+//
+// Tied embeddings: a weight tied across the first and the last stage (nn::TiedRole: the
+// embedding's table, which the last stage's head reads from its copy) has its two gradients
+// summed at the end of run(), after the data-parallel reduction: over the pipeline communicator
+// between the two stages' ranks (first and last pipeline rank, the embedding group), or in place
+// when one rank holds both (ZB-V). Under ZeRO 1/2 the sum is over the owned shard of the weight's
+// bucket (a tied weight has a bucket of its own, so both copies own the same elements). Both
+// copies then get the same update and stay equal.
 //
 // Errors: the constructor checks the schedule (check_schedule: structure, then a simulated run, so
 // a schedule that would deadlock is an InvalidArgument naming the rank and action), that the stages
@@ -70,10 +79,12 @@ class PipelineExecutor {
   PipelineExecutor(const PipelineExecutor&) = delete;
   PipelineExecutor& operator=(const PipelineExecutor&) = delete;
 
-  // One step on stream. data(m) is called once per microbatch m, in increasing order, on a rank
-  // that holds the first or the last stage (never elsewhere). Returns the sum over microbatches of
-  // loss * loss_scale (a scalar f32 on stream's device) on the rank holding the last stage, an
-  // undefined tensor on the others. Every rank of the pipeline must call it.
+  // One step on stream: the stages' DataParallel steps, the schedule, the tied gradients (above).
+  // data(m) is called once per microbatch m, in increasing order, on a rank that holds the first
+  // or the last stage (never elsewhere). Returns the sum over microbatches of loss * loss_scale (a
+  // scalar f32 on stream's device) on the rank holding the last stage, an undefined tensor on the
+  // others. Every rank of the pipeline must call it. Afterwards, the gradients are ready for the
+  // optimizer (DistributedOptimizer::step_together over the stages' optimizers).
   Tensor run(const std::function<MicrobatchData(int microbatch)>& data, float loss_scale,
              const Stream& stream);
 
@@ -81,8 +92,14 @@ class PipelineExecutor {
 
  private:
   struct Slot;
-  Slot& slot(int stage, int microbatch);
+  // One copy of a weight tied across the first and the last stage, held here.
+  struct Tied {
+    nn::Parameter* param;
+    DataParallel* dp;  // its stage's (may be null)
+  };
   const StageModule& stage_module(int stage) const;
+  bool local_stage(int stage) const;  // whether this rank holds stage
+  void sum_tied_gradients(const Stream& stream);
 
   Schedule schedule_;
   Communicator* pp_;
@@ -90,6 +107,7 @@ class PipelineExecutor {
   ExecutorConfig config_;
   int rank_ = 0;
   std::vector<std::size_t> last_marking_;  // per stage held: index of its last B or W
+  std::vector<Tied> tied_first_, tied_last_;  // by name, of the first / last stage if held here
 };
 
 }  // namespace quintet::pipeline

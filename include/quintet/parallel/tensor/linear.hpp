@@ -30,9 +30,11 @@ class ColumnParallelLinear : public nn::Module {
   // A column-parallel layer without bias that borrows another layer's weight, a [out/tp, in]
   // shard split along out (a tied LM head reusing VocabParallelEmbedding::weight(): the same rows
   // of the same table). The weight is not a parameter of this module; backward accumulates its
-  // gradient but leaves it for the owner's backward, which must run later in the same microbatch,
-  // to mark ready (nn::GradReady::defer).
-  ColumnParallelLinear(Communicator& tp, nn::Parameter& shared_weight, bool sequence_parallel);
+  // gradient and, with ready = defer, leaves it for the owner's backward, which must run later in
+  // the same microbatch, to mark ready; with ready = mark (an owner that never runs backward, as a
+  // last pipeline stage's copy of the table) marks it itself.
+  ColumnParallelLinear(Communicator& tp, nn::Parameter& shared_weight, bool sequence_parallel,
+                       nn::GradReady ready = nn::GradReady::defer);
   Tensor forward(nn::Context& ctx, const Tensor& x) override;
   Tensor backward(nn::Context& ctx, const Tensor& dy) override;
   std::int64_t local_out() const { return local_out_; }
@@ -43,7 +45,7 @@ class ColumnParallelLinear : public nn::Module {
   Communicator* tp_;
   std::int64_t in_, local_out_;
   bool sp_, enter_region_;
-  bool weight_owned_ = true;
+  nn::GradReady ready_ = nn::GradReady::mark;  // defer: a borrowed weight its owner marks
   nn::Parameter* weight_;
   nn::Parameter* bias_ = nullptr;
 };
