@@ -1,5 +1,6 @@
 #include "quintet/core/allocator.hpp"
 
+#include <atomic>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -22,6 +23,17 @@ constexpr std::size_t kSmallLimit = std::size_t{1} << 20;
 constexpr std::size_t kLargeQuantum = std::size_t{2} << 20;
 
 std::size_t round_up(std::size_t n, std::size_t q) { return (n + q - 1) / q * q; }
+
+// cpu_allocate's counters: bytes live now, the most since the last reset, calls.
+std::atomic<std::size_t> cpu_current{0}, cpu_peak{0}, cpu_allocs{0};
+
+void cpu_count(std::size_t bytes) {
+  const std::size_t now = cpu_current.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+  std::size_t peak = cpu_peak.load(std::memory_order_relaxed);
+  while (now > peak && !cpu_peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+  }
+  cpu_allocs.fetch_add(1, std::memory_order_relaxed);
+}
 }  // namespace
 
 std::size_t allocation_size_class(std::size_t bytes) {
@@ -31,10 +43,26 @@ std::size_t allocation_size_class(std::size_t bytes) {
 
 std::shared_ptr<void> cpu_allocate(std::size_t bytes) {
   if (bytes == 0) return nullptr;
-  void* p = std::aligned_alloc(64, round_up(bytes, 64));
+  const std::size_t size = round_up(bytes, 64);
+  void* p = std::aligned_alloc(64, size);
   if (p == nullptr) QUINTET_THROW(System, "out of host memory allocating {} bytes", bytes);
-  return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+  cpu_count(size);
+  return std::shared_ptr<void>(p, [size](void* q) {
+    std::free(q);
+    cpu_current.fetch_sub(size, std::memory_order_relaxed);
+  });
 }
+
+AllocatorStats cpu_allocator_stats() {
+  AllocatorStats s;
+  s.current_bytes = cpu_current.load(std::memory_order_relaxed);
+  s.peak_bytes = cpu_peak.load(std::memory_order_relaxed);
+  s.num_allocs = cpu_allocs.load(std::memory_order_relaxed);
+  s.reserved_bytes = s.current_bytes;
+  return s;
+}
+
+void cpu_reset_peak() { cpu_peak.store(cpu_current.load(std::memory_order_relaxed)); }
 
 #if QUINTET_HAS_CUDA
 namespace {

@@ -5,6 +5,8 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <chrono>
+#include <deque>
 #include <limits>
 #include <map>
 #include <utility>
@@ -152,6 +154,13 @@ Tensor PipelineExecutor::run(const std::function<MicrobatchData(int)>& data, flo
   std::map<std::pair<int, int>, Slot> slots;
   auto slot_of = [&](int stage, int mb) -> Slot& { return slots[{stage, mb}]; };
   auto local = [&](int stage) { return local_stage(stage); };
+  const auto t0 = std::chrono::steady_clock::now();
+  auto now_ms = [&t0] {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+        .count();
+  };
+  stats_ = ExecutorStats{};
+  int in_flight = 0;
   for (const StageModule& sm : stages_) {
     if (sm.dp) sm.dp->begin_step();
   }
@@ -168,20 +177,29 @@ Tensor PipelineExecutor::run(const std::function<MicrobatchData(int)>& data, flo
   };
 
   Tensor loss_sum;
-  std::vector<Work> issued;        // every batch of this step
-  std::vector<Tensor> sent;        // send buffers, alive until the step's batches are done
+  // The batches issued and not yet seen complete, with their send buffers, which stay alive until
+  // then (released as soon as the host sees the batch done, so a sent activation is not held for
+  // the rest of the step).
+  struct Issued {
+    Work work;
+    std::vector<Tensor> sends;
+  };
+  std::deque<Issued> issued;
   std::vector<P2POp> batch;        // the batch being built
   std::vector<Work*> batch_recvs;  // where its receives' Work goes once issued
   auto issue = [&] {
     if (batch.empty()) return;
-    Work w = pp_->p2p(batch, stream);
+    Issued b{pp_->p2p(batch, stream), {}};
     for (const P2POp& op : batch) {
-      if (op.kind == P2POp::Kind::send) sent.push_back(op.tensor);
+      if (op.kind == P2POp::Kind::send) b.sends.push_back(op.tensor);
     }
-    for (Work* r : batch_recvs) *r = w;
-    issued.push_back(std::move(w));
+    for (Work* r : batch_recvs) *r = b.work;
+    issued.push_back(std::move(b));
     batch.clear();
     batch_recvs.clear();
+  };
+  auto release_done = [&] {
+    std::erase_if(issued, [](const Issued& b) { return b.work.is_completed(); });
   };
   auto buffer = [&] {
     return Tensor::empty(config_.activation_shape, config_.activation_dtype, stream.device(),
@@ -218,17 +236,21 @@ Tensor PipelineExecutor::run(const std::function<MicrobatchData(int)>& data, flo
       continue;
     }
 
+    release_done();
     const StageModule& sm = stage_module(s);
     if (marks_gradients(a.kind) && sm.dp) sm.dp->set_last_microbatch(i == last_marking_[s]);
+    // The receive this action consumes (a no-op for a local hand-over or the first stage).
+    if (a.kind == ActionKind::forward && s > 0) sl.input_recv.wait(stream);
+    if (is_backward(a.kind) && s != last_stage) sl.grad_recv.wait(stream);
+    double start = 0.0;
+    if (config_.record_timeline) {
+      stream.synchronize();
+      start = now_ms();
+    }
     if (a.kind == ActionKind::forward) {
       sl.ctx = std::make_unique<nn::Context>(stream);
-      Tensor x;
-      if (s == 0) {
-        x = data_of(m).tokens;
-      } else {
-        sl.input_recv.wait(stream);
-        x = std::move(sl.input);
-      }
+      stats_.peak_in_flight = std::max(stats_.peak_in_flight, ++in_flight);
+      const Tensor x = s == 0 ? data_of(m).tokens : std::move(sl.input);
       if (s == last_stage) {
         sl.ctx->set_targets(data_of(m).targets, loss_scale);
         const Tensor loss = sm.chunk->forward(*sl.ctx, x);
@@ -242,28 +264,36 @@ Tensor PipelineExecutor::run(const std::function<MicrobatchData(int)>& data, flo
         (local(s + 1) ? slot_of(s + 1, m).input : sl.output) = std::move(y);
       }
     } else if (is_backward(a.kind)) {
-      Tensor dy;
-      if (s != last_stage) {
-        sl.grad_recv.wait(stream);
-        dy = std::move(sl.grad_output);
-      }
+      const Tensor dy = s != last_stage ? std::move(sl.grad_output) : Tensor();
       const bool split = a.kind == ActionKind::input_grad;
       sl.ctx->set_defer_weight_gradients(split);
       Tensor dx = sm.chunk->backward(*sl.ctx, dy);
       sl.ctx->set_defer_weight_gradients(false);
-      if (!split) sl.ctx.reset();  // the saved activations are no longer needed
+      if (!split) {  // the saved activations are no longer needed
+        sl.ctx.reset();
+        --in_flight;
+      }
       if (s > 0) (local(s - 1) ? slot_of(s - 1, m).grad_output : sl.grad_input) = std::move(dx);
     } else {  // weight_grad
       sl.ctx->run_deferred_gradients();
       sl.ctx.reset();
+      --in_flight;
+    }
+    if (config_.record_timeline) {
+      stream.synchronize();
+      const double end = now_ms();
+      stats_.timeline.push_back({a, start, end});
+      stats_.busy_ms += end - start;
     }
   }
   issue();
-  for (Work& w : issued) w.wait(stream);
+  for (Issued& b : issued) b.work.wait(stream);
+  issued.clear();
   for (const StageModule& sm : stages_) {
     if (sm.dp) sm.dp->finish(stream);
   }
   sum_tied_gradients(stream);
+  stats_.step_ms = now_ms();
   return loss_sum;
 }
 

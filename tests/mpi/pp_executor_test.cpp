@@ -16,6 +16,7 @@
 #include "quintet/parallel/data/distributed_optimizer.hpp"
 #include "quintet/parallel/model/gpt.hpp"
 #include "quintet/parallel/pipeline/executor.hpp"
+#include "quintet/parallel/pipeline/simulator.hpp"
 #include "tp_support.hpp"
 
 using namespace quintet;
@@ -164,7 +165,7 @@ void run_case(const Case& c, Communicator& world) {
   }
   const std::int64_t seq = c.sp ? config.seq_len / c.tp : config.seq_len;
   pipeline::PipelineExecutor executor(schedule, mesh.comm(Axis::pp), stages,
-                                      {{kRows, seq, config.hidden}, DType::f32});
+                                      {{kRows, seq, config.hidden}, DType::f32, true});
 
   // The reference: the whole model on this rank over every dp rank's microbatches.
   auto solo = make_self_communicator(Device::cpu(), "solo");
@@ -195,6 +196,24 @@ void run_case(const Case& c, Communicator& world) {
       mesh.comm(Axis::dp).all_reduce(mean, ReduceOp::avg).wait();
       CHECK(std::abs(mean.item() - ref_loss) <= 1e-5 * std::abs(ref_loss));
     }
+    // The measured step: every compute action of this rank's list once, in order, inside the
+    // step; as many activations held at once as the simulator counts from the same order.
+    const pipeline::ExecutorStats& stats = executor.last_step_stats();
+    std::vector<pipeline::Action> computed;
+    for (const auto& a : schedule.actions[static_cast<std::size_t>(pp_rank)]) {
+      if (pipeline::is_compute(a.kind)) computed.push_back(a);
+    }
+    REQUIRE(stats.timeline.size() == computed.size());
+    double previous_end = 0.0;
+    for (std::size_t i = 0; i < computed.size(); ++i) {
+      CHECK(stats.timeline[i].action == computed[i]);
+      CHECK(stats.timeline[i].start >= previous_end);
+      CHECK(stats.timeline[i].end >= stats.timeline[i].start);
+      previous_end = stats.timeline[i].end;
+    }
+    CHECK(previous_end <= stats.step_ms);
+    CHECK(stats.busy_ms <= stats.step_ms);
+    CHECK(stats.peak_in_flight == pipeline::simulate(schedule).peak_in_flight[pp_rank]);
     const bool holds_ends = last || schedule.stage_rank.front() == pp_rank;
     CHECK((fetched == c.micro) == holds_ends);
     CHECK((fetched == 0) == !holds_ends);

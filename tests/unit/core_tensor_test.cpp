@@ -3,6 +3,7 @@
 
 #include "support/catch.hpp"
 
+#include "quintet/core/allocator.hpp"
 #include "quintet/core/tensor.hpp"
 
 using namespace quintet;
@@ -97,6 +98,25 @@ TEST_CASE("bad input gives a clear quintet::Error") {
   REQUIRE_THROWS_QUINTET(Tensor::from_vector<float>({1, 2}, {3}), InvalidArgument, "2 values");
   REQUIRE_THROWS_QUINTET(Tensor().clone(), InvalidArgument, "undefined");
   REQUIRE_THROWS_QUINTET(t.data<double>(), InvalidArgument, "dtype f32");
+}
+
+TEST_CASE("the CPU allocator counts live and peak bytes") {
+  quintet::cpu_reset_peak();
+  const quintet::AllocatorStats before = quintet::cpu_allocator_stats();
+  CHECK(before.peak_bytes == before.current_bytes);
+  {
+    const Tensor a = Tensor::empty({1000}, DType::f32);  // 4000 bytes, rounded up to 4032
+    const quintet::AllocatorStats during = quintet::cpu_allocator_stats();
+    CHECK(during.current_bytes == before.current_bytes + 4032);
+    CHECK(during.num_allocs == before.num_allocs + 1);
+    { const Tensor b = Tensor::empty({16}, DType::f64); }  // 128 bytes, freed at once
+    CHECK(quintet::cpu_allocator_stats().peak_bytes == before.current_bytes + 4032 + 128);
+  }
+  const quintet::AllocatorStats after = quintet::cpu_allocator_stats();
+  CHECK(after.current_bytes == before.current_bytes);
+  CHECK(after.peak_bytes == before.current_bytes + 4032 + 128);
+  quintet::cpu_reset_peak();
+  CHECK(quintet::cpu_allocator_stats().peak_bytes == after.current_bytes);
 }
 
 TEST_CASE("devices parse and print") {

@@ -45,6 +45,11 @@ void cuda_empty_cache();
 std::shared_ptr<void> pinned_allocate(std::size_t bytes);
 // 64-byte aligned CPU memory.
 std::shared_ptr<void> cpu_allocate(std::size_t bytes);
+// cpu_allocate's bytes: current_bytes (live, rounded up to 64), peak_bytes (since the last reset)
+// and num_allocs; the cache fields are 0 (nothing is cached). Pinned host memory in a CUDA build
+// is not counted here.
+AllocatorStats cpu_allocator_stats();
+void cpu_reset_peak();  // peak_bytes = current_bytes
 
 // Memory on device: cpu_allocate for the CPU, cuda_allocate on stream for a GPU.
 std::shared_ptr<void> allocate(std::size_t bytes, const Device& device, const Stream& stream);

@@ -46,6 +46,7 @@
 #include "quintet/nn/module.hpp"
 #include "quintet/parallel/data/data_parallel.hpp"
 #include "quintet/parallel/pipeline/schedule.hpp"
+#include "quintet/parallel/pipeline/simulator.hpp"  // TimedAction
 
 namespace quintet::pipeline {
 
@@ -67,6 +68,21 @@ struct ExecutorConfig {
   // their gradients, in this dtype (the model's compute dtype).
   Shape activation_shape;
   DType activation_dtype = DType::f32;
+  // Record when each compute action of a step ran (ExecutorStats::timeline), by the host clock.
+  // On a GPU the stream is synchronised before and after each compute action so the host clock
+  // sees the device's work; that serialises launch and execution, so it is for measuring only.
+  bool record_timeline = false;
+};
+
+// What the last run() did on this rank, measured.
+struct ExecutorStats {
+  double step_ms = 0.0;  // run(), from its call to its return (the DataParallel finish included)
+  // With record_timeline: this rank's compute actions (F, B, I, W) in the order they ran, start
+  // and end in ms from the call of run(); a compute action starts after the receive it consumes
+  // has completed, so the gaps are the rank's idle time.
+  std::vector<TimedAction> timeline;
+  double busy_ms = 0.0;    // the sum of the timeline's durations (0 without it)
+  int peak_in_flight = 0;  // most (stage, microbatch) activations held at once (from F to B or W)
 };
 
 class PipelineExecutor {
@@ -89,6 +105,7 @@ class PipelineExecutor {
              const Stream& stream);
 
   const Schedule& schedule() const { return schedule_; }
+  const ExecutorStats& last_step_stats() const { return stats_; }
 
  private:
   struct Slot;
@@ -108,6 +125,7 @@ class PipelineExecutor {
   int rank_ = 0;
   std::vector<std::size_t> last_marking_;  // per stage held: index of its last B or W
   std::vector<Tied> tied_first_, tied_last_;  // by name, of the first / last stage if held here
+  ExecutorStats stats_;
 };
 
 }  // namespace quintet::pipeline
