@@ -197,13 +197,26 @@ int peak_in_flight(const std::vector<TimedAction>& timeline) {
 }  // namespace
 
 Simulation simulate(const Schedule& schedule, const ActionCosts& costs) {
+  const std::vector<ActionCosts> per_stage(
+      static_cast<std::size_t>(std::max(schedule.num_stages(), 1)), costs);
+  return simulate(schedule, std::span<const ActionCosts>(per_stage));
+}
+
+Simulation simulate(const Schedule& schedule, std::span<const ActionCosts> stage_costs) {
   const Schedule& s = schedule;
   detail::validate_structure(s);
-  QUINTET_CHECK(costs.forward >= 0 && costs.backward >= 0 && costs.p2p >= 0 &&
-                    costs.weight_grad >= 0 && costs.weight_grad <= costs.backward,
-                "simulate: costs must be >= 0 with weight_grad <= backward (W is part of B), "
-                "found forward {}, backward {}, weight_grad {}, p2p {}",
-                costs.forward, costs.backward, costs.weight_grad, costs.p2p);
+  QUINTET_CHECK(static_cast<int>(stage_costs.size()) == s.num_stages(),
+                "simulate: {} stage costs for a schedule of {} stages; give one per stage",
+                stage_costs.size(), s.num_stages());
+  for (std::size_t k = 0; k < stage_costs.size(); ++k) {
+    const ActionCosts& costs = stage_costs[k];
+    QUINTET_CHECK(costs.forward >= 0 && costs.backward >= 0 && costs.p2p >= 0 &&
+                      costs.weight_grad >= 0 && costs.weight_grad <= costs.backward,
+                  "simulate: costs must be >= 0 with weight_grad <= backward (W is part of B), "
+                  "found forward {}, backward {}, weight_grad {}, p2p {}{}",
+                  costs.forward, costs.backward, costs.weight_grad, costs.p2p,
+                  stage_costs.size() > 1 ? fmt::format(" for stage {}", k) : std::string());
+  }
   std::vector<RankState> ranks = build(s);
 
   // Resolve every time whose inputs are known until nothing moves. Each step is one event of the
@@ -225,7 +238,8 @@ Simulation simulate(const Schedule& schedule, const ActionCosts& costs) {
         }
         const int i = st.computes[n];
         st.start[i] = ready;
-        st.end[i] = ready + cost_of(s.actions[r][i].kind, costs);
+        const Action& a = s.actions[r][i];
+        st.end[i] = ready + cost_of(a.kind, stage_costs[static_cast<std::size_t>(a.stage)]);
         ++st.next_compute;
         moved = true;
       }
@@ -254,7 +268,15 @@ Simulation simulate(const Schedule& schedule, const ActionCosts& costs) {
           done = std::max(done, peer_start);
         }
         if (!complete) break;
-        b.end = done + costs.p2p;
+        double latency = 0.0;  // the slowest of its transfers; a transfer takes its sender's p2p
+        for (int i : b.ops) {
+          const Action& a = s.actions[r][i];
+          const int sender = a.kind == ActionKind::recv_forward    ? a.stage - 1
+                             : a.kind == ActionKind::recv_backward ? a.stage + 1
+                                                                   : a.stage;
+          latency = std::max(latency, stage_costs[static_cast<std::size_t>(sender)].p2p);
+        }
+        b.end = done + latency;
         for (int i : b.ops) {
           st.start[i] = b.start;
           st.end[i] = b.end;

@@ -165,6 +165,27 @@ TEST_CASE("one rank, no transfers: the bubble is zero", "[pp]") {
   }
 }
 
+TEST_CASE("costs per stage: each stage's actions take its own costs", "[pp]") {
+  // 1F1B on two ranks, one microbatch: 0F0, 1F0, 1B0, 0B0 one after another, plus two transfers.
+  const Schedule s = make_schedule(ScheduleKind::one_f_one_b, 2, 1, 1);
+  const std::vector<ActionCosts> per_stage{costs(1, 2, 1, 0.5), costs(3, 4, 2, 0.25)};
+  const Simulation sim = simulate(s, per_stage);
+  REQUIRE_FALSE(sim.deadlock);
+  // 0F0 ends at 1; rank 1's receive of it completes at 1.5 (the sender, stage 0, takes 0.5);
+  // 1F0 and 1B0 end at 8.5. Rank 0 posted 0SF0 and 0RB0 as one batch, which completes once
+  // 1SB0 is posted (8.5) plus its slowest transfer (0SF0's 0.5): 9, then 0B0 ends at 11.
+  CHECK(sim.makespan == Approx(11.0));
+  CHECK(sim.busy[0] == Approx(3.0));
+  CHECK(sim.busy[1] == Approx(7.0));
+  // The same costs everywhere equal the uniform call.
+  const std::vector<ActionCosts> same(2, costs(1, 2, 1, 0.5));
+  CHECK(simulate(s, same).makespan == simulate(s, costs(1, 2, 1, 0.5)).makespan);
+  REQUIRE_THROWS_QUINTET(simulate(s, std::vector<ActionCosts>(3)), InvalidArgument,
+                         "3 stage costs for a schedule of 2 stages");
+  REQUIRE_THROWS_QUINTET(simulate(s, std::vector<ActionCosts>{costs(1, 2, 1), costs(1, 1, 2)}),
+                         InvalidArgument, "for stage 1");
+}
+
 TEST_CASE("bad costs are refused", "[pp]") {
   const Schedule s = make_schedule(ScheduleKind::gpipe, 2, 1, 2);
   REQUIRE_THROWS_QUINTET(simulate(s, costs(1, 1, 2)), InvalidArgument, "weight_grad <= backward");

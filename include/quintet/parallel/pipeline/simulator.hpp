@@ -4,6 +4,7 @@
 // timeline, the bubble fraction and the peak number of microbatches in flight per rank. Pure.
 #pragma once
 
+#include <span>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,10 @@ struct Simulation {
 // transfers); transfers are modelled, not checked: a send or receive without its match, or a
 // batch that waits on a later one, is a deadlock. Never throws for a deadlock: it is reported.
 Simulation simulate(const Schedule& schedule, const ActionCosts& costs = {});
+// The same with costs per stage (stage_costs[s] for the actions of stage s; a transfer takes the
+// p2p of the stage that sends it, a batch the largest of its transfers'), for stages that differ (the first holds the
+// embedding, the last the head and the loss). InvalidArgument unless there is one per stage.
+Simulation simulate(const Schedule& schedule, std::span<const ActionCosts> stage_costs);
 
 // validate() and simulate(); throws InvalidArgument with the deadlock report when the schedule
 // would hang. Executors call it before their first step.
