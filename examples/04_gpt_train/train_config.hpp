@@ -74,7 +74,8 @@ bool parse_args(const quintet::RuntimeConfig& runtime, TrainConfig* config, int*
 void validate(const TrainConfig& config, int world);
 
 // The library model these flags describe: a GPT-2 style model (LayerNorm, GELU MLP of 4 * hidden,
-// learned positions, LM head untied unless --tied-embeddings, init std 0.02), bf16 on GPUs and f32 on the CPU.
+// learned positions, LM head untied unless --tied-embeddings, init std 0.02), bf16 on GPUs and f32
+// on the CPU.
 quintet::model::GptConfig model_config(const TrainConfig& config, bool gpu);
 
 // The pipeline schedule these flags ask for (--schedule over --pp, --vpp and accumulation()

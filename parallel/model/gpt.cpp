@@ -38,17 +38,17 @@ GptChunk::GptChunk(const GptConfig& config, const ModelGroups& groups, const Chu
   if (spec.head) {
     final_norm_ = &add_module("norm", make_norm(c));
     if (!c.tied_embeddings) {
-      head_ = &add_module("lm_head", std::make_unique<ColumnParallelLinear>(
-                                         tp, c.hidden, c.vocab, false, c.init_std, sp));
+      head_ = &add_module("lm_head", std::make_unique<ColumnParallelLinear>(tp, c.hidden, c.vocab,
+                                                                            false, c.init_std, sp));
     } else if (!tied_across) {  // the embedding's backward, run last, marks the table
-      head_ = &add_module("lm_head",
-                          std::make_unique<ColumnParallelLinear>(tp, tokens_->weight(), sp));
+      head_ =
+          &add_module("lm_head", std::make_unique<ColumnParallelLinear>(tp, tokens_->weight(), sp));
     } else {  // this chunk's copy of the table: never run as an embedding, so the head marks it
       auto& table = add_module(
           "wte", std::make_unique<VocabParallelEmbedding>(tp, c.vocab, c.hidden, c.init_std, sp));
       table.weight().set_tied(nn::TiedRole::copy);
-      head_ = &add_module("lm_head", std::make_unique<ColumnParallelLinear>(
-                                         tp, table.weight(), sp, nn::GradReady::mark));
+      head_ = &add_module("lm_head", std::make_unique<ColumnParallelLinear>(tp, table.weight(), sp,
+                                                                            nn::GradReady::mark));
     }
     loss_ = &add_module("loss", std::make_unique<VocabParallelLoss>(tp, c.vocab));
   }

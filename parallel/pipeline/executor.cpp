@@ -156,8 +156,7 @@ Tensor PipelineExecutor::run(const std::function<MicrobatchData(int)>& data, flo
   auto local = [&](int stage) { return local_stage(stage); };
   const auto t0 = std::chrono::steady_clock::now();
   auto now_ms = [&t0] {
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-        .count();
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   };
   stats_ = ExecutorStats{};
   int in_flight = 0;

@@ -236,8 +236,8 @@ void run_case(const Case& c, Communicator& world) {
     }
     for (Held& h : held) {
       for (auto& [name, p] : h.chunk->named_parameters()) {
-        require_close(p->data(), shard_of(ref_store.find(name).data(), *p), "value of " + name, 2e-6,
-                      1e-5);
+        require_close(p->data(), shard_of(ref_store.find(name).data(), *p), "value of " + name,
+                      2e-6, 1e-5);
       }
     }
   });

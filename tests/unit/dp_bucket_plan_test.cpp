@@ -132,8 +132,8 @@ TEST_CASE("bucket plan: a parameter larger than a bucket gets its own") {
 
 TEST_CASE("bucket plan: a tied parameter always has a bucket of its own") {
   // Five small dense parameters of 64 elements; all would fit one 4096-byte bucket.
-  const BucketPlan plan(packed({64, 64, 64, 64, 64}, {'d', 'w', 'd', 'd', 'w'}),
-                        sizes(4096, 4096), groups(3, 1));
+  const BucketPlan plan(packed({64, 64, 64, 64, 64}, {'d', 'w', 'd', 'd', 'w'}), sizes(4096, 4096),
+                        groups(3, 1));
   check_buckets(plan, {{0, 64, 0, 1, Axis::dp_cp},
                        {64, 128, 1, 1, Axis::dp_cp},
                        {128, 256, 2, 2, Axis::dp_cp},

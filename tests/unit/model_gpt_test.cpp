@@ -160,9 +160,10 @@ TEST_CASE("model: tied embeddings equal an untied head that copies the table", "
   CHECK(tied.non_embedding_params() == untied.non_embedding_params());
 }
 
-TEST_CASE("model: a tied table cut across chunks is an owner and a copy whose gradients sum to "
-          "the one-chunk model's",
-          "[model]") {
+TEST_CASE(
+    "model: a tied table cut across chunks is an owner and a copy whose gradients sum to "
+    "the one-chunk model's",
+    "[model]") {
   auto solo = make_self_communicator(Device::cpu(), "tp");
   const model::ModelGroups groups{solo.get()};
   model::GptConfig c = small_config();

@@ -123,7 +123,7 @@ class PipelineExecutor {
   std::vector<StageModule> stages_;
   ExecutorConfig config_;
   int rank_ = 0;
-  std::vector<std::size_t> last_marking_;  // per stage held: index of its last B or W
+  std::vector<std::size_t> last_marking_;     // per stage held: index of its last B or W
   std::vector<Tied> tied_first_, tied_last_;  // by name, of the first / last stage if held here
   ExecutorStats stats_;
 };

@@ -38,8 +38,9 @@ struct Simulation {
 // batch that waits on a later one, is a deadlock. Never throws for a deadlock: it is reported.
 Simulation simulate(const Schedule& schedule, const ActionCosts& costs = {});
 // The same with costs per stage (stage_costs[s] for the actions of stage s; a transfer takes the
-// p2p of the stage that sends it, a batch the largest of its transfers'), for stages that differ (the first holds the
-// embedding, the last the head and the loss). InvalidArgument unless there is one per stage.
+// p2p of the stage that sends it, a batch the largest of its transfers'), for stages that differ
+// (the first holds the embedding, the last the head and the loss). InvalidArgument unless there is
+// one per stage.
 Simulation simulate(const Schedule& schedule, std::span<const ActionCosts> stage_costs);
 
 // validate() and simulate(); throws InvalidArgument with the deadlock report when the schedule

@@ -1,0 +1,312 @@
+// 07_pp_bench: pipeline schedules run for real on pp ranks and measured against the simulator.
+//
+// One rank per pipeline stage (pp = the job's size; tp = dp = 1). For each schedule it builds the
+// library GPT cut into pp * vpp chunks (vpp 2 for interleaved and zb-v), runs --warmup + --steps
+// pipeline steps of --microbatches microbatches through the executor with its timeline on, and
+// reports, per schedule:
+//   step_ms              median over the measured steps of the pipeline part of a step (forward,
+//                        backward and transfers, the slowest rank; all ranks start it together
+//                        after a barrier; the optimizer, the same for every schedule, is left out)
+//   measured bubble      median over steps of 1 - sum(busy) / (pp * step), busy = a rank's time in
+//                        F, B, I, W (the executor's timeline)
+//   predicted bubble     the simulator on this schedule with the measured mean cost of each
+//                        action kind per stage (F, B, or I and W) and the measured p2p latency
+//                        (a ping-pong of one activation between ranks 0 and 1)
+//   peak in flight       per rank, measured (executor) and simulated
+//   peak activation MiB  per rank: the most CPU memory allocated during a step above what was
+//                        allocated before it (parameters and gradients are allocated before)
+// and the step-time ratios of each schedule to 1F1B. CPU only (one thread per rank: give each
+// rank its own core). --json FILE writes everything as one object.
+//
+//   mpirun -np 4 07_pp_bench --device cpu --layers 8 --microbatches 8 --json pp.json
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "quintet/collectives/bootstrap.hpp"
+#include "quintet/core/allocator.hpp"
+#include "quintet/parallel/mesh.hpp"
+#include "quintet/parallel/model/gpt.hpp"
+#include "quintet/parallel/pipeline/executor.hpp"
+#include "quintet/parallel/pipeline/simulator.hpp"
+
+namespace {
+
+using quintet::Axis;
+using quintet::Tensor;
+namespace pl = quintet::pipeline;
+
+struct BenchConfig {
+  std::int64_t layers = 8, hidden = 256, heads = 8, vocab = 256, seq_len = 128, micro_batch = 2;
+  int microbatches = 8;
+  int steps = 8, warmup = 2;
+  std::string schedules = "gpipe,1f1b,interleaved,zb-h1,zb-v";
+  std::string json;
+};
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Element-wise sum (or max) over the world of a vector of doubles.
+std::vector<double> reduce(quintet::Communicator& world, std::vector<double> v,
+                           quintet::ReduceOp op) {
+  Tensor t = Tensor::from_vector(v, {static_cast<std::int64_t>(v.size())});
+  world.all_reduce(t, op).wait();
+  return t.to_vector<double>();
+}
+
+// One microbatch's tokens and targets: a fixed pseudo-random pattern (timing does not depend on
+// the values).
+pl::MicrobatchData microbatch(const BenchConfig& c, int m) {
+  std::vector<std::int64_t> ids, targets;
+  for (std::int64_t i = 0; i < c.micro_batch * c.seq_len; ++i) {
+    ids.push_back((7 * m + 5 * i + 3) % c.vocab);
+    targets.push_back((11 * m + 3 * i + 1) % c.vocab);
+  }
+  return {Tensor::from_vector(ids, {c.micro_batch, c.seq_len}),
+          Tensor::from_vector(targets, {c.micro_batch, c.seq_len})};
+}
+
+// Half a round trip of one activation between pipeline ranks 0 and 1: the p2p latency the
+// simulator is given. Median of 20 after 5 warm-ups.
+double p2p_latency_ms(quintet::Communicator& pp, const quintet::Shape& shape) {
+  if (pp.size() < 2) return 0.0;
+  Tensor buf = Tensor::zeros(shape, quintet::DType::f32);
+  std::vector<double> half_trips;
+  for (int i = 0; i < 25; ++i) {
+    pp.barrier().wait();
+    const auto t0 = std::chrono::steady_clock::now();
+    if (pp.rank() == 0) {
+      pp.p2p({quintet::P2POp::send(buf, 1)}).wait();
+      pp.p2p({quintet::P2POp::recv(buf, 1)}).wait();
+    } else if (pp.rank() == 1) {
+      pp.p2p({quintet::P2POp::recv(buf, 0)}).wait();
+      pp.p2p({quintet::P2POp::send(buf, 0)}).wait();
+    }
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (i >= 5) half_trips.push_back(ms / 2);
+  }
+  std::vector<double> mine{pp.rank() == 0 ? median(half_trips) : 0.0};
+  return reduce(pp, mine, quintet::ReduceOp::sum)[0];
+}
+
+int kind_index(pl::ActionKind k) {
+  switch (k) {
+    case pl::ActionKind::forward:
+      return 0;
+    case pl::ActionKind::backward:
+      return 1;
+    case pl::ActionKind::input_grad:
+      return 2;
+    default:
+      return 3;  // weight_grad
+  }
+}
+
+nlohmann::json run_schedule(const BenchConfig& c, const std::string& name, quintet::Mesh& mesh,
+                            double p2p_ms) {
+  quintet::Communicator& world = mesh.comm(Axis::pp);  // tp = dp = 1: the pipeline is the world
+  const int pp = world.size(), rank = world.rank();
+  const pl::ScheduleKind kind = pl::parse_schedule_kind(name);
+  const int vpp = kind == pl::ScheduleKind::interleaved || kind == pl::ScheduleKind::zb_v ? 2 : 1;
+  const pl::Schedule schedule = pl::make_schedule(kind, pp, vpp, c.microbatches);
+  quintet::model::GptConfig model;
+  model.layers = c.layers;
+  model.hidden = c.hidden;
+  model.heads = c.heads;
+  model.ffn_hidden = 4 * c.hidden;
+  model.vocab = c.vocab;
+  model.seq_len = c.seq_len;
+  const auto specs = quintet::model::split_into_chunks(model, pp * vpp);
+  const quintet::Stream stream;
+  std::vector<std::unique_ptr<quintet::model::GptChunk>> chunks;
+  std::vector<std::unique_ptr<quintet::nn::ParameterStore>> stores;
+  std::vector<pl::StageModule> stages;
+  for (int s : schedule.stages_of(rank)) {
+    chunks.push_back(quintet::model::build_gpt_chunk(model, {&mesh.comm(Axis::tp)}, specs[s]));
+    stores.push_back(std::make_unique<quintet::nn::ParameterStore>(
+        *chunks.back(), quintet::DType::f32, stream, 1234));
+    stages.push_back({s, chunks.back().get(), nullptr});
+  }
+  pl::PipelineExecutor executor(schedule, world, stages,
+                                {{c.micro_batch, c.seq_len, c.hidden}, quintet::DType::f32, true});
+  const int n = schedule.num_stages();
+  std::vector<double> step_ms, bubble, peak_mib;
+  std::vector<double> sums(static_cast<std::size_t>(n) * 4, 0.0), counts(sums.size(), 0.0);
+  for (int step = 0; step < c.warmup + c.steps; ++step) {
+    for (auto& st : stores) st->zero_grad(stream);
+    world.barrier().wait();
+    quintet::cpu_reset_peak();
+    const std::size_t before = quintet::cpu_allocator_stats().current_bytes;
+    executor.run([&](int m) { return microbatch(c, m); }, 1.0f / c.microbatches, stream);
+    const double peak = static_cast<double>(quintet::cpu_allocator_stats().peak_bytes - before);
+    if (step < c.warmup) continue;
+    const pl::ExecutorStats& stats = executor.last_step_stats();
+    const std::vector<double> slowest = reduce(world, {stats.step_ms}, quintet::ReduceOp::max);
+    const std::vector<double> busy = reduce(world, {stats.busy_ms}, quintet::ReduceOp::sum);
+    step_ms.push_back(slowest[0]);
+    bubble.push_back(1.0 - busy[0] / (pp * slowest[0]));
+    peak_mib.push_back(peak / (1 << 20));
+    for (const pl::TimedAction& t : stats.timeline) {
+      const std::size_t k =
+          static_cast<std::size_t>(t.action.stage) * 4 + kind_index(t.action.kind);
+      sums[k] += t.end - t.start;
+      counts[k] += 1;
+    }
+  }
+  sums = reduce(world, sums, quintet::ReduceOp::sum);
+  counts = reduce(world, counts, quintet::ReduceOp::sum);
+  auto mean = [&](int stage, int k) {
+    const std::size_t i = static_cast<std::size_t>(stage) * 4 + k;
+    return counts[i] > 0 ? sums[i] / counts[i] : 0.0;
+  };
+  // The measured costs per stage, and their means over stages (the uniform model).
+  std::vector<pl::ActionCosts> per_stage(static_cast<std::size_t>(n));
+  pl::ActionCosts uniform{0, 0, 0, p2p_ms};
+  for (int s = 0; s < n; ++s) {
+    pl::ActionCosts& a = per_stage[static_cast<std::size_t>(s)];
+    a.forward = mean(s, 0);
+    const bool split = counts[static_cast<std::size_t>(s) * 4 + 2] > 0;
+    a.weight_grad = split ? mean(s, 3) : 0.0;
+    a.backward = split ? mean(s, 2) + mean(s, 3) : mean(s, 1);
+    a.p2p = p2p_ms;
+    uniform.forward += a.forward / n;
+    uniform.backward += a.backward / n;
+    uniform.weight_grad += a.weight_grad / n;
+  }
+  const pl::Simulation sim = pl::simulate(schedule, std::span<const pl::ActionCosts>(per_stage));
+  const pl::Simulation sim_uniform = pl::simulate(schedule, uniform);
+
+  // Per-rank figures to every rank.
+  std::vector<double> in_flight(static_cast<std::size_t>(pp), 0.0), mem(in_flight);
+  in_flight[static_cast<std::size_t>(rank)] = executor.last_step_stats().peak_in_flight;
+  mem[static_cast<std::size_t>(rank)] = median(peak_mib);
+  in_flight = reduce(world, in_flight, quintet::ReduceOp::sum);
+  mem = reduce(world, mem, quintet::ReduceOp::sum);
+
+  nlohmann::json out;
+  out["schedule"] = name;
+  out["vpp"] = vpp;
+  out["microbatches"] = c.microbatches;
+  out["step_ms"] = median(step_ms);
+  out["bubble_measured"] = median(bubble);
+  out["bubble_predicted"] = sim.bubble_fraction;
+  out["bubble_predicted_uniform_costs"] = sim_uniform.bubble_fraction;
+  out["predicted_step_ms"] = sim.makespan;
+  out["peak_in_flight_measured"] = in_flight;
+  out["peak_in_flight_simulated"] = sim.peak_in_flight;
+  out["peak_activation_mib"] = mem;
+  nlohmann::json costs = nlohmann::json::array();
+  for (int s = 0; s < n; ++s) {
+    const pl::ActionCosts& a = per_stage[static_cast<std::size_t>(s)];
+    costs.push_back({{"stage", s}, {"F", a.forward}, {"B", a.backward}, {"W", a.weight_grad}});
+  }
+  out["costs_ms"] = costs;
+  return out;
+}
+
+int run(const BenchConfig& c, quintet::World& world) {
+  QUINTET_CHECK(world.device().is_cpu(), "07_pp_bench runs on CPU ranks; pass --device cpu");
+  QUINTET_CHECK(c.steps >= 1 && c.warmup >= 0 && c.microbatches >= 1,
+                "--steps {} (>= 1) --warmup {} (>= 0) --microbatches {} (>= 1)", c.steps, c.warmup,
+                c.microbatches);
+  quintet::ParallelConfig layout;
+  layout.pp = world.size();
+  quintet::Mesh mesh(quintet::Layout(layout, world.size()), world.comm());
+  std::vector<std::string> names;
+  std::stringstream list(c.schedules);
+  for (std::string s; std::getline(list, s, ',');) {
+    pl::parse_schedule_kind(s);  // an unknown name fails before anything runs
+    names.push_back(s);
+  }
+  const double p2p_ms = p2p_latency_ms(mesh.comm(Axis::pp), {c.micro_batch, c.seq_len, c.hidden});
+  nlohmann::json results = nlohmann::json::array();
+  for (const std::string& name : names) results.push_back(run_schedule(c, name, mesh, p2p_ms));
+  if (world.rank() != 0) return 0;
+
+  double base = 0.0;
+  for (const auto& r : results) {
+    if (r["schedule"] == "1f1b") base = r["step_ms"];
+  }
+  std::printf(
+      "pp %d, %lld layers, hidden %lld, seq %lld, micro-batch %lld, %d microbatches, "
+      "p2p %.3f ms; medians of %d steps\n",
+      world.size(), static_cast<long long>(c.layers), static_cast<long long>(c.hidden),
+      static_cast<long long>(c.seq_len), static_cast<long long>(c.micro_batch), c.microbatches,
+      p2p_ms, c.steps);
+  std::printf("%-12s %10s %8s %10s %10s %10s  %s\n", "schedule", "step ms", "/1f1b", "bubble",
+              "predicted", "(uniform)", "peak activation MiB per rank");
+  for (auto& r : results) {
+    if (base > 0) r["step_ratio_to_1f1b"] = r["step_ms"].get<double>() / base;
+    std::string mem;
+    for (double m : r["peak_activation_mib"]) mem += fmt::format("{:.1f} ", m);
+    std::printf(
+        "%-12s %10.1f %8s %10.4f %10.4f %10.4f  %s\n", r["schedule"].get<std::string>().c_str(),
+        r["step_ms"].get<double>(),
+        base > 0 ? fmt::format("{:.3f}", r["step_ratio_to_1f1b"].get<double>()).c_str() : "-",
+        r["bubble_measured"].get<double>(), r["bubble_predicted"].get<double>(),
+        r["bubble_predicted_uniform_costs"].get<double>(), mem.c_str());
+  }
+  if (!c.json.empty()) {
+    nlohmann::json all{{"pp", world.size()},
+                       {"layers", c.layers},
+                       {"hidden", c.hidden},
+                       {"seq_len", c.seq_len},
+                       {"micro_batch", c.micro_batch},
+                       {"microbatches", c.microbatches},
+                       {"steps", c.steps},
+                       {"p2p_ms", p2p_ms},
+                       {"results", results}};
+    std::ofstream(c.json) << all.dump(2) << "\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const quintet::RuntimeConfig runtime = quintet::RuntimeConfig::from_args(argc, argv);
+    BenchConfig c;
+    CLI::App app{"Pipeline schedules on real ranks, measured against the simulator"};
+    app.add_option("--layers", c.layers)->capture_default_str();
+    app.add_option("--hidden", c.hidden)->capture_default_str();
+    app.add_option("--heads", c.heads)->capture_default_str();
+    app.add_option("--vocab", c.vocab)->capture_default_str();
+    app.add_option("--seq-len", c.seq_len)->capture_default_str();
+    app.add_option("--micro-batch", c.micro_batch, "sequences per microbatch")
+        ->capture_default_str();
+    app.add_option("--microbatches", c.microbatches, "microbatches per step")
+        ->capture_default_str();
+    app.add_option("--steps", c.steps, "measured steps")->capture_default_str();
+    app.add_option("--warmup", c.warmup, "steps run first and not measured")->capture_default_str();
+    app.add_option("--schedules", c.schedules, "comma-separated list")->capture_default_str();
+    app.add_option("--json", c.json, "write the results to this file");
+    std::string runtime_flag;
+    app.add_option("--device", runtime_flag, "cpu (read by the runtime)");
+    std::vector<const char*> args;
+    for (const std::string& a : runtime.remaining_args) args.push_back(a.c_str());
+    try {
+      app.parse(static_cast<int>(args.size()), args.data());
+    } catch (const CLI::ParseError& e) {
+      return app.exit(e);
+    }
+    quintet::World world = quintet::init(runtime);
+    return run(c, world);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "07_pp_bench: %s\n", e.what());
+    return 2;
+  }
+}
