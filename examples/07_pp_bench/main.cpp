@@ -1,9 +1,10 @@
 // 07_pp_bench: pipeline schedules run for real on pp ranks and measured against the simulator.
 //
 // One rank per pipeline stage (pp = the job's size; tp = dp = 1). For each schedule it builds the
-// library GPT cut into pp * vpp chunks (vpp 2 for interleaved and zb-v), runs --warmup + --steps
-// pipeline steps of --microbatches microbatches through the executor with its timeline on, and
-// reports, per schedule:
+// library GPT cut into pp * vpp chunks (vpp 2 for interleaved and zb-v) and runs pipeline steps of
+// --microbatches microbatches through the executor with its timeline on: --warmup steps, then
+// --rounds rounds of --steps steps of each schedule in turn (so that a drift of the machine's
+// speed reaches every schedule alike). It reports, per schedule:
 //   step_ms              median over the measured steps of the pipeline part of a step (forward,
 //                        backward and transfers, the slowest rank; all ranks start it together
 //                        after a barrier; the optimizer, the same for every schedule, is left out)
@@ -11,7 +12,10 @@
 //                        F, B, I, W (the executor's timeline)
 //   predicted bubble     the simulator on this schedule with the measured mean cost of each
 //                        action kind per stage (F, B, or I and W) and the measured p2p latency
-//                        (a ping-pong of one activation between ranks 0 and 1)
+//                        (a ping-pong of one activation between ranks 0 and 1); "uniform":
+//                        with the means over stages instead
+//   replayed bubble      median over steps of the simulator replaying that step's measured
+//                        duration of every action: what the model leaves out of the executor
 //   peak in flight       per rank, measured (executor) and simulated
 //   peak activation MiB  per rank: the most CPU memory allocated during a step above what was
 //                        allocated before it (parameters and gradients are allocated before)
@@ -19,6 +23,8 @@
 // rank its own core). --json FILE writes everything as one object.
 //
 //   mpirun -np 4 07_pp_bench --device cpu --layers 8 --microbatches 8 --json pp.json
+#include <fmt/format.h>
+
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -46,7 +52,7 @@ namespace pl = quintet::pipeline;
 struct BenchConfig {
   std::int64_t layers = 8, hidden = 256, heads = 8, vocab = 256, seq_len = 128, micro_batch = 2;
   int microbatches = 8;
-  int steps = 8, warmup = 2;
+  int steps = 2, rounds = 4, warmup = 2;  // per schedule: warmup, then rounds x steps measured
   std::string schedules = "gpipe,1f1b,interleaved,zb-h1,zb-v";
   std::string json;
 };
@@ -115,13 +121,26 @@ int kind_index(pl::ActionKind k) {
   }
 }
 
-nlohmann::json run_schedule(const BenchConfig& c, const std::string& name, quintet::Mesh& mesh,
-                            double p2p_ms) {
-  quintet::Communicator& world = mesh.comm(Axis::pp);  // tp = dp = 1: the pipeline is the world
-  const int pp = world.size(), rank = world.rank();
+// One schedule's model chunks, executor and measurements, kept across the rounds.
+struct Bench {
+  std::string name;
+  pl::Schedule schedule;
+  int vpp = 1;
+  std::vector<std::unique_ptr<quintet::model::GptChunk>> chunks;
+  std::vector<std::unique_ptr<quintet::nn::ParameterStore>> stores;
+  std::unique_ptr<pl::PipelineExecutor> executor;
+  std::vector<double> step_ms, bubble, replay_bubble, peak_mib;
+  std::vector<double> sums, counts;  // [stage * 4 + kind]: measured time and count of actions
+};
+
+std::unique_ptr<Bench> make_bench(const BenchConfig& c, const std::string& name,
+                                  quintet::Mesh& mesh) {
+  quintet::Communicator& pp = mesh.comm(Axis::pp);
+  auto b = std::make_unique<Bench>();
+  b->name = name;
   const pl::ScheduleKind kind = pl::parse_schedule_kind(name);
-  const int vpp = kind == pl::ScheduleKind::interleaved || kind == pl::ScheduleKind::zb_v ? 2 : 1;
-  const pl::Schedule schedule = pl::make_schedule(kind, pp, vpp, c.microbatches);
+  b->vpp = kind == pl::ScheduleKind::interleaved || kind == pl::ScheduleKind::zb_v ? 2 : 1;
+  b->schedule = pl::make_schedule(kind, pp.size(), b->vpp, c.microbatches);
   quintet::model::GptConfig model;
   model.layers = c.layers;
   model.hidden = c.hidden;
@@ -129,50 +148,79 @@ nlohmann::json run_schedule(const BenchConfig& c, const std::string& name, quint
   model.ffn_hidden = 4 * c.hidden;
   model.vocab = c.vocab;
   model.seq_len = c.seq_len;
-  const auto specs = quintet::model::split_into_chunks(model, pp * vpp);
-  const quintet::Stream stream;
-  std::vector<std::unique_ptr<quintet::model::GptChunk>> chunks;
-  std::vector<std::unique_ptr<quintet::nn::ParameterStore>> stores;
+  const auto specs = quintet::model::split_into_chunks(model, pp.size() * b->vpp);
   std::vector<pl::StageModule> stages;
-  for (int s : schedule.stages_of(rank)) {
-    chunks.push_back(quintet::model::build_gpt_chunk(model, {&mesh.comm(Axis::tp)}, specs[s]));
-    stores.push_back(std::make_unique<quintet::nn::ParameterStore>(
-        *chunks.back(), quintet::DType::f32, stream, 1234));
-    stages.push_back({s, chunks.back().get(), nullptr});
+  for (int s : b->schedule.stages_of(pp.rank())) {
+    b->chunks.push_back(quintet::model::build_gpt_chunk(model, {&mesh.comm(Axis::tp)}, specs[s]));
+    b->stores.push_back(std::make_unique<quintet::nn::ParameterStore>(
+        *b->chunks.back(), quintet::DType::f32, quintet::Stream(), 1234));
+    stages.push_back({s, b->chunks.back().get(), nullptr});
   }
-  pl::PipelineExecutor executor(schedule, world, stages,
-                                {{c.micro_batch, c.seq_len, c.hidden}, quintet::DType::f32, true});
-  const int n = schedule.num_stages();
-  std::vector<double> step_ms, bubble, peak_mib;
-  std::vector<double> sums(static_cast<std::size_t>(n) * 4, 0.0), counts(sums.size(), 0.0);
-  for (int step = 0; step < c.warmup + c.steps; ++step) {
-    for (auto& st : stores) st->zero_grad(stream);
-    world.barrier().wait();
+  b->executor = std::make_unique<pl::PipelineExecutor>(
+      b->schedule, pp, stages,
+      pl::ExecutorConfig{{c.micro_batch, c.seq_len, c.hidden}, quintet::DType::f32, true});
+  const std::size_t n = static_cast<std::size_t>(b->schedule.num_stages()) * 4;
+  b->sums.assign(n, 0.0);
+  b->counts.assign(n, 0.0);
+  return b;
+}
+
+// steps pipeline steps of one schedule; measured unless warmup.
+void run_steps(const BenchConfig& c, Bench& b, quintet::Communicator& pp, double p2p_ms, int steps,
+               bool warmup) {
+  const quintet::Stream stream;
+  const int n = pp.size(), rank = pp.rank();
+  for (int step = 0; step < steps; ++step) {
+    for (auto& st : b.stores) st->zero_grad(stream);
+    pp.barrier().wait();
     quintet::cpu_reset_peak();
     const std::size_t before = quintet::cpu_allocator_stats().current_bytes;
-    executor.run([&](int m) { return microbatch(c, m); }, 1.0f / c.microbatches, stream);
+    b.executor->run([&](int m) { return microbatch(c, m); }, 1.0f / c.microbatches, stream);
     const double peak = static_cast<double>(quintet::cpu_allocator_stats().peak_bytes - before);
-    if (step < c.warmup) continue;
-    const pl::ExecutorStats& stats = executor.last_step_stats();
-    const std::vector<double> slowest = reduce(world, {stats.step_ms}, quintet::ReduceOp::max);
-    const std::vector<double> busy = reduce(world, {stats.busy_ms}, quintet::ReduceOp::sum);
-    step_ms.push_back(slowest[0]);
-    bubble.push_back(1.0 - busy[0] / (pp * slowest[0]));
-    peak_mib.push_back(peak / (1 << 20));
-    for (const pl::TimedAction& t : stats.timeline) {
-      const std::size_t k =
-          static_cast<std::size_t>(t.action.stage) * 4 + kind_index(t.action.kind);
-      sums[k] += t.end - t.start;
-      counts[k] += 1;
+    if (warmup) continue;
+    const pl::ExecutorStats& stats = b.executor->last_step_stats();
+    const double slowest = reduce(pp, {stats.step_ms}, quintet::ReduceOp::max)[0];
+    const double busy = reduce(pp, {stats.busy_ms}, quintet::ReduceOp::sum)[0];
+    b.step_ms.push_back(slowest);
+    b.bubble.push_back(1.0 - busy / (n * slowest));
+    b.peak_mib.push_back(peak / (1 << 20));
+    // Every rank's measured durations, to replay this step on the simulator.
+    std::vector<std::size_t> first(static_cast<std::size_t>(n) + 1, 0);
+    for (int r = 0; r < n; ++r) {
+      std::size_t k = 0;
+      for (const pl::Action& a : b.schedule.actions[static_cast<std::size_t>(r)]) {
+        k += pl::is_compute(a.kind) ? 1 : 0;
+      }
+      first[r + 1] = first[r] + k;
     }
+    std::vector<double> flat(first.back(), 0.0);
+    for (std::size_t k = 0; k < stats.timeline.size(); ++k) {
+      const pl::TimedAction& t = stats.timeline[k];
+      flat[first[rank] + k] = t.end - t.start;
+      const std::size_t i =
+          static_cast<std::size_t>(t.action.stage) * 4 + kind_index(t.action.kind);
+      b.sums[i] += t.end - t.start;
+      b.counts[i] += 1;
+    }
+    flat = reduce(pp, flat, quintet::ReduceOp::sum);
+    std::vector<std::vector<double>> durations(static_cast<std::size_t>(n));
+    for (int r = 0; r < n; ++r) {
+      durations[r].assign(flat.begin() + static_cast<std::ptrdiff_t>(first[r]),
+                          flat.begin() + static_cast<std::ptrdiff_t>(first[r + 1]));
+    }
+    b.replay_bubble.push_back(pl::simulate(b.schedule, durations, p2p_ms).bubble_fraction);
   }
-  sums = reduce(world, sums, quintet::ReduceOp::sum);
-  counts = reduce(world, counts, quintet::ReduceOp::sum);
+}
+
+nlohmann::json report(Bench& b, quintet::Communicator& pp, double p2p_ms) {
+  const int n = b.schedule.num_stages(), rank = pp.rank();
+  const std::vector<double> sums = reduce(pp, b.sums, quintet::ReduceOp::sum);
+  const std::vector<double> counts = reduce(pp, b.counts, quintet::ReduceOp::sum);
   auto mean = [&](int stage, int k) {
     const std::size_t i = static_cast<std::size_t>(stage) * 4 + k;
     return counts[i] > 0 ? sums[i] / counts[i] : 0.0;
   };
-  // The measured costs per stage, and their means over stages (the uniform model).
+  // The measured mean costs per stage, and their means over stages (the uniform model).
   std::vector<pl::ActionCosts> per_stage(static_cast<std::size_t>(n));
   pl::ActionCosts uniform{0, 0, 0, p2p_ms};
   for (int s = 0; s < n; ++s) {
@@ -186,24 +234,25 @@ nlohmann::json run_schedule(const BenchConfig& c, const std::string& name, quint
     uniform.backward += a.backward / n;
     uniform.weight_grad += a.weight_grad / n;
   }
-  const pl::Simulation sim = pl::simulate(schedule, std::span<const pl::ActionCosts>(per_stage));
-  const pl::Simulation sim_uniform = pl::simulate(schedule, uniform);
+  const pl::Simulation sim = pl::simulate(b.schedule, std::span<const pl::ActionCosts>(per_stage));
+  const pl::Simulation sim_uniform = pl::simulate(b.schedule, uniform);
 
   // Per-rank figures to every rank.
-  std::vector<double> in_flight(static_cast<std::size_t>(pp), 0.0), mem(in_flight);
-  in_flight[static_cast<std::size_t>(rank)] = executor.last_step_stats().peak_in_flight;
-  mem[static_cast<std::size_t>(rank)] = median(peak_mib);
-  in_flight = reduce(world, in_flight, quintet::ReduceOp::sum);
-  mem = reduce(world, mem, quintet::ReduceOp::sum);
+  std::vector<double> in_flight(static_cast<std::size_t>(pp.size()), 0.0), mem(in_flight);
+  in_flight[static_cast<std::size_t>(rank)] = b.executor->last_step_stats().peak_in_flight;
+  mem[static_cast<std::size_t>(rank)] = median(b.peak_mib);
+  in_flight = reduce(pp, in_flight, quintet::ReduceOp::sum);
+  mem = reduce(pp, mem, quintet::ReduceOp::sum);
 
   nlohmann::json out;
-  out["schedule"] = name;
-  out["vpp"] = vpp;
-  out["microbatches"] = c.microbatches;
-  out["step_ms"] = median(step_ms);
-  out["bubble_measured"] = median(bubble);
+  out["schedule"] = b.name;
+  out["vpp"] = b.vpp;
+  out["steps"] = b.step_ms.size();
+  out["step_ms"] = median(b.step_ms);
+  out["bubble_measured"] = median(b.bubble);
   out["bubble_predicted"] = sim.bubble_fraction;
   out["bubble_predicted_uniform_costs"] = sim_uniform.bubble_fraction;
+  out["bubble_replayed"] = median(b.replay_bubble);
   out["predicted_step_ms"] = sim.makespan;
   out["peak_in_flight_measured"] = in_flight;
   out["peak_in_flight_simulated"] = sim.peak_in_flight;
@@ -219,9 +268,9 @@ nlohmann::json run_schedule(const BenchConfig& c, const std::string& name, quint
 
 int run(const BenchConfig& c, quintet::World& world) {
   QUINTET_CHECK(world.device().is_cpu(), "07_pp_bench runs on CPU ranks; pass --device cpu");
-  QUINTET_CHECK(c.steps >= 1 && c.warmup >= 0 && c.microbatches >= 1,
-                "--steps {} (>= 1) --warmup {} (>= 0) --microbatches {} (>= 1)", c.steps, c.warmup,
-                c.microbatches);
+  QUINTET_CHECK(c.steps >= 1 && c.rounds >= 1 && c.warmup >= 0 && c.microbatches >= 1,
+                "--steps {} --rounds {} (>= 1) --warmup {} (>= 0) --microbatches {} (>= 1)",
+                c.steps, c.rounds, c.warmup, c.microbatches);
   quintet::ParallelConfig layout;
   layout.pp = world.size();
   quintet::Mesh mesh(quintet::Layout(layout, world.size()), world.comm());
@@ -231,9 +280,18 @@ int run(const BenchConfig& c, quintet::World& world) {
     pl::parse_schedule_kind(s);  // an unknown name fails before anything runs
     names.push_back(s);
   }
-  const double p2p_ms = p2p_latency_ms(mesh.comm(Axis::pp), {c.micro_batch, c.seq_len, c.hidden});
+  quintet::Communicator& pp = mesh.comm(Axis::pp);  // tp = dp = 1: the pipeline is the world
+  const double p2p_ms = p2p_latency_ms(pp, {c.micro_batch, c.seq_len, c.hidden});
+  std::vector<std::unique_ptr<Bench>> benches;
+  for (const std::string& name : names) benches.push_back(make_bench(c, name, mesh));
+  // Rounds of a few steps of each schedule in turn, so that a drift of the machine's speed
+  // reaches every schedule alike.
+  for (auto& b : benches) run_steps(c, *b, pp, p2p_ms, c.warmup, true);
+  for (int round = 0; round < c.rounds; ++round) {
+    for (auto& b : benches) run_steps(c, *b, pp, p2p_ms, c.steps, false);
+  }
   nlohmann::json results = nlohmann::json::array();
-  for (const std::string& name : names) results.push_back(run_schedule(c, name, mesh, p2p_ms));
+  for (auto& b : benches) results.push_back(report(*b, pp, p2p_ms));
   if (world.rank() != 0) return 0;
 
   double base = 0.0;
@@ -245,19 +303,20 @@ int run(const BenchConfig& c, quintet::World& world) {
       "p2p %.3f ms; medians of %d steps\n",
       world.size(), static_cast<long long>(c.layers), static_cast<long long>(c.hidden),
       static_cast<long long>(c.seq_len), static_cast<long long>(c.micro_batch), c.microbatches,
-      p2p_ms, c.steps);
-  std::printf("%-12s %10s %8s %10s %10s %10s  %s\n", "schedule", "step ms", "/1f1b", "bubble",
-              "predicted", "(uniform)", "peak activation MiB per rank");
+      p2p_ms, c.steps * c.rounds);
+  std::printf("%-12s %9s %7s %8s %9s %9s %9s  %s\n", "schedule", "step ms", "/1f1b", "bubble",
+              "predicted", "(uniform)", "replayed", "peak activation MiB per rank");
   for (auto& r : results) {
     if (base > 0) r["step_ratio_to_1f1b"] = r["step_ms"].get<double>() / base;
     std::string mem;
     for (double m : r["peak_activation_mib"]) mem += fmt::format("{:.1f} ", m);
-    std::printf(
-        "%-12s %10.1f %8s %10.4f %10.4f %10.4f  %s\n", r["schedule"].get<std::string>().c_str(),
-        r["step_ms"].get<double>(),
-        base > 0 ? fmt::format("{:.3f}", r["step_ratio_to_1f1b"].get<double>()).c_str() : "-",
-        r["bubble_measured"].get<double>(), r["bubble_predicted"].get<double>(),
-        r["bubble_predicted_uniform_costs"].get<double>(), mem.c_str());
+    const std::string ratio =
+        base > 0 ? fmt::format("{:.3f}", r["step_ratio_to_1f1b"].get<double>()) : "-";
+    std::printf("%-12s %9.1f %7s %8.4f %9.4f %9.4f %9.4f  %s\n",
+                r["schedule"].get<std::string>().c_str(), r["step_ms"].get<double>(), ratio.c_str(),
+                r["bubble_measured"].get<double>(), r["bubble_predicted"].get<double>(),
+                r["bubble_predicted_uniform_costs"].get<double>(),
+                r["bubble_replayed"].get<double>(), mem.c_str());
   }
   if (!c.json.empty()) {
     nlohmann::json all{{"pp", world.size()},
@@ -266,7 +325,7 @@ int run(const BenchConfig& c, quintet::World& world) {
                        {"seq_len", c.seq_len},
                        {"micro_batch", c.micro_batch},
                        {"microbatches", c.microbatches},
-                       {"steps", c.steps},
+                       {"steps", c.steps * c.rounds},
                        {"p2p_ms", p2p_ms},
                        {"results", results}};
     std::ofstream(c.json) << all.dump(2) << "\n";
@@ -290,7 +349,9 @@ int main(int argc, char** argv) {
         ->capture_default_str();
     app.add_option("--microbatches", c.microbatches, "microbatches per step")
         ->capture_default_str();
-    app.add_option("--steps", c.steps, "measured steps")->capture_default_str();
+    app.add_option("--steps", c.steps, "measured steps per schedule per round")
+        ->capture_default_str();
+    app.add_option("--rounds", c.rounds, "rounds over the schedules")->capture_default_str();
     app.add_option("--warmup", c.warmup, "steps run first and not measured")->capture_default_str();
     app.add_option("--schedules", c.schedules, "comma-separated list")->capture_default_str();
     app.add_option("--json", c.json, "write the results to this file");

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <functional>
 #include <limits>
 #include <utility>
 
@@ -194,6 +195,12 @@ int peak_in_flight(const std::vector<TimedAction>& timeline) {
   return peak;
 }
 
+// The simulation proper: compute_cost(r, i) is the duration of compute action i of rank r's
+// list, transfer_latency(r, i) the latency of transfer i (a batch takes its slowest).
+using CostOf = std::function<double(int rank, std::size_t index)>;
+Simulation simulate_with(const Schedule& s, const CostOf& compute_cost,
+                         const CostOf& transfer_latency);
+
 }  // namespace
 
 Simulation simulate(const Schedule& schedule, const ActionCosts& costs) {
@@ -217,6 +224,56 @@ Simulation simulate(const Schedule& schedule, std::span<const ActionCosts> stage
                   costs.forward, costs.backward, costs.weight_grad, costs.p2p,
                   stage_costs.size() > 1 ? fmt::format(" for stage {}", k) : std::string());
   }
+  return simulate_with(
+      s,
+      [&](int r, std::size_t i) {
+        const Action& a = s.actions[r][i];
+        return cost_of(a.kind, stage_costs[static_cast<std::size_t>(a.stage)]);
+      },
+      [&](int r, std::size_t i) {
+        const Action& a = s.actions[r][i];  // a transfer takes its sender's latency
+        const int sender = a.kind == ActionKind::recv_forward    ? a.stage - 1
+                           : a.kind == ActionKind::recv_backward ? a.stage + 1
+                                                                 : a.stage;
+        return stage_costs[static_cast<std::size_t>(sender)].p2p;
+      });
+}
+
+Simulation simulate(const Schedule& schedule,
+                    const std::vector<std::vector<double>>& compute_durations, double p2p) {
+  const Schedule& s = schedule;
+  detail::validate_structure(s);
+  QUINTET_CHECK(static_cast<int>(compute_durations.size()) == s.pp,
+                "simulate: durations for {} ranks, the schedule has {}", compute_durations.size(),
+                s.pp);
+  QUINTET_CHECK(p2p >= 0, "simulate: p2p latency {} must be >= 0", p2p);
+  std::vector<std::vector<double>> by_index(static_cast<std::size_t>(s.pp));
+  for (int r = 0; r < s.pp; ++r) {
+    const auto& list = s.actions[static_cast<std::size_t>(r)];
+    const auto& d = compute_durations[static_cast<std::size_t>(r)];
+    std::size_t k = 0;
+    for (const Action& a : list) {
+      if (!is_compute(a.kind)) {
+        by_index[r].push_back(0.0);
+        continue;
+      }
+      QUINTET_CHECK(k < d.size() && d[k] >= 0,
+                    "simulate: rank {} needs a duration >= 0 for each of its compute actions; "
+                    "{} given, compute action {} ({}) has {}",
+                    r, d.size(), k, a.str(), k < d.size() ? fmt::format("{}", d[k]) : "none");
+      by_index[r].push_back(d[k++]);
+    }
+    QUINTET_CHECK(k == d.size(), "simulate: rank {} has {} compute actions but {} durations", r, k,
+                  d.size());
+  }
+  return simulate_with(
+      s, [&](int r, std::size_t i) { return by_index[r][i]; },
+      [&](int, std::size_t) { return p2p; });
+}
+
+namespace {
+Simulation simulate_with(const Schedule& s, const CostOf& compute_cost,
+                         const CostOf& transfer_latency) {
   std::vector<RankState> ranks = build(s);
 
   // Resolve every time whose inputs are known until nothing moves. Each step is one event of the
@@ -238,8 +295,7 @@ Simulation simulate(const Schedule& schedule, std::span<const ActionCosts> stage
         }
         const int i = st.computes[n];
         st.start[i] = ready;
-        const Action& a = s.actions[r][i];
-        st.end[i] = ready + cost_of(a.kind, stage_costs[static_cast<std::size_t>(a.stage)]);
+        st.end[i] = ready + compute_cost(r, static_cast<std::size_t>(i));
         ++st.next_compute;
         moved = true;
       }
@@ -268,13 +324,9 @@ Simulation simulate(const Schedule& schedule, std::span<const ActionCosts> stage
           done = std::max(done, peer_start);
         }
         if (!complete) break;
-        double latency = 0.0;  // the slowest of its transfers; a transfer takes its sender's p2p
+        double latency = 0.0;  // the slowest of its transfers
         for (int i : b.ops) {
-          const Action& a = s.actions[r][i];
-          const int sender = a.kind == ActionKind::recv_forward    ? a.stage - 1
-                             : a.kind == ActionKind::recv_backward ? a.stage + 1
-                                                                   : a.stage;
-          latency = std::max(latency, stage_costs[static_cast<std::size_t>(sender)].p2p);
+          latency = std::max(latency, transfer_latency(r, static_cast<std::size_t>(i)));
         }
         b.end = done + latency;
         for (int i : b.ops) {
@@ -313,6 +365,8 @@ Simulation simulate(const Schedule& schedule, std::span<const ActionCosts> stage
   sim.bubble_fraction = sim.makespan > 0 ? 1.0 - total_busy / (s.pp * sim.makespan) : 0.0;
   return sim;
 }
+
+}  // namespace
 
 Simulation check_schedule(const Schedule& schedule, const ActionCosts& costs) {
   schedule.validate();

@@ -186,6 +186,31 @@ TEST_CASE("costs per stage: each stage's actions take its own costs", "[pp]") {
                          InvalidArgument, "for stage 1");
 }
 
+TEST_CASE("a replay of given durations equals the costs they come from", "[pp]") {
+  const Schedule s = make_schedule(ScheduleKind::zb_h1, 3, 1, 5);
+  const std::vector<ActionCosts> per_stage{costs(1, 2, 1, 0.1), costs(1.5, 2.5, 1, 0.1),
+                                           costs(2, 3, 1.5, 0.1)};
+  std::vector<std::vector<double>> durations(3);
+  for (int r = 0; r < 3; ++r) {
+    for (const Action& a : s.actions[static_cast<std::size_t>(r)]) {
+      const ActionCosts& c = per_stage[static_cast<std::size_t>(a.stage)];
+      if (a.kind == ActionKind::forward) durations[r].push_back(c.forward);
+      if (a.kind == ActionKind::input_grad) durations[r].push_back(c.backward - c.weight_grad);
+      if (a.kind == ActionKind::weight_grad) durations[r].push_back(c.weight_grad);
+    }
+  }
+  const Simulation from_costs = simulate(s, per_stage);
+  const Simulation replay = simulate(s, durations, 0.1);
+  CHECK(replay.makespan == Approx(from_costs.makespan));
+  CHECK(replay.bubble_fraction == Approx(from_costs.bubble_fraction));
+  // One slow action delays everything that depends on it.
+  durations[1][0] += 10.0;
+  CHECK(simulate(s, durations, 0.1).makespan == Approx(from_costs.makespan + 10.0));
+  durations[1].pop_back();
+  REQUIRE_THROWS_QUINTET(simulate(s, durations, 0.1), InvalidArgument,
+                         "rank 1 needs a duration >= 0 for each of its compute actions");
+}
+
 TEST_CASE("bad costs are refused", "[pp]") {
   const Schedule s = make_schedule(ScheduleKind::gpipe, 2, 1, 2);
   REQUIRE_THROWS_QUINTET(simulate(s, costs(1, 1, 2)), InvalidArgument, "weight_grad <= backward");

@@ -42,6 +42,12 @@ Simulation simulate(const Schedule& schedule, const ActionCosts& costs = {});
 // (the first holds the embedding, the last the head and the loss). InvalidArgument unless there is
 // one per stage.
 Simulation simulate(const Schedule& schedule, std::span<const ActionCosts> stage_costs);
+// The same with a duration for every compute action: compute_durations[r][k] for the k-th
+// compute action (F, B, I, W) of rank r's list, and one p2p latency for every batch. Replays a
+// measured step (PipelineExecutor's timeline) on the model, so what the model leaves out shows as
+// the difference. InvalidArgument unless each rank has one duration >= 0 per compute action.
+Simulation simulate(const Schedule& schedule,
+                    const std::vector<std::vector<double>>& compute_durations, double p2p = 0.0);
 
 // validate() and simulate(); throws InvalidArgument with the deadlock report when the schedule
 // would hang. Executors call it before their first step.
