@@ -4,7 +4,10 @@
 // library GPT cut into pp * vpp chunks (vpp 2 for interleaved and zb-v) and runs pipeline steps of
 // --microbatches microbatches through the executor with its timeline on: --warmup steps, then
 // --rounds rounds of --steps steps of each schedule in turn (so that a drift of the machine's
-// speed reaches every schedule alike). It reports, per schedule:
+// speed reaches every schedule alike). The schedules are planned (make_schedule's costs: ZB-H1's
+// and ZB-V's orders, every receive's place) at the costs that --warmup steps of 1F1B and ZB-H1
+// measure first, as a user would after profiling (--plan-default: at the default costs). It
+// reports, per schedule:
 //   step_ms              median over the measured steps of the pipeline part of a step (forward,
 //                        backward and transfers, the slowest rank; all ranks start it together
 //                        after a barrier; the optimizer, the same for every schedule, is left out)
@@ -55,6 +58,7 @@ struct BenchConfig {
   int steps = 2, rounds = 4, warmup = 2;  // per schedule: warmup, then rounds x steps measured
   std::string schedules = "gpipe,1f1b,interleaved,zb-h1,zb-v";
   std::string json;
+  bool plan_measured = true;  // plan the schedules at costs measured first (else the defaults)
 };
 
 double median(std::vector<double> v) {
@@ -134,13 +138,13 @@ struct Bench {
 };
 
 std::unique_ptr<Bench> make_bench(const BenchConfig& c, const std::string& name,
-                                  quintet::Mesh& mesh) {
+                                  quintet::Mesh& mesh, const pl::ActionCosts& plan) {
   quintet::Communicator& pp = mesh.comm(Axis::pp);
   auto b = std::make_unique<Bench>();
   b->name = name;
   const pl::ScheduleKind kind = pl::parse_schedule_kind(name);
   b->vpp = kind == pl::ScheduleKind::interleaved || kind == pl::ScheduleKind::zb_v ? 2 : 1;
-  b->schedule = pl::make_schedule(kind, pp.size(), b->vpp, c.microbatches);
+  b->schedule = pl::make_schedule(kind, pp.size(), b->vpp, c.microbatches, plan);
   quintet::model::GptConfig model;
   model.layers = c.layers;
   model.hidden = c.hidden;
@@ -212,17 +216,18 @@ void run_steps(const BenchConfig& c, Bench& b, quintet::Communicator& pp, double
   }
 }
 
-nlohmann::json report(Bench& b, quintet::Communicator& pp, double p2p_ms) {
-  const int n = b.schedule.num_stages(), rank = pp.rank();
+// The measured mean cost of each action kind per stage (F, B, or I + W and W), over every rank
+// and measured step.
+std::vector<pl::ActionCosts> measured_costs(const Bench& b, quintet::Communicator& pp,
+                                            double p2p_ms) {
+  const int n = b.schedule.num_stages();
   const std::vector<double> sums = reduce(pp, b.sums, quintet::ReduceOp::sum);
   const std::vector<double> counts = reduce(pp, b.counts, quintet::ReduceOp::sum);
   auto mean = [&](int stage, int k) {
     const std::size_t i = static_cast<std::size_t>(stage) * 4 + k;
     return counts[i] > 0 ? sums[i] / counts[i] : 0.0;
   };
-  // The measured mean costs per stage, and their means over stages (the uniform model).
   std::vector<pl::ActionCosts> per_stage(static_cast<std::size_t>(n));
-  pl::ActionCosts uniform{0, 0, 0, p2p_ms};
   for (int s = 0; s < n; ++s) {
     pl::ActionCosts& a = per_stage[static_cast<std::size_t>(s)];
     a.forward = mean(s, 0);
@@ -230,10 +235,27 @@ nlohmann::json report(Bench& b, quintet::Communicator& pp, double p2p_ms) {
     a.weight_grad = split ? mean(s, 3) : 0.0;
     a.backward = split ? mean(s, 2) + mean(s, 3) : mean(s, 1);
     a.p2p = p2p_ms;
-    uniform.forward += a.forward / n;
-    uniform.backward += a.backward / n;
-    uniform.weight_grad += a.weight_grad / n;
   }
+  return per_stage;
+}
+
+// Their means over the stages.
+pl::ActionCosts mean_over_stages(const std::vector<pl::ActionCosts>& per_stage) {
+  pl::ActionCosts u{0, 0, 0, per_stage.front().p2p};
+  const double n = static_cast<double>(per_stage.size());
+  for (const pl::ActionCosts& a : per_stage) {
+    u.forward += a.forward / n;
+    u.backward += a.backward / n;
+    u.weight_grad += a.weight_grad / n;
+  }
+  return u;
+}
+
+nlohmann::json report(Bench& b, quintet::Communicator& pp, double p2p_ms) {
+  const int n = b.schedule.num_stages(), rank = pp.rank();
+  // The measured mean costs per stage, and their means over stages (the uniform model).
+  const std::vector<pl::ActionCosts> per_stage = measured_costs(b, pp, p2p_ms);
+  const pl::ActionCosts uniform = mean_over_stages(per_stage);
   const pl::Simulation sim = pl::simulate(b.schedule, std::span<const pl::ActionCosts>(per_stage));
   const pl::Simulation sim_uniform = pl::simulate(b.schedule, uniform);
 
@@ -282,8 +304,21 @@ int run(const BenchConfig& c, quintet::World& world) {
   }
   quintet::Communicator& pp = mesh.comm(Axis::pp);  // tp = dp = 1: the pipeline is the world
   const double p2p_ms = p2p_latency_ms(pp, {c.micro_batch, c.seq_len, c.hidden});
+  // The plan costs: what --warmup steps of 1F1B (F, B) and ZB-H1 (W) measure, per action kind
+  // averaged over the stages, so that zb-h1 and zb-v (and every schedule's receive placement) are
+  // planned for this machine, as a user would plan them after profiling.
+  pl::ActionCosts plan;
+  if (c.plan_measured) {
+    auto one = make_bench(c, "1f1b", mesh, plan);
+    auto zb = make_bench(c, "zb-h1", mesh, plan);
+    run_steps(c, *one, pp, p2p_ms, std::max(c.warmup, 1), false);
+    run_steps(c, *zb, pp, p2p_ms, std::max(c.warmup, 1), false);
+    const pl::ActionCosts a = mean_over_stages(measured_costs(*one, pp, p2p_ms));
+    const pl::ActionCosts w = mean_over_stages(measured_costs(*zb, pp, p2p_ms));
+    plan = {a.forward, a.backward, std::min(w.weight_grad, a.backward), p2p_ms};
+  }
   std::vector<std::unique_ptr<Bench>> benches;
-  for (const std::string& name : names) benches.push_back(make_bench(c, name, mesh));
+  for (const std::string& name : names) benches.push_back(make_bench(c, name, mesh, plan));
   // Rounds of a few steps of each schedule in turn, so that a drift of the machine's speed
   // reaches every schedule alike.
   for (auto& b : benches) run_steps(c, *b, pp, p2p_ms, c.warmup, true);
@@ -304,6 +339,8 @@ int run(const BenchConfig& c, quintet::World& world) {
       world.size(), static_cast<long long>(c.layers), static_cast<long long>(c.hidden),
       static_cast<long long>(c.seq_len), static_cast<long long>(c.micro_batch), c.microbatches,
       p2p_ms, c.steps * c.rounds);
+  std::printf("planned at F %.1f ms, B %.1f ms, W %.1f ms%s\n", plan.forward, plan.backward,
+              plan.weight_grad, c.plan_measured ? " (measured first)" : " (defaults)");
   std::printf("%-12s %9s %7s %8s %9s %9s %9s  %s\n", "schedule", "step ms", "/1f1b", "bubble",
               "predicted", "(uniform)", "replayed", "peak activation MiB per rank");
   for (auto& r : results) {
@@ -319,15 +356,17 @@ int run(const BenchConfig& c, quintet::World& world) {
                 r["bubble_replayed"].get<double>(), mem.c_str());
   }
   if (!c.json.empty()) {
-    nlohmann::json all{{"pp", world.size()},
-                       {"layers", c.layers},
-                       {"hidden", c.hidden},
-                       {"seq_len", c.seq_len},
-                       {"micro_batch", c.micro_batch},
-                       {"microbatches", c.microbatches},
-                       {"steps", c.steps * c.rounds},
-                       {"p2p_ms", p2p_ms},
-                       {"results", results}};
+    nlohmann::json all{
+        {"pp", world.size()},
+        {"layers", c.layers},
+        {"hidden", c.hidden},
+        {"seq_len", c.seq_len},
+        {"micro_batch", c.micro_batch},
+        {"microbatches", c.microbatches},
+        {"steps", c.steps * c.rounds},
+        {"p2p_ms", p2p_ms},
+        {"plan_costs_ms", {{"F", plan.forward}, {"B", plan.backward}, {"W", plan.weight_grad}}},
+        {"results", results}};
     std::ofstream(c.json) << all.dump(2) << "\n";
   }
   return 0;
@@ -355,6 +394,8 @@ int main(int argc, char** argv) {
     app.add_option("--warmup", c.warmup, "steps run first and not measured")->capture_default_str();
     app.add_option("--schedules", c.schedules, "comma-separated list")->capture_default_str();
     app.add_option("--json", c.json, "write the results to this file");
+    app.add_flag("!--plan-default", c.plan_measured,
+                 "plan the schedules at the default costs (B = 2F, W = F), not measured ones");
     std::string runtime_flag;
     app.add_option("--device", runtime_flag, "cpu (read by the runtime)");
     std::vector<const char*> args;

@@ -141,10 +141,10 @@ void interleaved_order(Schedule& s) {
 
 // A greedy list schedule of F, I and W at the plan costs (transfers free): whenever a rank is free
 // it runs the first ready action of I (the oldest microbatch; on a V the lower stage), then F
-// (oldest microbatch, then the higher stage; only while fewer than cap (stage, microbatch) pairs
-// are in flight, F to W), then W (oldest first). Deterministic: ranks and actions are scanned in a
-// fixed order and time only moves to the next end of an action.
-void greedy_split_order(Schedule& s, int cap, const ActionCosts& costs) {
+// (oldest microbatch, then the higher stage; only while fewer than cap[rank] (stage, microbatch)
+// pairs are in flight, F to W), then W (oldest first). Deterministic: ranks and actions are
+// scanned in a fixed order and time only moves to the next end of an action.
+void greedy_split_order(Schedule& s, const std::vector<int>& cap, const ActionCosts& costs) {
   const int S = s.num_stages(), M = s.microbatches;
   auto idx = [M](int stage, int mb) { return stage * M + mb; };
   constexpr double kNever = std::numeric_limits<double>::infinity();
@@ -167,7 +167,7 @@ void greedy_split_order(Schedule& s, int cap, const ActionCosts& costs) {
     }
     if (best >= 0) return compute(ActionKind::input_grad, best, next_i[best]);
     std::optional<Action> f;  // F: oldest microbatch, then the higher stage
-    if (in_flight[r] < cap || over_cap) {
+    if (in_flight[r] < cap[static_cast<std::size_t>(r)] || over_cap) {
       for (auto it = stages[r].rbegin(); it != stages[r].rend(); ++it) {
         const int st = *it, mb = next_f[st];
         if (mb >= M || (st > 0 && f_end[idx(st - 1, mb)] > t)) continue;
@@ -331,12 +331,24 @@ void require(bool ok, ScheduleKind kind, int pp, int vpp, int m, const std::stri
 
 }  // namespace
 
+// The simulated run of a compute order once its transfers are placed (on a copy).
+Simulation planned(Schedule order, const ActionCosts& costs) {
+  place_transfers(order, costs);
+  return simulate(order, costs);
+}
+
 Schedule make_schedule(ScheduleKind kind, int pp, int vpp, int microbatches,
                        const ActionCosts& costs) {
   const int m = microbatches;
   require(pp >= 1 && vpp >= 1 && m >= 1, kind, pp, vpp, m,
           "expected pp, vpp and microbatches >= 1");
   const std::string name(schedule_kind_name(kind));
+  require(costs.forward >= 0 && costs.weight_grad >= 0 && costs.weight_grad <= costs.backward &&
+              costs.p2p >= 0,
+          kind, pp, vpp, m,
+          fmt::format("costs must be >= 0 with weight_grad <= backward, found forward {}, "
+                      "backward {}, weight_grad {}, p2p {}",
+                      costs.forward, costs.backward, costs.weight_grad, costs.p2p));
   Schedule s;
   switch (kind) {
     case ScheduleKind::gpipe:
@@ -354,7 +366,27 @@ Schedule make_schedule(ScheduleKind kind, int pp, int vpp, int microbatches,
                 fmt::format("zb-h1 needs microbatches >= pp (a full 1F1B steady state to defer "
                             "W into), found {} < {}; use 1f1b, or at least {} microbatches",
                             m, pp, pp));
+        // Orders with 1F1B's peak memory (at most pp microbatches in flight on any rank, as on
+        // 1F1B's first): the fixed pattern, best when F, I and W take about as long, and greedy
+        // list schedules at the plan costs under two caps (1F1B's own per-rank counts pp - r, and
+        // pp everywhere), which adapt to other costs; the one that finishes first at those costs.
+        const Schedule blank = s;
         zb_h1_order(s);
+        double best = planned(s, costs).makespan;
+        std::vector<int> tight;
+        for (int r = 0; r < pp; ++r) tight.push_back(pp - r);
+        for (const std::vector<int>& cap :
+             {tight, std::vector<int>(static_cast<std::size_t>(pp), pp)}) {
+          Schedule greedy = blank;
+          greedy_split_order(greedy, cap, costs);
+          const Simulation g = planned(greedy, costs);
+          bool within = !g.deadlock;
+          for (int r = 0; r < pp; ++r) within = within && g.peak_in_flight[r] <= pp;
+          if (within && g.makespan < best) {
+            best = g.makespan;
+            s = std::move(greedy);
+          }
+        }
       }
       break;
     case ScheduleKind::interleaved:
@@ -379,15 +411,10 @@ Schedule make_schedule(ScheduleKind kind, int pp, int vpp, int microbatches,
                           "{} < {}; use at least {} microbatches",
                           m, pp, pp));
       s = empty_schedule(kind, pp, 2, m, v_placement(pp));
-      greedy_split_order(s, 2 * pp, costs);  // 1F1B's peak memory: 2 pp half-size stages in flight
+      // 1F1B's peak memory: 2 pp half-size stages in flight on every rank.
+      greedy_split_order(s, std::vector<int>(static_cast<std::size_t>(pp), 2 * pp), costs);
       break;
   }
-  require(costs.forward >= 0 && costs.weight_grad >= 0 && costs.weight_grad <= costs.backward &&
-              costs.p2p >= 0,
-          kind, pp, vpp, m,
-          fmt::format("costs must be >= 0 with weight_grad <= backward, found forward {}, "
-                      "backward {}, weight_grad {}, p2p {}",
-                      costs.forward, costs.backward, costs.weight_grad, costs.p2p));
   place_transfers(s, costs);
   s.validate();
   const Simulation sim = simulate(s, costs);

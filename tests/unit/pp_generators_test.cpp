@@ -199,3 +199,25 @@ TEST_CASE("schedules planned for other costs are still well formed and deadlock-
     }
   }
 }
+
+TEST_CASE("ZB-H1 planned at its costs beats 1F1B at the same peak memory, whatever the costs",
+          "[pp]") {
+  // Costs as measured on CPU ranks (I longer than F, W shorter), and unit-like ones.
+  for (const auto& [f, b, w] : {std::tuple{1.0, 1.8, 0.65}, std::tuple{1.0, 2.0, 1.0},
+                                std::tuple{1.0, 3.0, 0.5}, std::tuple{1.0, 2.5, 1.5}}) {
+    ActionCosts costs;
+    costs.forward = f;
+    costs.backward = b;
+    costs.weight_grad = w;
+    for (int pp = 2; pp <= 8; ++pp) {
+      for (int m = pp; m <= 32; m += 3) {
+        INFO("F " << f << " B " << b << " W " << w << " pp " << pp << " m " << m);
+        const Simulation zb = simulate(make_schedule(ScheduleKind::zb_h1, pp, 1, m, costs), costs);
+        const Simulation one =
+            simulate(make_schedule(ScheduleKind::one_f_one_b, pp, 1, m, costs), costs);
+        CHECK(zb.makespan < one.makespan);
+        CHECK(*std::max_element(zb.peak_in_flight.begin(), zb.peak_in_flight.end()) <= pp);
+      }
+    }
+  }
+}
