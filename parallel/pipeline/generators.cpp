@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <optional>
 
@@ -308,8 +309,11 @@ void place_transfers(Schedule& s, const ActionCosts& costs) {
         const bool backward = c.kind != ActionKind::forward;
         const double sent =
             p.producer_end[key(backward, c.stage + (backward ? 1 : -1), c.microbatch)];
+        // Times that are equal at exact costs may differ in their last bits (sums of costs like
+        // 0.1 in another order): a compute ending within that of the send counts as no later.
+        const double tie = 1e-9 * (1.0 + std::abs(sent));
         const std::size_t slot = static_cast<std::size_t>(
-            std::upper_bound(end.begin(), end.begin() + k, sent) - end.begin());
+            std::upper_bound(end.begin(), end.begin() + k, sent + tie) - end.begin());
         recvs[slot].emplace_back(sent, *recv);
       }
     }
