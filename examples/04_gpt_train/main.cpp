@@ -186,12 +186,12 @@ int run(const gpt::TrainConfig& c, quintet::World& world) {
   if (world.rank() == 0 && !c.json) {
     fmt::print(
         "04_gpt_train: {} params ({} non-embedding), {} layers, hidden {}, heads {}, "
-        "vocab {}, seq {} | tp {} x dp {} x pp {}{} ({} x {} chunks), ZeRO-{} | {} | "
+        "vocab {}, seq {}{} | tp {}{} x dp {} x pp {} ({}, {} chunk{} per rank), ZeRO-{} | {} | "
         "global batch {} = micro {} x dp {} x accumulation {}\n",
         model_config.total_params(), model_config.non_embedding_params(), c.layers, c.hidden,
-        c.heads, c.vocab, c.seq_len, c.tp, c.dp, c.pp, c.sp ? " (+sp)" : "",
-        pipeline.schedule().name, c.vpp, c.pp, c.zero, device.str(), c.global_batch, c.micro_batch,
-        c.dp, c.accumulation());
+        c.heads, c.vocab, c.seq_len, c.tied_embeddings ? ", tied embeddings" : "", c.tp,
+        c.sp ? " (+sp)" : "", c.dp, c.pp, pipeline.schedule().name, c.vpp, c.vpp > 1 ? "s" : "",
+        c.zero, device.str(), c.global_batch, c.micro_batch, c.dp, c.accumulation());
   }
   Trainer t{c, world, mesh, stream, stages, pipeline, loader, start.data};
   gpt::Reporter reporter(world.rank() == 0, c.json, c.progress, c.steps);
