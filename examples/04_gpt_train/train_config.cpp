@@ -1,8 +1,6 @@
 #include "train_config.hpp"
 
 #include <CLI/CLI.hpp>
-#include <cmath>
-#include <numbers>
 
 #include "quintet/core/error.hpp"
 
@@ -36,7 +34,13 @@ bool parse_args(const quintet::RuntimeConfig& runtime, TrainConfig* c, int* exit
   app.add_option("--zero", c->zero, "ZeRO stage: 0, 1 or 2")->capture_default_str();
   app.add_option("--lr", c->lr, "peak learning rate")->capture_default_str();
   app.add_option("--warmup", c->warmup, "linear warmup steps")->capture_default_str();
-  app.add_option("--min-lr", c->min_lr, "learning rate at the last step (cosine decay)")
+  app.add_option("--min-lr", c->min_lr, "learning rate at the last step (decaying schedules)")
+      ->capture_default_str();
+  app.add_option("--lr-schedule", c->lr_schedule,
+                 "after warmup: cosine, linear, wsd (warmup-stable-decay) or constant")
+      ->capture_default_str();
+  app.add_option("--decay-fraction", c->decay_fraction,
+                 "wsd: the share of the steps after warmup that decay to --min-lr")
       ->capture_default_str();
   app.add_option("--weight-decay", c->weight_decay, "AdamW weight decay")->capture_default_str();
   app.add_option("--clip", c->clip, "clip the global gradient norm to this (<= 0: off)")
@@ -126,6 +130,9 @@ void validate(const TrainConfig& c, int world) {
                 c.warmup);
   QUINTET_CHECK(c.lr > 0 && c.min_lr >= 0 && c.min_lr <= c.lr,
                 "--lr {} --min-lr {}: need lr > 0 and 0 <= min-lr <= lr", c.lr, c.min_lr);
+  QUINTET_CHECK(c.decay_fraction > 0 && c.decay_fraction <= 1,
+                "--decay-fraction {}: expected a share in (0, 1]", c.decay_fraction);
+  lr_schedule(c).validate();  // an unknown --lr-schedule, named
   QUINTET_CHECK(c.stop_at >= 0 && c.stop_at <= c.steps, "--stop-at {}: expected 0 .. --steps {}",
                 c.stop_at, c.steps);
   QUINTET_CHECK(c.save_every >= 0, "--save-every {}: expected >= 0", c.save_every);
@@ -162,14 +169,17 @@ quintet::model::GptConfig model_config(const TrainConfig& c, bool gpu) {
   return m;
 }
 
-float learning_rate(const TrainConfig& c, std::int64_t step) {
-  if (step < c.warmup) return c.lr * static_cast<float>(step + 1) / static_cast<float>(c.warmup);
-  const std::int64_t decay_steps = c.steps - c.warmup;
-  if (decay_steps <= 1) return c.lr;
-  const double progress =
-      static_cast<double>(step - c.warmup) / static_cast<double>(decay_steps - 1);
-  const double cosine = 0.5 * (1.0 + std::cos(std::numbers::pi * progress));
-  return static_cast<float>(c.min_lr + (c.lr - c.min_lr) * cosine);
+quintet::nn::LrSchedule lr_schedule(const TrainConfig& c) {
+  quintet::nn::LrSchedule s;
+  s.kind = quintet::nn::parse_lr_schedule_kind(c.lr_schedule);
+  s.peak_lr = c.lr;
+  s.min_lr = c.min_lr;
+  s.warmup_steps = c.warmup;
+  s.total_steps = c.steps;
+  s.decay_fraction = c.decay_fraction;
+  return s;
 }
+
+float learning_rate(const TrainConfig& c, std::int64_t step) { return lr_schedule(c).at(step); }
 
 }  // namespace gpt

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "quintet/core/runtime_config.hpp"
+#include "quintet/nn/lr_schedule.hpp"
 #include "quintet/parallel/model/gpt_config.hpp"
 #include "quintet/parallel/pipeline/schedule.hpp"
 
@@ -30,10 +31,13 @@ struct TrainConfig {
   bool sp = false;                // sequence parallelism (needs tp > 1)
   int zero = 0;                   // 0, 1 or 2
   double bucket_mb = 25.0;  // MiB of f32 gradient per reduction bucket after the first (1 MiB)
-  // Optimizer and schedule: linear warmup to lr, then cosine decay to min_lr at the last step.
+  // Optimizer and schedule (nn::LrSchedule): linear warmup to lr, then lr_schedule (cosine,
+  // linear, wsd: decay to min_lr at the last step; constant).
   float lr = 1e-3f;
   std::int64_t warmup = 10;
   float min_lr = 1e-4f;
+  std::string lr_schedule = "cosine";
+  double decay_fraction = 0.2;  // wsd: the share of the post-warmup steps that decay
   float weight_decay = 0.1f;
   float clip = 1.0f;
   std::int64_t steps = 100;
@@ -82,7 +86,9 @@ quintet::model::GptConfig model_config(const TrainConfig& config, bool gpu);
 // microbatches); throws InvalidArgument stating the schedule's rule when they break it.
 quintet::pipeline::Schedule pipeline_schedule(const TrainConfig& config);
 
-// The learning rate at step (0-based): linear warmup over `warmup` steps, then cosine to min_lr.
+// The learning-rate schedule these flags describe (the library's nn::LrSchedule over --steps),
+// and its rate at step (0-based).
+quintet::nn::LrSchedule lr_schedule(const TrainConfig& config);
 float learning_rate(const TrainConfig& config, std::int64_t step);
 
 }  // namespace gpt

@@ -29,6 +29,7 @@
 #include "quintet/nn/layers.hpp"
 #include "quintet/nn/module.hpp"
 #include "quintet/nn/ops.hpp"
+#include "quintet/nn/lr_schedule.hpp"
 #include "quintet/nn/optimizer.hpp"
 #include "quintet/nn/parameter.hpp"
 #include "quintet/nn/vocab_parallel_ops.hpp"

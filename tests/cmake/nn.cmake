@@ -1,3 +1,4 @@
 # nn: ops (forward/backward on the CPU), parameters, modules, layers and the optimizer.
 quintet_unit_test(NAME nn_ops_test COMPONENT nn SOURCES unit/nn_ops_test.cpp)
 quintet_unit_test(NAME nn_layers_test COMPONENT nn SOURCES unit/nn_layers_test.cpp)
+quintet_unit_test(NAME nn_lr_schedule_test COMPONENT nn SOURCES unit/nn_lr_schedule_test.cpp)

@@ -8,7 +8,8 @@
 #               saved and resumed equals the uninterrupted one
 #   resume      a run stopped and saved at step 10, then resumed, equals the uninterrupted run at
 #               steps 11..20
-#   bad_flags   inconsistent flags are refused with a message naming them
+#   bad_flags   inconsistent flags are refused with a message naming them; --lr-schedule wsd gives
+#               the library schedule's rates
 #   killed      a save killed midway (--exit-during-save) is never loaded: resuming starts from
 #               the previous checkpoint and continues the uninterrupted run's losses
 # Usage: gpt_train_test.sh TRAINER MPIEXEC WORKDIR CASE [mpirun flags...]
@@ -155,6 +156,18 @@ case $case in
     expect_error 2 "must be a multiple of pp, found 3" --steps 1 --pp 2 --vpp 2 --layers 4 --schedule interleaved \
       --global-batch 6
     expect_error 2 "unknown pipeline schedule '2f2b'" --steps 1 --pp 2 --schedule 2f2b
+    expect_error 1 "unknown learning-rate schedule 'step'" --steps 1 --lr-schedule step
+    expect_error 1 "--decay-fraction 0: expected a share in (0, 1]" --steps 1 --lr-schedule wsd \
+      --decay-fraction 0
+    # The library's schedules drive the trainer: wsd over 6 steps, 2 of warmup, the last 2 decaying.
+    run wsd 1 --steps 6 --warmup 2 --lr 1e-3 --min-lr 1e-4 --lr-schedule wsd --decay-fraction 0.5
+    python3 - <<'PY'
+import json, sys
+lr = [json.loads(l)["lr"] for l in open("wsd.jsonl") if '"step"' in l]
+want = [5e-4, 1e-3, 1e-3, 1e-3, 5.5e-4, 1e-4]
+if len(lr) != 6 or any(abs(a - b) > 1e-9 for a, b in zip(lr, want)):
+    sys.exit(f"wsd learning rates {lr}, expected {want}")
+PY
     ;;
   *)
     echo "unknown case $case"; exit 2 ;;
