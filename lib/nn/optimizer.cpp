@@ -1,16 +1,45 @@
 #include "quintet/nn/optimizer.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <set>
 
 namespace quintet::nn {
+
+namespace {
+// Why a parameter's gradient norm is not this rank's to take (empty when it is).
+std::string spread_over_ranks(const Parameter& p) {
+  const ParameterAttributes& a = p.attributes();
+  if (!a.full_shape.empty() && shape_numel(a.full_shape) > p.numel()) {
+    return fmt::format("a shard of a {} weight", shape_str(a.full_shape));
+  }
+  if (a.reduce_over_tp) return "a partial sum over tensor-parallel ranks";
+  if (a.is_expert) return "an expert's weight";
+  if (a.tied != TiedRole::none) return "one copy of a weight tied across model chunks";
+  return {};
+}
+}  // namespace
 
 AdamW::AdamW(ParameterStore& store, const AdamWConfig& config, const Stream& stream)
     : store_(store), config_(config) {
   QUINTET_CHECK(store.device() == stream.device(),
                 "AdamW: the parameters are on {} but the stream is on {}", store.device().str(),
                 stream.device().str());
+  for (const Parameter* p : store.parameters()) {
+    const std::string why = spread_over_ranks(*p);
+    if (why.empty()) continue;
+    local_norm_only_ = true;
+    QUINTET_CHECK(config.max_grad_norm <= 0,
+                  "nn::AdamW: parameter {} is {}, so its gradient norm is spread over several "
+                  "ranks and clipping by this rank's norm would clip each rank differently (the "
+                  "replicas drift apart). Use quintet::DistributedOptimizer over a DataParallel "
+                  "(quintet/parallel/data/distributed_optimizer.hpp), which takes the norm over "
+                  "the whole job, or set max_grad_norm = 0",
+                  p->name(), why);
+  }
   // f32 (or f64) values are their own master; bf16 values get an f32 master copy.
   const DType state = accum_dtype(store.dtype());
   separate_master_ = store.dtype() != state;
@@ -23,6 +52,10 @@ AdamW::AdamW(ParameterStore& store, const AdamWConfig& config, const Stream& str
 }
 
 OptimizerStepInfo AdamW::step(const Stream& stream) {
+  QUINTET_CHECK(!store_.data_parallel(),
+                "nn::AdamW::step: this store's gradients are reduced by a DataParallel (and "
+                "under ZeRO only partly held here); step it with quintet::DistributedOptimizer "
+                "(quintet/parallel/data/distributed_optimizer.hpp) over that DataParallel");
   OptimizerStepInfo info;
   std::vector<Tensor> grads;
   for (const Parameter* p : store_.parameters()) grads.push_back(p->grad());
@@ -30,6 +63,7 @@ OptimizerStepInfo AdamW::step(const Stream& stream) {
   QUINTET_CHECK(std::isfinite(info.grad_norm),
                 "AdamW::step: the gradient norm is {}; a gradient holds inf or nan",
                 info.grad_norm);
+  if (local_norm_only_) info.grad_norm = std::numeric_limits<double>::quiet_NaN();
   if (config_.max_grad_norm > 0 && info.grad_norm > config_.max_grad_norm) {
     info.grad_scale = static_cast<float>(config_.max_grad_norm / (info.grad_norm + 1e-6));
   }

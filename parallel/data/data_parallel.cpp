@@ -98,6 +98,7 @@ DataParallel::DataParallel(nn::ParameterStore& store, const Mesh& mesh,
   }
   s.reducer = std::make_unique<GradientReducer>(store, *s.plan, mesh, config, compute_stream,
                                                 s.zero2.get(), s.meter);
+  store.mark_data_parallel();  // only a distributed optimizer may step it now
   std::weak_ptr<State> weak = state_;
   store.add_grad_ready_hook([weak](nn::Parameter& p) {
     if (auto st = weak.lock()) st->on_grad_ready(p);

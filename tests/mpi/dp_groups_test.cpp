@@ -239,6 +239,14 @@ TEST_CASE("dp: bad input throws before any communication") {
                          "marked grad-ready twice");
   dp.finish(kCpu);
   REQUIRE_THROWS_QUINTET(dp.finish(kCpu), InvalidArgument, "called twice");
+  // A single-process optimizer on a data-parallel store is refused, naming the right one.
+  CHECK(store.data_parallel());
+  nn::AdamWConfig no_clip;
+  no_clip.max_grad_norm = 0.0f;
+  nn::AdamW local(store, no_clip, kCpu);
+  REQUIRE_THROWS_QUINTET(local.step(kCpu), InvalidArgument,
+                         "reduced by a DataParallel (and under ZeRO only partly held here); step "
+                         "it with quintet::DistributedOptimizer");
   auto state = optimizer.state();
   state[1].second = Tensor::zeros({3});
   REQUIRE_THROWS_QUINTET(optimizer.load_state(state, kCpu), InvalidArgument, "'master' is");
@@ -314,7 +322,9 @@ TEST_CASE("dp: the optimizer state round-trips through state() / load_state()") 
 TEST_CASE("dp: nn::AdamW state round-trips through state() / load_state()") {
   Probe a, b;
   nn::ParameterStore sa(a, DType::f32, kCpu, 3), sb(b, DType::f32, kCpu, 3);
-  nn::AdamW oa(sa, nn::AdamWConfig{}, kCpu), ob(sb, nn::AdamWConfig{}, kCpu);
+  nn::AdamWConfig no_clip;  // the probe has tp-partial and expert weights: no local clipping
+  no_clip.max_grad_norm = 0.0f;
+  nn::AdamW oa(sa, no_clip, kCpu), ob(sb, no_clip, kCpu);
   auto one_step = [&](nn::ParameterStore& s, nn::AdamW& o, int t) {
     Tensor(s.grad_buffer()).copy_(Tensor::randn(s.grad_buffer().shape(), 200 + t));
     o.step(kCpu);

@@ -217,6 +217,63 @@ TEST_CASE("AdamW clips by the global norm and skips decay where asked", "[nn][op
   for (int i = 0; i < 2; ++i) REQUIRE(b1[i] == Approx(expect(b0[i], gb[i], false)).margin(1e-6));
 }
 
+namespace {
+// One parameter with the given attributes (a stand-in for a sharded or partial layer weight).
+class OneWeight : public Module {
+ public:
+  explicit OneWeight(ParameterAttributes a) {
+    w_ = &add_parameter("w", {2, 3}, ParameterInit::normal(1.0f), std::move(a));
+  }
+  Tensor forward(Context&, const Tensor& x) override { return x; }
+  Tensor backward(Context&, const Tensor& dy) override { return dy; }
+  Parameter& w() { return *w_; }
+
+ private:
+  Parameter* w_;
+};
+}  // namespace
+
+TEST_CASE("AdamW refuses to clip by one rank's norm of a weight spread over ranks",
+          "[nn][optimizer]") {
+  ParameterAttributes shard;  // rows 2..3 of a [4, 3] weight
+  shard.shard_dim = 0;
+  shard.shard_axis = Axis::tp;
+  shard.full_shape = {4, 3};
+  shard.shard_start = {2, 0};
+  ParameterAttributes partial;
+  partial.reduce_over_tp = true;
+  ParameterAttributes expert;
+  expert.is_expert = true;
+  ParameterAttributes whole_shard = shard;  // "sharded" over a tp of 1: the whole weight
+  whole_shard.full_shape = {2, 3};
+  whole_shard.shard_start = {0, 0};
+  const std::vector<std::pair<ParameterAttributes, std::string>> cases = {
+      {shard, "is a shard of a [4, 3] weight"},
+      {partial, "is a partial sum over tensor-parallel ranks"},
+      {expert, "is an expert's weight"}};
+  for (const auto& [attrs, why] : cases) {
+    INFO(why);
+    OneWeight m(attrs);
+    ParameterStore store(m, DType::f32, kCpu, 1);
+    AdamWConfig clip;  // max_grad_norm 1: clipping
+    REQUIRE_THROWS_QUINTET(AdamW(store, clip, kCpu), InvalidArgument,
+                           "parameter w " + why + ", so its gradient norm is spread");
+    REQUIRE_THROWS_QUINTET(AdamW(store, clip, kCpu), InvalidArgument,
+                           "Use quintet::DistributedOptimizer");
+    // Without clipping each update is elementwise: it runs, and reports no norm.
+    AdamWConfig no_clip;
+    no_clip.max_grad_norm = 0.0f;
+    AdamW opt(store, no_clip, kCpu);
+    m.w().grad().fill_(0.5);
+    CHECK(std::isnan(opt.step(kCpu).grad_norm));
+  }
+  OneWeight whole(whole_shard);
+  ParameterStore store(whole, DType::f32, kCpu, 1);
+  AdamW opt(store, AdamWConfig{}, kCpu);  // a tp of 1 holds the whole weight: fine
+  whole.w().grad().fill_(0.5);
+  CHECK(opt.step(kCpu).grad_norm == Approx(std::sqrt(6 * 0.25)));
+}
+
 TEST_CASE("layers and contexts reject bad use with a quintet::Error", "[nn][layers]") {
   CausalSelfAttention attn(8, 2, 4);
   Context ctx(kCpu);

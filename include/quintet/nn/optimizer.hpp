@@ -25,6 +25,16 @@ struct OptimizerStepInfo {
 
 // Holds the optimizer state (master weights when the compute dtype is not f32, exp_avg,
 // exp_avg_sq: f32, one flat buffer each, same layout as the store). The store must outlive it.
+//
+// One process's optimizer: its gradient norm is over this store alone. So it refuses, with an
+// InvalidArgument that names quintet::DistributedOptimizer (which takes the norm over the whole
+// job, at dp 1 too):
+//   - at construction, clipping (max_grad_norm > 0) when a parameter's gradient norm lives on
+//     several ranks: a tensor-parallel shard (full_shape larger than its shape), a partial sum
+//     over tp (reduce_over_tp), an expert's weight, a weight tied across chunks. Without clipping
+//     each update is elementwise and runs, but step()'s grad_norm is NaN (not the model's norm);
+//   - at every step, a store under a DataParallel (ParameterStore::data_parallel: its gradients
+//     are reduced, and under ZeRO sharded, by DataParallel).
 class AdamW {
  public:
   AdamW(ParameterStore& store, const AdamWConfig& config, const Stream& stream);
@@ -51,6 +61,7 @@ class AdamW {
   AdamWConfig config_;
   std::int64_t step_ = 0;
   bool separate_master_;
+  bool local_norm_only_ = false;  // a parameter's norm is spread over ranks: grad_norm is NaN
   Tensor master_, exp_avg_, exp_avg_sq_;  // flat, store layout
 };
 

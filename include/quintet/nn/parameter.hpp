@@ -186,6 +186,10 @@ class ParameterStore {
   // Sets the hook Parameter::use runs (one at a time; an empty function removes it). It is
   // called on the thread running the forward, with the forward's stream.
   void set_before_use_hook(std::function<void(Parameter&, const Stream&)> hook);
+  // Set by DataParallel: the gradients are reduced across ranks (and, under ZeRO, sharded), so
+  // only a distributed optimizer may step this store (nn::AdamW refuses it).
+  void mark_data_parallel() { data_parallel_ = true; }
+  bool data_parallel() const { return data_parallel_; }
 
  private:
   std::vector<Parameter*> params_;
@@ -195,6 +199,7 @@ class ParameterStore {
   std::function<void(Parameter&, const Stream&)> use_hook_;
   std::function<void(Parameter&, const Stream&)> grad_binder_;
   bool on_demand_ = false;
+  bool data_parallel_ = false;
 };
 
 // 64-bit FNV-1a of a name: the Philox stream id of a parameter's init.
