@@ -197,7 +197,7 @@ void run(const Options& o) {
     c.batch_size = o.batch;
     c.threads = threads;
     c.device = dev;
-    c.sampler = sc;
+    c.seed = sc.seed;
     DataLoader loader(dataset, c);
     // The host runs at most two steps ahead of the GPU, as a trainer that reads its loss would.
     std::vector<Event> step_done;

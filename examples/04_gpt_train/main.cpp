@@ -23,6 +23,7 @@
 #include "quintet/nn/ops.hpp"                       // add_
 #include "quintet/parallel/data/data_parallel.hpp"  // gradient buckets over dp
 #include "quintet/parallel/data/distributed_optimizer.hpp"  // AdamW, ZeRO 0/1/2, clipping
+#include "quintet/parallel/data/loader_for_mesh.hpp"        // the loader's replica
 #include "quintet/parallel/mesh.hpp"
 #include "quintet/parallel/model/gpt.hpp"                   // the library GPT (model + loss)
 #include "quintet/parallel/overlap/timed_communicator.hpp"  // exposed tp communication per step
@@ -177,11 +178,10 @@ int run(const gpt::TrainConfig& c, quintet::World& world) {
   lc.batch_size = c.micro_batch;
   lc.threads = c.loader_threads;
   lc.device = device;
-  lc.sampler.seed = c.seed;
-  lc.sampler.dp_rank = mesh.rank(Axis::dp);
-  lc.sampler.dp_size = mesh.size(Axis::dp);
-  lc.sampler.start = start.data;
-  quintet::data::DataLoader loader(std::move(dataset), lc);
+  lc.seed = c.seed;
+  lc.start = start.data;
+  // The mesh sets the data-parallel replica: every tp and pp rank of one reads the same batches.
+  quintet::data::DataLoader loader(std::move(dataset), quintet::loader_config_for(mesh, lc));
 
   if (world.rank() == 0 && !c.json) {
     fmt::print(

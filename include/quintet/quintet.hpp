@@ -37,6 +37,7 @@
 #include "quintet/parallel/data/bucket_plan.hpp"
 #include "quintet/parallel/data/data_parallel.hpp"
 #include "quintet/parallel/data/distributed_optimizer.hpp"
+#include "quintet/parallel/data/loader_for_mesh.hpp"
 #include "quintet/parallel/layout.hpp"
 #include "quintet/parallel/mesh.hpp"
 #include "quintet/parallel/model/block.hpp"

@@ -35,7 +35,6 @@ LoaderConfig checked(LoaderConfig c) {
   QUINTET_CHECK(c.queue_depth >= 0, "DataLoader: queue_depth {} must be >= 0 (0 = automatic)",
                 c.queue_depth);
   if (c.queue_depth == 0) c.queue_depth = std::max(4, 2 * c.threads);
-  c.sampler.batch_size = c.batch_size;
   check_device(c.device);
   return c;
 }
@@ -49,7 +48,7 @@ void Batch::wait(const Stream& stream) const {
 DataLoader::DataLoader(TokenDataset dataset, const LoaderConfig& config)
     : config_(checked(config)),
       windows_(std::move(dataset), config_.seq_len),
-      sampler_(windows_.count(), config_.sampler) {
+      sampler_(windows_.count(), config_.sampler_config()) {
   if (config_.device.is_cuda()) {
     copy_stream_ = std::make_unique<Stream>(Stream::create(config_.device));
     consumer_mark_ = std::make_unique<Event>(config_.device);

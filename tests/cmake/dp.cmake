@@ -5,3 +5,6 @@ quintet_unit_test(NAME dp_bucket_plan_test COMPONENT dp SOURCES unit/dp_bucket_p
 quintet_mpi_test(NAME dp_train_test COMPONENT dp RANKS 1 2 3 4 SOURCES mpi/dp_train_test.cpp)
 quintet_mpi_test(NAME dp_groups_test COMPONENT dp RANKS 1 2 3 4 SOURCES mpi/dp_groups_test.cpp)
 quintet_gpu_test(NAME gpu_dp_train_test COMPONENT dp RANKS 1 2 SOURCES gpu/dp_train_test.cpp)
+# The loader configured from the mesh: one replica's ranks read the same batches.
+quintet_mpi_test(NAME dp_loader_mesh_test COMPONENT dp RANKS 1 2 3 4
+                 SOURCES mpi/dp_loader_mesh_test.cpp)

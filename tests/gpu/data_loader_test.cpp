@@ -29,7 +29,7 @@ TEST_CASE("GPU batches arrive through the copy stream and equal the CPU loader's
   c.seq_len = 512;
   c.batch_size = 16;
   c.threads = 4;
-  c.sampler.seed = 9;
+  c.seed = 9;
   DataLoader cpu(ds, c);
   c.device = Device::cuda(0);
   DataLoader gpu(ds, c);

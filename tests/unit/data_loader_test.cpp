@@ -45,7 +45,7 @@ LoaderConfig config(int threads, std::int64_t seq_len = 33, std::int64_t batch =
   c.seq_len = seq_len;
   c.batch_size = batch;
   c.threads = threads;
-  c.sampler.seed = 2024;
+  c.seed = 2024;
   return c;
 }
 
@@ -132,7 +132,7 @@ TEST_CASE("resuming after 0, 1 and k batches equals the uninterrupted run") {
       state = first.state();
     }  // destroyed with batches still queued
     LoaderConfig c = config(4);
-    c.sampler.start = state;
+    c.start = state;
     const auto rest = collect(c, 40 - k);
     for (int s = 0; s < 40 - k; ++s) CHECK(rest[s] == whole[k + s]);
   }
@@ -143,8 +143,8 @@ TEST_CASE("data-parallel loaders split each step's samples") {
   std::vector<std::vector<std::int32_t>> parts[3];
   for (int r = 0; r < 3; ++r) {
     LoaderConfig c = config(2, 16, 2);
-    c.sampler.dp_rank = r;
-    c.sampler.dp_size = 3;
+    c.dp_rank = r;
+    c.dp_size = 3;
     parts[r] = collect(c, 10);
   }
   // Global sample i of a step is rank i % 3's row i / 3.
@@ -164,7 +164,7 @@ TEST_CASE("a worker error comes out of next() when its batch is reached, and sta
   t[250] = 0xffffffffu;  // stored as i64 4294967295: too large for an int32 token id
   write_megatron_dataset(data_dir() + "/negative", t.data(), 400, {}, TokenType::i64);
   LoaderConfig c = config(3, 10, 1);
-  c.sampler.shuffle = false;  // window 24 holds token 250
+  c.shuffle = false;  // window 24 holds token 250
   DataLoader loader(TokenDataset::open(data_dir() + "/negative"), c);
   for (int s = 0; s < 24; ++s) CHECK(loader.next().tokens.to_vector<std::int32_t>()[0] == 7);
   REQUIRE_THROWS_QUINTET(loader.next(), InvalidArgument,
@@ -180,7 +180,7 @@ TEST_CASE("bad loader arguments are rejected before any thread starts") {
   c = config(2, 6000);
   REQUIRE_THROWS_QUINTET(DataLoader(dataset(), c), InvalidArgument, "no window of 6000 + 1 tokens");
   c = config(2);
-  c.sampler.start.sample_index = 308;
+  c.start.sample_index = 308;
   REQUIRE_THROWS_QUINTET(DataLoader(dataset(), c), InvalidArgument, "start sample_index 308");
 }
 

@@ -8,7 +8,7 @@
 //     b.wait(compute);                       // compute waits for the copy, on the GPU
 //     model.forward(b.tokens, ...);
 //   }
-//   save(loader.state());                    // resume: config.sampler.start = saved state
+//   save(loader.state());                    // resume: config.start = saved state
 //
 // Workers claim batch numbers in order, read the windows chosen by the Sampler (sampler.hpp)
 // from the mapped files into freshly allocated pinned host memory (plain memory without CUDA),
@@ -49,12 +49,23 @@ namespace quintet::data {
 
 struct LoaderConfig {
   std::int64_t seq_len = 1024;    // tokens per sample (the window holds seq_len + 1)
-  std::int64_t batch_size = 8;    // samples per batch on this rank
+  std::int64_t batch_size = 8;    // samples per batch on this rank (the only batch size)
   int threads = 4;                // worker threads, >= 1
   int queue_depth = 0;            // batches prepared ahead; 0 means 2 * threads (at least 4)
   Device device = Device::cpu();  // where next() delivers tokens and targets
-  // Seed, data-parallel rank and size, shuffle and start state; batch_size is taken from above.
-  SamplerConfig sampler;
+  // The Sampler's (sampler.hpp): which windows, in which order, for which data-parallel replica.
+  // Every rank of one replica (its tp, pp, cp and ep ranks) must read the same batches: take
+  // dp_rank and dp_size from the mesh (quintet/parallel/data/loader_for_mesh.hpp does it).
+  std::uint64_t seed = 0;
+  int dp_rank = 0;
+  int dp_size = 1;
+  bool shuffle = true;  // false: every epoch in window order (evaluation)
+  SamplerState start;   // where batch 0 starts (a saved DataLoader::state() to resume)
+
+  // The Sampler configuration these fields describe.
+  SamplerConfig sampler_config() const {
+    return SamplerConfig{seed, batch_size, dp_rank, dp_size, shuffle, start};
+  }
 };
 
 struct Batch {
