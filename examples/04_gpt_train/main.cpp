@@ -70,6 +70,10 @@ StepResult train_step(Trainer& t) {
     quintet::data::Batch batch = t.loader.next(t.stream);
     batch.wait(t.stream);
     t.data_position = batch.next_state;
+    // --check-batches: this stage's tp ranks must hold the same tokens.
+    if (t.config.check_batches) {
+      quintet::check_same_batch(t.mesh.comm(Axis::tp), batch.tokens, t.stream);
+    }
     return quintet::pipeline::MicrobatchData{batch.tokens, batch.targets};
   };
   // Begins and finishes each stage's data-parallel step, sums tied embedding gradients.

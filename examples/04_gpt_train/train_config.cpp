@@ -75,6 +75,8 @@ bool parse_args(const quintet::RuntimeConfig& runtime, TrainConfig* c, int* exit
       ->capture_default_str();
   app.add_flag("--no-overlap", c->no_overlap,
                "run data-parallel communication after backward, not during it");
+  app.add_flag("--check-batches", c->check_batches,
+               "debug: verify every step that the tensor-parallel ranks read the same tokens");
   app.add_flag("--bench", c->bench, "report medians over the steps after --bench-skip");
   app.add_option("--bench-skip", c->bench_skip, "warm-up steps left out of --bench")
       ->capture_default_str();

@@ -57,6 +57,7 @@ struct TrainConfig {
   std::int64_t exit_during_save = -1;
   // Measurement and output.
   bool no_overlap = false;
+  bool check_batches = false;  // debug: the tp ranks of a stage hold the same tokens
   bool bench = false;
   std::int64_t bench_skip = 5;  // steps left out of the --bench medians (warm-up)
   bool json = false;

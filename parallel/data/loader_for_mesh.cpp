@@ -1,6 +1,11 @@
 // The loader configuration of a mesh's rank (see loader_for_mesh.hpp).
 #include "quintet/parallel/data/loader_for_mesh.hpp"
 
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <vector>
+
 #include "quintet/core/error.hpp"
 
 namespace quintet {
@@ -16,6 +21,29 @@ data::LoaderConfig loader_config_for(const Mesh& mesh, data::LoaderConfig config
   config.dp_rank = rank;
   config.dp_size = size;
   return config;
+}
+
+void check_same_batch(Communicator& group, const Tensor& tokens, const Stream& stream) {
+  QUINTET_CHECK(tokens.defined(), "check_same_batch: the tokens are an undefined tensor");
+  const Tensor host = tokens.contiguous().to(Device::cpu(), stream);
+  stream.synchronize();
+  std::uint64_t h = 1469598103934665603ull;  // FNV-1a over the bytes
+  const auto* bytes = static_cast<const unsigned char*>(host.data_ptr());
+  for (std::size_t i = 0; i < host.nbytes(); ++i) h = (h ^ bytes[i]) * 1099511628211ull;
+  // Shape and dtype too, so that a different batch size is a difference.
+  for (std::int64_t d : host.shape()) h = (h ^ static_cast<std::uint64_t>(d)) * 1099511628211ull;
+  const auto mine = static_cast<std::int64_t>(h);
+  Tensor all = Tensor::empty({group.size()}, DType::i64);
+  group.all_gather(Tensor::from_vector(std::vector<std::int64_t>{mine}, {1}), all).wait();
+  const std::vector<std::int64_t> sums = all.to_vector<std::int64_t>();
+  for (int r = 1; r < group.size(); ++r) {
+    QUINTET_CHECK(sums[r] == sums[0],
+                  "check_same_batch: on communicator '{}', rank {} holds other tokens than rank 0 "
+                  "(checksums {:016x} and {:016x}); the ranks of one data-parallel replica must "
+                  "read the same batches (configure the loader with loader_config_for(mesh, ...))",
+                  group.name(), r, static_cast<std::uint64_t>(sums[r]),
+                  static_cast<std::uint64_t>(sums[0]));
+  }
 }
 
 }  // namespace quintet

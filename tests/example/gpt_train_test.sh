@@ -61,7 +61,7 @@ PY
 case $case in
   layouts)
     run one 1 --steps 30
-    run tp2_dp2 4 --steps 30 --tp 2 --dp 2
+    run tp2_dp2 4 --steps 30 --tp 2 --dp 2 --check-batches
     run tp2_dp2_sp 4 --steps 30 --tp 2 --dp 2 --sp
     run tp2_dp2_zero1 4 --steps 30 --tp 2 --dp 2 --zero 1
     run tp2 2 --steps 30 --tp 2

@@ -1,7 +1,7 @@
 // The loader configured from the mesh (quintet/parallel/data/loader_for_mesh.hpp) under mpirun:
 // every rank of one data-parallel replica (its tp and pp ranks) gets the same batches from a real
 // DataLoader, and different replicas get different ones; coordinates set by hand that disagree
-// with the mesh are refused.
+// with the mesh are refused; check_same_batch finds tp ranks that hold different tokens.
 #include <string>
 #include <vector>
 
@@ -97,4 +97,24 @@ TEST_CASE("dp: data-parallel coordinates set by hand against the mesh are refuse
   same.dp_rank = mesh.rank(Axis::dp);
   same.dp_size = n;
   CHECK(loader_config_for(mesh, same).dp_rank == mesh.rank(Axis::dp));
+}
+
+TEST_CASE("dp: check_same_batch finds a replica whose ranks read different tokens", "[dp]") {
+  World world = cpu_world();
+  const int n = world.size();
+  if (n % 2 != 0) return;  // needs tp = 2
+  const Mesh mesh(Layout(ParallelConfig{.tp = 2}, n), world.comm());
+  Communicator& tp = mesh.comm(Axis::tp);
+  std::vector<std::int32_t> ids(12);
+  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int32_t>(3 * i + 1);
+  check_same_batch(tp, Tensor::from_vector(ids, {2, 6}));  // the same on both: no error
+  // Tensor-parallel rank 1 of every replica reads another batch (a tp rank passed as dp rank).
+  std::vector<std::int32_t> other = ids;
+  if (tp.rank() == 1) other[5] += 1;
+  REQUIRE_THROWS_QUINTET(check_same_batch(tp, Tensor::from_vector(other, {2, 6})), InvalidArgument,
+                         "rank 1 holds other tokens than rank 0");
+  // Another shape is another batch, even over the same bytes' prefix.
+  REQUIRE_THROWS_QUINTET(
+      check_same_batch(tp, Tensor::from_vector(ids, tp.rank() == 0 ? Shape{2, 6} : Shape{3, 4})),
+      InvalidArgument, "other tokens");
 }

@@ -7,6 +7,7 @@
 // each keep their part of them).
 #pragma once
 
+#include "quintet/collectives/communicator.hpp"
 #include "quintet/data/loader.hpp"
 #include "quintet/parallel/mesh.hpp"
 
@@ -16,5 +17,12 @@ namespace quintet {
 // InvalidArgument when config already holds other data-parallel coordinates (set by hand: a tp
 // rank passed as the dp rank, say), naming both.
 data::LoaderConfig loader_config_for(const Mesh& mesh, data::LoaderConfig config);
+
+// A debug check (a trainer's --check-batches) that the ranks of group, which must read the same
+// data (the tp ranks of one replica's stage), hold the same tokens: a 64-bit checksum of the
+// tensor's bytes, all-gathered over group. Throws InvalidArgument on every rank of group when two
+// differ, naming the ranks (of group) and their checksums. Collective over group; synchronises
+// stream (the checksum is taken on the host).
+void check_same_batch(Communicator& group, const Tensor& tokens, const Stream& stream = Stream());
 
 }  // namespace quintet
