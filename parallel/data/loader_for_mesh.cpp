@@ -32,10 +32,17 @@ void check_same_batch(Communicator& group, const Tensor& tokens, const Stream& s
   for (std::size_t i = 0; i < host.nbytes(); ++i) h = (h ^ bytes[i]) * 1099511628211ull;
   // Shape and dtype too, so that a different batch size is a difference.
   for (std::int64_t d : host.shape()) h = (h ^ static_cast<std::uint64_t>(d)) * 1099511628211ull;
-  const auto mine = static_cast<std::int64_t>(h);
-  Tensor all = Tensor::empty({group.size()}, DType::i64);
-  group.all_gather(Tensor::from_vector(std::vector<std::int64_t>{mine}, {1}), all).wait();
-  const std::vector<std::int64_t> sums = all.to_vector<std::int64_t>();
+  h = (h ^ static_cast<std::uint64_t>(host.dtype())) * 1099511628211ull;
+  // Through the group's device (an NCCL group moves GPU tensors only), on stream.
+  const Device& device = group.device();
+  const Tensor mine =
+      Tensor::from_vector(std::vector<std::int64_t>{static_cast<std::int64_t>(h)}, {1})
+          .to(device, stream);
+  Tensor all = Tensor::empty({group.size()}, DType::i64, device, stream);
+  group.all_gather(mine, all, stream).wait(stream);
+  const Tensor back = all.to(Device::cpu(), stream);
+  stream.synchronize();
+  const std::vector<std::int64_t> sums = back.to_vector<std::int64_t>();
   for (int r = 1; r < group.size(); ++r) {
     QUINTET_CHECK(sums[r] == sums[0],
                   "check_same_batch: on communicator '{}', rank {} holds other tokens than rank 0 "

@@ -333,13 +333,13 @@ void require(bool ok, ScheduleKind kind, int pp, int vpp, int m, const std::stri
                 schedule_kind_name(kind), pp, vpp, m, rule);
 }
 
-}  // namespace
-
 // The simulated run of a compute order once its transfers are placed (on a copy).
 Simulation planned(Schedule order, const ActionCosts& costs) {
   place_transfers(order, costs);
   return simulate(order, costs);
 }
+
+}  // namespace
 
 Schedule make_schedule(ScheduleKind kind, int pp, int vpp, int microbatches,
                        const ActionCosts& costs) {

@@ -21,8 +21,8 @@ data::LoaderConfig loader_config_for(const Mesh& mesh, data::LoaderConfig config
 // A debug check (a trainer's --check-batches) that the ranks of group, which must read the same
 // data (the tp ranks of one replica's stage), hold the same tokens: a 64-bit checksum of the
 // tensor's bytes, all-gathered over group. Throws InvalidArgument on every rank of group when two
-// differ, naming the ranks (of group) and their checksums. Collective over group; synchronises
-// stream (the checksum is taken on the host).
+// differ, naming the ranks (of group) and their checksums. Collective over group, on stream (on
+// the group's device); synchronises stream (the checksum is taken on the host).
 void check_same_batch(Communicator& group, const Tensor& tokens, const Stream& stream = Stream());
 
 }  // namespace quintet
