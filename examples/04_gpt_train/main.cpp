@@ -28,6 +28,7 @@
 #include "quintet/parallel/model/gpt.hpp"                   // the library GPT (model + loss)
 #include "quintet/parallel/overlap/timed_communicator.hpp"  // exposed tp communication per step
 #include "quintet/parallel/pipeline/executor.hpp"           // the pipeline schedule, run
+#include "quintet/parallel/pipeline/train_step.hpp"         // one optimizer step over the stages
 #include "trainer_state.hpp"
 
 namespace {
@@ -64,7 +65,6 @@ struct StepResult {
 // forward and backward of each in turn, accumulating), the gradient reductions overlapping the
 // last backwards, the (sharded) AdamW update, the loss averaged over dp.
 StepResult train_step(Trainer& t) {
-  const float dloss = 1.0f / static_cast<float>(t.config.accumulation());
   // Called on the ranks of the first and last stage, once per microbatch, in order.
   auto next_microbatch = [&t](int) {
     quintet::data::Batch batch = t.loader.next(t.stream);
@@ -76,25 +76,13 @@ StepResult train_step(Trainer& t) {
     }
     return quintet::pipeline::MicrobatchData{batch.tokens, batch.targets};
   };
-  // Begins and finishes each stage's data-parallel step, sums tied embedding gradients.
-  Tensor loss_sum = t.pipeline.run(next_microbatch, dloss, t.stream);
+  // The library's step: the schedule (each stage's data-parallel step inside, tied embedding
+  // gradients summed), the joint optimizer step, the loss of the global batch on every rank.
   std::vector<quintet::DistributedOptimizer*> optimizers;
   for (Stage& s : t.stages) optimizers.push_back(s.optimizer.get());
-  const quintet::nn::OptimizerStepInfo info =
-      quintet::DistributedOptimizer::step_together(optimizers, t.stream);
-  // The last stage has the loss (every tp rank the same); the sum over pp brings it to every
-  // stage, the mean over dp makes it the loss of the global batch.
-  if (t.config.pp > 1) {
-    if (!loss_sum.defined()) {
-      loss_sum = Tensor::empty({}, quintet::DType::f32, t.stream.device(), t.stream);
-      loss_sum.fill_(0.0, t.stream);
-    }
-    t.mesh.comm(Axis::pp).all_reduce(loss_sum, quintet::ReduceOp::sum, t.stream).wait(t.stream);
-  }
-  t.mesh.comm(Axis::dp).all_reduce(loss_sum, quintet::ReduceOp::avg, t.stream).wait(t.stream);
-  const Tensor host_loss = loss_sum.to(quintet::Device::cpu(), t.stream);
-  t.stream.synchronize();
-  return {host_loss.item(), info.grad_norm};
+  const quintet::pipeline::TrainStepResult r =
+      quintet::pipeline::train_step(t.pipeline, optimizers, t.mesh, next_microbatch, t.stream);
+  return {r.loss, r.optimizer.grad_norm};
 }
 
 int run(const gpt::TrainConfig& c, quintet::World& world) {

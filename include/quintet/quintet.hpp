@@ -51,6 +51,7 @@
 #include "quintet/parallel/pipeline/executor.hpp"
 #include "quintet/parallel/pipeline/schedule.hpp"
 #include "quintet/parallel/pipeline/simulator.hpp"
+#include "quintet/parallel/pipeline/train_step.hpp"
 #include "quintet/parallel/tensor/attention.hpp"
 #include "quintet/parallel/tensor/linear.hpp"
 #include "quintet/parallel/tensor/mlp.hpp"

@@ -17,6 +17,7 @@
 #include "quintet/parallel/model/gpt.hpp"
 #include "quintet/parallel/pipeline/executor.hpp"
 #include "quintet/parallel/pipeline/simulator.hpp"
+#include "quintet/parallel/pipeline/train_step.hpp"
 #include "tp_support.hpp"
 
 using namespace quintet;
@@ -182,16 +183,31 @@ void run_case(const Case& c, Communicator& world) {
   }
 
   int fetched = 0;
-  const Tensor loss = executor.run(
-      [&](int m) {
-        CHECK(m == fetched++);  // in increasing order, once each
-        return microbatch(config, dp_rank * c.micro + m);
-      },
-      1.0f / static_cast<float>(c.micro), kCpu);
+  auto data = [&](int m) {
+    CHECK(m == fetched++);  // in increasing order, once each
+    return microbatch(config, dp_rank * c.micro + m);
+  };
+  // ZeRO 0: the executor's step alone, then the gradients. ZeRO 1, 2: the library's whole
+  // optimizer step (pipeline::train_step: the schedule, the joint optimizer step, the global
+  // loss), then the parameters.
+  Tensor loss;
+  double step_loss = 0.0;
+  if (c.zero == 0) {
+    loss = executor.run(data, 1.0f / static_cast<float>(c.micro), kCpu);
+  } else {
+    std::vector<DistributedOptimizer*> opts;
+    for (Held& h : held) opts.push_back(h.opt.get());
+    step_loss = pipeline::train_step(executor, opts, mesh, data, kCpu).loss;
+    for (Held& h : held) h.opt->wait_for_parameters(kCpu);
+  }
   agreed(world, [&] {
     const bool last = schedule.stage_rank.back() == pp_rank;
-    REQUIRE(loss.defined() == last);
-    if (last) {
+    if (c.zero > 0) {  // on every rank
+      CHECK(std::abs(step_loss - ref_loss) <= 1e-5 * std::abs(ref_loss));
+    } else {
+      REQUIRE(loss.defined() == last);
+    }
+    if (last && c.zero == 0) {
       Tensor mean = loss.clone();
       mesh.comm(Axis::dp).all_reduce(mean, ReduceOp::avg).wait();
       CHECK(std::abs(mean.item() - ref_loss) <= 1e-5 * std::abs(ref_loss));
@@ -227,13 +243,9 @@ void run_case(const Case& c, Communicator& world) {
       }
       return;
     }
-    // ZeRO-1: one optimizer step on both sides, then the parameters.
+    // ZeRO 1, 2: the reference's optimizer step, then the parameters.
     nn::AdamW ref_opt(ref_store, adam(), kCpu);
     ref_opt.step(kCpu);
-    for (Held& h : held) {  // every collective first, then the comparisons
-      h.opt->step(kCpu);
-      h.opt->wait_for_parameters(kCpu);
-    }
     for (Held& h : held) {
       for (auto& [name, p] : h.chunk->named_parameters()) {
         require_close(p->data(), shard_of(ref_store.find(name).data(), *p), "value of " + name,
@@ -284,6 +296,22 @@ TEST_CASE("pp: bad inputs are refused before any communication", "[pp]") {
   REQUIRE_THROWS_QUINTET(pipeline::PipelineExecutor(broken, mesh.comm(Axis::pp),
                                                     {{mesh.rank(Axis::pp), chunk.get()}}, ec),
                          InvalidArgument, "on rank 0, 0SF0 must come after 0F0");
+  // train_step without an optimizer for the stage, or with one over another DataParallel.
+  pipeline::PipelineExecutor plain(good, mesh.comm(Axis::pp), {{mesh.rank(Axis::pp), chunk.get()}},
+                                   ec);
+  auto no_data = [&](int m) { return microbatch(config, m); };
+  REQUIRE_THROWS_QUINTET(pipeline::train_step(plain, {}, mesh, no_data, kCpu), InvalidArgument,
+                         "0 optimizers for the 1 stages");
+  {
+    auto other_chunk =
+        model::build_gpt_chunk(config, {&mesh.comm(Axis::tp)}, specs[mesh.rank(Axis::pp)]);
+    nn::ParameterStore other_store(*other_chunk, DType::f32, kCpu, kSeed);
+    DataParallel other_dp(other_store, mesh, DataParallelConfig{}, kCpu);
+    DistributedOptimizer other_opt(other_dp, adam(), kCpu);
+    DistributedOptimizer* opts[] = {&other_opt};
+    REQUIRE_THROWS_QUINTET(pipeline::train_step(plain, opts, mesh, no_data, kCpu), InvalidArgument,
+                           "has no optimizer over its DataParallel");
+  }
   // Layers that do not split into the stages.
   REQUIRE_THROWS_QUINTET(model::split_into_chunks(config, static_cast<int>(config.layers) + 1),
                          InvalidArgument, "chunks for");

@@ -57,6 +57,7 @@ class DistributedOptimizer {
   static nn::OptimizerStepInfo step_together(std::span<DistributedOptimizer* const> optimizers,
                                              const Stream& stream);
   void set_lr(float lr) { config_.hyper.lr = lr; }
+  DataParallel& data_parallel() const { return dp_; }
   const nn::AdamWConfig& config() const { return config_; }
   std::int64_t steps() const { return step_; }
 

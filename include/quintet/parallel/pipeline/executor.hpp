@@ -105,6 +105,7 @@ class PipelineExecutor {
              const Stream& stream);
 
   const Schedule& schedule() const { return schedule_; }
+  const std::vector<StageModule>& stages() const { return stages_; }
   const ExecutorStats& last_step_stats() const { return stats_; }
 
  private:
