@@ -153,7 +153,6 @@ Tensor PipelineExecutor::run(const std::function<MicrobatchData(int)>& data, flo
   const auto& stage_rank = schedule_.stage_rank;
   std::map<std::pair<int, int>, Slot> slots;
   auto slot_of = [&](int stage, int mb) -> Slot& { return slots[{stage, mb}]; };
-  auto local = [&](int stage) { return local_stage(stage); };
   const auto t0 = std::chrono::steady_clock::now();
   auto now_ms = [&t0] {
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -260,7 +259,7 @@ Tensor PipelineExecutor::run(const std::function<MicrobatchData(int)>& data, flo
         nn::add_(loss_sum, loss, loss_scale, stream);
       } else {
         Tensor y = sm.chunk->forward(*sl.ctx, x);
-        (local(s + 1) ? slot_of(s + 1, m).input : sl.output) = std::move(y);
+        (local_stage(s + 1) ? slot_of(s + 1, m).input : sl.output) = std::move(y);
       }
     } else if (is_backward(a.kind)) {
       const Tensor dy = s != last_stage ? std::move(sl.grad_output) : Tensor();
@@ -272,7 +271,8 @@ Tensor PipelineExecutor::run(const std::function<MicrobatchData(int)>& data, flo
         sl.ctx.reset();
         --in_flight;
       }
-      if (s > 0) (local(s - 1) ? slot_of(s - 1, m).grad_output : sl.grad_input) = std::move(dx);
+      if (s > 0)
+        (local_stage(s - 1) ? slot_of(s - 1, m).grad_output : sl.grad_input) = std::move(dx);
     } else {  // weight_grad
       sl.ctx->run_deferred_gradients();
       sl.ctx.reset();

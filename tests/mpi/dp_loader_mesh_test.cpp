@@ -5,21 +5,14 @@
 #include <string>
 #include <vector>
 
-#include "quintet/collectives/bootstrap.hpp"
 #include "quintet/data/synthetic.hpp"
 #include "quintet/parallel/data/loader_for_mesh.hpp"
-#include "support/catch.hpp"
+#include "tp_support.hpp"  // cpu_world
 
 using namespace quintet;
+using tp_test::cpu_world;
 
 namespace {
-
-World cpu_world() {
-  RuntimeConfig config = RuntimeConfig::from_env();
-  config.device = DevicePreference::cpu;
-  config.timeout_s = 60;
-  return init(config);
-}
 
 // The token ids of this rank's first batches, and every rank's gathered by global rank.
 std::vector<std::vector<std::int32_t>> gathered_batches(Communicator& world,

@@ -146,12 +146,12 @@ struct ActionCosts {
 // costs, its message is sent (early, yet never holding up the sends queued behind it); zb-v's
 // greedy order is built at them; zb-h1 is the fixed zero-bubble H1 pattern (rank r defers r W's),
 // or, when one finishes sooner at these costs, a greedy order under the same peak memory (at most
-// pp microbatches in flight on a rank, 1F1B's first-stage peak), since the pattern assumes F, I and W of about one length. The
-// defaults suit B = 2 F, W = F; pass measured costs to plan for them. Throws InvalidArgument, stating
-// the rule, when the combination is not valid: gpipe, 1f1b and zb-h1 take vpp = 1; zb-v takes
-// vpp = 2; interleaved takes vpp >= 2 and microbatches a multiple of pp (Megatron-Core's
-// microbatch-group rule with its default group of pp microbatches per chunk); zb-h1 and zb-v need
-// microbatches >= pp.
+// pp microbatches in flight on a rank, 1F1B's first-stage peak), since the pattern assumes F, I and
+// W of about one length. The defaults suit B = 2 F, W = F; pass measured costs to plan for them.
+// Throws InvalidArgument, stating the rule, when the combination is not valid: gpipe, 1f1b and
+// zb-h1 take vpp = 1; zb-v takes vpp = 2; interleaved takes vpp >= 2 and microbatches a multiple of
+// pp (Megatron-Core's microbatch-group rule with its default group of pp microbatches per chunk);
+// zb-h1 and zb-v need microbatches >= pp.
 Schedule make_schedule(ScheduleKind kind, int pp, int vpp, int microbatches,
                        const ActionCosts& costs = {});
 
