@@ -55,27 +55,11 @@ DataLoader::DataLoader(TokenDataset dataset, const LoaderConfig& config)
   }
   ring_.reserve(static_cast<std::size_t>(config_.queue_depth));
   for (int i = 0; i < config_.queue_depth; ++i) ring_.push_back(std::make_unique<Slot>());
-  workers_.reserve(static_cast<std::size_t>(config_.threads));
-  try {
-    for (int i = 0; i < config_.threads; ++i) workers_.emplace_back([this] { worker_loop(); });
-  } catch (...) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stop_ = true;
-    }
-    space_cv_.notify_all();
-    for (std::thread& t : workers_) t.join();
-    throw;
-  }
+  start_workers();
 }
 
 DataLoader::~DataLoader() {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stop_ = true;
-  }
-  space_cv_.notify_all();
-  for (std::thread& t : workers_) t.join();
+  stop_workers();
   // Pinned buffers go back to the pool when in_flight_ is destroyed: their copies must be done.
   if (copy_stream_) {
     try {
@@ -83,6 +67,46 @@ DataLoader::~DataLoader() {
     } catch (...) {  // destructors never throw; a failed stream has nothing left to wait for
     }
   }
+}
+
+void DataLoader::start_workers() {
+  workers_.reserve(static_cast<std::size_t>(config_.threads));
+  try {
+    for (int i = 0; i < config_.threads; ++i) workers_.emplace_back([this] { worker_loop(); });
+  } catch (...) {
+    stop_workers();
+    throw;
+  }
+}
+
+void DataLoader::stop_workers() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  space_cv_.notify_all();
+  for (std::thread& t : workers_) t.join();
+  workers_.clear();
+}
+
+void DataLoader::seek(const SamplerState& start) {
+  LoaderConfig config = config_;
+  config.start = start;
+  Sampler sampler(windows_.count(), config.sampler_config());  // throws for a state outside
+  stop_workers();
+  // The prepared batches and the copies in flight belong to the old position.
+  if (copy_stream_) copy_stream_->synchronize();
+  staged_.clear();
+  in_flight_.clear();
+  for (auto& slot : ring_) *slot = Slot{};
+  config_ = config;
+  sampler_ = std::move(sampler);
+  next_claim_ = 0;
+  next_consume_ = 0;
+  returned_ = 0;
+  failure_ = nullptr;
+  stop_ = false;
+  start_workers();
 }
 
 void DataLoader::worker_loop() {

@@ -116,7 +116,7 @@ case $case in
     if run wrong_layout 4 --steps 20 --tp 4 --zero 1 --resume ckpt 2>wrong.err; then
       echo "resuming with another layout should fail"; exit 1
     fi
-    grep -q "saved with dp = 2, this run has 1" wrong.err
+    grep -q "with tp = 2, this run has tp = 4" wrong.err
     ;;
   killed)
     run full 2 --steps 20 --tp 2

@@ -99,8 +99,13 @@ class DataLoader {
   Batch next();
   Batch next(const Stream& consumer);
 
-  // The state after the last batch returned by next() (config.sampler.start before the first).
+  // The state after the last batch returned by next() (config.start before the first).
   SamplerState state() const;
+  // Restarts the stream at start (a saved state()): the batches prepared ahead are dropped and
+  // the next next() returns the batch that starts there, as a loader built with config.start =
+  // start would. Throws InvalidArgument, leaving the loader as it was, for a state outside the
+  // dataset. Not concurrent with next().
+  void seek(const SamplerState& start);
   LoaderStats stats() const;
   const Sampler& sampler() const { return sampler_; }
   const Windows& windows() const { return windows_; }
@@ -111,6 +116,8 @@ class DataLoader {
   struct Slot;
   struct InFlight;
   void worker_loop();
+  void start_workers();
+  void stop_workers();  // joins them; the ring and its counters stay
   HostBatch fill(std::uint64_t n) const;
   // Takes batch next_consume_ from the ring; blocks when block is true, else may return false.
   bool take(HostBatch* out, bool block);

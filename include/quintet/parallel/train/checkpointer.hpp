@@ -1,0 +1,67 @@
+// Checkpointer: a training run saved and restored in one call each (parallel/train/checkpointer.cpp):
+// the parameter values and optimizer state of every stage of a TrainingModel, the data loader's
+// position, and the step, on top of the sharded checkpoint format (checkpoint/checkpoint.hpp).
+//
+//   quintet::train::Checkpointer checkpoints("runs/a", world.comm());
+//   std::int64_t step = checkpoints.restore(model, loader).value_or(0);  // a fresh start: 0
+//   for (; step < steps; ++step) {
+//     model.step(loader);
+//     if ((step + 1) % 100 == 0) checkpoints.save(step + 1, model, loader);
+//   }
+//
+// What a rank writes: for each stage it holds, "params" (the store's values) and "optimizer.*"
+// (DistributedOptimizer::state), prefixed "stage<s>." when it holds several. Rank 0 writes the
+// step, the loader position (every rank of a replica reads the same stream, and rank 0 holds the
+// first stage, which reads it) and the run's identity: the model config, the layout, the batch,
+// the ZeRO stage, the init seed and the loader's sampling. A restore refuses, naming the field,
+// a checkpoint whose identity differs from the run's, before any tensor is read.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "quintet/collectives/communicator.hpp"
+#include "quintet/data/loader.hpp"
+#include "quintet/parallel/train/training_model.hpp"
+
+namespace quintet::train {
+
+class Checkpointer {
+ public:
+  // dir holds the checkpoints (checkpoint.hpp's layout); world is the whole job (every rank takes
+  // part in every save and restore). extra_identity: "key=value" pairs joined by ';' that the
+  // trainer adds to the run's identity (its dataset, say), checked like the rest.
+  Checkpointer(std::string dir, Communicator& world, std::string extra_identity = "");
+
+  // Saves the run after `step` steps. Collective over world. user_json (a JSON value) is stored
+  // with it and comes back from restore (a trainer's own settings). before_commit: see
+  // save_checkpoint. Waits for ZeRO's pending parameter all-gathers first.
+  void save(std::int64_t step, TrainingModel& model, const data::DataLoader& loader,
+            const std::string& user_json = "{}", const std::function<void()>& before_commit = {});
+
+  // Restores the latest checkpoint of dir into model and loader (which seeks to the saved
+  // position) and returns its step; nothing, touching nothing, when dir holds none. Collective
+  // over world. Throws InvalidArgument when the checkpoint was saved by a run of another identity
+  // (naming the field and both values) or another world size; see load_checkpoint for the rest.
+  std::optional<std::int64_t> restore(TrainingModel& model, data::DataLoader& loader);
+
+  // The user_json of the checkpoint restore() read last (empty before one).
+  const std::string& restored_user_json() const { return user_json_; }
+  const std::string& dir() const { return dir_; }
+
+ private:
+  std::string identity(const TrainingModel& model, const data::DataLoader& loader) const;
+
+  std::string dir_;
+  Communicator& world_;
+  std::string extra_identity_;
+  std::string user_json_;
+};
+
+// The identity of a run, as the Checkpointer stores it: "key=value" pairs joined by ';', in a
+// fixed order (exposed for tests and for trainers that log it).
+std::string run_identity(const TrainingModel& model, const data::DataLoader& loader);
+
+}  // namespace quintet::train

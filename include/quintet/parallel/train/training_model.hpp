@@ -1,0 +1,128 @@
+// TrainingModel: this rank's share of the library GPT, ready to train under any tp (+ sp) x pp x
+// dp layout (parallel/train/training_model.cpp). It builds what every trainer builds the same way:
+// the pipeline stages this rank holds (for each, its chunk of the model, the chunk's parameters,
+// their data parallelism and their AdamW), and the pipeline executor that runs them. Without a
+// pipeline it holds one stage, the whole model.
+//
+//   quintet::train::TrainingConfig config;
+//   config.model = {.layers = 4, .hidden = 256, .heads = 8, .vocab = 512, .seq_len = 128};
+//   config.micro_batch = 4;
+//   config.microbatches = 2;                         // gradient accumulation
+//   quintet::train::TrainingModel model(config, mesh, stream);
+//   quintet::data::DataLoader loader(dataset, model.loader_config(base));
+//   for (step ...) {
+//     model.set_lr(schedule.at(step));
+//     const auto r = model.step(loader);             // r.loss: the global batch's mean loss
+//   }
+//
+// One step (step()) is pipeline::train_step (train_step.hpp): the schedule over the step's
+// microbatches with each stage's gradient reduction overlapped, one global gradient norm and the
+// clipped (ZeRO-sharded) AdamW update, and the loss of the global batch on every rank. The parts
+// stay reachable (stages(), executor()) for trainers that want to drive them themselves.
+//
+// Every check happens in the constructor, before any communication: the model config against tp,
+// the layers against pp x vpp, the schedule against pp, vpp and microbatches, the data-parallel
+// and optimizer configs, a sequence that sequence parallelism cannot split.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "quintet/collectives/communicator.hpp"
+#include "quintet/core/stream.hpp"
+#include "quintet/data/loader.hpp"
+#include "quintet/nn/optimizer.hpp"
+#include "quintet/nn/parameter.hpp"
+#include "quintet/parallel/data/data_parallel.hpp"
+#include "quintet/parallel/data/distributed_optimizer.hpp"
+#include "quintet/parallel/mesh.hpp"
+#include "quintet/parallel/model/gpt.hpp"
+#include "quintet/parallel/model/gpt_config.hpp"
+#include "quintet/parallel/pipeline/executor.hpp"
+#include "quintet/parallel/pipeline/schedule.hpp"
+#include "quintet/parallel/pipeline/train_step.hpp"
+
+namespace quintet::train {
+
+struct TrainingConfig {
+  model::GptConfig model;         // the whole model; microbatches are [micro_batch, seq_len]
+  std::int64_t micro_batch = 1;   // sequences per microbatch on each replica
+  int microbatches = 1;           // per optimizer step on each replica (gradient accumulation)
+  // The pipeline (used when the mesh has pp > 1; with pp = 1 the microbatches run in turn).
+  pipeline::ScheduleKind schedule = pipeline::ScheduleKind::one_f_one_b;
+  int vpp = 1;                          // stages per pipeline rank (interleaved: >= 2, zb-v: 2)
+  pipeline::ActionCosts schedule_costs;  // what the schedule is planned for (schedule.hpp)
+  DataParallelConfig data_parallel;     // buckets, overlap, ZeRO stage
+  nn::AdamWConfig optimizer;            // AdamW and clipping by the global gradient norm
+  std::uint64_t seed = 0;               // the parameters' init draw (the same for any layout)
+  // The tp layers' communicator: null means mesh.comm(Axis::tp). Pass a wrapper of it (a
+  // TimedCommunicator, to measure the exposed tp communication) to see every tp collective.
+  Communicator* tp = nullptr;
+  // Debug: before each microbatch is used, check that the stage's tp ranks hold the same tokens
+  // (check_same_batch, loader_for_mesh.hpp). One small all-gather per microbatch.
+  bool check_batches = false;
+
+  // Sequences of the global batch: micro_batch x microbatches x dp.
+  std::int64_t global_batch(const Mesh& mesh) const;
+};
+
+// One pipeline stage this rank holds.
+struct TrainingStage {
+  int stage = 0;  // global stage index (0: the embedding; the last: the head and the loss)
+  std::unique_ptr<model::GptChunk> chunk;
+  std::unique_ptr<nn::ParameterStore> store;
+  std::unique_ptr<DataParallel> data_parallel;
+  std::unique_ptr<DistributedOptimizer> optimizer;
+};
+
+class TrainingModel {
+ public:
+  // Builds this rank's stages on stream's device (the mesh's communicators must be there too);
+  // mesh and stream must outlive the model.
+  // Collective over the mesh only in what DataParallel and DistributedOptimizer do; throws
+  // InvalidArgument, before any communication, for any bad value above (naming the field).
+  TrainingModel(const TrainingConfig& config, Mesh& mesh, const Stream& stream);
+  ~TrainingModel();
+  TrainingModel(const TrainingModel&) = delete;
+  TrainingModel& operator=(const TrainingModel&) = delete;
+
+  // base with what the model fixes filled in: batch_size = micro_batch, seq_len = the model's,
+  // device = the stream's, and the replica from the mesh (loader_config_for). The rest (the
+  // seed, threads, start) stays the caller's.
+  data::LoaderConfig loader_config(data::LoaderConfig base) const;
+
+  // One optimizer step whose microbatches come from loader (read on the ranks of the first and
+  // last stage, in order). Throws InvalidArgument, before any communication, when the loader's
+  // batch size, sequence length or replica (dp rank and size) is not this model's: tp or pp
+  // ranks of one replica reading different data is refused, not trained on.
+  pipeline::TrainStepResult step(data::DataLoader& loader);
+  // The same with the microbatches from data(m) (the executor's contract, executor.hpp).
+  pipeline::TrainStepResult step(const std::function<pipeline::MicrobatchData(int)>& data);
+
+  // The learning rate of the next step (e.g. from an nn::LrSchedule), for every stage.
+  void set_lr(float lr);
+  // Steps taken (restored ones included).
+  std::int64_t steps() const;
+  // The data-parallel cost of the last step, summed over this rank's stages.
+  DataParallelStats data_parallel_stats() const;
+
+  const TrainingConfig& config() const { return config_; }
+  Mesh& mesh() const { return mesh_; }
+  const Stream& stream() const { return stream_; }
+  std::span<TrainingStage> stages() { return stages_; }
+  std::span<const TrainingStage> stages() const { return stages_; }
+  pipeline::PipelineExecutor& executor() { return *executor_; }
+
+ private:
+  TrainingConfig config_;
+  Mesh& mesh_;
+  const Stream& stream_;  // the caller's; outlives the model
+  std::vector<TrainingStage> stages_;
+  std::vector<DistributedOptimizer*> optimizers_;
+  std::unique_ptr<pipeline::PipelineExecutor> executor_;
+};
+
+}  // namespace quintet::train

@@ -1,0 +1,139 @@
+// This rank's share of the GPT for training (see training_model.hpp).
+#include "quintet/parallel/train/training_model.hpp"
+
+#include "quintet/core/error.hpp"
+#include "quintet/parallel/data/loader_for_mesh.hpp"
+
+namespace quintet::train {
+
+namespace {
+
+// Every check of the config that needs no layer yet; the builders check the rest the same way.
+void validate(const TrainingConfig& c, const Mesh& mesh) {
+  const int tp = mesh.size(Axis::tp);
+  c.model.validate(tp);
+  QUINTET_CHECK(c.micro_batch >= 1, "TrainingConfig: micro_batch {} must be >= 1", c.micro_batch);
+  QUINTET_CHECK(c.microbatches >= 1, "TrainingConfig: microbatches {} must be >= 1",
+                c.microbatches);
+  QUINTET_CHECK(c.vpp >= 1, "TrainingConfig: vpp {} must be >= 1", c.vpp);
+  QUINTET_CHECK(!c.model.sequence_parallel || c.model.seq_len % tp == 0,
+                "TrainingConfig: sequence parallelism splits the sequence over tp, and seq_len {} "
+                "does not divide by tp {}; pick a seq_len that does, or turn it off",
+                c.model.seq_len, tp);
+  const std::int64_t chunks = static_cast<std::int64_t>(mesh.size(Axis::pp)) * c.vpp;
+  QUINTET_CHECK(c.model.layers >= chunks,
+                "TrainingConfig: {} layers cannot fill pp {} x vpp {} = {} stages; use more "
+                "layers or fewer stages",
+                c.model.layers, mesh.size(Axis::pp), c.vpp, chunks);
+  QUINTET_CHECK(c.tp == nullptr || c.tp->size() == tp,
+                "TrainingConfig: the tp communicator has {} ranks, the mesh's tp axis {}; pass "
+                "the mesh's (or a wrapper of it)",
+                c.tp == nullptr ? 0 : c.tp->size(), tp);
+  c.data_parallel.validate();
+}
+
+}  // namespace
+
+std::int64_t TrainingConfig::global_batch(const Mesh& mesh) const {
+  return micro_batch * microbatches * mesh.size(Axis::dp);
+}
+
+TrainingModel::TrainingModel(const TrainingConfig& config, Mesh& mesh, const Stream& stream)
+    : config_(config), mesh_(mesh), stream_(stream) {
+  validate(config_, mesh_);
+  pipeline::Schedule schedule = pipeline::make_schedule(
+      config_.schedule, mesh_.size(Axis::pp), config_.vpp, config_.microbatches,
+      config_.schedule_costs);
+  const std::vector<model::ChunkSpec> chunks =
+      model::split_into_chunks(config_.model, schedule.num_stages());
+  Communicator& tp = config_.tp != nullptr ? *config_.tp : mesh_.comm(Axis::tp);
+  std::vector<pipeline::StageModule> modules;
+  for (int s : schedule.stages_of(mesh_.rank(Axis::pp))) {
+    TrainingStage st;
+    st.stage = s;
+    st.chunk = model::build_gpt_chunk(config_.model, {&tp}, chunks[static_cast<std::size_t>(s)]);
+    st.store = std::make_unique<nn::ParameterStore>(*st.chunk, config_.model.dtype, stream_,
+                                                    config_.seed);
+    st.data_parallel =
+        std::make_unique<DataParallel>(*st.store, mesh_, config_.data_parallel, stream_);
+    st.optimizer =
+        std::make_unique<DistributedOptimizer>(*st.data_parallel, config_.optimizer, stream_);
+    modules.push_back({s, st.chunk.get(), st.data_parallel.get()});
+    optimizers_.push_back(st.optimizer.get());
+    stages_.push_back(std::move(st));
+  }
+  const int tp_size = mesh_.size(Axis::tp);
+  const std::int64_t seq =
+      config_.model.sequence_parallel ? config_.model.seq_len / tp_size : config_.model.seq_len;
+  executor_ = std::make_unique<pipeline::PipelineExecutor>(
+      std::move(schedule), mesh_.comm(Axis::pp), std::move(modules),
+      pipeline::ExecutorConfig{{config_.micro_batch, seq, config_.model.hidden},
+                               config_.model.dtype});
+}
+
+TrainingModel::~TrainingModel() = default;
+
+data::LoaderConfig TrainingModel::loader_config(data::LoaderConfig base) const {
+  base.batch_size = config_.micro_batch;
+  base.seq_len = config_.model.seq_len;
+  base.device = stream_.device();
+  return loader_config_for(mesh_, base);
+}
+
+pipeline::TrainStepResult TrainingModel::step(data::DataLoader& loader) {
+  const data::LoaderConfig& lc = loader.config();
+  QUINTET_CHECK(lc.batch_size == config_.micro_batch && lc.seq_len == config_.model.seq_len,
+                "TrainingModel::step: the loader makes [{}, {}] batches, the model takes "
+                "microbatches of [{}, {}] (micro_batch, seq_len); build the loader from "
+                "model.loader_config()",
+                lc.batch_size, lc.seq_len, config_.micro_batch, config_.model.seq_len);
+  QUINTET_CHECK(lc.dp_rank == mesh_.rank(Axis::dp) && lc.dp_size == mesh_.size(Axis::dp),
+                "TrainingModel::step: the loader reads for data-parallel rank {} of {}, but this "
+                "rank is rank {} of {} on the mesh's dp axis, so the ranks of one replica would "
+                "train on different data; build the loader from model.loader_config()",
+                lc.dp_rank, lc.dp_size, mesh_.rank(Axis::dp), mesh_.size(Axis::dp));
+  QUINTET_CHECK(lc.device == stream_.device(),
+                "TrainingModel::step: the loader delivers to {}, the model runs on {}",
+                lc.device.str(), stream_.device().str());
+  return step([&loader, this](int) {
+    data::Batch batch = loader.next(stream_);
+    batch.wait(stream_);
+    return pipeline::MicrobatchData{batch.tokens, batch.targets};
+  });
+}
+
+pipeline::TrainStepResult TrainingModel::step(
+    const std::function<pipeline::MicrobatchData(int)>& data) {
+  if (!config_.check_batches) {
+    return pipeline::train_step(*executor_, optimizers_, mesh_, data, stream_);
+  }
+  return pipeline::train_step(
+      *executor_, optimizers_, mesh_,
+      [&data, this](int m) {
+        pipeline::MicrobatchData d = data(m);
+        check_same_batch(mesh_.comm(Axis::tp), d.tokens, stream_);
+        return d;
+      },
+      stream_);
+}
+
+void TrainingModel::set_lr(float lr) {
+  for (DistributedOptimizer* o : optimizers_) o->set_lr(lr);
+}
+
+std::int64_t TrainingModel::steps() const { return optimizers_.front()->steps(); }
+
+DataParallelStats TrainingModel::data_parallel_stats() const {
+  DataParallelStats sum;
+  for (const TrainingStage& s : stages_) {
+    const DataParallelStats one = s.data_parallel->last_step_stats();
+    sum.comm_ms += one.comm_ms;
+    sum.exposed_ms += one.exposed_ms;
+    sum.bytes += one.bytes;
+    sum.buckets += one.buckets;
+    sum.peak_gradient_bytes += one.peak_gradient_bytes;
+  }
+  return sum;
+}
+
+}  // namespace quintet::train
