@@ -32,6 +32,13 @@ void validate(const TrainingConfig& c, const Mesh& mesh) {
   c.data_parallel.validate();
 }
 
+// A non-owning stream on the same device and queue as s.
+Stream view_of(const Stream& s) {
+  if (s.device().is_cpu()) return Stream();
+  if (s.handle() == nullptr) return Stream::default_stream(s.device());
+  return Stream::borrow(s.device(), s.handle());
+}
+
 }  // namespace
 
 std::int64_t TrainingConfig::global_batch(const Mesh& mesh) const {
@@ -39,7 +46,7 @@ std::int64_t TrainingConfig::global_batch(const Mesh& mesh) const {
 }
 
 TrainingModel::TrainingModel(const TrainingConfig& config, Mesh& mesh, const Stream& stream)
-    : config_(config), mesh_(mesh), stream_(stream) {
+    : config_(config), mesh_(mesh), stream_(view_of(stream)) {
   validate(config_, mesh_);
   pipeline::Schedule schedule = pipeline::make_schedule(
       config_.schedule, mesh_.size(Axis::pp), config_.vpp, config_.microbatches,

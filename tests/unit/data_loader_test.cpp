@@ -138,6 +138,36 @@ TEST_CASE("resuming after 0, 1 and k batches equals the uninterrupted run") {
   }
 }
 
+TEST_CASE("seek restarts the stream at a saved state, forward or back") {
+  const auto whole = collect(config(3), 31);
+  auto both = [](const Batch& b) {  // collect's form: tokens, then targets
+    auto v = b.tokens.to_vector<std::int32_t>();
+    const auto t = b.targets.to_vector<std::int32_t>();
+    v.insert(v.end(), t.begin(), t.end());
+    return v;
+  };
+  DataLoader loader(dataset(), config(2));
+  for (int s = 0; s < 20; ++s) loader.next();  // batches queued ahead of the consumer
+  const SamplerState at_20 = loader.state();
+  DataLoader other(dataset(), config(2));
+  for (int s = 0; s < 5; ++s) other.next();
+  const SamplerState at_5 = other.state();
+  for (const auto& [state, k] : {std::pair{at_5, 5}, std::pair{at_20, 20}}) {
+    INFO("seek to batch " << k);
+    loader.seek(state);
+    CHECK(loader.state().epoch == state.epoch);
+    CHECK(loader.state().sample_index == state.sample_index);
+    for (int s = k; s < 30; ++s) {
+      CHECK(both(loader.next()) == whole[s]);
+    }
+  }
+  // A state outside the dataset is refused and the loader stays where it was.
+  SamplerState outside = at_20;
+  outside.sample_index = 1u << 30;
+  REQUIRE_THROWS_QUINTET(loader.seek(outside), InvalidArgument, "");
+  CHECK(both(loader.next()) == whole[30]);
+}
+
 TEST_CASE("data-parallel loaders split each step's samples") {
   const auto single = collect(config(2, 16, 6), 10);  // R = 1, 6 per step
   std::vector<std::vector<std::int32_t>> parts[3];

@@ -81,7 +81,8 @@ struct TrainingStage {
 class TrainingModel {
  public:
   // Builds this rank's stages on stream's device (the mesh's communicators must be there too);
-  // mesh and stream must outlive the model.
+  // every step runs on stream. The mesh, and a CUDA stream's queue, must outlive the model (it
+  // keeps a view of the stream, so a temporary Stream() for the CPU is fine).
   // Collective over the mesh only in what DataParallel and DistributedOptimizer do; throws
   // InvalidArgument, before any communication, for any bad value above (naming the field).
   TrainingModel(const TrainingConfig& config, Mesh& mesh, const Stream& stream);
@@ -119,7 +120,7 @@ class TrainingModel {
  private:
   TrainingConfig config_;
   Mesh& mesh_;
-  const Stream& stream_;  // the caller's; outlives the model
+  Stream stream_;  // a view of the caller's stream (same device and queue)
   std::vector<TrainingStage> stages_;
   std::vector<DistributedOptimizer*> optimizers_;
   std::unique_ptr<pipeline::PipelineExecutor> executor_;
