@@ -4,7 +4,11 @@ include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
 # quintet_api (quintet::api) carries the include folder and the public dependencies of quintet.
-install(TARGETS quintet quintet_api EXPORT quintetTargets
+set(_quintet_exported quintet quintet_api)
+if(QUINTET_HAS_NCCL)
+  list(APPEND _quintet_exported quintet_nccl)
+endif()
+install(TARGETS ${_quintet_exported} EXPORT quintetTargets
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}

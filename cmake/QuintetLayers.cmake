@@ -20,7 +20,10 @@
 # tests of that layer only).
 
 # What the public headers need: their folder, the generated config.hpp, C++20 and the libraries
-# they name in their interface. Linked PUBLIC by quintet, hence installed with it.
+# they name in their interface. Linked PUBLIC by quintet, hence installed with it. CUDA and NCCL
+# are not among them (no public header includes theirs, bar the opt-in nccl.hpp): the shared
+# library links them privately, so a CPU-only program builds against a CUDA build of Quintet
+# without the CUDA toolkit (cmake/quintetConfig.cmake.in).
 add_library(quintet_api INTERFACE)
 set_target_properties(quintet_api PROPERTIES EXPORT_NAME api)
 target_include_directories(quintet_api
@@ -29,11 +32,14 @@ target_include_directories(quintet_api
             $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
 target_compile_features(quintet_api INTERFACE cxx_std_20)
 target_link_libraries(quintet_api INTERFACE MPI::MPI_CXX fmt::fmt Threads::Threads)
+
+# What the library's own sources (and its white-box tests) see of CUDA and NCCL.
+add_library(quintet_device_libs INTERFACE)
 if(QUINTET_HAS_CUDA)
-  target_link_libraries(quintet_api INTERFACE CUDA::cudart)
+  target_link_libraries(quintet_device_libs INTERFACE CUDA::cudart)
 endif()
 if(QUINTET_HAS_NCCL)
-  target_link_libraries(quintet_api INTERFACE NCCL::NCCL)
+  target_link_libraries(quintet_device_libs INTERFACE NCCL::NCCL)
 endif()
 
 function(quintet_add_layer name)
@@ -57,7 +63,7 @@ function(quintet_add_layer name)
 
   add_library(quintet_${name} OBJECT ${sources})
   target_include_directories(quintet_${name} PRIVATE ${root})
-  target_link_libraries(quintet_${name} PUBLIC quintet_api)
+  target_link_libraries(quintet_${name} PUBLIC quintet_api PRIVATE quintet_device_libs)
   foreach(dep IN LISTS L_DEPENDS)
     target_link_libraries(quintet_${name} PUBLIC quintet_${dep})
   endforeach()
@@ -71,6 +77,7 @@ function(quintet_add_layer name)
 
   add_library(quintet_${name}_private INTERFACE)
   target_include_directories(quintet_${name}_private INTERFACE ${root})
+  target_link_libraries(quintet_${name}_private INTERFACE quintet_device_libs)
 
   # For tests/layering: the layer's folder and the layers whose public headers it may include
   # (itself and everything below it).
@@ -110,7 +117,18 @@ add_library(quintet SHARED)
 add_library(quintet::quintet ALIAS quintet)
 set_target_properties(quintet PROPERTIES VERSION ${PROJECT_VERSION} SOVERSION ${PROJECT_VERSION_MAJOR}
                                          LINKER_LANGUAGE CXX)
-target_link_libraries(quintet PUBLIC quintet_api)
+target_link_libraries(quintet PUBLIC quintet_api PRIVATE quintet_device_libs)
+# Installed, the library finds the CUDA and NCCL it was linked with (outside the system paths).
+set_target_properties(quintet PROPERTIES INSTALL_RPATH_USE_LINK_PATH ON)
+
+# quintet::nccl: for programs that call NCCL or the CUDA runtime on Quintet's tensors themselves
+# (quintet/collectives/nccl.hpp: a benchmark's raw baseline, a custom kernel's communication).
+if(QUINTET_HAS_NCCL)
+  add_library(quintet_nccl INTERFACE)
+  add_library(quintet::nccl ALIAS quintet_nccl)
+  set_target_properties(quintet_nccl PROPERTIES EXPORT_NAME nccl)
+  target_link_libraries(quintet_nccl INTERFACE quintet NCCL::NCCL CUDA::cudart)
+endif()
 get_property(_quintet_layers GLOBAL PROPERTY QUINTET_LAYERS)
 foreach(layer IN LISTS _quintet_layers)
   target_link_libraries(quintet PRIVATE quintet_${layer})

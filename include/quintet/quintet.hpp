@@ -58,8 +58,11 @@
 #include "quintet/parallel/tensor/norm.hpp"
 #include "quintet/parallel/tensor/regions.hpp"
 #include "quintet/parallel/tensor/vocab.hpp"
+#include "quintet/parallel/train/checkpointer.hpp"
+#include "quintet/parallel/train/training_model.hpp"
 
-// Includes nccl.h, so only in a build with NCCL.
-#if QUINTET_HAS_NCCL
+// The NCCL interop header includes nccl.h: only in a build with NCCL, and only where nccl.h is on
+// the include path (a program linking quintet::nccl), so that a CPU-only program needs no CUDA.
+#if QUINTET_HAS_NCCL && __has_include(<nccl.h>)
 #include "quintet/collectives/nccl.hpp"
 #endif

@@ -4,6 +4,6 @@
 if(QUINTET_HAS_NCCL)
   foreach(_test collectives_nccl_test collectives_nccl_semantics_test)
     quintet_gpu_test(NAME gpu_${_test} COMPONENT collectives RANKS 1 2 SOURCES gpu/${_test}.cpp)
-    target_link_libraries(gpu_${_test} PRIVATE quintet_collectives_private)
+    target_link_libraries(gpu_${_test} PRIVATE quintet_collectives_private quintet::nccl)
   endforeach()
 endif()

@@ -8,10 +8,13 @@ quintet_unit_test(NAME core_runtime_config_test COMPONENT core
 quintet_gpu_test(NAME gpu_core_allocator_test COMPONENT core SOURCES gpu/core_allocator_test.cpp)
 quintet_gpu_test(NAME gpu_core_tensor_test COMPONENT core SOURCES gpu/core_tensor_test.cpp)
 
-# The downstream project of tests/install: install Quintet into a fresh tree, then configure,
-# build and run a program that uses find_package(quintet).
+# The downstream project of tests/install: install Quintet into a fresh tree, then configure
+# (as a CPU-only consumer), build and run programs that use find_package(quintet), docs/trainer.md's
+# among them (trained by install_trainer, examples/04_gpt_train/CMakeLists.txt).
+set(QUINTET_INSTALL_TEST_DIR ${CMAKE_CURRENT_BINARY_DIR}/install_test CACHE INTERNAL "")
 add_test(NAME install_find_package
          COMMAND ${CMAKE_COMMAND} -DSOURCE_DIR=${PROJECT_SOURCE_DIR} -DBUILD_DIR=${PROJECT_BINARY_DIR}
-                 -DWORK_DIR=${CMAKE_CURRENT_BINARY_DIR}/install_test
+                 -DWORK_DIR=${QUINTET_INSTALL_TEST_DIR} -DHAS_NCCL=${QUINTET_HAS_NCCL}
                  -P ${CMAKE_CURRENT_SOURCE_DIR}/install/run_install_test.cmake)
-set_tests_properties(install_find_package PROPERTIES LABELS "unit;core" TIMEOUT 900)
+set_tests_properties(install_find_package PROPERTIES LABELS "unit;core" TIMEOUT 900
+                     FIXTURES_SETUP quintet_install_tree)
