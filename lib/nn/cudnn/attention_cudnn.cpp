@@ -307,7 +307,7 @@ bool to_problem(const Tensor& q, const Tensor& k, const AttentionOptions& o,
   }
   if (p.b * p.h * p.sq * p.sk == 0) return reject("an empty tensor");
   p.causal = o.causal;
-  p.shift = o.q_offset - o.k_offset;
+  p.shift = o.causal ? o.q_offset - o.k_offset : 0;  // offsets matter to the causal mask only
   if (p.causal && p.shift < 0) {
     return reject(fmt::format(
         "causal with q_offset {} < k_offset {}: some queries see no key, which cuDNN's softmax "
