@@ -10,10 +10,11 @@
 //               backward = 2.5 x forward, so forward+backward = 3.5 x forward.
 //               scripts/bench/attention_torch.py prints the same fields for PyTorch's SDPA.
 //               --attention-kernel picks the CUDA implementation(s) measured: gemm (tensor-core
-//               GEMMs + fused softmax, the default), simt (the flash-style SIMT kernel), auto.
+//               GEMMs + fused softmax, the default), simt (the flash-style SIMT kernel), cudnn
+//               (cuDNN's fused attention through its graph API), auto.
 //
 //   09_op_bench [--json] [--iters N] [--skip-linear] [--skip-attention] [--seq 1024 ...]
-//               [--head-dim 64 128] [--attention-kernel gemm simt auto] [--tokens 8192]
+//               [--head-dim 64 128] [--attention-kernel gemm simt cudnn auto] [--tokens 8192]
 //               [--hidden 4096] [--device 0]
 #include <cstdint>
 #include <cstdio>
@@ -133,9 +134,10 @@ void bench_attention(const Options& opt, const Stream& s) {
   }
   std::uint64_t seed = 100;
   for (const std::string& kname : opt.attention_kernels) {
-    const nn::AttentionKernel kernel = kname == "gemm"   ? nn::AttentionKernel::gemm
-                                       : kname == "simt" ? nn::AttentionKernel::simt
-                                                         : nn::AttentionKernel::automatic;
+    const nn::AttentionKernel kernel = kname == "gemm"    ? nn::AttentionKernel::gemm
+                                       : kname == "simt"  ? nn::AttentionKernel::simt
+                                       : kname == "cudnn" ? nn::AttentionKernel::cudnn
+                                                          : nn::AttentionKernel::automatic;
     for (const std::int64_t d : opt.head_dims) {
       for (const std::int64_t seq : opt.seqs) {
         const std::int64_t batch = std::max<std::int64_t>(1, 16384 / seq), heads = 2048 / d;
@@ -191,8 +193,8 @@ int main(int argc, char** argv) {
   app.add_option("--seq", opt.seqs, "attention sequence lengths");
   app.add_option("--head-dim", opt.head_dims, "attention head dimensions (simt: <= 256)");
   app.add_option("--attention-kernel", opt.attention_kernels,
-                 "attention implementations to measure: gemm, simt, auto")
-      ->check(CLI::IsMember({"gemm", "simt", "auto"}));
+                 "attention implementations to measure: gemm, simt, cudnn, auto")
+      ->check(CLI::IsMember({"gemm", "simt", "cudnn", "auto"}));
   app.add_option("--tokens", opt.tokens, "linear: rows of x (batch x sequence)")
       ->check(CLI::PositiveNumber);
   app.add_option("--hidden", opt.hidden, "linear: model width; shapes h->h, h->4h, 4h->h")

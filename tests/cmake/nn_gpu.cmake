@@ -2,4 +2,7 @@
 # block/offset form, bad inputs. Exit 77 (skipped) without a GPU.
 quintet_gpu_test(NAME gpu_nn_dense_ops_test COMPONENT nn SOURCES gpu/nn_dense_ops_test.cpp)
 quintet_gpu_test(NAME gpu_nn_attention_test COMPONENT nn SOURCES gpu/nn_attention_test.cpp)
+# Attention through cuDNN against the CPU op, the ring block form, and the fallbacks.
+quintet_gpu_test(NAME gpu_nn_attention_cudnn_test COMPONENT nn
+                 SOURCES gpu/nn_attention_cudnn_test.cpp)
 quintet_gpu_test(NAME gpu_nn_train_ops_test COMPONENT nn SOURCES gpu/nn_train_ops_test.cpp)

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "gpu/nn_gpu_compare.hpp"
+#include "quintet/core/config.hpp"
 
 using namespace quintet;
 using namespace nn_gpu_test;
@@ -213,9 +214,12 @@ TEST_CASE("attention's GEMM and SIMT paths agree on a GPT-sized causal block") {
     const nn::AttentionOutput rs = nn::attention_forward(q.gpu, k.gpu, v.gpu, os, s);
     CHECK(rel_err(values(rg.out, s), values(rs.out, s)) < tolerance(t));
     CHECK(rel_err(values(rg.lse, s), values(rs.lse, s)) < tolerance(t));
-    // The automatic choice for head_dim 64 is the GEMM path: bit-identical to forcing it.
-    const nn::AttentionOutput ra = nn::attention_forward(q.gpu, k.gpu, v.gpu, {}, s);
-    CHECK(values(ra.out, s) == values(rg.out, s));
+    // The automatic choice for head_dim 64 is the GEMM path (bit-identical to forcing it), except
+    // in bf16 with cuDNN, where it is cuDNN's (nn_attention_cudnn_test checks that one).
+    if (t == DType::f32 || !QUINTET_HAS_CUDNN) {
+      const nn::AttentionOutput ra = nn::attention_forward(q.gpu, k.gpu, v.gpu, {}, s);
+      CHECK(values(ra.out, s) == values(rg.out, s));
+    }
     const nn::AttentionGrads gg =
         nn::attention_backward(dout.gpu, q.gpu, k.gpu, v.gpu, rg.out, rg.lse, og, s);
     const nn::AttentionGrads gs =

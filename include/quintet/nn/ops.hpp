@@ -91,13 +91,16 @@ Tensor softmax_backward(const Tensor& dy, const Tensor& y, const Stream& stream)
 // key j iff k_offset + j <= q_offset + i; with causal = false every key is visible. So the
 // attention of a long sequence can be computed one (query block, key block) pair at a time and
 // the blocks merged with their log-sum-exp (context parallelism).
-// The CUDA implementation (the CPU ignores it): `gemm` computes the scores with tensor-core
-// batched GEMMs (cuBLAS) and a fused softmax row kernel, materialising the scores of a bounded
-// chunk of (batch, head) pairs at a time; `simt` is the flash-attention-style SIMT kernel
-// (head_dim <= 256, no tensor cores, never stores the scores); `automatic` takes `gemm` when
-// head_dim is a multiple of 16 bytes of the dtype (8 bf16, 4 f32), else `simt`. Every choice gives
-// the same results up to rounding.
-enum class AttentionKernel { automatic, gemm, simt };
+// The CUDA implementation (the CPU ignores it): `cudnn` runs cuDNN's fused flash-attention
+// engines through its graph API (builds with cuDNN only; bf16, head_dim 64 or 128, the full mask
+// or a causal block with q_offset >= k_offset; any other call with `cudnn` throws
+// InvalidArgument saying why); `gemm` computes the scores with tensor-core batched GEMMs (cuBLAS)
+// and a fused softmax row kernel, materialising the scores of a bounded chunk of (batch, head)
+// pairs at a time; `simt` is the flash-attention-style SIMT kernel (head_dim <= 256, no tensor
+// cores, never stores the scores); `automatic` takes `cudnn` where it runs the call, else `gemm`
+// when head_dim is a multiple of 16 bytes of the dtype (8 bf16, 4 f32), else `simt`. Every choice
+// gives the same results up to rounding, so a forward and a backward may use different ones.
+enum class AttentionKernel { automatic, cudnn, gemm, simt };
 struct AttentionOptions {
   bool causal = true;
   std::int64_t q_offset = 0;  // >= 0

@@ -10,11 +10,18 @@
 //              dv per key block (loop over query tiles): no atomics, deterministic.
 // Shared-memory rows have an odd pitch so that lane-per-row reads are free of bank conflicts.
 //
-// The entry points below dispatch on options.kernel: the tensor-core GEMM path of
-// attention_gemm.cu (automatic: when head_dim is a multiple of 16 bytes) or these kernels.
+// The entry points below dispatch on options.kernel: cuDNN's fused attention
+// (lib/nn/cudnn/attention_cudnn.cpp; automatic: where it runs the call), the tensor-core GEMM path
+// of attention_gemm.cu (automatic: when head_dim is a multiple of 16 bytes) or these kernels.
+#include <string>
+
 #include "nn/cuda/attention_gemm.hpp"
 #include "nn/cuda/cuda_ops.hpp"
 #include "nn/cuda/kernel_common.cuh"
+#include "quintet/core/config.hpp"
+#if QUINTET_HAS_CUDNN
+#include "nn/cudnn/attention_cudnn.hpp"
+#endif
 
 namespace quintet::nn::cuda_ops {
 
@@ -418,9 +425,29 @@ bool use_gemm(const Tensor& q, const AttentionOptions& o) {
     case AttentionKernel::simt:
       return false;
     case AttentionKernel::automatic:
+    case AttentionKernel::cudnn:  // only here when cuDNN declined an automatic call
       break;
   }
   return attention_gemm_preferred(q);
+}
+
+// True when cuDNN ran the call (run(&why) queues it or says why not): for kernel = cudnn, and for
+// automatic first. An explicit cudnn that cuDNN cannot run throws InvalidArgument with the reason.
+template <class Run>
+bool ran_on_cudnn(const AttentionOptions& o, const char* op, Run&& run) {
+  if (o.kernel != AttentionKernel::cudnn && o.kernel != AttentionKernel::automatic) return false;
+  std::string why;
+#if QUINTET_HAS_CUDNN
+  if (run(&why)) return true;
+#else
+  (void)run;
+  why = "this build of Quintet has no cuDNN (configure with QUINTET_WITH_CUDNN and cuDNN 9)";
+#endif
+  QUINTET_CHECK(o.kernel != AttentionKernel::cudnn,
+                "{}: kernel = cudnn cannot run this call: {}; use AttentionKernel::automatic to "
+                "fall back to Quintet's own kernels",
+                op, why);
+  return false;
 }
 
 }  // namespace
@@ -428,6 +455,16 @@ bool use_gemm(const Tensor& q, const AttentionOptions& o) {
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                        const AttentionOptions& options, const Tensor& out, const Tensor& lse,
                        const Stream& stream) {
+  if (ran_on_cudnn(options, "attention_forward", [&](std::string* why) {
+#if QUINTET_HAS_CUDNN
+        return attention_forward_cudnn(q, k, v, options, out, lse, stream, why);
+#else
+        (void)why;
+        return false;
+#endif
+      })) {
+    return;
+  }
   if (use_gemm(q, options)) {
     attention_forward_gemm(q, k, v, options, out, lse, stream);
     return;
@@ -450,6 +487,16 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
                         const Tensor& out, const Tensor& lse, const AttentionOptions& options,
                         const Tensor& dq, const Tensor& dk, const Tensor& dv,
                         const Stream& stream) {
+  if (ran_on_cudnn(options, "attention_backward", [&](std::string* why) {
+#if QUINTET_HAS_CUDNN
+        return attention_backward_cudnn(dout, q, k, v, out, lse, options, dq, dk, dv, stream, why);
+#else
+        (void)why;
+        return false;
+#endif
+      })) {
+    return;
+  }
   if (use_gemm(q, options)) {
     attention_backward_gemm(dout, q, k, v, out, lse, options, dq, dk, dv, stream);
     return;
