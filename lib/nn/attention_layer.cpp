@@ -5,15 +5,17 @@
 namespace quintet::nn {
 
 CausalSelfAttention::CausalSelfAttention(std::int64_t dim, std::int64_t heads,
-                                         std::int64_t max_seq_len, bool bias, float init_std,
-                                         float proj_init_std)
+                                         std::int64_t max_seq_len,
+                                         const AttentionLayerOptions& options)
     : dim_(dim), heads_(heads), max_seq_len_(max_seq_len) {
   QUINTET_CHECK(dim > 0 && heads > 0 && dim % heads == 0,
                 "CausalSelfAttention: dim = {} must be a positive multiple of heads = {}", dim,
                 heads);
   QUINTET_CHECK(max_seq_len > 0, "CausalSelfAttention: max_seq_len = {} must be > 0", max_seq_len);
-  qkv_ = &add_module("qkv", std::make_unique<Linear>(dim, 3 * dim, bias, init_std));
-  proj_ = &add_module("proj", std::make_unique<Linear>(dim, dim, bias, proj_init_std));
+  qkv_ = &add_module(
+      "qkv", std::make_unique<Linear>(dim, 3 * dim, LinearOptions{options.bias, options.init_std}));
+  proj_ = &add_module("proj", std::make_unique<Linear>(
+                                  dim, dim, LinearOptions{options.bias, options.proj_init_std}));
 }
 
 Tensor CausalSelfAttention::forward(Context& ctx, const Tensor& x) {

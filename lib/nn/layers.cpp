@@ -13,10 +13,11 @@ ParameterAttributes no_decay() {
 
 // ---- Linear ---------------------------------------------------------------------------------
 
-Linear::Linear(std::int64_t in, std::int64_t out, bool bias, float init_std) : in_(in), out_(out) {
+Linear::Linear(std::int64_t in, std::int64_t out, const LinearOptions& options)
+    : in_(in), out_(out) {
   QUINTET_CHECK(in > 0 && out > 0, "Linear({}, {}): sizes must be > 0", in, out);
-  weight_ = &add_parameter("weight", {out, in}, ParameterInit::normal(init_std));
-  if (bias) bias_ = &add_parameter("bias", {out}, ParameterInit::zeros(), no_decay());
+  weight_ = &add_parameter("weight", {out, in}, ParameterInit::normal(options.init_std));
+  if (options.bias) bias_ = &add_parameter("bias", {out}, ParameterInit::zeros(), no_decay());
 }
 
 Tensor Linear::forward(Context& ctx, const Tensor& x) {
@@ -91,11 +92,12 @@ MLP::MLP(std::int64_t dim, std::int64_t hidden, Activation activation, float ini
          float proj_init_std)
     : activation_(activation) {
   const bool bias = activation == Activation::gelu;
-  fc_ = &add_module("fc", std::make_unique<Linear>(dim, hidden, bias, init_std));
+  fc_ = &add_module("fc", std::make_unique<Linear>(dim, hidden, LinearOptions{bias, init_std}));
   if (activation == Activation::swiglu) {
-    up_ = &add_module("up", std::make_unique<Linear>(dim, hidden, false, init_std));
+    up_ = &add_module("up", std::make_unique<Linear>(dim, hidden, LinearOptions{false, init_std}));
   }
-  proj_ = &add_module("proj", std::make_unique<Linear>(hidden, dim, bias, proj_init_std));
+  proj_ = &add_module("proj",
+                      std::make_unique<Linear>(hidden, dim, LinearOptions{bias, proj_init_std}));
 }
 
 Tensor MLP::forward(Context& ctx, const Tensor& x) {
@@ -167,9 +169,11 @@ std::unique_ptr<Module> make_norm(NormKind kind, std::int64_t dim, float eps) {
 
 TransformerBlock::TransformerBlock(const TransformerBlockConfig& c) {
   norm1_ = &add_module("norm1", make_norm(c.norm, c.dim, c.eps));
-  attn_ =
-      &add_module("attn", std::make_unique<CausalSelfAttention>(
-                              c.dim, c.heads, c.max_seq_len, c.bias, c.init_std, c.proj_init_std));
+  attn_ = &add_module(
+      "attn", std::make_unique<CausalSelfAttention>(
+                  c.dim, c.heads, c.max_seq_len,
+                  AttentionLayerOptions{
+                      .bias = c.bias, .init_std = c.init_std, .proj_init_std = c.proj_init_std}));
   norm2_ = &add_module("norm2", make_norm(c.norm, c.dim, c.eps));
   mlp_ = &add_module(
       "mlp", std::make_unique<MLP>(c.dim, c.hidden, c.activation, c.init_std, c.proj_init_std));

@@ -17,9 +17,12 @@ void check_groups(const ModelGroups& groups) {
 std::unique_ptr<nn::Module> make_attention(const GptConfig& c, const ModelGroups& g) {
   switch (c.attention) {
     case AttentionKind::tensor_parallel:
-      return std::make_unique<ParallelAttention>(*g.tp, c.hidden, c.heads, c.seq_len, c.bias,
-                                                 c.init_std, c.output_init_std(),
-                                                 c.sequence_parallel);
+      return std::make_unique<ParallelAttention>(
+          *g.tp, c.hidden, c.heads, c.seq_len,
+          ParallelAttentionOptions{.bias = c.bias,
+                                   .init_std = c.init_std,
+                                   .proj_init_std = c.output_init_std(),
+                                   .sequence_parallel = c.sequence_parallel});
   }
   QUINTET_THROW(InvalidArgument, "GptConfig: unknown attention kind {}",
                 static_cast<int>(c.attention));
@@ -28,14 +31,19 @@ std::unique_ptr<nn::Module> make_attention(const GptConfig& c, const ModelGroups
 std::unique_ptr<nn::Module> make_mlp(const GptConfig& c, const ModelGroups& g) {
   switch (c.mlp) {
     case MlpKind::dense:
-      return std::make_unique<ParallelMLP>(*g.tp, c.hidden, c.mlp_width(), c.activation, c.init_std,
-                                           c.output_init_std(), c.sequence_parallel);
+      return std::make_unique<ParallelMLP>(
+          *g.tp, c.hidden, c.mlp_width(),
+          ParallelMLPOptions{.activation = c.activation,
+                             .init_std = c.init_std,
+                             .proj_init_std = c.output_init_std(),
+                             .sequence_parallel = c.sequence_parallel});
   }
   QUINTET_THROW(InvalidArgument, "GptConfig: unknown MLP kind {}", static_cast<int>(c.mlp));
 }
 
 std::unique_ptr<nn::Module> make_norm(const GptConfig& c) {
-  return make_parallel_norm(c.norm, c.hidden, c.eps, c.sequence_parallel);
+  return make_parallel_norm(c.norm, c.hidden,
+                            {.eps = c.eps, .sequence_parallel = c.sequence_parallel});
 }
 
 TransformerBlock::TransformerBlock(const GptConfig& c, const ModelGroups& g) {

@@ -21,12 +21,13 @@ GptChunk::GptChunk(const GptConfig& config, const ModelGroups& groups, const Chu
   const GptConfig& c = config_;
   Communicator& tp = *groups.tp;
   const bool sp = c.sequence_parallel;
+  const EmbeddingOptions embedding{.init_std = c.init_std, .sequence_parallel = sp};
   if (spec.embedding) {
     tokens_ = &add_module(
-        "wte", std::make_unique<VocabParallelEmbedding>(tp, c.vocab, c.hidden, c.init_std, sp));
+        "wte", std::make_unique<VocabParallelEmbedding>(tp, c.vocab, c.hidden, embedding));
     if (c.learned_positions) {
       positions_ = &add_module(
-          "wpe", std::make_unique<PositionEmbedding>(tp, c.seq_len, c.hidden, c.init_std, sp));
+          "wpe", std::make_unique<PositionEmbedding>(tp, c.seq_len, c.hidden, embedding));
     }
   }
   for (std::int64_t l = spec.first_layer; l < spec.first_layer + spec.num_layers; ++l) {
@@ -38,17 +39,23 @@ GptChunk::GptChunk(const GptConfig& config, const ModelGroups& groups, const Chu
   if (spec.head) {
     final_norm_ = &add_module("norm", make_norm(c));
     if (!c.tied_embeddings) {
-      head_ = &add_module("lm_head", std::make_unique<ColumnParallelLinear>(tp, c.hidden, c.vocab,
-                                                                            false, c.init_std, sp));
+      head_ = &add_module("lm_head",
+                          std::make_unique<ColumnParallelLinear>(
+                              tp, c.hidden, c.vocab,
+                              ColumnParallelOptions{
+                                  .bias = false, .init_std = c.init_std, .sequence_parallel = sp}));
     } else if (!tied_across) {  // the embedding's backward, run last, marks the table
-      head_ =
-          &add_module("lm_head", std::make_unique<ColumnParallelLinear>(tp, tokens_->weight(), sp));
+      head_ = &add_module("lm_head",
+                          std::make_unique<ColumnParallelLinear>(
+                              tp, tokens_->weight(), SharedWeightOptions{.sequence_parallel = sp}));
     } else {  // this chunk's copy of the table: never run as an embedding, so the head marks it
       auto& table = add_module(
-          "wte", std::make_unique<VocabParallelEmbedding>(tp, c.vocab, c.hidden, c.init_std, sp));
+          "wte", std::make_unique<VocabParallelEmbedding>(tp, c.vocab, c.hidden, embedding));
       table.weight().set_tied(nn::TiedRole::copy);
-      head_ = &add_module("lm_head", std::make_unique<ColumnParallelLinear>(tp, table.weight(), sp,
-                                                                            nn::GradReady::mark));
+      head_ = &add_module("lm_head", std::make_unique<ColumnParallelLinear>(
+                                         tp, table.weight(),
+                                         SharedWeightOptions{.sequence_parallel = sp,
+                                                             .ready = nn::GradReady::mark}));
     }
     loss_ = &add_module("loss", std::make_unique<VocabParallelLoss>(tp, c.vocab));
   }

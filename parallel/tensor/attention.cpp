@@ -17,19 +17,28 @@ std::int64_t checked_local_heads(std::int64_t dim, std::int64_t heads, int tp) {
 }  // namespace
 
 ParallelAttention::ParallelAttention(Communicator& tp, std::int64_t dim, std::int64_t heads,
-                                     std::int64_t max_seq_len, bool bias, float init_std,
-                                     float proj_init_std, bool sequence_parallel)
+                                     std::int64_t max_seq_len,
+                                     const ParallelAttentionOptions& options)
     : tp_size_(tp.size()),
       dim_(dim),
       local_heads_(checked_local_heads(dim, heads, tp.size())),
       head_dim_(dim / heads),
       max_seq_len_(max_seq_len),
-      sp_(sequence_parallel) {
+      sp_(options.sequence_parallel) {
   QUINTET_CHECK(max_seq_len > 0, "ParallelAttention: max_seq_len = {} must be > 0", max_seq_len);
-  qkv_ = &add_module("qkv", std::make_unique<ColumnParallelLinear>(tp, dim, 3 * dim, bias, init_std,
-                                                                   sequence_parallel, 3));
-  proj_ = &add_module("proj", std::make_unique<RowParallelLinear>(tp, dim, dim, bias, proj_init_std,
-                                                                  sequence_parallel));
+  qkv_ =
+      &add_module("qkv", std::make_unique<ColumnParallelLinear>(
+                             tp, dim, 3 * dim,
+                             ColumnParallelOptions{.bias = options.bias,
+                                                   .init_std = options.init_std,
+                                                   .sequence_parallel = options.sequence_parallel,
+                                                   .fused_parts = 3}));
+  proj_ =
+      &add_module("proj", std::make_unique<RowParallelLinear>(
+                              tp, dim, dim,
+                              RowParallelOptions{.bias = options.bias,
+                                                 .init_std = options.proj_init_std,
+                                                 .sequence_parallel = options.sequence_parallel}));
 }
 
 Tensor ParallelAttention::forward(nn::Context& ctx, const Tensor& x) {

@@ -23,10 +23,11 @@ nn::ParameterAttributes shard_attrs(int dim, const Shape& full, const Shape& sta
 // ---- ColumnParallelLinear ---------------------------------------------------------------------
 
 ColumnParallelLinear::ColumnParallelLinear(Communicator& tp, std::int64_t in, std::int64_t out,
-                                           bool bias, float init_std, bool sequence_parallel,
-                                           std::int64_t fused_parts, bool enter_region)
-    : tp_(&tp), in_(in), sp_(sequence_parallel), enter_region_(enter_region) {
+                                           const ColumnParallelOptions& options)
+    : tp_(&tp), in_(in), sp_(options.sequence_parallel), enter_region_(options.enter_region) {
   const int n = tp.size(), r = tp.rank();
+  const std::int64_t fused_parts = options.fused_parts;
+  const float init_std = options.init_std;
   QUINTET_CHECK(in > 0 && out > 0 && fused_parts > 0 && out % fused_parts == 0,
                 "ColumnParallelLinear({}, {}, fused_parts = {}): sizes must be > 0 and out a "
                 "multiple of fused_parts",
@@ -49,7 +50,7 @@ ColumnParallelLinear::ColumnParallelLinear(Communicator& tp, std::int64_t in, st
                        shard_attrs(1, {fused_parts, part, in}, {0, r * lpart, 0}));
     b_attrs = shard_attrs(1, {fused_parts, part}, {0, r * lpart});
   }
-  if (bias) {
+  if (options.bias) {
     b_attrs.weight_decay = false;
     bias_ = &add_parameter("bias", fused_parts == 1 ? Shape{lpart} : Shape{fused_parts, lpart},
                            nn::ParameterInit::zeros(), b_attrs);
@@ -57,8 +58,8 @@ ColumnParallelLinear::ColumnParallelLinear(Communicator& tp, std::int64_t in, st
 }
 
 ColumnParallelLinear::ColumnParallelLinear(Communicator& tp, nn::Parameter& shared_weight,
-                                           bool sequence_parallel, nn::GradReady ready)
-    : tp_(&tp), sp_(sequence_parallel), enter_region_(true), ready_(ready) {
+                                           const SharedWeightOptions& options)
+    : tp_(&tp), sp_(options.sequence_parallel), enter_region_(true), ready_(options.ready) {
   QUINTET_CHECK(shared_weight.shape().size() == 2,
                 "ColumnParallelLinear: a shared weight must be [out/tp, in], found {} ({})",
                 shape_str(shared_weight.shape()), shared_weight.name());
@@ -104,16 +105,16 @@ Tensor ColumnParallelLinear::backward(nn::Context& ctx, const Tensor& dy) {
 
 // ---- RowParallelLinear ------------------------------------------------------------------------
 
-RowParallelLinear::RowParallelLinear(Communicator& tp, std::int64_t in, std::int64_t out, bool bias,
-                                     float init_std, bool sequence_parallel)
-    : tp_(&tp), out_(out), sp_(sequence_parallel) {
+RowParallelLinear::RowParallelLinear(Communicator& tp, std::int64_t in, std::int64_t out,
+                                     const RowParallelOptions& options)
+    : tp_(&tp), out_(out), sp_(options.sequence_parallel) {
   const int n = tp.size(), r = tp.rank();
   QUINTET_CHECK(in > 0 && out > 0, "RowParallelLinear({}, {}): sizes must be > 0", in, out);
   check_divisible("RowParallelLinear: in", in, n);
   local_in_ = in / n;
-  weight_ = &add_parameter("weight", {out, local_in_}, nn::ParameterInit::normal(init_std),
+  weight_ = &add_parameter("weight", {out, local_in_}, nn::ParameterInit::normal(options.init_std),
                            shard_attrs(1, {out, in}, {0, r * local_in_}));
-  if (bias) {
+  if (options.bias) {
     nn::ParameterAttributes a;
     a.weight_decay = false;
     bias_ = &add_parameter("bias", {out}, nn::ParameterInit::zeros(), a);

@@ -8,20 +8,26 @@
 namespace quintet {
 
 ParallelMLP::ParallelMLP(Communicator& tp, std::int64_t dim, std::int64_t hidden,
-                         nn::Activation activation, float init_std, float proj_init_std,
-                         bool sequence_parallel)
-    : tp_(&tp), activation_(activation), sp_(sequence_parallel) {
+                         const ParallelMLPOptions& options)
+    : tp_(&tp), activation_(options.activation), sp_(options.sequence_parallel) {
   check_divisible("ParallelMLP: hidden", hidden, tp.size());
-  const bool gelu = activation == nn::Activation::gelu;
-  // SwiGLU's gate and up share one entry into the tp region (done here, not by each linear).
-  fc_ = &add_module("fc", std::make_unique<ColumnParallelLinear>(tp, dim, hidden, gelu, init_std,
-                                                                 sequence_parallel, 1, gelu));
+  const bool gelu = options.activation == nn::Activation::gelu;
+  // GELU has biases, SwiGLU none. SwiGLU's gate and up share one entry into the tp region (done
+  // here, not by each linear).
+  const ColumnParallelOptions column{.bias = gelu,
+                                     .init_std = options.init_std,
+                                     .sequence_parallel = options.sequence_parallel,
+                                     .enter_region = gelu};
+  fc_ = &add_module("fc", std::make_unique<ColumnParallelLinear>(tp, dim, hidden, column));
   if (!gelu) {
-    up_ = &add_module("up", std::make_unique<ColumnParallelLinear>(tp, dim, hidden, false, init_std,
-                                                                   sequence_parallel, 1, false));
+    up_ = &add_module("up", std::make_unique<ColumnParallelLinear>(tp, dim, hidden, column));
   }
-  proj_ = &add_module("proj", std::make_unique<RowParallelLinear>(
-                                  tp, hidden, dim, gelu, proj_init_std, sequence_parallel));
+  proj_ =
+      &add_module("proj", std::make_unique<RowParallelLinear>(
+                              tp, hidden, dim,
+                              RowParallelOptions{.bias = gelu,
+                                                 .init_std = options.proj_init_std,
+                                                 .sequence_parallel = options.sequence_parallel}));
 }
 
 Tensor ParallelMLP::forward(nn::Context& ctx, const Tensor& x) {

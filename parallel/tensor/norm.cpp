@@ -13,8 +13,9 @@ nn::ParameterAttributes norm_attrs(bool sequence_parallel) {
 }
 }  // namespace
 
-ParallelLayerNorm::ParallelLayerNorm(std::int64_t dim, float eps, bool sequence_parallel)
-    : eps_(eps) {
+ParallelLayerNorm::ParallelLayerNorm(std::int64_t dim, const ParallelNormOptions& options)
+    : eps_(options.eps) {
+  const bool sequence_parallel = options.sequence_parallel;
   QUINTET_CHECK(dim > 0, "ParallelLayerNorm: dim = {} must be > 0", dim);
   weight_ =
       &add_parameter("weight", {dim}, nn::ParameterInit::ones(), norm_attrs(sequence_parallel));
@@ -40,7 +41,9 @@ Tensor ParallelLayerNorm::backward(nn::Context& ctx, const Tensor& dy) {
   return dx;
 }
 
-ParallelRMSNorm::ParallelRMSNorm(std::int64_t dim, float eps, bool sequence_parallel) : eps_(eps) {
+ParallelRMSNorm::ParallelRMSNorm(std::int64_t dim, const ParallelNormOptions& options)
+    : eps_(options.eps) {
+  const bool sequence_parallel = options.sequence_parallel;
   QUINTET_CHECK(dim > 0, "ParallelRMSNorm: dim = {} must be > 0", dim);
   weight_ =
       &add_parameter("weight", {dim}, nn::ParameterInit::ones(), norm_attrs(sequence_parallel));
@@ -64,12 +67,10 @@ Tensor ParallelRMSNorm::backward(nn::Context& ctx, const Tensor& dy) {
   return dx;
 }
 
-std::unique_ptr<nn::Module> make_parallel_norm(nn::NormKind kind, std::int64_t dim, float eps,
-                                               bool sequence_parallel) {
-  if (kind == nn::NormKind::rmsnorm) {
-    return std::make_unique<ParallelRMSNorm>(dim, eps, sequence_parallel);
-  }
-  return std::make_unique<ParallelLayerNorm>(dim, eps, sequence_parallel);
+std::unique_ptr<nn::Module> make_parallel_norm(nn::NormKind kind, std::int64_t dim,
+                                               const ParallelNormOptions& options) {
+  if (kind == nn::NormKind::rmsnorm) return std::make_unique<ParallelRMSNorm>(dim, options);
+  return std::make_unique<ParallelLayerNorm>(dim, options);
 }
 
 }  // namespace quintet

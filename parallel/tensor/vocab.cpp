@@ -12,9 +12,9 @@ namespace quintet {
 // ---- VocabParallelEmbedding -------------------------------------------------------------------
 
 VocabParallelEmbedding::VocabParallelEmbedding(Communicator& tp, std::int64_t vocab,
-                                               std::int64_t dim, float init_std,
-                                               bool sequence_parallel)
-    : tp_(&tp), vocab_(vocab), sp_(sequence_parallel) {
+                                               std::int64_t dim, const EmbeddingOptions& options)
+    : tp_(&tp), vocab_(vocab), sp_(options.sequence_parallel) {
+  const float init_std = options.init_std;
   QUINTET_CHECK(vocab > 0 && dim > 0, "VocabParallelEmbedding({}, {}): sizes must be > 0", vocab,
                 dim);
   check_divisible("VocabParallelEmbedding: vocab", vocab, tp.size());
@@ -54,8 +54,10 @@ Tensor VocabParallelEmbedding::backward(nn::Context& ctx, const Tensor& dy) {
 // ---- PositionEmbedding ------------------------------------------------------------------------
 
 PositionEmbedding::PositionEmbedding(Communicator& tp, std::int64_t max_len, std::int64_t dim,
-                                     float init_std, bool sequence_parallel)
-    : tp_(&tp), max_len_(max_len), dim_(dim), sp_(sequence_parallel) {
+                                     const EmbeddingOptions& options)
+    : tp_(&tp), max_len_(max_len), dim_(dim), sp_(options.sequence_parallel) {
+  const float init_std = options.init_std;
+  const bool sequence_parallel = options.sequence_parallel;
   QUINTET_CHECK(max_len > 0 && dim > 0, "PositionEmbedding({}, {}): sizes must be > 0", max_len,
                 dim);
   nn::ParameterAttributes a;

@@ -72,13 +72,16 @@ TEST_CASE("tp linear layers equal nn::Linear", "[tp]") {
   const bool bias = GENERATE(false, true);
   INFO("tp = " << tp.size() << ", sequence_parallel = " << sp << ", bias = " << bias);
   SECTION("column-parallel") {
-    ColumnParallelLinear mine(tp, kD, kHidden, bias, 0.5f, sp);
-    nn::Linear ref(kD, kHidden, bias, 0.5f);
+    ColumnParallelLinear mine(tp, kD, kHidden,
+                              {.bias = bias, .init_std = 0.5f, .sequence_parallel = sp});
+    nn::Linear ref(kD, kHidden, {.bias = bias, .init_std = 0.5f});
     compare(mine, ref, tp, input(11), sp ? Split::seq : Split::none, Split::last, 101);
   }
   SECTION("column-parallel with fused parts (QKV)") {
-    ColumnParallelLinear mine(tp, kD, 3 * kD, bias, 0.5f, sp, 3);
-    nn::Linear ref(kD, 3 * kD, bias, 0.5f);
+    ColumnParallelLinear mine(
+        tp, kD, 3 * kD,
+        {.bias = bias, .init_std = 0.5f, .sequence_parallel = sp, .fused_parts = 3});
+    nn::Linear ref(kD, 3 * kD, {.bias = bias, .init_std = 0.5f});
     nn::ParameterStore my_store(mine, DType::f32, kCpu, 5), ref_store(ref, DType::f32, kCpu, 5);
     require_params_match(mine, ref, tp, false);
     const Tensor x = input(12);
@@ -93,8 +96,9 @@ TEST_CASE("tp linear layers equal nn::Linear", "[tp]") {
     require_params_match(mine, ref, tp, true);
   }
   SECTION("row-parallel") {
-    RowParallelLinear mine(tp, kHidden, kD, bias, 0.5f, sp);
-    nn::Linear ref(kHidden, kD, bias, 0.5f);
+    RowParallelLinear mine(tp, kHidden, kD,
+                           {.bias = bias, .init_std = 0.5f, .sequence_parallel = sp});
+    nn::Linear ref(kHidden, kD, {.bias = bias, .init_std = 0.5f});
     compare(mine, ref, tp, input(14, kHidden), Split::last, sp ? Split::seq : Split::none, 102);
   }
 }
@@ -107,28 +111,37 @@ TEST_CASE("tp attention, MLP, norms and block equal their nn layers", "[tp]") {
   const Split act = sp ? Split::seq : Split::none;
   INFO("tp = " << tp.size() << ", sequence_parallel = " << sp);
   SECTION("attention") {
-    ParallelAttention mine(tp, kD, kHeads, kS, true, 0.3f, 0.2f, sp);
-    nn::CausalSelfAttention ref(kD, kHeads, kS, true, 0.3f, 0.2f);
+    ParallelAttention mine(tp, kD, kHeads, kS,
+                           {.init_std = 0.3f, .proj_init_std = 0.2f, .sequence_parallel = sp});
+    nn::CausalSelfAttention ref(kD, kHeads, kS, {.init_std = 0.3f, .proj_init_std = 0.2f});
     compare(mine, ref, tp, input(21), act, act, 201);
   }
   SECTION("MLP gelu") {
-    ParallelMLP mine(tp, kD, kHidden, nn::Activation::gelu, 0.3f, 0.2f, sp);
+    ParallelMLP mine(tp, kD, kHidden,
+                     {.activation = nn::Activation::gelu,
+                      .init_std = 0.3f,
+                      .proj_init_std = 0.2f,
+                      .sequence_parallel = sp});
     nn::MLP ref(kD, kHidden, nn::Activation::gelu, 0.3f, 0.2f);
     compare(mine, ref, tp, input(22), act, act, 202);
   }
   SECTION("MLP swiglu") {
-    ParallelMLP mine(tp, kD, kHidden, nn::Activation::swiglu, 0.3f, 0.2f, sp);
+    ParallelMLP mine(tp, kD, kHidden,
+                     {.activation = nn::Activation::swiglu,
+                      .init_std = 0.3f,
+                      .proj_init_std = 0.2f,
+                      .sequence_parallel = sp});
     nn::MLP ref(kD, kHidden, nn::Activation::swiglu, 0.3f, 0.2f);
     compare(mine, ref, tp, input(23), act, act, 203);
   }
   SECTION("layernorm") {
-    ParallelLayerNorm mine(kD, 1e-5f, sp);
+    ParallelLayerNorm mine(kD, {.eps = 1e-5f, .sequence_parallel = sp});
     nn::LayerNorm ref(kD, 1e-5f);
     compare(mine, ref, tp, input(24), act, act, 204);
     for (const nn::Parameter* p : mine.parameters()) CHECK(p->attributes().reduce_over_tp == sp);
   }
   SECTION("rmsnorm") {
-    ParallelRMSNorm mine(kD, 1e-5f, sp);
+    ParallelRMSNorm mine(kD, {.eps = 1e-5f, .sequence_parallel = sp});
     nn::RMSNorm ref(kD, 1e-5f);
     compare(mine, ref, tp, input(25), act, act, 205);
   }
@@ -187,7 +200,7 @@ TEST_CASE("tp vocabulary-parallel embedding, position embedding and cross-entrop
     std::vector<std::int64_t> ids(kB * kS);
     for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = (7 * i + 3) % kVocab;
     ids[1] = ids[5];  // a repeated id: its gradient rows add up
-    VocabParallelEmbedding mine(tp, kVocab, kD, 0.5f, sp);
+    VocabParallelEmbedding mine(tp, kVocab, kD, {.init_std = 0.5f, .sequence_parallel = sp});
     nn::Embedding ref(kVocab, kD, 0.5f);
     compare(mine, ref, tp, Tensor::from_vector(ids, {kB, kS}), Split::none, act, 301);
     CHECK(mine.vocab_start() == tp.rank() * kVocab / tp.size());
@@ -211,7 +224,9 @@ TEST_CASE("tp vocabulary-parallel embedding, position embedding and cross-entrop
     class Mine : public nn::Module {
      public:
       Mine(Communicator& tp, bool sp) {
-        pe_ = &add_module("pos", std::make_unique<PositionEmbedding>(tp, kS, kD, 0.5f, sp));
+        pe_ = &add_module(
+            "pos", std::make_unique<PositionEmbedding>(
+                       tp, kS, kD, EmbeddingOptions{.init_std = 0.5f, .sequence_parallel = sp}));
       }
       Tensor forward(nn::Context& ctx, const Tensor& x) override { return pe_->forward(ctx, x); }
       Tensor backward(nn::Context& ctx, const Tensor& dy) override {
@@ -255,27 +270,27 @@ TEST_CASE("tp rejects sizes that do not divide, before communicating", "[tp]") {
   const std::int64_t odd = n + 1;  // not a multiple of n >= 2
   // Only some ranks construct: a check that communicated first would hang the test.
   if (tp.rank() == n - 1) {
-    REQUIRE_THROWS_QUINTET(ColumnParallelLinear(tp, 8, odd, true, 0.02f, false), InvalidArgument,
+    REQUIRE_THROWS_QUINTET(ColumnParallelLinear(tp, 8, odd), InvalidArgument,
                            fmt::format("out = {} is not divisible by the tensor-parallel size "
                                        "tp = {}",
                                        odd, n));
-    REQUIRE_THROWS_QUINTET(RowParallelLinear(tp, odd, 8, true, 0.02f, false), InvalidArgument,
+    REQUIRE_THROWS_QUINTET(RowParallelLinear(tp, odd, 8), InvalidArgument,
                            fmt::format("in = {} is not divisible", odd));
-    REQUIRE_THROWS_QUINTET(VocabParallelEmbedding(tp, odd, 8, 0.02f, true), InvalidArgument,
-                           fmt::format("vocab = {} is not divisible", odd));
+    REQUIRE_THROWS_QUINTET(VocabParallelEmbedding(tp, odd, 8, {.sequence_parallel = true}),
+                           InvalidArgument, fmt::format("vocab = {} is not divisible", odd));
     REQUIRE_THROWS_QUINTET(VocabParallelCrossEntropy(tp, odd), InvalidArgument,
                            fmt::format("vocab = {} is not divisible", odd));
-    REQUIRE_THROWS_QUINTET(ParallelAttention(tp, 4 * odd, odd, 16, true, 0.02f, 0.02f, false),
-                           InvalidArgument, fmt::format("heads = {} is not divisible", odd));
-    REQUIRE_THROWS_QUINTET(ParallelMLP(tp, 8, odd, nn::Activation::gelu, 0.02f, 0.02f, false),
-                           InvalidArgument, fmt::format("hidden = {} is not divisible", odd));
+    REQUIRE_THROWS_QUINTET(ParallelAttention(tp, 4 * odd, odd, 16), InvalidArgument,
+                           fmt::format("heads = {} is not divisible", odd));
+    REQUIRE_THROWS_QUINTET(ParallelMLP(tp, 8, odd), InvalidArgument,
+                           fmt::format("hidden = {} is not divisible", odd));
     model::GptConfig c{.hidden = 4 * odd, .heads = odd, .ffn_hidden = 4 * n};
     REQUIRE_THROWS_QUINTET(model::TransformerBlock(c, {&tp}), InvalidArgument,
                            fmt::format("heads = {} is not divisible by the tensor-parallel size "
                                        "tp = {}",
                                        odd, n));
     // A sequence that does not split evenly, at forward, before the all-gather/reduce-scatter.
-    VocabParallelEmbedding emb(tp, 4 * n, 8, 0.02f, true);
+    VocabParallelEmbedding emb(tp, 4 * n, 8, {.sequence_parallel = true});
     nn::ParameterStore store(emb, DType::f32, kCpu, 1);
     nn::Context ctx(kCpu);
     const Tensor ids = Tensor::full({1, odd}, 0, DType::i64);

@@ -66,7 +66,7 @@ TEST_CASE("layer backward against finite differences", "[nn][layers]") {
     check_layer(m, randn64({2, 4, 5}, 1), 100);
   }
   SECTION("Linear without bias") {
-    Linear m(4, 6, false);
+    Linear m(4, 6, {.bias = false});
     check_layer(m, randn64({3, 4}, 2), 101);
   }
   SECTION("LayerNorm") {
@@ -86,7 +86,7 @@ TEST_CASE("layer backward against finite differences", "[nn][layers]") {
     check_layer(m, randn64({2, 3, 4}, 6), 105);
   }
   SECTION("CausalSelfAttention") {
-    CausalSelfAttention m(6, 2, 8, true, 0.5f, 0.5f);
+    CausalSelfAttention m(6, 2, 8, {.init_std = 0.5f, .proj_init_std = 0.5f});
     check_layer(m, randn64({2, 5, 6}, 7), 106);
   }
   SECTION("TransformerBlock layernorm gelu") {

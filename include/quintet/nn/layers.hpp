@@ -16,10 +16,15 @@
 
 namespace quintet::nn {
 
+struct LinearOptions {
+  bool bias = true;
+  float init_std = 0.02f;
+};
+
 // y = x · Wᵀ + b. weight [out, in], bias [out].
 class Linear : public Module {
  public:
-  Linear(std::int64_t in, std::int64_t out, bool bias = true, float init_std = 0.02f);
+  Linear(std::int64_t in, std::int64_t out, const LinearOptions& options = {});
   Tensor forward(Context& ctx, const Tensor& x) override;
   Tensor backward(Context& ctx, const Tensor& dy) override;
   Parameter& weight() { return *weight_; }
@@ -77,10 +82,16 @@ class MLP : public Module {
 
 // Multi-head causal self-attention on x [batch, seq, dim]: qkv = x · W_qkvᵀ (+ b), split into
 // heads, causal attention, heads merged, output projection. seq must be <= max_seq_len.
+struct AttentionLayerOptions {
+  bool bias = true;             // of the qkv and output projections
+  float init_std = 0.02f;       // qkv
+  float proj_init_std = 0.02f;  // the output projection
+};
+
 class CausalSelfAttention : public Module {
  public:
   CausalSelfAttention(std::int64_t dim, std::int64_t heads, std::int64_t max_seq_len,
-                      bool bias = true, float init_std = 0.02f, float proj_init_std = 0.02f);
+                      const AttentionLayerOptions& options = {});
   Tensor forward(Context& ctx, const Tensor& x) override;
   Tensor backward(Context& ctx, const Tensor& dy) override;
 

@@ -11,14 +11,20 @@
 
 namespace quintet {
 
+struct ParallelAttentionOptions {
+  bool bias = true;                // of the qkv and output projections
+  float init_std = 0.02f;          // qkv
+  float proj_init_std = 0.02f;     // the output projection (GPT-2: init_std / sqrt(2 * layers))
+  bool sequence_parallel = false;  // x and the output are [B, S/tp, dim]
+};
+
 // Causal self-attention with heads split over tp: qkv = ColumnParallelLinear with 3 fused parts
 // (parameters "qkv.weight" [3, dim/tp, dim], "qkv.bias" [3, dim/tp]), heads/tp local heads,
 // proj = RowParallelLinear (dim/tp -> dim). x [B, S(/tp), dim] -> same shape.
 class ParallelAttention : public nn::Module {
  public:
   ParallelAttention(Communicator& tp, std::int64_t dim, std::int64_t heads,
-                    std::int64_t max_seq_len, bool bias, float init_std, float proj_init_std,
-                    bool sequence_parallel);
+                    std::int64_t max_seq_len, const ParallelAttentionOptions& options = {});
   Tensor forward(nn::Context& ctx, const Tensor& x) override;
   Tensor backward(nn::Context& ctx, const Tensor& dy) override;
 

@@ -11,6 +11,28 @@
 
 namespace quintet {
 
+// How a column-parallel layer is built (designated initializers read at the call site:
+// ColumnParallelLinear(tp, 64, 256, {.bias = false, .sequence_parallel = true})).
+struct ColumnParallelOptions {
+  bool bias = true;
+  float init_std = 0.02f;          // normal(0, init_std) weight
+  bool sequence_parallel = false;  // x is [B, S/tp, in], gathered on entry
+  std::int64_t fused_parts = 1;    // equal blocks of out split separately (a fused QKV: 3)
+  bool enter_region = true;        // false: x is already in the region (the caller reduces dx)
+};
+
+// A column-parallel layer over a borrowed weight (a tied LM head).
+struct SharedWeightOptions {
+  bool sequence_parallel = false;
+  nn::GradReady ready = nn::GradReady::defer;  // who marks the weight's gradient ready (below)
+};
+
+struct RowParallelOptions {
+  bool bias = true;
+  float init_std = 0.02f;
+  bool sequence_parallel = false;  // the output is reduce-scattered to [B, S/tp, out]
+};
+
 // ---- linear layers --------------------------------------------------------------------------
 
 // y = x · Wᵀ + b with W [out, in] split along out: rank r holds output features
@@ -24,17 +46,16 @@ namespace quintet {
 // sequence on every rank) and the caller reduces dx itself (for layers sharing one input).
 class ColumnParallelLinear : public nn::Module {
  public:
-  ColumnParallelLinear(Communicator& tp, std::int64_t in, std::int64_t out, bool bias,
-                       float init_std, bool sequence_parallel, std::int64_t fused_parts = 1,
-                       bool enter_region = true);
+  ColumnParallelLinear(Communicator& tp, std::int64_t in, std::int64_t out,
+                       const ColumnParallelOptions& options = {});
   // A column-parallel layer without bias that borrows another layer's weight, a [out/tp, in]
   // shard split along out (a tied LM head reusing VocabParallelEmbedding::weight(): the same rows
   // of the same table). The weight is not a parameter of this module; backward accumulates its
   // gradient and, with ready = defer, leaves it for the owner's backward, which must run later in
   // the same microbatch, to mark ready; with ready = mark (an owner that never runs backward, as a
   // last pipeline stage's copy of the table) marks it itself.
-  ColumnParallelLinear(Communicator& tp, nn::Parameter& shared_weight, bool sequence_parallel,
-                       nn::GradReady ready = nn::GradReady::defer);
+  ColumnParallelLinear(Communicator& tp, nn::Parameter& shared_weight,
+                       const SharedWeightOptions& options = {});
   Tensor forward(nn::Context& ctx, const Tensor& x) override;
   Tensor backward(nn::Context& ctx, const Tensor& dy) override;
   std::int64_t local_out() const { return local_out_; }
@@ -57,8 +78,8 @@ class ColumnParallelLinear : public nn::Module {
 // its gradient comes from the full-sequence dy, so it needs no tp reduction.
 class RowParallelLinear : public nn::Module {
  public:
-  RowParallelLinear(Communicator& tp, std::int64_t in, std::int64_t out, bool bias, float init_std,
-                    bool sequence_parallel);
+  RowParallelLinear(Communicator& tp, std::int64_t in, std::int64_t out,
+                    const RowParallelOptions& options = {});
   Tensor forward(nn::Context& ctx, const Tensor& x) override;
   Tensor backward(nn::Context& ctx, const Tensor& dy) override;
   nn::Parameter& weight() { return *weight_; }

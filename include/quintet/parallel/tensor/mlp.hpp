@@ -11,13 +11,20 @@
 
 namespace quintet {
 
+struct ParallelMLPOptions {
+  nn::Activation activation = nn::Activation::gelu;
+  float init_std = 0.02f;          // fc (and up)
+  float proj_init_std = 0.02f;     // proj
+  bool sequence_parallel = false;  // x and the output are [B, S/tp, dim]
+};
+
 // nn::MLP split along hidden: GELU: fc (column) -> gelu -> proj (row), with biases. SwiGLU: gate
 // "fc" and "up" (column, no bias, sharing one entry into the tp region) -> silu(gate) * up ->
 // proj (row, no bias). x [B, S(/tp), dim] -> same shape.
 class ParallelMLP : public nn::Module {
  public:
-  ParallelMLP(Communicator& tp, std::int64_t dim, std::int64_t hidden, nn::Activation activation,
-              float init_std, float proj_init_std, bool sequence_parallel);
+  ParallelMLP(Communicator& tp, std::int64_t dim, std::int64_t hidden,
+              const ParallelMLPOptions& options = {});
   Tensor forward(nn::Context& ctx, const Tensor& x) override;
   Tensor backward(nn::Context& ctx, const Tensor& dy) override;
 

@@ -13,11 +13,16 @@ namespace quintet {
 
 // ---- norms on (possibly sequence-split) activations ------------------------------------------
 
+struct ParallelNormOptions {
+  float eps = 1e-5f;
+  bool sequence_parallel = false;  // the parameters' gradients are summed over tp
+};
+
 // nn::LayerNorm over the last dim (weight, bias [dim], replicated) whose parameters carry
 // reduce_over_tp = sequence_parallel.
 class ParallelLayerNorm : public nn::Module {
  public:
-  ParallelLayerNorm(std::int64_t dim, float eps, bool sequence_parallel);
+  explicit ParallelLayerNorm(std::int64_t dim, const ParallelNormOptions& options = {});
   Tensor forward(nn::Context& ctx, const Tensor& x) override;
   Tensor backward(nn::Context& ctx, const Tensor& dy) override;
 
@@ -30,7 +35,7 @@ class ParallelLayerNorm : public nn::Module {
 // nn::RMSNorm over the last dim (weight [dim], replicated), reduce_over_tp = sequence_parallel.
 class ParallelRMSNorm : public nn::Module {
  public:
-  ParallelRMSNorm(std::int64_t dim, float eps, bool sequence_parallel);
+  explicit ParallelRMSNorm(std::int64_t dim, const ParallelNormOptions& options = {});
   Tensor forward(nn::Context& ctx, const Tensor& x) override;
   Tensor backward(nn::Context& ctx, const Tensor& dy) override;
 
@@ -40,7 +45,7 @@ class ParallelRMSNorm : public nn::Module {
 };
 
 // A ParallelLayerNorm or ParallelRMSNorm (the final norm of a model, for instance).
-std::unique_ptr<nn::Module> make_parallel_norm(nn::NormKind kind, std::int64_t dim, float eps,
-                                               bool sequence_parallel);
+std::unique_ptr<nn::Module> make_parallel_norm(nn::NormKind kind, std::int64_t dim,
+                                               const ParallelNormOptions& options = {});
 
 }  // namespace quintet

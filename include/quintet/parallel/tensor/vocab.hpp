@@ -14,14 +14,20 @@ namespace quintet {
 
 // ---- vocabulary-parallel embedding and cross-entropy ----------------------------------------
 
+// How an embedding (tokens or positions) is built.
+struct EmbeddingOptions {
+  float init_std = 0.02f;
+  bool sequence_parallel = false;  // the output is [B, S/tp, dim]
+};
+
 // Token embedding with the table [vocab, dim] split along vocab: each rank looks up the ids in its
 // shard (zero rows for the others), then the rows are all-reduced (with SP reduce-scattered along
 // the sequence). ids [B, S] i32/i64, the full sequence on every tp rank -> [B, S(/tp), dim].
 // backward returns an undefined tensor (ids have no gradient).
 class VocabParallelEmbedding : public nn::Module {
  public:
-  VocabParallelEmbedding(Communicator& tp, std::int64_t vocab, std::int64_t dim, float init_std,
-                         bool sequence_parallel);
+  VocabParallelEmbedding(Communicator& tp, std::int64_t vocab, std::int64_t dim,
+                         const EmbeddingOptions& options = {});
   Tensor forward(nn::Context& ctx, const Tensor& ids) override;
   Tensor backward(nn::Context& ctx, const Tensor& dy) override;
   std::int64_t vocab_start() const { return vocab_start_; }
@@ -39,8 +45,8 @@ class VocabParallelEmbedding : public nn::Module {
 // dy and accumulates the rows of this rank's positions (reduce_over_tp = sequence_parallel).
 class PositionEmbedding : public nn::Module {
  public:
-  PositionEmbedding(Communicator& tp, std::int64_t max_len, std::int64_t dim, float init_std,
-                    bool sequence_parallel);
+  PositionEmbedding(Communicator& tp, std::int64_t max_len, std::int64_t dim,
+                    const EmbeddingOptions& options = {});
   Tensor forward(nn::Context& ctx, const Tensor& x) override;
   Tensor backward(nn::Context& ctx, const Tensor& dy) override;
   nn::Parameter& weight() { return *weight_; }
