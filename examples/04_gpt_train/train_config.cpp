@@ -15,6 +15,10 @@ bool parse_args(const quintet::RuntimeConfig& runtime, TrainConfig* c, int* exit
   app.add_option("--heads", c->heads, "attention heads")->capture_default_str();
   app.add_option("--vocab", c->vocab, "vocabulary size (>= the dataset's)")->capture_default_str();
   app.add_option("--seq-len", c->seq_len, "tokens per sequence")->capture_default_str();
+  app.add_option("--recompute", c->recompute,
+                 "activation recompute: none, attention (each block's attention) or full (each "
+                 "whole block): less memory for one more forward")
+      ->capture_default_str();
   app.add_flag("--tied-embeddings", c->tied_embeddings,
                "the LM head reuses the token embedding's table (across pipeline stages too)");
   app.add_option("--micro-batch", c->micro_batch, "sequences per rank per forward")
@@ -168,6 +172,7 @@ quintet::model::GptConfig model_config(const TrainConfig& c, bool gpu) {
   m.init_std = 0.02f;
   m.dtype = gpu ? quintet::DType::bf16 : quintet::DType::f32;
   m.sequence_parallel = c.sp;
+  m.recompute = quintet::model::parse_recompute_kind(c.recompute);
   return m;
 }
 

@@ -18,7 +18,8 @@ struct TrainConfig {
   std::int64_t heads = 4;
   std::int64_t vocab = 256;  // the built-in dataset's vocabulary
   std::int64_t seq_len = 128;
-  bool tied_embeddings = false;  // the LM head reuses the token embedding's table
+  bool tied_embeddings = false;    // the LM head reuses the token embedding's table
+  std::string recompute = "none";  // none, attention, full (activation recompute per block)
   // Batch: global_batch = micro_batch * dp * accumulation steps (sequences per optimizer step).
   std::int64_t micro_batch = 4;
   std::int64_t global_batch = 16;

@@ -40,6 +40,11 @@ const Tensor& Context::targets() const {
   return targets_;
 }
 
+void Context::move_deferred_to(Context& other) {
+  for (auto& work : deferred_) other.deferred_.push_back(std::move(work));
+  deferred_.clear();
+}
+
 void Context::run_deferred_gradients() {
   std::vector<std::function<void()>> work = std::move(deferred_);
   deferred_.clear();

@@ -16,7 +16,10 @@ std::vector<std::pair<std::string, Parameter*>> Module::named_parameters() const
     if (e.parameter) {
       out.emplace_back(e.name, e.parameter.get());
     } else {
-      for (auto& [n, p] : e.module->named_parameters()) out.emplace_back(e.name + "." + n, p);
+      // A child under "" (a transparent wrapper such as Recompute) adds no level to the names.
+      for (auto& [n, p] : e.module->named_parameters()) {
+        out.emplace_back(e.name.empty() ? n : e.name + "." + n, p);
+      }
     }
   }
   return out;

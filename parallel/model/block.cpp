@@ -2,6 +2,7 @@
 #include "quintet/parallel/model/block.hpp"
 
 #include "quintet/nn/ops.hpp"
+#include "quintet/nn/recompute.hpp"
 #include "quintet/parallel/tensor/attention.hpp"
 #include "quintet/parallel/tensor/mlp.hpp"
 #include "quintet/parallel/tensor/norm.hpp"
@@ -50,7 +51,11 @@ TransformerBlock::TransformerBlock(const GptConfig& c, const ModelGroups& g) {
   check_groups(g);
   c.validate_block(g.tp->size());
   norm1_ = &add_module("norm1", make_norm(c));
-  attn_ = &add_module("attn", make_attention(c, g));
+  std::unique_ptr<nn::Module> attention = make_attention(c, g);
+  if (c.recompute == RecomputeKind::attention) {
+    attention = std::make_unique<nn::Recompute>(std::move(attention));
+  }
+  attn_ = &add_module("attn", std::move(attention));
   norm2_ = &add_module("norm2", make_norm(c));
   mlp_ = &add_module("mlp", make_mlp(c, g));
 }

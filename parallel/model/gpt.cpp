@@ -3,6 +3,8 @@
 
 #include <string>
 
+#include "quintet/nn/recompute.hpp"
+
 namespace quintet::model {
 
 namespace {
@@ -31,8 +33,10 @@ GptChunk::GptChunk(const GptConfig& config, const ModelGroups& groups, const Chu
     }
   }
   for (std::int64_t l = spec.first_layer; l < spec.first_layer + spec.num_layers; ++l) {
-    blocks_.push_back(
-        &add_module("block" + std::to_string(l), std::make_unique<TransformerBlock>(c, groups)));
+    std::unique_ptr<nn::Module> block = std::make_unique<TransformerBlock>(c, groups);
+    if (c.recompute == RecomputeKind::full)
+      block = std::make_unique<nn::Recompute>(std::move(block));
+    blocks_.push_back(&add_module("block" + std::to_string(l), std::move(block)));
   }
   const bool tied_across = c.tied_embeddings && spec.embedding != spec.head;
   if (tied_across && spec.embedding) tokens_->weight().set_tied(nn::TiedRole::owner);
@@ -65,7 +69,7 @@ Tensor GptChunk::forward(nn::Context& ctx, const Tensor& x) {
   Tensor h = x;
   if (tokens_) h = tokens_->forward(ctx, h);
   if (positions_) h = positions_->forward(ctx, h);
-  for (TransformerBlock* block : blocks_) h = block->forward(ctx, h);
+  for (nn::Module* block : blocks_) h = block->forward(ctx, h);
   if (!loss_) return h;
   h = final_norm_->forward(ctx, h);
   return loss_->forward(ctx, head_->forward(ctx, h));

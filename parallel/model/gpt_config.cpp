@@ -23,6 +23,13 @@ void check_divides(const char* name, std::int64_t v, int tp) {
 }
 }  // namespace
 
+RecomputeKind parse_recompute_kind(std::string_view name) {
+  if (name == "none") return RecomputeKind::none;
+  if (name == "attention") return RecomputeKind::attention;
+  if (name == "full") return RecomputeKind::full;
+  QUINTET_THROW(InvalidArgument, "unknown recompute \"{}\"; use none, attention or full", name);
+}
+
 void GptConfig::validate(int tp) const {
   validate_block(tp);
   QUINTET_CHECK(vocab > 0, "GptConfig: vocab = {} must be > 0", vocab);

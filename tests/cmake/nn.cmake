@@ -2,3 +2,4 @@
 quintet_unit_test(NAME nn_ops_test COMPONENT nn SOURCES unit/nn_ops_test.cpp)
 quintet_unit_test(NAME nn_layers_test COMPONENT nn SOURCES unit/nn_layers_test.cpp)
 quintet_unit_test(NAME nn_lr_schedule_test COMPONENT nn SOURCES unit/nn_lr_schedule_test.cpp)
+quintet_unit_test(NAME nn_recompute_test COMPONENT nn SOURCES unit/nn_recompute_test.cpp)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Tests of examples/04_gpt_train on the CPU under mpirun (ctest: gpt_train_*):
 #   layouts     tp 2 x dp 2 (+sp, ZeRO-1, ZeRO-2), tp 2 (+sp), dp 3 ZeRO-2 and one rank, same seed and global batch:
-#               the same loss at each of 30 steps within 1e-4 relative
+#               the same loss at each of 30 steps within 1e-4 relative; --recompute full the same
+#               losses bit for bit
 #   pipeline    pp 2 under every schedule, pp 4, pp 3 (interleaved), pp 2 with tp 2 (+sp), dp 2
 #               (ZeRO-1, ZeRO-2), pp 2 x tp 2 x dp 2 at 8 ranks, and tied embeddings across stages:
 #               the one-rank loss at each of 20 steps within 1e-4 relative; a pp 2 run stopped,
@@ -73,6 +74,9 @@ case $case in
     done
     compare tp2 tp2_sp 1 30 1e-4
     compare tp2_dp2 tp2_dp2_zero1 1 30 1e-4
+    # Activation recompute changes memory, not results: the same losses, bit for bit.
+    run tp2_dp2_sp_recompute 4 --steps 30 --tp 2 --dp 2 --sp --recompute full
+    compare tp2_dp2_sp tp2_dp2_sp_recompute 1 30 0
     ;;
   pipeline)
     deep=(--layers 4)
@@ -93,6 +97,9 @@ case $case in
       compare one $r 1 20 1e-4
     done
     for r in pp2_zbv_tied pp4_zbh1_tied pp2_dp2_zero2_tied; do compare one_tied $r 1 20 1e-4; done
+    # Recompute under a zero-bubble schedule (deferred weight gradients): bit for bit.
+    run pp2_zbh1_recompute 2 --steps 20 "${deep[@]}" --pp 2 --schedule zb-h1 --recompute attention
+    compare pp2_zbh1 pp2_zbh1_recompute 1 20 0
     # An odd pipeline: 3 stages of 2 chunks.
     run one6 1 --steps 20 --layers 6
     run pp3_interleaved 3 --steps 20 --layers 6 --pp 3 --vpp 2 --schedule interleaved
@@ -156,6 +163,7 @@ case $case in
     expect_error 2 "must be a multiple of pp, found 3" --steps 1 --pp 2 --vpp 2 --layers 4 --schedule interleaved \
       --global-batch 6
     expect_error 2 "unknown pipeline schedule '2f2b'" --steps 1 --pp 2 --schedule 2f2b
+    expect_error 1 'unknown recompute "some"; use none, attention or full' --steps 1 --recompute some
     expect_error 1 "unknown learning-rate schedule 'step'" --steps 1 --lr-schedule step
     expect_error 1 "--decay-fraction 0: expected a share in (0, 1]" --steps 1 --lr-schedule wsd \
       --decay-fraction 0

@@ -3,6 +3,7 @@
 // and bad configs are refused before any communication; the Checkpointer's save and restore
 // continue a run bit for bit (parameters, optimizer and loader), refuse a run of another identity,
 // and find nothing in an empty directory.
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <memory>
@@ -208,4 +209,37 @@ TEST_CASE("train: the Checkpointer continues a run bit for bit and refuses anoth
   }
   REQUIRE_THROWS_QUINTET(train::Checkpointer("d", world.comm(), "novalue"), InvalidArgument,
                          "not key=value pairs");
+}
+
+TEST_CASE("train: activation recompute trains exactly like keeping the activations", "[train]") {
+  World world = cpu_world();
+  const int n = world.size();
+  for (const ParallelConfig& pc : layouts(n)) {
+    Mesh mesh(Layout(pc, n), world.comm());
+    std::vector<pipeline::ScheduleKind> schedules = {pipeline::ScheduleKind::one_f_one_b};
+    if (mesh.size(Axis::pp) > 1) schedules.push_back(pipeline::ScheduleKind::zb_h1);  // deferral
+    for (pipeline::ScheduleKind schedule : schedules) {
+      INFO(layout_str(mesh) << " " << pipeline::schedule_kind_name(schedule));
+      std::vector<double> want;
+      for (model::RecomputeKind kind : {model::RecomputeKind::none, model::RecomputeKind::attention,
+                                        model::RecomputeKind::full}) {
+        INFO("recompute " << static_cast<int>(kind));
+        train::TrainingConfig c = small_config();
+        c.microbatches = std::max(2, mesh.size(Axis::pp));
+        c.schedule = schedule;
+        c.model.sequence_parallel = mesh.size(Axis::tp) > 1;
+        c.model.recompute = kind;
+        train::TrainingModel model(c, mesh, Stream());
+        data::DataLoader loader(dataset(), model.loader_config(loader_base()));
+        const std::vector<double> got = run_steps(model, loader, 3);
+        if (kind == model::RecomputeKind::none) {
+          want = got;
+        } else {
+          CHECK(got == want);
+        }
+      }
+    }
+  }
+  REQUIRE_THROWS_QUINTET(model::parse_recompute_kind("some"), InvalidArgument,
+                         "use none, attention or full");
 }

@@ -51,6 +51,9 @@ class Context {
   bool defers_weight_gradients() const { return defer_; }
   void defer(std::function<void()> work) { deferred_.push_back(std::move(work)); }
   void run_deferred_gradients();
+  // Appends this context's deferred work to other's queue, in order, and empties this one (a
+  // scratch context's, nn::Recompute).
+  void move_deferred_to(Context& other);
   std::size_t deferred_count() const { return deferred_.size(); }
 
  private:

@@ -39,7 +39,8 @@ class Module {
   // Declares a parameter owned by this module (memory comes from a ParameterStore).
   Parameter& add_parameter(const std::string& name, const Shape& shape, ParameterInit init,
                            ParameterAttributes attrs = {});
-  // Adopts a child module under name; returns it.
+  // Adopts a child module under name; returns it. Under "" the child's parameters keep their own
+  // names (a wrapper that adds no level).
   template <class M>
   M& add_module(const std::string& name, std::unique_ptr<M> child) {
     M& ref = *child;

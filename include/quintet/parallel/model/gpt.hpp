@@ -55,7 +55,7 @@ class GptChunk : public nn::Module {
   ChunkSpec spec_;
   VocabParallelEmbedding* tokens_ = nullptr;  // run by forward (the embedding chunk)
   PositionEmbedding* positions_ = nullptr;
-  std::vector<TransformerBlock*> blocks_;
+  std::vector<nn::Module*> blocks_;  // TransformerBlocks (wrapped in nn::Recompute with full)
   nn::Module* final_norm_ = nullptr;
   ColumnParallelLinear* head_ = nullptr;
   VocabParallelLoss* loss_ = nullptr;

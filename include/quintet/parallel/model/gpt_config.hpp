@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 
 #include "quintet/core/dtype.hpp"
 #include "quintet/nn/layers.hpp"
@@ -25,6 +26,16 @@ enum class AttentionKind {
 enum class MlpKind {
   dense,  // the MLP split along its width over tp (ParallelMLP)
 };
+
+// What each block recomputes in backward instead of keeping its activations (nn::Recompute): a
+// trade of compute for memory that leaves the results, gradients included, unchanged.
+enum class RecomputeKind {
+  none,
+  attention,  // the attention slot (qkv, attention, output projection); keeps its input
+  full,       // the whole block; keeps only the block's input
+};
+// "none", "attention", "full"; InvalidArgument (listing them) for anything else.
+RecomputeKind parse_recompute_kind(std::string_view name);
 
 struct GptConfig {
   std::int64_t layers = 2;
@@ -45,6 +56,7 @@ struct GptConfig {
   bool sequence_parallel = false;  // activations between blocks are [B, S/tp, d]
   AttentionKind attention = AttentionKind::tensor_parallel;
   MlpKind mlp = MlpKind::dense;
+  RecomputeKind recompute = RecomputeKind::none;
 
   // The MLP width (ffn_hidden, or 4 * hidden when 0).
   std::int64_t mlp_width() const;
