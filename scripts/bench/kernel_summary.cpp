@@ -11,12 +11,14 @@
 #include <cupti.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -28,6 +30,7 @@ struct Totals {
 
 std::mutex mutex;
 std::map<std::string, Totals>* totals = nullptr;  // leaked: outlives every static destructor
+std::uint64_t records = 0, buffers = 0;
 
 constexpr std::size_t kBufferBytes = 8 << 20;
 
@@ -40,7 +43,9 @@ void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_recor
 void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t valid) {
   CUpti_Activity* record = nullptr;
   std::lock_guard<std::mutex> lock(mutex);
+  ++buffers;
   while (cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
+    ++records;
     if (record->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL &&
         record->kind != CUPTI_ACTIVITY_KIND_KERNEL) {
       continue;
@@ -55,13 +60,19 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
 
 void write_summary() {
   cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+  std::lock_guard<std::mutex> lock(mutex);
+  // Helper processes a program starts (MPI's, a compiler's) run no kernel: they leave the file
+  // to the process that did.
+  if (totals->empty()) return;
   const char* path = std::getenv("KERNEL_SUMMARY_OUT");
   std::FILE* out = path != nullptr ? std::fopen(path, "w") : stderr;
   if (out == nullptr) return;
-  std::lock_guard<std::mutex> lock(mutex);
   std::vector<std::pair<std::string, Totals>> rows(totals->begin(), totals->end());
   std::sort(rows.begin(), rows.end(),
             [](const auto& a, const auto& b) { return a.second.ns > b.second.ns; });
+  std::fprintf(stderr, "kernel_summary: %llu activity records in %llu buffers, %zu kernels\n",
+               static_cast<unsigned long long>(records), static_cast<unsigned long long>(buffers),
+               rows.size());
   std::uint64_t all = 0;
   for (const auto& r : rows) all += r.second.ns;
   std::fprintf(out, "name,calls,total_ms,mean_us,share\n");
@@ -84,6 +95,14 @@ __attribute__((constructor)) void start() {
     return;
   }
   std::atexit(write_summary);
+  // Completed buffers reach buffer_completed only when flushed: flush while the CUDA contexts
+  // live (at exit they may be gone with their records).
+  std::thread([] {
+    for (;;) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      cuptiActivityFlushAll(0);
+    }
+  }).detach();
 }
 
 }  // namespace

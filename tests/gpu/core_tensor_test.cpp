@@ -45,6 +45,41 @@ TEST_CASE("strided copies and views on the GPU equal the CPU's") {
   CHECK(filled.to_vector<float>() == std::vector<float>(9, -1.25f));
 }
 
+TEST_CASE("attention-style head splits on the GPU (vectorized and not) equal the CPU's") {
+  const Device gpu = Device::cuda(0);
+  // [b, s, 3, h, hd]: the q, k, v parts to [b, h, s, hd] and back, as the attention layers do;
+  // hd 64 takes 16-byte vectors, hd 7 (and an odd offset) the per-element path.
+  for (std::int64_t hd : {64, 7}) {
+    for (DType dtype : {DType::bf16, DType::f32}) {
+      INFO("head dim " << hd << " " << dtype_name(dtype));
+      const Tensor cpu = Tensor::randn({2, 5, 3, 4, hd}, 19).to(dtype);
+      const Tensor g = cpu.to(gpu);
+      for (std::int64_t i = 0; i < 3; ++i) {
+        const Tensor want = cpu.narrow(2, i, 1).transpose(1, 3).contiguous();
+        const Tensor got = g.narrow(2, i, 1).transpose(1, 3).contiguous().to(Device::cpu());
+        CHECK(got.to(DType::f32).to_vector<float>() == want.to(DType::f32).to_vector<float>());
+        // Back into a strided destination (the gradient of the split).
+        Tensor back = Tensor::zeros({2, 5, 3, 4, hd}, dtype, gpu);
+        back.narrow(2, i, 1).transpose(1, 3).copy_(got.to(gpu));
+        Tensor back_cpu = Tensor::zeros({2, 5, 3, 4, hd}, dtype);
+        back_cpu.narrow(2, i, 1).transpose(1, 3).copy_(want);
+        CHECK(back.to(Device::cpu()).to(DType::f32).to_vector<float>() ==
+              back_cpu.to(DType::f32).to_vector<float>());
+      }
+      // The merge [b, h, s, hd] -> [b, s, h, hd], and a fill of a strided view.
+      const Tensor merged = g.narrow(2, 1, 1).transpose(1, 3).contiguous().transpose(1, 3);
+      CHECK(merged.contiguous().to(Device::cpu()).to(DType::f32).to_vector<float>() ==
+            cpu.narrow(2, 1, 1).contiguous().to(DType::f32).to_vector<float>());
+      Tensor part = g.clone();
+      part.narrow(2, 2, 1).fill_(0.5);
+      Tensor part_cpu = cpu.clone();
+      part_cpu.narrow(2, 2, 1).fill_(0.5);
+      CHECK(part.to(Device::cpu()).to(DType::f32).to_vector<float>() ==
+            part_cpu.to(DType::f32).to_vector<float>());
+    }
+  }
+}
+
 TEST_CASE("dtype conversions on the GPU equal the CPU's bit for bit") {
   const Device gpu = Device::cuda(0);
   // Normal values scaled over 13 decades: subnormal halves, overflowing halves, ties.

@@ -97,6 +97,17 @@ __global__ void copy_convert_contiguous_kernel(D* dst, const S* src, std::int64_
   }
 }
 
+// A strided copy of 16-byte vectors (same dtype both sides): l is in units of vectors, its last
+// dimension contiguous on both sides. One index computation per vector instead of per element.
+__global__ void copy_vectors_kernel(uint4* dst, const uint4* src, StridedLayout l, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    std::int64_t d, s;
+    offsets_of(l, i, d, s);
+    dst[d] = src[s];
+  }
+}
+
 template <class T>
 __global__ void fill_kernel(T* dst, T value, StridedLayout l, std::int64_t n) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
@@ -145,6 +156,59 @@ StridedLayout make_layout(const Shape& shape, const Shape& dst_strides, const Sh
   return l;
 }
 
+// The same element order with fewer dimensions: size-1 dimensions dropped, and a dimension merged
+// into the next when both sides step over it as one run (stride = next size x next stride). Fewer
+// dimensions is less index arithmetic per element.
+StridedLayout simplified(const StridedLayout& in) {
+  StridedLayout out{};
+  for (int k = 0; k < in.ndim; ++k) {
+    if (in.size[k] == 1) continue;
+    const int j = out.ndim - 1;
+    if (j >= 0 && out.dst_stride[j] == in.size[k] * in.dst_stride[k] &&
+        out.src_stride[j] == in.size[k] * in.src_stride[k]) {
+      out.size[j] *= in.size[k];
+      out.dst_stride[j] = in.dst_stride[k];
+      out.src_stride[j] = in.src_stride[k];
+      continue;
+    }
+    out.size[out.ndim] = in.size[k];
+    out.dst_stride[out.ndim] = in.dst_stride[k];
+    out.src_stride[out.ndim] = in.src_stride[k];
+    ++out.ndim;
+  }
+  if (out.ndim == 0) {  // a single element
+    out.ndim = 1;
+    out.size[0] = 1;
+    out.dst_stride[0] = 1;
+    out.src_stride[0] = 1;
+  }
+  return out;
+}
+
+// l (simplified, in elements of `bytes` each) in units of 16-byte vectors, when its last dimension
+// is contiguous on both sides and every stride, the last size and both pointers allow it.
+bool as_vectors(const StridedLayout& l, std::size_t bytes, const void* dst, const void* src,
+                StridedLayout* out) {
+  const std::int64_t per = static_cast<std::int64_t>(16 / bytes);
+  if (16 % bytes != 0 || per <= 1) return false;
+  const int last = l.ndim - 1;
+  if (l.dst_stride[last] != 1 || l.src_stride[last] != 1 || l.size[last] % per != 0) return false;
+  if (reinterpret_cast<std::uintptr_t>(dst) % 16 != 0 ||
+      reinterpret_cast<std::uintptr_t>(src) % 16 != 0) {
+    return false;
+  }
+  for (int k = 0; k < last; ++k) {
+    if (l.dst_stride[k] % per != 0 || l.src_stride[k] % per != 0) return false;
+  }
+  *out = l;
+  out->size[last] /= per;
+  for (int k = 0; k < last; ++k) {
+    out->dst_stride[k] /= per;
+    out->src_stride[k] /= per;
+  }
+  return true;
+}
+
 unsigned grid_for(std::int64_t n) {
   const std::int64_t blocks = (n + 255) / 256;
   return static_cast<unsigned>(blocks < 65535 * 8 ? blocks : 65535 * 8);
@@ -164,7 +228,18 @@ void cuda_copy_convert(const Tensor& dst, const Tensor& src, cudaStream_t stream
     return;
   }
   const bool contiguous = dst.is_contiguous() && src.is_contiguous();
-  const StridedLayout l = make_layout(dst.shape(), dst.strides(), src.strides());
+  const StridedLayout l = simplified(make_layout(dst.shape(), dst.strides(), src.strides()));
+  if (!contiguous && dst.dtype() == src.dtype()) {
+    StridedLayout v;
+    if (as_vectors(l, dtype_size(dst.dtype()), dst.data_ptr(), src.data_ptr(), &v)) {
+      const std::int64_t vectors = n * static_cast<std::int64_t>(dtype_size(dst.dtype())) / 16;
+      copy_vectors_kernel<<<grid_for(vectors), 256, 0, stream>>>(
+          static_cast<uint4*>(dst.data_ptr()), static_cast<const uint4*>(src.data_ptr()), v,
+          vectors);
+      QUINTET_CUDA_CHECK(cudaGetLastError());
+      return;
+    }
+  }
   dispatch_dtype(dst.dtype(), [&](auto dtag) {
     using D = dev_t<decltype(dtag)>;
     dispatch_dtype(src.dtype(), [&](auto stag) {
@@ -183,7 +258,7 @@ void cuda_copy_convert(const Tensor& dst, const Tensor& src, cudaStream_t stream
 
 void cuda_fill(const Tensor& dst, double value, cudaStream_t stream) {
   const std::int64_t n = dst.numel();
-  const StridedLayout l = make_layout(dst.shape(), dst.strides(), dst.strides());
+  const StridedLayout l = simplified(make_layout(dst.shape(), dst.strides(), dst.strides()));
   dispatch_dtype(dst.dtype(), [&](auto tag) {
     using H = decltype(tag);
     using D = dev_t<H>;
