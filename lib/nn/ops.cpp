@@ -285,6 +285,27 @@ AttentionOutput attention_forward(const Tensor& q, const Tensor& k, const Tensor
   return r;
 }
 
+void attention_merge_(const Tensor& out, const Tensor& lse, const Tensor& out_b,
+                      const Tensor& lse_b, const Stream& stream) {
+  const OpChecker c("attention_merge_", stream);
+  const DType t = c.compute("out", out);
+  QUINTET_CHECK(out.dim() == 4, "attention_merge_: out has shape {}, expected [B, H, S, D]",
+                shape_str(out.shape()));
+  c.compute_as("out_b", out_b, t);
+  c.shape("out_b", out_b, out.shape());
+  const Shape rows{out.size(0), out.size(1), out.size(2)};
+  for (const auto& [name, l] : {std::pair{"lse", &lse}, std::pair{"lse_b", &lse_b}}) {
+    c.on_device(name, *l);
+    QUINTET_CHECK(l->dtype() == accum_dtype(t), "attention_merge_: {} has dtype {}, expected {}",
+                  name, dtype_name(l->dtype()), dtype_name(accum_dtype(t)));
+    c.shape(name, *l, rows);
+  }
+  QUINTET_CHECK(out.is_contiguous() && lse.is_contiguous(),
+                "attention_merge_: out and lse are merged in place and must be contiguous");
+  const Tensor ob = out_b.contiguous(stream), lb = lse_b.contiguous(stream);
+  QUINTET_NN_DISPATCH(c, stream, attention_merge_, out, lse, ob, lb);
+}
+
 AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
                                   const Tensor& v, const Tensor& out, const Tensor& lse,
                                   const AttentionOptions& options, const Stream& stream) {

@@ -129,6 +129,15 @@ AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Ten
                                   const Tensor& v, const Tensor& out, const Tensor& lse,
                                   const AttentionOptions& options, const Stream& stream);
 
+// Merges one more block into a running multi-block attention, in place (context parallelism: the
+// blocks of one query chunk against each key chunk): with L = log(exp(lse) + exp(lse_b)),
+// out = out * exp(lse - L) + out_b * exp(lse_b - L) and lse = L, row by row, in f32 (f64 for
+// f64). A row that sees no key in either (both -inf) stays out 0, lse -inf. out [B, H, S, D] (T,
+// contiguous) and lse [B, H, S] (f32, contiguous) as attention_forward returns them; out_b and
+// lse_b the same shapes and dtypes.
+void attention_merge_(const Tensor& out, const Tensor& lse, const Tensor& out_b,
+                      const Tensor& lse_b, const Stream& stream);
+
 // ---- embedding ------------------------------------------------------------------------------
 // y[..., :] = table[ids[...], :]. ids [...] i32 or i64, table [V, D] (T); returns y [..., D].
 // An id outside [0, V) throws on the CPU; on a GPU (where checking would synchronise) its row of

@@ -89,4 +89,26 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
   });
 }
 
+void attention_merge_(const Tensor& out, const Tensor& lse, const Tensor& out_b,
+                      const Tensor& lse_b) {
+  dispatch_real(out.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const std::int64_t rows = lse.numel(), d = out.size(3);
+    T* o = out.data<T>();
+    T* l = lse.data<T>();
+    const T* ob = out_b.data<T>();
+    const T* lb = lse_b.data<T>();
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const T a = l[r], b = lb[r];
+      const T m = std::max(a, b);
+      if (m == -std::numeric_limits<T>::infinity()) continue;  // neither sees a key
+      const T wa = std::exp(a - m), wb = std::exp(b - m);
+      const T sum = wa + wb;
+      for (std::int64_t j = 0; j < d; ++j)
+        o[r * d + j] = (o[r * d + j] * wa + ob[r * d + j] * wb) / sum;
+      l[r] = m + std::log(sum);
+    }
+  });
+}
+
 }  // namespace quintet::nn::cpu_ops

@@ -38,6 +38,8 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& out, const Tensor& lse, const AttentionOptions& options,
                         const Tensor& dq, const Tensor& dk, const Tensor& dv);
+void attention_merge_(const Tensor& out, const Tensor& lse, const Tensor& out_b,
+                      const Tensor& lse_b);
 
 // Throws InvalidArgument (before writing anything) on an id outside [0, V).
 void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& y);

@@ -533,4 +533,45 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
   });
 }
 
+namespace {
+
+template <class T>
+__global__ void attention_merge_kernel(T* out, float* lse, const T* out_b, const float* lse_b,
+                                       std::int64_t rows, std::int64_t d) {
+  for (std::int64_t i = global_index(); i < rows * d; i += global_stride()) {
+    const std::int64_t r = i / d;
+    const float a = lse[r], b = lse_b[r];
+    const float m = fmaxf(a, b);
+    if (m == -INFINITY) continue;
+    const float wa = expf(a - m), wb = expf(b - m);
+    out[i] = from_float<T>((to_float(out[i]) * wa + to_float(out_b[i]) * wb) / (wa + wb));
+  }
+}
+
+__global__ void attention_merge_lse_kernel(float* lse, const float* lse_b, std::int64_t rows) {
+  for (std::int64_t r = global_index(); r < rows; r += global_stride()) {
+    const float a = lse[r], b = lse_b[r];
+    const float m = fmaxf(a, b);
+    if (m == -INFINITY) continue;
+    lse[r] = m + logf(expf(a - m) + expf(b - m));
+  }
+}
+
+}  // namespace
+
+void attention_merge_(const Tensor& out, const Tensor& lse, const Tensor& out_b,
+                      const Tensor& lse_b, const Stream& stream) {
+  const std::int64_t rows = lse.numel(), d = out.size(3);
+  if (rows == 0 || d == 0) return;
+  dispatch_compute(out.dtype(), "attention_merge_", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    // The outputs first (they read the old lse), then the lse, on the same stream.
+    attention_merge_kernel<T><<<grid_for(rows * d), kThreads, 0, stream.handle()>>>(
+        ptr<T>(out), ptr<float>(lse), ptr<T>(out_b), ptr<float>(lse_b), rows, d);
+    attention_merge_lse_kernel<<<grid_for(rows), kThreads, 0, stream.handle()>>>(
+        ptr<float>(lse), ptr<float>(lse_b), rows);
+  });
+  check_launch();
+}
+
 }  // namespace quintet::nn::cuda_ops

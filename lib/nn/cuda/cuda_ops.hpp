@@ -76,6 +76,9 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& out, const Tensor& lse, const AttentionOptions& options,
                         const Tensor& dq, const Tensor& dk, const Tensor& dv, const Stream& stream);
+// out, lse merged in place with out_b, lse_b (see ops.hpp).
+void attention_merge_(const Tensor& out, const Tensor& lse, const Tensor& out_b,
+                      const Tensor& lse_b, const Stream& stream);
 
 // ids [N] i32/i64, table [V, D] -> y [N, D]; out-of-range id: zero row.
 void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& y,

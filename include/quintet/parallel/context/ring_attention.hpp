@@ -1,0 +1,80 @@
+// Context-parallel attention (parallel/context/ring_attention.cpp): the attention of one long
+// sequence computed by the cp ranks that each hold part of it.
+//
+// Layout (load-balanced for causal attention): the sequence of S tokens is cut into 2·cp chunks
+// of c = S / (2·cp); rank r holds chunks r and 2·cp − 1 − r, in that order, as its local
+// sequence of 2c tokens. Every rank then has the same causal work (an early chunk, which sees
+// little, and a late one, which sees much). cp_split / cp_gather move between the full sequence
+// and this layout; cp_positions gives the global positions of a rank's tokens.
+//
+// Ring attention: q, k, v [B, H, 2c, D] in that layout. The K/V of each rank travel around the cp
+// ring (rank r sends to r + 1 and receives from r − 1), the transfer of the next block posted
+// before the current block is computed, so it runs under it. Each (query chunk, key chunk) pair
+// is one attention_forward with its global offsets (skipped when causal masks it whole, without a
+// mask when it is whole visible), and the partial results are merged by their log-sum-exp. The
+// backward runs the same ring: the gradients of each K/V block travel with it and reach their
+// owner one hop after the last step.
+//
+// All-to-all (Ulysses) attention: the same layout in and out. An all-to-all over cp trades the
+// sequence split for a head split (every rank gets the whole sequence of H / cp heads), one full
+// attention runs, and a second all-to-all trades back. H (the local heads, after tp) must divide
+// by cp.
+//
+// The results equal one attention over the whole sequence up to f32 rounding (the merge sums in
+// another order). Collective over cp, on stream.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "quintet/collectives/communicator.hpp"
+#include "quintet/core/stream.hpp"
+#include "quintet/core/tensor.hpp"
+#include "quintet/nn/ops.hpp"
+
+namespace quintet::context {
+
+// Throws InvalidArgument unless seq divides into 2 * cp chunks (naming both numbers).
+void check_cp_sequence(std::int64_t seq, int cp);
+// This rank's part of full (the sequence along dim): chunks rank and 2·cp − 1 − rank of it,
+// concatenated along dim (a new contiguous tensor).
+Tensor cp_split(const Tensor& full, int dim, int cp, int rank, const Stream& stream = Stream());
+// The whole sequence from every rank's part (all-gather over cp, then the chunks put in order).
+Tensor cp_gather(Communicator& cp, const Tensor& local, int dim, const Stream& stream = Stream());
+// The global positions of rank's 2c tokens.
+std::vector<std::int64_t> cp_positions(std::int64_t seq, int cp, int rank);
+
+struct CpAttentionOptions {
+  bool causal = true;
+  float scale = 0.0f;  // 0 = 1 / sqrt(head_dim)
+};
+
+// out [B, H, 2c, D] and the merged lse [B, H, 2c] (f32) in the cp layout.
+nn::AttentionOutput ring_attention_forward(Communicator& cp, const Tensor& q, const Tensor& k,
+                                           const Tensor& v, const CpAttentionOptions& options,
+                                           const Stream& stream = Stream());
+// dq, dk, dv in the cp layout, from the forward's out and lse.
+nn::AttentionGrads ring_attention_backward(Communicator& cp, const Tensor& dout, const Tensor& q,
+                                           const Tensor& k, const Tensor& v, const Tensor& out,
+                                           const Tensor& lse, const CpAttentionOptions& options,
+                                           const Stream& stream = Stream());
+
+// What the Ulysses forward keeps for its backward: the head-split, whole-sequence q, k, v, out and
+// lse ([B, H/cp, S, D]).
+struct UlyssesSaved {
+  Tensor q, k, v, out, lse;
+};
+struct UlyssesOutput {
+  Tensor out;  // [B, H, 2c, D] in the cp layout
+  UlyssesSaved saved;
+};
+// Throws InvalidArgument (before any communication) unless the heads divide by cp.
+UlyssesOutput ulysses_attention_forward(Communicator& cp, const Tensor& q, const Tensor& k,
+                                        const Tensor& v, const CpAttentionOptions& options,
+                                        const Stream& stream = Stream());
+nn::AttentionGrads ulysses_attention_backward(Communicator& cp, const Tensor& dout,
+                                              const UlyssesSaved& saved,
+                                              const CpAttentionOptions& options,
+                                              const Stream& stream = Stream());
+
+}  // namespace quintet::context

@@ -1,0 +1,332 @@
+// Context-parallel attention: ring and all-to-all (see ring_attention.hpp).
+#include "quintet/parallel/context/ring_attention.hpp"
+
+#include <limits>
+#include <utility>
+
+#include "quintet/core/error.hpp"
+
+namespace quintet::context {
+
+namespace {
+
+// The two chunks of a local sequence of 2c along dim.
+Tensor chunk_of(const Tensor& t, int dim, int j, std::int64_t c) { return t.narrow(dim, j * c, c); }
+
+// The global start of chunk j (0: the early one, 1: the late one) of rank `owner`.
+std::int64_t chunk_start(int owner, int j, int cp, std::int64_t c) {
+  return (j == 0 ? owner : 2 * cp - 1 - owner) * c;
+}
+
+// Checks q, k, v [B, H, 2c, D] of one shape and dtype; returns c.
+std::int64_t check_local(const char* op, const Tensor& q, const Tensor& k, const Tensor& v) {
+  QUINTET_CHECK(q.defined() && q.dim() == 4,
+                "{}: q must be [batch, heads, local seq, head_dim], found {}", op,
+                q.defined() ? shape_str(q.shape()) : std::string("undefined"));
+  QUINTET_CHECK(k.defined() && v.defined() && k.shape() == q.shape() && v.shape() == q.shape() &&
+                    k.dtype() == q.dtype() && v.dtype() == q.dtype(),
+                "{}: k and v must have q's shape {} and dtype (self-attention of one sequence)", op,
+                shape_str(q.shape()));
+  QUINTET_CHECK(q.size(2) % 2 == 0,
+                "{}: the local sequence of {} tokens is not two chunks; split the sequence with "
+                "cp_split (2 * cp chunks)",
+                op, q.size(2));
+  return q.size(2) / 2;
+}
+
+nn::AttentionOptions block_options(const CpAttentionOptions& o, std::int64_t q_start,
+                                   std::int64_t k_start) {
+  nn::AttentionOptions b;
+  // Chunks are aligned: a key chunk that starts before the query chunk is seen whole (no mask),
+  // the same chunk is the causal diagonal, a later one is masked whole (never called).
+  b.causal = o.causal && k_start == q_start;
+  b.q_offset = q_start;
+  b.k_offset = k_start;
+  b.scale = o.scale;
+  return b;
+}
+
+bool visible(const CpAttentionOptions& o, std::int64_t q_start, std::int64_t k_start) {
+  return !o.causal || k_start <= q_start;
+}
+
+// K and V of one rank packed as [2 (k, v), 2 (chunk), B, H, c, D], so that one transfer moves
+// them and each block is a contiguous view.
+Tensor part(const Tensor& packed, int which, int j) {
+  const Shape& s = packed.shape();
+  return packed.narrow(0, which, 1).narrow(1, j, 1).view({s[2], s[3], s[4], s[5]});
+}
+
+Tensor pack_kv(const Tensor& k, const Tensor& v, std::int64_t c, const Stream& stream) {
+  Tensor packed =
+      Tensor::empty({2, 2, k.size(0), k.size(1), c, k.size(3)}, k.dtype(), k.device(), stream);
+  for (int j = 0; j < 2; ++j) {
+    part(packed, 0, j).copy_(chunk_of(k, 2, j, c), stream);
+    part(packed, 1, j).copy_(chunk_of(v, 2, j, c), stream);
+  }
+  return packed;
+}
+
+// A tensor of value, made on stream (the compute streams do not wait for the legacy default one).
+Tensor filled(const Shape& shape, DType dtype, const Device& device, double value,
+              const Stream& stream) {
+  Tensor t = Tensor::empty(shape, dtype, device, stream);
+  t.fill_(value, stream);
+  return t;
+}
+
+// The two chunks a and b joined along dim 2 (as dtype).
+Tensor join(const Tensor& a, const Tensor& b, DType dtype, const Stream& stream) {
+  Shape s = a.shape();
+  s[2] *= 2;
+  Tensor out = Tensor::empty(s, dtype, a.device(), stream);
+  out.narrow(2, 0, a.size(2)).copy_(a, stream);
+  out.narrow(2, a.size(2), a.size(2)).copy_(b, stream);
+  return out;
+}
+
+}  // namespace
+
+void check_cp_sequence(std::int64_t seq, int cp) {
+  QUINTET_CHECK(cp >= 1 && seq > 0 && seq % (2 * cp) == 0,
+                "context parallelism: the sequence of {} tokens must split into 2 * cp = {} equal "
+                "chunks (cp {}); use a sequence length that is a multiple of {}",
+                seq, 2 * cp, cp, 2 * cp);
+}
+
+Tensor cp_split(const Tensor& full, int dim, int cp, int rank, const Stream& stream) {
+  QUINTET_CHECK(dim >= 0 && dim < full.dim(), "cp_split: dim {} of a {}-d tensor", dim, full.dim());
+  QUINTET_CHECK(rank >= 0 && rank < cp, "cp_split: rank {} of cp {}", rank, cp);
+  check_cp_sequence(full.size(dim), cp);
+  const std::int64_t c = full.size(dim) / (2 * cp);
+  Shape s = full.shape();
+  s[dim] = 2 * c;
+  Tensor out = Tensor::empty(s, full.dtype(), full.device(), stream);
+  for (int j = 0; j < 2; ++j) {
+    out.narrow(dim, j * c, c).copy_(full.narrow(dim, chunk_start(rank, j, cp, c), c), stream);
+  }
+  return out;
+}
+
+Tensor cp_gather(Communicator& cp, const Tensor& local, int dim, const Stream& stream) {
+  const int n = cp.size();
+  QUINTET_CHECK(dim >= 0 && dim < local.dim() && local.size(dim) % 2 == 0,
+                "cp_gather: dim {} of {} is not a local sequence of two chunks", dim,
+                shape_str(local.shape()));
+  const std::int64_t c = local.size(dim) / 2;
+  const Tensor mine = local.contiguous(stream);
+  Tensor all = Tensor::empty({n * mine.numel()}, mine.dtype(), mine.device(), stream);
+  cp.all_gather(mine.view({mine.numel()}), all, stream).wait(stream);
+  Shape s = local.shape();
+  s[dim] = 2 * c * n;
+  Tensor full = Tensor::empty(s, local.dtype(), local.device(), stream);
+  for (int r = 0; r < n; ++r) {
+    const Tensor piece = all.narrow(0, r * mine.numel(), mine.numel()).view(local.shape());
+    for (int j = 0; j < 2; ++j) {
+      full.narrow(dim, chunk_start(r, j, n, c), c).copy_(piece.narrow(dim, j * c, c), stream);
+    }
+  }
+  return full;
+}
+
+std::vector<std::int64_t> cp_positions(std::int64_t seq, int cp, int rank) {
+  check_cp_sequence(seq, cp);
+  const std::int64_t c = seq / (2 * cp);
+  std::vector<std::int64_t> out;
+  for (int j = 0; j < 2; ++j) {
+    for (std::int64_t i = 0; i < c; ++i) out.push_back(chunk_start(rank, j, cp, c) + i);
+  }
+  return out;
+}
+
+nn::AttentionOutput ring_attention_forward(Communicator& cp, const Tensor& q, const Tensor& k,
+                                           const Tensor& v, const CpAttentionOptions& options,
+                                           const Stream& stream) {
+  const std::int64_t c = check_local("ring_attention_forward", q, k, v);
+  const int n = cp.size(), r = cp.rank();
+  const DType stats = nn::accum_dtype(q.dtype());
+  const Tensor qs[2] = {chunk_of(q, 2, 0, c).contiguous(stream),
+                        chunk_of(q, 2, 1, c).contiguous(stream)};
+  Tensor out[2], lse[2];
+  for (int i = 0; i < 2; ++i) {
+    out[i] = filled(qs[i].shape(), q.dtype(), q.device(), 0.0, stream);
+    lse[i] = filled({q.size(0), q.size(1), c}, stats, q.device(),
+                    -std::numeric_limits<double>::infinity(), stream);
+  }
+  Tensor cur = pack_kv(k, v, c, stream);
+  Tensor next = n > 1 ? Tensor::empty(cur.shape(), cur.dtype(), cur.device(), stream) : Tensor();
+  for (int t = 0; t < n; ++t) {
+    const int owner = (r - t + n) % n;
+    // The next block's transfer runs under this block's attention.
+    Work transfer;
+    const bool more = t + 1 < n;
+    if (more) {
+      transfer =
+          cp.p2p({P2POp::send(cur, (r + 1) % n), P2POp::recv(next, (r - 1 + n) % n)}, stream);
+    }
+    for (int i = 0; i < 2; ++i) {
+      for (int j = 0; j < 2; ++j) {
+        const std::int64_t qs0 = chunk_start(r, i, n, c), ks0 = chunk_start(owner, j, n, c);
+        if (!visible(options, qs0, ks0)) continue;
+        const nn::AttentionOutput b = nn::attention_forward(
+            qs[i], part(cur, 0, j), part(cur, 1, j), block_options(options, qs0, ks0), stream);
+        nn::attention_merge_(out[i], lse[i], b.out, b.lse, stream);
+      }
+    }
+    if (more) {
+      transfer.wait(stream);
+      std::swap(cur, next);
+    }
+  }
+  return {join(out[0], out[1], q.dtype(), stream), join(lse[0], lse[1], stats, stream)};
+}
+
+nn::AttentionGrads ring_attention_backward(Communicator& cp, const Tensor& dout, const Tensor& q,
+                                           const Tensor& k, const Tensor& v, const Tensor& out,
+                                           const Tensor& lse, const CpAttentionOptions& options,
+                                           const Stream& stream) {
+  const std::int64_t c = check_local("ring_attention_backward", q, k, v);
+  QUINTET_CHECK(dout.defined() && out.defined() && dout.shape() == q.shape() &&
+                    out.shape() == q.shape() && lse.defined() &&
+                    lse.shape() == Shape({q.size(0), q.size(1), q.size(2)}),
+                "ring_attention_backward: dout and out must be {} and lse [{}, {}, {}] (the "
+                "forward's)",
+                shape_str(q.shape()), q.size(0), q.size(1), q.size(2));
+  const int n = cp.size(), r = cp.rank();
+  const DType acc = nn::accum_dtype(q.dtype());
+  Tensor qs[2], douts[2], outs[2], lses[2], dq[2];
+  for (int i = 0; i < 2; ++i) {
+    qs[i] = chunk_of(q, 2, i, c).contiguous(stream);
+    douts[i] = chunk_of(dout, 2, i, c).contiguous(stream);
+    outs[i] = chunk_of(out, 2, i, c).contiguous(stream);
+    lses[i] = lse.narrow(2, i * c, c).contiguous(stream);
+    dq[i] = filled(qs[i].shape(), acc, q.device(), 0.0, stream);
+  }
+  Tensor cur = pack_kv(k, v, c, stream);
+  Tensor next = n > 1 ? Tensor::empty(cur.shape(), cur.dtype(), cur.device(), stream) : Tensor();
+  // The gradients of the K/V block in hand, travelling with it (f32 accumulators).
+  Tensor dkv = filled(cur.shape(), acc, q.device(), 0.0, stream);
+  Tensor dkv_next = n > 1 ? Tensor::empty(dkv.shape(), acc, q.device(), stream) : Tensor();
+  for (int t = 0; t < n; ++t) {
+    const int owner = (r - t + n) % n;
+    Work transfer;
+    const bool more = t + 1 < n;
+    if (more) {
+      transfer =
+          cp.p2p({P2POp::send(cur, (r + 1) % n), P2POp::recv(next, (r - 1 + n) % n)}, stream);
+    }
+    for (int i = 0; i < 2; ++i) {
+      for (int j = 0; j < 2; ++j) {
+        const std::int64_t qs0 = chunk_start(r, i, n, c), ks0 = chunk_start(owner, j, n, c);
+        if (!visible(options, qs0, ks0)) continue;
+        const nn::AttentionGrads g =
+            nn::attention_backward(douts[i], qs[i], part(cur, 0, j), part(cur, 1, j), outs[i],
+                                   lses[i], block_options(options, qs0, ks0), stream);
+        nn::add_(dq[i], g.dq, 1.0f, stream);
+        nn::add_(part(dkv, 0, j), g.dk, 1.0f, stream);
+        nn::add_(part(dkv, 1, j), g.dv, 1.0f, stream);
+      }
+    }
+    if (more) transfer.wait(stream);
+    // One hop on: the next rank holds this K/V block at the next step, and after the last step
+    // the hop brings each block's gradients home.
+    if (n > 1) {
+      cp.p2p({P2POp::send(dkv, (r + 1) % n), P2POp::recv(dkv_next, (r - 1 + n) % n)}, stream)
+          .wait(stream);
+      std::swap(dkv, dkv_next);
+    }
+    if (more) std::swap(cur, next);
+  }
+  return {join(dq[0], dq[1], q.dtype(), stream),
+          join(part(dkv, 0, 0), part(dkv, 0, 1), q.dtype(), stream),
+          join(part(dkv, 1, 0), part(dkv, 1, 1), q.dtype(), stream)};
+}
+
+namespace {
+
+// Checks the heads split over cp (before any communication); returns H / cp.
+std::int64_t ulysses_heads(const char* op, const Tensor& q, int cp) {
+  QUINTET_CHECK(q.size(1) % cp == 0,
+                "{}: all-to-all attention splits the {} local heads (after tensor parallelism) "
+                "over cp {}, which does not divide them; use ring attention or a head count "
+                "divisible by cp",
+                op, q.size(1), cp);
+  return q.size(1) / cp;
+}
+
+// [B, H, 2c, D] in the cp layout -> [B, H/cp, S, D] (this rank's heads, the whole sequence).
+Tensor to_heads(Communicator& cp, const Tensor& x, const Stream& stream) {
+  const int n = cp.size();
+  const std::int64_t b = x.size(0), h = x.size(1), l = x.size(2), d = x.size(3), g = h / n;
+  const std::int64_t c = l / 2;
+  const Tensor send = x.contiguous(stream).view({b, n, g, l, d}).transpose(0, 1).contiguous(stream);
+  Tensor recv = Tensor::empty(send.shape(), x.dtype(), x.device(), stream);
+  cp.all_to_all(send, recv, stream).wait(stream);
+  Tensor full = Tensor::empty({b, g, l * n, d}, x.dtype(), x.device(), stream);
+  for (int s = 0; s < n; ++s) {
+    const Tensor piece = recv.narrow(0, s, 1).view({b, g, l, d});
+    for (int j = 0; j < 2; ++j) {
+      full.narrow(2, chunk_start(s, j, n, c), c).copy_(piece.narrow(2, j * c, c), stream);
+    }
+  }
+  return full;
+}
+
+// The inverse: [B, H/cp, S, D] -> [B, H, 2c, D] in the cp layout.
+Tensor to_sequence(Communicator& cp, const Tensor& y, const Stream& stream) {
+  const int n = cp.size();
+  const std::int64_t b = y.size(0), g = y.size(1), d = y.size(3);
+  const std::int64_t c = y.size(2) / (2 * n), l = 2 * c;
+  Tensor send = Tensor::empty({n, b, g, l, d}, y.dtype(), y.device(), stream);
+  for (int s = 0; s < n; ++s) {
+    Tensor dst = send.narrow(0, s, 1).view({b, g, l, d});
+    for (int j = 0; j < 2; ++j) {
+      dst.narrow(2, j * c, c).copy_(y.narrow(2, chunk_start(s, j, n, c), c), stream);
+    }
+  }
+  Tensor recv = Tensor::empty(send.shape(), y.dtype(), y.device(), stream);
+  cp.all_to_all(send, recv, stream).wait(stream);
+  return recv.transpose(0, 1).contiguous(stream).view({b, g * n, l, d});
+}
+
+}  // namespace
+
+UlyssesOutput ulysses_attention_forward(Communicator& cp, const Tensor& q, const Tensor& k,
+                                        const Tensor& v, const CpAttentionOptions& options,
+                                        const Stream& stream) {
+  check_local("ulysses_attention_forward", q, k, v);
+  ulysses_heads("ulysses_attention_forward", q, cp.size());
+  UlyssesOutput r;
+  r.saved.q = to_heads(cp, q, stream);
+  r.saved.k = to_heads(cp, k, stream);
+  r.saved.v = to_heads(cp, v, stream);
+  nn::AttentionOptions o;
+  o.causal = options.causal;
+  o.scale = options.scale;
+  nn::AttentionOutput a = nn::attention_forward(r.saved.q, r.saved.k, r.saved.v, o, stream);
+  r.out = to_sequence(cp, a.out, stream);
+  r.saved.out = std::move(a.out);
+  r.saved.lse = std::move(a.lse);
+  return r;
+}
+
+nn::AttentionGrads ulysses_attention_backward(Communicator& cp, const Tensor& dout,
+                                              const UlyssesSaved& saved,
+                                              const CpAttentionOptions& options,
+                                              const Stream& stream) {
+  QUINTET_CHECK(saved.q.defined() && dout.defined() && dout.dim() == 4 &&
+                    dout.size(1) == saved.q.size(1) * cp.size(),
+                "ulysses_attention_backward: dout {} does not match the forward's saved q {}",
+                dout.defined() ? shape_str(dout.shape()) : std::string("undefined"),
+                saved.q.defined() ? shape_str(saved.q.shape()) : std::string("undefined"));
+  nn::AttentionOptions o;
+  o.causal = options.causal;
+  o.scale = options.scale;
+  const Tensor dfull = to_heads(cp, dout, stream);
+  const nn::AttentionGrads g =
+      nn::attention_backward(dfull, saved.q, saved.k, saved.v, saved.out, saved.lse, o, stream);
+  return {to_sequence(cp, g.dq, stream), to_sequence(cp, g.dk, stream),
+          to_sequence(cp, g.dv, stream)};
+}
+
+}  // namespace quintet::context
