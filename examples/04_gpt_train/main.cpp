@@ -19,8 +19,8 @@
 #include "quintet/collectives/bootstrap.hpp"  // World, init
 #include "quintet/core/allocator.hpp"         // peak GPU memory
 #include "quintet/core/log.hpp"
-#include "quintet/data/loader.hpp"                  // DataLoader
-#include "quintet/data/synthetic.hpp"               // the built-in dataset and its entropy floor
+#include "quintet/data/loader.hpp"     // DataLoader
+#include "quintet/data/synthetic.hpp"  // the built-in dataset and its entropy floor
 #include "quintet/parallel/mesh.hpp"
 #include "quintet/parallel/overlap/timed_communicator.hpp"  // exposed tp communication per step
 #include "quintet/parallel/train/checkpointer.hpp"          // save and resume in one call
@@ -39,6 +39,7 @@ int run(const gpt::TrainConfig& c, quintet::World& world) {
 
   quintet::ParallelConfig layout;
   layout.tp = c.tp;
+  layout.cp = c.cp;
   layout.dp = c.dp;
   layout.pp = c.pp;
   quintet::Mesh mesh(quintet::Layout(layout, world.size()), world.comm());
@@ -63,6 +64,8 @@ int run(const gpt::TrainConfig& c, quintet::World& world) {
   // inner communicator's), so each step can report the tp communication it was exposed to.
   std::optional<quintet::TimedCommunicator> timed_tp;
   if (c.tp > 1) timed_tp.emplace(mesh.comm(Axis::tp));
+  std::optional<quintet::TimedCommunicator> timed_cp;  // the same for the cp ring / all-to-alls
+  if (c.cp > 1) timed_cp.emplace(mesh.comm(Axis::cp));
 
   // This rank's share of the model: its pipeline stages (each a chunk of the library GPT with its
   // parameters, data parallelism and AdamW) and the executor that runs them.
@@ -86,6 +89,7 @@ int run(const gpt::TrainConfig& c, quintet::World& world) {
   tc.optimizer.max_grad_norm = c.clip;
   tc.seed = c.seed;
   tc.tp = timed_tp ? &*timed_tp : nullptr;
+  tc.cp = timed_cp ? &*timed_cp : nullptr;
   tc.check_batches = c.check_batches;  // --check-batches: a stage's tp ranks read the same tokens
   quintet::train::TrainingModel model(tc, mesh, stream);
 
@@ -109,11 +113,12 @@ int run(const gpt::TrainConfig& c, quintet::World& world) {
   if (world.rank() == 0 && !c.json) {
     fmt::print(
         "04_gpt_train: {} params ({} non-embedding), {} layers, hidden {}, heads {}, "
-        "vocab {}, seq {}{} | tp {}{} x dp {} x pp {} ({}, {} chunk{} per rank), ZeRO-{} | {} | "
+        "vocab {}, seq {}{} | tp {}{} x cp {} x dp {} x pp {} ({}, {} chunk{} per rank), ZeRO-{} | "
+        "{} | "
         "global batch {} = micro {} x dp {} x accumulation {}\n",
         tc.model.total_params(), tc.model.non_embedding_params(), c.layers, c.hidden, c.heads,
         c.vocab, c.seq_len, c.tied_embeddings ? ", tied embeddings" : "", c.tp,
-        c.sp ? " (+sp)" : "", c.dp, c.pp, model.executor().schedule().name, c.vpp,
+        c.sp ? " (+sp)" : "", c.cp, c.dp, c.pp, model.executor().schedule().name, c.vpp,
         c.vpp > 1 ? "s" : "", c.zero, device.str(), c.global_batch, c.micro_batch, c.dp,
         c.accumulation());
   }
@@ -126,6 +131,7 @@ int run(const gpt::TrainConfig& c, quintet::World& world) {
     model.set_lr(lr);
     if (gpu) quintet::cuda_reset_peak(device);
     if (timed_tp) timed_tp->reset();  // the window is this step
+    if (timed_cp) timed_cp->reset();
     const auto t0 = std::chrono::steady_clock::now();
     // One optimizer step: the schedule over the microbatches (without a pipeline, forward and
     // backward of each in turn), the gradient reductions overlapping the last backwards, the
@@ -135,6 +141,7 @@ int run(const gpt::TrainConfig& c, quintet::World& world) {
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     const quintet::DataParallelStats comm = model.data_parallel_stats();
     const double tp_exposed_ms = timed_tp ? timed_tp->take_stats().exposed_ms : 0.0;
+    const double cp_exposed_ms = timed_cp ? timed_cp->take_stats().exposed_ms : 0.0;
 
     gpt::StepRecord rec;
     rec.step = step + 1;
@@ -156,12 +163,14 @@ int run(const gpt::TrainConfig& c, quintet::World& world) {
     rec.grad_mem_bytes = comm.peak_gradient_bytes;
     rec.comm_ms = comm.comm_ms;
     rec.tp_comm_ms = tp_exposed_ms;
-    rec.exposed_comm_pct = 100.0 * (comm.exposed_ms + tp_exposed_ms) / ms;
+    rec.cp_comm_ms = cp_exposed_ms;
+    rec.exposed_comm_pct = 100.0 * (comm.exposed_ms + tp_exposed_ms + cp_exposed_ms) / ms;
     reporter.step(rec);
 
     const bool last = step + 1 == end;
     if (saver && ((c.save_every > 0 && (step + 1) % c.save_every == 0) || last)) {
-      saver->save(step + 1, model, loader, gpt::run_metadata(c), gpt::exit_during_save(c, step + 1));
+      saver->save(step + 1, model, loader, gpt::run_metadata(c),
+                  gpt::exit_during_save(c, step + 1));
     }
   }
   reporter.summary(c.bench ? c.bench_skip : 0);

@@ -62,6 +62,7 @@ void Reporter::step(const StepRecord& r) {
                      {"exposed_comm_pct", r.exposed_comm_pct},
                      {"comm_ms", r.comm_ms},
                      {"tp_comm_ms", r.tp_comm_ms},
+                     {"cp_comm_ms", r.cp_comm_ms},
                      {"peak_mem_bytes", r.peak_mem_bytes},
                      {"grad_mem_bytes", r.grad_mem_bytes}};
     fmt::print("{}\n", j.dump());
@@ -74,9 +75,10 @@ void Reporter::step(const StepRecord& r) {
   line += fmt::format(" | lr {:.2e} | grad norm {:.3f} | {:.1f} ms | {:.0f} tok/s", r.lr,
                       r.grad_norm, r.ms, r.tokens_per_s);
   if (r.mfu) line += fmt::format(" | MFU {:.1f}% ({:.1f} TFLOP/s)", 100 * *r.mfu, *r.tflops);
-  line += fmt::format(" | exposed comm {:.1f}% (tp {:.1f} ms) | peak mem {} (grads {})",
-                      r.exposed_comm_pct, r.tp_comm_ms, mem_str(r.peak_mem_bytes),
-                      mem_str(r.grad_mem_bytes));
+  line +=
+      fmt::format(" | exposed comm {:.1f}% (tp {:.1f} ms, cp {:.1f} ms) | peak mem {} (grads {})",
+                  r.exposed_comm_pct, r.tp_comm_ms, r.cp_comm_ms, mem_str(r.peak_mem_bytes),
+                  mem_str(r.grad_mem_bytes));
   fmt::print("{}\n", line);
   std::fflush(stdout);
   draw_progress(r);
@@ -100,7 +102,7 @@ void Reporter::summary(std::int64_t skip) const {
   if (!active_ || records_.empty()) return;
   std::size_t first = static_cast<std::size_t>(std::max<std::int64_t>(skip, 0));
   if (first >= records_.size()) first = 0;
-  std::vector<double> ms, tps, mfu, exposed, comm, tp_comm;
+  std::vector<double> ms, tps, mfu, exposed, comm, tp_comm, cp_comm;
   for (std::size_t i = first; i < records_.size(); ++i) {
     ms.push_back(records_[i].ms);
     tps.push_back(records_[i].tokens_per_s);
@@ -108,6 +110,7 @@ void Reporter::summary(std::int64_t skip) const {
     exposed.push_back(records_[i].exposed_comm_pct);
     comm.push_back(records_[i].comm_ms);
     tp_comm.push_back(records_[i].tp_comm_ms);
+    cp_comm.push_back(records_[i].cp_comm_ms);
   }
   const StepRecord& last = records_.back();
   const std::int64_t measured = static_cast<std::int64_t>(records_.size() - first);
@@ -122,6 +125,7 @@ void Reporter::summary(std::int64_t skip) const {
         {"median_exposed_comm_pct", median(exposed)},
         {"median_comm_ms", median(comm)},
         {"median_tp_comm_ms", median(tp_comm)},
+        {"median_cp_comm_ms", median(cp_comm)},
         {"peak_mem_bytes", last.peak_mem_bytes},
         {"grad_mem_bytes", last.grad_mem_bytes}};
     fmt::print("{}\n", j.dump());

@@ -8,7 +8,9 @@
 //                     (TimedCommunicator). Compute the stream runs between issue and wait (the
 //                     column-parallel backward overlaps dx's all-reduce with dW) is included, so
 //                     it is an upper bound. 0 at tp = 1.
-//   exposed_comm_pct  100 * (dp exposed ms + tp_comm_ms) / step ms.
+//   cp_comm_ms        exposed context-parallel communication (the ring's K/V and dK/dV
+//                     transfers, or the all-to-alls), measured the same way. 0 at cp = 1.
+//   exposed_comm_pct  100 * (dp exposed ms + tp_comm_ms + cp_comm_ms) / step ms.
 #pragma once
 
 #include <cstdint>
@@ -31,6 +33,7 @@ struct StepRecord {
   double exposed_comm_pct = 0.0;    // exposed dp + tp communication, % of the step (see above)
   double comm_ms = 0.0;             // data-parallel communication time (hidden or not)
   double tp_comm_ms = 0.0;          // exposed tensor-parallel communication (see above)
+  double cp_comm_ms = 0.0;          // exposed context-parallel communication (see above)
   std::int64_t peak_mem_bytes = 0;  // peak device memory (GPU) or resident set (CPU)
   std::int64_t grad_mem_bytes = 0;  // the most gradient storage held at once (ZeRO-2: shards)
 };

@@ -27,7 +27,14 @@ bool parse_args(const quintet::RuntimeConfig& runtime, TrainConfig* c, int* exit
                  "sequences per optimizer step over all dp ranks (accumulation follows)")
       ->capture_default_str();
   app.add_option("--tp", c->tp, "tensor-parallel size")->capture_default_str();
-  app.add_option("--dp", c->dp, "data-parallel size (tp * dp * pp = ranks)")->capture_default_str();
+  app.add_option("--dp", c->dp, "data-parallel size (tp * cp * dp * pp = ranks)")
+      ->capture_default_str();
+  app.add_option("--cp", c->cp, "context-parallel size: ranks that split each sequence")
+      ->capture_default_str();
+  app.add_option("--cp-kind", c->cp_kind,
+                 "how attention spans the cp ranks: ring (K/V around a ring) or ulysses "
+                 "(all-to-all to a head split)")
+      ->capture_default_str();
   app.add_option("--pp", c->pp, "pipeline-parallel size (stages)")->capture_default_str();
   app.add_option("--vpp", c->vpp, "model chunks per pipeline rank (interleaved, zb-v)")
       ->capture_default_str();
@@ -99,9 +106,21 @@ bool parse_args(const quintet::RuntimeConfig& runtime, TrainConfig* c, int* exit
 }
 
 void validate(const TrainConfig& c, int world) {
-  QUINTET_CHECK(c.tp >= 1 && c.dp >= 1 && c.pp >= 1 && c.vpp >= 1,
-                "--tp {} --dp {} --pp {} --vpp {}: all must be >= 1", c.tp, c.dp, c.pp, c.vpp);
-  if (c.pp == 1) {
+  QUINTET_CHECK(c.tp >= 1 && c.cp >= 1 && c.dp >= 1 && c.pp >= 1 && c.vpp >= 1,
+                "--tp {} --cp {} --dp {} --pp {} --vpp {}: all must be >= 1", c.tp, c.cp, c.dp,
+                c.pp, c.vpp);
+  if (c.cp > 1) {
+    QUINTET_CHECK(c.tp * c.cp * c.dp * c.pp == world,
+                  "--tp {} x --cp {} x --dp {} x --pp {} = {} ranks, but the job has {}; launch "
+                  "with mpirun -np {} or change the sizes",
+                  c.tp, c.cp, c.dp, c.pp, c.tp * c.cp * c.dp * c.pp, world,
+                  c.tp * c.cp * c.dp * c.pp);
+    QUINTET_CHECK(c.seq_len % (2 * c.cp) == 0,
+                  "--seq-len {} is not divisible by 2 x --cp {} = {}: context parallelism cuts "
+                  "each sequence into 2 * cp equal chunks",
+                  c.seq_len, c.cp, 2 * c.cp);
+    (void)quintet::context::parse_context_parallel_kind(c.cp_kind);
+  } else if (c.pp == 1) {
     QUINTET_CHECK(c.tp * c.dp == world,
                   "--tp {} x --dp {} = {} ranks, but the job has {}; launch with mpirun -np {} or "
                   "change --tp/--dp",
@@ -117,7 +136,7 @@ void validate(const TrainConfig& c, int world) {
                 "layers are split evenly over the chunks",
                 c.layers, c.pp, c.vpp, c.pp * c.vpp);
   QUINTET_CHECK(!c.sp || c.tp > 1, "--sp needs --tp > 1 (sequence parallelism splits over tp)");
-  QUINTET_CHECK(!c.sp || c.seq_len % c.tp == 0,
+  QUINTET_CHECK(!c.sp || (c.seq_len / c.cp) % c.tp == 0,
                 "--seq-len {} is not divisible by --tp {}: sequence parallelism splits the "
                 "sequence evenly; choose a multiple of {}",
                 c.seq_len, c.tp, c.tp);
@@ -147,7 +166,7 @@ void validate(const TrainConfig& c, int world) {
   QUINTET_CHECK(c.loader_threads >= 1, "--loader-threads {}: expected >= 1", c.loader_threads);
   // The model's own checks (heads, vocabulary and MLP width against tp) and the schedule's rules
   // (its microbatches, vpp), before any communicator exists.
-  model_config(c, /*gpu=*/false).validate(c.tp);
+  model_config(c, /*gpu=*/false).validate(c.tp, c.cp);
   pipeline_schedule(c);
 }
 
@@ -173,6 +192,7 @@ quintet::model::GptConfig model_config(const TrainConfig& c, bool gpu) {
   m.dtype = gpu ? quintet::DType::bf16 : quintet::DType::f32;
   m.sequence_parallel = c.sp;
   m.recompute = quintet::model::parse_recompute_kind(c.recompute);
+  m.context_parallel = quintet::context::parse_context_parallel_kind(c.cp_kind);
   return m;
 }
 

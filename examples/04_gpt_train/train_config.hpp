@@ -25,6 +25,8 @@ struct TrainConfig {
   std::int64_t global_batch = 16;
   // Layout.
   int tp = 1;
+  int cp = 1;                    // context parallel: ranks that split each sequence
+  std::string cp_kind = "ring";  // ring or ulysses
   int dp = 1;
   int pp = 1;                     // pipeline stages (ranks)
   int vpp = 1;                    // model chunks per pipeline rank

@@ -87,6 +87,12 @@ Tensor join(const Tensor& a, const Tensor& b, DType dtype, const Stream& stream)
 
 }  // namespace
 
+ContextParallelKind parse_context_parallel_kind(std::string_view name) {
+  if (name == "ring") return ContextParallelKind::ring;
+  if (name == "ulysses" || name == "all-to-all") return ContextParallelKind::all_to_all;
+  QUINTET_THROW(InvalidArgument, "unknown context-parallel kind \"{}\"; use ring or ulysses", name);
+}
+
 void check_cp_sequence(std::int64_t seq, int cp) {
   QUINTET_CHECK(cp >= 1 && seq > 0 && seq % (2 * cp) == 0,
                 "context parallelism: the sequence of {} tokens must split into 2 * cp = {} equal "

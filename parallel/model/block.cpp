@@ -23,7 +23,9 @@ std::unique_ptr<nn::Module> make_attention(const GptConfig& c, const ModelGroups
           ParallelAttentionOptions{.bias = c.bias,
                                    .init_std = c.init_std,
                                    .proj_init_std = c.output_init_std(),
-                                   .sequence_parallel = c.sequence_parallel});
+                                   .sequence_parallel = c.sequence_parallel,
+                                   .cp = g.cp,
+                                   .cp_kind = c.context_parallel});
   }
   QUINTET_THROW(InvalidArgument, "GptConfig: unknown attention kind {}",
                 static_cast<int>(c.attention));
@@ -49,7 +51,7 @@ std::unique_ptr<nn::Module> make_norm(const GptConfig& c) {
 
 TransformerBlock::TransformerBlock(const GptConfig& c, const ModelGroups& g) {
   check_groups(g);
-  c.validate_block(g.tp->size());
+  c.validate_block(g.tp->size(), g.cp_size());
   norm1_ = &add_module("norm1", make_norm(c));
   std::unique_ptr<nn::Module> attention = make_attention(c, g);
   if (c.recompute == RecomputeKind::attention) {

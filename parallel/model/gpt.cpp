@@ -12,7 +12,7 @@ namespace {
 const GptConfig& checked(const GptConfig& config, const ModelGroups& groups,
                          const ChunkSpec& spec) {
   check_groups(groups);
-  config.validate(groups.tp->size());
+  config.validate(groups.tp->size(), groups.cp_size());
   spec.validate(config);
   return config;
 }
@@ -24,12 +24,14 @@ GptChunk::GptChunk(const GptConfig& config, const ModelGroups& groups, const Chu
   Communicator& tp = *groups.tp;
   const bool sp = c.sequence_parallel;
   const EmbeddingOptions embedding{.init_std = c.init_std, .sequence_parallel = sp};
+  const EmbeddingOptions positions{
+      .init_std = c.init_std, .sequence_parallel = sp, .cp = groups.cp};
   if (spec.embedding) {
     tokens_ = &add_module(
         "wte", std::make_unique<VocabParallelEmbedding>(tp, c.vocab, c.hidden, embedding));
     if (c.learned_positions) {
       positions_ = &add_module(
-          "wpe", std::make_unique<PositionEmbedding>(tp, c.seq_len, c.hidden, embedding));
+          "wpe", std::make_unique<PositionEmbedding>(tp, c.seq_len, c.hidden, positions));
     }
   }
   for (std::int64_t l = spec.first_layer; l < spec.first_layer + spec.num_layers; ++l) {

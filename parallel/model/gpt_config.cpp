@@ -30,13 +30,13 @@ RecomputeKind parse_recompute_kind(std::string_view name) {
   QUINTET_THROW(InvalidArgument, "unknown recompute \"{}\"; use none, attention or full", name);
 }
 
-void GptConfig::validate(int tp) const {
-  validate_block(tp);
+void GptConfig::validate(int tp, int cp) const {
+  validate_block(tp, cp);
   QUINTET_CHECK(vocab > 0, "GptConfig: vocab = {} must be > 0", vocab);
   check_divides("vocab", vocab, tp);
 }
 
-void GptConfig::validate_block(int tp) const {
+void GptConfig::validate_block(int tp, int cp) const {
   const auto positive = [](const char* name, std::int64_t v) {
     QUINTET_CHECK(v > 0, "GptConfig: {} = {} must be > 0", name, v);
   };
@@ -56,6 +56,20 @@ void GptConfig::validate_block(int tp) const {
   QUINTET_CHECK(tp >= 1, "GptConfig: the tensor-parallel size tp = {} must be >= 1", tp);
   check_divides("heads", heads, tp);
   check_divides("the MLP width (ffn_hidden)", mlp_width(), tp);
+  QUINTET_CHECK(cp >= 1, "GptConfig: the context-parallel size cp = {} must be >= 1", cp);
+  if (cp > 1) {
+    context::check_cp_sequence(seq_len, cp);
+    QUINTET_CHECK(!sequence_parallel || (seq_len / cp) % tp == 0,
+                  "GptConfig: with sequence parallelism each cp rank's {} tokens (seq_len {} / cp "
+                  "{}) split over tp {}, which does not divide them",
+                  seq_len / cp, seq_len, cp, tp);
+    QUINTET_CHECK(context_parallel != context::ContextParallelKind::all_to_all ||
+                      heads % (static_cast<std::int64_t>(tp) * cp) == 0,
+                  "GptConfig: all-to-all (ulysses) context parallelism splits the heads over tp "
+                  "x cp, and heads = {} is not divisible by tp {} x cp {}; use ring attention or "
+                  "another head count",
+                  heads, tp, cp);
+  }
 }
 
 std::int64_t GptConfig::non_embedding_params() const {

@@ -35,7 +35,8 @@ TrainStepResult train_step(PipelineExecutor& executor,
   }
   if (mesh.size(Axis::pp) > 1)
     mesh.comm(Axis::pp).all_reduce(loss, ReduceOp::sum, stream).wait(stream);
-  mesh.comm(Axis::dp).all_reduce(loss, ReduceOp::avg, stream).wait(stream);
+  // Each cp rank's loss is the mean over its (equal) part of the tokens: the mean over dp x cp.
+  mesh.comm(Axis::dp_cp).all_reduce(loss, ReduceOp::avg, stream).wait(stream);
   const Tensor host = loss.to(Device::cpu(), stream);
   stream.synchronize();
   out.loss = host.item();

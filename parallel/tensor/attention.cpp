@@ -24,7 +24,15 @@ ParallelAttention::ParallelAttention(Communicator& tp, std::int64_t dim, std::in
       local_heads_(checked_local_heads(dim, heads, tp.size())),
       head_dim_(dim / heads),
       max_seq_len_(max_seq_len),
-      sp_(options.sequence_parallel) {
+      sp_(options.sequence_parallel),
+      cp_(options.cp != nullptr && options.cp->size() > 1 ? options.cp : nullptr),
+      cp_kind_(options.cp_kind) {
+  QUINTET_CHECK(cp_ == nullptr || cp_kind_ != context::ContextParallelKind::all_to_all ||
+                    local_heads_ % cp_->size() == 0,
+                "ParallelAttention: all-to-all context parallelism splits the {} heads of each "
+                "tp rank (heads {} / tp {}) over cp {}, which does not divide them; use ring "
+                "attention or a head count divisible by tp x cp",
+                local_heads_, heads, tp.size(), cp_ == nullptr ? 1 : cp_->size());
   QUINTET_CHECK(max_seq_len > 0, "ParallelAttention: max_seq_len = {} must be > 0", max_seq_len);
   qkv_ =
       &add_module("qkv", std::make_unique<ColumnParallelLinear>(
@@ -46,11 +54,12 @@ Tensor ParallelAttention::forward(nn::Context& ctx, const Tensor& x) {
                 "ParallelAttention: x has shape {}, expected [batch, seq{}, {}]",
                 x.defined() ? shape_str(x.shape()) : std::string("undefined"), sp_ ? "/tp" : "",
                 dim_);
-  const std::int64_t seq = sp_ ? x.size(1) * tp_size_ : x.size(1);
-  QUINTET_CHECK(seq <= max_seq_len_,
+  const std::int64_t seq = sp_ ? x.size(1) * tp_size_ : x.size(1);  // this cp rank's tokens
+  const std::int64_t total = cp_ != nullptr ? seq * cp_->size() : seq;
+  QUINTET_CHECK(total <= max_seq_len_,
                 "ParallelAttention: sequence of {} tokens is longer than the causal mask allows "
                 "(max_seq_len = {}); shorten it or build the layer with a larger max_seq_len",
-                seq, max_seq_len_);
+                total, max_seq_len_);
   const Stream& st = ctx.stream();
   const std::int64_t b = x.size(0), h = local_heads_, hd = head_dim_;
   const Tensor qkv = qkv_->forward(ctx, x).view({b, seq, 3, h, hd});
@@ -58,11 +67,23 @@ Tensor ParallelAttention::forward(nn::Context& ctx, const Tensor& x) {
     return qkv.narrow(2, i, 1).transpose(1, 3).contiguous(st).view({b, h, seq, hd});
   };
   const Tensor q = head(0), k = head(1), v = head(2);
-  nn::AttentionOptions opt;
-  opt.causal = true;
-  const nn::AttentionOutput a = nn::attention_forward(q, k, v, opt, st);
-  ctx.save(*this, {q, k, v, a.out, a.lse});
-  const Tensor merged = a.out.transpose(1, 2).contiguous(st).view({b, seq, h * hd});
+  Tensor out;
+  if (cp_ == nullptr) {
+    nn::AttentionOptions opt;
+    opt.causal = true;
+    nn::AttentionOutput a = nn::attention_forward(q, k, v, opt, st);
+    ctx.save(*this, {q, k, v, a.out, a.lse});
+    out = std::move(a.out);
+  } else if (cp_kind_ == context::ContextParallelKind::ring) {
+    nn::AttentionOutput a = context::ring_attention_forward(*cp_, q, k, v, {}, st);
+    ctx.save(*this, {q, k, v, a.out, a.lse});
+    out = std::move(a.out);
+  } else {  // all-to-all: keeps the head-split, whole-sequence tensors for backward
+    context::UlyssesOutput u = context::ulysses_attention_forward(*cp_, q, k, v, {}, st);
+    ctx.save(*this, {u.saved.q, u.saved.k, u.saved.v, u.saved.out, u.saved.lse});
+    out = std::move(u.out);
+  }
+  const Tensor merged = out.transpose(1, 2).contiguous(st).view({b, seq, h * hd});
   return proj_->forward(ctx, merged);
 }
 
@@ -71,12 +92,19 @@ Tensor ParallelAttention::backward(nn::Context& ctx, const Tensor& dy) {
   const Tensor dmerged = proj_->backward(ctx, dy);
   const auto sv = ctx.take(*this);
   const Tensor &q = sv[0], &k = sv[1], &v = sv[2], &out = sv[3], &lse = sv[4];
-  const std::int64_t b = q.size(0), h = q.size(1), s = q.size(2), hd = q.size(3);
+  const std::int64_t b = dmerged.size(0), s = dmerged.size(1), h = local_heads_, hd = head_dim_;
   const Tensor dout = dmerged.view({b, s, h, hd}).transpose(1, 2).contiguous(st);
-  nn::AttentionOptions opt;
-  opt.causal = true;
-  const nn::AttentionGrads g = nn::attention_backward(dout, q, k, v, out, lse, opt, st);
-  Tensor dqkv = Tensor::empty({b, s, 3, h, hd}, q.dtype(), q.device(), st);
+  nn::AttentionGrads g;
+  if (cp_ == nullptr) {
+    nn::AttentionOptions opt;
+    opt.causal = true;
+    g = nn::attention_backward(dout, q, k, v, out, lse, opt, st);
+  } else if (cp_kind_ == context::ContextParallelKind::ring) {
+    g = context::ring_attention_backward(*cp_, dout, q, k, v, out, lse, {}, st);
+  } else {
+    g = context::ulysses_attention_backward(*cp_, dout, {q, k, v, out, lse}, {}, st);
+  }
+  Tensor dqkv = Tensor::empty({b, s, 3, h, hd}, dout.dtype(), dout.device(), st);
   const Tensor* parts[3] = {&g.dq, &g.dk, &g.dv};
   for (int i = 0; i < 3; ++i) {
     dqkv.narrow(2, i, 1).transpose(1, 3).copy_(parts[i]->view({b, h, 1, s, hd}), st);

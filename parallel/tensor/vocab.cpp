@@ -7,6 +7,8 @@
 #include "quintet/parallel/tensor/regions.hpp"
 #include "quintet/parallel/tensor/vocab.hpp"
 
+#include "quintet/parallel/context/ring_attention.hpp"
+
 namespace quintet {
 
 // ---- VocabParallelEmbedding -------------------------------------------------------------------
@@ -55,7 +57,11 @@ Tensor VocabParallelEmbedding::backward(nn::Context& ctx, const Tensor& dy) {
 
 PositionEmbedding::PositionEmbedding(Communicator& tp, std::int64_t max_len, std::int64_t dim,
                                      const EmbeddingOptions& options)
-    : tp_(&tp), max_len_(max_len), dim_(dim), sp_(options.sequence_parallel) {
+    : tp_(&tp),
+      max_len_(max_len),
+      dim_(dim),
+      sp_(options.sequence_parallel),
+      cp_(options.cp != nullptr && options.cp->size() > 1 ? options.cp : nullptr) {
   const float init_std = options.init_std;
   const bool sequence_parallel = options.sequence_parallel;
   QUINTET_CHECK(max_len > 0 && dim > 0, "PositionEmbedding({}, {}): sizes must be > 0", max_len,
@@ -72,15 +78,22 @@ Tensor PositionEmbedding::forward(nn::Context& ctx, const Tensor& x) {
                 x.defined() ? shape_str(x.shape()) : std::string("undefined"), sp_ ? "/tp" : "",
                 dim_);
   const std::int64_t b = x.size(0), local = x.size(1);
-  const std::int64_t first = sp_ ? tp_->rank() * local : 0;
-  const std::int64_t seq = sp_ ? local * tp_->size() : local;
+  const std::int64_t first = sp_ ? tp_->rank() * local : 0;  // within this cp rank's tokens
+  const std::int64_t mine = sp_ ? local * tp_->size() : local;
+  const std::int64_t seq = cp_ != nullptr ? mine * cp_->size() : mine;
   QUINTET_CHECK(seq <= max_len_,
                 "PositionEmbedding: a sequence of {} tokens is longer than the {} positions it "
                 "has; shorten it or build it with a larger max_len",
                 seq, max_len_);
   if (!ids_.defined() || ids_.shape() != Shape{b, local} || ids_.device() != x.device()) {
+    std::vector<std::int64_t> positions(static_cast<std::size_t>(mine));
+    if (cp_ != nullptr) {
+      positions = context::cp_positions(seq, cp_->size(), cp_->rank());
+    } else {
+      for (std::int64_t i = 0; i < mine; ++i) positions[i] = i;
+    }
     std::vector<std::int64_t> ids(static_cast<std::size_t>(b * local));
-    for (std::int64_t i = 0; i < b * local; ++i) ids[i] = first + i % local;
+    for (std::int64_t i = 0; i < b * local; ++i) ids[i] = positions[first + i % local];
     ids_ = Tensor::from_vector(ids, {b, local}).to(x.device(), s);
   }
   const Tensor y = nn::add(x, nn::embedding_forward(ids_, weight_->use(s), s), s);

@@ -66,14 +66,14 @@ std::string run_identity(const TrainingModel& model, const data::DataLoader& loa
   return fmt::format(
       "layers={};hidden={};heads={};mlp_width={};vocab={};seq_len={};norm={};activation={};"
       "bias={};tied_embeddings={};learned_positions={};init_std={};output_init_std={};eps={};"
-      "dtype={};sequence_parallel={};attention={};mlp={};tp={};pp={};dp={};vpp={};"
+      "dtype={};sequence_parallel={};attention={};mlp={};tp={};cp={};pp={};dp={};vpp={};"
       "micro_batch={};microbatches={};zero_stage={};seed={};loader_seed={};shuffle={}",
       m.layers, m.hidden, m.heads, m.mlp_width(), m.vocab, m.seq_len, static_cast<int>(m.norm),
       static_cast<int>(m.activation), m.bias, m.tied_embeddings, m.learned_positions, m.init_std,
       m.output_init_std(), m.eps, dtype_name(m.dtype), m.sequence_parallel,
       static_cast<int>(m.attention), static_cast<int>(m.mlp), mesh.size(Axis::tp),
-      mesh.size(Axis::pp), mesh.size(Axis::dp), c.vpp, c.micro_batch, c.microbatches,
-      c.data_parallel.zero_stage, c.seed, lc.seed, lc.shuffle);
+      mesh.size(Axis::cp), mesh.size(Axis::pp), mesh.size(Axis::dp), c.vpp, c.micro_batch,
+      c.microbatches, c.data_parallel.zero_stage, c.seed, lc.seed, lc.shuffle);
 }
 
 Checkpointer::Checkpointer(std::string dir, Communicator& world, std::string extra_identity)
@@ -88,10 +88,10 @@ Checkpointer::Checkpointer(std::string dir, Communicator& world, std::string ext
                   extra_identity_);
     ++pairs;
   }
-  QUINTET_CHECK(static_cast<std::size_t>(std::count(extra_identity_.begin(), extra_identity_.end(),
-                                                    '=')) == pairs,
-                "Checkpointer: extra_identity \"{}\" is not key=value pairs joined by ';'",
-                extra_identity_);
+  QUINTET_CHECK(
+      static_cast<std::size_t>(std::count(extra_identity_.begin(), extra_identity_.end(), '=')) ==
+          pairs,
+      "Checkpointer: extra_identity \"{}\" is not key=value pairs joined by ';'", extra_identity_);
 }
 
 std::string Checkpointer::identity(const TrainingModel& model,
@@ -113,15 +113,13 @@ void Checkpointer::save(std::int64_t step, TrainingModel& model, const data::Dat
     }
   }
   const data::SamplerState position = loader.state();
-  const std::string meta =
-      fmt::format("{{{}{}, {}{}, {}{}, {}{}\", {}{}}}", kStep, step, kEpoch, position.epoch,
-                  kSample, position.sample_index, kIdentity, identity(model, loader), kUser,
-                  user_json);
+  const std::string meta = fmt::format("{{{}{}, {}{}, {}{}, {}{}\", {}{}}}", kStep, step, kEpoch,
+                                       position.epoch, kSample, position.sample_index, kIdentity,
+                                       identity(model, loader), kUser, user_json);
   save_checkpoint(dir_, step, tensors, meta, world_, stream, before_commit);
 }
 
-std::optional<std::int64_t> Checkpointer::restore(TrainingModel& model,
-                                                  data::DataLoader& loader) {
+std::optional<std::int64_t> Checkpointer::restore(TrainingModel& model, data::DataLoader& loader) {
   const std::optional<CheckpointInfo> info = latest_checkpoint(dir_);
   if (!info) return std::nullopt;
   const std::string& text = info->metadata_json;

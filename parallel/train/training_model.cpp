@@ -2,6 +2,7 @@
 #include "quintet/parallel/train/training_model.hpp"
 
 #include "quintet/core/error.hpp"
+#include "quintet/parallel/context/ring_attention.hpp"
 #include "quintet/parallel/data/loader_for_mesh.hpp"
 
 namespace quintet::train {
@@ -10,13 +11,13 @@ namespace {
 
 // Every check of the config that needs no layer yet; the builders check the rest the same way.
 void validate(const TrainingConfig& c, const Mesh& mesh) {
-  const int tp = mesh.size(Axis::tp);
-  c.model.validate(tp);
+  const int tp = mesh.size(Axis::tp), cp = mesh.size(Axis::cp);
+  c.model.validate(tp, cp);
   QUINTET_CHECK(c.micro_batch >= 1, "TrainingConfig: micro_batch {} must be >= 1", c.micro_batch);
   QUINTET_CHECK(c.microbatches >= 1, "TrainingConfig: microbatches {} must be >= 1",
                 c.microbatches);
   QUINTET_CHECK(c.vpp >= 1, "TrainingConfig: vpp {} must be >= 1", c.vpp);
-  QUINTET_CHECK(!c.model.sequence_parallel || c.model.seq_len % tp == 0,
+  QUINTET_CHECK(!c.model.sequence_parallel || (c.model.seq_len / cp) % tp == 0,
                 "TrainingConfig: sequence parallelism splits the sequence over tp, and seq_len {} "
                 "does not divide by tp {}; pick a seq_len that does, or turn it off",
                 c.model.seq_len, tp);
@@ -29,6 +30,10 @@ void validate(const TrainingConfig& c, const Mesh& mesh) {
                 "TrainingConfig: the tp communicator has {} ranks, the mesh's tp axis {}; pass "
                 "the mesh's (or a wrapper of it)",
                 c.tp == nullptr ? 0 : c.tp->size(), tp);
+  QUINTET_CHECK(c.cp == nullptr || c.cp->size() == cp,
+                "TrainingConfig: the cp communicator has {} ranks, the mesh's cp axis {}; pass "
+                "the mesh's (or a wrapper of it)",
+                c.cp == nullptr ? 0 : c.cp->size(), cp);
   c.data_parallel.validate();
 }
 
@@ -48,19 +53,21 @@ std::int64_t TrainingConfig::global_batch(const Mesh& mesh) const {
 TrainingModel::TrainingModel(const TrainingConfig& config, Mesh& mesh, const Stream& stream)
     : config_(config), mesh_(mesh), stream_(view_of(stream)) {
   validate(config_, mesh_);
-  pipeline::Schedule schedule = pipeline::make_schedule(
-      config_.schedule, mesh_.size(Axis::pp), config_.vpp, config_.microbatches,
-      config_.schedule_costs);
+  pipeline::Schedule schedule =
+      pipeline::make_schedule(config_.schedule, mesh_.size(Axis::pp), config_.vpp,
+                              config_.microbatches, config_.schedule_costs);
   const std::vector<model::ChunkSpec> chunks =
       model::split_into_chunks(config_.model, schedule.num_stages());
   Communicator& tp = config_.tp != nullptr ? *config_.tp : mesh_.comm(Axis::tp);
+  Communicator& cp = config_.cp != nullptr ? *config_.cp : mesh_.comm(Axis::cp);
   std::vector<pipeline::StageModule> modules;
   for (int s : schedule.stages_of(mesh_.rank(Axis::pp))) {
     TrainingStage st;
     st.stage = s;
-    st.chunk = model::build_gpt_chunk(config_.model, {&tp}, chunks[static_cast<std::size_t>(s)]);
-    st.store = std::make_unique<nn::ParameterStore>(*st.chunk, config_.model.dtype, stream_,
-                                                    config_.seed);
+    st.chunk =
+        model::build_gpt_chunk(config_.model, {&tp, &cp}, chunks[static_cast<std::size_t>(s)]);
+    st.store =
+        std::make_unique<nn::ParameterStore>(*st.chunk, config_.model.dtype, stream_, config_.seed);
     st.data_parallel =
         std::make_unique<DataParallel>(*st.store, mesh_, config_.data_parallel, stream_);
     st.optimizer =
@@ -70,8 +77,8 @@ TrainingModel::TrainingModel(const TrainingConfig& config, Mesh& mesh, const Str
     stages_.push_back(std::move(st));
   }
   const int tp_size = mesh_.size(Axis::tp);
-  const std::int64_t seq =
-      config_.model.sequence_parallel ? config_.model.seq_len / tp_size : config_.model.seq_len;
+  const std::int64_t mine = config_.model.seq_len / mesh_.size(Axis::cp);  // this cp rank's
+  const std::int64_t seq = config_.model.sequence_parallel ? mine / tp_size : mine;
   executor_ = std::make_unique<pipeline::PipelineExecutor>(
       std::move(schedule), mesh_.comm(Axis::pp), std::move(modules),
       pipeline::ExecutorConfig{{config_.micro_batch, seq, config_.model.hidden},
@@ -109,17 +116,24 @@ pipeline::TrainStepResult TrainingModel::step(data::DataLoader& loader) {
   });
 }
 
+pipeline::MicrobatchData TrainingModel::local_part(pipeline::MicrobatchData d) const {
+  const int cp = mesh_.size(Axis::cp);
+  if (cp == 1) return d;
+  const int r = mesh_.rank(Axis::cp);
+  if (d.tokens.defined()) d.tokens = context::cp_split(d.tokens, 1, cp, r, stream_);
+  if (d.targets.defined()) d.targets = context::cp_split(d.targets, 1, cp, r, stream_);
+  return d;
+}
+
 pipeline::TrainStepResult TrainingModel::step(
     const std::function<pipeline::MicrobatchData(int)>& data) {
-  if (!config_.check_batches) {
-    return pipeline::train_step(*executor_, optimizers_, mesh_, data, stream_);
-  }
+  // data gives whole sequences; each cp rank keeps its chunks of them.
   return pipeline::train_step(
       *executor_, optimizers_, mesh_,
       [&data, this](int m) {
         pipeline::MicrobatchData d = data(m);
-        check_same_batch(mesh_.comm(Axis::tp), d.tokens, stream_);
-        return d;
+        if (config_.check_batches) check_same_batch(mesh_.comm(Axis::tp), d.tokens, stream_);
+        return local_part(std::move(d));
       },
       stream_);
 }

@@ -9,4 +9,4 @@ quintet_gpu_test(NAME gpu_dp_train_test COMPONENT dp RANKS 1 2 SOURCES gpu/dp_tr
 quintet_mpi_test(NAME dp_loader_mesh_test COMPONENT dp RANKS 1 2 3 4
                  SOURCES mpi/dp_loader_mesh_test.cpp)
 # The library's trainer parts: TrainingModel against one rank, its refusals, the Checkpointer.
-quintet_mpi_test(NAME train_model_test COMPONENT dp RANKS 1 3 4 SOURCES mpi/train_model_test.cpp)
+quintet_mpi_test(NAME train_model_test COMPONENT dp RANKS 1 2 3 4 SOURCES mpi/train_model_test.cpp)

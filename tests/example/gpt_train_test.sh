@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Tests of examples/04_gpt_train on the CPU under mpirun (ctest: gpt_train_*):
 #   layouts     tp 2 x dp 2 (+sp, ZeRO-1, ZeRO-2), tp 2 (+sp), dp 3 ZeRO-2 and one rank, same seed and global batch:
-#               the same loss at each of 30 steps within 1e-4 relative; --recompute full the same
+#               the same loss at each of 30 steps within 1e-4 relative; cp 2 x tp 2 (+sp, ring) and
+#               cp 2 x dp 2 (ulysses, ZeRO-1) too, reporting cp_comm_ms; --recompute full the same
 #               losses bit for bit
 #   pipeline    pp 2 under every schedule, pp 4, pp 3 (interleaved), pp 2 with tp 2 (+sp), dp 2
 #               (ZeRO-1, ZeRO-2), pp 2 x tp 2 x dp 2 at 8 ranks, and tied embeddings across stages:
@@ -74,6 +75,12 @@ case $case in
     done
     compare tp2 tp2_sp 1 30 1e-4
     compare tp2_dp2 tp2_dp2_zero1 1 30 1e-4
+    # Context parallelism: each sequence split over 2 ranks (ring with tp + sp, all-to-all with dp).
+    run cp2_tp2_sp 4 --steps 30 --cp 2 --tp 2 --sp
+    run cp2_dp2_ulysses 4 --steps 30 --cp 2 --dp 2 --cp-kind ulysses --zero 1
+    compare one cp2_tp2_sp 1 30 1e-4
+    compare one cp2_dp2_ulysses 1 30 1e-4
+    python3 -c "import json,sys; r=[json.loads(l) for l in open('cp2_dp2_ulysses.jsonl') if '\"step\"' in l]; sys.exit(0 if all('cp_comm_ms' in x for x in r) and any(x['cp_comm_ms'] > 0 for x in r) else 'no cp_comm_ms in the JSON records')"
     # Activation recompute changes memory, not results: the same losses, bit for bit.
     run tp2_dp2_sp_recompute 4 --steps 30 --tp 2 --dp 2 --sp --recompute full
     compare tp2_dp2_sp tp2_dp2_sp_recompute 1 30 0
@@ -164,6 +171,12 @@ case $case in
       --global-batch 6
     expect_error 2 "unknown pipeline schedule '2f2b'" --steps 1 --pp 2 --schedule 2f2b
     expect_error 1 'unknown recompute "some"; use none, attention or full' --steps 1 --recompute some
+    expect_error 2 "--seq-len 30 is not divisible by 2 x --cp 2 = 4" --steps 1 --cp 2 --seq-len 30
+    expect_error 4 "heads = 6 is not divisible by tp 1 x cp 4" --steps 1 --cp 4 --cp-kind ulysses \
+      --heads 6 --hidden 96
+    expect_error 2 'unknown context-parallel kind "spiral"' --steps 1 --cp 2 --cp-kind spiral
+    expect_error 2 "--tp 1 x --cp 2 x --dp 2 x --pp 1 = 4 ranks, but the job has 2" --steps 1 \
+      --cp 2 --dp 2
     expect_error 1 "unknown learning-rate schedule 'step'" --steps 1 --lr-schedule step
     expect_error 1 "--decay-fraction 0: expected a share in (0, 1]" --steps 1 --lr-schedule wsd \
       --decay-fraction 0

@@ -243,3 +243,64 @@ TEST_CASE("train: activation recompute trains exactly like keeping the activatio
   REQUIRE_THROWS_QUINTET(model::parse_recompute_kind("some"), InvalidArgument,
                          "use none, attention or full");
 }
+
+TEST_CASE("train: context parallelism (ring, all-to-all) trains like one rank", "[train][cp]") {
+  World world = cpu_world();
+  const int n = world.size();
+  if (n == 1) return;  // cp needs two ranks; one rank is the reference
+  auto config = [] {
+    train::TrainingConfig c = small_config();
+    c.model.seq_len = 24;  // 2 * cp chunks for cp 2, 3 and 4
+    return c;
+  };
+  std::unique_ptr<Communicator> alone = world.comm().split(world.rank(), 0, "alone");
+  std::vector<double> want;
+  {
+    Mesh mesh(Layout(ParallelConfig{}, 1), *alone);
+    train::TrainingConfig c = config();
+    train::TrainingModel model(c, mesh, Stream());
+    data::DataLoader loader(dataset(), model.loader_config(loader_base()));
+    want = run_steps(model, loader, 3);
+  }
+  std::vector<ParallelConfig> cps = {ParallelConfig{.cp = n, .dp = 1}};
+  if (n == 4) {
+    cps.push_back(ParallelConfig{.tp = 2, .cp = 2, .dp = 1});
+    cps.push_back(ParallelConfig{.cp = 2, .dp = 2});
+    cps.push_back(ParallelConfig{.cp = 2, .dp = 1, .pp = 2});
+  }
+  for (const ParallelConfig& pc : cps) {
+    for (auto kind :
+         {context::ContextParallelKind::ring, context::ContextParallelKind::all_to_all}) {
+      Mesh mesh(Layout(pc, n), world.comm());
+      const bool ulysses = kind == context::ContextParallelKind::all_to_all;
+      if (ulysses && 4 % (mesh.size(Axis::tp) * mesh.size(Axis::cp)) != 0) continue;  // heads 4
+      INFO(layout_str(mesh) << " cp " << mesh.size(Axis::cp) << (ulysses ? " ulysses" : " ring"));
+      train::TrainingConfig c = config();
+      c.microbatches = 2 / mesh.size(Axis::dp);
+      c.model.context_parallel = kind;
+      c.model.sequence_parallel = mesh.size(Axis::tp) > 1;
+      c.data_parallel.zero_stage = mesh.size(Axis::dp) > 1 ? 1 : 0;
+      train::TrainingModel model(c, mesh, Stream());
+      data::DataLoader loader(dataset(), model.loader_config(loader_base()));
+      const std::vector<double> got = run_steps(model, loader, 3);
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        INFO("step " << i + 1);
+        CHECK(std::abs(got[i] - want[i]) <= 1e-5 * std::abs(want[i]));
+      }
+    }
+  }
+  // A sequence that does not split into 2 * cp chunks, and heads all-to-all cannot split.
+  Mesh mesh(Layout(ParallelConfig{.cp = n, .dp = 1}, n), world.comm());
+  train::TrainingConfig bad = config();
+  bad.model.seq_len = 2 * 2 * n + 2;
+  REQUIRE_THROWS_QUINTET(train::TrainingModel(bad, mesh, Stream()), InvalidArgument,
+                         "must split into 2 * cp");
+  bad = config();
+  bad.model.heads = 2 * n + 2;
+  bad.model.hidden = 4 * bad.model.heads;
+  bad.model.context_parallel = context::ContextParallelKind::all_to_all;
+  if ((2 * n + 2) % n != 0) {
+    REQUIRE_THROWS_QUINTET(train::TrainingModel(bad, mesh, Stream()), InvalidArgument,
+                           "not divisible by tp 1 x cp");
+  }
+}

@@ -25,6 +25,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 #include <vector>
 
 #include "quintet/collectives/communicator.hpp"
@@ -43,6 +44,14 @@ Tensor cp_split(const Tensor& full, int dim, int cp, int rank, const Stream& str
 Tensor cp_gather(Communicator& cp, const Tensor& local, int dim, const Stream& stream = Stream());
 // The global positions of rank's 2c tokens.
 std::vector<std::int64_t> cp_positions(std::int64_t seq, int cp, int rank);
+
+// How attention spans the cp ranks.
+enum class ContextParallelKind {
+  ring,        // K/V blocks around the ring, merged by log-sum-exp
+  all_to_all,  // Ulysses: sequence split traded for a head split and back
+};
+// "ring", "ulysses" (or "all-to-all"); InvalidArgument listing them for anything else.
+ContextParallelKind parse_context_parallel_kind(std::string_view name);
 
 struct CpAttentionOptions {
   bool causal = true;

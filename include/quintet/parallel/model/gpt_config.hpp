@@ -14,6 +14,7 @@
 
 #include "quintet/core/dtype.hpp"
 #include "quintet/nn/layers.hpp"
+#include "quintet/parallel/context/ring_attention.hpp"
 
 namespace quintet::model {
 
@@ -57,6 +58,9 @@ struct GptConfig {
   AttentionKind attention = AttentionKind::tensor_parallel;
   MlpKind mlp = MlpKind::dense;
   RecomputeKind recompute = RecomputeKind::none;
+  // How attention spans the context-parallel ranks, when ModelGroups::cp has more than one: each
+  // then holds 2 chunks of every sequence (context/ring_attention.hpp's layout).
+  context::ContextParallelKind context_parallel = context::ContextParallelKind::ring;
 
   // The MLP width (ffn_hidden, or 4 * hidden when 0).
   std::int64_t mlp_width() const;
@@ -67,9 +71,11 @@ struct GptConfig {
   // builder before any layer is made, so a bad config fails before any communication. (With
   // sequence parallelism the sequence of each batch must divide by tp; the layers check it in
   // forward, before their collectives.)
-  void validate(int tp) const;
+  // With cp > 1: seq_len splits into 2 * cp chunks, the cp rank's 2 chunks split over tp with
+  // sequence parallelism, and all-to-all attention's heads divide by tp x cp.
+  void validate(int tp, int cp = 1) const;
   // The part of validate() a transformer block needs (everything but the vocabulary).
-  void validate_block(int tp) const;
+  void validate_block(int tp, int cp = 1) const;
 
   // Parameters of the whole, unsharded model (a tied table counted once), and the N of the
   // 6 N training FLOPs per token: every weight outside the token and position embeddings, with

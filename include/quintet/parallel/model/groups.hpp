@@ -12,9 +12,15 @@ struct ModelGroups {
   // Tensor parallel: heads, the MLP width and the vocabulary are split over it (a one-rank
   // communicator for no tensor parallelism). Required.
   Communicator* tp = nullptr;
+  // Context parallel: each rank holds 2 chunks of every sequence, attention spans the group
+  // (optional: null for no context parallelism).
+  Communicator* cp = nullptr;
 
   // The groups of this rank in mesh.
-  static ModelGroups of(Mesh& mesh) { return ModelGroups{&mesh.comm(Axis::tp)}; }
+  static ModelGroups of(Mesh& mesh) {
+    return ModelGroups{&mesh.comm(Axis::tp), &mesh.comm(Axis::cp)};
+  }
+  int cp_size() const { return cp != nullptr ? cp->size() : 1; }
 };
 
 }  // namespace quintet::model

@@ -7,7 +7,7 @@
 //   2. DistributedOptimizer::step_together over optimizers: one global gradient norm over the
 //      whole job, clipping, the (sharded) AdamW update;
 //   3. the loss of the global batch, on every rank: the last stage's sum over its microbatches,
-//      summed over Axis::pp and averaged over Axis::dp (one value per step, no hand-written
+//      summed over Axis::pp and averaged over Axis::dp_cp (one value per step, no hand-written
 //      collective in the trainer).
 // data(m) is the executor's: called on the ranks of the first and last stage, in order. Set the
 // learning rate (DistributedOptimizer::set_lr, e.g. from an nn::LrSchedule) before the call.

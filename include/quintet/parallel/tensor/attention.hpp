@@ -7,6 +7,7 @@
 
 #include "quintet/collectives/communicator.hpp"
 #include "quintet/nn/module.hpp"
+#include "quintet/parallel/context/ring_attention.hpp"
 #include "quintet/parallel/tensor/linear.hpp"
 
 namespace quintet {
@@ -16,6 +17,11 @@ struct ParallelAttentionOptions {
   float init_std = 0.02f;          // qkv
   float proj_init_std = 0.02f;     // the output projection (GPT-2: init_std / sqrt(2 * layers))
   bool sequence_parallel = false;  // x and the output are [B, S/tp, dim]
+  // Context parallelism: with a cp communicator of more than one rank, x holds this cp rank's
+  // chunks of the sequence (context/ring_attention.hpp's layout) and the attention spans the cp
+  // ranks as cp_kind says.
+  Communicator* cp = nullptr;
+  context::ContextParallelKind cp_kind = context::ContextParallelKind::ring;
 };
 
 // Causal self-attention with heads split over tp: qkv = ColumnParallelLinear with 3 fused parts
@@ -31,6 +37,8 @@ class ParallelAttention : public nn::Module {
  private:
   std::int64_t tp_size_, dim_, local_heads_, head_dim_, max_seq_len_;
   bool sp_;
+  Communicator* cp_;  // null or one rank: no context parallelism
+  context::ContextParallelKind cp_kind_;
   ColumnParallelLinear* qkv_;
   RowParallelLinear* proj_;
 };

@@ -18,6 +18,9 @@ namespace quintet {
 struct EmbeddingOptions {
   float init_std = 0.02f;
   bool sequence_parallel = false;  // the output is [B, S/tp, dim]
+  // PositionEmbedding: with a cp communicator of more than one rank, the tokens are this cp
+  // rank's chunks of the sequence (context/ring_attention.hpp), and get those chunks' positions.
+  Communicator* cp = nullptr;
 };
 
 // Token embedding with the table [vocab, dim] split along vocab: each rank looks up the ids in its
@@ -55,6 +58,7 @@ class PositionEmbedding : public nn::Module {
   Communicator* tp_;
   std::int64_t max_len_, dim_;
   bool sp_;
+  Communicator* cp_;
   nn::Parameter* weight_;
   Tensor ids_;  // cached position ids [B, S_local] of the last shape seen
 };

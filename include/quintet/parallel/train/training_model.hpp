@@ -48,19 +48,23 @@
 namespace quintet::train {
 
 struct TrainingConfig {
-  model::GptConfig model;         // the whole model; microbatches are [micro_batch, seq_len]
-  std::int64_t micro_batch = 1;   // sequences per microbatch on each replica
-  int microbatches = 1;           // per optimizer step on each replica (gradient accumulation)
+  model::GptConfig model;        // the whole model; microbatches are [micro_batch, seq_len]
+  std::int64_t micro_batch = 1;  // sequences per microbatch on each replica
+  int microbatches = 1;          // per optimizer step on each replica (gradient accumulation)
   // The pipeline (used when the mesh has pp > 1; with pp = 1 the microbatches run in turn).
   pipeline::ScheduleKind schedule = pipeline::ScheduleKind::one_f_one_b;
-  int vpp = 1;                          // stages per pipeline rank (interleaved: >= 2, zb-v: 2)
+  int vpp = 1;                           // stages per pipeline rank (interleaved: >= 2, zb-v: 2)
   pipeline::ActionCosts schedule_costs;  // what the schedule is planned for (schedule.hpp)
-  DataParallelConfig data_parallel;     // buckets, overlap, ZeRO stage
-  nn::AdamWConfig optimizer;            // AdamW and clipping by the global gradient norm
-  std::uint64_t seed = 0;               // the parameters' init draw (the same for any layout)
+  DataParallelConfig data_parallel;      // buckets, overlap, ZeRO stage
+  nn::AdamWConfig optimizer;             // AdamW and clipping by the global gradient norm
+  std::uint64_t seed = 0;                // the parameters' init draw (the same for any layout)
   // The tp layers' communicator: null means mesh.comm(Axis::tp). Pass a wrapper of it (a
   // TimedCommunicator, to measure the exposed tp communication) to see every tp collective.
   Communicator* tp = nullptr;
+  // The same for the context-parallel communicator (mesh.comm(Axis::cp) when null). With cp > 1
+  // every rank of a replica reads whole sequences and keeps its 2 chunks of each
+  // (context::cp_split); attention spans the cp ranks as model.context_parallel says.
+  Communicator* cp = nullptr;
   // Debug: before each microbatch is used, check that the stage's tp ranks hold the same tokens
   // (check_same_batch, loader_for_mesh.hpp). One small all-gather per microbatch.
   bool check_batches = false;
@@ -100,7 +104,8 @@ class TrainingModel {
   // batch size, sequence length or replica (dp rank and size) is not this model's: tp or pp
   // ranks of one replica reading different data is refused, not trained on.
   pipeline::TrainStepResult step(data::DataLoader& loader);
-  // The same with the microbatches from data(m) (the executor's contract, executor.hpp).
+  // The same with the microbatches from data(m) (the executor's contract, executor.hpp): whole
+  // sequences [micro_batch, seq_len], of which each cp rank keeps its part.
   pipeline::TrainStepResult step(const std::function<pipeline::MicrobatchData(int)>& data);
 
   // The learning rate of the next step (e.g. from an nn::LrSchedule), for every stage.
@@ -118,6 +123,9 @@ class TrainingModel {
   pipeline::PipelineExecutor& executor() { return *executor_; }
 
  private:
+  // This cp rank's chunks of d's sequences (d itself without context parallelism).
+  pipeline::MicrobatchData local_part(pipeline::MicrobatchData d) const;
+
   TrainingConfig config_;
   Mesh& mesh_;
   Stream stream_;  // a view of the caller's stream (same device and queue)
