@@ -52,6 +52,7 @@ struct Options {
   bool json = false;
   int iters = 20;
   bool skip_linear = false, skip_attention = false;
+  int cp_split = 0;  // > 0: also the context-parallel split cost at this cp
   std::vector<std::int64_t> seqs = {1024, 2048, 4096, 8192};
   std::vector<std::int64_t> head_dims = {64, 128};
   std::vector<std::string> attention_kernels = {"gemm"};
@@ -180,6 +181,113 @@ void bench_attention(const Options& opt, const Stream& s) {
   }
 }
 
+// The cost of splitting attention for context parallelism, on one GPU: one causal attention over
+// the whole sequence against the blocks ring attention computes over cp ranks (every rank's
+// (query chunk, key chunk) pairs with their offsets, merged by log-sum-exp, and the backward of
+// each block accumulated), all run here one after the other. The ratio is the extra work the
+// split costs, before any communication.
+void bench_cp_split(const Options& opt, const Stream& s) {
+  const Device gpu = s.device();
+  const int n = opt.cp_split;
+  if (!opt.json) {
+    std::printf("\ncontext-parallel split, bf16, causal, cp %d (2cp chunks), one GPU\n", n);
+    std::printf("%6s %6s %6s %10s %10s %7s %10s %10s %7s\n", "heads", "seq", "hdim", "full fwd",
+                "split fwd", "ratio", "full f+b", "split f+b", "ratio");
+  }
+  std::uint64_t seed = 500;
+  for (const std::int64_t d : opt.head_dims) {
+    for (const std::int64_t seq : opt.seqs) {
+      if (seq % (2 * n) != 0) continue;
+      const std::int64_t heads = 2048 / d, c = seq / (2 * n);
+      const Shape shape = {1, heads, seq, d};
+      const Tensor q = Tensor::randn(shape, ++seed, DType::bf16, gpu);
+      const Tensor k = Tensor::randn(shape, ++seed, DType::bf16, gpu);
+      const Tensor v = Tensor::randn(shape, ++seed, DType::bf16, gpu);
+      const Tensor dout = Tensor::randn(shape, ++seed, DType::bf16, gpu);
+      Stream::default_stream(gpu).synchronize();
+      auto chunks = [&](const Tensor& t) {
+        std::vector<Tensor> out;
+        for (int j = 0; j < 2 * n; ++j) out.push_back(t.narrow(2, j * c, c).contiguous(s));
+        return out;
+      };
+      const auto qc = chunks(q), kc = chunks(k), vc = chunks(v), dc = chunks(dout);
+      nn::AttentionOptions whole;
+      whole.causal = true;
+      // Every rank's two query chunks against every key chunk they see (all ranks, in turn).
+      std::vector<int> mine;
+      for (int r = 0; r < n; ++r) mine.insert(mine.end(), {r, 2 * n - 1 - r});
+      auto block = [&](int qi, int kj) {
+        nn::AttentionOptions o;
+        o.causal = kj == qi;
+        o.q_offset = qi * c;
+        o.k_offset = kj * c;
+        return o;
+      };
+      std::vector<nn::AttentionOutput> merged(2 * n);
+      auto split_forward = [&] {
+        for (int qi : mine) {
+          nn::AttentionOutput& m = merged[qi];
+          for (int kj = 0; kj <= qi; ++kj) {
+            nn::AttentionOutput b = nn::attention_forward(qc[qi], kc[kj], vc[kj], block(qi, kj), s);
+            if (kj == 0) {
+              m = std::move(b);
+            } else {
+              nn::attention_merge_(m.out, m.lse, b.out, b.lse, s);
+            }
+          }
+        }
+      };
+      std::vector<Tensor> dq(2 * n), dk(2 * n), dv(2 * n);
+      for (int j = 0; j < 2 * n; ++j) {
+        dq[j] = Tensor::zeros({1, heads, c, d}, DType::f32, gpu);
+        dk[j] = Tensor::zeros({1, heads, c, d}, DType::f32, gpu);
+        dv[j] = Tensor::zeros({1, heads, c, d}, DType::f32, gpu);
+      }
+      Stream::default_stream(gpu).synchronize();
+      auto split_backward = [&] {
+        for (int qi : mine) {
+          for (int kj = 0; kj <= qi; ++kj) {
+            const nn::AttentionGrads g = nn::attention_backward(
+                dc[qi], qc[qi], kc[kj], vc[kj], merged[qi].out, merged[qi].lse, block(qi, kj), s);
+            nn::add_(dq[qi], g.dq, 1.0f, s);
+            nn::add_(dk[kj], g.dk, 1.0f, s);
+            nn::add_(dv[kj], g.dv, 1.0f, s);
+          }
+        }
+      };
+      const int iters = std::max(2, opt.iters * 1024 / static_cast<int>(seq));
+      const double full_f = time_ms(s, 1, iters, [&] { nn::attention_forward(q, k, v, whole, s); });
+      const double full_fb = time_ms(s, 1, iters, [&] {
+        const nn::AttentionOutput r = nn::attention_forward(q, k, v, whole, s);
+        nn::attention_backward(dout, q, k, v, r.out, r.lse, whole, s);
+      });
+      const double split_f = time_ms(s, 1, iters, split_forward);
+      const double split_fb = time_ms(s, 1, iters, [&] {
+        split_forward();
+        split_backward();
+      });
+      if (opt.json) {
+        nlohmann::json j{{"bench", "cp_split"},
+                         {"cp", n},
+                         {"heads", heads},
+                         {"seq", seq},
+                         {"head_dim", d},
+                         {"full_fwd_ms", full_f},
+                         {"split_fwd_ms", split_f},
+                         {"full_fwd_bwd_ms", full_fb},
+                         {"split_fwd_bwd_ms", split_fb}};
+        std::printf("%s\n", j.dump().c_str());
+      } else {
+        std::printf("%6lld %6lld %6lld %10.3f %10.3f %7.2f %10.3f %10.3f %7.2f\n",
+                    static_cast<long long>(heads), static_cast<long long>(seq),
+                    static_cast<long long>(d), full_f, split_f, split_f / full_f, full_fb, split_fb,
+                    split_fb / full_fb);
+      }
+      std::fflush(stdout);
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -190,6 +298,9 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_flag("--skip-linear", opt.skip_linear, "do not run the linear benchmark");
   app.add_flag("--skip-attention", opt.skip_attention, "do not run the attention benchmark");
+  app.add_option("--cp-split", opt.cp_split,
+                 "also measure the context-parallel split at this cp: the ring's blocks and "
+                 "log-sum-exp merges against one full attention, on this GPU");
   app.add_option("--seq", opt.seqs, "attention sequence lengths");
   app.add_option("--head-dim", opt.head_dims, "attention head dimensions (simt: <= 256)");
   app.add_option("--attention-kernel", opt.attention_kernels,
@@ -211,6 +322,7 @@ int main(int argc, char** argv) {
     const Stream s = Stream::create(gpu);
     if (!opt.skip_linear) bench_linear(opt, s);
     if (!opt.skip_attention) bench_attention(opt, s);
+    if (opt.cp_split > 0) bench_cp_split(opt, s);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "09_op_bench: %s\n", e.what());
     return 1;

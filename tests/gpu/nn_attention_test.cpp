@@ -196,6 +196,41 @@ TEST_CASE("attention computed block by block with offsets equals slices of the f
   }
 }
 
+TEST_CASE("attention_merge_ on the GPU equals the CPU's, rows that see no key included") {
+  const Device gpu = Device::cuda(0);
+  const Stream s = Stream::create(gpu);
+  const std::int64_t B = 2, H = 3, S = 19, D = 40;
+  for (const DType t : kDTypes) {
+    INFO("dtype " << dtype_name(t));
+    const Input out_a = random_input({B, H, S, D}, 31, t, s);
+    const Input out_b = random_input({B, H, S, D}, 32, t, s);
+    // Statistics with -inf rows on either side and on both.
+    std::vector<float> la = Tensor::randn({B, H, S}, 33).to_vector<float>();
+    std::vector<float> lb = Tensor::randn({B, H, S}, 34).to_vector<float>();
+    const float inf = std::numeric_limits<float>::infinity();
+    for (std::size_t i = 0; i < la.size(); i += 5) la[i] = -inf;
+    for (std::size_t i = 0; i < lb.size(); i += 3) lb[i] = -inf;
+    const Tensor lse_a = Tensor::from_vector(la, {B, H, S}),
+                 lse_b = Tensor::from_vector(lb, {B, H, S});
+    Tensor cpu_out = out_a.cpu.clone(), cpu_lse = lse_a.clone();
+    nn::attention_merge_(cpu_out, cpu_lse, out_b.cpu, lse_b, Stream());
+    Tensor gpu_out = out_a.gpu.clone(s), gpu_lse = lse_a.to(gpu, s);
+    nn::attention_merge_(gpu_out, gpu_lse, out_b.gpu, lse_b.to(gpu, s), s);
+    CHECK(rel_err(values(gpu_out, s), values(cpu_out, s)) < tolerance(t));
+    const std::vector<double> got = values(gpu_lse, s), want = values(cpu_lse, s);
+    std::vector<double> a, b;
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      if (std::isinf(want[i])) {
+        CHECK(std::isinf(got[i]));
+      } else {
+        a.push_back(got[i]);
+        b.push_back(want[i]);
+      }
+    }
+    CHECK(rel_err(a, b) < 1e-6);
+  }
+}
+
 TEST_CASE("attention's GEMM and SIMT paths agree on a GPT-sized causal block") {
   const Device gpu = Device::cuda(0);
   const Stream s = Stream::create(gpu);
