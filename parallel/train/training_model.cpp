@@ -18,9 +18,10 @@ void validate(const TrainingConfig& c, const Mesh& mesh) {
                 c.microbatches);
   QUINTET_CHECK(c.vpp >= 1, "TrainingConfig: vpp {} must be >= 1", c.vpp);
   QUINTET_CHECK(!c.model.sequence_parallel || (c.model.seq_len / cp) % tp == 0,
-                "TrainingConfig: sequence parallelism splits the sequence over tp, and seq_len {} "
-                "does not divide by tp {}; pick a seq_len that does, or turn it off",
-                c.model.seq_len, tp);
+                "TrainingConfig: sequence parallelism splits each cp rank's seq_len {} / cp {} "
+                "tokens over tp {}, which does not divide them; pick a seq_len that does, or "
+                "turn it off",
+                c.model.seq_len, cp, tp);
   const std::int64_t chunks = static_cast<std::int64_t>(mesh.size(Axis::pp)) * c.vpp;
   QUINTET_CHECK(c.model.layers >= chunks,
                 "TrainingConfig: {} layers cannot fill pp {} x vpp {} = {} stages; use more "
