@@ -35,6 +35,7 @@
 #include "quintet/nn/recompute.hpp"
 #include "quintet/nn/vocab_parallel_ops.hpp"
 #include "quintet/parallel/checkpoint/checkpoint.hpp"
+#include "quintet/parallel/context/ring_attention.hpp"
 #include "quintet/parallel/data/bucket_plan.hpp"
 #include "quintet/parallel/data/data_parallel.hpp"
 #include "quintet/parallel/data/distributed_optimizer.hpp"
