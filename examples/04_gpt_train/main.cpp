@@ -12,12 +12,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <optional>
 
 #include "metrics.hpp"
-#include "quintet/collectives/bootstrap.hpp"  // World, init
-#include "quintet/core/allocator.hpp"         // peak GPU memory
+#include "quintet/collectives/bootstrap.hpp"    // World, init
+#include "quintet/collectives/consistency.hpp"  // the same settings on every rank
+#include "quintet/core/allocator.hpp"           // peak GPU memory
 #include "quintet/core/log.hpp"
 #include "quintet/data/loader.hpp"     // DataLoader
 #include "quintet/data/synthetic.hpp"  // the built-in dataset and its entropy floor
@@ -32,6 +34,9 @@ namespace {
 using quintet::Axis;
 
 int run(const gpt::TrainConfig& c, quintet::World& world) {
+  // Before anything that could fail on one rank only: every rank has the same settings (an
+  // MPMD launch with different flags is refused, naming the flag, instead of hanging).
+  quintet::check_same_on_all_ranks(world.comm(), gpt::shared_settings(c), "04_gpt_train");
   gpt::validate(c, world.size());
   const quintet::Device device = world.device();
   const bool gpu = device.is_cuda();
@@ -101,10 +106,17 @@ int run(const gpt::TrainConfig& c, quintet::World& world) {
   quintet::data::DataLoader loader(std::move(dataset), model.loader_config(lc));
 
   std::int64_t start = 0;
-  if (!c.resume.empty()) {
-    if (auto step = gpt::checkpointer(c, c.resume, world.comm()).restore(model, loader)) {
+  const std::string& resume = c.resume.empty() ? c.resume_if_exists : c.resume;
+  if (!resume.empty()) {
+    const auto step = gpt::checkpointer(c, resume, world.comm()).restore(model, loader);
+    // Every rank sees the same directory, so every rank throws together.
+    QUINTET_CHECK(
+        step.has_value() || c.resume.empty(),
+        "--resume {}: {}; use --resume-if-exists to start fresh when there is none", c.resume,
+        std::filesystem::exists(c.resume) ? "it holds no checkpoint" : "no such directory");
+    if (step) {
       start = *step;
-      if (world.rank() == 0) quintet::log::info("resumed from {} at step {}", c.resume, start);
+      if (world.rank() == 0) quintet::log::info("resumed from {} at step {}", resume, start);
     }
   }
   std::optional<quintet::train::Checkpointer> saver;

@@ -1,5 +1,6 @@
 #include "train_config.hpp"
 
+#include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
 #include "quintet/core/error.hpp"
@@ -77,7 +78,12 @@ bool parse_args(const quintet::RuntimeConfig& runtime, TrainConfig* c, int* exit
   app.add_option("--save", c->save, "checkpoint directory");
   app.add_option("--save-every", c->save_every, "save every N steps (and at the end)")
       ->capture_default_str();
-  app.add_option("--resume", c->resume, "resume from the latest checkpoint in this directory");
+  app.add_option("--resume", c->resume,
+                 "resume from the latest checkpoint in this directory (an error when it holds "
+                 "none)");
+  app.add_option("--resume-if-exists", c->resume_if_exists,
+                 "resume from the latest checkpoint in this directory when there is one, else "
+                 "start fresh");
   app.add_option("--exit-during-save", c->exit_during_save,
                  "testing: exit midway through the save of this step")
       ->group("");
@@ -103,6 +109,49 @@ bool parse_args(const quintet::RuntimeConfig& runtime, TrainConfig* c, int* exit
     return false;
   }
   return true;
+}
+
+std::vector<std::pair<std::string, std::string>> shared_settings(const TrainConfig& c) {
+  auto s = [](const auto& v) { return fmt::format("{}", v); };
+  return {{"--layers", s(c.layers)},
+          {"--hidden", s(c.hidden)},
+          {"--heads", s(c.heads)},
+          {"--vocab", s(c.vocab)},
+          {"--seq-len", s(c.seq_len)},
+          {"--tied-embeddings", s(c.tied_embeddings)},
+          {"--recompute", c.recompute},
+          {"--micro-batch", s(c.micro_batch)},
+          {"--global-batch", s(c.global_batch)},
+          {"--tp", s(c.tp)},
+          {"--cp", s(c.cp)},
+          {"--cp-kind", c.cp_kind},
+          {"--dp", s(c.dp)},
+          {"--pp", s(c.pp)},
+          {"--vpp", s(c.vpp)},
+          {"--schedule", c.schedule},
+          {"--sp", s(c.sp)},
+          {"--zero", s(c.zero)},
+          {"--bucket-mb", s(c.bucket_mb)},
+          {"--lr", s(c.lr)},
+          {"--warmup", s(c.warmup)},
+          {"--min-lr", s(c.min_lr)},
+          {"--lr-schedule", c.lr_schedule},
+          {"--decay-fraction", s(c.decay_fraction)},
+          {"--weight-decay", s(c.weight_decay)},
+          {"--clip", s(c.clip)},
+          {"--steps", s(c.steps)},
+          {"--stop-at", s(c.stop_at)},
+          {"--seed", s(c.seed)},
+          {"--data", c.data},
+          {"--data-dir", c.data_dir},
+          {"--synthetic-order", s(c.synthetic_order)},
+          {"--save", c.save},
+          {"--save-every", s(c.save_every)},
+          {"--resume", c.resume},
+          {"--resume-if-exists", c.resume_if_exists},
+          {"--no-overlap", s(c.no_overlap)},
+          {"--check-batches", s(c.check_batches)},
+          {"--bench", s(c.bench)}};
 }
 
 void validate(const TrainConfig& c, int world) {
@@ -140,6 +189,9 @@ void validate(const TrainConfig& c, int world) {
                 "--seq-len {} is not divisible by --tp {}: sequence parallelism splits the "
                 "sequence evenly; choose a multiple of {}",
                 c.seq_len, c.tp, c.tp);
+  QUINTET_CHECK(c.resume.empty() || c.resume_if_exists.empty(),
+                "--resume {} and --resume-if-exists {}: give one of them", c.resume,
+                c.resume_if_exists);
   QUINTET_CHECK(c.zero >= 0 && c.zero <= 2, "--zero {}: expected 0, 1 or 2", c.zero);
   QUINTET_CHECK(c.bucket_mb > 0 && c.bucket_mb <= 1 << 20,
                 "--bucket-mb {}: expected a size in MiB above 0 (the default is 25)", c.bucket_mb);

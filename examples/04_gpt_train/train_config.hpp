@@ -3,6 +3,8 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "quintet/core/runtime_config.hpp"
 #include "quintet/nn/lr_schedule.hpp"
@@ -54,7 +56,8 @@ struct TrainConfig {
   // Checkpoints.
   std::string save;
   std::int64_t save_every = 0;
-  std::string resume;
+  std::string resume;            // must hold a checkpoint
+  std::string resume_if_exists;  // resumes when it holds one, else starts fresh
   // Fault injection for the checkpoint test: the process exits (status 3) in the middle of the
   // save of this step, after its shard is written and before the checkpoint is committed.
   std::int64_t exit_during_save = -1;
@@ -70,6 +73,10 @@ struct TrainConfig {
   std::int64_t accumulation() const { return global_batch / (micro_batch * dp); }
   std::int64_t tokens_per_step() const { return global_batch * seq_len; }
 };
+
+// Every setting that must be the same on all ranks, by flag name, as text (for
+// quintet::check_same_on_all_ranks at start-up). Output settings (--json, --progress) may differ.
+std::vector<std::pair<std::string, std::string>> shared_settings(const TrainConfig& config);
 
 // Parses the flags the runtime left (runtime.remaining_args: --device, --seed, --timeout-s and
 // --log-level are the runtime's, read by RuntimeConfig::from_args) into config; seed and device

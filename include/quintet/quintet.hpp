@@ -3,6 +3,7 @@
 
 #include "quintet/collectives/bootstrap.hpp"
 #include "quintet/collectives/communicator.hpp"
+#include "quintet/collectives/consistency.hpp"
 #include "quintet/collectives/mpi.hpp"
 #include "quintet/collectives/work.hpp"
 #include "quintet/core/allocator.hpp"

@@ -16,3 +16,6 @@ target_link_libraries(collectives_tcp_store_test PRIVATE quintet_collectives_pri
 quintet_unit_test(NAME collectives_progress_thread_test COMPONENT collectives
                   SOURCES unit/collectives_progress_thread_test.cpp)
 target_link_libraries(collectives_progress_thread_test PRIVATE quintet_collectives_private)
+# The start-up check that every rank runs with the same settings.
+quintet_mpi_test(NAME collectives_consistency_test COMPONENT collectives RANKS 1 2 3
+                 SOURCES mpi/collectives_consistency_test.cpp)

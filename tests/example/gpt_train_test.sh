@@ -10,8 +10,8 @@
 #               saved and resumed equals the uninterrupted one
 #   resume      a run stopped and saved at step 10, then resumed, equals the uninterrupted run at
 #               steps 11..20
-#   bad_flags   inconsistent flags are refused with a message naming them; --lr-schedule wsd gives
-#               the library schedule's rates
+#   bad_flags   inconsistent flags are refused with a message naming them, ranks started with
+#               different flags too; --lr-schedule wsd gives the library schedule's rates
 #   killed      a save killed midway (--exit-during-save) is never loaded: resuming starts from
 #               the previous checkpoint and continues the uninterrupted run's losses
 # Usage: gpt_train_test.sh TRAINER MPIEXEC WORKDIR CASE [mpirun flags...]
@@ -180,6 +180,20 @@ case $case in
     expect_error 1 "unknown learning-rate schedule 'step'" --steps 1 --lr-schedule step
     expect_error 1 "--decay-fraction 0: expected a share in (0, 1]" --steps 1 --lr-schedule wsd \
       --decay-fraction 0
+    # --resume needs a checkpoint; --resume-if-exists starts fresh without one.
+    expect_error 1 "--resume no_such_dir: no such directory; use --resume-if-exists" --steps 1 \
+      --resume no_such_dir
+    run fresh 1 --steps 1 --resume-if-exists no_such_dir
+    grep -q '"step":1' fresh.jsonl
+    # Ranks started with different settings (mpirun's MPMD form) are refused at start-up, naming
+    # the flag and each rank's value, instead of hanging.
+    if timeout 120 "$mpiexec" "${mpi_flags[@]}" -np 1 "$trainer" "${model[@]}" --steps 1 --dp 2 \
+        --weight-decay 0.1 : -np 1 "$trainer" "${model[@]}" --steps 1 --dp 2 --weight-decay 0.2 \
+        >/dev/null 2>mpmd.err; then
+      echo "expected failure: ranks with different --weight-decay"; exit 1
+    fi
+    grep -q -- 'different values of --weight-decay (rank 0: "0.1", rank 1: "0.2")' mpmd.err || {
+      echo "no settings mismatch in:"; cat mpmd.err; exit 1; }
     # The library's schedules drive the trainer: wsd over 6 steps, 2 of warmup, the last 2 decaying.
     run wsd 1 --steps 6 --warmup 2 --lr 1e-3 --min-lr 1e-4 --lr-schedule wsd --decay-fraction 0.5
     python3 - <<'PY'
