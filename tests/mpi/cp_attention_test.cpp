@@ -12,6 +12,7 @@
 #include "tp_support.hpp"  // cpu_world, require_close
 
 using namespace quintet;
+using tp_test::agreed;
 using tp_test::cpu_world;
 using tp_test::require_close;
 
@@ -26,21 +27,6 @@ struct Full {
 Full draws(std::int64_t b, std::int64_t h, std::int64_t s, std::int64_t d) {
   return {Tensor::randn({b, h, s, d}, 1), Tensor::randn({b, h, s, d}, 2),
           Tensor::randn({b, h, s, d}, 3), Tensor::randn({b, h, s, d}, 4)};
-}
-
-// Fails every rank together, so that no rank goes on to the next collective alone.
-template <class F>
-void agreed(Communicator& world, F&& checks) {
-  bool failed = false;
-  try {
-    checks();
-  } catch (...) {
-    failed = true;
-  }
-  Tensor any = Tensor::from_vector(std::vector<float>{failed ? 1.0f : 0.0f}, {});
-  world.all_reduce(any, ReduceOp::max).wait();
-  INFO("a comparison failed on " << (failed ? "this rank" : "another rank"));
-  REQUIRE(any.item() == 0.0f);
 }
 
 }  // namespace

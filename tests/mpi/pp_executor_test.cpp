@@ -116,22 +116,6 @@ nn::AdamWConfig adam() {
   return a;
 }
 
-// Runs a case's comparisons; a failure on one rank fails the case on every rank, so that all of
-// them leave it together (a rank that left alone would meet the others' next case's collectives).
-template <typename F>
-void agreed(Communicator& world, F&& checks) {
-  bool failed = false;
-  try {
-    checks();
-  } catch (...) {  // Catch has recorded the failure; count it and carry on
-    failed = true;
-  }
-  Tensor any = Tensor::from_vector(std::vector<float>{failed ? 1.0f : 0.0f}, {});
-  world.all_reduce(any, ReduceOp::max).wait();
-  INFO("a comparison failed on " << (failed ? "this rank" : "another rank"));
-  REQUIRE(any.item() == 0.0f);
-}
-
 void run_case(const Case& c, Communicator& world) {
   INFO(c.str());
   const Mesh mesh(Layout(ParallelConfig{.tp = c.tp, .dp = c.dp, .pp = c.pp}, world.size()), world);

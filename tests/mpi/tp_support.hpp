@@ -32,6 +32,22 @@ inline World cpu_world() {
   return init(config);
 }
 
+// Runs a case's comparisons; a failure on one rank fails the case on every rank, so that all of
+// them leave it together (a rank that left alone would meet the others' next case's collectives).
+template <typename F>
+void agreed(Communicator& world, F&& checks) {
+  bool failed = false;
+  try {
+    checks();
+  } catch (...) {  // Catch has recorded the failure; count it and carry on
+    failed = true;
+  }
+  Tensor any = Tensor::from_vector(std::vector<float>{failed ? 1.0f : 0.0f}, {});
+  world.all_reduce(any, ReduceOp::max).wait();
+  INFO("a comparison failed on " << (failed ? "this rank" : "another rank"));
+  REQUIRE(any.item() == 0.0f);
+}
+
 // Element-wise comparison of two CPU tensors of one shape.
 inline void require_close(const Tensor& got, const Tensor& want, const std::string& what,
                           double abs_tol = kAbsTol, double rel_tol = kRelTol) {

@@ -1,6 +1,7 @@
-// Checkpointer: a training run saved and restored in one call each (parallel/train/checkpointer.cpp):
-// the parameter values and optimizer state of every stage of a TrainingModel, the data loader's
-// position, and the step, on top of the sharded checkpoint format (checkpoint/checkpoint.hpp).
+// Checkpointer: a training run saved and restored in one call each
+// (parallel/train/checkpointer.cpp): the parameter values and optimizer state of every stage of a
+// TrainingModel, the data loader's position, and the step, on top of the sharded checkpoint format
+// (checkpoint/checkpoint.hpp).
 //
 //   quintet::train::Checkpointer checkpoints("runs/a", world.comm());
 //   std::int64_t step = checkpoints.restore(model, loader).value_or(0);  // a fresh start: 0
