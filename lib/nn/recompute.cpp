@@ -12,6 +12,8 @@ Recompute::Recompute(std::unique_ptr<Module> inner) {
 
 Tensor Recompute::forward(Context& ctx, const Tensor& x) {
   Context scratch(ctx.stream());
+  scratch.set_loss_scale(ctx.loss_scale());
+  scratch.set_recomputing(ctx.recomputing());
   Tensor y = inner_->forward(scratch, x);
   ctx.save(*this, {x});
   return y;
@@ -20,6 +22,8 @@ Tensor Recompute::forward(Context& ctx, const Tensor& x) {
 Tensor Recompute::backward(Context& ctx, const Tensor& dy) {
   const Tensor x = ctx.take(*this).at(0);
   Context scratch(ctx.stream());
+  scratch.set_loss_scale(ctx.loss_scale());
+  scratch.set_recomputing(true);
   scratch.set_defer_weight_gradients(ctx.defers_weight_gradients());
   (void)inner_->forward(scratch, x);
   Tensor dx = inner_->backward(scratch, dy);

@@ -247,6 +247,7 @@ Tensor PipelineExecutor::run(const std::function<MicrobatchData(int)>& data, flo
     }
     if (a.kind == ActionKind::forward) {
       sl.ctx = std::make_unique<nn::Context>(stream);
+      sl.ctx->set_loss_scale(loss_scale);
       stats_.peak_in_flight = std::max(stats_.peak_in_flight, ++in_flight);
       const Tensor x = s == 0 ? data_of(m).tokens : std::move(sl.input);
       if (s == last_stage) {

@@ -41,6 +41,13 @@ class Context {
   // Throws InvalidArgument when set_targets was not called on this context.
   const Tensor& targets() const;
   float loss_scale() const { return loss_scale_; }
+  // The factor alone, for a context whose chunk has no loss but whose layers add terms of their
+  // own to it (an MoE layer's load-balancing losses): every pipeline stage's contexts get it.
+  void set_loss_scale(float loss_scale) { loss_scale_ = loss_scale; }
+  // Whether this forward is a recomputation in backward (nn::Recompute): the values are those of
+  // the first forward, and per-step statistics must not count it again.
+  void set_recomputing(bool on) { recomputing_ = on; }
+  bool recomputing() const { return recomputing_; }
 
   // Weight-gradient deferral, for zero-bubble schedules that split a backward into its
   // input-gradient part (I, now) and its weight-gradient part (W, later): while on, every
@@ -61,6 +68,7 @@ class Context {
   Tensor targets_;
   float loss_scale_ = 1.0f;
   bool defer_ = false;
+  bool recomputing_ = false;
   std::vector<std::function<void()>> deferred_;
   std::unordered_map<const Module*, std::vector<std::vector<Tensor>>> saved_;
 };

@@ -1,0 +1,125 @@
+// The mixture-of-experts layer (parallel/expert/moe_layer.cpp, with the token exchange in
+// parallel/expert/dispatch.cpp and the experts in parallel/expert/experts.cpp): the MLP slot of a
+// transformer block, with its experts spread over the expert-parallel (ep) group and each expert
+// optionally split over the expert-tensor-parallel (etp) group.
+//
+// x [B, S', d] -> y [B, S', d] (S' = S, or S/tp with sequence parallelism, or a cp rank's share):
+//   1. router: logits = x · router.weightᵀ in f32, then top-k, weights and capacity (router.hpp);
+//   2. the tokens this rank dispatches (all of x; without sequence parallelism and tp > 1 each tp
+//      rank takes its 1/tp of the B*S' tokens, which must divide) are permuted by expert, stably
+//      (by expert, then token, then choice), the counts are exchanged over ep with all_to_all,
+//      the rows are moved with all_to_all_v over ep, and with etp > 1 all-gathered over etp;
+//   3. each local expert runs as one GEMM per expert over its rows: GELU (fc, proj) or SwiGLU
+//      (fc = gate, up, proj) MLPs of width expert_ffn (etp splits fc and up by rows, proj by
+//      columns), without biases;
+//   4. the results go back the same way (reduce-scattered over etp, all_to_all_v over ep), are
+//      unpermuted and summed per token weighted by the router's weights; without sequence
+//      parallelism the tp ranks all-gather their shares, so y is the same on every tp rank;
+//   5. with shared experts, a dense tensor-parallel MLP of width shared_experts * expert_ffn
+//      (ParallelMLP, "shared.*") that every token goes through is added.
+// Backward mirrors it and adds the aux-loss and z-loss gradients (router.hpp) into the router's,
+// scaled by ctx.loss_scale() (the aux loss over each whole sequence: its statistics are summed
+// over tp with sequence parallelism and over cp; the z loss over the tokens).
+// Experts and whole ranks that receive no tokens are ordinary cases: their GEMMs are skipped and
+// their collectives still run, so every rank of ep and etp makes the same calls.
+//
+// Parameters: router.weight [E, d] (dense; replicated over tp, reduce_over_tp with sequence
+// parallelism), experts.fc.weight [E/ep, F/etp, d], experts.up.weight (SwiGLU), experts.proj.weight
+// [E/ep, d, F/etp]: expert parameters (is_expert), whose gradients data parallelism reduces over
+// edp, each the exact slice (experts, then rows or columns) of the [E, F, d] / [E, d, F] draw, so
+// every layout holds the same model. The auxiliary-loss-free bias is state, not a parameter:
+// balance_bias() and set_balance_bias() (checkpoints save it).
+//
+// Statistics: every forward adds this microbatch's expert load, drops, aux loss and z loss to the
+// layer's step counters (not when recomputing); finish_step() sums them over the ranks of the
+// pipeline stage, updates the balancing bias from the step's load, and starts a new step.
+//
+// CPU tensors (f32 or f64) for now. Not thread-safe; the communicators must outlive the layer.
+// The host waits for the count exchange (it sizes the token exchange): on a GPU this is the
+// layer's one host synchronisation.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "quintet/collectives/communicator.hpp"
+#include "quintet/nn/layers.hpp"
+#include "quintet/nn/module.hpp"
+#include "quintet/parallel/expert/router.hpp"
+#include "quintet/parallel/tensor/mlp.hpp"
+
+namespace quintet::expert {
+
+// The communicators of an MoE layer (borrowed). tp is required (a one-rank communicator for none);
+// cp, ep and etp may be null (one rank). With etp > 1 the etp group's ranks hold the same experts
+// (the same ep rank), as Layout's expert groups do.
+struct MoEGroups {
+  Communicator* tp = nullptr;
+  Communicator* cp = nullptr;
+  Communicator* ep = nullptr;
+  Communicator* etp = nullptr;
+};
+
+struct MoEOptions {
+  RouterConfig router;
+  std::int64_t expert_ffn = 0;  // each expert's width F (required)
+  nn::Activation activation = nn::Activation::gelu;
+  int shared_experts = 0;       // width of the shared MLP in experts (0 = none)
+  float init_std = 0.02f;       // router, fc, up
+  float proj_init_std = 0.02f;  // proj
+  bool sequence_parallel = false;
+};
+
+// A step's statistics of one or more MoE layers, summed over the ranks that ran them.
+struct MoEStats {
+  std::vector<double> load;  // kept assignments per expert (layers concatenated)
+  double assignments = 0.0;  // routed assignments (tokens x k), dropped included
+  double dropped = 0.0;      // assignments dropped by the capacity
+  double aux_loss = 0.0;     // mean over microbatches and ranks (coefficient included)
+  double z_loss = 0.0;       // the same
+  double min_load() const;
+  double mean_load() const;
+  double max_load() const;
+  double dropped_fraction() const { return assignments > 0 ? dropped / assignments : 0.0; }
+};
+
+class MoELayer : public nn::Module {
+ public:
+  // Throws InvalidArgument (before any communication) for a bad router config, experts not
+  // divisible by ep, expert_ffn not divisible by etp, or a missing tp communicator.
+  MoELayer(const MoEGroups& groups, std::int64_t dim, const MoEOptions& options);
+  Tensor forward(nn::Context& ctx, const Tensor& x) override;
+  Tensor backward(nn::Context& ctx, const Tensor& dy) override;
+
+  const MoEOptions& options() const { return options_; }
+  std::int64_t local_experts() const { return local_experts_; }
+  // The balancing bias [E] f32 (zero without bias_rate), the same on every rank.
+  const Tensor& balance_bias() const { return bias_; }
+  void set_balance_bias(const std::vector<float>& values);
+
+  // Sums this step's counters over `stage` (every rank of the pipeline stage: Axis::tp_dp_cp of
+  // the dense layout, collective), updates the balancing bias when bias_rate > 0, resets the
+  // counters, and returns the step's statistics.
+  MoEStats finish_step(Communicator& stage);
+
+ private:
+  MoEGroups groups_;
+  std::int64_t dim_;
+  MoEOptions options_;
+  std::int64_t local_experts_;
+  std::int64_t first_expert_;
+  nn::Parameter* router_;
+  nn::Parameter* fc_;
+  nn::Parameter* up_ = nullptr;
+  nn::Parameter* proj_;
+  ParallelMLP* shared_ = nullptr;
+  Tensor bias_;
+  // This step's counters: load per expert, assignments, dropped, aux and z sums, microbatches.
+  std::vector<double> load_;
+  double assignments_ = 0.0, dropped_ = 0.0, aux_sum_ = 0.0, z_sum_ = 0.0, microbatches_ = 0.0;
+};
+
+// Sums the statistics of several layers' finish_step (their loads concatenated).
+MoEStats combine(const std::vector<MoEStats>& layers);
+
+}  // namespace quintet::expert

@@ -1,0 +1,198 @@
+// The MoE token exchange: count exchange, the ep all_to_all_v, the etp all-gather and
+// reduce-scatter of variable-sized blocks, and the reorder between arrival and expert-major order.
+#include <numeric>
+
+#include "parallel/expert/internal/dispatch.hpp"
+#include "quintet/core/error.hpp"
+#include "quintet/nn/ops.hpp"
+
+namespace quintet::expert::detail {
+
+namespace {
+
+int size_of(Communicator* c) { return c != nullptr ? c->size() : 1; }
+
+std::int64_t sum(const std::vector<std::int64_t>& v, std::size_t first, std::size_t n) {
+  return std::accumulate(v.begin() + static_cast<std::ptrdiff_t>(first),
+                         v.begin() + static_cast<std::ptrdiff_t>(first + n), std::int64_t{0});
+}
+
+// The blocks of arrival order (s, q, le) and their offsets in arrival and expert-major order.
+struct Block {
+  std::int64_t arrival = 0, expert_major = 0, rows = 0;
+};
+std::vector<Block> blocks(const ExchangePlan& p) {
+  const std::int64_t El = p.local_experts;
+  std::vector<Block> out(static_cast<std::size_t>(p.etp * p.ep * El));
+  std::int64_t off = 0;
+  for (int s = 0; s < p.etp; ++s) {
+    for (int q = 0; q < p.ep; ++q) {
+      for (std::int64_t le = 0; le < El; ++le) {
+        Block& b = out[static_cast<std::size_t>((s * p.ep + q) * El + le)];
+        b.arrival = off;
+        b.rows = p.at(s, q, le);
+        off += b.rows;
+      }
+    }
+  }
+  off = 0;
+  for (std::int64_t le = 0; le < El; ++le) {
+    for (int s = 0; s < p.etp; ++s) {
+      for (int q = 0; q < p.ep; ++q) {
+        Block& b = out[static_cast<std::size_t>((s * p.ep + q) * El + le)];
+        b.expert_major = off;
+        off += b.rows;
+      }
+    }
+  }
+  return out;
+}
+
+// Copies every block from one order to the other.
+Tensor reorder(const Tensor& in, const ExchangePlan& p, bool to_expert_major,
+               const Stream& stream) {
+  Tensor out = Tensor::empty(in.shape(), in.dtype(), in.device(), stream);
+  for (const Block& b : blocks(p)) {
+    if (b.rows == 0) continue;
+    const std::int64_t from = to_expert_major ? b.arrival : b.expert_major;
+    const std::int64_t to = to_expert_major ? b.expert_major : b.arrival;
+    out.narrow(0, to, b.rows).copy_(in.narrow(0, from, b.rows), stream);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::int64_t ExchangePlan::send_rows() const { return sum(send, 0, send.size()); }
+std::int64_t ExchangePlan::recv_rows() const { return rows_from(etp_rank); }
+std::int64_t ExchangePlan::rows_from(int s) const {
+  const std::size_t n = static_cast<std::size_t>(ep * local_experts);
+  return sum(gathered, static_cast<std::size_t>(s) * n, n);
+}
+std::int64_t ExchangePlan::gathered_rows() const { return sum(gathered, 0, gathered.size()); }
+std::int64_t ExchangePlan::expert_rows(std::int64_t le) const {
+  std::int64_t r = 0;
+  for (int s = 0; s < etp; ++s) {
+    for (int q = 0; q < ep; ++q) r += at(s, q, le);
+  }
+  return r;
+}
+
+Tensor ExchangePlan::encode() const {
+  std::vector<std::int64_t> all = send;
+  all.insert(all.end(), gathered.begin(), gathered.end());
+  return Tensor::from_vector(all, {static_cast<std::int64_t>(all.size())});
+}
+
+ExchangePlan ExchangePlan::decode(const Tensor& t, int ep, int etp, int etp_rank,
+                                  std::int64_t local_experts) {
+  ExchangePlan p;
+  p.ep = ep;
+  p.etp = etp;
+  p.etp_rank = etp_rank;
+  p.local_experts = local_experts;
+  const std::vector<std::int64_t> all = t.to_vector<std::int64_t>();
+  const std::size_t n = static_cast<std::size_t>(ep * local_experts);
+  QUINTET_CHECK(all.size() == n * static_cast<std::size_t>(1 + etp),
+                "MoE exchange plan: {} counts saved for ep {} x etp {} x {} local experts",
+                all.size(), ep, etp, local_experts);
+  p.send.assign(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(n));
+  p.gathered.assign(all.begin() + static_cast<std::ptrdiff_t>(n), all.end());
+  return p;
+}
+
+ExchangePlan plan_exchange(std::vector<std::int64_t> send, std::int64_t local_experts,
+                           Communicator* ep, Communicator* etp, const Device& device,
+                           const Stream& stream) {
+  ExchangePlan p;
+  p.ep = size_of(ep);
+  p.etp = size_of(etp);
+  p.etp_rank = etp != nullptr ? etp->rank() : 0;
+  p.local_experts = local_experts;
+  const std::int64_t n = static_cast<std::int64_t>(p.ep) * local_experts;
+  QUINTET_CHECK(static_cast<std::int64_t>(send.size()) == n,
+                "MoE exchange: {} send counts for ep {} x {} local experts", send.size(), p.ep,
+                local_experts);
+  p.send = std::move(send);
+  Tensor counts = Tensor::from_vector(p.send, {n}).to(device, stream);
+  if (p.ep > 1) {
+    Tensor recv = Tensor::empty({n}, DType::i64, device, stream);
+    ep->all_to_all(counts, recv, stream).wait(stream);
+    counts = recv;
+  }
+  if (p.etp > 1) {
+    Tensor all = Tensor::empty({p.etp * n}, DType::i64, device, stream);
+    etp->all_gather(counts, all, stream).wait(stream);
+    counts = all;
+  }
+  // The host needs the counts to size the token exchange (the layer's one host synchronisation).
+  p.gathered = counts.to(Device::cpu(), stream).to_vector<std::int64_t>();
+  return p;
+}
+
+Tensor dispatch_rows(const Tensor& rows, const ExchangePlan& p, Communicator* ep, Communicator* etp,
+                     const Stream& stream) {
+  const std::int64_t d = rows.size(1);
+  QUINTET_CHECK(rows.size(0) == p.send_rows(), "MoE dispatch: {} rows for a plan of {}",
+                rows.size(0), p.send_rows());
+  Tensor mine = rows.contiguous(stream);
+  const std::int64_t El = p.local_experts;
+  if (p.ep > 1) {
+    std::vector<std::int64_t> send(static_cast<std::size_t>(p.ep)),
+        recv(static_cast<std::size_t>(p.ep));
+    for (int q = 0; q < p.ep; ++q) {
+      send[q] = sum(p.send, static_cast<std::size_t>(q * El), static_cast<std::size_t>(El)) * d;
+      for (std::int64_t le = 0; le < El; ++le) recv[q] += p.recv(q, le) * d;
+    }
+    Tensor out = Tensor::empty({p.recv_rows(), d}, rows.dtype(), rows.device(), stream);
+    ep->all_to_all_v(mine, send, out, recv, stream).wait(stream);
+    mine = out;
+  }
+  Tensor arrival = mine;
+  if (p.etp > 1) {
+    // An all-gather of blocks of different sizes: this rank's block sent to every etp rank.
+    const std::int64_t n = p.recv_rows();
+    Tensor copies = Tensor::empty({p.etp * n, d}, rows.dtype(), rows.device(), stream);
+    for (int s = 0; s < p.etp; ++s) copies.narrow(0, s * n, n).copy_(mine, stream);
+    std::vector<std::int64_t> send(static_cast<std::size_t>(p.etp), n * d), recv;
+    for (int s = 0; s < p.etp; ++s) recv.push_back(p.rows_from(s) * d);
+    arrival = Tensor::empty({p.gathered_rows(), d}, rows.dtype(), rows.device(), stream);
+    etp->all_to_all_v(copies, send, arrival, recv, stream).wait(stream);
+  }
+  return p.ep * p.etp == 1 ? arrival : reorder(arrival, p, true, stream);
+}
+
+Tensor return_rows(const Tensor& rows, const ExchangePlan& p, Communicator* ep, Communicator* etp,
+                   const Stream& stream) {
+  const std::int64_t d = rows.size(1);
+  QUINTET_CHECK(rows.size(0) == p.gathered_rows(), "MoE return: {} rows for a plan of {}",
+                rows.size(0), p.gathered_rows());
+  Tensor arrival = p.ep * p.etp == 1 ? rows.contiguous(stream) : reorder(rows, p, false, stream);
+  const std::int64_t El = p.local_experts;
+  Tensor mine = arrival;
+  if (p.etp > 1) {
+    // A reduce-scatter of blocks of different sizes: each etp source gets its block back from
+    // every etp rank, and sums them.
+    const std::int64_t n = p.recv_rows();
+    std::vector<std::int64_t> send, recv(static_cast<std::size_t>(p.etp), n * d);
+    for (int s = 0; s < p.etp; ++s) send.push_back(p.rows_from(s) * d);
+    Tensor parts = Tensor::empty({p.etp * n, d}, rows.dtype(), rows.device(), stream);
+    etp->all_to_all_v(arrival, send, parts, recv, stream).wait(stream);
+    mine = parts.narrow(0, 0, n).contiguous(stream);
+    for (int s = 1; s < p.etp; ++s) nn::add_(mine, parts.narrow(0, s * n, n), 1.0f, stream);
+  }
+  if (p.ep > 1) {
+    std::vector<std::int64_t> send(static_cast<std::size_t>(p.ep)),
+        recv(static_cast<std::size_t>(p.ep));
+    for (int q = 0; q < p.ep; ++q) {
+      for (std::int64_t le = 0; le < El; ++le) send[q] += p.recv(q, le) * d;
+      recv[q] = sum(p.send, static_cast<std::size_t>(q * El), static_cast<std::size_t>(El)) * d;
+    }
+    Tensor out = Tensor::empty({p.send_rows(), d}, rows.dtype(), rows.device(), stream);
+    ep->all_to_all_v(mine, send, out, recv, stream).wait(stream);
+    mine = out;
+  }
+  return mine;
+}
+
+}  // namespace quintet::expert::detail

@@ -1,0 +1,56 @@
+// Private: the token exchange of the MoE layer (parallel/expert/dispatch.cpp), device-generic
+// (narrowed copies and the communicators' all_to_all / all_to_all_v).
+//
+// Row orders. This rank sends its dispatched rows sorted by global expert, so the rows for ep rank
+// q's local expert le form block (q, le). After the ep exchange a rank holds, per source ep rank q
+// and local expert le, the block recv(q, le); with etp > 1 the etp ranks of one expert all-gather
+// those, so each holds gathered(s, q, le) for every etp source s ("arrival order": s, q, le).
+// The experts run in "expert-major order": le, then s, then q.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "quintet/collectives/communicator.hpp"
+#include "quintet/core/stream.hpp"
+#include "quintet/core/tensor.hpp"
+
+namespace quintet::expert::detail {
+
+struct ExchangePlan {
+  int ep = 1, etp = 1, etp_rank = 0;
+  std::int64_t local_experts = 1;
+  std::vector<std::int64_t> send;      // [ep * E_l]: rows this rank sends to (q, le)
+  std::vector<std::int64_t> gathered;  // [etp * ep * E_l]: rows of (s, q, le) after the exchange
+
+  std::int64_t recv(int q, std::int64_t le) const { return at(etp_rank, q, le); }
+  std::int64_t at(int s, int q, std::int64_t le) const {
+    return gathered[static_cast<std::size_t>((s * ep + q) * local_experts + le)];
+  }
+  std::int64_t send_rows() const;
+  std::int64_t recv_rows() const;                   // this rank's rows after the ep exchange
+  std::int64_t rows_from(int s) const;              // rows of etp source s
+  std::int64_t gathered_rows() const;               // all of them
+  std::int64_t expert_rows(std::int64_t le) const;  // rows local expert le runs
+
+  // As one i64 CPU tensor (saved for backward) and back.
+  Tensor encode() const;
+  static ExchangePlan decode(const Tensor& t, int ep, int etp, int etp_rank,
+                             std::int64_t local_experts);
+};
+
+// Exchanges the counts: send[q * E_l + le] rows go to ep rank q's local expert le. One all_to_all
+// over ep and (etp > 1) one all_gather over etp; the host waits for them. ep / etp may be null.
+ExchangePlan plan_exchange(std::vector<std::int64_t> send, std::int64_t local_experts,
+                           Communicator* ep, Communicator* etp, const Device& device,
+                           const Stream& stream);
+
+// rows [send_rows, d] (sorted by expert) -> [gathered_rows, d] in expert-major order.
+Tensor dispatch_rows(const Tensor& rows, const ExchangePlan& plan, Communicator* ep,
+                     Communicator* etp, const Stream& stream);
+// [gathered_rows, d] in expert-major order (partial sums over etp) -> [send_rows, d] in the
+// sorted order of this rank's dispatched rows, summed over etp. The adjoint of dispatch_rows.
+Tensor return_rows(const Tensor& rows, const ExchangePlan& plan, Communicator* ep,
+                   Communicator* etp, const Stream& stream);
+
+}  // namespace quintet::expert::detail

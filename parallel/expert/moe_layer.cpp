@@ -1,0 +1,478 @@
+// The MoE layer: router, permutation, exchange (dispatch.cpp), experts, combine (moe_layer.hpp).
+#include "quintet/parallel/expert/moe_layer.hpp"
+
+#include <algorithm>
+#include <limits>
+#include <numeric>
+
+#include "parallel/expert/internal/dispatch.hpp"
+#include "quintet/nn/ops.hpp"
+
+namespace quintet::expert {
+
+namespace {
+
+int size_of(Communicator* c) { return c != nullptr ? c->size() : 1; }
+int rank_of(Communicator* c) { return c != nullptr ? c->rank() : 0; }
+
+// The tokens [first, first + count) of the layer's B*S' that this rank dispatches.
+struct OwnTokens {
+  std::int64_t first = 0, count = 0;
+};
+
+void all_reduce_sum(const Tensor& t, Communicator* c, const Stream& s) {
+  if (size_of(c) > 1) c->all_reduce(t, t, ReduceOp::sum, s).wait(s);
+}
+
+// [n, cols] on this tp rank -> [tp * n, cols], the ranks' blocks in order.
+Tensor all_gather_rows(const Tensor& part, Communicator& tp, const Stream& s) {
+  if (tp.size() == 1) return part;
+  Shape shape = part.shape();
+  shape[0] *= tp.size();
+  Tensor out = Tensor::empty(shape, part.dtype(), part.device(), s);
+  tp.all_gather(part.contiguous(s), out, s).wait(s);
+  return out;
+}
+
+template <class T>
+void combine_rows(const Tensor& ys, const std::vector<std::int64_t>& slot, const Tensor& weights,
+                  std::int64_t first, const Tensor& out) {
+  const std::int64_t n = out.size(0), d = out.size(1), k = weights.size(1);
+  const T* y = ys.data<T>();
+  const float* w = weights.data<float>();
+  T* o = out.data<T>();
+  std::fill(o, o + n * d, T(0));
+  for (std::int64_t t = 0; t < n; ++t) {
+    for (std::int64_t j = 0; j < k; ++j) {
+      const std::int64_t a = t * k + j;
+      if (slot[a] < 0) continue;
+      const T wt = static_cast<T>(w[(first + t) * k + j]);
+      const T* src = y + slot[a] * d;
+      for (std::int64_t c = 0; c < d; ++c) o[t * d + c] += wt * src[c];
+    }
+  }
+}
+
+// The combine's backward: d(ys)[slot] = w * dy[t]; d(weights)[t, j] = dy[t] . ys[slot].
+template <class T>
+void combine_rows_backward(const Tensor& dy, const Tensor& ys,
+                           const std::vector<std::int64_t>& slot, const Tensor& weights,
+                           std::int64_t first, const Tensor& dys, const Tensor& dweights) {
+  const std::int64_t n = dy.size(0), d = dy.size(1), k = weights.size(1);
+  const T* g = dy.data<T>();
+  const T* y = ys.data<T>();
+  const float* w = weights.data<float>();
+  T* dyr = dys.data<T>();
+  float* dw = dweights.data<float>();
+  for (std::int64_t t = 0; t < n; ++t) {
+    for (std::int64_t j = 0; j < k; ++j) {
+      const std::int64_t a = t * k + j;
+      dw[a] = 0.0f;
+      if (slot[a] < 0) continue;
+      const T wt = static_cast<T>(w[(first + t) * k + j]);
+      double dot = 0.0;
+      for (std::int64_t c = 0; c < d; ++c) {
+        dyr[slot[a] * d + c] = wt * g[t * d + c];
+        dot += static_cast<double>(g[t * d + c]) * y[slot[a] * d + c];
+      }
+      dw[a] = static_cast<float>(dot);
+    }
+  }
+}
+
+template <class F>
+void dispatch_cpu_real(DType dtype, F&& f) {
+  if (dtype == DType::f64) {
+    f(double{});
+  } else {
+    QUINTET_CHECK(dtype == DType::f32, "MoELayer: the CPU path computes in f32 or f64, not {}",
+                  dtype_name(dtype));
+    f(float{});
+  }
+}
+
+}  // namespace
+
+double MoEStats::min_load() const {
+  return load.empty() ? 0.0 : *std::min_element(load.begin(), load.end());
+}
+double MoEStats::max_load() const {
+  return load.empty() ? 0.0 : *std::max_element(load.begin(), load.end());
+}
+double MoEStats::mean_load() const {
+  return load.empty()
+             ? 0.0
+             : std::accumulate(load.begin(), load.end(), 0.0) / static_cast<double>(load.size());
+}
+
+MoEStats combine(const std::vector<MoEStats>& layers) {
+  MoEStats out;
+  for (const MoEStats& s : layers) {
+    out.load.insert(out.load.end(), s.load.begin(), s.load.end());
+    out.assignments += s.assignments;
+    out.dropped += s.dropped;
+    out.aux_loss += s.aux_loss;
+    out.z_loss += s.z_loss;
+  }
+  return out;
+}
+
+MoELayer::MoELayer(const MoEGroups& groups, std::int64_t dim, const MoEOptions& options)
+    : groups_(groups), dim_(dim), options_(options) {
+  QUINTET_CHECK(groups.tp != nullptr,
+                "MoELayer: no tensor-parallel communicator (pass a one-rank one for none)");
+  options.router.validate();
+  QUINTET_CHECK(dim > 0, "MoELayer: dim = {} must be > 0", dim);
+  QUINTET_CHECK(options.expert_ffn > 0, "MoELayer: expert_ffn = {} must be > 0",
+                options.expert_ffn);
+  QUINTET_CHECK(options.shared_experts >= 0, "MoELayer: shared_experts = {} must be >= 0",
+                options.shared_experts);
+  const int ep = size_of(groups.ep), etp = size_of(groups.etp);
+  const std::int64_t E = options.router.experts, F = options.expert_ffn;
+  QUINTET_CHECK(E % ep == 0,
+                "MoELayer: {} experts are not divisible by the expert-parallel size ep = {}; each "
+                "ep rank holds experts / ep of them",
+                E, ep);
+  QUINTET_CHECK(F % etp == 0,
+                "MoELayer: expert_ffn = {} is not divisible by the expert-tensor-parallel size "
+                "etp = {}",
+                F, etp);
+  local_experts_ = E / ep;
+  first_expert_ = rank_of(groups.ep) * local_experts_;
+  const std::int64_t El = local_experts_, Fl = F / etp, f0 = rank_of(groups.etp) * Fl;
+  nn::ParameterAttributes router_attrs;
+  router_attrs.reduce_over_tp = options.sequence_parallel;
+  router_ = &add_parameter("router.weight", {E, dim}, nn::ParameterInit::normal(options.init_std),
+                           router_attrs);
+  // Expert weights: the [E, F, d] / [E, d, F] draws, sliced by expert (ep) and width (etp).
+  const auto expert_attrs = [&](int width_dim, Shape full, Shape start) {
+    nn::ParameterAttributes a;
+    a.is_expert = true;
+    a.shard_axis = etp > 1 ? Axis::etp : Axis::ep;
+    a.shard_dim = etp > 1 ? width_dim : 0;
+    a.full_shape = std::move(full);
+    a.shard_start = std::move(start);
+    return a;
+  };
+  fc_ = &add_parameter("experts.fc.weight", {El, Fl, dim},
+                       nn::ParameterInit::normal(options.init_std),
+                       expert_attrs(1, {E, F, dim}, {first_expert_, f0, 0}));
+  if (options.activation == nn::Activation::swiglu) {
+    up_ = &add_parameter("experts.up.weight", {El, Fl, dim},
+                         nn::ParameterInit::normal(options.init_std),
+                         expert_attrs(1, {E, F, dim}, {first_expert_, f0, 0}));
+  }
+  proj_ = &add_parameter("experts.proj.weight", {El, dim, Fl},
+                         nn::ParameterInit::normal(options.proj_init_std),
+                         expert_attrs(2, {E, dim, F}, {first_expert_, 0, f0}));
+  if (options.shared_experts > 0) {
+    shared_ = &add_module("shared",
+                          std::make_unique<ParallelMLP>(
+                              *groups.tp, dim, options.shared_experts * F,
+                              ParallelMLPOptions{.activation = options.activation,
+                                                 .init_std = options.init_std,
+                                                 .proj_init_std = options.proj_init_std,
+                                                 .sequence_parallel = options.sequence_parallel}));
+  }
+  bias_ = Tensor::zeros({E}, DType::f32);
+  load_.assign(static_cast<std::size_t>(E), 0.0);
+}
+
+void MoELayer::set_balance_bias(const std::vector<float>& values) {
+  QUINTET_CHECK(static_cast<std::int64_t>(values.size()) == options_.router.experts,
+                "MoELayer::set_balance_bias: {} values for {} experts", values.size(),
+                options_.router.experts);
+  bias_ = Tensor::from_vector(values, {options_.router.experts});
+}
+
+Tensor MoELayer::forward(nn::Context& ctx, const Tensor& x) {
+  const Stream& s = ctx.stream();
+  Communicator& tp = *groups_.tp;
+  const bool sp = options_.sequence_parallel;
+  const RouterConfig& rc = options_.router;
+  const std::int64_t E = rc.experts, k = rc.top_k, d = dim_;
+  QUINTET_CHECK(x.defined() && x.dim() == 3 && x.size(2) == d,
+                "MoELayer: expected x [batch, seq, {}], got {}", d,
+                x.defined() ? shape_str(x.shape()) : std::string("an undefined tensor"));
+  QUINTET_CHECK(x.device().is_cpu(),
+                "MoELayer: {} tensors are not supported yet; the MoE layer runs on the CPU",
+                x.device().str());
+  const std::int64_t B = x.size(0), T = B * x.size(1);
+  const int tpn = tp.size();
+  const bool split_tokens = !sp && tpn > 1;
+  QUINTET_CHECK(!split_tokens || T % tpn == 0,
+                "MoELayer: without sequence parallelism each of the tp = {} ranks dispatches 1/tp "
+                "of the batch's tokens, and {} tokens (batch {} x seq {}) do not divide; use "
+                "sequence parallelism or a batch whose tokens divide by tp",
+                tpn, T, B, x.size(1));
+  const OwnTokens own = split_tokens ? OwnTokens{tp.rank() * (T / tpn), T / tpn} : OwnTokens{0, T};
+
+  const Tensor x2 = x.contiguous(s).view({T, d});
+  // 1. Router, in f32.
+  const Tensor xf = nn::cast(x2, DType::f32, s);
+  const Tensor logits =
+      nn::linear_forward(xf, nn::cast(router_->use(s), DType::f32, s), Tensor(), s);
+  const Routing r = route(logits, rc.bias_rate > 0.0f ? bias_ : Tensor(), rc);
+  // The aux loss's per-sequence statistics, summed over the ranks holding parts of a sequence.
+  Tensor aux_counts;
+  const std::int64_t seq_tokens = x.size(1) * (sp ? tpn : 1) * size_of(groups_.cp);
+  double aux = 0.0;
+  if (rc.aux_loss_coeff > 0.0f) {
+    AuxStats st = aux_stats(r, B);
+    if (sp) {
+      all_reduce_sum(st.counts, &tp, s);
+      all_reduce_sum(st.prob_sum, &tp, s);
+    }
+    all_reduce_sum(st.counts, groups_.cp, s);
+    all_reduce_sum(st.prob_sum, groups_.cp, s);
+    aux = aux_loss(st, seq_tokens, rc);
+    aux_counts = st.counts;
+  }
+
+  // 2. Permute this rank's kept assignments by expert (then token, then choice).
+  const std::int32_t* ex = r.experts.data<std::int32_t>();
+  const std::uint8_t* kept = r.kept.data<std::uint8_t>();
+  std::vector<std::int64_t> per_expert(static_cast<std::size_t>(E), 0);
+  for (std::int64_t a = own.first * k; a < (own.first + own.count) * k; ++a) {
+    if (kept[a] != 0) ++per_expert[ex[a]];
+  }
+  std::vector<std::int64_t> start(static_cast<std::size_t>(E), 0);
+  std::partial_sum(per_expert.begin(), per_expert.end() - 1, start.begin() + 1);
+  const std::int64_t n_send =
+      std::accumulate(per_expert.begin(), per_expert.end(), std::int64_t{0});
+  std::vector<std::int64_t> slot(static_cast<std::size_t>(own.count * k), -1);
+  std::vector<std::int32_t> rows_of(static_cast<std::size_t>(n_send));
+  for (std::int64_t i = 0; i < own.count * k; ++i) {
+    const std::int64_t a = own.first * k + i;
+    if (kept[a] == 0) continue;
+    const std::int64_t p = start[ex[a]]++;
+    slot[i] = p;
+    rows_of[p] = static_cast<std::int32_t>(a / k);
+  }
+  const Tensor row_ids = Tensor::from_vector(rows_of, {n_send});
+  const Tensor sorted = nn::embedding_forward(row_ids, x2, s);  // [n_send, d]
+
+  // Exchange: counts, then rows.
+  const detail::ExchangePlan plan =
+      detail::plan_exchange(per_expert, local_experts_, groups_.ep, groups_.etp, x.device(), s);
+  const Tensor xs = detail::dispatch_rows(sorted, plan, groups_.ep, groups_.etp, s);
+
+  // 3. The local experts, one GEMM chain each over its rows.
+  const Tensor w1 = fc_->use(s), w2 = proj_->use(s);
+  const Tensor wu = up_ != nullptr ? up_->use(s) : Tensor();
+  Tensor ye = Tensor::empty({plan.gathered_rows(), d}, x.dtype(), x.device(), s);
+  std::vector<Tensor> saved{x2,      logits, r.probs,  r.experts, r.weights, r.kept, plan.encode(),
+                            row_ids, xs,     Tensor(), aux_counts};
+  std::int64_t off = 0;
+  for (std::int64_t le = 0; le < local_experts_; ++le) {
+    const std::int64_t n = plan.expert_rows(le);
+    if (n == 0) {
+      saved.push_back(Tensor());
+      saved.push_back(Tensor());
+      continue;
+    }
+    const Tensor xe = xs.narrow(0, off, n);
+    const Tensor a = nn::linear_forward(xe, w1.select(le), Tensor(), s);
+    Tensor h, u;
+    if (up_ != nullptr) {
+      u = nn::linear_forward(xe, wu.select(le), Tensor(), s);
+      h = nn::swiglu_forward(a, u, s);
+    } else {
+      h = nn::gelu_forward(a, s);
+    }
+    ye.narrow(0, off, n).copy_(nn::linear_forward(h, w2.select(le), Tensor(), s), s);
+    saved.push_back(a);
+    saved.push_back(u);
+    off += n;
+  }
+
+  // 4. Back to the tokens' ranks, then the weighted sum per token.
+  const Tensor ys = detail::return_rows(ye, plan, groups_.ep, groups_.etp, s);
+  saved[9] = ys;
+  Tensor out_own = Tensor::empty({own.count, d}, x.dtype(), x.device(), s);
+  dispatch_cpu_real(x.dtype(), [&](auto tag) {
+    combine_rows<decltype(tag)>(ys, slot, r.weights, own.first, out_own);
+  });
+  Tensor y = (split_tokens ? all_gather_rows(out_own, tp, s) : out_own).view(x.shape());
+  ctx.save(*this, std::move(saved));
+  if (shared_ != nullptr) y = nn::add(y, shared_->forward(ctx, x), s);
+
+  if (!ctx.recomputing()) {
+    for (std::int64_t e = 0; e < E; ++e) load_[e] += static_cast<double>(per_expert[e]);
+    assignments_ += static_cast<double>(own.count * k);
+    dropped_ += static_cast<double>(own.count * k - n_send);
+    aux_sum_ += aux;
+    z_sum_ += rc.z_loss_coeff > 0.0f ? z_loss(logits, rc) : 0.0;
+    microbatches_ += 1.0;
+  }
+  return y;
+}
+
+Tensor MoELayer::backward(nn::Context& ctx, const Tensor& dy) {
+  const Stream& s = ctx.stream();
+  Communicator& tp = *groups_.tp;
+  const bool sp = options_.sequence_parallel;
+  const RouterConfig& rc = options_.router;
+  const std::int64_t k = rc.top_k, d = dim_;
+  Tensor dx_shared;
+  if (shared_ != nullptr) dx_shared = shared_->backward(ctx, dy);
+  std::vector<Tensor> saved = ctx.take(*this);
+  const Tensor& x2 = saved[0];
+  const Tensor& logits = saved[1];
+  Routing r{saved[2], saved[3], saved[4], saved[5], 0};
+  const Tensor& row_ids = saved[7];
+  const Tensor& xs = saved[8];
+  const Tensor& ys = saved[9];
+  const Tensor& aux_counts = saved[10];
+  const std::int64_t T = x2.size(0);
+  const int tpn = tp.size();
+  const bool split_tokens = !sp && tpn > 1;
+  const OwnTokens own = split_tokens ? OwnTokens{tp.rank() * (T / tpn), T / tpn} : OwnTokens{0, T};
+  const detail::ExchangePlan plan = detail::ExchangePlan::decode(
+      saved[6], size_of(groups_.ep), size_of(groups_.etp), rank_of(groups_.etp), local_experts_);
+
+  // The slots of this rank's assignments in the sorted rows, as in forward.
+  std::vector<std::int64_t> slot(static_cast<std::size_t>(own.count * k), -1);
+  {
+    const std::int32_t* ex = r.experts.data<std::int32_t>();
+    const std::uint8_t* kept = r.kept.data<std::uint8_t>();
+    std::vector<std::int64_t> start(static_cast<std::size_t>(rc.experts), 0);
+    for (std::int64_t a = own.first * k; a < (own.first + own.count) * k; ++a) {
+      if (kept[a] != 0 && ex[a] + 1 < rc.experts) ++start[ex[a] + 1];
+    }
+    std::partial_sum(start.begin(), start.end(), start.begin());
+    for (std::int64_t i = 0; i < own.count * k; ++i) {
+      const std::int64_t a = own.first * k + i;
+      if (kept[a] != 0) slot[i] = start[ex[a]]++;
+    }
+  }
+
+  // Combine backward: d(sorted outputs) and d(weights) of this rank's tokens.
+  const Tensor dy2 = dy.contiguous(s).view({T, d});
+  const Tensor dy_own = dy2.narrow(0, own.first, own.count).contiguous(s);
+  Tensor dys = Tensor::empty({ys.size(0), d}, dy.dtype(), dy.device(), s);
+  Tensor dw_own = Tensor::empty({own.count, k}, DType::f32);
+  dispatch_cpu_real(dy.dtype(), [&](auto tag) {
+    combine_rows_backward<decltype(tag)>(dy_own, ys, slot, r.weights, own.first, dys, dw_own);
+  });
+
+  // The experts' backward on the rows they ran (dispatched like the forward's inputs).
+  const Tensor dye = detail::dispatch_rows(dys, plan, groups_.ep, groups_.etp, s);
+  Tensor dxe = Tensor::zeros({plan.gathered_rows(), d}, dy.dtype(), dy.device());
+  const Tensor w1 = fc_->data(), w2 = proj_->data();
+  const Tensor wu = up_ != nullptr ? up_->data() : Tensor();
+  nn::accumulate_gradients(
+      ctx, {fc_, up_, proj_},
+      [&](const std::vector<Tensor>& g, const Stream& st) {
+        std::int64_t off = 0;
+        for (std::int64_t le = 0; le < local_experts_; ++le) {
+          const std::int64_t n = plan.expert_rows(le);
+          if (n == 0) continue;
+          const Tensor xe = xs.narrow(0, off, n), dyo = dye.narrow(0, off, n);
+          const Tensor& a = saved[11 + 2 * le];
+          const Tensor& u = saved[12 + 2 * le];
+          const Tensor h = up_ != nullptr ? nn::swiglu_forward(a, u, st) : nn::gelu_forward(a, st);
+          nn::linear_backward_weight(dyo, h, g[2].select(le), Tensor(), st);
+          const Tensor dh = nn::linear_backward_input(dyo, w2.select(le), st);
+          Tensor dxo;
+          if (up_ != nullptr) {
+            const nn::SwiGluGrads sg = nn::swiglu_backward(dh, a, u, st);
+            nn::linear_backward_weight(sg.dgate, xe, g[0].select(le), Tensor(), st);
+            nn::linear_backward_weight(sg.dup, xe, g[1].select(le), Tensor(), st);
+            dxo = nn::linear_backward_input(sg.dgate, w1.select(le), st);
+            nn::add_(dxo, nn::linear_backward_input(sg.dup, wu.select(le), st), 1.0f, st);
+          } else {
+            const Tensor da = nn::gelu_backward(dh, a, st);
+            nn::linear_backward_weight(da, xe, g[0].select(le), Tensor(), st);
+            dxo = nn::linear_backward_input(da, w1.select(le), st);
+          }
+          dxe.narrow(0, off, n).copy_(dxo, st);
+          off += n;
+        }
+      },
+      nn::GradTiming::now);
+  const Tensor dsorted = detail::return_rows(dxe, plan, groups_.ep, groups_.etp, s);
+  Tensor dx_own = Tensor::zeros({own.count, d}, DType::f32);
+  if (dy.dtype() == DType::f32) {
+    // Unpermute: each sorted row's gradient goes back to its token (scatter-add).
+    const Tensor local_ids = Tensor::from_vector(
+        [&] {
+          std::vector<std::int32_t> ids = row_ids.to_vector<std::int32_t>();
+          for (std::int32_t& v : ids) v -= static_cast<std::int32_t>(own.first);
+          return ids;
+        }(),
+        {row_ids.numel()});
+    nn::embedding_backward(dsorted, local_ids, dx_own, s);
+  } else {
+    dx_own = nn::cast(dx_own, dy.dtype(), s);
+    const std::vector<std::int32_t> ids = row_ids.to_vector<std::int32_t>();
+    dispatch_cpu_real(dy.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      const T* src = dsorted.data<T>();
+      T* dst = dx_own.data<T>();
+      for (std::size_t i = 0; i < ids.size(); ++i) {
+        for (std::int64_t c = 0; c < d; ++c) dst[(ids[i] - own.first) * d + c] += src[i * d + c];
+      }
+    });
+  }
+  Tensor dx = nn::cast(split_tokens ? all_gather_rows(dx_own, tp, s) : dx_own, dy.dtype(), s);
+
+  // Router: d(weights) of every token this rank routed, then the load-balancing terms.
+  const Tensor dweights = split_tokens ? all_gather_rows(dw_own, tp, s) : dw_own;
+  Tensor dprobs = weights_backward(r, dweights, rc);
+  if (rc.aux_loss_coeff > 0.0f) {
+    const std::int64_t B = aux_counts.size(0);
+    const std::int64_t seq = (T / B) * (sp ? tpn : 1) * size_of(groups_.cp);
+    // The aux loss spans each whole sequence; data parallelism averages the router's gradient
+    // over cp, so each cp rank's part counts cp times.
+    const AuxStats st{aux_counts, Tensor()};
+    add_aux_loss_grad(st, seq, rc, ctx.loss_scale() * static_cast<float>(size_of(groups_.cp)),
+                      dprobs);
+  }
+  Tensor dlogits = scores_backward(r.probs, dprobs, rc.score);
+  if (rc.z_loss_coeff > 0.0f) {
+    const double tokens = static_cast<double>(T) * (sp ? tpn : 1);
+    add_z_loss_grad(logits, rc, static_cast<float>(ctx.loss_scale() / tokens), dlogits);
+  }
+  const Tensor xf = nn::cast(x2, DType::f32, s);
+  nn::accumulate_gradients(
+      ctx, {router_},
+      [&](const std::vector<Tensor>& g, const Stream& st) {
+        nn::linear_backward_weight(dlogits, xf, g[0], Tensor(), st);
+      },
+      nn::GradTiming::now);
+  const Tensor dx_router =
+      nn::linear_backward_input(dlogits, nn::cast(router_->data(), DType::f32, s), s);
+  nn::add_(dx, nn::cast(dx_router, dx.dtype(), s), 1.0f, s);
+  Tensor out = dx.view(dy.shape());
+  if (dx_shared.defined()) nn::add_(out, dx_shared, 1.0f, s);
+  return out;
+}
+
+MoEStats MoELayer::finish_step(Communicator& stage) {
+  const std::int64_t E = options_.router.experts;
+  std::vector<double> all = load_;
+  all.push_back(assignments_);
+  all.push_back(dropped_);
+  all.push_back(aux_sum_);
+  all.push_back(z_sum_);
+  all.push_back(microbatches_);
+  Tensor t = Tensor::from_vector(all, {static_cast<std::int64_t>(all.size())});
+  if (stage.size() > 1) stage.all_reduce(t, t, ReduceOp::sum, Stream()).wait();
+  all = t.to_vector<double>();
+  MoEStats out;
+  out.load.assign(all.begin(), all.begin() + E);
+  out.assignments = all[E];
+  out.dropped = all[E + 1];
+  const double mbs = all[E + 4];
+  out.aux_loss = mbs > 0 ? all[E + 2] / mbs : 0.0;
+  out.z_loss = mbs > 0 ? all[E + 3] / mbs : 0.0;
+  if (options_.router.bias_rate > 0.0f) {
+    update_balance_bias(bias_, out.load, options_.router.bias_rate);
+  }
+  std::fill(load_.begin(), load_.end(), 0.0);
+  assignments_ = dropped_ = aux_sum_ = z_sum_ = microbatches_ = 0.0;
+  return out;
+}
+
+}  // namespace quintet::expert

@@ -1,0 +1,4 @@
+# Expert parallelism: the router against references and finite differences (one process), and the
+# MoE layer under mpirun at ep 1..4 (odd included), with etp 2 and tp 2 (+sp), against one rank.
+quintet_unit_test(NAME ep_router_test COMPONENT ep SOURCES unit/ep_router_test.cpp)
+quintet_mpi_test(NAME ep_moe_test COMPONENT ep RANKS 1 2 3 4 SOURCES mpi/ep_moe_test.cpp)
