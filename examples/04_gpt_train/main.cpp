@@ -1,5 +1,7 @@
-// 04_gpt_train: a GPT trained under any dp x tp (+ sp) x pp layout, on CPUs or GPUs, on the
-// built-in dataset or token shards, with checkpoints and per-step metrics. The library does the
+// 04_gpt_train: a GPT trained under any dp x tp (+ sp) x pp x cp layout, on CPUs or GPUs, on the
+// built-in dataset or token shards, with checkpoints and per-step metrics. Built with
+// QUINTET_MOE_TRAINER it is 05_moe_train: the same trainer with mixture-of-experts MLPs spread
+// over ep (and etp), its MoE flags, and the per-step MoE telemetry. The library does the
 // model, the step and the checkpoints (train::TrainingModel, train::Checkpointer); this program
 // adds the flags, the dataset and the metrics. docs/trainer.md has the short version.
 //
@@ -36,7 +38,7 @@ using quintet::Axis;
 int run(const gpt::TrainConfig& c, quintet::World& world) {
   // Before anything that could fail on one rank only: every rank has the same settings (an
   // MPMD launch with different flags is refused, naming the flag, instead of hanging).
-  quintet::check_same_on_all_ranks(world.comm(), gpt::shared_settings(c), "04_gpt_train");
+  quintet::check_same_on_all_ranks(world.comm(), gpt::shared_settings(c), gpt::kProgram);
   gpt::validate(c, world.size());
   const quintet::Device device = world.device();
   const bool gpu = device.is_cuda();
@@ -47,6 +49,8 @@ int run(const gpt::TrainConfig& c, quintet::World& world) {
   layout.cp = c.cp;
   layout.dp = c.dp;
   layout.pp = c.pp;
+  layout.ep = c.ep;
+  layout.etp = c.etp;
   quintet::Mesh mesh(quintet::Layout(layout, world.size()), world.comm());
 
   // Data: the built-in dataset (made once, by whichever rank gets there first) or the user's.
@@ -71,6 +75,8 @@ int run(const gpt::TrainConfig& c, quintet::World& world) {
   if (c.tp > 1) timed_tp.emplace(mesh.comm(Axis::tp));
   std::optional<quintet::TimedCommunicator> timed_cp;  // the same for the cp ring / all-to-alls
   if (c.cp > 1) timed_cp.emplace(mesh.comm(Axis::cp));
+  std::optional<quintet::TimedCommunicator> timed_ep;  // the MoE token exchanges
+  if (c.ep > 1) timed_ep.emplace(mesh.comm(Axis::ep));
 
   // This rank's share of the model: its pipeline stages (each a chunk of the library GPT with its
   // parameters, data parallelism and AdamW) and the executor that runs them.
@@ -95,6 +101,7 @@ int run(const gpt::TrainConfig& c, quintet::World& world) {
   tc.seed = c.seed;
   tc.tp = timed_tp ? &*timed_tp : nullptr;
   tc.cp = timed_cp ? &*timed_cp : nullptr;
+  tc.ep = timed_ep ? &*timed_ep : nullptr;
   tc.check_batches = c.check_batches;  // --check-batches: a stage's tp ranks read the same tokens
   quintet::train::TrainingModel model(tc, mesh, stream);
 
@@ -124,19 +131,28 @@ int run(const gpt::TrainConfig& c, quintet::World& world) {
 
   if (world.rank() == 0 && !c.json) {
     fmt::print(
-        "04_gpt_train: {} params ({} non-embedding), {} layers, hidden {}, heads {}, "
+        "{}: {} params ({} non-embedding), {} layers, hidden {}, heads {}, "
         "vocab {}, seq {}{} | tp {}{} x cp {} x dp {} x pp {} ({}, {} chunk{} per rank), ZeRO-{} | "
         "{} | "
         "global batch {} = micro {} x dp {} x accumulation {}\n",
-        tc.model.total_params(), tc.model.non_embedding_params(), c.layers, c.hidden, c.heads,
-        c.vocab, c.seq_len, c.tied_embeddings ? ", tied embeddings" : "", c.tp,
+        gpt::kProgram, tc.model.total_params(), tc.model.non_embedding_params(), c.layers, c.hidden,
+        c.heads, c.vocab, c.seq_len, c.tied_embeddings ? ", tied embeddings" : "", c.tp,
         c.sp ? " (+sp)" : "", c.cp, c.dp, c.pp, model.executor().schedule().name, c.vpp,
         c.vpp > 1 ? "s" : "", c.zero, device.str(), c.global_batch, c.micro_batch, c.dp,
         c.accumulation());
   }
+  if (world.rank() == 0 && !c.json && gpt::kMoeTrainer) {
+    fmt::print(
+        "  MoE: {} experts, top-{}, {} router, every {} block(s), expert width {}, {} shared, "
+        "capacity {} | ep {} x etp {} | {} active non-embedding params per token\n",
+        c.experts, c.top_k, c.router, c.moe_every, tc.model.expert_width(), c.shared_experts,
+        c.capacity_factor > 0 ? fmt::format("{}", c.capacity_factor) : std::string("dropless"),
+        c.ep, mesh.size(Axis::etp), tc.model.active_non_embedding_params());
+  }
   gpt::Reporter reporter(world.rank() == 0, c.json, c.progress, c.steps);
+  // 6 N + attention per token, N the parameters a token runs through (MoE: its top-k experts).
   const double fpt =
-      gpt::flops_per_token(tc.model.non_embedding_params(), c.layers, c.hidden, c.seq_len);
+      gpt::flops_per_token(tc.model.active_non_embedding_params(), c.layers, c.hidden, c.seq_len);
   const std::int64_t end = c.stop_at > 0 ? c.stop_at : c.steps;
   for (std::int64_t step = start; step < end; ++step) {
     const float lr = gpt::learning_rate(c, step);
@@ -144,6 +160,7 @@ int run(const gpt::TrainConfig& c, quintet::World& world) {
     if (gpu) quintet::cuda_reset_peak(device);
     if (timed_tp) timed_tp->reset();  // the window is this step
     if (timed_cp) timed_cp->reset();
+    if (timed_ep) timed_ep->reset();
     const auto t0 = std::chrono::steady_clock::now();
     // One optimizer step: the schedule over the microbatches (without a pipeline, forward and
     // backward of each in turn), the gradient reductions overlapping the last backwards, the
@@ -154,6 +171,7 @@ int run(const gpt::TrainConfig& c, quintet::World& world) {
     const quintet::DataParallelStats comm = model.data_parallel_stats();
     const double tp_exposed_ms = timed_tp ? timed_tp->take_stats().exposed_ms : 0.0;
     const double cp_exposed_ms = timed_cp ? timed_cp->take_stats().exposed_ms : 0.0;
+    const double ep_exposed_ms = timed_ep ? timed_ep->take_stats().exposed_ms : 0.0;
 
     gpt::StepRecord rec;
     rec.step = step + 1;
@@ -176,7 +194,14 @@ int run(const gpt::TrainConfig& c, quintet::World& world) {
     rec.comm_ms = comm.comm_ms;
     rec.tp_comm_ms = tp_exposed_ms;
     rec.cp_comm_ms = cp_exposed_ms;
-    rec.exposed_comm_pct = 100.0 * (comm.exposed_ms + tp_exposed_ms + cp_exposed_ms) / ms;
+    rec.ep_comm_ms = ep_exposed_ms;
+    rec.exposed_comm_pct =
+        100.0 * (comm.exposed_ms + tp_exposed_ms + cp_exposed_ms + ep_exposed_ms) / ms;
+    if (gpt::kMoeTrainer) {
+      const quintet::expert::MoESummary& moe = model.moe_summary();
+      rec.moe = gpt::MoeRecord{moe.min_load,         moe.mean_load, moe.max_load,
+                               moe.dropped_fraction, moe.aux_loss,  moe.z_loss};
+    }
     reporter.step(rec);
 
     const bool last = step + 1 == end;
@@ -200,7 +225,7 @@ int main(int argc, char** argv) {
     quintet::World world = quintet::init(runtime);
     return run(config, world);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "04_gpt_train: %s\n", e.what());
+    std::fprintf(stderr, "%s: %s\n", gpt::kProgram, e.what());
     return 2;
   }
 }

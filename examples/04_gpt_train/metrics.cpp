@@ -63,8 +63,17 @@ void Reporter::step(const StepRecord& r) {
                      {"comm_ms", r.comm_ms},
                      {"tp_comm_ms", r.tp_comm_ms},
                      {"cp_comm_ms", r.cp_comm_ms},
+                     {"ep_comm_ms", r.ep_comm_ms},
                      {"peak_mem_bytes", r.peak_mem_bytes},
                      {"grad_mem_bytes", r.grad_mem_bytes}};
+    if (r.moe) {
+      j["tokens_per_expert_min"] = r.moe->min_load;
+      j["tokens_per_expert_mean"] = r.moe->mean_load;
+      j["tokens_per_expert_max"] = r.moe->max_load;
+      j["dropped_fraction"] = r.moe->dropped_fraction;
+      j["aux_loss"] = r.moe->aux_loss;
+      j["z_loss"] = r.moe->z_loss;
+    }
     fmt::print("{}\n", j.dump());
     std::fflush(stdout);
     return;
@@ -75,10 +84,17 @@ void Reporter::step(const StepRecord& r) {
   line += fmt::format(" | lr {:.2e} | grad norm {:.3f} | {:.1f} ms | {:.0f} tok/s", r.lr,
                       r.grad_norm, r.ms, r.tokens_per_s);
   if (r.mfu) line += fmt::format(" | MFU {:.1f}% ({:.1f} TFLOP/s)", 100 * *r.mfu, *r.tflops);
-  line +=
-      fmt::format(" | exposed comm {:.1f}% (tp {:.1f} ms, cp {:.1f} ms) | peak mem {} (grads {})",
-                  r.exposed_comm_pct, r.tp_comm_ms, r.cp_comm_ms, mem_str(r.peak_mem_bytes),
-                  mem_str(r.grad_mem_bytes));
+  line += fmt::format(
+      " | exposed comm {:.1f}% (tp {:.1f} ms, cp {:.1f} ms, ep {:.1f} ms) | peak mem {} (grads {})",
+      r.exposed_comm_pct, r.tp_comm_ms, r.cp_comm_ms, r.ep_comm_ms, mem_str(r.peak_mem_bytes),
+      mem_str(r.grad_mem_bytes));
+  if (r.moe) {
+    line += fmt::format(
+        " | tokens/expert {:.0f}/{:.0f}/{:.0f} (min/mean/max), dropped {:.2f}%, aux {:.4f}, "
+        "z {:.4f}",
+        r.moe->min_load, r.moe->mean_load, r.moe->max_load, 100 * r.moe->dropped_fraction,
+        r.moe->aux_loss, r.moe->z_loss);
+  }
   fmt::print("{}\n", line);
   std::fflush(stdout);
   draw_progress(r);
@@ -102,7 +118,7 @@ void Reporter::summary(std::int64_t skip) const {
   if (!active_ || records_.empty()) return;
   std::size_t first = static_cast<std::size_t>(std::max<std::int64_t>(skip, 0));
   if (first >= records_.size()) first = 0;
-  std::vector<double> ms, tps, mfu, exposed, comm, tp_comm, cp_comm;
+  std::vector<double> ms, tps, mfu, exposed, comm, tp_comm, cp_comm, ep_comm;
   for (std::size_t i = first; i < records_.size(); ++i) {
     ms.push_back(records_[i].ms);
     tps.push_back(records_[i].tokens_per_s);
@@ -111,6 +127,7 @@ void Reporter::summary(std::int64_t skip) const {
     comm.push_back(records_[i].comm_ms);
     tp_comm.push_back(records_[i].tp_comm_ms);
     cp_comm.push_back(records_[i].cp_comm_ms);
+    ep_comm.push_back(records_[i].ep_comm_ms);
   }
   const StepRecord& last = records_.back();
   const std::int64_t measured = static_cast<std::int64_t>(records_.size() - first);
@@ -126,6 +143,7 @@ void Reporter::summary(std::int64_t skip) const {
         {"median_comm_ms", median(comm)},
         {"median_tp_comm_ms", median(tp_comm)},
         {"median_cp_comm_ms", median(cp_comm)},
+        {"median_ep_comm_ms", median(ep_comm)},
         {"peak_mem_bytes", last.peak_mem_bytes},
         {"grad_mem_bytes", last.grad_mem_bytes}};
     fmt::print("{}\n", j.dump());

@@ -10,7 +10,13 @@
 //                     it is an upper bound. 0 at tp = 1.
 //   cp_comm_ms        exposed context-parallel communication (the ring's K/V and dK/dV
 //                     transfers, or the all-to-alls), measured the same way. 0 at cp = 1.
-//   exposed_comm_pct  100 * (dp exposed ms + tp_comm_ms + cp_comm_ms) / step ms.
+//   ep_comm_ms        exposed expert-parallel communication (the MoE count and token exchanges),
+//                     measured the same way. 0 at ep = 1.
+//   exposed_comm_pct  100 * (dp exposed ms + tp_comm_ms + cp_comm_ms + ep_comm_ms) / step ms.
+//
+// MoE telemetry (05_moe_train): tokens per expert (kept assignments in the step, over every expert
+// of every MoE block: min, mean, max), the fraction of assignments dropped by the capacity, and
+// the aux and z losses (summed over the blocks, coefficients included; not in `loss`).
 #pragma once
 
 #include <cstdint>
@@ -19,6 +25,12 @@
 #include <vector>
 
 namespace gpt {
+
+struct MoeRecord {
+  double min_load = 0.0, mean_load = 0.0, max_load = 0.0;
+  double dropped_fraction = 0.0;
+  double aux_loss = 0.0, z_loss = 0.0;
+};
 
 struct StepRecord {
   std::int64_t step = 0;                // 1-based: the optimizer step just taken
@@ -34,12 +46,15 @@ struct StepRecord {
   double comm_ms = 0.0;             // data-parallel communication time (hidden or not)
   double tp_comm_ms = 0.0;          // exposed tensor-parallel communication (see above)
   double cp_comm_ms = 0.0;          // exposed context-parallel communication (see above)
+  double ep_comm_ms = 0.0;          // exposed expert-parallel communication (see above)
+  std::optional<MoeRecord> moe;     // 05_moe_train
   std::int64_t peak_mem_bytes = 0;  // peak device memory (GPU) or resident set (CPU)
   std::int64_t grad_mem_bytes = 0;  // the most gradient storage held at once (ZeRO-2: shards)
 };
 
 // Model FLOPs per token for training (forward + backward): 6 N + 12 L d T, N the non-embedding
-// parameters, L layers, d width, T sequence length (attention scores and values).
+// parameters a token runs through (MoE: the router, its top-k experts and the shared ones), L
+// layers, d width, T sequence length (attention scores and values).
 double flops_per_token(std::int64_t non_embedding_params, std::int64_t layers, std::int64_t hidden,
                        std::int64_t seq_len);
 

@@ -8,7 +8,9 @@
 namespace gpt {
 
 bool parse_args(const quintet::RuntimeConfig& runtime, TrainConfig* c, int* exit_code) {
-  CLI::App app{"Train a GPT model under any dp x tp (+sp) layout, on CPU or GPU"};
+  CLI::App app{kMoeTrainer ? "Train a mixture-of-experts GPT under any dp x tp (+sp) x ep x pp x "
+                             "cp layout, on CPU or GPU"
+                           : "Train a GPT model under any dp x tp (+sp) layout, on CPU or GPU"};
   // A flag given twice takes its last value, so wrappers (scripts/demo.sh) can be overridden.
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.add_option("--layers", c->layers, "transformer blocks")->capture_default_str();
@@ -97,6 +99,34 @@ bool parse_args(const quintet::RuntimeConfig& runtime, TrainConfig* c, int* exit
   app.add_flag("--bench", c->bench, "report medians over the steps after --bench-skip");
   app.add_option("--bench-skip", c->bench_skip, "warm-up steps left out of --bench")
       ->capture_default_str();
+  if (kMoeTrainer) {
+    app.add_option("--experts", c->experts, "experts per MoE block")->capture_default_str();
+    app.add_option("--top-k", c->top_k, "experts per token (1..8)")->capture_default_str();
+    app.add_option("--ep", c->ep, "expert-parallel size: ranks that hold different experts")
+        ->capture_default_str();
+    app.add_option("--etp", c->etp,
+                   "expert-tensor-parallel size: ranks that split each expert (0: --tp)")
+        ->capture_default_str();
+    app.add_option("--capacity-factor", c->capacity_factor,
+                   "tokens an expert takes, over the even share (0: dropless)")
+        ->capture_default_str();
+    app.add_option("--router", c->router, "router scores: softmax or sigmoid")
+        ->capture_default_str();
+    app.add_option("--aux-loss-coeff", c->aux_loss_coeff, "load-balancing loss coefficient")
+        ->capture_default_str();
+    app.add_option("--z-loss-coeff", c->z_loss_coeff, "router z-loss coefficient")
+        ->capture_default_str();
+    app.add_option("--aux-free-bias-rate", c->aux_free_bias_rate,
+                   "auxiliary-loss-free balancing: the per-step bias update (0: off)")
+        ->capture_default_str();
+    app.add_option("--shared-experts", c->shared_experts,
+                   "width of a shared MLP every token takes, in experts")
+        ->capture_default_str();
+    app.add_option("--expert-ffn", c->expert_ffn, "each expert's width (0: 4 x hidden)")
+        ->capture_default_str();
+    app.add_option("--moe-every", c->moe_every, "every N-th block is MoE (from block 0)")
+        ->capture_default_str();
+  }
   app.add_flag("--json", c->json, "one JSON object per step");
   app.add_flag("!--no-progress", c->progress, "no progress bar");
   std::vector<const char*> args;
@@ -151,7 +181,19 @@ std::vector<std::pair<std::string, std::string>> shared_settings(const TrainConf
           {"--resume-if-exists", c.resume_if_exists},
           {"--no-overlap", s(c.no_overlap)},
           {"--check-batches", s(c.check_batches)},
-          {"--bench", s(c.bench)}};
+          {"--bench", s(c.bench)},
+          {"--experts", s(c.experts)},
+          {"--top-k", s(c.top_k)},
+          {"--ep", s(c.ep)},
+          {"--etp", s(c.etp)},
+          {"--capacity-factor", s(c.capacity_factor)},
+          {"--router", c.router},
+          {"--aux-loss-coeff", s(c.aux_loss_coeff)},
+          {"--z-loss-coeff", s(c.z_loss_coeff)},
+          {"--aux-free-bias-rate", s(c.aux_free_bias_rate)},
+          {"--shared-experts", s(c.shared_experts)},
+          {"--expert-ffn", s(c.expert_ffn)},
+          {"--moe-every", s(c.moe_every)}};
 }
 
 void validate(const TrainConfig& c, int world) {
@@ -216,9 +258,23 @@ void validate(const TrainConfig& c, int world) {
   QUINTET_CHECK(c.save_every == 0 || !c.save.empty(), "--save-every {} needs --save DIR",
                 c.save_every);
   QUINTET_CHECK(c.loader_threads >= 1, "--loader-threads {}: expected >= 1", c.loader_threads);
-  // The model's own checks (heads, vocabulary and MLP width against tp) and the schedule's rules
-  // (its microbatches, vpp), before any communicator exists.
-  model_config(c, /*gpu=*/false).validate(c.tp, c.cp);
+  if (kMoeTrainer) {
+    const int etp = c.etp > 0 ? c.etp : c.tp;
+    QUINTET_CHECK(c.ep >= 1 && c.etp >= 0, "--ep {} (>= 1) --etp {} (>= 0)", c.ep, c.etp);
+    QUINTET_CHECK(world % (etp * c.ep * c.pp) == 0,
+                  "--etp {} x --ep {} x --pp {} = {} does not divide the {} ranks: the expert "
+                  "layers see the ranks as etp x ep x edp x pp",
+                  etp, c.ep, c.pp, etp * c.ep * c.pp, world);
+    QUINTET_CHECK(c.ep <= c.dp * c.cp * c.tp / etp,
+                  "--ep {} is more than the {} ranks of a pipeline stage over --etp {}", c.ep,
+                  c.tp * c.cp * c.dp, etp);
+    (void)quintet::expert::parse_router_score(c.router);
+  }
+  // The model's own checks (heads, vocabulary and MLP width against tp, experts against ep and
+  // etp) and the schedule's rules (its microbatches, vpp), before any communicator exists.
+  const quintet::model::GptConfig m = model_config(c, /*gpu=*/false);
+  m.validate(c.tp, c.cp);
+  m.validate_experts(c.ep, c.etp > 0 ? c.etp : c.tp);
   pipeline_schedule(c);
 }
 
@@ -245,6 +301,21 @@ quintet::model::GptConfig model_config(const TrainConfig& c, bool gpu) {
   m.sequence_parallel = c.sp;
   m.recompute = quintet::model::parse_recompute_kind(c.recompute);
   m.context_parallel = quintet::context::parse_context_parallel_kind(c.cp_kind);
+  if (kMoeTrainer) {
+    m.mlp = quintet::model::MlpKind::moe;
+    quintet::expert::RouterConfig& r = m.moe.router;
+    r.experts = c.experts;
+    r.top_k = c.top_k;
+    r.score = quintet::expert::parse_router_score(c.router);
+    r.renormalize = c.top_k > 1;  // top-1 keeps the raw probability, so the router learns
+    r.capacity_factor = c.capacity_factor;
+    r.aux_loss_coeff = c.aux_loss_coeff;
+    r.z_loss_coeff = c.z_loss_coeff;
+    r.bias_rate = c.aux_free_bias_rate;
+    m.moe.expert_ffn = c.expert_ffn;
+    m.moe.shared_experts = c.shared_experts;
+    m.moe.every = c.moe_every;
+  }
   return m;
 }
 

@@ -13,6 +13,16 @@
 
 namespace gpt {
 
+// The same sources build two programs: 04_gpt_train (dense GPT) and, with QUINTET_MOE_TRAINER
+// defined, 05_moe_train, whose blocks' MLPs are mixtures of experts (the MoE flags below).
+#ifdef QUINTET_MOE_TRAINER
+inline constexpr bool kMoeTrainer = true;
+inline constexpr const char* kProgram = "05_moe_train";
+#else
+inline constexpr bool kMoeTrainer = false;
+inline constexpr const char* kProgram = "04_gpt_train";
+#endif
+
 struct TrainConfig {
   // Model.
   std::int64_t layers = 2;
@@ -61,6 +71,19 @@ struct TrainConfig {
   // Fault injection for the checkpoint test: the process exits (status 3) in the middle of the
   // save of this step, after its shard is written and before the checkpoint is committed.
   std::int64_t exit_during_save = -1;
+  // Mixture of experts (05_moe_train; 04_gpt_train has none of these flags).
+  std::int64_t experts = 8;        // experts per MoE block
+  int top_k = 2;                   // experts per token
+  int ep = 1;                      // expert parallel: ranks that hold different experts
+  int etp = 0;                     // expert tensor parallel: ranks that split each expert; 0 = tp
+  float capacity_factor = 0.0f;    // 0 = dropless
+  std::string router = "softmax";  // softmax or sigmoid scores
+  float aux_loss_coeff = 0.01f;
+  float z_loss_coeff = 0.001f;
+  float aux_free_bias_rate = 0.0f;  // auxiliary-loss-free balancing (0 = off)
+  int shared_experts = 0;
+  std::int64_t expert_ffn = 0;  // each expert's width; 0 = 4 * hidden
+  int moe_every = 1;            // block l is MoE when l % moe_every == 0
   // Measurement and output.
   bool no_overlap = false;
   bool check_batches = false;  // debug: the tp ranks of a stage hold the same tokens

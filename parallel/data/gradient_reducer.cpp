@@ -25,8 +25,11 @@ GradientReducer::GradientReducer(nn::ParameterStore& store, const BucketPlan& pl
   const DType grad_dtype = nn::accum_dtype(store.dtype());
   for (const GradientBucket& b : buckets_) {
     comms_.push_back(&mesh.comm(b.axis));
-    if (b.axis == Axis::tp_dp_cp) {
+    if (b.axis == Axis::tp_dp_cp || b.axis == Axis::edp) {
       // Partial sums over tp, mean over dp_cp: one sum of the gradient pre-scaled by 1/|dp_cp|.
+      // Experts: each expert's copy on an edp rank holds the sum over the tokens that every
+      // dense replica of its ep group sent it, so the mean over the dp x cp replicas is the sum
+      // over edp divided by |dp_cp| (not by |edp|, unless ep = 1 and etp = tp).
       ops_.push_back(ReduceOp::sum);
       prescale_.push_back(1.0f / static_cast<float>(plan.groups().dp_cp.size));
     } else {

@@ -117,6 +117,40 @@ MoEStats combine(const std::vector<MoEStats>& layers) {
   return out;
 }
 
+MoESummary summarize(const std::vector<MoEStats>& layers, Communicator& pp, const Stream& stream) {
+  const MoEStats all = combine(layers);
+  // Sums, then the minimum and the maximum, over the stages.
+  std::vector<double> sums = {static_cast<double>(layers.size()),
+                              std::accumulate(all.load.begin(), all.load.end(), 0.0),
+                              static_cast<double>(all.load.size()),
+                              all.assignments,
+                              all.dropped,
+                              all.aux_loss,
+                              all.z_loss};
+  std::vector<double> lo = {all.load.empty() ? std::numeric_limits<double>::infinity()
+                                             : all.min_load()};
+  std::vector<double> hi = {all.load.empty() ? 0.0 : all.max_load()};
+  if (pp.size() > 1) {
+    for (auto [v, op] : {std::pair{&sums, ReduceOp::sum}, std::pair{&lo, ReduceOp::min},
+                         std::pair{&hi, ReduceOp::max}}) {
+      Tensor t = Tensor::from_vector(*v, {static_cast<std::int64_t>(v->size())})
+                     .to(stream.device(), stream);
+      pp.all_reduce(t, t, op, stream).wait(stream);
+      *v = t.to_vector<double>();
+    }
+  }
+  MoESummary out;
+  out.layers = static_cast<int>(sums[0]);
+  if (out.layers == 0) return out;
+  out.mean_load = sums[2] > 0 ? sums[1] / sums[2] : 0.0;
+  out.min_load = lo[0];
+  out.max_load = hi[0];
+  out.dropped_fraction = sums[3] > 0 ? sums[4] / sums[3] : 0.0;
+  out.aux_loss = sums[5];
+  out.z_loss = sums[6];
+  return out;
+}
+
 MoELayer::MoELayer(const MoEGroups& groups, std::int64_t dim, const MoEOptions& options)
     : groups_(groups), dim_(dim), options_(options) {
   QUINTET_CHECK(groups.tp != nullptr,
@@ -449,7 +483,7 @@ Tensor MoELayer::backward(nn::Context& ctx, const Tensor& dy) {
   return out;
 }
 
-MoEStats MoELayer::finish_step(Communicator& stage) {
+MoEStats MoELayer::finish_step(Communicator& stage, const Stream& stream) {
   const std::int64_t E = options_.router.experts;
   std::vector<double> all = load_;
   all.push_back(assignments_);
@@ -457,9 +491,12 @@ MoEStats MoELayer::finish_step(Communicator& stage) {
   all.push_back(aux_sum_);
   all.push_back(z_sum_);
   all.push_back(microbatches_);
-  Tensor t = Tensor::from_vector(all, {static_cast<std::int64_t>(all.size())});
-  if (stage.size() > 1) stage.all_reduce(t, t, ReduceOp::sum, Stream()).wait();
-  all = t.to_vector<double>();
+  if (stage.size() > 1) {
+    Tensor t = Tensor::from_vector(all, {static_cast<std::int64_t>(all.size())})
+                   .to(stream.device(), stream);
+    stage.all_reduce(t, t, ReduceOp::sum, stream).wait(stream);
+    all = t.to_vector<double>();
+  }
   MoEStats out;
   out.load.assign(all.begin(), all.begin() + E);
   out.assignments = all[E];

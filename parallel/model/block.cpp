@@ -31,8 +31,20 @@ std::unique_ptr<nn::Module> make_attention(const GptConfig& c, const ModelGroups
                 static_cast<int>(c.attention));
 }
 
-std::unique_ptr<nn::Module> make_mlp(const GptConfig& c, const ModelGroups& g) {
+std::unique_ptr<nn::Module> make_mlp(const GptConfig& c, const ModelGroups& g, std::int64_t layer) {
+  if (c.is_moe_block(layer)) {
+    return std::make_unique<expert::MoELayer>(
+        expert::MoEGroups{g.tp, g.cp, g.ep, g.etp}, c.hidden,
+        expert::MoEOptions{.router = c.moe.router,
+                           .expert_ffn = c.expert_width(),
+                           .activation = c.activation,
+                           .shared_experts = c.moe.shared_experts,
+                           .init_std = c.init_std,
+                           .proj_init_std = c.output_init_std(),
+                           .sequence_parallel = c.sequence_parallel});
+  }
   switch (c.mlp) {
+    case MlpKind::moe:  // a dense block of an MoE model
     case MlpKind::dense:
       return std::make_unique<ParallelMLP>(
           *g.tp, c.hidden, c.mlp_width(),
@@ -49,9 +61,10 @@ std::unique_ptr<nn::Module> make_norm(const GptConfig& c) {
                             {.eps = c.eps, .sequence_parallel = c.sequence_parallel});
 }
 
-TransformerBlock::TransformerBlock(const GptConfig& c, const ModelGroups& g) {
+TransformerBlock::TransformerBlock(const GptConfig& c, const ModelGroups& g, std::int64_t layer) {
   check_groups(g);
   c.validate_block(g.tp->size(), g.cp_size());
+  c.validate_experts(g.ep_size(), g.etp_size());
   norm1_ = &add_module("norm1", make_norm(c));
   std::unique_ptr<nn::Module> attention = make_attention(c, g);
   if (c.recompute == RecomputeKind::attention) {
@@ -59,7 +72,9 @@ TransformerBlock::TransformerBlock(const GptConfig& c, const ModelGroups& g) {
   }
   attn_ = &add_module("attn", std::move(attention));
   norm2_ = &add_module("norm2", make_norm(c));
-  mlp_ = &add_module("mlp", make_mlp(c, g));
+  std::unique_ptr<nn::Module> mlp = make_mlp(c, g, layer);
+  moe_ = dynamic_cast<expert::MoELayer*>(mlp.get());
+  mlp_ = &add_module("mlp", std::move(mlp));
 }
 
 Tensor TransformerBlock::forward(nn::Context& ctx, const Tensor& x) {

@@ -13,6 +13,7 @@ const GptConfig& checked(const GptConfig& config, const ModelGroups& groups,
                          const ChunkSpec& spec) {
   check_groups(groups);
   config.validate(groups.tp->size(), groups.cp_size());
+  config.validate_experts(groups.ep_size(), groups.etp_size());
   spec.validate(config);
   return config;
 }
@@ -35,7 +36,9 @@ GptChunk::GptChunk(const GptConfig& config, const ModelGroups& groups, const Chu
     }
   }
   for (std::int64_t l = spec.first_layer; l < spec.first_layer + spec.num_layers; ++l) {
-    std::unique_ptr<nn::Module> block = std::make_unique<TransformerBlock>(c, groups);
+    auto transformer = std::make_unique<TransformerBlock>(c, groups, l);
+    if (transformer->moe() != nullptr) moe_layers_.push_back(transformer->moe());
+    std::unique_ptr<nn::Module> block = std::move(transformer);
     if (c.recompute == RecomputeKind::full)
       block = std::make_unique<nn::Recompute>(std::move(block));
     blocks_.push_back(&add_module("block" + std::to_string(l), std::move(block)));

@@ -14,6 +14,14 @@ float GptConfig::output_init_std() const {
   return init_std / std::sqrt(2.0f * static_cast<float>(layers));
 }
 
+bool GptConfig::is_moe_block(std::int64_t l) const {
+  return mlp == MlpKind::moe && moe.every >= 1 && l % moe.every == 0;
+}
+
+std::int64_t GptConfig::expert_width() const {
+  return moe.expert_ffn > 0 ? moe.expert_ffn : mlp_width();
+}
+
 namespace {
 void check_divides(const char* name, std::int64_t v, int tp) {
   QUINTET_CHECK(v % tp == 0,
@@ -72,14 +80,55 @@ void GptConfig::validate_block(int tp, int cp) const {
   }
 }
 
-std::int64_t GptConfig::non_embedding_params() const {
-  const std::int64_t d = hidden, f = mlp_width();
-  const std::int64_t norm_params = norm == nn::NormKind::layernorm ? 2 * d : d;
-  const std::int64_t attn = 4 * d * d + (bias ? 4 * d : 0);  // qkv and the output projection
-  const std::int64_t mlp = activation == nn::Activation::gelu ? 2 * d * f + f + d : 3 * d * f;
-  const std::int64_t head = d * vocab;
-  return layers * (attn + mlp + 2 * norm_params) + norm_params + head;
+void GptConfig::validate_experts(int ep, int etp) const {
+  if (mlp != MlpKind::moe) return;
+  moe.router.validate();
+  QUINTET_CHECK(moe.every >= 1, "GptConfig: moe.every = {} must be >= 1", moe.every);
+  QUINTET_CHECK(moe.expert_ffn >= 0 && moe.shared_experts >= 0,
+                "GptConfig: moe.expert_ffn = {} and moe.shared_experts = {} must be >= 0",
+                moe.expert_ffn, moe.shared_experts);
+  QUINTET_CHECK(ep >= 1 && moe.router.experts % ep == 0,
+                "GptConfig: {} experts are not divisible by the expert-parallel size ep = {}; "
+                "use a multiple of {} experts or another ep",
+                moe.router.experts, ep, ep);
+  QUINTET_CHECK(etp >= 1 && expert_width() % etp == 0,
+                "GptConfig: the expert width {} is not divisible by the expert-tensor-parallel "
+                "size etp = {}",
+                expert_width(), etp);
 }
+
+namespace {
+// Parameters of each block's parts: the attention, the dense MLP, the norms, and an MoE MLP with
+// `experts` of its experts counted.
+std::int64_t dense_mlp_params(const GptConfig& c, std::int64_t f) {
+  const std::int64_t d = c.hidden;
+  return c.activation == nn::Activation::gelu ? 2 * d * f + f + d : 3 * d * f;
+}
+std::int64_t moe_mlp_params(const GptConfig& c, std::int64_t experts) {
+  const std::int64_t d = c.hidden, f = c.expert_width();
+  const std::int64_t per_expert = (c.activation == nn::Activation::gelu ? 2 : 3) * d * f;
+  const std::int64_t shared =
+      c.moe.shared_experts > 0 ? dense_mlp_params(c, c.moe.shared_experts * f) : 0;
+  return c.moe.router.experts * d + experts * per_expert + shared;
+}
+std::int64_t block_params(const GptConfig& c, bool active) {
+  const std::int64_t d = c.hidden;
+  const std::int64_t norm_params = c.norm == nn::NormKind::layernorm ? 2 * d : d;
+  const std::int64_t attn = 4 * d * d + (c.bias ? 4 * d : 0);  // qkv and the output projection
+  std::int64_t total = 0;
+  for (std::int64_t l = 0; l < c.layers; ++l) {
+    const std::int64_t mlp =
+        c.is_moe_block(l) ? moe_mlp_params(c, active ? c.moe.router.top_k : c.moe.router.experts)
+                          : dense_mlp_params(c, c.mlp_width());
+    total += attn + mlp + 2 * norm_params;
+  }
+  return total + norm_params + d * c.vocab;  // the final norm and the head
+}
+}  // namespace
+
+std::int64_t GptConfig::non_embedding_params() const { return block_params(*this, false); }
+
+std::int64_t GptConfig::active_non_embedding_params() const { return block_params(*this, true); }
 
 std::int64_t GptConfig::total_params() const {
   const std::int64_t d = hidden;

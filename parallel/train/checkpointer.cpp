@@ -56,6 +56,17 @@ std::string prefix(const TrainingModel& model, const TrainingStage& s) {
   return model.stages().size() == 1 ? std::string() : fmt::format("stage{}.", s.stage);
 }
 
+// The balancing biases of a stage's MoE layers, concatenated (undefined without MoE layers).
+Tensor moe_biases(const TrainingStage& s) {
+  std::vector<float> all;
+  for (const expert::MoELayer* m : s.chunk->moe_layers()) {
+    const std::vector<float> b = m->balance_bias().to_vector<float>();
+    all.insert(all.end(), b.begin(), b.end());
+  }
+  if (all.empty()) return Tensor();
+  return Tensor::from_vector(all, {static_cast<std::int64_t>(all.size())});
+}
+
 }  // namespace
 
 std::string run_identity(const TrainingModel& model, const data::DataLoader& loader) {
@@ -64,16 +75,26 @@ std::string run_identity(const TrainingModel& model, const data::DataLoader& loa
   const Mesh& mesh = model.mesh();
   const data::LoaderConfig& lc = loader.config();
   return fmt::format(
-      "layers={};hidden={};heads={};mlp_width={};vocab={};seq_len={};norm={};activation={};"
-      "bias={};tied_embeddings={};learned_positions={};init_std={};output_init_std={};eps={};"
-      "dtype={};sequence_parallel={};attention={};mlp={};tp={};cp={};pp={};dp={};vpp={};"
-      "micro_batch={};microbatches={};zero_stage={};seed={};loader_seed={};shuffle={}",
-      m.layers, m.hidden, m.heads, m.mlp_width(), m.vocab, m.seq_len, static_cast<int>(m.norm),
-      static_cast<int>(m.activation), m.bias, m.tied_embeddings, m.learned_positions, m.init_std,
-      m.output_init_std(), m.eps, dtype_name(m.dtype), m.sequence_parallel,
-      static_cast<int>(m.attention), static_cast<int>(m.mlp), mesh.size(Axis::tp),
-      mesh.size(Axis::cp), mesh.size(Axis::pp), mesh.size(Axis::dp), c.vpp, c.micro_batch,
-      c.microbatches, c.data_parallel.zero_stage, c.seed, lc.seed, lc.shuffle);
+             "layers={};hidden={};heads={};mlp_width={};vocab={};seq_len={};norm={};activation={};"
+             "bias={};tied_embeddings={};learned_positions={};init_std={};output_init_std={};eps={}"
+             ";"
+             "dtype={};sequence_parallel={};attention={};mlp={};tp={};cp={};pp={};dp={};vpp={};"
+             "micro_batch={};microbatches={};zero_stage={};seed={};loader_seed={};shuffle={}",
+             m.layers, m.hidden, m.heads, m.mlp_width(), m.vocab, m.seq_len,
+             static_cast<int>(m.norm), static_cast<int>(m.activation), m.bias, m.tied_embeddings,
+             m.learned_positions, m.init_std, m.output_init_std(), m.eps, dtype_name(m.dtype),
+             m.sequence_parallel, static_cast<int>(m.attention), static_cast<int>(m.mlp),
+             mesh.size(Axis::tp), mesh.size(Axis::cp), mesh.size(Axis::pp), mesh.size(Axis::dp),
+             c.vpp, c.micro_batch, c.microbatches, c.data_parallel.zero_stage, c.seed, lc.seed,
+             lc.shuffle) +
+         (m.mlp != model::MlpKind::moe
+              ? std::string()
+              : fmt::format(";experts={};top_k={};expert_width={};moe_every={};shared_experts={};"
+                            "router={};capacity_factor={};ep={};etp={}",
+                            m.moe.router.experts, m.moe.router.top_k, m.expert_width(), m.moe.every,
+                            m.moe.shared_experts, static_cast<int>(m.moe.router.score),
+                            m.moe.router.capacity_factor, mesh.size(Axis::ep),
+                            mesh.size(Axis::etp)));
 }
 
 Checkpointer::Checkpointer(std::string dir, Communicator& world, std::string extra_identity)
@@ -111,6 +132,8 @@ void Checkpointer::save(std::int64_t step, TrainingModel& model, const data::Dat
     for (auto& [name, t] : s.optimizer->state()) {
       tensors.push_back({prefix(model, s) + "optimizer." + name, t});
     }
+    const Tensor bias = moe_biases(s);
+    if (bias.defined()) tensors.push_back({prefix(model, s) + "moe_bias", bias});
   }
   const data::SamplerState position = loader.state();
   const std::string meta = fmt::format("{{{}{}, {}{}, {}{}, {}{}\", {}{}}}", kStep, step, kEpoch,
@@ -144,7 +167,10 @@ std::optional<std::int64_t> Checkpointer::restore(TrainingModel& model, data::Da
   // Values load in place; the optimizer state into copies it then takes (its "step" is a copy).
   std::vector<NamedTensor> tensors;
   std::vector<std::vector<std::pair<std::string, Tensor>>> states;
+  std::vector<Tensor> biases;
   for (TrainingStage& s : model.stages()) {
+    biases.push_back(moe_biases(s));
+    if (biases.back().defined()) tensors.push_back({prefix(model, s) + "moe_bias", biases.back()});
     tensors.push_back({prefix(model, s) + "params", s.store->data_buffer()});
     states.push_back(s.optimizer->state());
     for (auto& [name, t] : states.back()) {
@@ -154,7 +180,19 @@ std::optional<std::int64_t> Checkpointer::restore(TrainingModel& model, data::Da
   }
   load_checkpoint(*info, tensors, world_, stream);
   std::size_t i = 0;
-  for (TrainingStage& s : model.stages()) s.optimizer->load_state(states[i++], stream);
+  for (TrainingStage& s : model.stages()) {
+    s.optimizer->load_state(states[i], stream);
+    if (biases[i].defined()) {
+      const std::vector<float> all = biases[i].to_vector<float>();
+      std::size_t at = 0;
+      for (expert::MoELayer* m : s.chunk->moe_layers()) {
+        const std::size_t e = static_cast<std::size_t>(m->options().router.experts);
+        m->set_balance_bias(std::vector<float>(all.begin() + at, all.begin() + at + e));
+        at += e;
+      }
+    }
+    ++i;
+  }
   data::SamplerState position;
   position.epoch = read_u64(text, kEpoch, info->path);
   position.sample_index = read_u64(text, kSample, info->path);

@@ -13,6 +13,7 @@ namespace {
 void validate(const TrainingConfig& c, const Mesh& mesh) {
   const int tp = mesh.size(Axis::tp), cp = mesh.size(Axis::cp);
   c.model.validate(tp, cp);
+  c.model.validate_experts(mesh.size(Axis::ep), mesh.size(Axis::etp));
   QUINTET_CHECK(c.micro_batch >= 1, "TrainingConfig: micro_batch {} must be >= 1", c.micro_batch);
   QUINTET_CHECK(c.microbatches >= 1, "TrainingConfig: microbatches {} must be >= 1",
                 c.microbatches);
@@ -35,6 +36,10 @@ void validate(const TrainingConfig& c, const Mesh& mesh) {
                 "TrainingConfig: the cp communicator has {} ranks, the mesh's cp axis {}; pass "
                 "the mesh's (or a wrapper of it)",
                 c.cp == nullptr ? 0 : c.cp->size(), cp);
+  QUINTET_CHECK(c.ep == nullptr || c.ep->size() == mesh.size(Axis::ep),
+                "TrainingConfig: the ep communicator has {} ranks, the mesh's ep axis {}; pass "
+                "the mesh's (or a wrapper of it)",
+                c.ep == nullptr ? 0 : c.ep->size(), mesh.size(Axis::ep));
   c.data_parallel.validate();
 }
 
@@ -61,12 +66,13 @@ TrainingModel::TrainingModel(const TrainingConfig& config, Mesh& mesh, const Str
       model::split_into_chunks(config_.model, schedule.num_stages());
   Communicator& tp = config_.tp != nullptr ? *config_.tp : mesh_.comm(Axis::tp);
   Communicator& cp = config_.cp != nullptr ? *config_.cp : mesh_.comm(Axis::cp);
+  Communicator& ep = config_.ep != nullptr ? *config_.ep : mesh_.comm(Axis::ep);
+  const model::ModelGroups groups{&tp, &cp, &ep, &mesh_.comm(Axis::etp)};
   std::vector<pipeline::StageModule> modules;
   for (int s : schedule.stages_of(mesh_.rank(Axis::pp))) {
     TrainingStage st;
     st.stage = s;
-    st.chunk =
-        model::build_gpt_chunk(config_.model, {&tp, &cp}, chunks[static_cast<std::size_t>(s)]);
+    st.chunk = model::build_gpt_chunk(config_.model, groups, chunks[static_cast<std::size_t>(s)]);
     st.store =
         std::make_unique<nn::ParameterStore>(*st.chunk, config_.model.dtype, stream_, config_.seed);
     st.data_parallel =
@@ -129,7 +135,7 @@ pipeline::MicrobatchData TrainingModel::local_part(pipeline::MicrobatchData d) c
 pipeline::TrainStepResult TrainingModel::step(
     const std::function<pipeline::MicrobatchData(int)>& data) {
   // data gives whole sequences; each cp rank keeps its chunks of them.
-  return pipeline::train_step(
+  const pipeline::TrainStepResult r = pipeline::train_step(
       *executor_, optimizers_, mesh_,
       [&data, this](int m) {
         pipeline::MicrobatchData d = data(m);
@@ -137,6 +143,16 @@ pipeline::TrainStepResult TrainingModel::step(
         return local_part(std::move(d));
       },
       stream_);
+  if (config_.model.mlp == model::MlpKind::moe) {
+    std::vector<expert::MoEStats> layers;
+    for (TrainingStage& s : stages_) {
+      for (expert::MoELayer* m : s.chunk->moe_layers()) {
+        layers.push_back(m->finish_step(mesh_.comm(Axis::tp_dp_cp), stream_));
+      }
+    }
+    moe_summary_ = expert::summarize(layers, mesh_.comm(Axis::pp), stream_);
+  }
+  return r;
 }
 
 void TrainingModel::set_lr(float lr) {

@@ -16,6 +16,7 @@
 #               the previous checkpoint and continues the uninterrupted run's losses
 # Usage: gpt_train_test.sh TRAINER MPIEXEC WORKDIR CASE [mpirun flags...]
 set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 trainer=$1 mpiexec=$2 work=$3 case=$4
 shift 4
 mpi_flags=("$@")
@@ -34,30 +35,7 @@ run() {  # run NAME RANKS FLAGS...: the trainer's JSON lines into NAME.jsonl
 # compare A B FIRST LAST TOL: losses of steps FIRST..LAST of runs A and B agree within TOL
 # (relative); both runs must have all of those steps.
 compare() {
-  python3 - "$@" <<'PY'
-import json, sys
-a, b, first, last, tol = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
-def losses(path):
-    out = {}
-    for line in open(path):
-        line = line.strip()
-        if line.startswith("{") and '"step"' in line:
-            rec = json.loads(line)
-            out[rec["step"]] = rec["loss"]
-    return out
-la, lb = losses(a + ".jsonl"), losses(b + ".jsonl")
-worst = 0.0
-for s in range(first, last + 1):
-    if s not in la or s not in lb:
-        sys.exit(f"step {s} missing: {a} has {sorted(la)[:3]}..., {b} has {sorted(lb)[:3]}...")
-    rel = abs(la[s] - lb[s]) / abs(la[s])
-    worst = max(worst, rel)
-    if rel > tol:
-        sys.exit(f"{b} differs from {a} at step {s}: {lb[s]!r} vs {la[s]!r} (relative {rel:.3g} > {tol})")
-print(f"{b} == {a} at steps {first}..{last}: worst relative difference {worst:.3g} (tolerance {tol})")
-if first == 1 and last >= 20 and not la[last] < la[1]:
-    sys.exit(f"{a}: the loss did not go down ({la[1]} -> {la[last]})")
-PY
+  python3 "$here/compare_losses.py" "$@"
 }
 
 case $case in

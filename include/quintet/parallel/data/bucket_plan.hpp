@@ -20,7 +20,9 @@
 //   dense with reduce_over_tp, tp > 1  Axis::tp_dp_cp (sum of the gradient pre-scaled by
 //                                      1/|dp_cp|: partial sums over tp, mean over dp_cp)
 //   dense with reduce_over_tp, tp = 1  Axis::dp_cp
-//   expert (is_expert)                 Axis::edp     (mean); with reduce_over_tp: InvalidArgument
+//   expert (is_expert)                 Axis::edp     (sum of the gradient pre-scaled by 1/|dp_cp|:
+//                                      the mean over the dense replicas whose tokens each expert
+//                                      saw); with reduce_over_tp: InvalidArgument
 // Buckets never mix groups.
 //
 // ZeRO shards. A bucket of n elements over a group of S ranks is padded to L = S * ceil(n / S)

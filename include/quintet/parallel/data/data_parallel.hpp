@@ -11,7 +11,8 @@
 //   dense with reduce_over_tp          sum over tp, mean over dp_cp: one reduction over
 //                                      Axis::tp_dp_cp of the gradient pre-scaled by 1/|dp_cp|
 //                                      (sequence-parallel norm weights: partial sums over tp)
-//   expert (is_expert)                 mean over Axis::edp
+//   expert (is_expert)                 sum over Axis::edp / |dp_cp| (each expert saw the tokens
+//                                      of every replica in its ep group)
 // Buckets never mix groups. A bucket's reduction (an all-reduce for ZeRO stage 0, a
 // reduce-scatter into this rank's shard for stages 1 and 2) starts the moment backward marks its
 // last parameter grad-ready, in bucket order (a bucket that becomes ready early waits for the ones

@@ -98,9 +98,9 @@ class MoELayer : public nn::Module {
   void set_balance_bias(const std::vector<float>& values);
 
   // Sums this step's counters over `stage` (every rank of the pipeline stage: Axis::tp_dp_cp of
-  // the dense layout, collective), updates the balancing bias when bias_rate > 0, resets the
-  // counters, and returns the step's statistics.
-  MoEStats finish_step(Communicator& stage);
+  // the dense layout, collective; on stream, the host waits), updates the balancing bias when
+  // bias_rate > 0, resets the counters, and returns the step's statistics.
+  MoEStats finish_step(Communicator& stage, const Stream& stream = Stream());
 
  private:
   MoEGroups groups_;
@@ -121,5 +121,20 @@ class MoELayer : public nn::Module {
 
 // Sums the statistics of several layers' finish_step (their loads concatenated).
 MoEStats combine(const std::vector<MoEStats>& layers);
+
+// A step's MoE telemetry over every MoE layer of the model: the tokens per expert (kept
+// assignments; the minimum, mean and maximum over every expert of every layer), the fraction of
+// assignments dropped, and the aux and z losses summed over the layers.
+struct MoESummary {
+  int layers = 0;
+  double min_load = 0.0, mean_load = 0.0, max_load = 0.0;
+  double dropped_fraction = 0.0;
+  double aux_loss = 0.0, z_loss = 0.0;
+};
+// Combines this rank's layers' statistics (finish_step of the stages it holds) over pp, where
+// each stage holds other layers (collective over pp; on stream, the host waits). The same on
+// every rank.
+MoESummary summarize(const std::vector<MoEStats>& layers, Communicator& pp,
+                     const Stream& stream = Stream());
 
 }  // namespace quintet::expert

@@ -49,13 +49,17 @@ class GptChunk : public nn::Module {
 
   const GptConfig& config() const { return config_; }
   const ChunkSpec& spec() const { return spec_; }
+  // The MoE layers of this chunk's blocks, in layer order (empty for a dense model).
+  const std::vector<expert::MoELayer*>& moe_layers() const { return moe_layers_; }
 
  private:
   GptConfig config_;
   ChunkSpec spec_;
   VocabParallelEmbedding* tokens_ = nullptr;  // run by forward (the embedding chunk)
   PositionEmbedding* positions_ = nullptr;
-  std::vector<nn::Module*> blocks_;  // TransformerBlocks (wrapped in nn::Recompute with full)
+  std::vector<nn::Module*> blocks_;
+  std::vector<expert::MoELayer*>
+      moe_layers_;  // TransformerBlocks (wrapped in nn::Recompute with full)
   nn::Module* final_norm_ = nullptr;
   ColumnParallelLinear* head_ = nullptr;
   VocabParallelLoss* loss_ = nullptr;

@@ -15,6 +15,7 @@
 #include "quintet/core/dtype.hpp"
 #include "quintet/nn/layers.hpp"
 #include "quintet/parallel/context/ring_attention.hpp"
+#include "quintet/parallel/expert/router.hpp"
 
 namespace quintet::model {
 
@@ -26,6 +27,16 @@ enum class AttentionKind {
 // What fills a block's MLP slot.
 enum class MlpKind {
   dense,  // the MLP split along its width over tp (ParallelMLP)
+  moe,    // mixture of experts (expert::MoELayer) in the blocks GptConfig::is_moe_block picks
+};
+
+// The MoE MLPs of a model with mlp = MlpKind::moe (expert/moe_layer.hpp). Each MoE block's
+// experts are MLPs of `activation` and width expert_ffn, spread over ep and split over etp.
+struct MoEConfig {
+  expert::RouterConfig router;  // experts, top_k, score, capacity, load balancing
+  std::int64_t expert_ffn = 0;  // each expert's width; 0 = the dense MLP width (mlp_width())
+  int shared_experts = 0;       // a dense MLP of shared_experts * expert_ffn every token takes
+  int every = 1;                // block l is MoE when l % every == 0 (the others dense)
 };
 
 // What each block recomputes in backward instead of keeping its activations (nn::Recompute): a
@@ -61,9 +72,14 @@ struct GptConfig {
   // How attention spans the context-parallel ranks, when ModelGroups::cp has more than one: each
   // then holds 2 chunks of every sequence (context/ring_attention.hpp's layout).
   context::ContextParallelKind context_parallel = context::ContextParallelKind::ring;
+  MoEConfig moe;  // used when mlp == MlpKind::moe
 
   // The MLP width (ffn_hidden, or 4 * hidden when 0).
   std::int64_t mlp_width() const;
+  // Whether block l (global index) holds an MoE MLP.
+  bool is_moe_block(std::int64_t l) const;
+  // An expert's width (moe.expert_ffn, or mlp_width() when 0).
+  std::int64_t expert_width() const;
   // The init std of the two output projections of each block.
   float output_init_std() const;
   // Throws InvalidArgument, naming the field and how to fix it, unless every size is positive,
@@ -76,12 +92,18 @@ struct GptConfig {
   void validate(int tp, int cp = 1) const;
   // The part of validate() a transformer block needs (everything but the vocabulary).
   void validate_block(int tp, int cp = 1) const;
+  // With mlp = moe: the router config (RouterConfig::validate), moe.every >= 1, the experts
+  // divisible by ep and the expert width by etp (InvalidArgument naming both numbers).
+  void validate_experts(int ep, int etp) const;
 
   // Parameters of the whole, unsharded model (a tied table counted once), and the N of the
   // 6 N training FLOPs per token: every weight outside the token and position embeddings, with
   // the LM head counted even when tied (it is a real matmul).
+  // With MoE, every expert counts in both; active_non_embedding_params() counts the top_k experts
+  // a token runs (plus the router and the shared experts): the N of 6 N for MoE.
   std::int64_t total_params() const;
   std::int64_t non_embedding_params() const;
+  std::int64_t active_non_embedding_params() const;
 };
 
 }  // namespace quintet::model

@@ -1,6 +1,6 @@
 // ModelGroups: the communicators a model chunk's layers use (borrowed; they must outlive the
-// model). Header-only. Today the tensor-parallel group; the context- and expert-parallel groups
-// join it as their slots land.
+// model). Header-only. The tensor-parallel group, and the context- and expert-parallel groups
+// of the slots that use them.
 #pragma once
 
 #include "quintet/collectives/communicator.hpp"
@@ -15,12 +15,19 @@ struct ModelGroups {
   // Context parallel: each rank holds 2 chunks of every sequence, attention spans the group
   // (optional: null for no context parallelism).
   Communicator* cp = nullptr;
+  // Expert parallel and expert tensor parallel (MoE blocks; optional: null for one rank): the
+  // experts are spread over ep and each split over etp (expert/moe_layer.hpp).
+  Communicator* ep = nullptr;
+  Communicator* etp = nullptr;
 
   // The groups of this rank in mesh.
   static ModelGroups of(Mesh& mesh) {
-    return ModelGroups{&mesh.comm(Axis::tp), &mesh.comm(Axis::cp)};
+    return ModelGroups{&mesh.comm(Axis::tp), &mesh.comm(Axis::cp), &mesh.comm(Axis::ep),
+                       &mesh.comm(Axis::etp)};
   }
   int cp_size() const { return cp != nullptr ? cp->size() : 1; }
+  int ep_size() const { return ep != nullptr ? ep->size() : 1; }
+  int etp_size() const { return etp != nullptr ? etp->size() : 1; }
 };
 
 }  // namespace quintet::model

@@ -38,6 +38,7 @@
 #include "quintet/nn/parameter.hpp"
 #include "quintet/parallel/data/data_parallel.hpp"
 #include "quintet/parallel/data/distributed_optimizer.hpp"
+#include "quintet/parallel/expert/moe_layer.hpp"
 #include "quintet/parallel/mesh.hpp"
 #include "quintet/parallel/model/gpt.hpp"
 #include "quintet/parallel/model/gpt_config.hpp"
@@ -65,6 +66,9 @@ struct TrainingConfig {
   // every rank of a replica reads whole sequences and keeps its 2 chunks of each
   // (context::cp_split); attention spans the cp ranks as model.context_parallel says.
   Communicator* cp = nullptr;
+  // The same for the expert-parallel communicator of MoE blocks (mesh.comm(Axis::ep) when null),
+  // e.g. a TimedCommunicator to measure the exposed ep communication.
+  Communicator* ep = nullptr;
   // Debug: before each microbatch is used, check that the stage's tp ranks hold the same tokens
   // (check_same_batch, loader_for_mesh.hpp). One small all-gather per microbatch.
   bool check_batches = false;
@@ -114,6 +118,10 @@ class TrainingModel {
   std::int64_t steps() const;
   // The data-parallel cost of the last step, summed over this rank's stages.
   DataParallelStats data_parallel_stats() const;
+  // The MoE telemetry of the last step over the whole model (every rank has it; layers = 0 for
+  // a dense model). step() gathers it after the update (each MoE layer's finish_step, which also
+  // moves the auxiliary-loss-free balancing bias).
+  const expert::MoESummary& moe_summary() const { return moe_summary_; }
 
   const TrainingConfig& config() const { return config_; }
   Mesh& mesh() const { return mesh_; }
@@ -132,6 +140,7 @@ class TrainingModel {
   std::vector<TrainingStage> stages_;
   std::vector<DistributedOptimizer*> optimizers_;
   std::unique_ptr<pipeline::PipelineExecutor> executor_;
+  expert::MoESummary moe_summary_;
 };
 
 }  // namespace quintet::train

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Tests of examples/05_moe_train on the CPU under mpirun (ctest: moe_train_*):
+#   layouts    ep 2 x dp 2 (edp 2), tp 2 x ep 2 (etp 2), tp 2 + sp with etp 1, ep 3 (odd),
+#              ep 2 with ZeRO-1, pp 2 x ep 2, cp 2 x ep 2 and a capacity-free shared-expert,
+#              SwiGLU-free GELU model with aux and z losses on: the one-rank loss at each of 20
+#              steps within 1e-4 relative; the per-step telemetry (tokens per expert, dropped
+#              fraction, aux and z losses, ep_comm_ms) is in the JSON records
+#   resume     a run with auxiliary-loss-free balancing stopped and saved at step 10, then
+#              resumed, equals the uninterrupted run at steps 11..20 (the bias is in the checkpoint)
+#   bad_flags  experts not divisible by ep, top-k above the experts, etp x ep that does not fit
+#              the ranks, an unknown router: refused with a message naming them
+# Usage: moe_train_test.sh TRAINER MPIEXEC WORKDIR CASE [mpirun flags...]
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+trainer=$1 mpiexec=$2 work=$3 case=$4
+shift 4
+mpi_flags=("$@")
+rm -rf "$work/$case" && mkdir -p "$work/$case"
+cd "$work/$case"
+model=(--device cpu --layers 2 --hidden 32 --heads 4 --vocab 256 --seq-len 16 --micro-batch 2
+       --global-batch 8 --lr 3e-3 --warmup 5 --experts 4 --top-k 2 --expert-ffn 48
+       --aux-loss-coeff 0.01 --z-loss-coeff 0.001 --data-dir "$work/data" --json --no-progress)
+
+run() {  # run NAME RANKS FLAGS...: the trainer's JSON lines into NAME.jsonl
+  local name=$1 ranks=$2
+  shift 2
+  echo "--- $name: $ranks ranks: $*"
+  "$mpiexec" "${mpi_flags[@]}" -np "$ranks" "$trainer" "${model[@]}" "$@" >"$name.jsonl"
+}
+compare() { python3 "$here/compare_losses.py" "$@"; }
+
+case $case in
+  layouts)
+    run one 1 --steps 20
+    run ep2_dp2 4 --steps 20 --dp 4 --ep 2
+    run tp2_ep2 4 --steps 20 --tp 2 --dp 2 --ep 2
+    run tp2_sp_ep2_etp1 4 --steps 20 --tp 2 --dp 2 --ep 2 --etp 1 --sp
+    run ep3 3 --steps 20 --dp 3 --ep 3 --experts 6 --global-batch 6
+    run one_e6 1 --steps 20 --experts 6 --global-batch 6
+    run ep2_zero1 2 --steps 20 --dp 2 --ep 2 --zero 1
+    run pp2_ep2 4 --steps 20 --pp 2 --dp 2 --ep 2
+    run cp2_ep2 4 --steps 20 --cp 2 --dp 2 --ep 2
+    for r in ep2_dp2 tp2_ep2 tp2_sp_ep2_etp1 ep2_zero1 pp2_ep2 cp2_ep2; do
+      compare one $r 1 20 1e-4
+    done
+    compare one_e6 ep3 1 20 1e-4
+    python3 - <<'PY'
+import json, sys
+recs = [json.loads(l) for l in open("ep2_dp2.jsonl") if '"step"' in l]
+for r in recs:
+    for k in ("tokens_per_expert_min", "tokens_per_expert_mean", "tokens_per_expert_max",
+              "dropped_fraction", "aux_loss", "z_loss", "ep_comm_ms"):
+        if k not in r:
+            sys.exit(f"step {r['step']}: no {k} in the JSON record")
+    # 8 sequences x 16 tokens x top-2 over 2 blocks x 4 experts: the mean is 8 * 16 * 2 / 4.
+    if abs(r["tokens_per_expert_mean"] - 64.0) > 1e-9 or not r["tokens_per_expert_min"] <= 64 <= r["tokens_per_expert_max"]:
+        sys.exit(f"step {r['step']}: tokens per expert {r['tokens_per_expert_min']}/{r['tokens_per_expert_mean']}/{r['tokens_per_expert_max']}")
+    if r["dropped_fraction"] != 0.0 or not r["aux_loss"] > 0 or not r["z_loss"] > 0:
+        sys.exit(f"step {r['step']}: dropped {r['dropped_fraction']}, aux {r['aux_loss']}, z {r['z_loss']}")
+if not any(r["ep_comm_ms"] > 0 for r in recs):
+    sys.exit("ep_comm_ms is 0 at every step at ep 2")
+print("telemetry present in every record")
+PY
+    # Capacity: with factor 0.5 some assignments are dropped, and the run still learns.
+    run capacity 2 --steps 20 --dp 2 --ep 2 --capacity-factor 0.5 --shared-experts 1
+    python3 -c "import json,sys; r=[json.loads(l) for l in open('capacity.jsonl') if '\"step\"' in l]; sys.exit(0 if all(x['dropped_fraction'] > 0 for x in r) and r[-1]['loss'] < r[0]['loss'] else 'no drops at capacity 0.5, or no learning')"
+    ;;
+  resume)
+    bias=(--dp 2 --ep 2 --aux-free-bias-rate 0.01 --router sigmoid --aux-loss-coeff 0)
+    run full 2 --steps 20 "${bias[@]}"
+    run first 2 --steps 20 --stop-at 10 --save ckpt "${bias[@]}"
+    run resumed 2 --steps 20 --resume ckpt "${bias[@]}"
+    compare full resumed 11 20 1e-6
+    ;;
+  bad_flags)
+    expect_error() {  # expect_error RANKS MESSAGE FLAGS...
+      local ranks=$1 message=$2
+      shift 2
+      if run bad "$ranks" "$@" 2>bad.err; then echo "expected failure: $*"; exit 1; fi
+      grep -q -- "$message" bad.err || { echo "no '$message' in:"; cat bad.err; exit 1; }
+    }
+    expect_error 2 "3 experts are not divisible by the expert-parallel size ep = 2" --steps 1 \
+      --dp 2 --ep 2 --experts 3
+    expect_error 3 "4 experts are not divisible by the expert-parallel size ep = 3" --steps 1 \
+      --dp 3 --ep 3 --experts 4 --global-batch 6
+    expect_error 1 "top_k = 5 is more than the 4 experts" --steps 1 --top-k 5
+    expect_error 1 "top_k = 9 must be between 1 and 8" --steps 1 --top-k 9 --experts 16
+    expect_error 2 "--etp 2 x --ep 2 x --pp 1 = 4 does not divide the 2 ranks" --steps 1 \
+      --dp 2 --ep 2 --etp 2
+    expect_error 1 'unknown router score "relu"' --steps 1 --router relu
+    ;;
+esac
+echo "moe_train_test $case: PASS"
