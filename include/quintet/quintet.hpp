@@ -41,6 +41,8 @@
 #include "quintet/parallel/data/data_parallel.hpp"
 #include "quintet/parallel/data/distributed_optimizer.hpp"
 #include "quintet/parallel/data/loader_for_mesh.hpp"
+#include "quintet/parallel/expert/moe_layer.hpp"
+#include "quintet/parallel/expert/router.hpp"
 #include "quintet/parallel/layout.hpp"
 #include "quintet/parallel/mesh.hpp"
 #include "quintet/parallel/model/block.hpp"

@@ -1,5 +1,6 @@
 // Gradient groups of DataParallel under mpirun, for several layouts (tp, cp, ep, pp > 1): dense
-// gradients are averaged over dp-cp, expert gradients over edp, sequence-parallel norm gradients
+// gradients are averaged over dp-cp, expert gradients summed over edp and divided by |dp-cp| (the
+// dense replicas whose tokens they saw), sequence-parallel norm gradients
 // summed over tp and averaged over dp-cp — checked element by element (ZeRO stage 0: the whole
 // gradient; stages 1, 2: the owned shard) against values computed from the Layout's groups. The
 // optimizer's global norm equals the norm over the distinct parameters of the whole job, counting
@@ -80,7 +81,9 @@ double reduced_grad(const Layout& layout, int q, Kind k, std::int64_t i) {
   const Axis axis = expert ? Axis::edp : over_tp ? Axis::tp_dp_cp : Axis::dp_cp;
   double sum = 0.0;
   for (int g : layout.group_of(axis, q)) sum += local_grad(layout, g, k, i);
-  return sum / static_cast<double>(layout.group_of(expert ? Axis::edp : Axis::dp_cp, q).size());
+  // Every kind is a mean over the dense replicas (dp x cp): an expert's copies hold sums over the
+  // tokens that every replica of their ep group sent them.
+  return sum / static_cast<double>(layout.group_of(Axis::dp_cp, q).size());
 }
 
 // The norm over the distinct copies of every parameter in the job.
