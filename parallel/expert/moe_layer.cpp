@@ -20,6 +20,36 @@ struct OwnTokens {
   std::int64_t first = 0, count = 0;
 };
 
+// This rank's kept assignments sorted by expert, then token, then choice: the rows per expert,
+// each assignment's row in the sorted order (-1 when dropped), and each sorted row's token.
+struct Permutation {
+  std::vector<std::int64_t> per_expert, slot;
+  std::vector<std::int32_t> rows_of;
+};
+Permutation permute(const Routing& r, const OwnTokens& own, std::int64_t E) {
+  const std::int64_t k = r.experts.size(1);
+  const std::int32_t* ex = r.experts.data<std::int32_t>();
+  const std::uint8_t* kept = r.kept.data<std::uint8_t>();
+  Permutation p;
+  p.per_expert.assign(static_cast<std::size_t>(E), 0);
+  for (std::int64_t a = own.first * k; a < (own.first + own.count) * k; ++a) {
+    if (kept[a] != 0) ++p.per_expert[ex[a]];
+  }
+  std::vector<std::int64_t> start(static_cast<std::size_t>(E), 0);
+  std::partial_sum(p.per_expert.begin(), p.per_expert.end() - 1, start.begin() + 1);
+  p.slot.assign(static_cast<std::size_t>(own.count * k), -1);
+  p.rows_of.resize(static_cast<std::size_t>(
+      std::accumulate(p.per_expert.begin(), p.per_expert.end(), std::int64_t{0})));
+  for (std::int64_t i = 0; i < own.count * k; ++i) {
+    const std::int64_t a = own.first * k + i;
+    if (kept[a] == 0) continue;
+    const std::int64_t row = start[ex[a]]++;
+    p.slot[i] = row;
+    p.rows_of[row] = static_cast<std::int32_t>(a / k);
+  }
+  return p;
+}
+
 void all_reduce_sum(const Tensor& t, Communicator* c, const Stream& s) {
   if (size_of(c) > 1) c->all_reduce(t, t, ReduceOp::sum, s).wait(s);
 }
@@ -264,26 +294,11 @@ Tensor MoELayer::forward(nn::Context& ctx, const Tensor& x) {
   }
 
   // 2. Permute this rank's kept assignments by expert (then token, then choice).
-  const std::int32_t* ex = r.experts.data<std::int32_t>();
-  const std::uint8_t* kept = r.kept.data<std::uint8_t>();
-  std::vector<std::int64_t> per_expert(static_cast<std::size_t>(E), 0);
-  for (std::int64_t a = own.first * k; a < (own.first + own.count) * k; ++a) {
-    if (kept[a] != 0) ++per_expert[ex[a]];
-  }
-  std::vector<std::int64_t> start(static_cast<std::size_t>(E), 0);
-  std::partial_sum(per_expert.begin(), per_expert.end() - 1, start.begin() + 1);
-  const std::int64_t n_send =
-      std::accumulate(per_expert.begin(), per_expert.end(), std::int64_t{0});
-  std::vector<std::int64_t> slot(static_cast<std::size_t>(own.count * k), -1);
-  std::vector<std::int32_t> rows_of(static_cast<std::size_t>(n_send));
-  for (std::int64_t i = 0; i < own.count * k; ++i) {
-    const std::int64_t a = own.first * k + i;
-    if (kept[a] == 0) continue;
-    const std::int64_t p = start[ex[a]]++;
-    slot[i] = p;
-    rows_of[p] = static_cast<std::int32_t>(a / k);
-  }
-  const Tensor row_ids = Tensor::from_vector(rows_of, {n_send});
+  const Permutation perm = permute(r, own, E);
+  const std::vector<std::int64_t>& per_expert = perm.per_expert;
+  const std::vector<std::int64_t>& slot = perm.slot;
+  const std::int64_t n_send = static_cast<std::int64_t>(perm.rows_of.size());
+  const Tensor row_ids = Tensor::from_vector(perm.rows_of, {n_send});
   const Tensor sorted = nn::embedding_forward(row_ids, x2, s);  // [n_send, d]
 
   // Exchange: counts, then rows.
@@ -366,20 +381,7 @@ Tensor MoELayer::backward(nn::Context& ctx, const Tensor& dy) {
       saved[6], size_of(groups_.ep), size_of(groups_.etp), rank_of(groups_.etp), local_experts_);
 
   // The slots of this rank's assignments in the sorted rows, as in forward.
-  std::vector<std::int64_t> slot(static_cast<std::size_t>(own.count * k), -1);
-  {
-    const std::int32_t* ex = r.experts.data<std::int32_t>();
-    const std::uint8_t* kept = r.kept.data<std::uint8_t>();
-    std::vector<std::int64_t> start(static_cast<std::size_t>(rc.experts), 0);
-    for (std::int64_t a = own.first * k; a < (own.first + own.count) * k; ++a) {
-      if (kept[a] != 0 && ex[a] + 1 < rc.experts) ++start[ex[a] + 1];
-    }
-    std::partial_sum(start.begin(), start.end(), start.begin());
-    for (std::int64_t i = 0; i < own.count * k; ++i) {
-      const std::int64_t a = own.first * k + i;
-      if (kept[a] != 0) slot[i] = start[ex[a]]++;
-    }
-  }
+  const std::vector<std::int64_t> slot = permute(r, own, rc.experts).slot;
 
   // Combine backward: d(sorted outputs) and d(weights) of this rank's tokens.
   const Tensor dy2 = dy.contiguous(s).view({T, d});
