@@ -101,32 +101,41 @@ ExchangePlan ExchangePlan::decode(const Tensor& t, int ep, int etp, int etp_rank
   return p;
 }
 
-ExchangePlan plan_exchange(std::vector<std::int64_t> send, std::int64_t local_experts,
-                           Communicator* ep, Communicator* etp, const Device& device,
-                           const Stream& stream) {
+ExchangePlan plan_exchange(const Tensor& send_counts, std::int64_t local_experts, Communicator* ep,
+                           Communicator* etp, const Stream& stream) {
   ExchangePlan p;
   p.ep = size_of(ep);
   p.etp = size_of(etp);
   p.etp_rank = etp != nullptr ? etp->rank() : 0;
   p.local_experts = local_experts;
   const std::int64_t n = static_cast<std::int64_t>(p.ep) * local_experts;
-  QUINTET_CHECK(static_cast<std::int64_t>(send.size()) == n,
-                "MoE exchange: {} send counts for ep {} x {} local experts", send.size(), p.ep,
-                local_experts);
-  p.send = std::move(send);
-  Tensor counts = Tensor::from_vector(p.send, {n}).to(device, stream);
+  QUINTET_CHECK(
+      send_counts.defined() && send_counts.dtype() == DType::i64 && send_counts.numel() == n,
+      "MoE exchange: expected {} i64 send counts for ep {} x {} local experts, got {}", n, p.ep,
+      local_experts, send_counts.str());
+  const Device dev = send_counts.device();
+  // [send | gathered] in one tensor, so that one copy brings the plan to the host.
+  Tensor all = Tensor::empty({n + p.etp * n}, DType::i64, dev, stream);
+  const Tensor send = send_counts.contiguous(stream);
+  all.narrow(0, 0, n).copy_(send, stream);
+  Tensor recv = send;
   if (p.ep > 1) {
-    Tensor recv = Tensor::empty({n}, DType::i64, device, stream);
-    ep->all_to_all(counts, recv, stream).wait(stream);
-    counts = recv;
+    recv = Tensor::empty({n}, DType::i64, dev, stream);
+    ep->all_to_all(send, recv, stream).wait(stream);
   }
   if (p.etp > 1) {
-    Tensor all = Tensor::empty({p.etp * n}, DType::i64, device, stream);
-    etp->all_gather(counts, all, stream).wait(stream);
-    counts = all;
+    Tensor gathered = Tensor::empty({p.etp * n}, DType::i64, dev, stream);
+    etp->all_gather(recv, gathered, stream).wait(stream);
+    all.narrow(0, n, p.etp * n).copy_(gathered, stream);
+  } else {
+    all.narrow(0, n, n).copy_(recv, stream);
   }
-  // The host needs the counts to size the token exchange (the layer's one host synchronisation).
-  p.gathered = counts.to(Device::cpu(), stream).to_vector<std::int64_t>();
+  // The host needs the counts to size the token exchange: the layer's one host synchronisation.
+  const Tensor host = all.to(Device::cpu(), stream);
+  stream.synchronize();
+  const std::vector<std::int64_t> v = host.to_vector<std::int64_t>();
+  p.send.assign(v.begin(), v.begin() + n);
+  p.gathered.assign(v.begin() + n, v.end());
   return p;
 }
 

@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "parallel/expert/internal/dispatch.hpp"
+#include "parallel/expert/internal/permute.hpp"
 #include "quintet/nn/ops.hpp"
 
 namespace quintet::expert {
@@ -20,36 +21,6 @@ struct OwnTokens {
   std::int64_t first = 0, count = 0;
 };
 
-// This rank's kept assignments sorted by expert, then token, then choice: the rows per expert,
-// each assignment's row in the sorted order (-1 when dropped), and each sorted row's token.
-struct Permutation {
-  std::vector<std::int64_t> per_expert, slot;
-  std::vector<std::int32_t> rows_of;
-};
-Permutation permute(const Routing& r, const OwnTokens& own, std::int64_t E) {
-  const std::int64_t k = r.experts.size(1);
-  const std::int32_t* ex = r.experts.data<std::int32_t>();
-  const std::uint8_t* kept = r.kept.data<std::uint8_t>();
-  Permutation p;
-  p.per_expert.assign(static_cast<std::size_t>(E), 0);
-  for (std::int64_t a = own.first * k; a < (own.first + own.count) * k; ++a) {
-    if (kept[a] != 0) ++p.per_expert[ex[a]];
-  }
-  std::vector<std::int64_t> start(static_cast<std::size_t>(E), 0);
-  std::partial_sum(p.per_expert.begin(), p.per_expert.end() - 1, start.begin() + 1);
-  p.slot.assign(static_cast<std::size_t>(own.count * k), -1);
-  p.rows_of.resize(static_cast<std::size_t>(
-      std::accumulate(p.per_expert.begin(), p.per_expert.end(), std::int64_t{0})));
-  for (std::int64_t i = 0; i < own.count * k; ++i) {
-    const std::int64_t a = own.first * k + i;
-    if (kept[a] == 0) continue;
-    const std::int64_t row = start[ex[a]]++;
-    p.slot[i] = row;
-    p.rows_of[row] = static_cast<std::int32_t>(a / k);
-  }
-  return p;
-}
-
 void all_reduce_sum(const Tensor& t, Communicator* c, const Stream& s) {
   if (size_of(c) > 1) c->all_reduce(t, t, ReduceOp::sum, s).wait(s);
 }
@@ -62,63 +33,6 @@ Tensor all_gather_rows(const Tensor& part, Communicator& tp, const Stream& s) {
   Tensor out = Tensor::empty(shape, part.dtype(), part.device(), s);
   tp.all_gather(part.contiguous(s), out, s).wait(s);
   return out;
-}
-
-template <class T>
-void combine_rows(const Tensor& ys, const std::vector<std::int64_t>& slot, const Tensor& weights,
-                  std::int64_t first, const Tensor& out) {
-  const std::int64_t n = out.size(0), d = out.size(1), k = weights.size(1);
-  const T* y = ys.data<T>();
-  const float* w = weights.data<float>();
-  T* o = out.data<T>();
-  std::fill(o, o + n * d, T(0));
-  for (std::int64_t t = 0; t < n; ++t) {
-    for (std::int64_t j = 0; j < k; ++j) {
-      const std::int64_t a = t * k + j;
-      if (slot[a] < 0) continue;
-      const T wt = static_cast<T>(w[(first + t) * k + j]);
-      const T* src = y + slot[a] * d;
-      for (std::int64_t c = 0; c < d; ++c) o[t * d + c] += wt * src[c];
-    }
-  }
-}
-
-// The combine's backward: d(ys)[slot] = w * dy[t]; d(weights)[t, j] = dy[t] . ys[slot].
-template <class T>
-void combine_rows_backward(const Tensor& dy, const Tensor& ys,
-                           const std::vector<std::int64_t>& slot, const Tensor& weights,
-                           std::int64_t first, const Tensor& dys, const Tensor& dweights) {
-  const std::int64_t n = dy.size(0), d = dy.size(1), k = weights.size(1);
-  const T* g = dy.data<T>();
-  const T* y = ys.data<T>();
-  const float* w = weights.data<float>();
-  T* dyr = dys.data<T>();
-  float* dw = dweights.data<float>();
-  for (std::int64_t t = 0; t < n; ++t) {
-    for (std::int64_t j = 0; j < k; ++j) {
-      const std::int64_t a = t * k + j;
-      dw[a] = 0.0f;
-      if (slot[a] < 0) continue;
-      const T wt = static_cast<T>(w[(first + t) * k + j]);
-      double dot = 0.0;
-      for (std::int64_t c = 0; c < d; ++c) {
-        dyr[slot[a] * d + c] = wt * g[t * d + c];
-        dot += static_cast<double>(g[t * d + c]) * y[slot[a] * d + c];
-      }
-      dw[a] = static_cast<float>(dot);
-    }
-  }
-}
-
-template <class F>
-void dispatch_cpu_real(DType dtype, F&& f) {
-  if (dtype == DType::f64) {
-    f(double{});
-  } else {
-    QUINTET_CHECK(dtype == DType::f32, "MoELayer: the CPU path computes in f32 or f64, not {}",
-                  dtype_name(dtype));
-    f(float{});
-  }
 }
 
 }  // namespace
@@ -247,6 +161,7 @@ void MoELayer::set_balance_bias(const std::vector<float>& values) {
                 "MoELayer::set_balance_bias: {} values for {} experts", values.size(),
                 options_.router.experts);
   bias_ = Tensor::from_vector(values, {options_.router.experts});
+  bias_device_ = Tensor();  // uploaded again by the next forward on a GPU
 }
 
 Tensor MoELayer::forward(nn::Context& ctx, const Tensor& x) {
@@ -258,9 +173,6 @@ Tensor MoELayer::forward(nn::Context& ctx, const Tensor& x) {
   QUINTET_CHECK(x.defined() && x.dim() == 3 && x.size(2) == d,
                 "MoELayer: expected x [batch, seq, {}], got {}", d,
                 x.defined() ? shape_str(x.shape()) : std::string("an undefined tensor"));
-  QUINTET_CHECK(x.device().is_cpu(),
-                "MoELayer: {} tensors are not supported yet; the MoE layer runs on the CPU",
-                x.device().str());
   const std::int64_t B = x.size(0), T = B * x.size(1);
   const int tpn = tp.size();
   const bool split_tokens = !sp && tpn > 1;
@@ -270,48 +182,58 @@ Tensor MoELayer::forward(nn::Context& ctx, const Tensor& x) {
                 "sequence parallelism or a batch whose tokens divide by tp",
                 tpn, T, B, x.size(1));
   const OwnTokens own = split_tokens ? OwnTokens{tp.rank() * (T / tpn), T / tpn} : OwnTokens{0, T};
+  const Device dev = x.device();
+  if (!sums_.defined() || sums_.device() != dev) {
+    sums_ = Tensor::empty({2}, DType::f64, dev, s);
+    sums_.fill_(0.0, s);
+  }
 
   const Tensor x2 = x.contiguous(s).view({T, d});
   // 1. Router, in f32.
   const Tensor xf = nn::cast(x2, DType::f32, s);
   const Tensor logits =
       nn::linear_forward(xf, nn::cast(router_->use(s), DType::f32, s), Tensor(), s);
-  const Routing r = route(logits, rc.bias_rate > 0.0f ? bias_ : Tensor(), rc);
+  const Routing r = route(logits, rc.bias_rate > 0.0f ? device_bias(dev, s) : Tensor(), rc, s);
   // The aux loss's per-sequence statistics, summed over the ranks holding parts of a sequence.
   Tensor aux_counts;
   const std::int64_t seq_tokens = x.size(1) * (sp ? tpn : 1) * size_of(groups_.cp);
-  double aux = 0.0;
   if (rc.aux_loss_coeff > 0.0f) {
-    AuxStats st = aux_stats(r, B);
+    AuxStats st = aux_stats(r, B, s);
     if (sp) {
       all_reduce_sum(st.counts, &tp, s);
       all_reduce_sum(st.prob_sum, &tp, s);
     }
     all_reduce_sum(st.counts, groups_.cp, s);
     all_reduce_sum(st.prob_sum, groups_.cp, s);
-    aux = aux_loss(st, seq_tokens, rc);
+    if (!ctx.recomputing()) accumulate_aux_loss(st, seq_tokens, rc, sums_.narrow(0, 0, 1), s);
     aux_counts = st.counts;
+  }
+  if (rc.z_loss_coeff > 0.0f && !ctx.recomputing()) {
+    accumulate_z_loss(logits, rc, sums_.narrow(0, 1, 1), s);
   }
 
   // 2. Permute this rank's kept assignments by expert (then token, then choice).
-  const Permutation perm = permute(r, own, E);
-  const std::vector<std::int64_t>& per_expert = perm.per_expert;
-  const std::vector<std::int64_t>& slot = perm.slot;
-  const std::int64_t n_send = static_cast<std::int64_t>(perm.rows_of.size());
-  const Tensor row_ids = Tensor::from_vector(perm.rows_of, {n_send});
-  const Tensor sorted = nn::embedding_forward(row_ids, x2, s);  // [n_send, d]
+  const auto own_rows = [&](const Tensor& t) {
+    return t.narrow(0, own.first, own.count).contiguous(s);
+  };
+  const Tensor weights_own = own_rows(r.weights);
+  const detail::Permutation perm = detail::permute(own_rows(r.experts), own_rows(r.kept), E, s);
 
-  // Exchange: counts, then rows.
+  // Exchange: counts (the host waits for them), then rows.
   const detail::ExchangePlan plan =
-      detail::plan_exchange(per_expert, local_experts_, groups_.ep, groups_.etp, x.device(), s);
+      detail::plan_exchange(perm.counts, local_experts_, groups_.ep, groups_.etp, s);
+  const std::int64_t n_send = plan.send_rows();
+  const Tensor sorted = nn::embedding_forward(perm.rows_of.narrow(0, 0, n_send),
+                                              x2.narrow(0, own.first, own.count), s);
   const Tensor xs = detail::dispatch_rows(sorted, plan, groups_.ep, groups_.etp, s);
 
   // 3. The local experts, one GEMM chain each over its rows.
   const Tensor w1 = fc_->use(s), w2 = proj_->use(s);
   const Tensor wu = up_ != nullptr ? up_->use(s) : Tensor();
-  Tensor ye = Tensor::empty({plan.gathered_rows(), d}, x.dtype(), x.device(), s);
-  std::vector<Tensor> saved{x2,      logits, r.probs,  r.experts, r.weights, r.kept, plan.encode(),
-                            row_ids, xs,     Tensor(), aux_counts};
+  Tensor ye = Tensor::empty({plan.gathered_rows(), d}, x.dtype(), dev, s);
+  std::vector<Tensor> saved{x2,        logits,   r.probs,       r.experts,
+                            r.weights, r.kept,   plan.encode(), perm.slot,
+                            xs,        Tensor(), aux_counts};
   std::int64_t off = 0;
   for (std::int64_t le = 0; le < local_experts_; ++le) {
     const std::int64_t n = plan.expert_rows(le);
@@ -338,20 +260,15 @@ Tensor MoELayer::forward(nn::Context& ctx, const Tensor& x) {
   // 4. Back to the tokens' ranks, then the weighted sum per token.
   const Tensor ys = detail::return_rows(ye, plan, groups_.ep, groups_.etp, s);
   saved[9] = ys;
-  Tensor out_own = Tensor::empty({own.count, d}, x.dtype(), x.device(), s);
-  dispatch_cpu_real(x.dtype(), [&](auto tag) {
-    combine_rows<decltype(tag)>(ys, slot, r.weights, own.first, out_own);
-  });
+  const Tensor out_own = detail::combine(ys, perm.slot, weights_own, s);
   Tensor y = (split_tokens ? all_gather_rows(out_own, tp, s) : out_own).view(x.shape());
   ctx.save(*this, std::move(saved));
   if (shared_ != nullptr) y = nn::add(y, shared_->forward(ctx, x), s);
 
   if (!ctx.recomputing()) {
-    for (std::int64_t e = 0; e < E; ++e) load_[e] += static_cast<double>(per_expert[e]);
+    for (std::int64_t e = 0; e < E; ++e) load_[e] += static_cast<double>(plan.send[e]);
     assignments_ += static_cast<double>(own.count * k);
     dropped_ += static_cast<double>(own.count * k - n_send);
-    aux_sum_ += aux;
-    z_sum_ += rc.z_loss_coeff > 0.0f ? z_loss(logits, rc) : 0.0;
     microbatches_ += 1.0;
   }
   return y;
@@ -362,14 +279,14 @@ Tensor MoELayer::backward(nn::Context& ctx, const Tensor& dy) {
   Communicator& tp = *groups_.tp;
   const bool sp = options_.sequence_parallel;
   const RouterConfig& rc = options_.router;
-  const std::int64_t k = rc.top_k, d = dim_;
+  const std::int64_t d = dim_;
   Tensor dx_shared;
   if (shared_ != nullptr) dx_shared = shared_->backward(ctx, dy);
   std::vector<Tensor> saved = ctx.take(*this);
   const Tensor& x2 = saved[0];
   const Tensor& logits = saved[1];
   Routing r{saved[2], saved[3], saved[4], saved[5], 0};
-  const Tensor& row_ids = saved[7];
+  const Tensor& slot = saved[7];
   const Tensor& xs = saved[8];
   const Tensor& ys = saved[9];
   const Tensor& aux_counts = saved[10];
@@ -380,21 +297,15 @@ Tensor MoELayer::backward(nn::Context& ctx, const Tensor& dy) {
   const detail::ExchangePlan plan = detail::ExchangePlan::decode(
       saved[6], size_of(groups_.ep), size_of(groups_.etp), rank_of(groups_.etp), local_experts_);
 
-  // The slots of this rank's assignments in the sorted rows, as in forward.
-  const std::vector<std::int64_t> slot = permute(r, own, rc.experts).slot;
-
   // Combine backward: d(sorted outputs) and d(weights) of this rank's tokens.
   const Tensor dy2 = dy.contiguous(s).view({T, d});
   const Tensor dy_own = dy2.narrow(0, own.first, own.count).contiguous(s);
-  Tensor dys = Tensor::empty({ys.size(0), d}, dy.dtype(), dy.device(), s);
-  Tensor dw_own = Tensor::empty({own.count, k}, DType::f32);
-  dispatch_cpu_real(dy.dtype(), [&](auto tag) {
-    combine_rows_backward<decltype(tag)>(dy_own, ys, slot, r.weights, own.first, dys, dw_own);
-  });
+  const Tensor weights_own = r.weights.narrow(0, own.first, own.count).contiguous(s);
+  const detail::CombineGrads cg = detail::combine_backward(dy_own, ys, slot, weights_own, s);
 
   // The experts' backward on the rows they ran (dispatched like the forward's inputs).
-  const Tensor dye = detail::dispatch_rows(dys, plan, groups_.ep, groups_.etp, s);
-  Tensor dxe = Tensor::zeros({plan.gathered_rows(), d}, dy.dtype(), dy.device());
+  const Tensor dye = detail::dispatch_rows(cg.drows, plan, groups_.ep, groups_.etp, s);
+  Tensor dxe = Tensor::empty({plan.gathered_rows(), d}, dy.dtype(), dy.device(), s);
   const Tensor w1 = fc_->data(), w2 = proj_->data();
   const Tensor wu = up_ != nullptr ? up_->data() : Tensor();
   nn::accumulate_gradients(
@@ -427,35 +338,14 @@ Tensor MoELayer::backward(nn::Context& ctx, const Tensor& dy) {
         }
       },
       nn::GradTiming::now);
+  // Unpermute: each token sums the gradients of its sorted rows.
   const Tensor dsorted = detail::return_rows(dxe, plan, groups_.ep, groups_.etp, s);
-  Tensor dx_own = Tensor::zeros({own.count, d}, DType::f32);
-  if (dy.dtype() == DType::f32) {
-    // Unpermute: each sorted row's gradient goes back to its token (scatter-add).
-    const Tensor local_ids = Tensor::from_vector(
-        [&] {
-          std::vector<std::int32_t> ids = row_ids.to_vector<std::int32_t>();
-          for (std::int32_t& v : ids) v -= static_cast<std::int32_t>(own.first);
-          return ids;
-        }(),
-        {row_ids.numel()});
-    nn::embedding_backward(dsorted, local_ids, dx_own, s);
-  } else {
-    dx_own = nn::cast(dx_own, dy.dtype(), s);
-    const std::vector<std::int32_t> ids = row_ids.to_vector<std::int32_t>();
-    dispatch_cpu_real(dy.dtype(), [&](auto tag) {
-      using T = decltype(tag);
-      const T* src = dsorted.data<T>();
-      T* dst = dx_own.data<T>();
-      for (std::size_t i = 0; i < ids.size(); ++i) {
-        for (std::int64_t c = 0; c < d; ++c) dst[(ids[i] - own.first) * d + c] += src[i * d + c];
-      }
-    });
-  }
-  Tensor dx = nn::cast(split_tokens ? all_gather_rows(dx_own, tp, s) : dx_own, dy.dtype(), s);
+  const Tensor dx_own = detail::combine(dsorted, slot, Tensor(), s);
+  Tensor dx = split_tokens ? all_gather_rows(dx_own, tp, s) : dx_own;
 
   // Router: d(weights) of every token this rank routed, then the load-balancing terms.
-  const Tensor dweights = split_tokens ? all_gather_rows(dw_own, tp, s) : dw_own;
-  Tensor dprobs = weights_backward(r, dweights, rc);
+  const Tensor dweights = split_tokens ? all_gather_rows(cg.dweights, tp, s) : cg.dweights;
+  Tensor dprobs = weights_backward(r, dweights, rc, s);
   if (rc.aux_loss_coeff > 0.0f) {
     const std::int64_t B = aux_counts.size(0);
     const std::int64_t seq = (T / B) * (sp ? tpn : 1) * size_of(groups_.cp);
@@ -463,12 +353,12 @@ Tensor MoELayer::backward(nn::Context& ctx, const Tensor& dy) {
     // over cp, so each cp rank's part counts cp times.
     const AuxStats st{aux_counts, Tensor()};
     add_aux_loss_grad(st, seq, rc, ctx.loss_scale() * static_cast<float>(size_of(groups_.cp)),
-                      dprobs);
+                      dprobs, s);
   }
-  Tensor dlogits = scores_backward(r.probs, dprobs, rc.score);
+  Tensor dlogits = scores_backward(r.probs, dprobs, rc.score, s);
   if (rc.z_loss_coeff > 0.0f) {
     const double tokens = static_cast<double>(T) * (sp ? tpn : 1);
-    add_z_loss_grad(logits, rc, static_cast<float>(ctx.loss_scale() / tokens), dlogits);
+    add_z_loss_grad(logits, rc, static_cast<float>(ctx.loss_scale() / tokens), dlogits, s);
   }
   const Tensor xf = nn::cast(x2, DType::f32, s);
   nn::accumulate_gradients(
@@ -485,19 +375,37 @@ Tensor MoELayer::backward(nn::Context& ctx, const Tensor& dy) {
   return out;
 }
 
+const Tensor& MoELayer::device_bias(const Device& device, const Stream& stream) {
+  if (device.is_cpu()) return bias_;
+  if (!bias_device_.defined() || bias_device_.device() != device) {
+    bias_device_ = bias_.to(device, stream);
+  }
+  return bias_device_;
+}
+
 MoEStats MoELayer::finish_step(Communicator& stage, const Stream& stream) {
   const std::int64_t E = options_.router.experts;
   std::vector<double> all = load_;
   all.push_back(assignments_);
   all.push_back(dropped_);
-  all.push_back(aux_sum_);
-  all.push_back(z_sum_);
+  double aux = 0.0, z = 0.0;
+  if (sums_.defined()) {
+    const Tensor host = sums_.to(Device::cpu(), stream);
+    stream.synchronize();
+    aux = host.data<double>()[0];
+    z = host.data<double>()[1];
+    sums_.fill_(0.0, stream);
+  }
+  all.push_back(aux);
+  all.push_back(z);
   all.push_back(microbatches_);
   if (stage.size() > 1) {
     Tensor t = Tensor::from_vector(all, {static_cast<std::int64_t>(all.size())})
                    .to(stream.device(), stream);
     stage.all_reduce(t, t, ReduceOp::sum, stream).wait(stream);
-    all = t.to_vector<double>();
+    const Tensor host = t.to(Device::cpu(), stream);
+    stream.synchronize();
+    all = host.to_vector<double>();
   }
   MoEStats out;
   out.load.assign(all.begin(), all.begin() + E);
@@ -508,9 +416,11 @@ MoEStats MoELayer::finish_step(Communicator& stage, const Stream& stream) {
   out.z_loss = mbs > 0 ? all[E + 3] / mbs : 0.0;
   if (options_.router.bias_rate > 0.0f) {
     update_balance_bias(bias_, out.load, options_.router.bias_rate);
+    // The next step's routing reads the new bias; uploading it here keeps forward free of copies.
+    if (bias_device_.defined()) bias_device_ = bias_.to(bias_device_.device(), stream);
   }
   std::fill(load_.begin(), load_.end(), 0.0);
-  assignments_ = dropped_ = aux_sum_ = z_sum_ = microbatches_ = 0.0;
+  assignments_ = dropped_ = microbatches_ = 0.0;
   return out;
 }
 

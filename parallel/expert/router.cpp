@@ -5,17 +5,36 @@
 #include <cmath>
 #include <numeric>
 
+#include "quintet/core/config.hpp"
+#include "quintet/core/device_guard.hpp"
 #include "quintet/core/error.hpp"
+
+#if QUINTET_HAS_CUDA
+#include "parallel/expert/cuda/moe_kernels.hpp"
+#endif
 
 namespace quintet::expert {
 
 namespace {
 
-void check_matrix(const char* what, const Tensor& t, std::int64_t cols, DType dtype) {
-  QUINTET_CHECK(t.defined() && t.device().is_cpu() && t.dtype() == dtype && t.dim() == 2 &&
-                    t.size(1) == cols && t.is_contiguous(),
-                "router: {} must be a contiguous [T, {}] {} CPU tensor, got {}", what, cols,
-                dtype_name(dtype), t.defined() ? t.str() : std::string("an undefined tensor"));
+// A contiguous [T, cols] tensor of dtype, on `device` when given (else any device).
+void check_matrix(const char* what, const Tensor& t, std::int64_t cols, DType dtype,
+                  const Device* device = nullptr) {
+  QUINTET_CHECK(t.defined() && t.dtype() == dtype && t.dim() == 2 && t.size(1) == cols &&
+                    t.is_contiguous() && (device == nullptr || t.device() == *device),
+                "router: {} must be a contiguous [T, {}] {} tensor{}, got {}", what, cols,
+                dtype_name(dtype), device != nullptr ? " on " + device->str() : std::string(),
+                t.defined() ? t.str() : std::string("an undefined tensor"));
+}
+
+// Whether t is a CUDA tensor (the GPU kernels of cuda/moe_kernels.hpp run it).
+bool on_gpu(const Tensor& t) {
+#if QUINTET_HAS_CUDA
+  return t.device().is_cuda();
+#else
+  (void)t;
+  return false;
+#endif
 }
 
 double logsumexp(const float* row, std::int64_t n) {
@@ -59,17 +78,35 @@ std::int64_t RouterConfig::capacity(std::int64_t tokens) const {
   return std::max<std::int64_t>(1, static_cast<std::int64_t>(c));
 }
 
-Routing route(const Tensor& logits, const Tensor& bias, const RouterConfig& config) {
+Routing route(const Tensor& logits, const Tensor& bias, const RouterConfig& config,
+              const Stream& stream) {
   config.validate();
   const std::int64_t E = config.experts;
   const int k = config.top_k;
   check_matrix("logits", logits, E, DType::f32);
-  QUINTET_CHECK(!bias.defined() || (bias.device().is_cpu() && bias.dtype() == DType::f32 &&
-                                    bias.numel() == E && bias.is_contiguous()),
-                "router: the balancing bias must be a contiguous [{}] f32 CPU tensor, got {}", E,
-                bias.str());
+  QUINTET_CHECK(
+      !bias.defined() || (bias.device() == logits.device() && bias.dtype() == DType::f32 &&
+                          bias.numel() == E && bias.is_contiguous()),
+      "router: the balancing bias must be a contiguous [{}] f32 tensor on {}, got {}", E,
+      logits.device().str(), bias.str());
   const std::int64_t T = logits.size(0);
   Routing r;
+  if (on_gpu(logits)) {
+#if QUINTET_HAS_CUDA
+    const Device dev = logits.device();
+    DeviceGuard guard(dev);
+    r.probs = Tensor::empty({T, E}, DType::f32, dev, stream);
+    r.experts = Tensor::empty({T, k}, DType::i32, dev, stream);
+    r.weights = Tensor::empty({T, k}, DType::f32, dev, stream);
+    r.kept = Tensor::empty({T, k}, DType::u8, dev, stream);
+    cuda::route(logits, bias, k, config.score == RouterScore::softmax, config.renormalize, r.probs,
+                r.experts, r.weights, r.kept, stream);
+    const std::int64_t cap = config.capacity(T);
+    if (cap > 0) cuda::drop_over_capacity(r.probs, r.experts, cap, r.weights, r.kept, stream);
+    r.dropped = -1;  // counted on the device: see the permutation's counts
+    return r;
+#endif
+  }
   r.probs = Tensor::empty({T, E}, DType::f32);
   r.experts = Tensor::empty({T, k}, DType::i32);
   r.weights = Tensor::empty({T, k}, DType::f32);
@@ -132,23 +169,37 @@ Routing route(const Tensor& logits, const Tensor& bias, const RouterConfig& conf
   return r;
 }
 
-std::vector<std::int64_t> expert_load(const Routing& routing, std::int64_t experts) {
+std::vector<std::int64_t> expert_load(const Routing& routing, std::int64_t experts,
+                                      const Stream& stream) {
   std::vector<std::int64_t> load(static_cast<std::size_t>(experts), 0);
-  const std::int32_t* ex = routing.experts.data<std::int32_t>();
-  const std::uint8_t* kept = routing.kept.data<std::uint8_t>();
+  const Tensor ex_t = routing.experts.to(Device::cpu(), stream);
+  const Tensor kept_t = routing.kept.to(Device::cpu(), stream);
+  stream.synchronize();
+  const std::int32_t* ex = ex_t.data<std::int32_t>();
+  const std::uint8_t* kept = kept_t.data<std::uint8_t>();
   for (std::int64_t a = 0; a < routing.experts.numel(); ++a) {
     if (kept[a] != 0) ++load[ex[a]];
   }
   return load;
 }
 
-Tensor weights_backward(const Routing& routing, const Tensor& dweights,
-                        const RouterConfig& config) {
+Tensor weights_backward(const Routing& routing, const Tensor& dweights, const RouterConfig& config,
+                        const Stream& stream) {
   const std::int64_t T = routing.probs.size(0), E = routing.probs.size(1);
   const int k = config.top_k;
-  check_matrix("dweights", dweights, k, DType::f32);
+  const Device dev = routing.probs.device();
+  check_matrix("dweights", dweights, k, DType::f32, &dev);
   QUINTET_CHECK(dweights.size(0) == T, "router: dweights has {} rows for {} tokens",
                 dweights.size(0), T);
+  if (on_gpu(dweights)) {
+#if QUINTET_HAS_CUDA
+    DeviceGuard guard(dev);
+    Tensor dprobs = Tensor::empty({T, E}, DType::f32, dev, stream);
+    cuda::weights_backward(routing.probs, routing.experts, routing.kept, dweights,
+                           config.renormalize, dprobs, stream);
+    return dprobs;
+#endif
+  }
   Tensor dprobs = Tensor::zeros({T, E}, DType::f32);
   const float* p = routing.probs.data<float>();
   const std::int32_t* ex = routing.experts.data<std::int32_t>();
@@ -177,10 +228,20 @@ Tensor weights_backward(const Routing& routing, const Tensor& dweights,
   return dprobs;
 }
 
-Tensor scores_backward(const Tensor& probs, const Tensor& dprobs, RouterScore score) {
+Tensor scores_backward(const Tensor& probs, const Tensor& dprobs, RouterScore score,
+                       const Stream& stream) {
   const std::int64_t E = probs.size(1);
-  check_matrix("dprobs", dprobs, E, DType::f32);
+  const Device dev = probs.device();
+  check_matrix("dprobs", dprobs, E, DType::f32, &dev);
   const std::int64_t T = probs.size(0);
+  if (on_gpu(probs)) {
+#if QUINTET_HAS_CUDA
+    DeviceGuard guard(dev);
+    Tensor dlogits = Tensor::empty({T, E}, DType::f32, dev, stream);
+    cuda::scores_backward(probs, dprobs, score == RouterScore::softmax, dlogits, stream);
+    return dlogits;
+#endif
+  }
   Tensor dlogits = Tensor::empty({T, E}, DType::f32);
   const float* p = probs.data<float>();
   const float* dp = dprobs.data<float>();
@@ -201,11 +262,21 @@ Tensor scores_backward(const Tensor& probs, const Tensor& dprobs, RouterScore sc
   return dlogits;
 }
 
-AuxStats aux_stats(const Routing& routing, std::int64_t groups) {
+AuxStats aux_stats(const Routing& routing, std::int64_t groups, const Stream& stream) {
   const std::int64_t T = routing.probs.size(0), E = routing.probs.size(1);
   const std::int64_t k = routing.experts.size(1);
   QUINTET_CHECK(groups >= 1 && T % groups == 0,
                 "router: {} tokens do not split into {} equal groups for the aux loss", T, groups);
+  if (on_gpu(routing.probs)) {
+#if QUINTET_HAS_CUDA
+    const Device dev = routing.probs.device();
+    DeviceGuard guard(dev);
+    AuxStats s{Tensor::empty({groups, E}, DType::f32, dev, stream),
+               Tensor::empty({groups, E}, DType::f32, dev, stream)};
+    cuda::aux_stats(routing.probs, routing.experts, s.counts, s.prob_sum, stream);
+    return s;
+#endif
+  }
   const std::int64_t n = T / groups;
   AuxStats s{Tensor::zeros({groups, E}, DType::f32), Tensor::zeros({groups, E}, DType::f32)};
   const float* p = routing.probs.data<float>();
@@ -221,10 +292,30 @@ AuxStats aux_stats(const Routing& routing, std::int64_t groups) {
 }
 
 double aux_loss(const AuxStats& stats, std::int64_t group_tokens, const RouterConfig& config) {
+  const Tensor acc = Tensor::zeros({1}, DType::f64);
+  accumulate_aux_loss({stats.counts.to(Device::cpu()), stats.prob_sum.to(Device::cpu())},
+                      group_tokens, config, acc);
+  return acc.to_vector<double>()[0];
+}
+
+void accumulate_aux_loss(const AuxStats& stats, std::int64_t group_tokens,
+                         const RouterConfig& config, const Tensor& acc, const Stream& stream) {
   const std::int64_t G = stats.counts.size(0), E = stats.counts.size(1);
+  QUINTET_CHECK(acc.defined() && acc.dtype() == DType::f64 && acc.numel() == 1 &&
+                    acc.device() == stats.counts.device(),
+                "router: the aux loss accumulates into a [1] f64 tensor on {}, got {}",
+                stats.counts.device().str(), acc.str());
+  const double n = static_cast<double>(group_tokens);
+  if (on_gpu(acc)) {
+#if QUINTET_HAS_CUDA
+    DeviceGuard guard(acc.device());
+    cuda::aux_loss(stats.counts, stats.prob_sum, n, config.top_k, config.aux_loss_coeff, acc,
+                   stream);
+    return;
+#endif
+  }
   const float* c = stats.counts.data<float>();
   const float* ps = stats.prob_sum.data<float>();
-  const double n = static_cast<double>(group_tokens);
   double total = 0.0;
   for (std::int64_t g = 0; g < G; ++g) {
     double l = 0.0;
@@ -233,22 +324,30 @@ double aux_loss(const AuxStats& stats, std::int64_t group_tokens, const RouterCo
     }
     total += static_cast<double>(E) * l;
   }
-  return G > 0 ? config.aux_loss_coeff * total / static_cast<double>(G) : 0.0;
+  if (G > 0) acc.data<double>()[0] += config.aux_loss_coeff * total / static_cast<double>(G);
 }
 
 void add_aux_loss_grad(const AuxStats& stats, std::int64_t group_tokens, const RouterConfig& config,
-                       float scale, const Tensor& dprobs) {
+                       float scale, const Tensor& dprobs, const Stream& stream) {
   const std::int64_t G = stats.counts.size(0), E = stats.counts.size(1);
-  check_matrix("dprobs", dprobs, E, DType::f32);
+  const Device dev = stats.counts.device();
+  check_matrix("dprobs", dprobs, E, DType::f32, &dev);
   const std::int64_t T = dprobs.size(0);
   QUINTET_CHECK(T % G == 0, "router: {} tokens do not split into the aux loss's {} groups", T, G);
   const std::int64_t local = T / G;
-  const float* c = stats.counts.data<float>();
-  float* dp = dprobs.data<float>();
   const double n = static_cast<double>(group_tokens);
   // dL/dP_ge = coeff * E / G * f_ge, and dP_ge/dprobs[t, e] = 1 / n for t in g.
   const double base = static_cast<double>(scale) * config.aux_loss_coeff * static_cast<double>(E) /
                       static_cast<double>(G) / (n * config.top_k * n);
+  if (on_gpu(dprobs)) {
+#if QUINTET_HAS_CUDA
+    DeviceGuard guard(dev);
+    cuda::add_aux_loss_grad(stats.counts, base, dprobs, stream);
+    return;
+#endif
+  }
+  const float* c = stats.counts.data<float>();
+  float* dp = dprobs.data<float>();
   for (std::int64_t t = 0; t < T; ++t) {
     const std::int64_t g = t / local;
     for (std::int64_t e = 0; e < E; ++e) {
@@ -258,23 +357,50 @@ void add_aux_loss_grad(const AuxStats& stats, std::int64_t group_tokens, const R
 }
 
 double z_loss(const Tensor& logits, const RouterConfig& config) {
+  const Tensor acc = Tensor::zeros({1}, DType::f64);
+  accumulate_z_loss(logits.to(Device::cpu()), config, acc);
+  return acc.to_vector<double>()[0];
+}
+
+void accumulate_z_loss(const Tensor& logits, const RouterConfig& config, const Tensor& acc,
+                       const Stream& stream) {
   check_matrix("logits", logits, config.experts, DType::f32);
+  QUINTET_CHECK(acc.defined() && acc.dtype() == DType::f64 && acc.numel() == 1 &&
+                    acc.device() == logits.device(),
+                "router: the z loss accumulates into a [1] f64 tensor on {}, got {}",
+                logits.device().str(), acc.str());
   const std::int64_t T = logits.size(0), E = logits.size(1);
-  if (T == 0) return 0.0;
+  if (T == 0) return;
+  if (on_gpu(logits)) {
+#if QUINTET_HAS_CUDA
+    DeviceGuard guard(acc.device());
+    cuda::z_loss(logits, config.z_loss_coeff, acc, stream);
+    return;
+#endif
+  }
   double s = 0.0;
   for (std::int64_t t = 0; t < T; ++t) {
     const double l = logsumexp(logits.data<float>() + t * E, E);
     s += l * l;
   }
-  return config.z_loss_coeff * s / static_cast<double>(T);
+  acc.data<double>()[0] += config.z_loss_coeff * s / static_cast<double>(T);
 }
 
 void add_z_loss_grad(const Tensor& logits, const RouterConfig& config, float scale,
-                     const Tensor& dlogits) {
+                     const Tensor& dlogits, const Stream& stream) {
   const std::int64_t E = config.experts;
+  const Device dev = logits.device();
   check_matrix("logits", logits, E, DType::f32);
-  check_matrix("dlogits", dlogits, E, DType::f32);
+  check_matrix("dlogits", dlogits, E, DType::f32, &dev);
   const std::int64_t T = logits.size(0);
+  if (on_gpu(logits)) {
+#if QUINTET_HAS_CUDA
+    DeviceGuard guard(dev);
+    cuda::add_z_loss_grad(logits, static_cast<double>(scale) * config.z_loss_coeff, dlogits,
+                          stream);
+    return;
+#endif
+  }
   const float* lg = logits.data<float>();
   float* dl = dlogits.data<float>();
   for (std::int64_t t = 0; t < T; ++t) {

@@ -39,11 +39,11 @@ struct ExchangePlan {
                              std::int64_t local_experts);
 };
 
-// Exchanges the counts: send[q * E_l + le] rows go to ep rank q's local expert le. One all_to_all
-// over ep and (etp > 1) one all_gather over etp; the host waits for them. ep / etp may be null.
-ExchangePlan plan_exchange(std::vector<std::int64_t> send, std::int64_t local_experts,
-                           Communicator* ep, Communicator* etp, const Device& device,
-                           const Stream& stream);
+// Exchanges the counts: send_counts [ep * E_l] i64 (on the tokens' device), rows for ep rank q's
+// local expert le at q * E_l + le. One all_to_all over ep and (etp > 1) one all_gather over etp,
+// then one copy of the counts to the host, which waits for it. ep / etp may be null.
+ExchangePlan plan_exchange(const Tensor& send_counts, std::int64_t local_experts, Communicator* ep,
+                           Communicator* etp, const Stream& stream);
 
 // rows [send_rows, d] (sorted by expert) -> [gathered_rows, d] in expert-major order.
 Tensor dispatch_rows(const Tensor& rows, const ExchangePlan& plan, Communicator* ep,

@@ -1,7 +1,7 @@
 // The mixture-of-experts layer (parallel/expert/moe_layer.cpp, with the token exchange in
-// parallel/expert/dispatch.cpp and the experts in parallel/expert/experts.cpp): the MLP slot of a
-// transformer block, with its experts spread over the expert-parallel (ep) group and each expert
-// optionally split over the expert-tensor-parallel (etp) group.
+// parallel/expert/dispatch.cpp and the permutation and combine in parallel/expert/permute.cpp): the
+// MLP slot of a transformer block, with its experts spread over the expert-parallel (ep) group and
+// each expert optionally split over the expert-tensor-parallel (etp) group.
 //
 // x [B, S', d] -> y [B, S', d] (S' = S, or S/tp with sequence parallelism, or a cp rank's share):
 //   1. router: logits = x · router.weightᵀ in f32, then top-k, weights and capacity (router.hpp);
@@ -34,9 +34,12 @@
 // layer's step counters (not when recomputing); finish_step() sums them over the ranks of the
 // pipeline stage, updates the balancing bias from the step's load, and starts a new step.
 //
-// CPU tensors (f32 or f64) for now. Not thread-safe; the communicators must outlive the layer.
-// The host waits for the count exchange (it sizes the token exchange): on a GPU this is the
-// layer's one host synchronisation.
+// Devices: CPU tensors (f32 or f64) or CUDA tensors (bf16 or f32). On a GPU the router, the
+// permutation, the combine and the load-balancing terms are kernels (cuda/moe_kernels.cu) and the
+// experts are one cuBLASLt GEMM chain each; forward's one host synchronisation is the copy of the
+// exchanged counts to the host (they size the token exchange), and backward has none. The step
+// counters of the aux and z losses stay on the device until finish_step (which waits).
+// Not thread-safe; the communicators must outlive the layer.
 #pragma once
 
 #include <cstdint>
@@ -113,10 +116,15 @@ class MoELayer : public nn::Module {
   nn::Parameter* up_ = nullptr;
   nn::Parameter* proj_;
   ParallelMLP* shared_ = nullptr;
-  Tensor bias_;
-  // This step's counters: load per expert, assignments, dropped, aux and z sums, microbatches.
+  Tensor bias_;         // [E] f32 on the CPU: the master copy
+  Tensor bias_device_;  // its copy on the GPU the layer runs on (undefined until needed)
+  // This step's counters: load per expert, assignments, dropped and microbatches on the host; the
+  // sums of the aux and z losses [2] f64 on the layer's device.
   std::vector<double> load_;
-  double assignments_ = 0.0, dropped_ = 0.0, aux_sum_ = 0.0, z_sum_ = 0.0, microbatches_ = 0.0;
+  double assignments_ = 0.0, dropped_ = 0.0, microbatches_ = 0.0;
+  Tensor sums_;
+
+  const Tensor& device_bias(const Device& device, const Stream& stream);
 };
 
 // Sums the statistics of several layers' finish_step (their loads concatenated).

@@ -1,6 +1,9 @@
 // The router of a mixture-of-experts layer (parallel/expert/router.cpp): which experts each token
 // goes to, with which combine weights, and the load-balancing terms. Pure functions on f32 tensors
 // (T tokens, E experts, k experts per token); the MoE layer (moe_layer.hpp) calls them.
+// Device-generic: CPU tensors are computed in place, CUDA tensors by kernels queued on `stream`
+// (parallel/expert/cuda/moe_kernels.cu) without a host synchronisation, except where a function
+// returns a host value (expert_load, aux_loss, z_loss: those wait).
 //
 // Scores: probs = softmax(logits) over the E experts, or sigmoid(logits) elementwise.
 // Selection: the k experts with the largest probs + bias (bias: the auxiliary-loss-free balancing
@@ -27,6 +30,7 @@
 #include <string_view>
 #include <vector>
 
+#include "quintet/core/stream.hpp"
 #include "quintet/core/tensor.hpp"
 
 namespace quintet::expert {
@@ -57,20 +61,24 @@ struct Routing {
   Tensor experts;            // [T, k] i32: the selected experts, by decreasing selection score
   Tensor weights;            // [T, k] f32: combine weights (0 where dropped)
   Tensor kept;               // [T, k] u8: 1 unless the capacity dropped the assignment
-  std::int64_t dropped = 0;  // assignments dropped
+  std::int64_t dropped = 0;  // assignments dropped (CPU; -1 on a GPU: count `kept` instead)
 };
 
-// logits [T, E] f32 on the CPU; bias [E] f32 or undefined (no bias).
-Routing route(const Tensor& logits, const Tensor& bias, const RouterConfig& config);
+// logits [T, E] f32; bias [E] f32 on the same device, or undefined (no bias).
+Routing route(const Tensor& logits, const Tensor& bias, const RouterConfig& config,
+              const Stream& stream = Stream());
 
 // Assignments per expert that were kept: [E] counts of routing (sum = T * k - dropped).
-std::vector<std::int64_t> expert_load(const Routing& routing, std::int64_t experts);
+std::vector<std::int64_t> expert_load(const Routing& routing, std::int64_t experts,
+                                      const Stream& stream = Stream());
 
 // d(probs) [T, E] from d(weights) [T, k] (dropped assignments carry no gradient), through the
 // renormalisation when config.renormalize.
-Tensor weights_backward(const Routing& routing, const Tensor& dweights, const RouterConfig& config);
+Tensor weights_backward(const Routing& routing, const Tensor& dweights, const RouterConfig& config,
+                        const Stream& stream = Stream());
 // d(logits) [T, E] from d(probs) [T, E] through the softmax or sigmoid.
-Tensor scores_backward(const Tensor& probs, const Tensor& dprobs, RouterScore score);
+Tensor scores_backward(const Tensor& probs, const Tensor& dprobs, RouterScore score,
+                       const Stream& stream = Stream());
 
 // The aux loss's statistics of `groups` equal groups of consecutive tokens (T divisible by
 // groups): selected-assignment counts and sums of probs per group and expert, [groups, E] f32
@@ -80,20 +88,27 @@ struct AuxStats {
   Tensor counts;    // [G, E] f32
   Tensor prob_sum;  // [G, E] f32
 };
-AuxStats aux_stats(const Routing& routing, std::int64_t groups);
+AuxStats aux_stats(const Routing& routing, std::int64_t groups, const Stream& stream = Stream());
 // aux_loss_coeff * mean_g L_g of whole-group statistics, with n tokens per group.
 double aux_loss(const AuxStats& stats, std::int64_t group_tokens, const RouterConfig& config);
+// The same added into acc, a [1] f64 tensor on the statistics' device (no host wait).
+void accumulate_aux_loss(const AuxStats& stats, std::int64_t group_tokens,
+                         const RouterConfig& config, const Tensor& acc,
+                         const Stream& stream = Stream());
 // Adds scale * d(aux loss)/d(probs) into dprobs [T, E] for this rank's tokens (its T tokens are in
 // groups of T / G consecutive tokens, G = stats' rows), from whole-group statistics.
 void add_aux_loss_grad(const AuxStats& stats, std::int64_t group_tokens, const RouterConfig& config,
-                       float scale, const Tensor& dprobs);
+                       float scale, const Tensor& dprobs, const Stream& stream = Stream());
 
 // z_loss_coeff * mean over the T rows of logsumexp(logits)^2 (0 for T = 0).
 double z_loss(const Tensor& logits, const RouterConfig& config);
+// The same added into acc, a [1] f64 tensor on the logits' device (no host wait).
+void accumulate_z_loss(const Tensor& logits, const RouterConfig& config, const Tensor& acc,
+                       const Stream& stream = Stream());
 // Adds scale * z_loss_coeff * 2 * lse_t * softmax(logits_t) into dlogits (the gradient of
 // scale * z_loss_coeff * sum_t lse_t^2: divide scale by the token count for the mean).
 void add_z_loss_grad(const Tensor& logits, const RouterConfig& config, float scale,
-                     const Tensor& dlogits);
+                     const Tensor& dlogits, const Stream& stream = Stream());
 
 // One step of auxiliary-loss-free balancing: bias_e += rate * sign(mean(load) - load_e), with
 // load the kept assignments per expert over the step (summed over every rank). bias [E] f32 CPU.

@@ -1,0 +1,525 @@
+// The MoE layer's kernels: routing, the capacity rule and the permutation (stable CUB radix sorts
+// of the assignments), combine and its backward, and the load-balancing terms (moe_kernels.hpp).
+// Every sum that lands in a result runs in a fixed order, so a run repeats bit for bit.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <cub/cub.cuh>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "parallel/expert/cuda/moe_kernels.hpp"
+#include "quintet/core/error.hpp"
+
+namespace quintet::expert::cuda {
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+constexpr int kThreads = 256;
+
+void check(cudaError_t e, const char* what) {
+  QUINTET_CHECK(e == cudaSuccess, "MoE kernels: {} failed: {}", what, cudaGetErrorString(e));
+}
+void check_launch(const char* what) { check(cudaGetLastError(), what); }
+
+unsigned grid_for(std::int64_t n) {
+  return static_cast<unsigned>(std::clamp<std::int64_t>((n + kThreads - 1) / kThreads, 1, 65535));
+}
+__device__ __forceinline__ std::int64_t index0() {
+  return static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ std::int64_t stride() {
+  return static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+}
+
+__device__ __forceinline__ float load(float v) { return v; }
+__device__ __forceinline__ float load(bf16 v) { return __bfloat162float(v); }
+template <class T>
+__device__ __forceinline__ T store(float v);
+template <>
+__device__ __forceinline__ float store<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ bf16 store<bf16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+template <class F>
+void dispatch_rows_dtype(DType dtype, const char* what, F&& f) {
+  if (dtype == DType::bf16) {
+    f(bf16{});
+  } else {
+    QUINTET_CHECK(dtype == DType::f32, "MoELayer: {} on a GPU takes bf16 or f32 rows, not {}", what,
+                  dtype_name(dtype));
+    f(float{});
+  }
+}
+
+template <class T>
+T* ptr(const Tensor& t) {
+  return static_cast<T*>(t.data_ptr());
+}
+
+// Scratch memory for CUB on the stream's pool.
+Tensor scratch(std::size_t bytes, const Stream& stream) {
+  return Tensor::empty({static_cast<std::int64_t>(std::max<std::size_t>(bytes, 1))}, DType::u8,
+                       stream.device(), stream);
+}
+
+int bits_for(std::uint64_t max_value) {
+  int b = 1;
+  while ((std::uint64_t{1} << b) <= max_value) ++b;
+  return b;
+}
+
+// ---- routing ------------------------------------------------------------------------------
+
+__device__ __forceinline__ float row_lse(const float* row, std::int64_t E) {
+  float m = row[0];
+  for (std::int64_t e = 1; e < E; ++e) m = fmaxf(m, row[e]);
+  float s = 0.0f;
+  for (std::int64_t e = 0; e < E; ++e) s += expf(row[e] - m);
+  return m + logf(s);
+}
+
+__global__ void route_kernel(const float* logits, const float* bias, std::int64_t T, std::int64_t E,
+                             int k, bool softmax, bool renormalize, float* probs,
+                             std::int32_t* experts, float* weights, std::uint8_t* kept) {
+  for (std::int64_t t = index0(); t < T; t += stride()) {
+    const float* row = logits + t * E;
+    float* p = probs + t * E;
+    if (softmax) {
+      const float lse = row_lse(row, E);
+      for (std::int64_t e = 0; e < E; ++e) p[e] = expf(row[e] - lse);
+    } else {
+      for (std::int64_t e = 0; e < E; ++e) p[e] = 1.0f / (1.0f + expf(-row[e]));
+    }
+    // The k largest selection scores, in decreasing order; ties go to the lower expert.
+    float best[8];
+    int idx[8];
+    int filled = 0;
+    for (std::int64_t e = 0; e < E; ++e) {
+      const float s = p[e] + (bias != nullptr ? bias[e] : 0.0f);
+      if (filled == k && !(s > best[k - 1])) continue;
+      int j = filled < k ? filled++ : k - 1;
+      while (j > 0 && s > best[j - 1]) {
+        best[j] = best[j - 1];
+        idx[j] = idx[j - 1];
+        --j;
+      }
+      best[j] = s;
+      idx[j] = static_cast<int>(e);
+    }
+    float sum = 0.0f;
+    for (int j = 0; j < k; ++j) sum += p[idx[j]];
+    for (int j = 0; j < k; ++j) {
+      experts[t * k + j] = idx[j];
+      weights[t * k + j] = renormalize ? p[idx[j]] / sum : p[idx[j]];
+      kept[t * k + j] = 1;
+    }
+  }
+}
+
+// Sort keys of the capacity rule: the expert, then the probability decreasing.
+__global__ void capacity_keys_kernel(const float* probs, const std::int32_t* experts,
+                                     std::int64_t A, std::int64_t E, int k, std::uint64_t* keys,
+                                     std::int32_t* ids) {
+  for (std::int64_t a = index0(); a < A; a += stride()) {
+    const std::int32_t e = experts[a];
+    const float p = probs[(a / k) * E + e];
+    const std::uint32_t bits = __float_as_uint(p);  // p >= 0: the bits order as the values
+    keys[a] = (static_cast<std::uint64_t>(e) << 32) | (0xffffffffu - bits);
+    ids[a] = static_cast<std::int32_t>(a);
+  }
+}
+
+__global__ void capacity_drop_kernel(const std::uint64_t* keys, const std::int32_t* ids,
+                                     std::int64_t A, std::int64_t capacity, float* weights,
+                                     std::uint8_t* kept) {
+  for (std::int64_t i = index0(); i < A; i += stride()) {
+    const std::uint64_t seg = keys[i] >> 32;
+    // The first position of this expert's run of the sorted keys.
+    std::int64_t lo = 0, hi = i;
+    while (lo < hi) {
+      const std::int64_t mid = (lo + hi) / 2;
+      if ((keys[mid] >> 32) < seg) {
+        lo = mid + 1;
+      } else {
+        hi = mid;
+      }
+    }
+    if (i - lo >= capacity) {
+      kept[ids[i]] = 0;
+      weights[ids[i]] = 0.0f;
+    }
+  }
+}
+
+// ---- router backward and load balancing ---------------------------------------------------
+
+__global__ void weights_backward_kernel(const float* probs, const std::int32_t* experts,
+                                        const std::uint8_t* kept, const float* dw, std::int64_t T,
+                                        std::int64_t E, int k, bool renormalize, float* dprobs) {
+  for (std::int64_t t = index0(); t < T; t += stride()) {
+    const std::int64_t a0 = t * k;
+    if (!renormalize) {
+      for (int j = 0; j < k; ++j) {
+        if (kept[a0 + j] != 0) dprobs[t * E + experts[a0 + j]] += dw[a0 + j];
+      }
+      continue;
+    }
+    double S = 0.0, gp = 0.0;
+    for (int j = 0; j < k; ++j) S += probs[t * E + experts[a0 + j]];
+    for (int j = 0; j < k; ++j) {
+      if (kept[a0 + j] != 0) gp += static_cast<double>(dw[a0 + j]) * probs[t * E + experts[a0 + j]];
+    }
+    for (int j = 0; j < k; ++j) {
+      const double g = kept[a0 + j] != 0 ? dw[a0 + j] : 0.0;
+      dprobs[t * E + experts[a0 + j]] += static_cast<float>(g / S - gp / (S * S));
+    }
+  }
+}
+
+__global__ void scores_backward_kernel(const float* probs, const float* dprobs, std::int64_t T,
+                                       std::int64_t E, bool softmax, float* dlogits) {
+  for (std::int64_t t = index0(); t < T; t += stride()) {
+    const float* p = probs + t * E;
+    const float* d = dprobs + t * E;
+    float* o = dlogits + t * E;
+    if (softmax) {
+      double dot = 0.0;
+      for (std::int64_t e = 0; e < E; ++e) dot += static_cast<double>(p[e]) * d[e];
+      for (std::int64_t e = 0; e < E; ++e) o[e] = static_cast<float>(p[e] * (d[e] - dot));
+    } else {
+      for (std::int64_t e = 0; e < E; ++e) o[e] = d[e] * p[e] * (1.0f - p[e]);
+    }
+  }
+}
+
+// One thread per (group, expert), over the group's tokens in order.
+__global__ void aux_stats_kernel(const float* probs, const std::int32_t* experts, std::int64_t G,
+                                 std::int64_t n, std::int64_t E, int k, float* counts,
+                                 float* prob_sum) {
+  for (std::int64_t ge = index0(); ge < G * E; ge += stride()) {
+    const std::int64_t g = ge / E, e = ge % E;
+    float c = 0.0f, s = 0.0f;
+    for (std::int64_t t = g * n; t < (g + 1) * n; ++t) {
+      s += probs[t * E + e];
+      for (int j = 0; j < k; ++j) c += experts[t * k + j] == e ? 1.0f : 0.0f;
+    }
+    counts[ge] = c;
+    prob_sum[ge] = s;
+  }
+}
+
+__global__ void aux_loss_kernel(const float* counts, const float* prob_sum, std::int64_t G,
+                                std::int64_t E, double n, int k, double coeff, double* acc) {
+  double total = 0.0;
+  for (std::int64_t g = 0; g < G; ++g) {
+    double l = 0.0;
+    for (std::int64_t e = 0; e < E; ++e) {
+      l += (counts[g * E + e] / (n * k)) * (prob_sum[g * E + e] / n);
+    }
+    total += static_cast<double>(E) * l;
+  }
+  if (G > 0) acc[0] += coeff * total / static_cast<double>(G);
+}
+
+__global__ void aux_grad_kernel(const float* counts, std::int64_t T, std::int64_t G, std::int64_t E,
+                                double factor, float* dprobs) {
+  const std::int64_t local = T / G;
+  for (std::int64_t i = index0(); i < T * E; i += stride()) {
+    const std::int64_t t = i / E, e = i % E;
+    dprobs[i] += static_cast<float>(factor * counts[(t / local) * E + e]);
+  }
+}
+
+// One block: the sum of lse^2 over the tokens, in a fixed order.
+__global__ void z_loss_kernel(const float* logits, std::int64_t T, std::int64_t E, double coeff,
+                              double* acc) {
+  __shared__ double part[kThreads];
+  double s = 0.0;
+  for (std::int64_t t = threadIdx.x; t < T; t += blockDim.x) {
+    const double l = row_lse(logits + t * E, E);
+    s += l * l;
+  }
+  part[threadIdx.x] = s;
+  __syncthreads();
+  for (int w = blockDim.x / 2; w > 0; w /= 2) {
+    if (static_cast<int>(threadIdx.x) < w) part[threadIdx.x] += part[threadIdx.x + w];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) acc[0] += coeff * part[0] / static_cast<double>(T);
+}
+
+__global__ void z_grad_kernel(const float* logits, std::int64_t T, std::int64_t E, double factor,
+                              float* dlogits) {
+  for (std::int64_t t = index0(); t < T; t += stride()) {
+    const float* row = logits + t * E;
+    const float lse = row_lse(row, E);
+    const float f = static_cast<float>(factor * 2.0) * lse;
+    for (std::int64_t e = 0; e < E; ++e) dlogits[t * E + e] += f * expf(row[e] - lse);
+  }
+}
+
+// ---- permutation and combine --------------------------------------------------------------
+
+__global__ void permute_keys_kernel(const std::int32_t* experts, const std::uint8_t* kept,
+                                    std::int64_t A, std::uint32_t E, std::uint32_t* keys,
+                                    std::int32_t* ids, unsigned long long* counts) {
+  for (std::int64_t a = index0(); a < A; a += stride()) {
+    const bool k = kept[a] != 0;
+    keys[a] = k ? static_cast<std::uint32_t>(experts[a]) : E;
+    ids[a] = static_cast<std::int32_t>(a);
+    if (k) atomicAdd(counts + experts[a], 1ull);  // integer counts: order-free
+  }
+}
+
+__global__ void permute_scatter_kernel(const std::uint32_t* keys, const std::int32_t* ids,
+                                       std::int64_t A, std::uint32_t E, int k,
+                                       std::int32_t* rows_of, std::int32_t* slot) {
+  for (std::int64_t i = index0(); i < A; i += stride()) {
+    const std::int32_t a = ids[i];
+    const bool kept = keys[i] < E;
+    rows_of[i] = kept ? a / k : -1;
+    slot[a] = kept ? static_cast<std::int32_t>(i) : -1;
+  }
+}
+
+// One block per token, threads over the columns.
+template <class T>
+__global__ void combine_kernel(const T* rows, const std::int32_t* slot, const float* weights,
+                               std::int64_t n, std::int64_t d, int k, T* out) {
+  for (std::int64_t t = blockIdx.x; t < n; t += gridDim.x) {
+    for (std::int64_t c = threadIdx.x; c < d; c += blockDim.x) {
+      float acc = 0.0f;
+      for (int j = 0; j < k; ++j) {
+        const std::int32_t s = slot[t * k + j];
+        if (s < 0) continue;
+        const float w = weights != nullptr ? weights[t * k + j] : 1.0f;
+        acc += w * load(rows[static_cast<std::int64_t>(s) * d + c]);
+      }
+      out[t * d + c] = store<T>(acc);
+    }
+  }
+}
+
+template <class T>
+__global__ void combine_backward_kernel(const T* dy, const T* rows, const std::int32_t* slot,
+                                        const float* weights, std::int64_t n, std::int64_t d, int k,
+                                        T* drows, float* dweights) {
+  __shared__ float part[kThreads];
+  for (std::int64_t t = blockIdx.x; t < n; t += gridDim.x) {
+    for (int j = 0; j < k; ++j) {
+      const std::int32_t s = slot[t * k + j];
+      if (s < 0) {  // the same for every thread of the block
+        if (threadIdx.x == 0) dweights[t * k + j] = 0.0f;
+        continue;
+      }
+      const float w = weights[t * k + j];
+      float dot = 0.0f;
+      for (std::int64_t c = threadIdx.x; c < d; c += blockDim.x) {
+        const float g = load(dy[t * d + c]);
+        drows[static_cast<std::int64_t>(s) * d + c] = store<T>(w * g);
+        dot += g * load(rows[static_cast<std::int64_t>(s) * d + c]);
+      }
+      part[threadIdx.x] = dot;
+      __syncthreads();
+      for (int h = blockDim.x / 2; h > 0; h /= 2) {
+        if (static_cast<int>(threadIdx.x) < h) part[threadIdx.x] += part[threadIdx.x + h];
+        __syncthreads();
+      }
+      if (threadIdx.x == 0) dweights[t * k + j] = part[0];
+      __syncthreads();
+    }
+  }
+}
+
+}  // namespace
+
+void route(const Tensor& logits, const Tensor& bias, int top_k, bool softmax, bool renormalize,
+           const Tensor& probs, const Tensor& experts, const Tensor& weights, const Tensor& kept,
+           const Stream& stream) {
+  const std::int64_t T = logits.size(0), E = logits.size(1);
+  if (T == 0) return;
+  route_kernel<<<grid_for(T), kThreads, 0, stream.handle()>>>(
+      ptr<const float>(logits), bias.defined() ? ptr<const float>(bias) : nullptr, T, E, top_k,
+      softmax, renormalize, ptr<float>(probs), ptr<std::int32_t>(experts), ptr<float>(weights),
+      ptr<std::uint8_t>(kept));
+  check_launch("route");
+}
+
+void drop_over_capacity(const Tensor& probs, const Tensor& experts, std::int64_t capacity,
+                        const Tensor& weights, const Tensor& kept, const Stream& stream) {
+  const std::int64_t A = experts.numel(), E = probs.size(1);
+  const int k = static_cast<int>(experts.size(1));
+  if (A == 0) return;
+  const Device dev = stream.device();
+  Tensor keys = Tensor::empty({A}, DType::i64, dev, stream);
+  Tensor keys_sorted = Tensor::empty({A}, DType::i64, dev, stream);
+  Tensor ids = Tensor::empty({A}, DType::i32, dev, stream);
+  Tensor ids_sorted = Tensor::empty({A}, DType::i32, dev, stream);
+  capacity_keys_kernel<<<grid_for(A), kThreads, 0, stream.handle()>>>(
+      ptr<const float>(probs), ptr<const std::int32_t>(experts), A, E, k, ptr<std::uint64_t>(keys),
+      ptr<std::int32_t>(ids));
+  check_launch("capacity keys");
+  const int end_bit = 32 + bits_for(static_cast<std::uint64_t>(E));
+  std::size_t bytes = 0;
+  check(cub::DeviceRadixSort::SortPairs(nullptr, bytes, ptr<std::uint64_t>(keys),
+                                        ptr<std::uint64_t>(keys_sorted), ptr<std::int32_t>(ids),
+                                        ptr<std::int32_t>(ids_sorted), static_cast<int>(A), 0,
+                                        end_bit, stream.handle()),
+        "capacity sort (size)");
+  Tensor temp = scratch(bytes, stream);
+  check(cub::DeviceRadixSort::SortPairs(temp.data_ptr(), bytes, ptr<std::uint64_t>(keys),
+                                        ptr<std::uint64_t>(keys_sorted), ptr<std::int32_t>(ids),
+                                        ptr<std::int32_t>(ids_sorted), static_cast<int>(A), 0,
+                                        end_bit, stream.handle()),
+        "capacity sort");
+  capacity_drop_kernel<<<grid_for(A), kThreads, 0, stream.handle()>>>(
+      ptr<const std::uint64_t>(keys_sorted), ptr<const std::int32_t>(ids_sorted), A, capacity,
+      ptr<float>(weights), ptr<std::uint8_t>(kept));
+  check_launch("capacity drop");
+}
+
+void weights_backward(const Tensor& probs, const Tensor& experts, const Tensor& kept,
+                      const Tensor& dweights, bool renormalize, const Tensor& dprobs,
+                      const Stream& stream) {
+  const std::int64_t T = probs.size(0), E = probs.size(1);
+  check(cudaMemsetAsync(dprobs.data_ptr(), 0, static_cast<std::size_t>(T * E) * sizeof(float),
+                        stream.handle()),
+        "memset");
+  if (T == 0) return;
+  weights_backward_kernel<<<grid_for(T), kThreads, 0, stream.handle()>>>(
+      ptr<const float>(probs), ptr<const std::int32_t>(experts), ptr<const std::uint8_t>(kept),
+      ptr<const float>(dweights), T, E, static_cast<int>(experts.size(1)), renormalize,
+      ptr<float>(dprobs));
+  check_launch("weights backward");
+}
+
+void scores_backward(const Tensor& probs, const Tensor& dprobs, bool softmax, const Tensor& dlogits,
+                     const Stream& stream) {
+  const std::int64_t T = probs.size(0), E = probs.size(1);
+  if (T == 0) return;
+  scores_backward_kernel<<<grid_for(T), kThreads, 0, stream.handle()>>>(
+      ptr<const float>(probs), ptr<const float>(dprobs), T, E, softmax, ptr<float>(dlogits));
+  check_launch("scores backward");
+}
+
+void aux_stats(const Tensor& probs, const Tensor& experts, const Tensor& counts,
+               const Tensor& prob_sum, const Stream& stream) {
+  const std::int64_t T = probs.size(0), E = probs.size(1), G = counts.size(0);
+  if (G * E == 0) return;
+  aux_stats_kernel<<<grid_for(G * E), kThreads, 0, stream.handle()>>>(
+      ptr<const float>(probs), ptr<const std::int32_t>(experts), G, T / G, E,
+      static_cast<int>(experts.size(1)), ptr<float>(counts), ptr<float>(prob_sum));
+  check_launch("aux stats");
+}
+
+void aux_loss(const Tensor& counts, const Tensor& prob_sum, double group_tokens, int top_k,
+              double coeff, const Tensor& acc, const Stream& stream) {
+  aux_loss_kernel<<<1, 1, 0, stream.handle()>>>(
+      ptr<const float>(counts), ptr<const float>(prob_sum), counts.size(0), counts.size(1),
+      group_tokens, top_k, coeff, ptr<double>(acc));
+  check_launch("aux loss");
+}
+
+void add_aux_loss_grad(const Tensor& counts, double factor, const Tensor& dprobs,
+                       const Stream& stream) {
+  const std::int64_t T = dprobs.size(0), E = dprobs.size(1);
+  if (T * E == 0) return;
+  aux_grad_kernel<<<grid_for(T * E), kThreads, 0, stream.handle()>>>(
+      ptr<const float>(counts), T, counts.size(0), E, factor, ptr<float>(dprobs));
+  check_launch("aux loss grad");
+}
+
+void z_loss(const Tensor& logits, double coeff, const Tensor& acc, const Stream& stream) {
+  const std::int64_t T = logits.size(0);
+  if (T == 0) return;
+  z_loss_kernel<<<1, kThreads, 0, stream.handle()>>>(ptr<const float>(logits), T, logits.size(1),
+                                                     coeff, ptr<double>(acc));
+  check_launch("z loss");
+}
+
+void add_z_loss_grad(const Tensor& logits, double factor, const Tensor& dlogits,
+                     const Stream& stream) {
+  const std::int64_t T = logits.size(0);
+  if (T == 0) return;
+  z_grad_kernel<<<grid_for(T), kThreads, 0, stream.handle()>>>(
+      ptr<const float>(logits), T, logits.size(1), factor, ptr<float>(dlogits));
+  check_launch("z loss grad");
+}
+
+void permute(const Tensor& experts, const Tensor& kept, std::int64_t num_experts,
+             const Tensor& counts, const Tensor& rows_of, const Tensor& slot,
+             const Stream& stream) {
+  const std::int64_t A = experts.numel();
+  const int k = static_cast<int>(experts.size(1));
+  check(cudaMemsetAsync(counts.data_ptr(), 0, static_cast<std::size_t>(num_experts) * 8,
+                        stream.handle()),
+        "memset");
+  if (A == 0) return;
+  const Device dev = stream.device();
+  const auto E = static_cast<std::uint32_t>(num_experts);
+  Tensor keys = Tensor::empty({A}, DType::i32, dev, stream);
+  Tensor keys_sorted = Tensor::empty({A}, DType::i32, dev, stream);
+  Tensor ids = Tensor::empty({A}, DType::i32, dev, stream);
+  Tensor ids_sorted = Tensor::empty({A}, DType::i32, dev, stream);
+  permute_keys_kernel<<<grid_for(A), kThreads, 0, stream.handle()>>>(
+      ptr<const std::int32_t>(experts), ptr<const std::uint8_t>(kept), A, E,
+      ptr<std::uint32_t>(keys), ptr<std::int32_t>(ids), ptr<unsigned long long>(counts));
+  check_launch("permute keys");
+  const int end_bit = bits_for(E);
+  std::size_t bytes = 0;
+  check(cub::DeviceRadixSort::SortPairs(nullptr, bytes, ptr<std::uint32_t>(keys),
+                                        ptr<std::uint32_t>(keys_sorted), ptr<std::int32_t>(ids),
+                                        ptr<std::int32_t>(ids_sorted), static_cast<int>(A), 0,
+                                        end_bit, stream.handle()),
+        "permute sort (size)");
+  Tensor temp = scratch(bytes, stream);
+  check(cub::DeviceRadixSort::SortPairs(temp.data_ptr(), bytes, ptr<std::uint32_t>(keys),
+                                        ptr<std::uint32_t>(keys_sorted), ptr<std::int32_t>(ids),
+                                        ptr<std::int32_t>(ids_sorted), static_cast<int>(A), 0,
+                                        end_bit, stream.handle()),
+        "permute sort");
+  permute_scatter_kernel<<<grid_for(A), kThreads, 0, stream.handle()>>>(
+      ptr<const std::uint32_t>(keys_sorted), ptr<const std::int32_t>(ids_sorted), A, E, k,
+      ptr<std::int32_t>(rows_of), ptr<std::int32_t>(slot));
+  check_launch("permute scatter");
+}
+
+void combine(const Tensor& rows, const Tensor& slot, const Tensor& weights, const Tensor& out,
+             const Stream& stream) {
+  const std::int64_t n = out.size(0), d = out.size(1);
+  const int k = static_cast<int>(slot.size(1));
+  if (n * d == 0) return;
+  const unsigned grid = static_cast<unsigned>(std::min<std::int64_t>(n, 65535));
+  dispatch_rows_dtype(out.dtype(), "combine", [&](auto tag) {
+    using T = decltype(tag);
+    combine_kernel<T><<<grid, kThreads, 0, stream.handle()>>>(
+        rows.numel() > 0 ? ptr<const T>(rows) : nullptr, ptr<const std::int32_t>(slot),
+        weights.defined() ? ptr<const float>(weights) : nullptr, n, d, k, ptr<T>(out));
+  });
+  check_launch("combine");
+}
+
+void combine_backward(const Tensor& dy, const Tensor& rows, const Tensor& slot,
+                      const Tensor& weights, const Tensor& drows, const Tensor& dweights,
+                      const Stream& stream) {
+  const std::int64_t n = dy.size(0), d = dy.size(1);
+  const int k = static_cast<int>(slot.size(1));
+  if (n == 0) return;
+  const unsigned grid = static_cast<unsigned>(std::min<std::int64_t>(n, 65535));
+  dispatch_rows_dtype(dy.dtype(), "combine backward", [&](auto tag) {
+    using T = decltype(tag);
+    combine_backward_kernel<T><<<grid, kThreads, 0, stream.handle()>>>(
+        ptr<const T>(dy), rows.numel() > 0 ? ptr<const T>(rows) : nullptr,
+        ptr<const std::int32_t>(slot), ptr<const float>(weights), n, d, k,
+        drows.numel() > 0 ? ptr<T>(drows) : nullptr, ptr<float>(dweights));
+  });
+  check_launch("combine backward");
+}
+
+}  // namespace quintet::expert::cuda
