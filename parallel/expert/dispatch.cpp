@@ -2,11 +2,11 @@
 // reduce-scatter of variable-sized blocks, and the reorder between arrival and expert-major order.
 #include <numeric>
 
-#include "parallel/expert/internal/dispatch.hpp"
 #include "quintet/core/error.hpp"
 #include "quintet/nn/ops.hpp"
+#include "quintet/parallel/expert/dispatch.hpp"
 
-namespace quintet::expert::detail {
+namespace quintet::expert {
 
 namespace {
 
@@ -168,7 +168,8 @@ Tensor dispatch_rows(const Tensor& rows, const ExchangePlan& p, Communicator* ep
     arrival = Tensor::empty({p.gathered_rows(), d}, rows.dtype(), rows.device(), stream);
     etp->all_to_all_v(copies, send, arrival, recv, stream).wait(stream);
   }
-  return p.ep * p.etp == 1 ? arrival : reorder(arrival, p, true, stream);
+  // With one local expert, arrival order (s, q) is already expert-major.
+  return p.local_experts == 1 ? arrival : reorder(arrival, p, true, stream);
 }
 
 Tensor return_rows(const Tensor& rows, const ExchangePlan& p, Communicator* ep, Communicator* etp,
@@ -176,7 +177,7 @@ Tensor return_rows(const Tensor& rows, const ExchangePlan& p, Communicator* ep, 
   const std::int64_t d = rows.size(1);
   QUINTET_CHECK(rows.size(0) == p.gathered_rows(), "MoE return: {} rows for a plan of {}",
                 rows.size(0), p.gathered_rows());
-  Tensor arrival = p.ep * p.etp == 1 ? rows.contiguous(stream) : reorder(rows, p, false, stream);
+  Tensor arrival = p.local_experts == 1 ? rows.contiguous(stream) : reorder(rows, p, false, stream);
   const std::int64_t El = p.local_experts;
   Tensor mine = arrival;
   if (p.etp > 1) {
@@ -204,4 +205,4 @@ Tensor return_rows(const Tensor& rows, const ExchangePlan& p, Communicator* ep, 
   return mine;
 }
 
-}  // namespace quintet::expert::detail
+}  // namespace quintet::expert

@@ -5,9 +5,9 @@
 #include <limits>
 #include <numeric>
 
-#include "parallel/expert/internal/dispatch.hpp"
-#include "parallel/expert/internal/permute.hpp"
 #include "quintet/nn/ops.hpp"
+#include "quintet/parallel/expert/dispatch.hpp"
+#include "quintet/parallel/expert/permute.hpp"
 
 namespace quintet::expert {
 
@@ -217,15 +217,14 @@ Tensor MoELayer::forward(nn::Context& ctx, const Tensor& x) {
     return t.narrow(0, own.first, own.count).contiguous(s);
   };
   const Tensor weights_own = own_rows(r.weights);
-  const detail::Permutation perm = detail::permute(own_rows(r.experts), own_rows(r.kept), E, s);
+  const Permutation perm = permute(own_rows(r.experts), own_rows(r.kept), E, s);
 
   // Exchange: counts (the host waits for them), then rows.
-  const detail::ExchangePlan plan =
-      detail::plan_exchange(perm.counts, local_experts_, groups_.ep, groups_.etp, s);
+  const ExchangePlan plan = plan_exchange(perm.counts, local_experts_, groups_.ep, groups_.etp, s);
   const std::int64_t n_send = plan.send_rows();
   const Tensor sorted = nn::embedding_forward(perm.rows_of.narrow(0, 0, n_send),
                                               x2.narrow(0, own.first, own.count), s);
-  const Tensor xs = detail::dispatch_rows(sorted, plan, groups_.ep, groups_.etp, s);
+  const Tensor xs = dispatch_rows(sorted, plan, groups_.ep, groups_.etp, s);
 
   // 3. The local experts, one GEMM chain each over its rows.
   const Tensor w1 = fc_->use(s), w2 = proj_->use(s);
@@ -258,9 +257,9 @@ Tensor MoELayer::forward(nn::Context& ctx, const Tensor& x) {
   }
 
   // 4. Back to the tokens' ranks, then the weighted sum per token.
-  const Tensor ys = detail::return_rows(ye, plan, groups_.ep, groups_.etp, s);
+  const Tensor ys = return_rows(ye, plan, groups_.ep, groups_.etp, s);
   saved[9] = ys;
-  const Tensor out_own = detail::combine(ys, perm.slot, weights_own, s);
+  const Tensor out_own = combine_rows(ys, perm.slot, weights_own, s);
   Tensor y = (split_tokens ? all_gather_rows(out_own, tp, s) : out_own).view(x.shape());
   ctx.save(*this, std::move(saved));
   if (shared_ != nullptr) y = nn::add(y, shared_->forward(ctx, x), s);
@@ -294,17 +293,17 @@ Tensor MoELayer::backward(nn::Context& ctx, const Tensor& dy) {
   const int tpn = tp.size();
   const bool split_tokens = !sp && tpn > 1;
   const OwnTokens own = split_tokens ? OwnTokens{tp.rank() * (T / tpn), T / tpn} : OwnTokens{0, T};
-  const detail::ExchangePlan plan = detail::ExchangePlan::decode(
+  const ExchangePlan plan = ExchangePlan::decode(
       saved[6], size_of(groups_.ep), size_of(groups_.etp), rank_of(groups_.etp), local_experts_);
 
   // Combine backward: d(sorted outputs) and d(weights) of this rank's tokens.
   const Tensor dy2 = dy.contiguous(s).view({T, d});
   const Tensor dy_own = dy2.narrow(0, own.first, own.count).contiguous(s);
   const Tensor weights_own = r.weights.narrow(0, own.first, own.count).contiguous(s);
-  const detail::CombineGrads cg = detail::combine_backward(dy_own, ys, slot, weights_own, s);
+  const CombineGrads cg = combine_rows_backward(dy_own, ys, slot, weights_own, s);
 
   // The experts' backward on the rows they ran (dispatched like the forward's inputs).
-  const Tensor dye = detail::dispatch_rows(cg.drows, plan, groups_.ep, groups_.etp, s);
+  const Tensor dye = dispatch_rows(cg.drows, plan, groups_.ep, groups_.etp, s);
   Tensor dxe = Tensor::empty({plan.gathered_rows(), d}, dy.dtype(), dy.device(), s);
   const Tensor w1 = fc_->data(), w2 = proj_->data();
   const Tensor wu = up_ != nullptr ? up_->data() : Tensor();
@@ -339,8 +338,8 @@ Tensor MoELayer::backward(nn::Context& ctx, const Tensor& dy) {
       },
       nn::GradTiming::now);
   // Unpermute: each token sums the gradients of its sorted rows.
-  const Tensor dsorted = detail::return_rows(dxe, plan, groups_.ep, groups_.etp, s);
-  const Tensor dx_own = detail::combine(dsorted, slot, Tensor(), s);
+  const Tensor dsorted = return_rows(dxe, plan, groups_.ep, groups_.etp, s);
+  const Tensor dx_own = combine_rows(dsorted, slot, Tensor(), s);
   Tensor dx = split_tokens ? all_gather_rows(dx_own, tp, s) : dx_own;
 
   // Router: d(weights) of every token this rank routed, then the load-balancing terms.

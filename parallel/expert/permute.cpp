@@ -1,5 +1,6 @@
-// The MoE permutation and combine (internal/permute.hpp): loops on the CPU, kernels on a GPU.
-#include "parallel/expert/internal/permute.hpp"
+// The MoE permutation and combine (quintet/parallel/expert/permute.hpp): loops on the CPU, kernels
+// on a GPU.
+#include "quintet/parallel/expert/permute.hpp"
 
 #include <algorithm>
 #include <numeric>
@@ -13,7 +14,7 @@
 #include "parallel/expert/cuda/moe_kernels.hpp"
 #endif
 
-namespace quintet::expert::detail {
+namespace quintet::expert {
 
 namespace {
 
@@ -78,8 +79,8 @@ Permutation permute(const Tensor& experts, const Tensor& kept, std::int64_t num_
   return p;
 }
 
-Tensor combine(const Tensor& rows, const Tensor& slot, const Tensor& weights,
-               const Stream& stream) {
+Tensor combine_rows(const Tensor& rows, const Tensor& slot, const Tensor& weights,
+                    const Stream& stream) {
   const std::int64_t n = slot.size(0), k = slot.size(1), d = rows.size(1);
   Tensor out = Tensor::empty({n, d}, rows.dtype(), rows.device(), stream);
   if (rows.device().is_cuda()) {
@@ -109,8 +110,8 @@ Tensor combine(const Tensor& rows, const Tensor& slot, const Tensor& weights,
   return out;
 }
 
-CombineGrads combine_backward(const Tensor& dy, const Tensor& rows, const Tensor& slot,
-                              const Tensor& weights, const Stream& stream) {
+CombineGrads combine_rows_backward(const Tensor& dy, const Tensor& rows, const Tensor& slot,
+                                   const Tensor& weights, const Stream& stream) {
   const std::int64_t n = dy.size(0), d = dy.size(1), k = slot.size(1);
   CombineGrads g;
   g.drows = Tensor::empty(rows.shape(), dy.dtype(), dy.device(), stream);
@@ -150,4 +151,4 @@ CombineGrads combine_backward(const Tensor& dy, const Tensor& rows, const Tensor
   return g;
 }
 
-}  // namespace quintet::expert::detail
+}  // namespace quintet::expert

@@ -1,5 +1,7 @@
-// Private: the token exchange of the MoE layer (parallel/expert/dispatch.cpp), device-generic
-// (narrowed copies and the communicators' all_to_all / all_to_all_v).
+// The token exchange of the MoE layer (parallel/expert/dispatch.cpp), for MoE layers of one's own
+// too: device-generic (narrowed copies and the communicators' all_to_all / all_to_all_v), with the
+// permutation and combine of permute.hpp on either side. Collective over ep (and etp): every rank
+// of them calls each function, also with no rows to send or receive.
 //
 // Row orders. This rank sends its dispatched rows sorted by global expert, so the rows for ep rank
 // q's local expert le form block (q, le). After the ep exchange a rank holds, per source ep rank q
@@ -15,7 +17,7 @@
 #include "quintet/core/stream.hpp"
 #include "quintet/core/tensor.hpp"
 
-namespace quintet::expert::detail {
+namespace quintet::expert {
 
 struct ExchangePlan {
   int ep = 1, etp = 1, etp_rank = 0;
@@ -53,4 +55,4 @@ Tensor dispatch_rows(const Tensor& rows, const ExchangePlan& plan, Communicator*
 Tensor return_rows(const Tensor& rows, const ExchangePlan& plan, Communicator* ep,
                    Communicator* etp, const Stream& stream);
 
-}  // namespace quintet::expert::detail
+}  // namespace quintet::expert

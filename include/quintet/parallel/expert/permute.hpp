@@ -1,5 +1,5 @@
-// Private: the MoE layer's permutation of its tokens' assignments by expert and the weighted
-// combine that undoes it (parallel/expert/permute.cpp; CUDA kernels in cuda/moe_kernels.cu).
+// The MoE layer's permutation of its tokens' assignments by expert and the weighted combine that
+// undoes it (parallel/expert/permute.cpp; the CUDA kernels in parallel/expert/cuda/moe_kernels.cu).
 // Device-generic: CPU tensors run here, CUDA tensors on stream as kernels (no host wait).
 //
 // For n tokens with k assignments each (experts / kept [n, k], row-major: assignment a = t k + j),
@@ -13,7 +13,7 @@
 #include "quintet/core/stream.hpp"
 #include "quintet/core/tensor.hpp"
 
-namespace quintet::expert::detail {
+namespace quintet::expert {
 
 struct Permutation {
   Tensor counts;   // [E] i64: kept assignments per expert
@@ -25,13 +25,14 @@ Permutation permute(const Tensor& experts, const Tensor& kept, std::int64_t num_
 
 // [n, d] = sum over the kept assignments of token t of weights[t, j] * rows[slot[t, j]] (weights
 // undefined: 1, the backward of the gather by rows_of). rows [>= sorted rows, d].
-Tensor combine(const Tensor& rows, const Tensor& slot, const Tensor& weights, const Stream& stream);
+Tensor combine_rows(const Tensor& rows, const Tensor& slot, const Tensor& weights,
+                    const Stream& stream);
 // The backward of combine for dy [n, d]: d(rows) [rows.size(0), d] (rows[slot] = w * dy[t]) and
 // d(weights) [n, k] f32 (dy[t] . rows[slot], 0 when dropped).
 struct CombineGrads {
   Tensor drows, dweights;
 };
-CombineGrads combine_backward(const Tensor& dy, const Tensor& rows, const Tensor& slot,
-                              const Tensor& weights, const Stream& stream);
+CombineGrads combine_rows_backward(const Tensor& dy, const Tensor& rows, const Tensor& slot,
+                                   const Tensor& weights, const Stream& stream);
 
-}  // namespace quintet::expert::detail
+}  // namespace quintet::expert
