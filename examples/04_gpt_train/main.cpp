@@ -71,12 +71,14 @@ int run(const gpt::TrainConfig& c, quintet::World& world) {
 
   // The tp layers and the loss issue their collectives through a timing wrapper (results are the
   // inner communicator's), so each step can report the tp communication it was exposed to.
+  // Each measures the time the compute stream stalled on its collectives (from the wait).
+  constexpr auto kFromWait = quintet::TimedCommunicator::Measure::from_wait;
   std::optional<quintet::TimedCommunicator> timed_tp;
-  if (c.tp > 1) timed_tp.emplace(mesh.comm(Axis::tp));
+  if (c.tp > 1) timed_tp.emplace(mesh.comm(Axis::tp), kFromWait);
   std::optional<quintet::TimedCommunicator> timed_cp;  // the same for the cp ring / all-to-alls
-  if (c.cp > 1) timed_cp.emplace(mesh.comm(Axis::cp));
+  if (c.cp > 1) timed_cp.emplace(mesh.comm(Axis::cp), kFromWait);
   std::optional<quintet::TimedCommunicator> timed_ep;  // the MoE token exchanges
-  if (c.ep > 1) timed_ep.emplace(mesh.comm(Axis::ep));
+  if (c.ep > 1) timed_ep.emplace(mesh.comm(Axis::ep), kFromWait);
 
   // This rank's share of the model: its pipeline stages (each a chunk of the library GPT with its
   // parameters, data parallelism and AdamW) and the executor that runs them.

@@ -4,10 +4,10 @@
 // Communication figures of a step (all on this rank, rank 0 prints):
 //   comm_ms           data-parallel communication time, hidden or not (DataParallel's stats).
 //   tp_comm_ms        exposed tensor-parallel communication: the sum over the step's tp collectives
-//                     of the time from issuing to the compute stream being able to continue
-//                     (TimedCommunicator). Compute the stream runs between issue and wait (the
-//                     column-parallel backward overlaps dx's all-reduce with dW) is included, so
-//                     it is an upper bound. 0 at tp = 1.
+//                     of the time the compute stream stalled in waiting for them (TimedCommunicator
+//                     with Measure::from_wait: from a mark just before the wait to one just after).
+//                     Compute run between issue and wait (the column-parallel backward overlaps
+//                     dx's all-reduce with dW) is hidden communication and not counted. 0 at tp = 1.
 //   cp_comm_ms        exposed context-parallel communication (the ring's K/V and dK/dV
 //                     transfers, or the all-to-alls), measured the same way. 0 at cp = 1.
 //   ep_comm_ms        exposed expert-parallel communication (the MoE count and token exchanges),

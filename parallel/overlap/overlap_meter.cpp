@@ -36,6 +36,18 @@ void OverlapInterval::end(const Stream& stream) {
   end_recorded_ = true;
 }
 
+void OverlapInterval::restart_at(const Stream& stream) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (host_end_) return;
+  timing_event(start_, stream.device()).record(stream);
+  host_start_ = Clock::now();
+}
+
+void OverlapInterval::restart_on_host() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!host_end_) host_start_ = Clock::now();
+}
+
 void OverlapInterval::end_on_host() {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!host_end_) host_end_ = Clock::now();

@@ -21,10 +21,11 @@ std::int64_t bytes_of(const Tensor& t) {
 // interval on the first completion (the interval ignores later ends).
 class TimedWork final : public WorkImpl {
  public:
-  TimedWork(Work inner, std::shared_ptr<OverlapInterval> interval)
-      : inner_(std::move(inner)), interval_(std::move(interval)) {}
+  TimedWork(Work inner, std::shared_ptr<OverlapInterval> interval, bool from_wait)
+      : inner_(std::move(inner)), interval_(std::move(interval)), from_wait_(from_wait) {}
 
   void wait(const Stream& stream) override {
+    if (from_wait_) interval_->restart_at(stream);
     inner_.wait(stream);
     // The end is recorded on the waiting stream after its wait: it completes when the stream can
     // continue past the operation.
@@ -32,6 +33,7 @@ class TimedWork final : public WorkImpl {
   }
 
   bool synchronize_for(std::chrono::nanoseconds timeout) override {
+    if (from_wait_) interval_->restart_on_host();
     if (timeout == std::chrono::nanoseconds::max()) {
       inner_.synchronize();
     } else {
@@ -54,11 +56,13 @@ class TimedWork final : public WorkImpl {
  private:
   Work inner_;
   std::shared_ptr<OverlapInterval> interval_;
+  bool from_wait_;
 };
 
 }  // namespace
 
-TimedCommunicator::TimedCommunicator(Communicator& inner) : inner_(&inner) {}
+TimedCommunicator::TimedCommunicator(Communicator& inner, Measure measure)
+    : inner_(&inner), measure_(measure) {}
 
 TimedCommunicator::~TimedCommunicator() = default;
 
@@ -69,7 +73,8 @@ Work TimedCommunicator::timed(const Stream& stream, std::int64_t bytes, Issue&& 
   Work inner = issue();  // validation errors propagate from here, nothing counted
   window_.ops += 1;
   window_.bytes += bytes;
-  return Work(std::make_shared<TimedWork>(std::move(inner), std::move(interval)));
+  return Work(std::make_shared<TimedWork>(std::move(inner), std::move(interval),
+                                          measure_ == Measure::from_wait));
 }
 
 TimedCommunicator::Stats TimedCommunicator::take_stats() {

@@ -64,6 +64,10 @@ class OverlapInterval {
   void end(const Stream& stream);
   // Ends the interval with the host clock now, unless it has ended already. Any thread.
   void end_on_host();
+  // Moves the start to a mark recorded on stream now (and to the host clock now), unless the
+  // interval has ended; restart_on_host moves the host start only. Any thread.
+  void restart_at(const Stream& stream);
+  void restart_on_host();
   bool ended() const;
   // Makes stream wait (on the device, not the host) for the start mark, so that an end recorded on
   // stream afterwards cannot precede the start.

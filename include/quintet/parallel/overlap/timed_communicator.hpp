@@ -28,6 +28,12 @@
 // Work never waited on nor synchronized counts in ops and bytes but adds no exposed time; one
 // whose interval ends after a take_stats() adds its time to the window in which it ends.
 //
+// Measure::from_wait moves each interval's start to the wait instead: a mark recorded on the
+// waiting stream just before Work::wait(stream) (the host clock before synchronize / wait_for).
+// The interval is then the time the waiting stream (or the host) stalled on the operation, with
+// the compute run between issue and wait left out: the exposed communication itself, also where
+// a layer overlaps an exchange with compute on purpose (the MoE layer's chunked dispatch).
+//
 // Ownership: the inner communicator is borrowed and must outlive this one and every Work it
 // returned. Results, errors and input validation are the inner communicator's: an operation that
 // throws is not counted. Thread safety: as Communicator (issue from one thread at a time; call
@@ -55,8 +61,11 @@ class TimedCommunicator final : public Communicator {
                               // (p2p: the sum of its tensors; barrier: 0)
   };
 
+  // Where an operation's exposed interval starts (see above).
+  enum class Measure { from_issue, from_wait };
+
   // Wraps inner (borrowed). The name of this communicator is inner's.
-  explicit TimedCommunicator(Communicator& inner);
+  explicit TimedCommunicator(Communicator& inner, Measure measure = Measure::from_issue);
   ~TimedCommunicator() override;
   TimedCommunicator(const TimedCommunicator&) = delete;
   TimedCommunicator& operator=(const TimedCommunicator&) = delete;
@@ -106,6 +115,7 @@ class TimedCommunicator final : public Communicator {
   Work timed(const Stream& stream, std::int64_t bytes, Issue&& issue);
 
   Communicator* inner_;
+  Measure measure_;
   Stats window_;        // ops and bytes of this window
   OverlapMeter meter_;  // its exposed intervals (shared with their Works)
 };

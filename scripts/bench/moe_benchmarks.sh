@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The MoE measurements of docs/PERFORMANCE.md in one go on a GPU machine: builds what they need,
+# runs the GPU MoE test, then examples/05_moe_train on one GPU beside scripts/bench/moe_torch.py
+# (the same model in PyTorch, grouped bf16 expert GEMMs; eager and torch.compile), the grouped
+# expert GEMM against a per-expert cuBLASLt loop (09_op_bench --experts-only), and the CPU token
+# exchange against raw MPI on all cores (10_moe_dispatch_bench). Each run is bounded in time; logs
+# go to $OUT (else build/bench/).
+#   MODEL="--layers 12 ..." MICRO=16 STEPS=12 SKIP="torch" scripts/bench/moe_benchmarks.sh
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+out=${OUT:-build/bench}
+mkdir -p "$out"
+export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+model=${MODEL:---layers 12 --hidden 1024 --heads 16 --vocab 50304 --seq-len 1024}
+moe=${MOE:---experts 8 --top-k 2 --expert-ffn 2816}
+micro=${MICRO:-16}
+steps=${STEPS:-12}
+skip=${SKIP:-}
+run() {  # run NAME SECONDS COMMAND...
+  local name=$1 limit=$2; shift 2
+  case " $skip " in *" $name "*) echo "=== $name skipped"; return ;; esac
+  echo "=== $name: $*"
+  timeout "$limit" "$@" >"$out/$name.log" 2>&1
+  echo "=== $name exit $?"
+  grep -E '"summary"|"impl"|"bench"|"op"|passed|failed|FAILED|error|Error' "$out/$name.log" | tail -n 8
+}
+if [ ! -f build/CMakeCache.txt ]; then
+  cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DQUINTET_BUILD_TESTS=ON \
+    -DQUINTET_BUILD_EXAMPLES=ON >"$out/configure.log" 2>&1
+fi
+run build 400 cmake --build build -j "$(nproc)" --target gpu_ep_moe_test 05_moe_train \
+  09_op_bench 10_moe_dispatch_bench -- -k
+run gpu_test 150 build/tests/gpu_ep_moe_test
+run moe_1gpu 200 mpirun -np 1 build/examples/05_moe_train/05_moe_train $model $moe \
+  --micro-batch "$micro" --global-batch "$micro" --steps "$steps" --bench --bench-skip 4 \
+  --warmup 2 --json --device cuda --data-dir build/data/synthetic --no-progress
+run torch 300 python3 scripts/bench/moe_torch.py $model $moe --micro-batch "$micro" \
+  --global-batch "$micro" --steps $((steps - 4))
+run grouped_gemm 120 build/examples/09_op_bench/09_op_bench --experts-only --json
+run dispatch_cpu 120 mpirun --oversubscribe -np "$(nproc)" \
+  build/examples/10_moe_dispatch_bench/10_moe_dispatch_bench --tokens 4096 --hidden 1024 --json
