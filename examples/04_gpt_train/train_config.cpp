@@ -126,6 +126,10 @@ bool parse_args(const quintet::RuntimeConfig& runtime, TrainConfig* c, int* exit
         ->capture_default_str();
     app.add_option("--moe-every", c->moe_every, "every N-th block is MoE (from block 0)")
         ->capture_default_str();
+    app.add_option("--moe-chunks", c->moe_chunks,
+                   "token chunks per MoE exchange: chunk c+1 travels while chunk c's experts "
+                   "compute (1: no overlap)")
+        ->capture_default_str();
   }
   app.add_flag("--json", c->json, "one JSON object per step");
   app.add_flag("!--no-progress", c->progress, "no progress bar");
@@ -268,6 +272,8 @@ void validate(const TrainConfig& c, int world) {
     QUINTET_CHECK(c.ep <= c.dp * c.cp * c.tp / etp,
                   "--ep {} is more than the {} ranks of a pipeline stage over --etp {}", c.ep,
                   c.tp * c.cp * c.dp, etp);
+    QUINTET_CHECK(c.moe_chunks >= 1 && c.moe_chunks <= 64, "--moe-chunks {}: expected 1 .. 64",
+                  c.moe_chunks);
     (void)quintet::expert::parse_router_score(c.router);
   }
   // The model's own checks (heads, vocabulary and MLP width against tp, experts against ep and
@@ -315,6 +321,7 @@ quintet::model::GptConfig model_config(const TrainConfig& c, bool gpu) {
     m.moe.expert_ffn = c.expert_ffn;
     m.moe.shared_experts = c.shared_experts;
     m.moe.every = c.moe_every;
+    m.moe.overlap_chunks = c.moe_chunks;
   }
   return m;
 }

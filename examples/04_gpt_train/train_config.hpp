@@ -84,6 +84,7 @@ struct TrainConfig {
   int shared_experts = 0;
   std::int64_t expert_ffn = 0;  // each expert's width; 0 = 4 * hidden
   int moe_every = 1;            // block l is MoE when l % moe_every == 0
+  int moe_chunks = 2;           // token chunks whose exchange overlaps the experts' compute
   // Measurement and output.
   bool no_overlap = false;
   bool check_batches = false;  // debug: the tp ranks of a stage hold the same tokens

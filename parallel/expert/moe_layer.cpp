@@ -21,6 +21,15 @@ struct OwnTokens {
   std::int64_t first = 0, count = 0;
 };
 
+// Chunk c of `chunks` near-equal consecutive parts of n tokens (possibly empty).
+struct Range {
+  std::int64_t first = 0, count = 0;
+};
+Range chunk_range(std::int64_t n, int chunks, int c) {
+  const std::int64_t lo = n * c / chunks, hi = n * (c + 1) / chunks;
+  return {lo, hi - lo};
+}
+
 void all_reduce_sum(const Tensor& t, Communicator* c, const Stream& s) {
   if (size_of(c) > 1) c->all_reduce(t, t, ReduceOp::sum, s).wait(s);
 }
@@ -103,6 +112,8 @@ MoELayer::MoELayer(const MoEGroups& groups, std::int64_t dim, const MoEOptions& 
   QUINTET_CHECK(dim > 0, "MoELayer: dim = {} must be > 0", dim);
   QUINTET_CHECK(options.expert_ffn > 0, "MoELayer: expert_ffn = {} must be > 0",
                 options.expert_ffn);
+  QUINTET_CHECK(options.overlap_chunks >= 1 && options.overlap_chunks <= 64,
+                "MoELayer: overlap_chunks = {} must be between 1 and 64", options.overlap_chunks);
   QUINTET_CHECK(options.shared_experts >= 0, "MoELayer: shared_experts = {} must be >= 0",
                 options.shared_experts);
   const int ep = size_of(groups.ep), etp = size_of(groups.etp);
@@ -212,60 +223,93 @@ Tensor MoELayer::forward(nn::Context& ctx, const Tensor& x) {
     accumulate_z_loss(logits, rc, sums_.narrow(0, 1, 1), s);
   }
 
-  // 2. Permute this rank's kept assignments by expert (then token, then choice).
-  const auto own_rows = [&](const Tensor& t) {
-    return t.narrow(0, own.first, own.count).contiguous(s);
-  };
-  const Tensor weights_own = own_rows(r.weights);
-  const Permutation perm = permute(own_rows(r.experts), own_rows(r.kept), E, s);
-
-  // Exchange: counts (the host waits for them), then rows.
-  const ExchangePlan plan = plan_exchange(perm.counts, local_experts_, groups_.ep, groups_.etp, s);
-  const std::int64_t n_send = plan.send_rows();
-  const Tensor sorted = nn::embedding_forward(perm.rows_of.narrow(0, 0, n_send),
-                                              x2.narrow(0, own.first, own.count), s);
-  const Tensor xs = dispatch_rows(sorted, plan, groups_.ep, groups_.etp, s);
-
-  // 3. The local experts, one GEMM chain each over its rows.
-  const Tensor w1 = fc_->use(s), w2 = proj_->use(s);
-  const Tensor wu = up_ != nullptr ? up_->use(s) : Tensor();
-  Tensor ye = Tensor::empty({plan.gathered_rows(), d}, x.dtype(), dev, s);
-  std::vector<Tensor> saved{x2,        logits,   r.probs,       r.experts,
-                            r.weights, r.kept,   plan.encode(), perm.slot,
-                            xs,        Tensor(), aux_counts};
-  std::int64_t off = 0;
-  for (std::int64_t le = 0; le < local_experts_; ++le) {
-    const std::int64_t n = plan.expert_rows(le);
-    if (n == 0) {
-      saved.push_back(Tensor());
-      saved.push_back(Tensor());
-      continue;
-    }
-    const Tensor xe = xs.narrow(0, off, n);
-    const Tensor a = nn::linear_forward(xe, w1.select(le), Tensor(), s);
-    Tensor h, u;
-    if (up_ != nullptr) {
-      u = nn::linear_forward(xe, wu.select(le), Tensor(), s);
-      h = nn::swiglu_forward(a, u, s);
-    } else {
-      h = nn::gelu_forward(a, s);
-    }
-    ye.narrow(0, off, n).copy_(nn::linear_forward(h, w2.select(le), Tensor(), s), s);
-    saved.push_back(a);
-    saved.push_back(u);
-    off += n;
+  // 2. Per chunk of this rank's tokens, its kept assignments permuted by expert (then token, then
+  // choice); one count exchange for all chunks (the host waits for it).
+  const int C = options_.overlap_chunks;
+  const Tensor experts_own = r.experts.narrow(0, own.first, own.count);
+  const Tensor kept_own = r.kept.narrow(0, own.first, own.count);
+  const Tensor weights_own = r.weights.narrow(0, own.first, own.count);
+  const Tensor x_own = x2.narrow(0, own.first, own.count);
+  std::vector<Permutation> perms;
+  Tensor counts = Tensor::empty({C * E}, DType::i64, dev, s);
+  for (int c = 0; c < C; ++c) {
+    const Range rg = chunk_range(own.count, C, c);
+    perms.push_back(permute(experts_own.narrow(0, rg.first, rg.count).contiguous(s),
+                            kept_own.narrow(0, rg.first, rg.count).contiguous(s), E, s));
+    counts.narrow(0, c * E, E).copy_(perms.back().counts, s);
+  }
+  const std::vector<ExchangePlan> plans =
+      plan_exchange(counts, C, local_experts_, groups_.ep, groups_.etp, s);
+  std::vector<Tensor> sorted;
+  for (int c = 0; c < C; ++c) {
+    const Range rg = chunk_range(own.count, C, c);
+    sorted.push_back(
+        rg.count == 0 ? Tensor::empty({0, d}, x.dtype(), dev, s)
+                      : nn::embedding_forward(perms[c].rows_of.narrow(0, 0, plans[c].send_rows()),
+                                              x_own.narrow(0, rg.first, rg.count), s));
   }
 
-  // 4. Back to the tokens' ranks, then the weighted sum per token.
-  const Tensor ys = return_rows(ye, plan, groups_.ep, groups_.etp, s);
-  saved[9] = ys;
-  const Tensor out_own = combine_rows(ys, perm.slot, weights_own, s);
+  // 3. Chunk by chunk: chunk c + 1's rows travel while chunk c's experts run (one GEMM chain per
+  // local expert over its rows), and chunk c's results travel back during chunk c + 1's.
+  const Tensor w1 = fc_->use(s), w2 = proj_->use(s);
+  const Tensor wu = up_ != nullptr ? up_->use(s) : Tensor();
+  std::vector<Tensor> saved{x2, logits, r.probs, r.experts, r.weights, r.kept, aux_counts};
+  std::vector<PendingRows> back;
+  PendingRows next = start_dispatch(sorted[0], plans[0], groups_.ep, s);
+  for (int c = 0; c < C; ++c) {
+    const ExchangePlan& plan = plans[c];
+    const Tensor xs = finish_dispatch(next, plan, groups_.etp, s);
+    if (c + 1 < C) next = start_dispatch(sorted[c + 1], plans[c + 1], groups_.ep, s);
+    Tensor ye = Tensor::empty({plan.gathered_rows(), d}, x.dtype(), dev, s);
+    saved.push_back(plan.encode());
+    saved.push_back(perms[c].slot);
+    saved.push_back(xs);
+    std::int64_t off = 0;
+    for (std::int64_t le = 0; le < local_experts_; ++le) {
+      const std::int64_t n = plan.expert_rows(le);
+      if (n == 0) {
+        saved.push_back(Tensor());
+        saved.push_back(Tensor());
+        continue;
+      }
+      const Tensor xe = xs.narrow(0, off, n);
+      const Tensor a = nn::linear_forward(xe, w1.select(le), Tensor(), s);
+      Tensor h, u;
+      if (up_ != nullptr) {
+        u = nn::linear_forward(xe, wu.select(le), Tensor(), s);
+        h = nn::swiglu_forward(a, u, s);
+      } else {
+        h = nn::gelu_forward(a, s);
+      }
+      ye.narrow(0, off, n).copy_(nn::linear_forward(h, w2.select(le), Tensor(), s), s);
+      saved.push_back(a);
+      saved.push_back(u);
+      off += n;
+    }
+    back.push_back(start_return(ye, plan, groups_.ep, groups_.etp, s));
+  }
+
+  // 4. Back on the tokens' ranks: the weighted sum per token.
+  Tensor out_own = Tensor::empty({own.count, d}, x.dtype(), dev, s);
+  for (int c = 0; c < C; ++c) {
+    const Range rg = chunk_range(own.count, C, c);
+    const Tensor ys = finish_return(back[c], s);
+    saved.push_back(ys);
+    out_own.narrow(0, rg.first, rg.count)
+        .copy_(combine_rows(ys, perms[c].slot,
+                            weights_own.narrow(0, rg.first, rg.count).contiguous(s), s),
+               s);
+  }
   Tensor y = (split_tokens ? all_gather_rows(out_own, tp, s) : out_own).view(x.shape());
   ctx.save(*this, std::move(saved));
   if (shared_ != nullptr) y = nn::add(y, shared_->forward(ctx, x), s);
 
   if (!ctx.recomputing()) {
-    for (std::int64_t e = 0; e < E; ++e) load_[e] += static_cast<double>(plan.send[e]);
+    std::int64_t n_send = 0;
+    for (const ExchangePlan& plan : plans) {
+      for (std::int64_t e = 0; e < E; ++e) load_[e] += static_cast<double>(plan.send[e]);
+      n_send += plan.send_rows();
+    }
     assignments_ += static_cast<double>(own.count * k);
     dropped_ += static_cast<double>(own.count * k - n_send);
     microbatches_ += 1.0;
@@ -278,72 +322,104 @@ Tensor MoELayer::backward(nn::Context& ctx, const Tensor& dy) {
   Communicator& tp = *groups_.tp;
   const bool sp = options_.sequence_parallel;
   const RouterConfig& rc = options_.router;
-  const std::int64_t d = dim_;
+  const std::int64_t k = rc.top_k, d = dim_;
   Tensor dx_shared;
   if (shared_ != nullptr) dx_shared = shared_->backward(ctx, dy);
-  std::vector<Tensor> saved = ctx.take(*this);
+  const std::vector<Tensor> saved = ctx.take(*this);
   const Tensor& x2 = saved[0];
   const Tensor& logits = saved[1];
   Routing r{saved[2], saved[3], saved[4], saved[5], 0};
-  const Tensor& slot = saved[7];
-  const Tensor& xs = saved[8];
-  const Tensor& ys = saved[9];
-  const Tensor& aux_counts = saved[10];
+  const Tensor& aux_counts = saved[6];
   const std::int64_t T = x2.size(0);
   const int tpn = tp.size();
   const bool split_tokens = !sp && tpn > 1;
   const OwnTokens own = split_tokens ? OwnTokens{tp.rank() * (T / tpn), T / tpn} : OwnTokens{0, T};
-  const ExchangePlan plan = ExchangePlan::decode(
-      saved[6], size_of(groups_.ep), size_of(groups_.etp), rank_of(groups_.etp), local_experts_);
+  const int C = options_.overlap_chunks;
+  // Saved per chunk c: its plan, slots, dispatched rows and per local expert (a, u), from
+  // chunk_base(c); its returned rows at the end.
+  const std::size_t per_chunk = 3 + 2 * static_cast<std::size_t>(local_experts_);
+  const auto chunk_base = [&](int c) { return 7 + per_chunk * static_cast<std::size_t>(c); };
+  const auto ys_of = [&](int c) -> const Tensor& {
+    return saved[7 + per_chunk * static_cast<std::size_t>(C) + static_cast<std::size_t>(c)];
+  };
+  std::vector<ExchangePlan> plans;
+  for (int c = 0; c < C; ++c) {
+    plans.push_back(ExchangePlan::decode(saved[chunk_base(c)], size_of(groups_.ep),
+                                         size_of(groups_.etp), rank_of(groups_.etp),
+                                         local_experts_));
+  }
 
-  // Combine backward: d(sorted outputs) and d(weights) of this rank's tokens.
+  // Combine backward per chunk: d(sorted outputs) and d(weights) of this rank's tokens.
   const Tensor dy2 = dy.contiguous(s).view({T, d});
-  const Tensor dy_own = dy2.narrow(0, own.first, own.count).contiguous(s);
-  const Tensor weights_own = r.weights.narrow(0, own.first, own.count).contiguous(s);
-  const CombineGrads cg = combine_rows_backward(dy_own, ys, slot, weights_own, s);
+  const Tensor dy_own = dy2.narrow(0, own.first, own.count);
+  const Tensor weights_own = r.weights.narrow(0, own.first, own.count);
+  Tensor dw_own = Tensor::empty({own.count, k}, DType::f32, dy.device(), s);
+  std::vector<Tensor> drows;
+  for (int c = 0; c < C; ++c) {
+    const Range rg = chunk_range(own.count, C, c);
+    CombineGrads cg = combine_rows_backward(
+        dy_own.narrow(0, rg.first, rg.count).contiguous(s), ys_of(c), saved[chunk_base(c) + 1],
+        weights_own.narrow(0, rg.first, rg.count).contiguous(s), s);
+    dw_own.narrow(0, rg.first, rg.count).copy_(cg.dweights, s);
+    drows.push_back(std::move(cg.drows));
+  }
 
-  // The experts' backward on the rows they ran (dispatched like the forward's inputs).
-  const Tensor dye = dispatch_rows(cg.drows, plan, groups_.ep, groups_.etp, s);
-  Tensor dxe = Tensor::empty({plan.gathered_rows(), d}, dy.dtype(), dy.device(), s);
+  // The experts' backward on the rows they ran, chunk by chunk as in forward: the gradients of
+  // chunk c + 1 travel while chunk c's run.
   const Tensor w1 = fc_->data(), w2 = proj_->data();
   const Tensor wu = up_ != nullptr ? up_->data() : Tensor();
+  std::vector<PendingRows> back;
   nn::accumulate_gradients(
       ctx, {fc_, up_, proj_},
       [&](const std::vector<Tensor>& g, const Stream& st) {
-        std::int64_t off = 0;
-        for (std::int64_t le = 0; le < local_experts_; ++le) {
-          const std::int64_t n = plan.expert_rows(le);
-          if (n == 0) continue;
-          const Tensor xe = xs.narrow(0, off, n), dyo = dye.narrow(0, off, n);
-          const Tensor& a = saved[11 + 2 * le];
-          const Tensor& u = saved[12 + 2 * le];
-          const Tensor h = up_ != nullptr ? nn::swiglu_forward(a, u, st) : nn::gelu_forward(a, st);
-          nn::linear_backward_weight(dyo, h, g[2].select(le), Tensor(), st);
-          const Tensor dh = nn::linear_backward_input(dyo, w2.select(le), st);
-          Tensor dxo;
-          if (up_ != nullptr) {
-            const nn::SwiGluGrads sg = nn::swiglu_backward(dh, a, u, st);
-            nn::linear_backward_weight(sg.dgate, xe, g[0].select(le), Tensor(), st);
-            nn::linear_backward_weight(sg.dup, xe, g[1].select(le), Tensor(), st);
-            dxo = nn::linear_backward_input(sg.dgate, w1.select(le), st);
-            nn::add_(dxo, nn::linear_backward_input(sg.dup, wu.select(le), st), 1.0f, st);
-          } else {
-            const Tensor da = nn::gelu_backward(dh, a, st);
-            nn::linear_backward_weight(da, xe, g[0].select(le), Tensor(), st);
-            dxo = nn::linear_backward_input(da, w1.select(le), st);
+        PendingRows next = start_dispatch(drows[0], plans[0], groups_.ep, st);
+        for (int c = 0; c < C; ++c) {
+          const ExchangePlan& plan = plans[c];
+          const Tensor dye = finish_dispatch(next, plan, groups_.etp, st);
+          if (c + 1 < C) next = start_dispatch(drows[c + 1], plans[c + 1], groups_.ep, st);
+          const Tensor& xs = saved[chunk_base(c) + 2];
+          Tensor dxe = Tensor::empty({plan.gathered_rows(), d}, dy.dtype(), dy.device(), st);
+          std::int64_t off = 0;
+          for (std::int64_t le = 0; le < local_experts_; ++le) {
+            const std::int64_t n = plan.expert_rows(le);
+            if (n == 0) continue;
+            const Tensor xe = xs.narrow(0, off, n), dyo = dye.narrow(0, off, n);
+            const Tensor& a = saved[chunk_base(c) + 3 + 2 * static_cast<std::size_t>(le)];
+            const Tensor& u = saved[chunk_base(c) + 4 + 2 * static_cast<std::size_t>(le)];
+            const Tensor h =
+                up_ != nullptr ? nn::swiglu_forward(a, u, st) : nn::gelu_forward(a, st);
+            nn::linear_backward_weight(dyo, h, g[2].select(le), Tensor(), st);
+            const Tensor dh = nn::linear_backward_input(dyo, w2.select(le), st);
+            Tensor dxo;
+            if (up_ != nullptr) {
+              const nn::SwiGluGrads sg = nn::swiglu_backward(dh, a, u, st);
+              nn::linear_backward_weight(sg.dgate, xe, g[0].select(le), Tensor(), st);
+              nn::linear_backward_weight(sg.dup, xe, g[1].select(le), Tensor(), st);
+              dxo = nn::linear_backward_input(sg.dgate, w1.select(le), st);
+              nn::add_(dxo, nn::linear_backward_input(sg.dup, wu.select(le), st), 1.0f, st);
+            } else {
+              const Tensor da = nn::gelu_backward(dh, a, st);
+              nn::linear_backward_weight(da, xe, g[0].select(le), Tensor(), st);
+              dxo = nn::linear_backward_input(da, w1.select(le), st);
+            }
+            dxe.narrow(0, off, n).copy_(dxo, st);
+            off += n;
           }
-          dxe.narrow(0, off, n).copy_(dxo, st);
-          off += n;
+          back.push_back(start_return(dxe, plan, groups_.ep, groups_.etp, st));
         }
       },
       nn::GradTiming::now);
   // Unpermute: each token sums the gradients of its sorted rows.
-  const Tensor dsorted = return_rows(dxe, plan, groups_.ep, groups_.etp, s);
-  const Tensor dx_own = combine_rows(dsorted, slot, Tensor(), s);
+  Tensor dx_own = Tensor::empty({own.count, d}, dy.dtype(), dy.device(), s);
+  for (int c = 0; c < C; ++c) {
+    const Range rg = chunk_range(own.count, C, c);
+    dx_own.narrow(0, rg.first, rg.count)
+        .copy_(combine_rows(finish_return(back[c], s), saved[chunk_base(c) + 1], Tensor(), s), s);
+  }
   Tensor dx = split_tokens ? all_gather_rows(dx_own, tp, s) : dx_own;
 
   // Router: d(weights) of every token this rank routed, then the load-balancing terms.
-  const Tensor dweights = split_tokens ? all_gather_rows(cg.dweights, tp, s) : cg.dweights;
+  const Tensor dweights = split_tokens ? all_gather_rows(dw_own, tp, s) : dw_own;
   Tensor dprobs = weights_backward(r, dweights, rc, s);
   if (rc.aux_loss_coeff > 0.0f) {
     const std::int64_t B = aux_counts.size(0);

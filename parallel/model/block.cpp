@@ -41,7 +41,8 @@ std::unique_ptr<nn::Module> make_mlp(const GptConfig& c, const ModelGroups& g, s
                            .shared_experts = c.moe.shared_experts,
                            .init_std = c.init_std,
                            .proj_init_std = c.output_init_std(),
-                           .sequence_parallel = c.sequence_parallel});
+                           .sequence_parallel = c.sequence_parallel,
+                           .overlap_chunks = c.moe.overlap_chunks});
   }
   switch (c.mlp) {
     case MlpKind::moe:  // a dense block of an MoE model

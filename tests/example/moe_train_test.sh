@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Tests of examples/05_moe_train on the CPU under mpirun (ctest: moe_train_*):
-#   layouts    ep 2 x dp 2 (edp 2), tp 2 x ep 2 (etp 2), tp 2 + sp with etp 1, ep 3 (odd),
+#   layouts    ep 2 x dp 2 (edp 2; its exchange in 2 overlapped chunks, the default, and in 1),
+#              tp 2 x ep 2 (etp 2), tp 2 + sp with etp 1, ep 3 (odd),
 #              ep 2 with ZeRO-1, pp 2 x ep 2, cp 2 x ep 2 and a capacity-free shared-expert,
 #              SwiGLU-free GELU model with aux and z losses on: the one-rank loss at each of 20
 #              steps within 1e-4 relative; the per-step telemetry (tokens per expert, dropped
@@ -8,7 +9,7 @@
 #   resume     a run with auxiliary-loss-free balancing stopped and saved at step 10, then
 #              resumed, equals the uninterrupted run at steps 11..20 (the bias is in the checkpoint)
 #   bad_flags  experts not divisible by ep, top-k above the experts, etp x ep that does not fit
-#              the ranks, an unknown router: refused with a message naming them
+#              the ranks, an unknown router, --moe-chunks 0: refused with a message naming them
 # Usage: moe_train_test.sh TRAINER MPIEXEC WORKDIR CASE [mpirun flags...]
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -33,6 +34,7 @@ case $case in
   layouts)
     run one 1 --steps 20
     run ep2_dp2 4 --steps 20 --dp 4 --ep 2
+    run ep2_dp2_one_chunk 4 --steps 20 --dp 4 --ep 2 --moe-chunks 1
     run tp2_ep2 4 --steps 20 --tp 2 --dp 2 --ep 2
     run tp2_sp_ep2_etp1 4 --steps 20 --tp 2 --dp 2 --ep 2 --etp 1 --sp
     run ep3 3 --steps 20 --dp 3 --ep 3 --experts 6 --global-batch 6
@@ -40,7 +42,7 @@ case $case in
     run ep2_zero1 2 --steps 20 --dp 2 --ep 2 --zero 1
     run pp2_ep2 4 --steps 20 --pp 2 --dp 2 --ep 2
     run cp2_ep2 4 --steps 20 --cp 2 --dp 2 --ep 2
-    for r in ep2_dp2 tp2_ep2 tp2_sp_ep2_etp1 ep2_zero1 pp2_ep2 cp2_ep2; do
+    for r in ep2_dp2 ep2_dp2_one_chunk tp2_ep2 tp2_sp_ep2_etp1 ep2_zero1 pp2_ep2 cp2_ep2; do
       compare one $r 1 20 1e-4
     done
     compare one_e6 ep3 1 20 1e-4
@@ -88,6 +90,7 @@ PY
     expect_error 2 "--etp 2 x --ep 2 x --pp 1 = 4 does not divide the 2 ranks" --steps 1 \
       --dp 2 --ep 2 --etp 2
     expect_error 1 'unknown router score "relu"' --steps 1 --router relu
+    expect_error 1 "--moe-chunks 0: expected 1 .. 64" --steps 1 --moe-chunks 0
     ;;
 esac
 echo "moe_train_test $case: PASS"

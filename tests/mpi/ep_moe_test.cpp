@@ -58,7 +58,9 @@ void run_case(World& world, const Case& c) {
   MoELayer mine({&tp, nullptr, &mesh.comm(Axis::ep), &mesh.comm(Axis::etp)}, kD, c.options);
   nn::ParameterStore my_store(mine, DType::f32, kCpu, kSeed);
   const std::unique_ptr<Communicator> self = world.comm().split(world.rank(), 0, "self");
-  MoELayer ref({self.get(), nullptr, nullptr, nullptr}, kD, c.options);
+  MoEOptions unchunked = c.options;  // the reference exchanges everything at once
+  unchunked.overlap_chunks = 1;
+  MoELayer ref({self.get(), nullptr, nullptr, nullptr}, kD, unchunked);
   nn::ParameterStore ref_store(ref, DType::f32, kCpu, kSeed);
   if (c.skew) {
     std::vector<float> bias(static_cast<std::size_t>(c.options.router.experts), 0.0f);
@@ -150,7 +152,22 @@ TEST_CASE("ep: the MoE layer equals one rank at every expert-parallel layout", "
     cases.push_back(
         {"ep = world, skewed: every token on ep rank 0", ParallelConfig{.ep = n}, o, true});
   }
+  {
+    MoEOptions o = options(2 * n, nn::Activation::swiglu);
+    o.overlap_chunks = 3;
+    cases.push_back({"ep = world, 3 overlapped chunks", ParallelConfig{.ep = n}, o});
+    MoEOptions tiny = options(2 * n);
+    tiny.overlap_chunks = 20;  // more chunks than the 16 tokens: some are empty
+    tiny.router.capacity_factor = 0.5f;
+    cases.push_back({"ep = world, 20 chunks (some empty), drops", ParallelConfig{.ep = n}, tiny});
+  }
   if (n % 2 == 0) {
+    {
+      MoEOptions o = options(n, nn::Activation::swiglu);
+      o.overlap_chunks = 2;
+      cases.push_back(
+          {"etp 2 x ep world/2, 2 overlapped chunks", ParallelConfig{.ep = n / 2, .etp = 2}, o});
+    }
     cases.push_back({"etp 2 x ep world/2", ParallelConfig{.ep = n / 2, .etp = 2},
                      options(n, nn::Activation::swiglu)});
     {
@@ -193,6 +210,10 @@ TEST_CASE("ep: bad MoE configurations are refused before any communication", "[e
   REQUIRE_THROWS_QUINTET(MoELayer(MoEGroups{g.tp}, kD, no_width), InvalidArgument, "expert_ffn");
   REQUIRE_THROWS_QUINTET(MoELayer(MoEGroups{}, kD, options(2)), InvalidArgument,
                          "no tensor-parallel communicator");
+  MoEOptions no_chunks = options(2);
+  no_chunks.overlap_chunks = 0;
+  REQUIRE_THROWS_QUINTET(MoELayer(MoEGroups{g.tp}, kD, no_chunks), InvalidArgument,
+                         "overlap_chunks = 0");
   if (n % 2 == 0) {
     Mesh m2(Layout(ParallelConfig{.ep = n / 2, .etp = 2}, n), world.comm());
     MoEOptions odd = options(n);

@@ -46,6 +46,12 @@ struct ExchangePlan {
 // then one copy of the counts to the host, which waits for it. ep / etp may be null.
 ExchangePlan plan_exchange(const Tensor& send_counts, std::int64_t local_experts, Communicator* ep,
                            Communicator* etp, const Stream& stream);
+// The same for `chunks` exchanges at once (one all_to_all, one copy to the host): send_counts
+// [chunks * ep * E_l], chunk c's counts at c * ep * E_l; one plan per chunk. Every rank of ep and
+// etp passes the same number of chunks.
+std::vector<ExchangePlan> plan_exchange(const Tensor& send_counts, int chunks,
+                                        std::int64_t local_experts, Communicator* ep,
+                                        Communicator* etp, const Stream& stream);
 
 // rows [send_rows, d] (sorted by expert) -> [gathered_rows, d] in expert-major order.
 Tensor dispatch_rows(const Tensor& rows, const ExchangePlan& plan, Communicator* ep,
@@ -54,5 +60,23 @@ Tensor dispatch_rows(const Tensor& rows, const ExchangePlan& plan, Communicator*
 // sorted order of this rank's dispatched rows, summed over etp. The adjoint of dispatch_rows.
 Tensor return_rows(const Tensor& rows, const ExchangePlan& plan, Communicator* ep,
                    Communicator* etp, const Stream& stream);
+
+// The two in halves, to overlap the ep all_to_all_v with compute: start_* issues it and returns at
+// once (the etp exchange and the reorder, which are not overlapped, run in start_return before it
+// and in finish_dispatch after it); finish_* orders stream after it and returns the rows.
+// dispatch_rows(r) = finish_dispatch(start_dispatch(r)), and likewise for return. A pending
+// exchange holds its buffers; finish it before the plan goes away, in issue order per
+// communicator on every rank.
+struct PendingRows {
+  Work work;
+  Tensor in, out;
+};
+PendingRows start_dispatch(const Tensor& rows, const ExchangePlan& plan, Communicator* ep,
+                           const Stream& stream);
+Tensor finish_dispatch(const PendingRows& pending, const ExchangePlan& plan, Communicator* etp,
+                       const Stream& stream);
+PendingRows start_return(const Tensor& rows, const ExchangePlan& plan, Communicator* ep,
+                         Communicator* etp, const Stream& stream);
+Tensor finish_return(const PendingRows& pending, const Stream& stream);
 
 }  // namespace quintet::expert

@@ -9,6 +9,8 @@
 //      rank takes its 1/tp of the B*S' tokens, which must divide) are permuted by expert, stably
 //      (by expert, then token, then choice), the counts are exchanged over ep with all_to_all,
 //      the rows are moved with all_to_all_v over ep, and with etp > 1 all-gathered over etp;
+//      With overlap_chunks > 1 this rank's tokens go in chunks, each exchanged while the previous
+//      one's experts run (one count exchange for all of them);
 //   3. each local expert runs as one GEMM per expert over its rows: GELU (fc, proj) or SwiGLU
 //      (fc = gate, up, proj) MLPs of width expert_ffn (etp splits fc and up by rows, proj by
 //      columns), without biases;
@@ -71,6 +73,12 @@ struct MoEOptions {
   float init_std = 0.02f;       // router, fc, up
   float proj_init_std = 0.02f;  // proj
   bool sequence_parallel = false;
+  // The tokens a rank dispatches go in this many chunks (near-equal, consecutive; the same on
+  // every rank): chunk c + 1's all_to_all_v runs while chunk c's experts compute, and chunk c's
+  // results return during chunk c + 1's compute, in forward and backward. 1 = one exchange each
+  // way, nothing overlapped. The result does not depend on it (up to the order of the weight
+  // gradients' sums).
+  int overlap_chunks = 1;
 };
 
 // A step's statistics of one or more MoE layers, summed over the ranks that ran them.
