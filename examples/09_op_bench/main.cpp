@@ -12,10 +12,18 @@
 //               --attention-kernel picks the CUDA implementation(s) measured: gemm (tensor-core
 //               GEMMs + fused softmax, the default), simt (the flash-style SIMT kernel), cudnn
 //               (cuDNN's fused attention through its graph API), auto.
+//   experts   - the expert GEMMs of a mixture-of-experts layer (fc and proj of E experts, forward,
+//               backward input and backward weight) in bf16: a loop of quintet::nn::linear_* per
+//               expert (what the MoE layer runs) vs one cublasGemmGroupedBatchedEx per product
+//               (experts_bench.hpp, grouped_gemm.hpp), checked against each other first.
+//               FLOPs = 2·rows·N·K summed over the experts; ms are medians.
 //
-//   09_op_bench [--json] [--iters N] [--skip-linear] [--skip-attention] [--seq 1024 ...]
-//               [--head-dim 64 128] [--attention-kernel gemm simt cudnn auto] [--tokens 8192]
-//               [--hidden 4096] [--device 0]
+//   09_op_bench [--json] [--iters N] [--skip-linear] [--skip-attention] [--skip-experts]
+//               [--experts-only] [--seq 1024 ...] [--head-dim 64 128]
+//               [--attention-kernel gemm simt cudnn auto] [--tokens 8192] [--hidden 4096]
+//               [--experts-count 8] [--expert-rows R ...] [--expert-tokens 16384]
+//               [--expert-top-k 2] [--expert-hidden 1024] [--expert-ffn 2816] [--expert-skew 0]
+//               [--expert-grouping shape|expert] [--device 0]
 #include <cstdint>
 #include <cstdio>
 #include <functional>
@@ -25,6 +33,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "experts_bench.hpp"
 #include "quintet/core/stream.hpp"
 #include "quintet/core/tensor.hpp"
 #include "quintet/nn/ops.hpp"
@@ -51,13 +60,14 @@ double time_ms(const Stream& stream, int warmup, int iters, const std::function<
 struct Options {
   bool json = false;
   int iters = 20;
-  bool skip_linear = false, skip_attention = false;
+  bool skip_linear = false, skip_attention = false, skip_experts = false, experts_only = false;
   int cp_split = 0;  // > 0: also the context-parallel split cost at this cp
   std::vector<std::int64_t> seqs = {1024, 2048, 4096, 8192};
   std::vector<std::int64_t> head_dims = {64, 128};
   std::vector<std::string> attention_kernels = {"gemm"};
   std::int64_t tokens = 8192, hidden = 4096;
   int device = 0;
+  ExpertBenchOptions experts;  // its json and iters are copied from the above
 };
 
 void bench_linear(const Options& opt, const Stream& s) {
@@ -292,9 +302,11 @@ void bench_cp_split(const Options& opt, const Stream& s) {
 
 int main(int argc, char** argv) {
   Options opt;
-  CLI::App app{"GPU throughput of the nn ops: linear vs raw cuBLASLt, attention forward+backward"};
+  CLI::App app{
+      "GPU throughput of the nn ops: linear vs raw cuBLASLt, attention forward+backward, expert "
+      "GEMMs vs cublasGemmGroupedBatchedEx"};
   app.add_flag("--json", opt.json, "print one JSON object per result line");
-  app.add_option("--iters", opt.iters, "timed iterations per linear measurement")
+  app.add_option("--iters", opt.iters, "timed iterations per linear and experts measurement")
       ->check(CLI::PositiveNumber);
   app.add_flag("--skip-linear", opt.skip_linear, "do not run the linear benchmark");
   app.add_flag("--skip-attention", opt.skip_attention, "do not run the attention benchmark");
@@ -310,8 +322,55 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--hidden", opt.hidden, "linear: model width; shapes h->h, h->4h, 4h->h")
       ->check(CLI::PositiveNumber);
+  app.add_flag("--skip-experts", opt.skip_experts, "do not run the experts benchmark");
+  app.add_flag("--experts-only", opt.experts_only,
+               "run the experts benchmark alone (no linear, attention or cp split)");
+  ExpertBenchOptions& ex = opt.experts;
+  CLI::Option* experts_count =
+      app.add_option("--experts-count", ex.experts, "experts: number of experts E")
+          ->check(CLI::PositiveNumber);
+  app.add_option("--expert-rows", ex.rows,
+                 "experts: rows of each expert, one value per expert (0 allowed; sets E); "
+                 "default: expert-tokens x expert-top-k split over E by --expert-skew")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--expert-tokens", ex.tokens, "experts: tokens routed (before top-k)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--expert-top-k", ex.top_k, "experts: experts per token")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--expert-hidden", ex.hidden, "experts: model width d (fc: d -> F)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--expert-ffn", ex.ffn, "experts: expert width F (proj: F -> d)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--expert-skew", ex.skew,
+                 "experts: uneven rows, total unchanged: expert e's share ~ max(0, 1 + s(2e - "
+                 "(E-1))/(E-1)); 0 even, (E-1)/(E+1) ~ e+1, 1 ~ e (expert 0 empty), > 1 more "
+                 "empty experts")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--expert-grouping", ex.grouping,
+                 "experts: cuBLAS groups, one per distinct shape or one per expert")
+      ->check(CLI::IsMember({"shape", "expert"}));
   app.add_option("--device", opt.device, "CUDA device index");
   CLI11_PARSE(app, argc, argv);
+  ex.json = opt.json;
+  ex.iters = opt.iters;
+  if (!ex.rows.empty()) {
+    if (experts_count->count() > 0 && static_cast<std::size_t>(ex.experts) != ex.rows.size()) {
+      std::fprintf(stderr, "09_op_bench: --experts-count %d but --expert-rows has %zu values\n",
+                   ex.experts, ex.rows.size());
+      return 1;
+    }
+    if (ex.skew != 0.0) {
+      std::fprintf(stderr,
+                   "09_op_bench: --expert-skew splits the default rows; it does not "
+                   "apply with --expert-rows\n");
+      return 1;
+    }
+    ex.experts = static_cast<int>(ex.rows.size());
+  }
+  if (opt.experts_only && opt.skip_experts) {
+    std::fprintf(stderr, "09_op_bench: --experts-only and --skip-experts contradict\n");
+    return 1;
+  }
   try {
     if (!cuda_available()) {
       std::fprintf(stderr, "09_op_bench needs a CUDA GPU; none is visible\n");
@@ -320,9 +379,10 @@ int main(int argc, char** argv) {
     const Device gpu = Device::cuda(opt.device);
     set_current_device(gpu);
     const Stream s = Stream::create(gpu);
-    if (!opt.skip_linear) bench_linear(opt, s);
-    if (!opt.skip_attention) bench_attention(opt, s);
-    if (opt.cp_split > 0) bench_cp_split(opt, s);
+    if (!opt.skip_linear && !opt.experts_only) bench_linear(opt, s);
+    if (!opt.skip_attention && !opt.experts_only) bench_attention(opt, s);
+    if (!opt.skip_experts) bench_experts(opt.experts, s);
+    if (opt.cp_split > 0 && !opt.experts_only) bench_cp_split(opt, s);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "09_op_bench: %s\n", e.what());
     return 1;

@@ -1,0 +1,508 @@
+// The experts mode of 09_op_bench: see experts_bench.hpp.
+//
+// Row-major [rows, cols] buffers are column-major [cols, rows] to cuBLAS, so each row-major
+// product of one expert (n rows, a layer w [out, in]) is written as its transpose, the mapping of
+// lib/nn/cuda/linear.cu:
+//   forward          y [n, out] = x [n, in]·wᵀ
+//                    -> yᵀ [out, n] = op_T(w as [in, out]) · (x as [in, n])
+//   backward_input   dx [n, in] = dy [n, out]·w
+//                    -> dxᵀ [in, n] = (w as [in, out]) · (dy as [out, n])
+//   backward_weight  dw [out, in] += dyᵀ·x
+//                    -> dwᵀ [in, out] += (x as [in, n]) · op_T(dy as [out, n])
+// The grouped results are checked against the loop's before anything is timed.
+#include "experts_bench.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <limits>
+#include <numeric>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "grouped_gemm.hpp"
+#include "quintet/core/tensor.hpp"
+#include "quintet/nn/ops.hpp"
+
+using namespace quintet;
+
+namespace {
+
+constexpr double kBf16Tolerance = 1e-2;  // max |diff| / max |loop| for a bf16 result
+constexpr double kF32Tolerance = 1e-3;   // for an f32 dw
+constexpr int kWarmup = 3;
+
+// Median milliseconds per call of fn on stream: `warmup` untimed calls, then `iters` calls, each
+// between its own pair of timing events.
+double median_ms(const Stream& stream, int warmup, int iters, const std::function<void()>& fn) {
+  for (int i = 0; i < warmup; ++i) fn();
+  std::vector<Event> start, stop;
+  start.reserve(iters);
+  stop.reserve(iters);
+  for (int i = 0; i < iters; ++i) {
+    start.emplace_back(stream.device(), true);
+    stop.emplace_back(stream.device(), true);
+  }
+  for (int i = 0; i < iters; ++i) {
+    start[i].record(stream);
+    fn();
+    stop[i].record(stream);
+  }
+  stop.back().synchronize();
+  std::vector<double> ms(iters);
+  for (int i = 0; i < iters; ++i) ms[i] = stop[i].elapsed_ms(start[i]);
+  std::sort(ms.begin(), ms.end());
+  return iters % 2 == 1 ? ms[iters / 2] : 0.5 * (ms[iters / 2 - 1] + ms[iters / 2]);
+}
+
+// max |got - ref| / max |ref| (max |got - ref| when ref is all zero); infinity when got holds a
+// NaN or an infinity.
+double max_rel_diff(const std::vector<float>& ref, const Tensor& got) {
+  const std::vector<float> g = got.to_vector<float>();
+  if (g.size() != ref.size()) throw std::logic_error("max_rel_diff: sizes differ");
+  double max_ref = 0.0, max_diff = 0.0;
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    if (!std::isfinite(g[i])) return std::numeric_limits<double>::infinity();
+    max_ref = std::max(max_ref, std::fabs(static_cast<double>(ref[i])));
+    max_diff = std::max(max_diff, std::fabs(static_cast<double>(g[i]) - ref[i]));
+  }
+  return max_ref > 0.0 ? max_diff / max_ref : max_diff;
+}
+
+// One linear of every expert: w [E, out, in], its input x [T, in] and the gradient of its output
+// dy [T, out] (T = the rows of all experts).
+struct Layer {
+  const char* name;
+  std::int64_t in, out;
+  Tensor w, x, dy;
+};
+
+enum class Pass { forward, backward_input, backward_weight };
+
+const char* pass_name(Pass p) {
+  return p == Pass::forward          ? "forward"
+         : p == Pass::backward_input ? "backward_input"
+                                     : "backward_weight";
+}
+
+// What every product shares: the rows of the experts, the stream, the options.
+struct Setup {
+  const ExpertBenchOptions& opt;
+  const Stream& s;
+  std::vector<std::int64_t> rows, offsets;
+  std::int64_t total = 0;
+  Grouping grouping = Grouping::by_shape;
+
+  // fn(e, offset, rows) for every expert with rows, in order.
+  template <class F>
+  void for_each_expert(F&& fn) const {
+    for (std::size_t e = 0; e < rows.size(); ++e) {
+      if (rows[e] > 0) fn(static_cast<std::int64_t>(e), offsets[e], rows[e]);
+    }
+  }
+};
+
+// The column-major problems of pass over every non-empty expert (the mapping at the top of this
+// file). out: y [T, out] (forward), dx [T, in] (backward_input), dw [E, out, in]
+// (backward_weight).
+std::vector<GemmProblem> expert_problems(const Setup& c, Pass pass, const Layer& l,
+                                         const Tensor& out) {
+  std::vector<GemmProblem> problems;
+  c.for_each_expert([&](std::int64_t e, std::int64_t off, std::int64_t n) {
+    const Tensor w = l.w.select(e);
+    GemmProblem p;
+    switch (pass) {
+      case Pass::forward:  // yᵀ [out, n] = op_T(w as [in, out]) · (x as [in, n])
+        p.trans_a = true;
+        p.m = l.out;
+        p.n = n;
+        p.k = l.in;
+        p.a = w.data_ptr();
+        p.lda = l.in;
+        p.b = l.x.narrow(0, off, n).data_ptr();
+        p.ldb = l.in;
+        p.c = out.narrow(0, off, n).data_ptr();
+        p.ldc = l.out;
+        break;
+      case Pass::backward_input:  // dxᵀ [in, n] = (w as [in, out]) · (dy as [out, n])
+        p.m = l.in;
+        p.n = n;
+        p.k = l.out;
+        p.a = w.data_ptr();
+        p.lda = l.in;
+        p.b = l.dy.narrow(0, off, n).data_ptr();
+        p.ldb = l.out;
+        p.c = out.narrow(0, off, n).data_ptr();
+        p.ldc = l.in;
+        break;
+      case Pass::backward_weight:  // dwᵀ [in, out] += (x as [in, n]) · op_T(dy as [out, n])
+        p.trans_b = true;
+        p.m = l.in;
+        p.n = l.out;
+        p.k = n;
+        p.a = l.x.narrow(0, off, n).data_ptr();
+        p.lda = l.in;
+        p.b = l.dy.narrow(0, off, n).data_ptr();
+        p.ldb = l.out;
+        p.c = out.select(e).data_ptr();
+        p.ldc = l.in;
+        break;
+    }
+    problems.push_back(p);
+  });
+  return problems;
+}
+
+// One product measured: the loop, the grouped call with its pointer arrays already on the device,
+// and the grouped call after a copy of them.
+struct Result {
+  std::string product;       // e.g. "fc_forward"
+  std::string grouped_path;  // what the grouped side runs
+  std::string out_dtype;     // of the grouped result
+  bool in_total = true;
+  int groups = 0, problems = 0;
+  double flops = 0.0;
+  double loop_ms = 0.0, grouped_ms = 0.0, upload_ms = 0.0;
+  double diff = 0.0, diff_upload = 0.0, tolerance = 0.0;
+  std::string f32_c_status;  // backward_weight: what cuBLAS said to bf16 A/B with an f32 C
+};
+
+// Zeroes `zero_first`, runs fn once and compares got with ref; throws above tolerance.
+double verify(const Setup& c, const std::string& what, const std::vector<float>& ref,
+              const Tensor& got, const std::vector<Tensor>& zero_first,
+              const std::function<void()>& fn, double tolerance) {
+  for (Tensor t : zero_first) t.fill_(0.0, c.s);  // a handle: fills the caller's tensor
+  fn();
+  c.s.synchronize();
+  const double d = max_rel_diff(ref, got);
+  if (!(d <= tolerance)) {
+    throw std::runtime_error("experts: " + what +
+                             ": the grouped result differs from the loop's: max |diff| / max "
+                             "|loop| = " +
+                             std::to_string(d) + " > " + std::to_string(tolerance) +
+                             " (check the column-major mapping in experts_bench.cpp)");
+  }
+  return d;
+}
+
+// Checks, then times into r the grouped step: g.run, then `after` (when set), and the same after an
+// upload of g's pointer arrays. zero_first: the tensors the step writes, zeroed before a check.
+void verify_and_time(const Setup& c, Result& r, GroupedGemm& g, const std::vector<float>& ref,
+                     const Tensor& got, const std::vector<Tensor>& zero_first,
+                     const std::function<void()>& after, double tolerance) {
+  const cudaStream_t h = c.s.handle();
+  const std::function<void()> grouped = [&] {
+    g.run(h);
+    if (after) after();
+  };
+  const std::function<void()> upload = [&] {
+    g.upload_and_run(h);
+    if (after) after();
+  };
+  r.groups = g.group_count();
+  r.problems = g.problem_count();
+  r.flops = g.flops();
+  r.tolerance = tolerance;
+  r.diff = verify(c, r.product, ref, got, zero_first, grouped, tolerance);
+  // Stale device pointer arrays must not be what the multiply reads after an upload.
+  r.diff_upload = verify(
+      c, r.product + " (upload)", ref, got, zero_first,
+      [&] {
+        g.clear_device_pointers(h);
+        upload();
+      },
+      tolerance);
+  r.grouped_ms = median_ms(c.s, kWarmup, c.opt.iters, grouped);
+  r.upload_ms = median_ms(c.s, kWarmup, c.opt.iters, upload);
+}
+
+// forward or backward_input: a bf16 [T, cols] result, rows of expert e at its offset.
+Result bench_rows_product(const Setup& c, Pass pass, const Layer& l) {
+  const Stream& s = c.s;
+  const Device gpu = s.device();
+  const std::int64_t cols = pass == Pass::forward ? l.out : l.in;
+  const Tensor ref = Tensor::zeros({c.total, cols}, DType::bf16, gpu);
+  const Tensor got = Tensor::zeros({c.total, cols}, DType::bf16, gpu);
+  Stream::default_stream(gpu).synchronize();
+  // What the layer runs per expert; the op allocates its result.
+  const auto op = [&](std::int64_t e, std::int64_t off, std::int64_t n) {
+    return pass == Pass::forward
+               ? nn::linear_forward(l.x.narrow(0, off, n), l.w.select(e), Tensor(), s)
+               : nn::linear_backward_input(l.dy.narrow(0, off, n), l.w.select(e), s);
+  };
+  c.for_each_expert([&](std::int64_t e, std::int64_t off, std::int64_t n) {
+    ref.narrow(0, off, n).copy_(op(e, off, n), s);
+  });
+  s.synchronize();
+  const std::vector<float> ref_host = ref.to_vector<float>();
+
+  Result r;
+  r.product = std::string(l.name) + "_" + pass_name(pass);
+  r.grouped_path = "bf16 C";
+  r.out_dtype = "bf16";
+  GroupedGemm g(expert_problems(c, pass, l, got), CUDA_R_16BF, CUDA_R_16BF, 0.0f, c.grouping);
+  verify_and_time(c, r, g, ref_host, got, {got}, nullptr, kBf16Tolerance);
+  r.loop_ms = median_ms(s, kWarmup, c.opt.iters, [&] {
+    c.for_each_expert([&](std::int64_t e, std::int64_t off, std::int64_t n) { op(e, off, n); });
+  });
+  return r;
+}
+
+// backward_weight: dw [E, out, in] f32 += dyᵀ·x per expert. Two results: the product as
+// training needs it (f32 dw), then the bf16-C GEMM alone accumulating in bf16 (not in the total).
+void bench_weight_product(const Setup& c, const Layer& l, std::vector<Result>& results) {
+  const Stream& s = c.s;
+  const Device gpu = s.device();
+  const cudaStream_t h = s.handle();
+  const auto experts = static_cast<std::int64_t>(c.rows.size());
+  const Shape shape = {experts, l.out, l.in};
+  const Tensor dw_ref = Tensor::zeros(shape, DType::f32, gpu);
+  const Tensor dw_loop = Tensor::zeros(shape, DType::f32, gpu);
+  const Tensor dw_got = Tensor::zeros(shape, DType::f32, gpu);
+  const Tensor scratch = Tensor::zeros(shape, DType::bf16, gpu);  // empty experts stay 0
+  const Tensor dw_bf16 = Tensor::zeros(shape, DType::bf16, gpu);
+  Stream::default_stream(gpu).synchronize();
+  const auto loop = [&](const Tensor& dw) {
+    c.for_each_expert([&](std::int64_t e, std::int64_t off, std::int64_t n) {
+      nn::linear_backward_weight(l.dy.narrow(0, off, n), l.x.narrow(0, off, n), dw.select(e),
+                                 Tensor(), s);
+    });
+  };
+  loop(dw_ref);
+  s.synchronize();
+  const std::vector<float> ref_host = dw_ref.to_vector<float>();
+  const std::string product = std::string(l.name) + "_backward_weight";
+  const double loop_ms = median_ms(s, kWarmup, c.opt.iters, [&] { loop(dw_loop); });
+
+  // bf16 A/B with an f32 C is not in cuBLAS's list for the grouped call (grouped_gemm.hpp); it is
+  // tried anyway so that a cuBLAS which adds it gets measured.
+  Result r;
+  r.product = product;
+  r.out_dtype = "f32";
+  r.loop_ms = loop_ms;
+  GroupedGemm native(expert_problems(c, Pass::backward_weight, l, dw_got), CUDA_R_16BF, CUDA_R_32F,
+                     1.0f, c.grouping);
+  const cublasStatus_t status = native.try_run(h);
+  s.synchronize();
+  r.f32_c_status = cublasGetStatusName(status);
+  if (status == CUBLAS_STATUS_SUCCESS) {
+    r.grouped_path = "f32 C, beta 1";
+    verify_and_time(c, r, native, ref_host, dw_got, {dw_got}, nullptr, kF32Tolerance);
+  } else {
+    // The nearest thing cuBLAS has: the product in bf16, then added into the f32 dw.
+    r.grouped_path = "bf16 C (beta 0) into a scratch, then nn::add_ into the f32 dw";
+    GroupedGemm via_bf16(expert_problems(c, Pass::backward_weight, l, scratch), CUDA_R_16BF,
+                         CUDA_R_16BF, 0.0f, c.grouping);
+    verify_and_time(
+        c, r, via_bf16, ref_host, dw_got, {dw_got, scratch},
+        [&] { nn::add_(dw_got, scratch, 1.0f, s); }, kBf16Tolerance);
+  }
+  results.push_back(r);
+
+  Result b;
+  b.product = product + "_bf16acc";
+  b.grouped_path = "bf16 C, beta 1 (the GEMM alone; dw accumulated in bf16)";
+  b.out_dtype = "bf16";
+  b.in_total = false;
+  b.loop_ms = loop_ms;
+  b.f32_c_status = r.f32_c_status;
+  GroupedGemm bf16acc(expert_problems(c, Pass::backward_weight, l, dw_bf16), CUDA_R_16BF,
+                      CUDA_R_16BF, 1.0f, c.grouping);
+  verify_and_time(c, b, bf16acc, ref_host, dw_bf16, {dw_bf16}, nullptr, kBf16Tolerance);
+  results.push_back(b);
+}
+
+double tflops(double flops, double ms) { return flops / ms * 1e-9; }
+
+std::string rows_summary(const std::vector<std::int64_t>& rows) {
+  const auto [lo, hi] = std::minmax_element(rows.begin(), rows.end());
+  const auto empty = std::count(rows.begin(), rows.end(), std::int64_t{0});
+  if (*lo == *hi) return std::to_string(*lo) + " each";
+  std::string s;
+  if (rows.size() <= 16) {
+    for (const std::int64_t r : rows) {
+      if (!s.empty()) s += ' ';
+      s += std::to_string(r);
+    }
+  } else {
+    s = std::to_string(*lo) + ".." + std::to_string(*hi);
+  }
+  return s + ", " + std::to_string(empty) + " empty";
+}
+
+void print(const Setup& c, const std::vector<Result>& results) {
+  const ExpertBenchOptions& opt = c.opt;
+  const auto experts = static_cast<std::int64_t>(c.rows.size());
+  Result total;
+  total.product = "total";
+  for (const Result& r : results) {
+    if (!r.in_total) continue;
+    total.flops += r.flops;
+    total.loop_ms += r.loop_ms;
+    total.grouped_ms += r.grouped_ms;
+    total.upload_ms += r.upload_ms;
+  }
+  if (!opt.json) {
+    std::printf(
+        "\nexperts: %lld experts, hidden %lld, ffn %lld, %lld rows (%s), bf16 in, f32 "
+        "accumulation (dw f32)\n",
+        static_cast<long long>(experts), static_cast<long long>(opt.hidden),
+        static_cast<long long>(opt.ffn), static_cast<long long>(c.total),
+        rows_summary(c.rows).c_str());
+    std::printf(
+        "loop = quintet::nn::linear_* per expert (cuBLASLt); grouped = one "
+        "cublasGemmGroupedBatchedEx per product (groups by %s), pointer arrays on the device; "
+        "+upload = after an H2D copy of them; ms = median of %d; ratio = grouped TF/s / loop "
+        "TF/s\n",
+        opt.grouping.c_str(), opt.iters);
+    std::printf("%-30s %6s %9s %9s %9s %9s %9s %9s %7s %7s\n", "product", "groups", "loop ms",
+                "grouped", "+upload", "loop TF/s", "grouped", "+upload", "ratio", "+upload");
+  }
+  const auto line = [&](const Result& r) {
+    const double tl = tflops(r.flops, r.loop_ms), tg = tflops(r.flops, r.grouped_ms),
+                 tu = tflops(r.flops, r.upload_ms);
+    if (opt.json) {
+      nlohmann::json j{{"bench", "experts"},
+                       {"product", r.product},
+                       {"dtype", "bf16"},
+                       {"experts", experts},
+                       {"hidden", opt.hidden},
+                       {"ffn", opt.ffn},
+                       {"rows_total", c.total},
+                       {"expert_rows", c.rows},
+                       {"skew", opt.skew},
+                       {"grouping", opt.grouping},
+                       {"iters", opt.iters},
+                       {"in_total", r.in_total},
+                       {"gflop", r.flops * 1e-9},
+                       {"loop_ms", r.loop_ms},
+                       {"grouped_ms", r.grouped_ms},
+                       {"grouped_upload_ms", r.upload_ms},
+                       {"loop_tflops", tl},
+                       {"grouped_tflops", tg},
+                       {"grouped_upload_tflops", tu},
+                       {"ratio", tg / tl},
+                       {"ratio_upload", tu / tl}};
+      if (r.product != "total") {
+        j["groups"] = r.groups;
+        j["problems"] = r.problems;
+        j["out_dtype"] = r.out_dtype;
+        j["grouped_path"] = r.grouped_path;
+        j["max_rel_diff"] = r.diff;
+        j["max_rel_diff_upload"] = r.diff_upload;
+        j["tolerance"] = r.tolerance;
+      }
+      if (!r.f32_c_status.empty()) {
+        j["f32_c_status"] = r.f32_c_status;
+        j["f32_c_supported"] = r.f32_c_status == "CUBLAS_STATUS_SUCCESS";
+      }
+      std::printf("%s\n", j.dump().c_str());
+    } else {
+      const std::string groups = r.product == "total" ? "" : std::to_string(r.groups);
+      std::printf("%-30s %6s %9.3f %9.3f %9.3f %9.1f %9.1f %9.1f %7.3f %7.3f\n", r.product.c_str(),
+                  groups.c_str(), r.loop_ms, r.grouped_ms, r.upload_ms, tl, tg, tu, tg / tl,
+                  tu / tl);
+    }
+  };
+  for (const Result& r : results) {
+    if (r.in_total) line(r);
+  }
+  line(total);
+  for (const Result& r : results) {
+    if (!r.in_total) line(r);
+  }
+  if (!opt.json) {
+    for (const Result& r : results) {
+      if (r.in_total && !r.f32_c_status.empty()) {
+        std::printf("%s: bf16 A/B with an f32 C -> %s; grouped = %s\n", r.product.c_str(),
+                    r.f32_c_status.c_str(), r.grouped_path.c_str());
+      }
+    }
+    std::printf("*_bf16acc: %s; not in the total\n",
+                "the grouped bf16-C GEMM alone, dw accumulated in bf16 (beta 1)");
+  }
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+std::vector<std::int64_t> expert_rows(const ExpertBenchOptions& opt) {
+  std::vector<std::int64_t> rows = opt.rows;
+  if (rows.empty()) {
+    if (opt.experts < 1 || opt.tokens < 1 || opt.top_k < 1) {
+      throw std::invalid_argument("experts: experts, tokens and top-k must be positive");
+    }
+    if (!(opt.skew >= 0.0) || !std::isfinite(opt.skew)) {
+      throw std::invalid_argument("experts: --expert-skew must be a finite number >= 0");
+    }
+    const int n = opt.experts;
+    const std::int64_t total = opt.tokens * opt.top_k;
+    std::vector<double> weight(n, 1.0);
+    if (n > 1) {
+      for (int e = 0; e < n; ++e) {
+        weight[e] = std::max(0.0, 1.0 + opt.skew * (2.0 * e - (n - 1)) / (n - 1));
+      }
+    }
+    const double sum = std::accumulate(weight.begin(), weight.end(), 0.0);  // >= 1: the last
+    rows.resize(n);
+    std::vector<double> frac(n);
+    std::int64_t given = 0;
+    for (int e = 0; e < n; ++e) {
+      const double exact = static_cast<double>(total) * weight[e] / sum;
+      rows[e] = static_cast<std::int64_t>(std::floor(exact));
+      frac[e] = exact - static_cast<double>(rows[e]);
+      given += rows[e];
+    }
+    // The remainder one row each to the largest fractions (the total unchanged).
+    std::vector<int> order(n);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return frac[a] > frac[b]; });
+    for (std::int64_t i = 0; given < total; ++i, ++given) ++rows[order[i % n]];
+    for (; given > total; --given) --*std::max_element(rows.begin(), rows.end());
+  }
+  std::int64_t total = 0;
+  for (const std::int64_t r : rows) {
+    if (r < 0) throw std::invalid_argument("experts: a row count is negative");
+    total += r;
+  }
+  if (total == 0) throw std::invalid_argument("experts: no expert has a row");
+  return rows;
+}
+
+void bench_experts(const ExpertBenchOptions& opt, const Stream& s) {
+  if (opt.grouping != "shape" && opt.grouping != "expert") {
+    throw std::invalid_argument("experts: grouping must be 'shape' or 'expert', got '" +
+                                opt.grouping + "'");
+  }
+  Setup c{opt, s, expert_rows(opt),
+          {},  0, opt.grouping == "expert" ? Grouping::per_problem : Grouping::by_shape};
+  for (const std::int64_t r : c.rows) {
+    c.offsets.push_back(c.total);
+    c.total += r;
+  }
+  const Device gpu = s.device();
+  const std::int64_t experts = static_cast<std::int64_t>(c.rows.size()), d = opt.hidden,
+                     f = opt.ffn;
+  std::uint64_t seed = 900;
+  const Tensor x = Tensor::randn({c.total, d}, ++seed, DType::bf16, gpu);   // fc's input
+  const Tensor h = Tensor::randn({c.total, f}, ++seed, DType::bf16, gpu);   // proj's input
+  const Tensor dh = Tensor::randn({c.total, f}, ++seed, DType::bf16, gpu);  // d fc output
+  const Tensor dy = Tensor::randn({c.total, d}, ++seed, DType::bf16, gpu);  // d proj output
+  const Tensor w1 = Tensor::randn({experts, f, d}, ++seed, DType::bf16, gpu);
+  const Tensor w2 = Tensor::randn({experts, d, f}, ++seed, DType::bf16, gpu);
+  Stream::default_stream(gpu).synchronize();  // inputs were drawn on the default stream
+  const Layer fc{"fc", d, f, w1, x, dh}, proj{"proj", f, d, w2, h, dy};
+
+  std::vector<Result> results;
+  results.push_back(bench_rows_product(c, Pass::forward, fc));
+  results.push_back(bench_rows_product(c, Pass::forward, proj));
+  results.push_back(bench_rows_product(c, Pass::backward_input, proj));
+  results.push_back(bench_rows_product(c, Pass::backward_input, fc));
+  bench_weight_product(c, proj, results);
+  bench_weight_product(c, fc, results);
+  print(c, results);
+}
