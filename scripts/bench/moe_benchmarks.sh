@@ -5,7 +5,8 @@
 # expert GEMM against a per-expert cuBLASLt loop (09_op_bench --experts-only), and the CPU token
 # exchange against raw MPI on all cores (10_moe_dispatch_bench). Each run is bounded in time; logs
 # go to $OUT (else build/bench/).
-#   MODEL="--layers 12 ..." MICRO=16 STEPS=12 SKIP="torch" scripts/bench/moe_benchmarks.sh
+#   MODEL="--layers 12 ..." MICRO=16 STEPS=12 SKIP="torch" TARGETS=05_moe_train \
+#     scripts/bench/moe_benchmarks.sh      (SKIP: run names to leave out; TARGETS: what to build)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-build/bench}
@@ -28,8 +29,9 @@ if [ ! -f build/CMakeCache.txt ]; then
   cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DQUINTET_BUILD_TESTS=ON \
     -DQUINTET_BUILD_EXAMPLES=ON >"$out/configure.log" 2>&1
 fi
-run build 400 cmake --build build -j "$(nproc)" --target gpu_ep_moe_test 05_moe_train \
-  09_op_bench 10_moe_dispatch_bench -- -k
+targets=${TARGETS:-gpu_ep_moe_test 05_moe_train 09_op_bench 10_moe_dispatch_bench}
+# shellcheck disable=SC2086
+run build 400 cmake --build build -j "$(nproc)" --target $targets -- -k
 run gpu_test 150 build/tests/gpu_ep_moe_test
 run moe_1gpu 200 mpirun -np 1 build/examples/05_moe_train/05_moe_train $model $moe \
   --micro-batch "$micro" --global-batch "$micro" --steps "$steps" --bench --bench-skip 4 \
@@ -37,5 +39,16 @@ run moe_1gpu 200 mpirun -np 1 build/examples/05_moe_train/05_moe_train $model $m
 run torch 300 python3 scripts/bench/moe_torch.py $model $moe --micro-batch "$micro" \
   --global-batch "$micro" --steps $((steps - 4))
 run grouped_gemm 120 build/examples/09_op_bench/09_op_bench --experts-only --json
+run grouped_gemm_skew 120 build/examples/09_op_bench/09_op_bench --experts-only --json \
+  --expert-skew 1
 run dispatch_cpu 120 mpirun --oversubscribe -np "$(nproc)" \
   build/examples/10_moe_dispatch_bench/10_moe_dispatch_bench --tokens 4096 --hidden 1024 --json
+# The exposed ep communication of CPU ranks training, with the exchange in one piece and in 2
+# overlapped chunks (the default).
+cpu_model="--device cpu --layers 2 --hidden 256 --heads 4 --vocab 4096 --seq-len 128 \
+  --micro-batch 2 --global-batch 16 --experts 8 --top-k 2 --steps 8 --bench --bench-skip 3 \
+  --json --no-progress --data-dir build/data/synthetic_cpu"
+for chunks in 1 2; do
+  run "cpu_ep8_chunks$chunks" 150 mpirun --oversubscribe -np 8 \
+    build/examples/05_moe_train/05_moe_train $cpu_model --dp 8 --ep 8 --moe-chunks "$chunks"
+done
