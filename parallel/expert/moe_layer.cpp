@@ -225,7 +225,7 @@ Tensor MoELayer::forward(nn::Context& ctx, const Tensor& x) {
 
   // 2. Per chunk of this rank's tokens, its kept assignments permuted by expert (then token, then
   // choice); one count exchange for all chunks (the host waits for it).
-  const int C = options_.overlap_chunks;
+  const int C = chunks();
   const Tensor experts_own = r.experts.narrow(0, own.first, own.count);
   const Tensor kept_own = r.kept.narrow(0, own.first, own.count);
   const Tensor weights_own = r.weights.narrow(0, own.first, own.count);
@@ -334,7 +334,7 @@ Tensor MoELayer::backward(nn::Context& ctx, const Tensor& dy) {
   const int tpn = tp.size();
   const bool split_tokens = !sp && tpn > 1;
   const OwnTokens own = split_tokens ? OwnTokens{tp.rank() * (T / tpn), T / tpn} : OwnTokens{0, T};
-  const int C = options_.overlap_chunks;
+  const int C = chunks();
   // Saved per chunk c: its plan, slots, dispatched rows and per local expert (a, u), from
   // chunk_base(c); its returned rows at the end.
   const std::size_t per_chunk = 3 + 2 * static_cast<std::size_t>(local_experts_);

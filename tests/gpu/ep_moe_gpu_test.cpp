@@ -156,7 +156,8 @@ TEST_CASE("gpu MoE layer equals the CPU layer", "[ep][gpu]") {
   const double tol = dtype == DType::bf16 ? 2e-2 : 1e-5;
   for (int step = 0; step < 2; ++step) {  // the second step routes with the updated bias
     INFO("step " << step);
-    nn::Context gctx(s), cctx{Stream()};
+    const Stream host_stream;  // a Context keeps a reference to its stream
+    nn::Context gctx(s), cctx(host_stream);
     const Tensor yg = gpu.forward(gctx, x.to(w.device(), s).to(dtype, s));
     const Tensor yc = cpu.forward(cctx, x);
     require_close(yg, yc, s, tol, "output");

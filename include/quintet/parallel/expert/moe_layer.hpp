@@ -76,7 +76,8 @@ struct MoEOptions {
   // The tokens a rank dispatches go in this many chunks (near-equal, consecutive; the same on
   // every rank): chunk c + 1's all_to_all_v runs while chunk c's experts compute, and chunk c's
   // results return during chunk c + 1's compute, in forward and backward. 1 = one exchange each
-  // way, nothing overlapped. The result does not depend on it (up to the order of the weight
+  // way, nothing overlapped. Without an ep exchange (ep = 1) there is nothing to overlap and the
+  // tokens go in one chunk. The result does not depend on it (up to the order of the weight
   // gradients' sums).
   int overlap_chunks = 1;
 };
@@ -133,6 +134,10 @@ class MoELayer : public nn::Module {
   Tensor sums_;
 
   const Tensor& device_bias(const Device& device, const Stream& stream);
+  // The chunks of this layer's exchanges: overlap_chunks with ep > 1, else 1.
+  int chunks() const {
+    return groups_.ep != nullptr && groups_.ep->size() > 1 ? options_.overlap_chunks : 1;
+  }
 };
 
 // Sums the statistics of several layers' finish_step (their loads concatenated).
