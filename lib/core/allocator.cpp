@@ -41,15 +41,62 @@ std::size_t allocation_size_class(std::size_t bytes) {
   return bytes <= kSmallLimit ? round_up(bytes, kSmallQuantum) : round_up(bytes, kLargeQuantum);
 }
 
+namespace {
+
+// Free CPU blocks of 1 MiB and more, by size class, for reuse: a fresh large block comes from mmap
+// and costs a page fault per 4 KiB page on first touch (for a 32 MiB exchange buffer, more than the
+// exchange itself), so blocks that training allocates every step are kept instead of returned.
+// Bounded by kCpuCacheLimit; never destroyed (blocks may be freed during static destruction).
+constexpr std::size_t kCpuCacheLimit = std::size_t{1} << 30;
+
+struct CpuCache {
+  std::mutex mutex;
+  std::multimap<std::size_t, void*> free;  // size class -> block
+  std::size_t cached = 0, hits = 0;
+};
+CpuCache& cpu_cache() {
+  static CpuCache* cache = new CpuCache();
+  return *cache;
+}
+
+}  // namespace
+
 std::shared_ptr<void> cpu_allocate(std::size_t bytes) {
   if (bytes == 0) return nullptr;
   const std::size_t size = round_up(bytes, 64);
-  void* p = std::aligned_alloc(64, size);
-  if (p == nullptr) QUINTET_THROW(System, "out of host memory allocating {} bytes", bytes);
+  const bool large = size >= kSmallLimit;
+  const std::size_t block = large ? round_up(size, kLargeQuantum) : size;
+  void* p = nullptr;
+  std::size_t held = block;  // a reused block keeps its own (possibly larger) class
+  if (large) {
+    CpuCache& c = cpu_cache();
+    std::lock_guard lock(c.mutex);
+    auto it = c.free.lower_bound(block);
+    if (it != c.free.end() && it->first <= 2 * block) {
+      p = it->second;
+      held = it->first;
+      c.cached -= it->first;
+      ++c.hits;
+      c.free.erase(it);
+    }
+  }
+  if (p == nullptr) {
+    p = std::aligned_alloc(64, block);
+    if (p == nullptr) QUINTET_THROW(System, "out of host memory allocating {} bytes", bytes);
+  }
   cpu_count(size);
-  return std::shared_ptr<void>(p, [size](void* q) {
-    std::free(q);
+  return std::shared_ptr<void>(p, [size, held, large](void* q) {
     cpu_current.fetch_sub(size, std::memory_order_relaxed);
+    if (large) {
+      CpuCache& c = cpu_cache();
+      std::lock_guard lock(c.mutex);
+      if (c.cached + held <= kCpuCacheLimit) {
+        c.free.emplace(held, q);
+        c.cached += held;
+        return;
+      }
+    }
+    std::free(q);
   });
 }
 
@@ -58,7 +105,11 @@ AllocatorStats cpu_allocator_stats() {
   s.current_bytes = cpu_current.load(std::memory_order_relaxed);
   s.peak_bytes = cpu_peak.load(std::memory_order_relaxed);
   s.num_allocs = cpu_allocs.load(std::memory_order_relaxed);
-  s.reserved_bytes = s.current_bytes;
+  CpuCache& c = cpu_cache();
+  std::lock_guard lock(c.mutex);
+  s.cached_bytes = c.cached;
+  s.num_cache_hits = c.hits;
+  s.reserved_bytes = s.current_bytes + s.cached_bytes;
   return s;
 }
 

@@ -1,4 +1,5 @@
 // CPU element-wise kernels behind Tensor: strided copy with conversion, fill, random fill.
+#include <cstring>
 #include <vector>
 
 #include "core/internal/tensor_kernels.hpp"
@@ -37,6 +38,10 @@ char* storage_base(const Tensor& t) { return static_cast<char*>(t.storage().get(
 }  // namespace
 
 void cpu_copy_convert(const Tensor& dst, const Tensor& src) {
+  if (dst.dtype() == src.dtype() && dst.is_contiguous() && src.is_contiguous()) {
+    std::memmove(dst.data_ptr(), src.data_ptr(), dst.nbytes());  // the common case: bytes
+    return;
+  }
   dispatch_dtype(dst.dtype(), [&](auto dtag) {
     using D = decltype(dtag);
     dispatch_dtype(src.dtype(), [&](auto stag) {

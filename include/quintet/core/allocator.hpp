@@ -43,11 +43,12 @@ void cuda_empty_cache();
 // Page-locked host memory (cudaHostAlloc), cached by size class; plain aligned memory when CUDA
 // is not available, so callers need no special case.
 std::shared_ptr<void> pinned_allocate(std::size_t bytes);
-// 64-byte aligned CPU memory.
+// 64-byte aligned CPU memory. Freed blocks of 1 MiB and more are kept (by 2 MiB size class, up to
+// 1 GiB in all) and reused, so large buffers allocated every step do not page-fault every step.
 std::shared_ptr<void> cpu_allocate(std::size_t bytes);
-// cpu_allocate's bytes: current_bytes (live, rounded up to 64), peak_bytes (since the last reset)
-// and num_allocs; the cache fields are 0 (nothing is cached). Pinned host memory in a CUDA build
-// is not counted here.
+// cpu_allocate's bytes: current_bytes (live, rounded up to 64), peak_bytes (since the last reset),
+// num_allocs, cached_bytes and num_cache_hits (the large-block cache), reserved_bytes (live +
+// cached). Pinned host memory in a CUDA build is not counted here.
 AllocatorStats cpu_allocator_stats();
 void cpu_reset_peak();  // peak_bytes = current_bytes
 
