@@ -7,7 +7,8 @@
 //                     of the time the compute stream stalled in waiting for them (TimedCommunicator
 //                     with Measure::from_wait: from a mark just before the wait to one just after).
 //                     Compute run between issue and wait (the column-parallel backward overlaps
-//                     dx's all-reduce with dW) is hidden communication and not counted. 0 at tp = 1.
+//                     dx's all-reduce with dW) is hidden communication and not counted. 0 at tp
+//                     = 1.
 //   cp_comm_ms        exposed context-parallel communication (the ring's K/V and dK/dV
 //                     transfers, or the all-to-alls), measured the same way. 0 at cp = 1.
 //   ep_comm_ms        exposed expert-parallel communication (the MoE count and token exchanges),

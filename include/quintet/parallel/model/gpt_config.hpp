@@ -37,7 +37,7 @@ struct MoEConfig {
   std::int64_t expert_ffn = 0;  // each expert's width; 0 = the dense MLP width (mlp_width())
   int shared_experts = 0;       // a dense MLP of shared_experts * expert_ffn every token takes
   int every = 1;                // block l is MoE when l % every == 0 (the others dense)
-  int overlap_chunks = 1;       // MoEOptions::overlap_chunks: exchange chunks overlapped with compute
+  int overlap_chunks = 1;  // MoEOptions::overlap_chunks: exchange chunks overlapped with compute
 };
 
 // What each block recomputes in backward instead of keeping its activations (nn::Recompute): a
