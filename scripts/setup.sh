@@ -10,6 +10,8 @@ packages=(cmake g++ make libopenmpi-dev openmpi-bin libeigen3-dev libfmt-dev lib
           nlohmann-json3-dev iproute2)
 # Catch2: Debian 12 ships v2 as "catch2"; Ubuntu 24.04 ships v3 under the same name.
 packages+=(catch2)
+# The Python module quintet_data (python/): headers, NumPy and pybind11 for the system python3.
+packages+=(python3-dev python3-numpy pybind11-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -26,6 +28,11 @@ for p in "${missing[@]}"; do
     openmpi-bin) have mpirun || filtered+=("$p") ;;
     libopenmpi-dev) have mpicxx || filtered+=("$p") ;;
     iproute2) have ip || filtered+=("$p") ;;
+    python3-numpy) python3 -c "import numpy" 2>/dev/null || filtered+=("$p") ;;
+    pybind11-dev) python3 -m pybind11 --cmakedir >/dev/null 2>&1 || filtered+=("$p") ;;
+    python3-dev) python3 -c "import sysconfig, os; p = sysconfig.get_paths()['include']; \
+                 assert os.path.exists(os.path.join(p, 'Python.h'))" 2>/dev/null ||
+                 filtered+=("$p") ;;
     *) filtered+=("$p") ;;
   esac
 done

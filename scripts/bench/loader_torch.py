@@ -5,11 +5,14 @@ Reads the same token shards (Quintet .qts, llm.c .bin, Megatron .bin/.idx) as fi
 seq_len + 1 tokens, exactly as quintet::data::Windows cuts them, with a torch DataLoader
 (shuffle, pin_memory=True, 2 and 4 worker processes) and copies each batch to the GPU with
 non_blocking=True, as a PyTorch trainer would. Prints tokens/s per worker count; with
---quintet-bench it also runs 03_loader_bench with the same settings and prints the ratio.
+--quintet-bench it also runs 03_loader_bench with the same settings and prints the ratio; with
+--quintet-python it also runs the Python module quintet_data (python/, PYTHONPATH=build/python)
+in this process, the same way (the copy to the GPU included), and prints its ratio to the best
+DataLoader configuration.
 
   python3 scripts/bench/loader_torch.py --data 'data/synthetic/train_*.qts' --seq-len 1024 \
       --batch 8 --steps 200 --device cuda:0 \
-      --quintet-bench build/examples/03_loader_bench/03_loader_bench
+      --quintet-bench build/examples/03_loader_bench/03_loader_bench --quintet-python
 """
 import argparse
 import glob
@@ -19,6 +22,7 @@ import struct
 import subprocess
 import sys
 import time
+from collections import deque
 
 import numpy as np
 import torch
@@ -83,6 +87,46 @@ class Windows(Dataset):
         return w[:-1], w[1:]
 
 
+def time_quintet_python(a, device, threads):
+    """tokens/s of quintet_data.Loader consumed as a PyTorch trainer would: each batch viewed by
+    torch.from_numpy (no copy) and, on a GPU, copied with non_blocking=True from the loader's
+    pinned memory. The loader's memory is not torch's, so torch cannot keep it alive for an
+    unfinished copy: each batch's arrays are kept until an event after its copy has completed
+    (two batches back, so the host never waits for the copy just queued)."""
+    import quintet_data
+
+    loader = quintet_data.Loader(a.data, a.seq_len, a.batch, seed=1, threads=threads)
+    cuda = device.type == "cuda"
+    held = deque()
+
+    def step():
+        x, y = next(loader)
+        xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+        if cuda:
+            xt = xt.to(device, non_blocking=True)
+            yt = yt.to(device, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record()
+            held.append((x, y, done))
+            while len(held) > 2:
+                held.popleft()[2].synchronize()
+        return xt, yt
+
+    for _ in range(5):  # warm-up, as for the DataLoader
+        step()
+    if cuda:
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(a.steps):
+        step()
+    if cuda:
+        torch.cuda.synchronize(device)
+    rate = a.steps * a.batch * a.seq_len / (time.perf_counter() - t0)
+    held.clear()
+    loader.close()
+    return rate
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", default="data/synthetic/train_*.qts")
@@ -93,6 +137,8 @@ def main():
     ap.add_argument("--device", default="cuda:0" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--quintet-bench", default="", help="path of 03_loader_bench to compare")
     ap.add_argument("--threads", default="1,2,4,8", help="03_loader_bench thread counts")
+    ap.add_argument("--quintet-python", action="store_true",
+                    help="also time quintet_data.Loader from Python (thread counts: --threads)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
 
@@ -100,9 +146,9 @@ def main():
     device = torch.device(a.device)
     results = {}
     for workers in [int(w) for w in a.workers.split(",")]:
-        loader = DataLoader(ds, batch_size=a.batch, shuffle=True, num_workers=workers,
+        extra = {"persistent_workers": True, "prefetch_factor": 4} if workers else {}
+        loader = DataLoader(ds, batch_size=a.batch, shuffle=True, num_workers=workers, **extra,
                             pin_memory=device.type == "cuda", drop_last=True,
-                            persistent_workers=True, prefetch_factor=4,
                             generator=torch.Generator().manual_seed(1))
         it = iter(loader)
         for _ in range(5):  # warm-up: workers started, queues filled
@@ -127,6 +173,17 @@ def main():
         print(json.dumps(line) if a.json else
               f"torch DataLoader {workers} workers: {rate:.4g} tokens/s")
         del it, loader
+
+    if a.quintet_python:
+        best_torch = max(results.values())
+        for threads in [int(t) for t in a.threads.split(",")]:
+            rate = time_quintet_python(a, device, threads)
+            line = {"mode": "quintet_python", "threads": threads, "device": a.device,
+                    "seq_len": a.seq_len, "batch": a.batch, "steps": a.steps,
+                    "tokens_per_s": rate, "vs_best_torch": rate / best_torch}
+            print(json.dumps(line) if a.json else
+                  f"quintet_data (Python) {threads} threads: {rate:.4g} tokens/s = "
+                  f"{rate / best_torch:.2f}x the best torch DataLoader")
 
     if a.quintet_bench:
         out = subprocess.run([a.quintet_bench, "--data", a.data, "--seq-len", str(a.seq_len),

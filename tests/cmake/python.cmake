@@ -1,0 +1,11 @@
+# Python: the quintet_data module (python/) against the C++ loader, when the module is built
+# (cmake/QuintetPython.cmake says why it is not). Plain asserts run by the script itself.
+if(TARGET quintet_python)
+  add_executable(python_dump_batches python/dump_batches.cpp)
+  target_link_libraries(python_dump_batches PRIVATE quintet::quintet)
+  add_test(NAME python_loader_test
+           COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/python/loader_test.py)
+  set_tests_properties(python_loader_test PROPERTIES
+    LABELS "unit;python;data" TIMEOUT 300
+    ENVIRONMENT "PYTHONPATH=${PROJECT_BINARY_DIR}/python;QUINTET_DUMP_BATCHES=$<TARGET_FILE:python_dump_batches>")
+endif()
