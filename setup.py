@@ -43,4 +43,5 @@ class CMakeBuild(build_ext):
             shutil.copyfile(lib, os.path.join(out_dir, os.path.basename(lib)))
 
 
-setup(ext_modules=[Extension("quintet_data", sources=[])], cmdclass={"build_ext": CMakeBuild})
+setup(packages=[], py_modules=[],  # no Python packages: the repository is not one
+      ext_modules=[Extension("quintet_data", sources=[])], cmdclass={"build_ext": CMakeBuild})

@@ -317,6 +317,7 @@ def test_torch_sees_the_same_memory():
         assert u.data_ptr() == y.ctypes.data
         assert torch.equal(t[:, 1:], u[:, :-1])
         if torch.cuda.is_available():
+            torch.zeros(1, device="cuda")  # is_pinned() says False before torch's CUDA is up
             assert t.is_pinned(), "batches are pinned host memory where CUDA is present"
             g = t.to("cuda", non_blocking=True)
             torch.cuda.synchronize()
