@@ -5,17 +5,21 @@
 // where CUDA is present, so torch.from_numpy(x).to("cuda", non_blocking=True) is an asynchronous
 // copy) and keeps it alive through its base object; the loader allocates every batch afresh, so
 // nothing is reused while Python holds an array. next() waits with the GIL released.
+// With device="cuda:N" the C++ loader copies each batch to the GPU on its own stream, the next
+// batch's copy overlapping the consumer's step, and next() returns DeviceArrays (DLPack).
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 
 #include "quintet/core/error.hpp"
 #include "quintet/data/loader.hpp"
 #include "quintet/data/token_dataset.hpp"
+#include "quintet_data/device_array.hpp"
 #include "quintet_data/module_parts.hpp"
 
 namespace py = pybind11;
@@ -77,12 +81,39 @@ data::SamplerState state_from(const py::dict& d) {
                             d["sample_index"].cast<std::uint64_t>()};
 }
 
+// device=: "cpu", "cuda", "cuda:N", an int N or anything whose str() is one (a torch.device).
+Device device_of(const py::object& device) {
+  if (py::isinstance<py::int_>(device)) return Device::cuda(device.cast<int>());
+  return Device::parse(std::string(py::str(device)));
+}
+
+// stream=: None (the device's default stream, torch's too unless the program changed it), a
+// cudaStream_t as an int, or an object with a cuda_stream attribute (torch.cuda.Stream).
+Stream consumer_of(const Device& device, const py::object& stream) {
+  if (stream.is_none()) return Stream::default_stream(device);
+  const py::object handle =
+      py::hasattr(stream, "cuda_stream") ? stream.attr("cuda_stream") : stream;
+  QUINTET_CHECK(py::isinstance<py::int_>(handle),
+                "stream must be None, a CUDA stream handle (int) or have .cuda_stream, got {}",
+                std::string(py::repr(stream)));
+  const auto value = handle.cast<std::int64_t>();
+  QUINTET_CHECK(value >= 0, "stream handle must be >= 0, got {}", value);
+  return Stream::borrow(device, reinterpret_cast<cudaStream_t>(static_cast<std::intptr_t>(value)));
+}
+
 class Loader {
  public:
   Loader(const py::object& paths, std::int64_t seq_len, std::int64_t batch, int dp_rank,
          int dp_size, std::uint64_t seed, int threads, std::uint64_t epoch, bool shuffle,
-         int queue_depth, bool verify_checksum) {
+         int queue_depth, bool verify_checksum, const py::object& device,
+         const py::object& stream) {
     const std::string spec = data_spec(paths);
+    const Device where = device_of(device);
+    QUINTET_CHECK(where.is_cuda() || stream.is_none(),
+                  "stream is for a GPU loader (device='cuda:N'); this one delivers to the CPU");
+    QUINTET_CHECK(where.is_cpu() || cuda_available(),
+                  "device '{}': this build of Quintet has no CUDA or no GPU is visible",
+                  where.str());
     data::LoaderConfig config;
     config.seq_len = seq_len;
     config.batch_size = batch;
@@ -93,6 +124,8 @@ class Loader {
     config.dp_size = dp_size;
     config.shuffle = shuffle;
     config.start = data::SamplerState{epoch, 0};
+    config.device = where;
+    if (where.is_cuda()) consumer_.emplace(consumer_of(where, stream));
     QUINTET_CHECK(threads >= 1, "threads must be >= 1, got {}", threads);
     QUINTET_CHECK(queue_depth >= 0, "queue_depth must be >= 0, got {}", queue_depth);
     py::gil_scoped_release release;  // opening verifies checksums: whole files are read
@@ -105,7 +138,11 @@ class Loader {
     {
       py::gil_scoped_release release;
       std::lock_guard<std::mutex> lock(mutex_);  // DataLoader::next is for one consumer
-      batch = open_loader().next();
+      batch = consumer_ ? open_loader().next(*consumer_) : open_loader().next();
+    }
+    if (consumer_) {
+      return py::make_tuple(DeviceArray(std::move(batch.tokens), batch.ready),
+                            DeviceArray(std::move(batch.targets), batch.ready));
     }
     return py::make_tuple(as_numpy(std::move(batch.tokens)), as_numpy(std::move(batch.targets)));
   }
@@ -149,6 +186,7 @@ class Loader {
   }
 
   std::mutex mutex_;
+  std::optional<Stream> consumer_;  // GPU: the stream the batches are used on (and pooled for)
   std::unique_ptr<data::DataLoader> loader_;
 };
 
@@ -183,7 +221,7 @@ void bind_loader(py::module_& m) {
 Batches of training windows from token files, prepared ahead by C++ threads.
 
 Loader(paths, seq_len, batch, dp_rank=0, dp_size=1, seed=0, threads=4, epoch=0,
-       shuffle=True, queue_depth=0, verify_checksum=True)
+       shuffle=True, queue_depth=0, verify_checksum=True, device="cpu", stream=None)
 
 paths: a path, a glob ("data/train_*.qts") or a comma-separated list of either, or a list of
 paths; Quintet shards, llm.c shards and Megatron indexed datasets. Iterating yields
@@ -191,13 +229,20 @@ paths; Quintet shards, llm.c shards and Megatron indexed datasets. Iterating yie
 one token), without end: epoch after epoch. Rank dp_rank of dp_size reads its share of every
 global step (seq_len + 1 tokens a window, windows shuffled per epoch by seed). The arrays view
 the loader's own memory, which stays valid as long as they live. The batches equal those of the
-C++ DataLoader with the same arguments.)doc")
+C++ DataLoader with the same arguments.
+
+device="cuda:N" (or a torch.device): each batch is copied to that GPU on the loader's own copy
+stream, the following batch's copy overlapping the step, and the pair is two DeviceArrays:
+torch.from_dlpack(x) is a tensor on that memory, and makes torch's current stream wait (on the
+GPU) for the copy. stream: the CUDA stream the batches are used on (None: the default stream;
+an int handle or a torch.cuda.Stream); their memory is reused only after that stream's work.)doc")
       .def(py::init<const py::object&, std::int64_t, std::int64_t, int, int, std::uint64_t, int,
-                    std::uint64_t, bool, int, bool>(),
+                    std::uint64_t, bool, int, bool, const py::object&, const py::object&>(),
            py::arg("paths"), py::arg("seq_len"), py::arg("batch"), py::arg("dp_rank") = 0,
            py::arg("dp_size") = 1, py::arg("seed") = 0, py::arg("threads") = 4,
            py::arg("epoch") = 0, py::arg("shuffle") = true, py::arg("queue_depth") = 0,
-           py::arg("verify_checksum") = true)
+           py::arg("verify_checksum") = true, py::arg("device") = "cpu",
+           py::arg("stream") = py::none())
       .def("__iter__", [](py::object self) { return self; })
       .def("__next__", &Loader::next,
            "The next (inputs, targets); waits with the GIL released until it is ready.")
@@ -224,6 +269,8 @@ C++ DataLoader with the same arguments.)doc")
       .def_property_readonly("batch",
                              [](Loader& self) { return self.loader().config().batch_size; })
       .def_property_readonly("dp_rank", [](Loader& self) { return self.loader().config().dp_rank; })
+      .def_property_readonly("device",
+                             [](Loader& self) { return self.loader().config().device.str(); })
       .def_property_readonly("dp_size",
                              [](Loader& self) { return self.loader().config().dp_size; });
 

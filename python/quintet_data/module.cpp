@@ -6,6 +6,7 @@
 // arguments and bad files as a Python user expects.
 #include <Python.h>
 
+#include "quintet/core/device.hpp"
 #include "quintet/core/error.hpp"
 #include "quintet_data/module_parts.hpp"
 
@@ -44,6 +45,9 @@ PYBIND11_MODULE(quintet_data, m) {
     }
   });
 
+  m.def("cuda_available", &quintet::cuda_available,
+        "True when this build has CUDA and a GPU is visible (Loader(device='cuda:N') works).");
+  quintet::python::bind_device_array(m);
   quintet::python::bind_loader(m);
   quintet::python::bind_writers(m);
 }

@@ -7,8 +7,9 @@ seq_len + 1 tokens, exactly as quintet::data::Windows cuts them, with a torch Da
 non_blocking=True, as a PyTorch trainer would. Prints tokens/s per worker count; with
 --quintet-bench it also runs 03_loader_bench with the same settings and prints the ratio; with
 --quintet-python it also runs the Python module quintet_data (python/, PYTHONPATH=build/python)
-in this process, the same way (the copy to the GPU included), and prints its ratio to the best
-DataLoader configuration.
+in this process, the same way (the copy to the GPU included; on a GPU both ways: the loader
+copying to the device itself and torch.from_dlpack, or torch.from_numpy and .to), and prints its
+ratio to the best DataLoader configuration.
 
   python3 scripts/bench/loader_torch.py --data 'data/synthetic/train_*.qts' --seq-len 1024 \
       --batch 8 --steps 200 --device cuda:0 \
@@ -87,20 +88,27 @@ class Windows(Dataset):
         return w[:-1], w[1:]
 
 
-def time_quintet_python(a, device, threads):
-    """tokens/s of quintet_data.Loader consumed as a PyTorch trainer would: each batch viewed by
-    torch.from_numpy (no copy) and, on a GPU, copied with non_blocking=True from the loader's
-    pinned memory. The loader's memory is not torch's, so torch cannot keep it alive for an
-    unfinished copy: each batch's arrays are kept until an event after its copy has completed
-    (two batches back, so the host never waits for the copy just queued)."""
+def time_quintet_python(a, device, threads, loader_copies):
+    """tokens/s of quintet_data.Loader consumed as a PyTorch trainer would.
+
+    loader_copies (GPU only): Loader(device=...) copies each batch to the GPU itself, on its own
+    stream, and torch.from_dlpack views the device memory (torch's stream waits for the copy on
+    the GPU). Otherwise each batch is viewed by torch.from_numpy (no copy) and, on a GPU, copied
+    with non_blocking=True from the loader's pinned memory. That memory is not torch's, so torch
+    cannot keep it alive for an unfinished copy: each batch's arrays are kept until an event
+    after its copy has completed (two batches back, so the host never waits for the copy just
+    queued)."""
     import quintet_data
 
-    loader = quintet_data.Loader(a.data, a.seq_len, a.batch, seed=1, threads=threads)
     cuda = device.type == "cuda"
+    loader = quintet_data.Loader(a.data, a.seq_len, a.batch, seed=1, threads=threads,
+                                 device=str(device) if loader_copies else "cpu")
     held = deque()
 
     def step():
         x, y = next(loader)
+        if loader_copies:
+            return torch.from_dlpack(x), torch.from_dlpack(y)
         xt, yt = torch.from_numpy(x), torch.from_numpy(y)
         if cuda:
             xt = xt.to(device, non_blocking=True)
@@ -176,14 +184,18 @@ def main():
 
     if a.quintet_python:
         best_torch = max(results.values())
-        for threads in [int(t) for t in a.threads.split(",")]:
-            rate = time_quintet_python(a, device, threads)
-            line = {"mode": "quintet_python", "threads": threads, "device": a.device,
-                    "seq_len": a.seq_len, "batch": a.batch, "steps": a.steps,
-                    "tokens_per_s": rate, "vs_best_torch": rate / best_torch}
-            print(json.dumps(line) if a.json else
-                  f"quintet_data (Python) {threads} threads: {rate:.4g} tokens/s = "
-                  f"{rate / best_torch:.2f}x the best torch DataLoader")
+        ways = [False, True] if device.type == "cuda" else [False]
+        for loader_copies in ways:
+            how = "Loader(device=...) + from_dlpack" if loader_copies else "from_numpy + .to"
+            for threads in [int(t) for t in a.threads.split(",")]:
+                rate = time_quintet_python(a, device, threads, loader_copies)
+                line = {"mode": "quintet_python_device" if loader_copies else "quintet_python",
+                        "threads": threads, "device": a.device, "seq_len": a.seq_len,
+                        "batch": a.batch, "steps": a.steps, "tokens_per_s": rate,
+                        "vs_best_torch": rate / best_torch}
+                print(json.dumps(line) if a.json else
+                      f"quintet_data (Python, {how}) {threads} threads: {rate:.4g} tokens/s = "
+                      f"{rate / best_torch:.2f}x the best torch DataLoader")
 
     if a.quintet_bench:
         out = subprocess.run([a.quintet_bench, "--data", a.data, "--seq-len", str(a.seq_len),

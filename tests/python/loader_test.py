@@ -324,6 +324,85 @@ def test_torch_sees_the_same_memory():
             assert torch.equal(g.cpu(), t)
 
 
+def test_device_arguments_are_checked():
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "a.qts")
+        qd.write_quintet_shard(path, np.arange(4000) % 300)
+        cases = [({"device": "tpu"}, qd.InvalidArgument, "unknown device"),
+                 ({"device": "cuda:-1"}, qd.InvalidArgument, "unknown device"),
+                 ({"stream": 5}, qd.InvalidArgument, "stream is for a GPU loader")]
+        if qd.cuda_available():
+            cases += [({"device": "cuda:0", "stream": "s"}, qd.InvalidArgument, "stream must be"),
+                      ({"device": "cuda:0", "stream": -3}, qd.InvalidArgument, ">= 0")]
+        else:
+            cases += [({"device": "cuda:0"}, qd.Error, "no GPU is visible"),
+                      ({"device": 0}, qd.Error, "no GPU is visible")]
+        for kwargs, kind, words in cases:
+            try:
+                qd.Loader(path, 32, 4, **kwargs)
+                raise AssertionError(f"{kwargs} was accepted")
+            except kind as e:
+                assert words in str(e), (kwargs, str(e))
+        assert qd.Loader(path, 32, 4).device == "cpu"
+
+
+def gpu_torch():
+    try:
+        import torch
+    except ImportError:
+        raise Skip("torch is not installed")
+    if not (torch.cuda.is_available() and qd.cuda_available()):
+        raise Skip("no GPU")
+    return torch
+
+
+def test_gpu_batches_equal_the_cpu_loaders_and_stay_valid():
+    """device='cuda:0': DLPack views of the loader's device memory, the same batches as on the
+    CPU; batches of 2 MiB so that a copy still running, or a block reused too early, shows."""
+    torch = gpu_torch()
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "big.qts")
+        rng = np.random.default_rng(5)
+        qd.write_quintet_shard(path, rng.integers(0, 65535, size=40 * 65536 + 1), "u16")
+        cpu = qd.Loader(path, 65536, 8, seed=2, threads=2)
+        gpu = qd.Loader(path, 65536, 8, seed=2, threads=2, device=torch.device("cuda:0"))
+        assert gpu.device == "cuda:0"
+        x, y = next(gpu)
+        assert isinstance(x, qd.DeviceArray) and x.shape == [8, 65536] and x.device == "cuda:0"
+        assert x.__dlpack_device__() == (2, 0)
+        x.__dlpack__(stream=1)  # a capsule nobody takes is freed with it
+        first = torch.from_dlpack(x), torch.from_dlpack(y)
+        assert first[0].device.type == "cuda" and first[0].dtype == torch.int32
+        want = next(cpu)
+        keep = [w.copy() for w in want]
+        for i in range(12):
+            gx, gy = (torch.from_dlpack(a) for a in next(gpu))
+            cx, cy = next(cpu)
+            assert np.array_equal(gx.cpu().numpy(), cx) and np.array_equal(gy.cpu().numpy(), cy), i
+            del gx, gy
+        for t, w in zip(first, keep):
+            assert np.array_equal(t.cpu().numpy(), w)
+        del gpu  # the device memory outlives the loader
+        gc.collect()
+        assert np.array_equal(first[1].cpu().numpy(), keep[1])
+
+
+def test_gpu_batches_on_a_torch_stream():
+    torch = gpu_torch()
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "a.qts")
+        qd.write_quintet_shard(path, np.arange(200000) % 50000)
+        side = torch.cuda.Stream()
+        gpu = qd.Loader(path, 1000, 16, seed=9, device="cuda", stream=side)
+        cpu = qd.Loader(path, 1000, 16, seed=9)
+        with torch.cuda.stream(side):
+            for _ in range(6):
+                x, y = (torch.from_dlpack(a) for a in next(gpu))
+                s = (x.long() * 3 + y.long()).sum()  # work on side, after the copy
+                cx, cy = next(cpu)
+                assert s.item() == int((cx.astype(np.int64) * 3 + cy).sum())
+
+
 def main():
     tests = [(n, f) for n, f in sorted(globals().items()) if n.startswith("test_")]
     passed = failed = skipped = 0
