@@ -1,10 +1,12 @@
 // Column- and row-parallel linear layers.
 #include "quintet/parallel/tensor/linear.hpp"
+#include "parallel/tensor/internal/chunked_regions.hpp"
 #include "parallel/tensor/internal/regions.hpp"
 #include "quintet/parallel/tensor/regions.hpp"
 
 namespace quintet {
 
+using tp_detail::ChunkedPending;
 using tp_detail::Pending;
 
 namespace {
@@ -24,8 +26,13 @@ nn::ParameterAttributes shard_attrs(int dim, const Shape& full, const Shape& sta
 
 ColumnParallelLinear::ColumnParallelLinear(Communicator& tp, std::int64_t in, std::int64_t out,
                                            const ColumnParallelOptions& options)
-    : tp_(&tp), in_(in), sp_(options.sequence_parallel), enter_region_(options.enter_region) {
+    : tp_(&tp),
+      in_(in),
+      sp_(options.sequence_parallel),
+      enter_region_(options.enter_region),
+      chunks_(options.overlap_chunks) {
   const int n = tp.size(), r = tp.rank();
+  QUINTET_CHECK(chunks_ >= 1, "ColumnParallelLinear: overlap_chunks = {} must be >= 1", chunks_);
   const std::int64_t fused_parts = options.fused_parts;
   const float init_std = options.init_std;
   QUINTET_CHECK(in > 0 && out > 0 && fused_parts > 0 && out % fused_parts == 0,
@@ -73,10 +80,22 @@ Tensor ColumnParallelLinear::forward(nn::Context& ctx, const Tensor& x) {
   QUINTET_CHECK(x.defined() && x.dim() >= 1 && x.size(x.dim() - 1) == in_,
                 "ColumnParallelLinear: x is {}, expected [..., {}]",
                 x.defined() ? shape_str(x.shape()) : std::string("undefined"), in_);
-  const Tensor xin = enter_region_ && sp_ ? gather_sequence(x, *tp_, s) : x;
+  const bool chunked = enter_region_ && sp_ && chunked_here();
+  if (chunked) tp_detail::check_chunks("ColumnParallelLinear", x, chunks_);
+  if (!chunked) {
+    const Tensor xin = enter_region_ && sp_ ? gather_sequence(x, *tp_, s) : x;
+    const Tensor w = weight_->use(s).view({local_out_, in_});
+    const Tensor b = bias_ ? bias_->use(s).view({local_out_}) : Tensor();
+    const Tensor y = nn::linear_forward(xin, w, b, s);
+    ctx.save(*this, {xin});
+    return y;
+  }
   const Tensor w = weight_->use(s).view({local_out_, in_});
   const Tensor b = bias_ ? bias_->use(s).view({local_out_}) : Tensor();
-  const Tensor y = nn::linear_forward(xin, w, b, s);
+  Tensor xin;
+  const Tensor y = tp_detail::gather_then_map(
+      x, *tp_, chunks_, [&](const Tensor& rows) { return nn::linear_forward(rows, w, b, s); }, s,
+      &xin);
   ctx.save(*this, {xin});
   return y;
 }
@@ -84,12 +103,23 @@ Tensor ColumnParallelLinear::forward(nn::Context& ctx, const Tensor& x) {
 Tensor ColumnParallelLinear::backward(nn::Context& ctx, const Tensor& dy) {
   const Stream& s = ctx.stream();
   const Tensor xin = ctx.take(*this).at(0);
-  const Tensor dx = nn::linear_backward_input(dy, weight_->data().view({local_out_, in_}), s);
-  // dx leaves the region (all-reduce, or reduce-scatter with SP) while the weight gradient runs.
-  Pending reduced{dx, Work()};
-  if (enter_region_) {
-    reduced = sp_ ? tp_detail::start_reduce_scatter_sequence(dx, *tp_, s)
-                  : tp_detail::start_all_reduce(dx, *tp_, s);
+  const Tensor w = weight_->data().view({local_out_, in_});
+  // dx leaves the region (all-reduce, or reduce-scatter with SP) while the weight gradient runs;
+  // in chunks, also while the later chunks' dx GEMMs run.
+  ChunkedPending reduced;
+  if (enter_region_ && chunked_here()) {
+    const auto dx_rows = [&](const Tensor& rows) { return nn::linear_backward_input(rows, w, s); };
+    reduced = sp_ ? tp_detail::map_then_reduce_scatter(dy, *tp_, chunks_, dx_rows, s)
+                  : tp_detail::map_then_all_reduce(dy, *tp_, chunks_, dx_rows, s);
+  } else {
+    const Tensor dx = nn::linear_backward_input(dy, w, s);
+    Pending started{dx, Work()};
+    if (enter_region_) {
+      started = sp_ ? tp_detail::start_reduce_scatter_sequence(dx, *tp_, s)
+                    : tp_detail::start_all_reduce(dx, *tp_, s);
+    }
+    reduced.value = started.value;
+    reduced.sent.add(0, started.work, {});
   }
   const Shape w_shape{local_out_, in_};
   const Shape b_shape{local_out_};
@@ -107,9 +137,10 @@ Tensor ColumnParallelLinear::backward(nn::Context& ctx, const Tensor& dy) {
 
 RowParallelLinear::RowParallelLinear(Communicator& tp, std::int64_t in, std::int64_t out,
                                      const RowParallelOptions& options)
-    : tp_(&tp), out_(out), sp_(options.sequence_parallel) {
+    : tp_(&tp), out_(out), sp_(options.sequence_parallel), chunks_(options.overlap_chunks) {
   const int n = tp.size(), r = tp.rank();
   QUINTET_CHECK(in > 0 && out > 0, "RowParallelLinear({}, {}): sizes must be > 0", in, out);
+  QUINTET_CHECK(chunks_ >= 1, "RowParallelLinear: overlap_chunks = {} must be >= 1", chunks_);
   check_divisible("RowParallelLinear: in", in, n);
   local_in_ = in / n;
   weight_ = &add_parameter("weight", {out, local_in_}, nn::ParameterInit::normal(options.init_std),
@@ -127,11 +158,26 @@ Tensor RowParallelLinear::forward(nn::Context& ctx, const Tensor& x) {
                 "RowParallelLinear: x is {}, expected [..., {}] (this rank's input features)",
                 x.defined() ? shape_str(x.shape()) : std::string("undefined"), local_in_);
   if (sp_) tp_detail::check_sequence("RowParallelLinear", x, tp_->size());
+  const bool chunked = chunked_here();
+  if (chunked) {
+    if (sp_) {
+      tp_detail::check_sequence_chunks("RowParallelLinear", x, tp_->size(), chunks_);
+    } else {
+      tp_detail::check_chunks("RowParallelLinear", x, chunks_);
+    }
+  }
   // The bias is added once, by tp rank 0, so the reduction sums it in exactly once.
   const Tensor b = bias_ && tp_->rank() == 0 ? bias_->use(s) : Tensor();
   if (bias_ && tp_->rank() != 0) bias_->use(s);  // same before-use hooks on every rank
-  const Tensor partial = nn::linear_forward(x, weight_->use(s), b, s);
+  const Tensor w = weight_->use(s);
   ctx.save(*this, {x});
+  if (chunked) {
+    const auto rows_out = [&](const Tensor& rows) { return nn::linear_forward(rows, w, b, s); };
+    return (sp_ ? tp_detail::map_then_reduce_scatter(x, *tp_, chunks_, rows_out, s)
+                : tp_detail::map_then_all_reduce(x, *tp_, chunks_, rows_out, s))
+        .finish(s);
+  }
+  const Tensor partial = nn::linear_forward(x, w, b, s);
   return sp_ ? tp_detail::start_reduce_scatter_sequence(partial, *tp_, s).finish(s)
              : tp_detail::start_all_reduce(partial, *tp_, s).finish(s);
 }
@@ -139,14 +185,22 @@ Tensor RowParallelLinear::forward(nn::Context& ctx, const Tensor& x) {
 Tensor RowParallelLinear::backward(nn::Context& ctx, const Tensor& dy) {
   const Stream& s = ctx.stream();
   const Tensor x = ctx.take(*this).at(0);
-  const Tensor dy_full = sp_ ? gather_sequence(dy, *tp_, s) : dy;
+  Tensor dy_full = dy, dx;
+  if (sp_ && chunked_here()) {  // dy arrives in chunks, each chunk's dx GEMM under the next's
+    const Tensor w = weight_->data();
+    dx = tp_detail::gather_then_map(
+        dy, *tp_, chunks_,
+        [&](const Tensor& rows) { return nn::linear_backward_input(rows, w, s); }, s, &dy_full);
+  } else if (sp_) {
+    dy_full = gather_sequence(dy, *tp_, s);
+  }
   nn::accumulate_gradients(
       ctx, {weight_, bias_},
       [dy_full, x](const std::vector<Tensor>& g, const Stream& st) {
         nn::linear_backward_weight(dy_full, x, g[0], g[1], st);
       },
       nn::GradTiming::deferrable);
-  return nn::linear_backward_input(dy_full, weight_->data(), s);
+  return dx.defined() ? dx : nn::linear_backward_input(dy_full, weight_->data(), s);
 }
 
 }  // namespace quintet

@@ -7,3 +7,5 @@ quintet_mpi_test(NAME tp_gpt_test COMPONENT tp RANKS 2 3 4 SOURCES mpi/tp_gpt_te
 if(QUINTET_HAS_NCCL)
   quintet_gpu_test(NAME gpu_tp_gpt_test COMPONENT tp RANKS 2 SOURCES gpu/tp_gpt_test.cpp)
 endif()
+# Overlap chunks: the chunked layers against the unchunked ones (odd tp included).
+quintet_mpi_test(NAME tp_overlap_test COMPONENT tp RANKS 1 2 3 4 SOURCES mpi/tp_overlap_test.cpp)

@@ -19,6 +19,10 @@ struct ColumnParallelOptions {
   bool sequence_parallel = false;  // x is [B, S/tp, in], gathered on entry
   std::int64_t fused_parts = 1;    // equal blocks of out split separately (a fused QKV: 3)
   bool enter_region = true;        // false: x is already in the region (the caller reduces dx)
+  // > 1: the layer's communication is cut into this many chunks along the sequence, each
+  // overlapping another chunk's GEMM (with SP the all-gather forward, and dx's all-reduce or
+  // reduce-scatter backward); the sequence (seq/tp with SP) must be a multiple. See below.
+  int overlap_chunks = 1;
 };
 
 // A column-parallel layer over a borrowed weight (a tied LM head).
@@ -31,7 +35,24 @@ struct RowParallelOptions {
   bool bias = true;
   float init_std = 0.02f;
   bool sequence_parallel = false;  // the output is reduce-scattered to [B, S/tp, out]
+  // > 1: the output's all-reduce (with SP reduce-scatter) and, with SP, dy's all-gather backward
+  // are cut into this many chunks along the sequence, overlapping the GEMMs. See below.
+  int overlap_chunks = 1;
 };
+
+// Overlap chunks (overlap_chunks = k > 1, tp > 1): chunk j is positions [j*L/k, (j+1)*L/k) of
+// every rank's part (L = S/tp with SP; without SP the rows of [B*S] in k equal blocks). Forward,
+// the column-parallel layer's SP all-gather of chunk j + 1 runs while chunk j's GEMM does (all k
+// gathers are issued at once; the GEMM of chunk 0 starts after one chunk has arrived, not the
+// whole sequence), and the row-parallel layer's all-reduce or reduce-scatter of chunk j runs while
+// chunk j + 1's GEMM does. Backward mirrors it: the column-parallel dx is reduced in chunks under
+// the later chunks' dx GEMMs and the weight gradient; the row-parallel SP dy is gathered in chunks
+// under the dx GEMMs (the gathered input of the weight gradient is kept from forward, not
+// gathered again). Each GEMM row's arithmetic is the same as unchunked; what may differ is the
+// summation order of a reduction whose algorithm depends on the message size (tests say where).
+// What cannot be hidden: the last chunk's reduction in forward (the norm after the row-parallel
+// layer reads its sum) and the first chunk's gather. Chunk counts that do not divide are refused
+// in forward before any communication, as an InvalidArgument naming the layer and the sizes.
 
 // ---- linear layers --------------------------------------------------------------------------
 
@@ -59,13 +80,16 @@ class ColumnParallelLinear : public nn::Module {
   Tensor forward(nn::Context& ctx, const Tensor& x) override;
   Tensor backward(nn::Context& ctx, const Tensor& dy) override;
   std::int64_t local_out() const { return local_out_; }
+  int overlap_chunks() const { return chunks_; }
   nn::Parameter& weight() { return *weight_; }
   nn::Parameter* bias() { return bias_; }
 
  private:
+  bool chunked_here() const { return chunks_ > 1 && tp_->size() > 1; }
   Communicator* tp_;
   std::int64_t in_, local_out_;
   bool sp_, enter_region_;
+  int chunks_ = 1;
   nn::GradReady ready_ = nn::GradReady::mark;  // defer: a borrowed weight its owner marks
   nn::Parameter* weight_;
   nn::Parameter* bias_ = nullptr;
@@ -86,9 +110,11 @@ class RowParallelLinear : public nn::Module {
   nn::Parameter* bias() { return bias_; }
 
  private:
+  bool chunked_here() const { return chunks_ > 1 && tp_->size() > 1; }
   Communicator* tp_;
   std::int64_t local_in_, out_;
   bool sp_;
+  int chunks_ = 1;
   nn::Parameter* weight_;
   nn::Parameter* bias_ = nullptr;
 };
