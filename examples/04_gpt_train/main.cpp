@@ -171,7 +171,9 @@ int run(const gpt::TrainConfig& c, quintet::World& world) {
     const double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     const quintet::DataParallelStats comm = model.data_parallel_stats();
-    const double tp_exposed_ms = timed_tp ? timed_tp->take_stats().exposed_ms : 0.0;
+    const quintet::TimedCommunicator::Stats tp_stats =
+        timed_tp ? timed_tp->take_stats() : quintet::TimedCommunicator::Stats{};
+    const double tp_exposed_ms = tp_stats.exposed_ms;
     const double cp_exposed_ms = timed_cp ? timed_cp->take_stats().exposed_ms : 0.0;
     const double ep_exposed_ms = timed_ep ? timed_ep->take_stats().exposed_ms : 0.0;
 
@@ -195,6 +197,7 @@ int run(const gpt::TrainConfig& c, quintet::World& world) {
     rec.grad_mem_bytes = comm.peak_gradient_bytes;
     rec.comm_ms = comm.comm_ms;
     rec.tp_comm_ms = tp_exposed_ms;
+    rec.tp_ops = tp_stats.ops;
     rec.cp_comm_ms = cp_exposed_ms;
     rec.ep_comm_ms = ep_exposed_ms;
     rec.exposed_comm_pct =

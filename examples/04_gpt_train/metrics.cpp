@@ -62,6 +62,7 @@ void Reporter::step(const StepRecord& r) {
                      {"exposed_comm_pct", r.exposed_comm_pct},
                      {"comm_ms", r.comm_ms},
                      {"tp_comm_ms", r.tp_comm_ms},
+                     {"tp_ops", r.tp_ops},
                      {"cp_comm_ms", r.cp_comm_ms},
                      {"ep_comm_ms", r.ep_comm_ms},
                      {"peak_mem_bytes", r.peak_mem_bytes},

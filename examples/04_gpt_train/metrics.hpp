@@ -9,6 +9,7 @@
 //                     Compute run between issue and wait (the column-parallel backward overlaps
 //                     dx's all-reduce with dW) is hidden communication and not counted. 0 at tp
 //                     = 1.
+//   tp_ops            tensor-parallel collectives issued in the step (each overlap chunk is one).
 //   cp_comm_ms        exposed context-parallel communication (the ring's K/V and dK/dV
 //                     transfers, or the all-to-alls), measured the same way. 0 at cp = 1.
 //   ep_comm_ms        exposed expert-parallel communication (the MoE count and token exchanges),
@@ -46,6 +47,7 @@ struct StepRecord {
   double exposed_comm_pct = 0.0;    // exposed dp + tp communication, % of the step (see above)
   double comm_ms = 0.0;             // data-parallel communication time (hidden or not)
   double tp_comm_ms = 0.0;          // exposed tensor-parallel communication (see above)
+  std::int64_t tp_ops = 0;          // tensor-parallel collectives issued (more with --tp-overlap)
   double cp_comm_ms = 0.0;          // exposed context-parallel communication (see above)
   double ep_comm_ms = 0.0;          // exposed expert-parallel communication (see above)
   std::optional<MoeRecord> moe;     // 05_moe_train

@@ -45,6 +45,11 @@ bool parse_args(const quintet::RuntimeConfig& runtime, TrainConfig* c, int* exit
                  "pipeline schedule: gpipe, 1f1b, interleaved, zb-h1, zb-v")
       ->capture_default_str();
   app.add_flag("--sp", c->sp, "sequence parallelism (with --tp > 1)");
+  app.add_flag("--tp-overlap", c->tp_overlap,
+               "cut the tp communication into chunks along the sequence, each overlapping a GEMM");
+  app.add_option("--tp-overlap-chunks", c->tp_overlap_chunks,
+                 "with --tp-overlap: chunks of each rank's sequence (seq-len / cp, / tp with --sp)")
+      ->capture_default_str();
   app.add_option("--zero", c->zero, "ZeRO stage: 0, 1 or 2")->capture_default_str();
   app.add_option("--lr", c->lr, "peak learning rate")->capture_default_str();
   app.add_option("--warmup", c->warmup, "linear warmup steps")->capture_default_str();
@@ -164,6 +169,8 @@ std::vector<std::pair<std::string, std::string>> shared_settings(const TrainConf
           {"--vpp", s(c.vpp)},
           {"--schedule", c.schedule},
           {"--sp", s(c.sp)},
+          {"--tp-overlap", s(c.tp_overlap)},
+          {"--tp-overlap-chunks", s(c.tp_overlap_chunks)},
           {"--zero", s(c.zero)},
           {"--bucket-mb", s(c.bucket_mb)},
           {"--lr", s(c.lr)},
@@ -235,6 +242,17 @@ void validate(const TrainConfig& c, int world) {
                 "--seq-len {} is not divisible by --tp {}: sequence parallelism splits the "
                 "sequence evenly; choose a multiple of {}",
                 c.seq_len, c.tp, c.tp);
+  QUINTET_CHECK(c.tp_overlap_chunks >= 1, "--tp-overlap-chunks {}: expected a count >= 1",
+                c.tp_overlap_chunks);
+  if (c.tp_overlap && c.tp > 1 && c.cp >= 1 && c.seq_len % c.cp == 0) {
+    const std::int64_t local = c.seq_len / c.cp / (c.sp ? c.tp : 1);
+    QUINTET_CHECK(local % c.tp_overlap_chunks == 0,
+                  "--tp-overlap-chunks {} does not divide each rank's sequence of {} tokens "
+                  "(--seq-len {}{}{}); choose a count that divides {}",
+                  c.tp_overlap_chunks, local, c.seq_len,
+                  c.cp > 1 ? fmt::format(" / --cp {}", c.cp) : std::string(),
+                  c.sp ? fmt::format(" / --tp {}", c.tp) : std::string(), local);
+  }
   QUINTET_CHECK(c.resume.empty() || c.resume_if_exists.empty(),
                 "--resume {} and --resume-if-exists {}: give one of them", c.resume,
                 c.resume_if_exists);
@@ -305,6 +323,7 @@ quintet::model::GptConfig model_config(const TrainConfig& c, bool gpu) {
   m.init_std = 0.02f;
   m.dtype = gpu ? quintet::DType::bf16 : quintet::DType::f32;
   m.sequence_parallel = c.sp;
+  m.tp_overlap_chunks = c.tp_overlap ? c.tp_overlap_chunks : 1;
   m.recompute = quintet::model::parse_recompute_kind(c.recompute);
   m.context_parallel = quintet::context::parse_context_parallel_kind(c.cp_kind);
   if (kMoeTrainer) {

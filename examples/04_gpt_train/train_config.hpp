@@ -44,6 +44,8 @@ struct TrainConfig {
   int vpp = 1;                    // model chunks per pipeline rank
   std::string schedule = "1f1b";  // gpipe, 1f1b, interleaved, zb-h1, zb-v
   bool sp = false;                // sequence parallelism (needs tp > 1)
+  bool tp_overlap = false;        // tp communication in chunks under the GEMMs
+  int tp_overlap_chunks = 2;      // chunks of each rank's sequence (with --tp-overlap)
   int zero = 0;                   // 0, 1 or 2
   double bucket_mb = 25.0;  // MiB of f32 gradient per reduction bucket after the first (1 MiB)
   // Optimizer and schedule (nn::LrSchedule): linear warmup to lr, then lr_schedule (cosine,

@@ -24,6 +24,7 @@ std::unique_ptr<nn::Module> make_attention(const GptConfig& c, const ModelGroups
                                    .init_std = c.init_std,
                                    .proj_init_std = c.output_init_std(),
                                    .sequence_parallel = c.sequence_parallel,
+                                   .overlap_chunks = c.tp_overlap_chunks,
                                    .cp = g.cp,
                                    .cp_kind = c.context_parallel});
   }
@@ -52,7 +53,8 @@ std::unique_ptr<nn::Module> make_mlp(const GptConfig& c, const ModelGroups& g, s
           ParallelMLPOptions{.activation = c.activation,
                              .init_std = c.init_std,
                              .proj_init_std = c.output_init_std(),
-                             .sequence_parallel = c.sequence_parallel});
+                             .sequence_parallel = c.sequence_parallel,
+                             .overlap_chunks = c.tp_overlap_chunks});
   }
   QUINTET_THROW(InvalidArgument, "GptConfig: unknown MLP kind {}", static_cast<int>(c.mlp));
 }

@@ -78,6 +78,17 @@ void GptConfig::validate_block(int tp, int cp) const {
                   "another head count",
                   heads, tp, cp);
   }
+  QUINTET_CHECK(tp_overlap_chunks >= 1, "GptConfig: tp_overlap_chunks = {} must be >= 1",
+                tp_overlap_chunks);
+  if (tp > 1 && tp_overlap_chunks > 1) {
+    const std::int64_t local = seq_len / cp / (sequence_parallel ? tp : 1);
+    QUINTET_CHECK(local % tp_overlap_chunks == 0,
+                  "GptConfig: tp overlap cuts each rank's sequence of {} tokens (seq_len {}{}{}) "
+                  "into {} chunks, which do not divide it; choose a chunk count that divides {}",
+                  local, seq_len, cp > 1 ? fmt::format(" / cp {}", cp) : std::string(),
+                  sequence_parallel ? fmt::format(" / tp {}", tp) : std::string(),
+                  tp_overlap_chunks, local);
+  }
 }
 
 void GptConfig::validate_experts(int ep, int etp) const {

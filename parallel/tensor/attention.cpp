@@ -40,13 +40,14 @@ ParallelAttention::ParallelAttention(Communicator& tp, std::int64_t dim, std::in
                              ColumnParallelOptions{.bias = options.bias,
                                                    .init_std = options.init_std,
                                                    .sequence_parallel = options.sequence_parallel,
-                                                   .fused_parts = 3}));
-  proj_ =
-      &add_module("proj", std::make_unique<RowParallelLinear>(
-                              tp, dim, dim,
-                              RowParallelOptions{.bias = options.bias,
-                                                 .init_std = options.proj_init_std,
-                                                 .sequence_parallel = options.sequence_parallel}));
+                                                   .fused_parts = 3,
+                                                   .overlap_chunks = options.overlap_chunks}));
+  proj_ = &add_module("proj", std::make_unique<RowParallelLinear>(
+                                  tp, dim, dim,
+                                  RowParallelOptions{.bias = options.bias,
+                                                     .init_std = options.proj_init_std,
+                                                     .sequence_parallel = options.sequence_parallel,
+                                                     .overlap_chunks = options.overlap_chunks}));
 }
 
 Tensor ParallelAttention::forward(nn::Context& ctx, const Tensor& x) {

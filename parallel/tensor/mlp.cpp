@@ -17,17 +17,18 @@ ParallelMLP::ParallelMLP(Communicator& tp, std::int64_t dim, std::int64_t hidden
   const ColumnParallelOptions column{.bias = gelu,
                                      .init_std = options.init_std,
                                      .sequence_parallel = options.sequence_parallel,
-                                     .enter_region = gelu};
+                                     .enter_region = gelu,
+                                     .overlap_chunks = gelu ? options.overlap_chunks : 1};
   fc_ = &add_module("fc", std::make_unique<ColumnParallelLinear>(tp, dim, hidden, column));
   if (!gelu) {
     up_ = &add_module("up", std::make_unique<ColumnParallelLinear>(tp, dim, hidden, column));
   }
-  proj_ =
-      &add_module("proj", std::make_unique<RowParallelLinear>(
-                              tp, hidden, dim,
-                              RowParallelOptions{.bias = gelu,
-                                                 .init_std = options.proj_init_std,
-                                                 .sequence_parallel = options.sequence_parallel}));
+  proj_ = &add_module("proj", std::make_unique<RowParallelLinear>(
+                                  tp, hidden, dim,
+                                  RowParallelOptions{.bias = gelu,
+                                                     .init_std = options.proj_init_std,
+                                                     .sequence_parallel = options.sequence_parallel,
+                                                     .overlap_chunks = options.overlap_chunks}));
 }
 
 Tensor ParallelMLP::forward(nn::Context& ctx, const Tensor& x) {

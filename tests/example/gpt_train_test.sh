@@ -3,7 +3,8 @@
 #   layouts     tp 2 x dp 2 (+sp, ZeRO-1, ZeRO-2), tp 2 (+sp), dp 3 ZeRO-2 and one rank, same seed and global batch:
 #               the same loss at each of 30 steps within 1e-4 relative; cp 2 x tp 2 (+sp, ring) and
 #               cp 2 x dp 2 (ulysses, ZeRO-1) too, reporting cp_comm_ms; --recompute full the same
-#               losses bit for bit
+#               losses bit for bit; --tp-overlap (chunked tp communication) at tp 2 x dp 2, with
+#               and without sp, the same losses bit for bit
 #   pipeline    pp 2 under every schedule, pp 4, pp 3 (interleaved), pp 2 with tp 2 (+sp), dp 2
 #               (ZeRO-1, ZeRO-2), pp 2 x tp 2 x dp 2 at 8 ranks, and tied embeddings across stages:
 #               the one-rank loss at each of 20 steps within 1e-4 relative; a pp 2 run stopped,
@@ -59,6 +60,15 @@ case $case in
     compare one cp2_tp2_sp 1 30 1e-4
     compare one cp2_dp2_ulysses 1 30 1e-4
     python3 -c "import json,sys; r=[json.loads(l) for l in open('cp2_dp2_ulysses.jsonl') if '\"step\"' in l]; sys.exit(0 if all('cp_comm_ms' in x for x in r) and any(x['cp_comm_ms'] > 0 for x in r) else 'no cp_comm_ms in the JSON records')"
+    # tp overlap chunks change when the tp communication runs, not its values: at tp 2 every sum
+    # has two terms (one order), so the losses are the same bit for bit, with and without sp.
+    run tp2_dp2_overlap 4 --steps 30 --tp 2 --dp 2 --tp-overlap --tp-overlap-chunks 4
+    run tp2_dp2_sp_overlap 4 --steps 30 --tp 2 --dp 2 --sp --tp-overlap
+    compare tp2_dp2 tp2_dp2_overlap 1 30 0
+    compare tp2_dp2_sp tp2_dp2_sp_overlap 1 30 0
+    for r in tp2_dp2 tp2_dp2_sp; do  # the chunks are separate collectives: more tp ops per step
+      python3 -c "import json,sys; n=lambda f: [json.loads(l)['tp_ops'] for l in open(f) if '\"step\"' in l][-1]; sys.exit(0 if n('${r}_overlap.jsonl') > n('$r.jsonl') > 0 else 'tp_ops: %d with --tp-overlap, %d without' % (n('${r}_overlap.jsonl'), n('$r.jsonl')))"
+    done
     # Activation recompute changes memory, not results: the same losses, bit for bit.
     run tp2_dp2_sp_recompute 4 --steps 30 --tp 2 --dp 2 --sp --recompute full
     compare tp2_dp2_sp tp2_dp2_sp_recompute 1 30 0
@@ -74,6 +84,8 @@ case $case in
     run pp2_zbv_tied 2 --steps 20 "${deep[@]}" --pp 2 --vpp 2 --schedule zb-v --tied-embeddings
     run pp4_zbh1_tied 4 --steps 20 "${deep[@]}" --pp 4 --schedule zb-h1 --tied-embeddings
     run pp2_tp2_sp 4 --steps 20 "${deep[@]}" --pp 2 --tp 2 --sp
+    run pp2_tp2_sp_overlap 4 --steps 20 "${deep[@]}" --pp 2 --tp 2 --sp --tp-overlap
+    compare pp2_tp2_sp pp2_tp2_sp_overlap 1 20 0
     run pp2_dp2_zero1 4 --steps 20 "${deep[@]}" --pp 2 --dp 2 --zero 1
     run pp2_dp2_zero2_tied 4 --steps 20 "${deep[@]}" --pp 2 --dp 2 --zero 2 --tied-embeddings
     run pp2_tp2_dp2 8 --steps 20 "${deep[@]}" --pp 2 --tp 2 --dp 2 --sp --zero 1 --vpp 2 \
@@ -138,6 +150,9 @@ case $case in
     expect_error 1 "--global-batch 12 must be a positive multiple of --micro-batch 5" \
       --steps 1 --micro-batch 5
     expect_error 1 "--zero 3: expected 0, 1 or 2" --steps 1 --zero 3
+    expect_error 2 "--tp-overlap-chunks 3 does not divide each rank's sequence of 16 tokens" \
+      --steps 1 --tp 2 --sp --tp-overlap --tp-overlap-chunks 3
+    expect_error 1 "--tp-overlap-chunks 0: expected a count >= 1" --steps 1 --tp-overlap-chunks 0
     expect_error 1 "--bucket-mb 0: expected a size in MiB" --steps 1 --bucket-mb 0
     expect_error 2 "--tp 1 x --dp 1 x --pp 4 = 4 ranks, but the job has 2" --steps 1 --pp 4 \
       --layers 4

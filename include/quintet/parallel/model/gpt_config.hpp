@@ -67,6 +67,10 @@ struct GptConfig {
   float eps = 1e-5f;               // of the norms
   DType dtype = DType::f32;        // compute dtype of the parameters (give it to ParameterStore)
   bool sequence_parallel = false;  // activations between blocks are [B, S/tp, d]
+  // > 1: the attention's and MLP's tp communication is cut into this many chunks along the
+  // sequence, each overlapping a GEMM (tensor/linear.hpp); each rank's sequence (seq_len / cp,
+  // and / tp with SP) must be a multiple. No effect at tp 1.
+  int tp_overlap_chunks = 1;
   AttentionKind attention = AttentionKind::tensor_parallel;
   MlpKind mlp = MlpKind::dense;
   RecomputeKind recompute = RecomputeKind::none;

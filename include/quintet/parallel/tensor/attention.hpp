@@ -17,6 +17,7 @@ struct ParallelAttentionOptions {
   float init_std = 0.02f;          // qkv
   float proj_init_std = 0.02f;     // the output projection (GPT-2: init_std / sqrt(2 * layers))
   bool sequence_parallel = false;  // x and the output are [B, S/tp, dim]
+  int overlap_chunks = 1;  // of the qkv and output projections' tp communication (linear.hpp)
   // Context parallelism: with a cp communicator of more than one rank, x holds this cp rank's
   // chunks of the sequence (context/ring_attention.hpp's layout) and the attention spans the cp
   // ranks as cp_kind says.

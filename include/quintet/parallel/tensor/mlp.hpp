@@ -16,6 +16,9 @@ struct ParallelMLPOptions {
   float init_std = 0.02f;          // fc (and up)
   float proj_init_std = 0.02f;     // proj
   bool sequence_parallel = false;  // x and the output are [B, S/tp, dim]
+  // The tp communication in chunks under the GEMMs (linear.hpp): fc's and proj's. SwiGLU's gate
+  // and up share one entry into the region, done here unchunked; its proj is chunked.
+  int overlap_chunks = 1;
 };
 
 // nn::MLP split along hidden: GELU: fc (column) -> gelu -> proj (row), with biases. SwiGLU: gate
