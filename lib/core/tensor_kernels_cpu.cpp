@@ -42,6 +42,23 @@ void cpu_copy_convert(const Tensor& dst, const Tensor& src) {
     std::memmove(dst.data_ptr(), src.data_ptr(), dst.nbytes());  // the common case: bytes
     return;
   }
+  const int nd = dst.dim();
+  if (dst.dtype() == src.dtype() && nd >= 2 && dst.stride(nd - 1) == 1 && src.stride(nd - 1) == 1) {
+    // Rows contiguous on both sides (a transposed or sliced outer layout): one move per row.
+    const std::size_t row_bytes = static_cast<std::size_t>(dst.size(nd - 1)) * dst.element_size();
+    const Shape outer(dst.shape().begin(), dst.shape().end() - 1);
+    const Shape dst_outer(dst.strides().begin(), dst.strides().end() - 1);
+    const Shape src_outer(src.strides().begin(), src.strides().end() - 1);
+    char* dp = storage_base(dst);
+    const char* sp = storage_base(src);
+    const std::size_t es = dst.element_size();
+    for_each_offset(outer, dst_outer, dst.offset(), src_outer, src.offset(),
+                    [&](std::int64_t d, std::int64_t s) {
+                      std::memmove(dp + static_cast<std::size_t>(d) * es,
+                                   sp + static_cast<std::size_t>(s) * es, row_bytes);
+                    });
+    return;
+  }
   dispatch_dtype(dst.dtype(), [&](auto dtag) {
     using D = decltype(dtag);
     dispatch_dtype(src.dtype(), [&](auto stag) {
