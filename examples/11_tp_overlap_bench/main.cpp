@@ -14,8 +14,9 @@
 // median over repetitions of unchunked / chunked step time. A rank that waits for a slower one
 // counts that wait as exposed communication; the least-waiting rank is the slow one itself, whose
 // waits are the communication that chunking can hide. Each chunked variant's output and input
-// gradient are checked against the unchunked one's (f32; see tests/mpi/tp_overlap_test.cpp for
-// the tolerance): a mismatch exits 1.
+// gradient are checked against the unchunked one's (f32: the largest difference over the largest
+// value, at most 1e-4; tests/mpi/tp_overlap_test.cpp says why sums may round differently): a
+// mismatch exits 1.
 #include <mpi.h>
 
 #include <CLI/CLI.hpp>
@@ -167,16 +168,19 @@ int main(int argc, char** argv) {
     const Variant& base = *std::find_if(variants.begin(), variants.end(), [&](const Variant& w) {
       return w.sp == v.sp && w.chunks == 1;
     });
+    // The largest difference relative to the largest value: rounding of a reordered sum
+    // (tp_overlap_test.cpp) stays near f32 epsilon at this scale; a misplaced chunk does not.
     const auto max_diff = [](const Tensor& a, const Tensor& b) {
       const std::vector<float> x = a.to_vector<float>(), y = b.to_vector<float>();
-      double worst = 0.0;
+      double worst = 0.0, scale = 0.0;
       for (std::size_t i = 0; i < x.size(); ++i) {
-        worst = std::max(worst, std::abs(double(x[i]) - y[i]) / (1e-6 + std::abs(double(y[i]))));
+        worst = std::max(worst, std::abs(double(x[i]) - double(y[i])));
+        scale = std::max(scale, std::abs(double(y[i])));
       }
-      return worst;
+      return worst / std::max(scale, 1e-30);
     };
-    const double diff = std::max(max_diff(v.y, base.y), max_diff(v.dx, base.dx));
-    const bool ok = reduce(diff, MPI_MAX) <= 1e-3;
+    const double diff = reduce(std::max(max_diff(v.y, base.y), max_diff(v.dx, base.dx)), MPI_MAX);
+    const bool ok = diff <= 1e-4;
     bad += ok ? 0 : 1;
     if (rank != 0) continue;
     nlohmann::json j{{"bench", "tp_overlap"},
@@ -192,6 +196,7 @@ int main(int argc, char** argv) {
                      {"median_exposed_tp_ms_min_rank", median(v.exposed_min_ms)},
                      {"median_exposed_tp_ms_mean", median(v.exposed_mean_ms)},
                      {"median_speedup_vs_unchunked", median(v.speedup)},
+                     {"max_diff_vs_unchunked", diff},
                      {"matches_unchunked", ok}};
     if (json) {
       std::printf("%s\n", j.dump().c_str());
