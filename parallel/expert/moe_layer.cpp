@@ -8,6 +8,7 @@
 #include "quintet/nn/ops.hpp"
 #include "quintet/parallel/expert/dispatch.hpp"
 #include "quintet/parallel/expert/permute.hpp"
+#include "quintet/parallel/overlap/chunk_pipeline.hpp"
 
 namespace quintet::expert {
 
@@ -254,12 +255,17 @@ Tensor MoELayer::forward(nn::Context& ctx, const Tensor& x) {
   const Tensor w1 = fc_->use(s), w2 = proj_->use(s);
   const Tensor wu = up_ != nullptr ? up_->use(s) : Tensor();
   std::vector<Tensor> saved{x2, logits, r.probs, r.experts, r.weights, r.kept, aux_counts};
-  std::vector<PendingRows> back;
-  PendingRows next = start_dispatch(sorted[0], plans[0], groups_.ep, s);
-  for (int c = 0; c < C; ++c) {
+  std::vector<PendingRows> coming(static_cast<std::size_t>(C)), back(coming.size());
+  std::vector<Tensor> outputs(coming.size());
+  Tensor out_own = Tensor::empty({own.count, d}, x.dtype(), dev, s);
+  ChunkStages stages;  // lookahead 1: chunk c + 1's dispatch is issued before chunk c's experts
+  stages.bring = [&](int c) {
+    coming[static_cast<std::size_t>(c)] = start_dispatch(sorted[c], plans[c], groups_.ep, s);
+    return coming[static_cast<std::size_t>(c)].work;
+  };
+  stages.compute = [&](int c) {
     const ExchangePlan& plan = plans[c];
-    const Tensor xs = finish_dispatch(next, plan, groups_.etp, s);
-    if (c + 1 < C) next = start_dispatch(sorted[c + 1], plans[c + 1], groups_.ep, s);
+    const Tensor xs = finish_dispatch(coming[static_cast<std::size_t>(c)], plan, groups_.etp, s);
     Tensor ye = Tensor::empty({plan.gathered_rows(), d}, x.dtype(), dev, s);
     saved.push_back(plan.encode());
     saved.push_back(perms[c].slot);
@@ -286,20 +292,25 @@ Tensor MoELayer::forward(nn::Context& ctx, const Tensor& x) {
       saved.push_back(u);
       off += n;
     }
-    back.push_back(start_return(ye, plan, groups_.ep, groups_.etp, s));
-  }
-
+    outputs[static_cast<std::size_t>(c)] = std::move(ye);
+  };
+  // Chunk c's results travel back during chunk c + 1's experts.
+  stages.send = [&](int c) {
+    const auto i = static_cast<std::size_t>(c);
+    back[i] = start_return(outputs[i], plans[c], groups_.ep, groups_.etp, s);
+    return back[i].work;
+  };
   // 4. Back on the tokens' ranks: the weighted sum per token.
-  Tensor out_own = Tensor::empty({own.count, d}, x.dtype(), dev, s);
-  for (int c = 0; c < C; ++c) {
+  stages.arrived = [&](int c, const Stream& on) {
     const Range rg = chunk_range(own.count, C, c);
-    const Tensor ys = finish_return(back[c], s);
+    const Tensor ys = finish_return(back[static_cast<std::size_t>(c)], on);
     saved.push_back(ys);
     out_own.narrow(0, rg.first, rg.count)
         .copy_(combine_rows(ys, perms[c].slot,
-                            weights_own.narrow(0, rg.first, rg.count).contiguous(s), s),
-               s);
-  }
+                            weights_own.narrow(0, rg.first, rg.count).contiguous(on), on),
+               on);
+  };
+  ChunkPipeline::run(C, stages, s).finish(s);
   Tensor y = (split_tokens ? all_gather_rows(out_own, tp, s) : out_own).view(x.shape());
   ctx.save(*this, std::move(saved));
   if (shared_ != nullptr) y = nn::add(y, shared_->forward(ctx, x), s);
@@ -368,15 +379,22 @@ Tensor MoELayer::backward(nn::Context& ctx, const Tensor& dy) {
   // chunk c + 1 travel while chunk c's run.
   const Tensor w1 = fc_->data(), w2 = proj_->data();
   const Tensor wu = up_ != nullptr ? up_->data() : Tensor();
-  std::vector<PendingRows> back;
+  std::vector<PendingRows> coming(static_cast<std::size_t>(C)), back(coming.size());
+  std::vector<Tensor> dinputs(coming.size());
+  Tensor dx_own = Tensor::empty({own.count, d}, dy.dtype(), dy.device(), s);
+  SentChunks returned;
   nn::accumulate_gradients(
       ctx, {fc_, up_, proj_},
       [&](const std::vector<Tensor>& g, const Stream& st) {
-        PendingRows next = start_dispatch(drows[0], plans[0], groups_.ep, st);
-        for (int c = 0; c < C; ++c) {
+        ChunkStages stages;
+        stages.bring = [&](int c) {
+          coming[static_cast<std::size_t>(c)] = start_dispatch(drows[c], plans[c], groups_.ep, st);
+          return coming[static_cast<std::size_t>(c)].work;
+        };
+        stages.compute = [&](int c) {
           const ExchangePlan& plan = plans[c];
-          const Tensor dye = finish_dispatch(next, plan, groups_.etp, st);
-          if (c + 1 < C) next = start_dispatch(drows[c + 1], plans[c + 1], groups_.ep, st);
+          const Tensor dye =
+              finish_dispatch(coming[static_cast<std::size_t>(c)], plan, groups_.etp, st);
           const Tensor& xs = saved[chunk_base(c) + 2];
           Tensor dxe = Tensor::empty({plan.gathered_rows(), d}, dy.dtype(), dy.device(), st);
           std::int64_t off = 0;
@@ -405,17 +423,25 @@ Tensor MoELayer::backward(nn::Context& ctx, const Tensor& dy) {
             dxe.narrow(0, off, n).copy_(dxo, st);
             off += n;
           }
-          back.push_back(start_return(dxe, plan, groups_.ep, groups_.etp, st));
-        }
+          dinputs[static_cast<std::size_t>(c)] = std::move(dxe);
+        };
+        stages.send = [&](int c) {
+          const auto i = static_cast<std::size_t>(c);
+          back[i] = start_return(dinputs[i], plans[c], groups_.ep, groups_.etp, st);
+          return back[i].work;
+        };
+        // Unpermute: each token sums the gradients of its sorted rows.
+        stages.arrived = [&](int c, const Stream& on) {
+          const Range rg = chunk_range(own.count, C, c);
+          dx_own.narrow(0, rg.first, rg.count)
+              .copy_(combine_rows(finish_return(back[static_cast<std::size_t>(c)], on),
+                                  saved[chunk_base(c) + 1], Tensor(), on),
+                     on);
+        };
+        returned = ChunkPipeline::run(C, stages, st);
       },
       nn::GradTiming::now);
-  // Unpermute: each token sums the gradients of its sorted rows.
-  Tensor dx_own = Tensor::empty({own.count, d}, dy.dtype(), dy.device(), s);
-  for (int c = 0; c < C; ++c) {
-    const Range rg = chunk_range(own.count, C, c);
-    dx_own.narrow(0, rg.first, rg.count)
-        .copy_(combine_rows(finish_return(back[c], s), saved[chunk_base(c) + 1], Tensor(), s), s);
-  }
+  returned.finish(s);
   Tensor dx = split_tokens ? all_gather_rows(dx_own, tp, s) : dx_own;
 
   // Router: d(weights) of every token this rank routed, then the load-balancing terms.
