@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "quintet/core/error.hpp"
+#include "quintet/parallel/overlap/chunk_pipeline.hpp"
 
 namespace quintet::context {
 
@@ -145,6 +146,25 @@ std::vector<std::int64_t> cp_positions(std::int64_t seq, int cp, int rank) {
   return out;
 }
 
+namespace {
+
+// The second K/V buffer of the ring (none at one rank): step t's block lands in kv[t % 2].
+Tensor ring_buffer(const Tensor& packed, int n, const Stream& stream) {
+  return n == 1 ? Tensor() : Tensor::empty(packed.shape(), packed.dtype(), packed.device(), stream);
+}
+
+// Step t's K/V block: none to move at step 0 (this rank's own); then one hop of the ring, passing
+// on step t - 1's block and receiving step t's. Issued one step ahead (ChunkPipeline's lookahead
+// 1), under step t - 1's attention; the communicator runs it after the hop that brought t - 1.
+Work ring_hop(Communicator& cp, const Tensor (&kv)[2], int t, const Stream& stream) {
+  if (t == 0) return Work();
+  const int n = cp.size(), r = cp.rank();
+  return cp.p2p(
+      {P2POp::send(kv[(t - 1) % 2], (r + 1) % n), P2POp::recv(kv[t % 2], (r - 1 + n) % n)}, stream);
+}
+
+}  // namespace
+
 nn::AttentionOutput ring_attention_forward(Communicator& cp, const Tensor& q, const Tensor& k,
                                            const Tensor& v, const CpAttentionOptions& options,
                                            const Stream& stream) {
@@ -159,17 +179,13 @@ nn::AttentionOutput ring_attention_forward(Communicator& cp, const Tensor& q, co
     lse[i] = filled({q.size(0), q.size(1), c}, stats, q.device(),
                     -std::numeric_limits<double>::infinity(), stream);
   }
-  Tensor cur = pack_kv(k, v, c, stream);
-  Tensor next = n > 1 ? Tensor::empty(cur.shape(), cur.dtype(), cur.device(), stream) : Tensor();
-  for (int t = 0; t < n; ++t) {
+  const Tensor packed = pack_kv(k, v, c, stream);
+  const Tensor kv[2] = {packed, ring_buffer(packed, n, stream)};
+  ChunkStages steps;  // step t attends to the K/V block of rank r - t
+  steps.bring = [&](int t) { return ring_hop(cp, kv, t, stream); };
+  steps.compute = [&](int t) {
+    const Tensor& cur = kv[t % 2];
     const int owner = (r - t + n) % n;
-    // The next block's transfer runs under this block's attention.
-    Work transfer;
-    const bool more = t + 1 < n;
-    if (more) {
-      transfer =
-          cp.p2p({P2POp::send(cur, (r + 1) % n), P2POp::recv(next, (r - 1 + n) % n)}, stream);
-    }
     for (int i = 0; i < 2; ++i) {
       for (int j = 0; j < 2; ++j) {
         const std::int64_t qs0 = chunk_start(r, i, n, c), ks0 = chunk_start(owner, j, n, c);
@@ -179,11 +195,8 @@ nn::AttentionOutput ring_attention_forward(Communicator& cp, const Tensor& q, co
         nn::attention_merge_(out[i], lse[i], b.out, b.lse, stream);
       }
     }
-    if (more) {
-      transfer.wait(stream);
-      std::swap(cur, next);
-    }
-  }
+  };
+  ChunkPipeline::run(n, steps, stream).finish(stream);
   return {join(out[0], out[1], q.dtype(), stream), join(lse[0], lse[1], stats, stream)};
 }
 
@@ -208,19 +221,16 @@ nn::AttentionGrads ring_attention_backward(Communicator& cp, const Tensor& dout,
     lses[i] = lse.narrow(2, i * c, c).contiguous(stream);
     dq[i] = filled(qs[i].shape(), acc, q.device(), 0.0, stream);
   }
-  Tensor cur = pack_kv(k, v, c, stream);
-  Tensor next = n > 1 ? Tensor::empty(cur.shape(), cur.dtype(), cur.device(), stream) : Tensor();
+  const Tensor packed = pack_kv(k, v, c, stream);
+  const Tensor kv[2] = {packed, ring_buffer(packed, n, stream)};
   // The gradients of the K/V block in hand, travelling with it (f32 accumulators).
-  Tensor dkv = filled(cur.shape(), acc, q.device(), 0.0, stream);
+  Tensor dkv = filled(kv[0].shape(), acc, q.device(), 0.0, stream);
   Tensor dkv_next = n > 1 ? Tensor::empty(dkv.shape(), acc, q.device(), stream) : Tensor();
-  for (int t = 0; t < n; ++t) {
+  ChunkStages steps;
+  steps.bring = [&](int t) { return ring_hop(cp, kv, t, stream); };
+  steps.compute = [&](int t) {
+    const Tensor& cur = kv[t % 2];
     const int owner = (r - t + n) % n;
-    Work transfer;
-    const bool more = t + 1 < n;
-    if (more) {
-      transfer =
-          cp.p2p({P2POp::send(cur, (r + 1) % n), P2POp::recv(next, (r - 1 + n) % n)}, stream);
-    }
     for (int i = 0; i < 2; ++i) {
       for (int j = 0; j < 2; ++j) {
         const std::int64_t qs0 = chunk_start(r, i, n, c), ks0 = chunk_start(owner, j, n, c);
@@ -233,16 +243,15 @@ nn::AttentionGrads ring_attention_backward(Communicator& cp, const Tensor& dout,
         nn::add_(part(dkv, 1, j), g.dv, 1.0f, stream);
       }
     }
-    if (more) transfer.wait(stream);
     // One hop on: the next rank holds this K/V block at the next step, and after the last step
-    // the hop brings each block's gradients home.
+    // the hop brings each block's gradients home. The next step adds to them: not overlapped.
     if (n > 1) {
       cp.p2p({P2POp::send(dkv, (r + 1) % n), P2POp::recv(dkv_next, (r - 1 + n) % n)}, stream)
           .wait(stream);
       std::swap(dkv, dkv_next);
     }
-    if (more) std::swap(cur, next);
-  }
+  };
+  ChunkPipeline::run(n, steps, stream).finish(stream);
   return {join(dq[0], dq[1], q.dtype(), stream),
           join(part(dkv, 0, 0), part(dkv, 0, 1), q.dtype(), stream),
           join(part(dkv, 1, 0), part(dkv, 1, 1), q.dtype(), stream)};
