@@ -80,8 +80,9 @@ Tensor ColumnParallelLinear::forward(nn::Context& ctx, const Tensor& x) {
   QUINTET_CHECK(x.defined() && x.dim() >= 1 && x.size(x.dim() - 1) == in_,
                 "ColumnParallelLinear: x is {}, expected [..., {}]",
                 x.defined() ? shape_str(x.shape()) : std::string("undefined"), in_);
+  // Checked here also without SP (whose chunks are dx's, in backward): before any communication.
+  if (enter_region_ && chunked_here()) tp_detail::check_chunks("ColumnParallelLinear", x, chunks_);
   const bool chunked = enter_region_ && sp_ && chunked_here();
-  if (chunked) tp_detail::check_chunks("ColumnParallelLinear", x, chunks_);
   if (!chunked) {
     const Tensor xin = enter_region_ && sp_ ? gather_sequence(x, *tp_, s) : x;
     const Tensor w = weight_->use(s).view({local_out_, in_});

@@ -129,6 +129,8 @@ TEST_CASE("tp overlap chunks that do not divide the sequence are refused before 
                                            "{} * 5",
                                            seq, n));
       } else {
+        REQUIRE_THROWS_QUINTET(col.forward(ctx, Tensor::zeros({1, seq, 8})), InvalidArgument,
+                               "not divisible by the tp overlap chunk count 5");
         REQUIRE_THROWS_QUINTET(row.forward(ctx, Tensor::zeros({1, seq, 4})), InvalidArgument,
                                "not divisible by the tp overlap chunk count 5");
       }
