@@ -53,6 +53,7 @@
 #include "quintet/parallel/model/gpt_config.hpp"
 #include "quintet/parallel/model/groups.hpp"
 #include "quintet/parallel/model/loss.hpp"
+#include "quintet/parallel/overlap/chunk_pipeline.hpp"
 #include "quintet/parallel/overlap/overlap_meter.hpp"
 #include "quintet/parallel/overlap/timed_communicator.hpp"
 #include "quintet/parallel/pipeline/executor.hpp"
