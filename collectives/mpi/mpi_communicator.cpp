@@ -7,6 +7,7 @@
 #include "collectives/mpi/mpi_types.hpp"
 #include "collectives/validation.hpp"
 #include "quintet/core/error.hpp"
+#include "quintet/core/trace.hpp"
 
 namespace quintet::detail {
 
@@ -62,7 +63,18 @@ std::string MpiCommunicator::describe(std::string_view op, const Tensor* t) {
 }
 
 Work MpiCommunicator::enqueue(std::string_view op, const Tensor* t, std::function<void()> fn) {
-  return thread_.submit(describe(op, t), std::move(fn));
+  std::optional<trace::TraceEvent> traced;
+  if (trace::enabled()) {  // one branch when tracing is off
+    traced.emplace();
+    traced->name = std::string(op);
+    traced->kind = trace::issue_kind(name_);
+    traced->bytes = t != nullptr && t->defined() ? static_cast<std::int64_t>(t->nbytes()) : 0;
+    traced->group = name_;
+    traced->seq = static_cast<std::int64_t>(sequence_);
+    traced->step = trace::current_step();
+    traced->issue_us = trace::to_us(trace::Clock::now());
+  }
+  return thread_.submit(describe(op, t), std::move(fn), std::move(traced));
 }
 
 Work MpiCommunicator::all_reduce(const Tensor& in, const Tensor& out, ReduceOp op, const Stream&) {

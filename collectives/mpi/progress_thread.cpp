@@ -55,8 +55,16 @@ void OpQueue::run(Task& task) {
       error = std::current_exception();
     }
   } else {
+    const bool traced = task.state->trace.has_value() && trace::enabled();
+    const auto t0 = traced ? trace::Clock::now() : trace::Clock::time_point{};
     try {
       task.fn();
+      if (traced) {  // the operation, timed on the thread that ran it
+        trace::TraceEvent e = *task.state->trace;
+        e.start_us = trace::to_us(t0);
+        e.end_us = trace::to_us(trace::Clock::now());
+        trace::record_host(std::move(e));
+      }
     } catch (const std::exception& e) {
       error = std::current_exception();
       std::lock_guard lock(mutex);
@@ -117,6 +125,26 @@ void OpQueue::help_until(const OpState& until) {
 void CpuWork::wait(const Stream&) { synchronize_for(std::chrono::nanoseconds::max()); }
 
 bool CpuWork::synchronize_for(std::chrono::nanoseconds timeout) {
+  // A wait on a traced operation is recorded as the caller's wait (its exposure), including the
+  // time it spent running queued operations itself.
+  struct WaitRecord {
+    const OpState& state;
+    bool on;
+    trace::Clock::time_point t0;
+    ~WaitRecord() {
+      if (!on || !trace::enabled()) return;
+      trace::TraceEvent e = *state.trace;
+      e.wait = true;
+      e.name = "wait " + e.name;
+      e.lane = 0;
+      e.start_us = trace::to_us(t0);
+      e.end_us = trace::to_us(trace::Clock::now());
+      trace::record_host(std::move(e));
+    }
+  };
+  const bool on = state_->trace.has_value() && trace::waits_traced() &&
+                  !state_->done.load(std::memory_order_acquire);
+  const WaitRecord record{*state_, on, on ? trace::Clock::now() : trace::Clock::time_point{}};
   if (timeout == std::chrono::nanoseconds::max()) {
     queue_->help_until(*state_);
   } else {
@@ -145,8 +173,10 @@ ProgressThread::~ProgressThread() {
   if (thread_.joinable()) stop_and_join(-1.0);
 }
 
-Work ProgressThread::submit(std::string description, std::function<void()> fn) {
+Work ProgressThread::submit(std::string description, std::function<void()> fn,
+                            std::optional<trace::TraceEvent> trace) {
   auto state = std::make_shared<OpState>(std::move(description));
+  state->trace = std::move(trace);
   bool wake = false;
   {
     std::lock_guard lock(queue_->mutex);

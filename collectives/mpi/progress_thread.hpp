@@ -26,10 +26,12 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
 #include "quintet/collectives/work.hpp"
+#include "quintet/core/trace.hpp"
 
 namespace quintet::detail {
 
@@ -41,6 +43,8 @@ struct OpState {
   std::atomic<bool> done{false};
   std::exception_ptr error;       // written before done is set
   const std::string description;  // "all_reduce #3 (1024 x f32) on communicator 'dp' (...)"
+  // Set when tracing was on at submit: what the operation and its waits are recorded as.
+  std::optional<trace::TraceEvent> trace;
 
   void finish(std::exception_ptr e);
 };
@@ -104,7 +108,9 @@ class ProgressThread {
   ~ProgressThread();
 
   // Queues fn; the returned Work completes when it has run (its exception is the Work's error).
-  Work submit(std::string description, std::function<void()> fn);
+  // With a trace template, the run and every wait on it are recorded (trace.hpp).
+  Work submit(std::string description, std::function<void()> fn,
+              std::optional<trace::TraceEvent> trace = std::nullopt);
   // Runs fn in order after the queued operations and blocks until it has run; rethrows its error.
   void run_sync(std::string description, std::function<void()> fn);
   // Lets the queued operations finish, then joins. If the thread is still busy after timeout_s

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "collectives/validation.hpp"
@@ -10,10 +12,18 @@
 #include "quintet/core/device_guard.hpp"
 #include "quintet/core/error.hpp"
 #include "quintet/core/log.hpp"
+#include "quintet/core/trace.hpp"
 
 namespace quintet::detail {
 
 namespace {
+
+std::int64_t nbytes(const Tensor& t) { return static_cast<std::int64_t>(t.nbytes()); }
+std::int64_t p2p_bytes(const std::vector<P2POp>& ops) {
+  std::int64_t total = 0;
+  for (const P2POp& op : ops) total += nbytes(op.tensor);
+  return total;
+}
 
 // The NCCL reduction for op on a communicator of `size` ranks. On one rank avg is the identity
 // (x / 1 == x exactly), and it must not reach NCCL there: NCCL (2.28) runs a one-rank avg through
@@ -92,7 +102,7 @@ void NcclCommunicator::reap() noexcept {
 
 template <class Launch>
 std::shared_ptr<NcclWork> NcclCommunicator::issue(const char* op, const Stream& stream,
-                                                  Launch&& launch) {
+                                                  std::int64_t bytes, Launch&& launch) {
   QUINTET_CHECK(!stream.device().is_cuda() || stream.device() == state_->device(),
                 "{} on {}: the stream is on {} but the communicator's GPU is {}; issue the "
                 "operation on a stream of {}",
@@ -107,6 +117,19 @@ std::shared_ptr<NcclWork> NcclCommunicator::issue(const char* op, const Stream& 
     QUINTET_CUDA_CHECK(cudaEventRecord(ready_, caller));
     QUINTET_CUDA_CHECK(cudaStreamWaitEvent(comm_stream_, ready_, 0));
   }
+  // Traced: the operation on the comm stream, between an event before its launch and one after.
+  std::optional<trace::TraceEvent> traced;
+  int slot = -1;
+  const Stream comm = Stream::borrow(state_->device(), comm_stream_);
+  if (trace::enabled()) {  // one branch when tracing is off
+    traced.emplace();
+    traced->name = op;
+    traced->kind = trace::issue_kind(name());
+    traced->bytes = bytes;
+    traced->group = name();
+    traced->seq = static_cast<std::int64_t>(seq_ + 1);
+    slot = trace::begin_gpu(*traced, comm);
+  }
   const ncclResult_t r = launch(comm_stream_);
   if (r == ncclInProgress) {
     state_->wait_launched(op);  // a non-blocking comm finished launching in the background
@@ -119,7 +142,9 @@ std::shared_ptr<NcclWork> NcclCommunicator::issue(const char* op, const Stream& 
     state_->release_event(done);
     QUINTET_CUDA_CHECK(recorded);
   }
+  trace::end_gpu(slot, comm);
   auto work = std::make_shared<NcclWork>(state_, op, ++seq_, done);
+  if (traced) work->set_trace(std::move(*traced));
   reap();
   pending_.push_back(work);
   return work;
@@ -128,7 +153,7 @@ std::shared_ptr<NcclWork> NcclCommunicator::issue(const char* op, const Stream& 
 Work NcclCommunicator::all_reduce(const Tensor& in, const Tensor& out, ReduceOp op,
                                   const Stream& stream) {
   validate_all_reduce(*this, in, out, op);
-  auto work = issue("all_reduce", stream, [&](cudaStream_t s) {
+  auto work = issue("all_reduce", stream, nbytes(in), [&](cudaStream_t s) {
     if (in.numel() == 0) return ncclSuccess;  // every rank has 0 elements: nothing to move
     return ncclAllReduce(in.data_ptr(), out.data_ptr(), static_cast<std::size_t>(in.numel()),
                          nccl_datatype(in.dtype()), nccl_op(op, size()), comm_, s);
@@ -141,7 +166,7 @@ Work NcclCommunicator::all_reduce(const Tensor& in, const Tensor& out, ReduceOp 
 Work NcclCommunicator::reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op,
                                       const Stream& stream) {
   validate_reduce_scatter(*this, in, out, op);
-  auto work = issue("reduce_scatter", stream, [&](cudaStream_t s) {
+  auto work = issue("reduce_scatter", stream, nbytes(in), [&](cudaStream_t s) {
     if (out.numel() == 0) return ncclSuccess;
     return ncclReduceScatter(in.data_ptr(), out.data_ptr(), static_cast<std::size_t>(out.numel()),
                              nccl_datatype(in.dtype()), nccl_op(op, size()), comm_, s);
@@ -153,7 +178,7 @@ Work NcclCommunicator::reduce_scatter(const Tensor& in, const Tensor& out, Reduc
 
 Work NcclCommunicator::all_gather(const Tensor& in, const Tensor& out, const Stream& stream) {
   validate_all_gather(*this, in, out);
-  auto work = issue("all_gather", stream, [&](cudaStream_t s) {
+  auto work = issue("all_gather", stream, nbytes(out), [&](cudaStream_t s) {
     if (in.numel() == 0) return ncclSuccess;
     return ncclAllGather(in.data_ptr(), out.data_ptr(), nccl_count(in.dtype(), in.numel()),
                          nccl_datatype(in.dtype()), comm_, s);
@@ -165,7 +190,7 @@ Work NcclCommunicator::all_gather(const Tensor& in, const Tensor& out, const Str
 
 Work NcclCommunicator::broadcast(const Tensor& inout, int root, const Stream& stream) {
   validate_broadcast(*this, inout, root);
-  auto work = issue("broadcast", stream, [&](cudaStream_t s) {
+  auto work = issue("broadcast", stream, nbytes(inout), [&](cudaStream_t s) {
     if (inout.numel() == 0) return ncclSuccess;
     return ncclBroadcast(inout.data_ptr(), inout.data_ptr(),
                          nccl_count(inout.dtype(), inout.numel()), nccl_datatype(inout.dtype()),
@@ -181,7 +206,7 @@ Work NcclCommunicator::reduce(const Tensor& in, const Tensor& out, ReduceOp op, 
   const bool is_root = rank() == root;
   // Off the root NCCL ignores the receive buffer; pass in's so that no pointer is null.
   void* recv = is_root ? out.data_ptr() : in.data_ptr();
-  auto work = issue("reduce", stream, [&](cudaStream_t s) {
+  auto work = issue("reduce", stream, nbytes(in), [&](cudaStream_t s) {
     if (in.numel() == 0) return ncclSuccess;
     return ncclReduce(in.data_ptr(), recv, static_cast<std::size_t>(in.numel()),
                       nccl_datatype(in.dtype()), nccl_op(op, size()), root, comm_, s);
@@ -212,7 +237,7 @@ Work NcclCommunicator::exchange(const char* op, const Tensor& in,
   const ncclDataType_t type = nccl_datatype(in.dtype());
   const Tensor staging = staging_for(in, out);
   const Tensor& src = staging.defined() ? staging : in;
-  auto work = issue(op, stream, [&](cudaStream_t s) {
+  auto work = issue(op, stream, std::max(nbytes(in), nbytes(out)), [&](cudaStream_t s) {
     if (staging.defined()) {
       QUINTET_CUDA_CHECK(cudaMemcpyAsync(staging.data_ptr(), in.data_ptr(), in.nbytes(),
                                          cudaMemcpyDeviceToDevice, s));
@@ -244,7 +269,7 @@ Work NcclCommunicator::exchange(const char* op, const Tensor& in,
 
 Work NcclCommunicator::send(const Tensor& in, int peer, const Stream& stream) {
   validate_send_recv(*this, "send", in, peer);
-  auto work = issue("send", stream, [&](cudaStream_t s) {
+  auto work = issue("send", stream, nbytes(in), [&](cudaStream_t s) {
     return ncclSend(in.data_ptr(), nccl_count(in.dtype(), in.numel()), nccl_datatype(in.dtype()),
                     peer, comm_, s);
   });
@@ -254,7 +279,7 @@ Work NcclCommunicator::send(const Tensor& in, int peer, const Stream& stream) {
 
 Work NcclCommunicator::recv(const Tensor& out, int peer, const Stream& stream) {
   validate_send_recv(*this, "recv", out, peer);
-  auto work = issue("recv", stream, [&](cudaStream_t s) {
+  auto work = issue("recv", stream, nbytes(out), [&](cudaStream_t s) {
     return ncclRecv(out.data_ptr(), nccl_count(out.dtype(), out.numel()),
                     nccl_datatype(out.dtype()), peer, comm_, s);
   });
@@ -264,7 +289,7 @@ Work NcclCommunicator::recv(const Tensor& out, int peer, const Stream& stream) {
 
 Work NcclCommunicator::p2p(const std::vector<P2POp>& ops, const Stream& stream) {
   validate_p2p(*this, ops);
-  auto work = issue("p2p", stream, [&](cudaStream_t s) {
+  auto work = issue("p2p", stream, p2p_bytes(ops), [&](cudaStream_t s) {
     ncclResult_t r = ncclGroupStart();
     for (std::size_t i = 0; i < ops.size() && r == ncclSuccess; ++i) {
       const Tensor& t = ops[i].tensor;
@@ -281,7 +306,7 @@ Work NcclCommunicator::p2p(const std::vector<P2POp>& ops, const Stream& stream) 
 }
 
 Work NcclCommunicator::barrier(const Stream& stream) {
-  return Work(issue("barrier", stream, [&](cudaStream_t s) {
+  return Work(issue("barrier", stream, 0, [&](cudaStream_t s) {
     return ncclAllReduce(barrier_buffer_.get(), barrier_buffer_.get(), 1, ncclFloat32, ncclSum,
                          comm_, s);
   }));

@@ -63,7 +63,8 @@ class NcclCommunicator final : public Communicator {
   // (which makes the NCCL calls and returns the last ncclResult_t), records the completion
   // event and registers the Work as pending. The caller adds the storages to keep.
   template <class Launch>
-  std::shared_ptr<NcclWork> issue(const char* op, const Stream& stream, Launch&& launch);
+  std::shared_ptr<NcclWork> issue(const char* op, const Stream& stream, std::int64_t bytes,
+                                  Launch&& launch);  // bytes: what a trace records
   // The all-to-all of both forms: grouped ncclSend/ncclRecv, counts in elements per peer.
   Work exchange(const char* op, const Tensor& in, const std::vector<std::int64_t>& send_counts,
                 const Tensor& out, const std::vector<std::int64_t>& recv_counts,

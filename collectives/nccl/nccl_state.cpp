@@ -250,7 +250,17 @@ void NcclWork::wait(const Stream& stream) {
     throw_if_failed();
     const bool cuda_stream = stream.device().is_cuda();
     DeviceGuard guard(cuda_stream ? stream.device() : state_->device());
+    // Traced: the waiting stream's stall, between an event before the wait and one after it.
+    int slot = -1;
+    if (trace_ && cuda_stream && trace::waits_traced()) {
+      trace::TraceEvent e = *trace_;
+      e.wait = true;
+      e.name = "wait " + e.name;
+      e.lane = 0;
+      slot = trace::begin_gpu(std::move(e), stream);
+    }
     QUINTET_CUDA_CHECK(cudaStreamWaitEvent(cuda_stream ? stream.handle() : nullptr, done_, 0));
+    trace::end_gpu(slot, stream);
   }
 }
 
@@ -259,6 +269,23 @@ bool NcclWork::synchronize_for(std::chrono::nanoseconds timeout) {
   const bool bounded = timeout < std::chrono::hours(24 * 365);
   const auto deadline = bounded ? Clock::now() + timeout : Clock::time_point::max();
   int polls = 0;
+  // Traced: the host's wait, on the host clock.
+  struct WaitRecord {
+    const std::optional<trace::TraceEvent>& trace;
+    bool on;
+    trace::Clock::time_point t0 = trace::Clock::now();
+    ~WaitRecord() {
+      if (!on || !trace::enabled()) return;
+      trace::TraceEvent e = *trace;
+      e.wait = true;
+      e.name = "wait " + e.name;
+      e.start_us = trace::to_us(t0);
+      e.end_us = trace::to_us(trace::Clock::now());
+      trace::record_host(std::move(e));
+    }
+  };
+  const WaitRecord record{trace_, trace_.has_value() && trace::waits_traced() &&
+                                      !completed_.load(std::memory_order_acquire)};
   for (;;) {
     const cudaError_t status = query();
     if (status == cudaSuccess) return true;

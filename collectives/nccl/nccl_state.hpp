@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -31,6 +32,7 @@
 #include "quintet/core/device.hpp"
 #include "quintet/core/dtype.hpp"
 #include "quintet/core/stream.hpp"
+#include "quintet/core/trace.hpp"
 
 namespace quintet::detail {
 
@@ -137,6 +139,8 @@ class NcclWork final : public WorkImpl {
 
   // Keeps storage alive until this Work is destroyed (the communicator holds it until done).
   void keep(std::shared_ptr<void> storage);
+  // What the waits on this operation are recorded as when tracing (trace.hpp).
+  void set_trace(trace::TraceEvent e) { trace_ = std::move(e); }
 
   // cudaStreamWaitEvent: the host does not block. A CPU stream means the GPU's default stream,
   // as for the operations. Throws if the communicator failed.
@@ -159,6 +163,7 @@ class NcclWork final : public WorkImpl {
   const char* op_;
   std::uint64_t seq_;
   cudaEvent_t done_;
+  std::optional<trace::TraceEvent> trace_;
   std::atomic<bool> completed_{false};
   std::shared_ptr<void> keep_[2];
   std::vector<std::shared_ptr<void>> keep_more_;

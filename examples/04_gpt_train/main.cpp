@@ -29,6 +29,7 @@
 #include "quintet/parallel/overlap/timed_communicator.hpp"  // exposed tp communication per step
 #include "quintet/parallel/train/checkpointer.hpp"          // save and resume in one call
 #include "quintet/parallel/train/training_model.hpp"        // this rank's stages, one step
+#include "trace_session.hpp"
 #include "trainer_state.hpp"
 
 namespace {
@@ -79,6 +80,8 @@ int run(const gpt::TrainConfig& c, quintet::World& world) {
   if (c.cp > 1) timed_cp.emplace(mesh.comm(Axis::cp), kFromWait);
   std::optional<quintet::TimedCommunicator> timed_ep;  // the MoE token exchanges
   if (c.ep > 1) timed_ep.emplace(mesh.comm(Axis::ep), kFromWait);
+  std::optional<quintet::TimedCommunicator> timed_pp;  // the stage-to-stage transfers
+  if (c.pp > 1) timed_pp.emplace(mesh.comm(Axis::pp), kFromWait);
 
   // This rank's share of the model: its pipeline stages (each a chunk of the library GPT with its
   // parameters, data parallelism and AdamW) and the executor that runs them.
@@ -104,6 +107,7 @@ int run(const gpt::TrainConfig& c, quintet::World& world) {
   tc.tp = timed_tp ? &*timed_tp : nullptr;
   tc.cp = timed_cp ? &*timed_cp : nullptr;
   tc.ep = timed_ep ? &*timed_ep : nullptr;
+  tc.pp = timed_pp ? &*timed_pp : nullptr;
   tc.check_batches = c.check_batches;  // --check-batches: a stage's tp ranks read the same tokens
   quintet::train::TrainingModel model(tc, mesh, stream);
 
@@ -156,13 +160,20 @@ int run(const gpt::TrainConfig& c, quintet::World& world) {
   const double fpt =
       gpt::flops_per_token(tc.model.active_non_embedding_params(), c.layers, c.hidden, c.seq_len);
   const std::int64_t end = c.stop_at > 0 ? c.stop_at : c.steps;
+  // --trace: steps [trace_first, trace_last] (1-based) are recorded (quintet/core/trace.hpp).
+  const auto [trace_first, trace_last] = c.traced_steps(start, end);
+  gpt::TraceSession tracing(c.trace, trace_first, trace_last, mesh, world.comm(), stream);
+  auto take = [](std::optional<quintet::TimedCommunicator>& t) {
+    return t ? t->take_stats() : quintet::TimedCommunicator::Stats{};
+  };
   for (std::int64_t step = start; step < end; ++step) {
     const float lr = gpt::learning_rate(c, step);
     model.set_lr(lr);
     if (gpu) quintet::cuda_reset_peak(device);
-    if (timed_tp) timed_tp->reset();  // the window is this step
-    if (timed_cp) timed_cp->reset();
-    if (timed_ep) timed_ep->reset();
+    for (auto* t : {&timed_tp, &timed_cp, &timed_ep, &timed_pp}) {
+      if (*t) (*t)->reset();  // the window is this step
+    }
+    tracing.before_step(step + 1);  // one branch unless this step is traced
     const auto t0 = std::chrono::steady_clock::now();
     // One optimizer step: the schedule over the microbatches (without a pipeline, forward and
     // backward of each in turn), the gradient reductions overlapping the last backwards, the
@@ -170,12 +181,15 @@ int run(const gpt::TrainConfig& c, quintet::World& world) {
     const quintet::pipeline::TrainStepResult r = model.step(loader);
     const double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    tracing.after_step(step + 1);
     const quintet::DataParallelStats comm = model.data_parallel_stats();
-    const quintet::TimedCommunicator::Stats tp_stats =
-        timed_tp ? timed_tp->take_stats() : quintet::TimedCommunicator::Stats{};
+    const quintet::TimedCommunicator::Stats tp_stats = take(timed_tp);
+    const quintet::TimedCommunicator::Stats cp_stats = take(timed_cp);
+    const quintet::TimedCommunicator::Stats ep_stats = take(timed_ep);
+    const quintet::TimedCommunicator::Stats pp_stats = take(timed_pp);
     const double tp_exposed_ms = tp_stats.exposed_ms;
-    const double cp_exposed_ms = timed_cp ? timed_cp->take_stats().exposed_ms : 0.0;
-    const double ep_exposed_ms = timed_ep ? timed_ep->take_stats().exposed_ms : 0.0;
+    const double cp_exposed_ms = cp_stats.exposed_ms;
+    const double ep_exposed_ms = ep_stats.exposed_ms;
 
     gpt::StepRecord rec;
     rec.step = step + 1;
@@ -201,7 +215,14 @@ int run(const gpt::TrainConfig& c, quintet::World& world) {
     rec.cp_comm_ms = cp_exposed_ms;
     rec.ep_comm_ms = ep_exposed_ms;
     rec.exposed_comm_pct =
-        100.0 * (comm.exposed_ms + tp_exposed_ms + cp_exposed_ms + ep_exposed_ms) / ms;
+        100.0 *
+        (comm.exposed_ms + tp_exposed_ms + cp_exposed_ms + ep_exposed_ms + pp_stats.exposed_ms) /
+        ms;
+    rec.comm = {gpt::kind_comm(comm.comm_ms, comm.exposed_ms),
+                gpt::kind_comm(tp_stats.comm_ms, tp_stats.exposed_ms),
+                gpt::kind_comm(pp_stats.comm_ms, pp_stats.exposed_ms),
+                gpt::kind_comm(ep_stats.comm_ms, ep_stats.exposed_ms),
+                gpt::kind_comm(cp_stats.comm_ms, cp_stats.exposed_ms)};
     if (gpt::kMoeTrainer) {
       const quintet::expert::MoESummary& moe = model.moe_summary();
       rec.moe = gpt::MoeRecord{moe.min_load,         moe.mean_load, moe.max_load,
@@ -216,6 +237,7 @@ int run(const gpt::TrainConfig& c, quintet::World& world) {
     }
   }
   reporter.summary(c.bench ? c.bench_skip : 0);
+  if (world.rank() == 0) tracing.print_report(c.json);
   return 0;
 }
 

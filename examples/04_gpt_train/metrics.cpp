@@ -23,6 +23,14 @@ std::int64_t peak_rss_bytes() {
   return static_cast<std::int64_t>(u.ru_maxrss) * 1024;
 }
 
+KindComm kind_comm(double comm_ms, double exposed_ms) {
+  KindComm k;
+  k.comm_ms = std::max(0.0, comm_ms);
+  k.exposed_ms = std::clamp(exposed_ms, 0.0, k.comm_ms);
+  k.hidden_ms = k.comm_ms - k.exposed_ms;
+  return k;
+}
+
 Reporter::Reporter(bool active, bool json, bool progress, std::int64_t total_steps)
     : active_(active),
       json_(json),
@@ -67,6 +75,11 @@ void Reporter::step(const StepRecord& r) {
                      {"ep_comm_ms", r.ep_comm_ms},
                      {"peak_mem_bytes", r.peak_mem_bytes},
                      {"grad_mem_bytes", r.grad_mem_bytes}};
+    for (std::size_t k = 0; k < kCommKinds.size(); ++k) {
+      j["comm"][kCommKinds[k]] = {{"comm_ms", r.comm[k].comm_ms},
+                                  {"exposed_ms", r.comm[k].exposed_ms},
+                                  {"hidden_ms", r.comm[k].hidden_ms}};
+    }
     if (r.moe) {
       j["tokens_per_expert_min"] = r.moe->min_load;
       j["tokens_per_expert_mean"] = r.moe->mean_load;
@@ -85,10 +98,16 @@ void Reporter::step(const StepRecord& r) {
   line += fmt::format(" | lr {:.2e} | grad norm {:.3f} | {:.1f} ms | {:.0f} tok/s", r.lr,
                       r.grad_norm, r.ms, r.tokens_per_s);
   if (r.mfu) line += fmt::format(" | MFU {:.1f}% ({:.1f} TFLOP/s)", 100 * *r.mfu, *r.tflops);
-  line += fmt::format(
-      " | exposed comm {:.1f}% (tp {:.1f} ms, cp {:.1f} ms, ep {:.1f} ms) | peak mem {} (grads {})",
-      r.exposed_comm_pct, r.tp_comm_ms, r.cp_comm_ms, r.ep_comm_ms, mem_str(r.peak_mem_bytes),
-      mem_str(r.grad_mem_bytes));
+  std::string kinds;
+  for (std::size_t k = 0; k < kCommKinds.size(); ++k) {
+    if (r.comm[k].comm_ms <= 0.0) continue;
+    kinds += fmt::format("{}{} {:.1f}/{:.1f}", kinds.empty() ? "" : ", ", kCommKinds[k],
+                         r.comm[k].exposed_ms, r.comm[k].hidden_ms);
+  }
+  line += fmt::format(" | exposed comm {:.1f}%", r.exposed_comm_pct);
+  if (!kinds.empty()) line += fmt::format(" (exposed/hidden ms: {})", kinds);
+  line += fmt::format(" | peak mem {} (grads {})", mem_str(r.peak_mem_bytes),
+                      mem_str(r.grad_mem_bytes));
   if (r.moe) {
     line += fmt::format(
         " | tokens/expert {:.0f}/{:.0f}/{:.0f} (min/mean/max), dropped {:.2f}%, aux {:.4f}, "
@@ -130,6 +149,14 @@ void Reporter::summary(std::int64_t skip) const {
     cp_comm.push_back(records_[i].cp_comm_ms);
     ep_comm.push_back(records_[i].ep_comm_ms);
   }
+  std::array<std::array<std::vector<double>, 3>, kCommKinds.size()> kind;  // comm, exposed, hidden
+  for (std::size_t i = first; i < records_.size(); ++i) {
+    for (std::size_t k = 0; k < kCommKinds.size(); ++k) {
+      kind[k][0].push_back(records_[i].comm[k].comm_ms);
+      kind[k][1].push_back(records_[i].comm[k].exposed_ms);
+      kind[k][2].push_back(records_[i].comm[k].hidden_ms);
+    }
+  }
   const StepRecord& last = records_.back();
   const std::int64_t measured = static_cast<std::int64_t>(records_.size() - first);
   if (json_) {
@@ -147,6 +174,11 @@ void Reporter::summary(std::int64_t skip) const {
         {"median_ep_comm_ms", median(ep_comm)},
         {"peak_mem_bytes", last.peak_mem_bytes},
         {"grad_mem_bytes", last.grad_mem_bytes}};
+    for (std::size_t k = 0; k < kCommKinds.size(); ++k) {
+      j["median_comm"][kCommKinds[k]] = {{"comm_ms", median(kind[k][0])},
+                                         {"exposed_ms", median(kind[k][1])},
+                                         {"hidden_ms", median(kind[k][2])}};
+    }
     fmt::print("{}\n", j.dump());
     return;
   }
@@ -159,6 +191,11 @@ void Reporter::summary(std::int64_t skip) const {
       " | dp comm {:.2f} ms, exposed tp comm {:.2f} ms, exposed {:.1f}% | peak mem {} (grads {})\n",
       median(comm), median(tp_comm), median(exposed), mem_str(last.peak_mem_bytes),
       mem_str(last.grad_mem_bytes));
+  fmt::print("communication per step (median ms)   in flight    exposed     hidden\n");
+  for (std::size_t k = 0; k < kCommKinds.size(); ++k) {
+    fmt::print("  {:<34} {:>10.2f} {:>10.2f} {:>10.2f}\n", kCommKinds[k], median(kind[k][0]),
+               median(kind[k][1]), median(kind[k][2]));
+  }
 }
 
 }  // namespace gpt

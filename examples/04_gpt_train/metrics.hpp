@@ -14,13 +14,22 @@
 //                     transfers, or the all-to-alls), measured the same way. 0 at cp = 1.
 //   ep_comm_ms        exposed expert-parallel communication (the MoE count and token exchanges),
 //                     measured the same way. 0 at ep = 1.
-//   exposed_comm_pct  100 * (dp exposed ms + tp_comm_ms + cp_comm_ms + ep_comm_ms) / step ms.
+//   exposed_comm_pct  100 * (dp exposed ms + tp_comm_ms + cp_comm_ms + ep_comm_ms + pp exposed
+//                     ms) / step ms.
+//   comm (per kind)   for each of dp, tp, pp, ep and cp: comm_ms, the time its operations were in
+//                     flight (the union from issue to completion: DataParallelStats::comm_ms for
+//                     dp, TimedCommunicator::Stats::comm_ms for the others); exposed_ms, the time
+//                     the compute stream (CPU: thread) waited on them (dp: DataParallel's exposed
+//                     intervals; the others from the wait, as tp_comm_ms), at most comm_ms (a
+//                     larger value is the two clocks' skew and is cut there); and hidden_ms =
+//                     comm_ms - exposed_ms, the part that ran under compute.
 //
 // MoE telemetry (05_moe_train): tokens per expert (kept assignments in the step, over every expert
 // of every MoE block: min, mean, max), the fraction of assignments dropped by the capacity, and
 // the aux and z losses (summed over the blocks, coefficients included; not in `loss`).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -33,6 +42,16 @@ struct MoeRecord {
   double dropped_fraction = 0.0;
   double aux_loss = 0.0, z_loss = 0.0;
 };
+
+// One kind of communication in a step (see the header comment).
+struct KindComm {
+  double comm_ms = 0.0;
+  double exposed_ms = 0.0;
+  double hidden_ms = 0.0;
+};
+// From measured in-flight and exposed times: exposed cut at comm, hidden the rest.
+KindComm kind_comm(double comm_ms, double exposed_ms);
+inline constexpr std::array<const char*, 5> kCommKinds = {"dp", "tp", "pp", "ep", "cp"};
 
 struct StepRecord {
   std::int64_t step = 0;                // 1-based: the optimizer step just taken
@@ -50,6 +69,7 @@ struct StepRecord {
   std::int64_t tp_ops = 0;          // tensor-parallel collectives issued (more with --tp-overlap)
   double cp_comm_ms = 0.0;          // exposed context-parallel communication (see above)
   double ep_comm_ms = 0.0;          // exposed expert-parallel communication (see above)
+  std::array<KindComm, 5> comm;     // per kind, in kCommKinds order
   std::optional<MoeRecord> moe;     // 05_moe_train
   std::int64_t peak_mem_bytes = 0;  // peak device memory (GPU) or resident set (CPU)
   std::int64_t grad_mem_bytes = 0;  // the most gradient storage held at once (ZeRO-2: shards)

@@ -3,6 +3,10 @@
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
+#include <exception>
+#include <string>
+
 #include "quintet/core/error.hpp"
 
 namespace gpt {
@@ -137,6 +141,11 @@ bool parse_args(const quintet::RuntimeConfig& runtime, TrainConfig* c, int* exit
         ->capture_default_str();
   }
   app.add_flag("--json", c->json, "one JSON object per step");
+  app.add_option("--trace", c->trace,
+                 "write a Chrome/Perfetto trace of each rank to DIR/trace_rank<r>.json "
+                 "(scripts/merge_traces.py merges them)");
+  app.add_option("--trace-steps", c->trace_steps,
+                 "the steps --trace records, A:B (1-based, inclusive; default 2:4)");
   app.add_flag("!--no-progress", c->progress, "no progress bar");
   std::vector<const char*> args;
   for (const std::string& a : runtime.remaining_args) args.push_back(a.c_str());
@@ -193,6 +202,8 @@ std::vector<std::pair<std::string, std::string>> shared_settings(const TrainConf
           {"--no-overlap", s(c.no_overlap)},
           {"--check-batches", s(c.check_batches)},
           {"--bench", s(c.bench)},
+          {"--trace", c.trace},
+          {"--trace-steps", c.trace_steps},
           {"--experts", s(c.experts)},
           {"--top-k", s(c.top_k)},
           {"--ep", s(c.ep)},
@@ -280,6 +291,9 @@ void validate(const TrainConfig& c, int world) {
   QUINTET_CHECK(c.save_every == 0 || !c.save.empty(), "--save-every {} needs --save DIR",
                 c.save_every);
   QUINTET_CHECK(c.loader_threads >= 1, "--loader-threads {}: expected >= 1", c.loader_threads);
+  QUINTET_CHECK(c.trace_steps.empty() || !c.trace.empty(), "--trace-steps {} needs --trace DIR",
+                c.trace_steps);
+  (void)c.traced_steps(0, c.steps);  // a malformed --trace-steps, named
   if (kMoeTrainer) {
     const int etp = c.etp > 0 ? c.etp : c.tp;
     QUINTET_CHECK(c.ep >= 1 && c.etp >= 0, "--ep {} (>= 1) --etp {} (>= 0)", c.ep, c.etp);
@@ -357,5 +371,29 @@ quintet::nn::LrSchedule lr_schedule(const TrainConfig& c) {
 }
 
 float learning_rate(const TrainConfig& c, std::int64_t step) { return lr_schedule(c).at(step); }
+
+std::pair<std::int64_t, std::int64_t> TrainConfig::traced_steps(std::int64_t start,
+                                                                std::int64_t end) const {
+  if (trace.empty()) return {1, 0};
+  std::int64_t a = 2, b = 4;
+  if (!trace_steps.empty()) {
+    const std::size_t colon = trace_steps.find(':');
+    bool ok = colon != std::string::npos && colon > 0 && colon + 1 < trace_steps.size();
+    if (ok) {
+      try {
+        std::size_t used_a = 0, used_b = 0;
+        a = std::stoll(trace_steps.substr(0, colon), &used_a);
+        b = std::stoll(trace_steps.substr(colon + 1), &used_b);
+        ok = used_a == colon && used_b == trace_steps.size() - colon - 1;
+      } catch (const std::exception&) {
+        ok = false;
+      }
+    }
+    QUINTET_CHECK(ok && a >= 1 && a <= b,
+                  "--trace-steps {}: expected A:B with 1 <= A <= B (1-based steps, inclusive)",
+                  trace_steps);
+  }
+  return {std::max(a, start + 1), std::min(b, end)};
+}
 
 }  // namespace gpt

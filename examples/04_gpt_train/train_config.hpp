@@ -94,10 +94,17 @@ struct TrainConfig {
   std::int64_t bench_skip = 5;  // steps left out of the --bench medians (warm-up)
   bool json = false;
   bool progress = true;  // progress bar on a terminal (rank 0)
+  // --trace DIR: a Chrome/Perfetto trace per rank (DIR/trace_rank<r>.json) of the steps
+  // --trace-steps A:B (1-based, inclusive; default 2:4, clamped to the steps run).
+  std::string trace;
+  std::string trace_steps;
 
   // Microbatches per step on each rank (the pipeline's microbatches).
   std::int64_t accumulation() const { return global_batch / (micro_batch * dp); }
   std::int64_t tokens_per_step() const { return global_batch * seq_len; }
+  // The steps --trace records, [first, last] (1-based), for a run of steps start+1 .. end; empty
+  // (first > last) without --trace. Throws InvalidArgument for a malformed --trace-steps.
+  std::pair<std::int64_t, std::int64_t> traced_steps(std::int64_t start, std::int64_t end) const;
 };
 
 // Every setting that must be the same on all ranks, by flag name, as text (for

@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "quintet/core/error.hpp"
+#include "quintet/core/trace.hpp"
 
 namespace quintet::data {
 
@@ -191,8 +192,11 @@ Batch DataLoader::stage(HostBatch&& host, const Stream& consumer) {
   // The blocks may have been used by work still queued on consumer: the copy waits for it.
   consumer_mark_->record(consumer);
   consumer_mark_->wait(*copy_stream_);
-  b.tokens.copy_(host.tokens, *copy_stream_);  // pinned source: asynchronous
-  b.targets.copy_(host.targets, *copy_stream_);
+  {
+    const trace::Range copy(trace::TraceKind::h2d, "batch to device", *copy_stream_, 2);
+    b.tokens.copy_(host.tokens, *copy_stream_);  // pinned source: asynchronous
+    b.targets.copy_(host.targets, *copy_stream_);
+  }
   b.ready = std::make_shared<Event>(config_.device);
   b.ready->record(*copy_stream_);
   auto flight = std::make_unique<InFlight>();
@@ -225,7 +229,11 @@ Batch DataLoader::next(const Stream& consumer) {
     staged_.pop_front();
   } else {
     HostBatch host;
-    if (!take(&host, /*block=*/true)) std::rethrow_exception(failure_);
+    {
+      static const Stream host_clock;  // the wait is the host's
+      const trace::Range wait(trace::TraceKind::loader, "loader wait", host_clock);
+      if (!take(&host, /*block=*/true)) std::rethrow_exception(failure_);
+    }
     out = stage(std::move(host), consumer);
   }
   if (config_.device.is_cuda()) {

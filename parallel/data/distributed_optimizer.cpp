@@ -6,6 +6,8 @@
 #include <cmath>
 #include <set>
 
+#include "quintet/core/trace.hpp"
+
 namespace quintet {
 
 namespace {
@@ -119,6 +121,7 @@ void DistributedOptimizer::wait_for_parameters(const Stream& stream) {
 void DistributedOptimizer::gather_parameters(const Stream& stream) {
   const Tensor& data = dp_.store().data_buffer();
   const std::vector<GradientBucket>& buckets = dp_.buckets();
+  const trace::KindScope zero(trace::TraceKind::zero);  // traced as ZeRO gathers, not dp
   for (int b = 0; b < static_cast<int>(buckets.size()); ++b) {
     const GradientBucket& k = buckets[b];
     Communicator& comm = dp_.mesh().comm(k.axis);

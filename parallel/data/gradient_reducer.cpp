@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "quintet/core/trace.hpp"
 #include "quintet/nn/ops.hpp"
 
 namespace quintet {
@@ -94,7 +95,10 @@ void GradientReducer::launch(int b) {
     // The side stream idles between buckets: order it after the start too, so a reduction that
     // is no GPU work (a one-rank group) ends when it starts rather than before.
     l.in_flight->wait_for_start(side_);
-    l.work.wait(side_);
+    {
+      const trace::UntracedWaits untraced;  // marks the end; the compute stream does not wait
+      l.work.wait(side_);
+    }
     l.in_flight->end(side_);
   }
   launches_.push_back(std::move(l));

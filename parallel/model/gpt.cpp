@@ -1,8 +1,13 @@
 // The GPT chunk: embedding, blocks, and the head with its loss, each present as the spec says.
 #include "quintet/parallel/model/gpt.hpp"
 
-#include <string>
+#include <fmt/format.h>
 
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "quintet/core/trace.hpp"
 #include "quintet/nn/recompute.hpp"
 
 namespace quintet::model {
@@ -70,23 +75,52 @@ GptChunk::GptChunk(const GptConfig& config, const ModelGroups& groups, const Chu
   }
 }
 
+namespace {
+
+// A trace range of this chunk's compute (trace.hpp); nothing but a branch when tracing is off.
+// The name is formatted only when it is on.
+template <typename... Args>
+void traced(std::optional<trace::Range>& r, const nn::Context& ctx,
+            fmt::format_string<Args...> name, Args&&... args) {
+  r.reset();
+  if (trace::enabled())
+    r.emplace(trace::TraceKind::compute, fmt::format(name, std::forward<Args>(args)...),
+              ctx.stream());
+}
+
+}  // namespace
+
 Tensor GptChunk::forward(nn::Context& ctx, const Tensor& x) {
+  std::optional<trace::Range> range;
   Tensor h = x;
+  if (tokens_ || positions_) traced(range, ctx, "embedding fwd");
   if (tokens_) h = tokens_->forward(ctx, h);
   if (positions_) h = positions_->forward(ctx, h);
-  for (nn::Module* block : blocks_) h = block->forward(ctx, h);
+  for (std::size_t i = 0; i < blocks_.size(); ++i) {
+    traced(range, ctx, "block {} fwd", spec_.first_layer + static_cast<std::int64_t>(i));
+    h = blocks_[i]->forward(ctx, h);
+  }
+  range.reset();
   if (!loss_) return h;
+  traced(range, ctx, "head+loss fwd");
   h = final_norm_->forward(ctx, h);
   return loss_->forward(ctx, head_->forward(ctx, h));
 }
 
 Tensor GptChunk::backward(nn::Context& ctx, const Tensor& dy) {
+  std::optional<trace::Range> range;
   Tensor d = dy;
   if (loss_) {
+    traced(range, ctx, "head+loss bwd");
     d = head_->backward(ctx, loss_->backward(ctx, d));
     d = final_norm_->backward(ctx, d);
   }
-  for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it) d = (*it)->backward(ctx, d);
+  for (std::size_t i = blocks_.size(); i-- > 0;) {
+    traced(range, ctx, "block {} bwd", spec_.first_layer + static_cast<std::int64_t>(i));
+    d = blocks_[i]->backward(ctx, d);
+  }
+  range.reset();
+  if (tokens_ || positions_) traced(range, ctx, "embedding bwd");
   if (positions_) d = positions_->backward(ctx, d);
   if (tokens_) d = tokens_->backward(ctx, d);
   return d;

@@ -8,6 +8,7 @@
 
 #include "quintet/core/error.hpp"
 #include "quintet/core/stream.hpp"
+#include "quintet/core/trace.hpp"
 
 namespace quintet {
 
@@ -17,12 +18,17 @@ std::int64_t bytes_of(const Tensor& t) {
   return t.defined() ? static_cast<std::int64_t>(t.nbytes()) : 0;
 }
 
-// The Work of a timed operation: forwards to the inner Work and ends the operation's exposed
-// interval on the first completion (the interval ignores later ends).
+// The Work of a timed operation: forwards to the inner Work, ends the operation's exposed
+// interval on the first completion (the interval ignores later ends), and on the CPU ends its
+// in-flight interval there too (unless a poll saw the operation complete first).
 class TimedWork final : public WorkImpl {
  public:
-  TimedWork(Work inner, std::shared_ptr<OverlapInterval> interval, bool from_wait)
-      : inner_(std::move(inner)), interval_(std::move(interval)), from_wait_(from_wait) {}
+  TimedWork(Work inner, std::shared_ptr<OverlapInterval> interval,
+            std::shared_ptr<OverlapInterval> in_flight, bool from_wait)
+      : inner_(std::move(inner)),
+        interval_(std::move(interval)),
+        in_flight_(std::move(in_flight)),
+        from_wait_(from_wait) {}
 
   void wait(const Stream& stream) override {
     if (from_wait_) interval_->restart_at(stream);
@@ -30,6 +36,7 @@ class TimedWork final : public WorkImpl {
     // The end is recorded on the waiting stream after its wait: it completes when the stream can
     // continue past the operation.
     interval_->end(stream);
+    if (!stream.device().is_cuda()) in_flight_->end_on_host();
   }
 
   bool synchronize_for(std::chrono::nanoseconds timeout) override {
@@ -46,6 +53,7 @@ class TimedWork final : public WorkImpl {
       }
     }
     interval_->end_on_host();
+    in_flight_->end_on_host();
     return true;
   }
 
@@ -56,6 +64,7 @@ class TimedWork final : public WorkImpl {
  private:
   Work inner_;
   std::shared_ptr<OverlapInterval> interval_;
+  std::shared_ptr<OverlapInterval> in_flight_;
   bool from_wait_;
 };
 
@@ -68,25 +77,60 @@ TimedCommunicator::~TimedCommunicator() = default;
 
 template <typename Issue>
 Work TimedCommunicator::timed(const Stream& stream, std::int64_t bytes, Issue&& issue) {
-  // An operation that throws leaves its interval unended: it adds nothing to exposed_ms.
+  // An operation that throws leaves its intervals unended: it adds nothing.
+  if (fresh_window_ && stream.device().is_cuda()) {
+    meter_.start_window(stream);  // GPU marks are placed on the device's timeline
+  }
+  fresh_window_ = false;
   std::shared_ptr<OverlapInterval> interval = meter_.begin(OverlapKind::exposed, stream);
+  std::shared_ptr<OverlapInterval> in_flight = meter_.begin(OverlapKind::in_flight, stream);
   Work inner = issue();  // validation errors propagate from here, nothing counted
   window_.ops += 1;
   window_.bytes += bytes;
+  if (stream.device().is_cuda()) {
+    // GPU: the operation's end, on a side stream that waits for it (the host does not block);
+    // that wait is not the caller's, so it is not traced as one.
+    if (!side_ || side_->device() != stream.device()) {
+      side_ = std::make_unique<Stream>(Stream::create(stream.device()));
+    }
+    in_flight->wait_for_start(*side_);
+    {
+      const trace::UntracedWaits untraced;
+      inner.wait(*side_);
+    }
+    in_flight->end(*side_);
+  } else {
+    // CPU: the end is the first time the host sees the operation complete: at its wait, or at a
+    // later issue that finds it complete (whichever comes first).
+    poll_in_flight();
+    open_.push_back({inner, in_flight});
+  }
   return Work(std::make_shared<TimedWork>(std::move(inner), std::move(interval),
-                                          measure_ == Measure::from_wait));
+                                          std::move(in_flight), measure_ == Measure::from_wait));
+}
+
+void TimedCommunicator::poll_in_flight() {
+  std::erase_if(open_, [](const Open& o) {
+    if (!o.in_flight->ended() && o.work.is_completed()) o.in_flight->end_on_host();
+    return o.in_flight->ended();
+  });
 }
 
 TimedCommunicator::Stats TimedCommunicator::take_stats() {
+  poll_in_flight();
   Stats stats = window_;
-  stats.exposed_ms = meter_.take().exposed_ms;
+  const OverlapTotals totals = meter_.take();
+  stats.exposed_ms = totals.exposed_ms;
+  stats.comm_ms = totals.comm_ms;
   window_ = Stats{};
   return stats;
 }
 
 void TimedCommunicator::reset() {
   window_ = Stats{};
+  open_.clear();
   meter_.start_window();
+  fresh_window_ = true;
 }
 
 Work TimedCommunicator::all_reduce(const Tensor& in, const Tensor& out, ReduceOp op,

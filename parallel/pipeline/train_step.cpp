@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "quintet/core/error.hpp"
+#include "quintet/core/trace.hpp"
 
 namespace quintet::pipeline {
 
@@ -27,7 +28,10 @@ TrainStepResult train_step(PipelineExecutor& executor,
   const float scale = 1.0f / static_cast<float>(executor.schedule().microbatches);
   Tensor loss = executor.run(data, scale, stream);
   TrainStepResult out;
-  out.optimizer = DistributedOptimizer::step_together(optimizers, stream);
+  {
+    const trace::Range range(trace::TraceKind::compute, "optimizer step", stream);
+    out.optimizer = DistributedOptimizer::step_together(optimizers, stream);
+  }
   // The last stage's sum (every tp rank the same) to every stage, then the mean over replicas.
   if (!loss.defined()) {
     loss = Tensor::empty({}, DType::f32, stream.device(), stream);

@@ -87,7 +87,8 @@ TrainingModel::TrainingModel(const TrainingConfig& config, Mesh& mesh, const Str
   const std::int64_t mine = config_.model.seq_len / mesh_.size(Axis::cp);  // this cp rank's
   const std::int64_t seq = config_.model.sequence_parallel ? mine / tp_size : mine;
   executor_ = std::make_unique<pipeline::PipelineExecutor>(
-      std::move(schedule), mesh_.comm(Axis::pp), std::move(modules),
+      std::move(schedule), config_.pp != nullptr ? *config_.pp : mesh_.comm(Axis::pp),
+      std::move(modules),
       pipeline::ExecutorConfig{{config_.micro_batch, seq, config_.model.hidden},
                                config_.model.dtype});
 }

@@ -13,6 +13,9 @@
 #               steps 11..20
 #   bad_flags   inconsistent flags are refused with a message naming them, ranks started with
 #               different flags too; --lr-schedule wsd gives the library schedule's rates
+#   trace       --trace writes valid per-rank traces (tp 2 x dp 2, pp 2 x dp 2) whose ranges lie in
+#               their steps, the per-kind communication figures add up, a straggler is named,
+#               tracing leaves the losses unchanged; merge_traces.py and plot_timeline.py run
 #   killed      a save killed midway (--exit-during-save) is never loaded: resuming starts from
 #               the previous checkpoint and continues the uninterrupted run's losses
 # Usage: gpt_train_test.sh TRAINER MPIEXEC WORKDIR CASE [mpirun flags...]
@@ -134,6 +137,37 @@ case $case in
     compare full resumed 6 20 1e-6
     python3 -c "import json,sys; s=[json.loads(l)['step'] for l in open('resumed.jsonl') if '\"step\"' in l]; sys.exit(0 if s[0]==6 else f'resumed at {s[0]}, expected 6')"
     test "$(cat ckpt/latest)" = step_000020
+    ;;
+  trace)
+    # --trace at tp 2 x dp 2 (ZeRO-1): valid traces with compute, dp, tp and ZeRO-gather ranges
+    # inside their steps, the per-kind figures adding up, a straggler record; the same losses as
+    # the untraced run, bit for bit. Then pp 2 x dp 2 (pp transfers), merged and drawn.
+    root=$(cd "$here/../.." && pwd)
+    run plain 4 --steps 5 --tp 2 --dp 2 --zero 1
+    run traced 4 --steps 5 --tp 2 --dp 2 --zero 1 --trace traces --trace-steps 3:4
+    compare plain traced 1 5 0
+    python3 "$here/check_trace.py" traces traced.jsonl 4 dp,tp,zero 3 4
+    run pp_traced 4 --steps 4 --pp 2 --dp 2 --trace pp_traces
+    python3 "$here/check_trace.py" pp_traces pp_traced.jsonl 4 dp,pp 2 4
+    python3 "$root/scripts/merge_traces.py" traces -o merged.json
+    python3 -c "import json; t=json.load(open('merged.json')); \
+assert sorted({e['pid'] for e in t['traceEvents']}) == [0, 1, 2, 3], 'ranks'"
+    python3 "$root/scripts/plot_timeline.py" merged.json -o timeline.png --step 3
+    python3 -c "import sys; sys.exit(0 if open('timeline.png','rb').read(8) == b'\\x89PNG\\r\\n\\x1a\\n' else 'not a PNG')"
+    # The text output: per-kind table and straggler line.
+    text_model=()
+    for a in "${model[@]}"; do [[ $a == --json ]] || text_model+=("$a"); done
+    "$mpiexec" "${mpi_flags[@]}" -np 2 "$trainer" "${text_model[@]}" --steps 3 --tp 2 \
+      --trace text_traces >text.out
+    grep -q "communication per step (median ms)" text.out
+    grep -q "^straggler: rank [01] arrived last at" text.out
+    # Bad --trace flags are refused before training.
+    for bad in "--trace-steps 3:4" "--trace t --trace-steps 4:3" "--trace t --trace-steps x" \
+               "--trace t --trace-steps 0:2"; do
+      # shellcheck disable=SC2086
+      if run bad 1 --steps 2 $bad 2>bad.err; then echo "expected failure: $bad"; exit 1; fi
+      grep -q -- "--trace-steps" bad.err || { cat bad.err; exit 1; }
+    done
     ;;
   bad_flags)
     # Inconsistent flags fail on every rank with a message that names them, before training.

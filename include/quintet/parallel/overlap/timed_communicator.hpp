@@ -28,6 +28,13 @@
 // Work never waited on nor synchronized counts in ops and bytes but adds no exposed time; one
 // whose interval ends after a take_stats() adds its time to the window in which it ends.
 //
+// In flight: each operation also has an in_flight interval of the meter, from the same start mark
+// at issue to its completion: on the GPU a mark recorded on a side stream of this communicator
+// that waits (on the device) for the operation; on the CPU the host clock when the host first
+// sees it complete (its wait or synchronize returns, or a later issue or take_stats finds it
+// complete), an upper bound on the completion. Stats::comm_ms is their union: the communication
+// time, hidden or not; comm_ms - exposed_ms is the part that ran hidden under compute.
+//
 // Measure::from_wait moves each interval's start to the wait instead: a mark recorded on the
 // waiting stream just before Work::wait(stream) (the host clock before synchronize / wait_for).
 // The interval is then the time the waiting stream (or the host) stalled on the operation, with
@@ -59,6 +66,9 @@ class TimedCommunicator final : public Communicator {
                               // (OverlapTotals::exposed_ms of the window)
     std::int64_t bytes = 0;   // payload in bytes: per op the larger of its buffers on this rank
                               // (p2p: the sum of its tensors; barrier: 0)
+    double comm_ms = 0.0;     // the operations in flight: the union over the window's ended
+                              // operations of issue to completion, milliseconds
+                              // (OverlapTotals::comm_ms; see "In flight" above)
   };
 
   // Where an operation's exposed interval starts (see above).
@@ -75,7 +85,9 @@ class TimedCommunicator final : public Communicator {
   // once a step, after the step's work has been synchronised anyway.
   Stats take_stats();
   // Starts a new window, discarding the current one's totals (intervals not yet ended are
-  // forgotten too).
+  // forgotten too). On a GPU, comm_ms needs the window begun by reset(): its first operation's
+  // stream is the origin of the in-flight timeline (a window begun by take_stats places the
+  // marks by host clocks).
   void reset();
 
   // Forwarded to inner.
@@ -114,10 +126,21 @@ class TimedCommunicator final : public Communicator {
   template <typename Issue>
   Work timed(const Stream& stream, std::int64_t bytes, Issue&& issue);
 
+  // CPU: ends the in-flight intervals of the operations seen complete.
+  void poll_in_flight();
+
+  struct Open {  // a CPU operation whose in-flight interval has not ended
+    Work work;
+    std::shared_ptr<OverlapInterval> in_flight;
+  };
+
   Communicator* inner_;
   Measure measure_;
-  Stats window_;        // ops and bytes of this window
-  OverlapMeter meter_;  // its exposed intervals (shared with their Works)
+  std::unique_ptr<Stream> side_;  // GPU: waits for each operation, to mark its end
+  std::vector<Open> open_;
+  bool fresh_window_ = true;  // reset() since the last operation
+  Stats window_;              // ops and bytes of this window
+  OverlapMeter meter_;        // its exposed intervals (shared with their Works)
 };
 
 }  // namespace quintet

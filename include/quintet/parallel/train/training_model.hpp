@@ -69,6 +69,8 @@ struct TrainingConfig {
   // The same for the expert-parallel communicator of MoE blocks (mesh.comm(Axis::ep) when null),
   // e.g. a TimedCommunicator to measure the exposed ep communication.
   Communicator* ep = nullptr;
+  // The same for the pipeline's stage-to-stage transfers (mesh.comm(Axis::pp) when null).
+  Communicator* pp = nullptr;
   // Debug: before each microbatch is used, check that the stage's tp ranks hold the same tokens
   // (check_same_batch, loader_for_mesh.hpp). One small all-gather per microbatch.
   bool check_batches = false;

@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""Checks a trainer run with --trace (tests/example/gpt_train_test.sh, case trace).
+
+  check_trace.py DIR RUN.jsonl RANKS KINDS FIRST LAST
+
+DIR holds trace_rank<r>.json for r < RANKS. Each is valid Chrome trace JSON; every rank has
+compute ranges and communication of each kind in KINDS (comma-separated: dp,tp,zero,pp); every
+range has a start and a duration >= 0 and lies within its step's range; the steps are FIRST..LAST.
+RUN.jsonl: every step record has, per kind, hidden + exposed <= in flight and exposed <= the step
+time; the kinds in KINDS other than zero had communication; the straggler record counts every
+compared collective once.
+"""
+import json
+import sys
+
+tol_us = 1.0  # the step range and its events are read from one clock, printed to 1 ns
+
+
+def fail(msg):
+    sys.exit(f"check_trace: FAIL: {msg}")
+
+
+def main():
+    d, run, ranks, kinds, first, last = sys.argv[1:7]
+    ranks, first, last = int(ranks), int(first), int(last)
+    kinds = kinds.split(",")
+    for r in range(ranks):
+        path = f"{d}/trace_rank{r}.json"
+        try:
+            with open(path) as f:
+                t = json.load(f)
+        except (OSError, ValueError) as e:
+            fail(f"{path}: {e}")
+        if t.get("rank") != r or "clock_sync_us" not in t:
+            fail(f"{path}: rank {t.get('rank')}, clock_sync_us missing or wrong")
+        events = t["traceEvents"]
+        x = [e for e in events if e.get("ph") == "X"]
+        steps = {e["args"]["step"]: (e["ts"], e["ts"] + e["dur"]) for e in x
+                 if e["cat"] == "step"}
+        if sorted(steps) != list(range(first, last + 1)):
+            fail(f"{path}: steps {sorted(steps)}, expected {first}..{last}")
+        cats = {e["cat"] for e in x}
+        for k in ["compute"] + kinds:
+            if k not in cats:
+                fail(f"{path}: no {k} event (categories {sorted(cats)})")
+        for e in x:
+            if e["cat"] == "step":
+                continue
+            if not isinstance(e.get("ts"), (int, float)) or e.get("dur", -1) < 0:
+                fail(f"{path}: event without start or end: {e}")
+            s = e["args"]["step"]
+            if s not in steps:
+                fail(f"{path}: event of step {s} outside the traced steps: {e}")
+            lo, hi = steps[s]
+            if e["ts"] < lo - tol_us or e["ts"] + e["dur"] > hi + tol_us:
+                fail(f"{path}: event outside its step {s} [{lo}, {hi}]: {e}")
+        names = {e["name"] for e in x if e["cat"] == "compute"}
+        for n in ("block 0 fwd", "block 0 bwd", "optimizer step"):
+            if n not in names and r == 0:
+                fail(f"{path}: no compute range {n!r}")
+    records = [json.loads(l) for l in open(run) if l.startswith("{")]
+    steps = [j for j in records if "step" in j and "comm" in j]
+    if not steps:
+        fail(f"{run}: no step records")
+    seen = set()
+    for j in steps:
+        for kind, c in j["comm"].items():
+            if c["hidden_ms"] + c["exposed_ms"] > c["comm_ms"] * (1 + 1e-9) + 1e-9:
+                fail(f"step {j['step']} {kind}: hidden + exposed > in flight: {c}")
+            if c["exposed_ms"] > j["ms"]:
+                fail(f"step {j['step']} {kind}: exposed {c['exposed_ms']} > step {j['ms']} ms")
+            if min(c.values()) < 0:
+                fail(f"step {j['step']} {kind}: negative time {c}")
+            if c["comm_ms"] > 0:
+                seen.add(kind)
+    for k in kinds:
+        if k != "zero" and k not in seen:
+            fail(f"{run}: no step had {k} communication (had {sorted(seen)})")
+    strag = [j for j in records if "straggler" in j]
+    if len(strag) != 1:
+        fail(f"{run}: {len(strag)} straggler records")
+    s = strag[0]
+    if s["collectives_compared"] <= 0 or sum(s["last_at"]) != s["collectives_compared"]:
+        fail(f"{run}: straggler record does not add up: {s}")
+    if not 0 <= s["straggler"] < ranks:
+        fail(f"{run}: straggler {s['straggler']} is not a rank")
+    print(f"check_trace: {ranks} traces, steps {first}..{last}, kinds {kinds}: OK")
+
+
+if __name__ == "__main__":
+    main()
