@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Draws one step of a merged trace (scripts/merge_traces.py) as a PNG: a row per rank (its
 compute lane, then one lane per communicator), time across, ranges coloured by kind (compute,
-each kind of communication, waits on it hatched darker, loader, host-to-device copies). Pure
+each kind of communication, waits on it hatched darker, loader, host-to-device copies;
+consecutive compute ranges in alternating shades, the optimizer step dark). Pure
 Python (zlib only): no plotting library is needed.
 
   python3 scripts/plot_timeline.py DIR/trace_merged.json -o timeline.png [--step N]
@@ -113,6 +114,7 @@ def main():
     title = args.title or f"step {step}: {span / 1e3:.1f} ms"
     c.text(left, 10, title, scale=3)
     y = top
+    shade = {}
     for r in ranks:
         c.rect(left, y - 2, args.width - 20, y + len(lanes[r]) * lane_h, COLORS["step"])
         for i, lane in enumerate(lanes[r]):
@@ -133,8 +135,14 @@ def main():
             x1 = left + (e["ts"] + e["dur"] - t0) * scale
             yy = y + lane * lane_h
             inset = 4 if wait else 1  # waits drawn inside the compute range they stall
-            c.rect(x0, yy + inset, x1, yy + lane_h - inset, COLORS.get(kind, COLORS["other"]),
-                   hatch=wait)
+            color = COLORS.get(kind, COLORS["other"])
+            if kind == "compute":  # adjacent ranges (block after block) in alternating shades
+                shade[r] = not shade.get(r, False)
+                if shade[r]:
+                    color = tuple(min(255, v + 45) for v in color)
+                if e["name"].startswith("optimizer"):
+                    color = (40, 60, 140)
+            c.rect(x0, yy + inset, x1, yy + lane_h - inset, color, hatch=wait)
         y += len(lanes[r]) * lane_h + gap
     # Legend and time axis.
     x = left

@@ -33,4 +33,6 @@ python3 scripts/merge_traces.py "$work/cpu"
 python3 scripts/plot_timeline.py "$work/cpu/trace_merged.json" -o "$out/cpu_step.png" --step 4 \
   --title "tp 2 x dp 2 zero-1 on 4 cpu ranks, step 4"
 grep straggler "$out/cpu_traced.jsonl" | tail -n 1
+gzip -c "$work/cpu/trace_merged.json" >"$out/cpu_trace_merged.json.gz"
+[ -f "$work/gpu/trace_merged.json" ] && gzip -c "$work/gpu/trace_merged.json" >"$out/gpu_trace_merged.json.gz"
 rm -rf "$work"

@@ -10,6 +10,8 @@
 #              resumed, equals the uninterrupted run at steps 11..20 (the bias is in the checkpoint)
 #   gpu        one GPU (skipped without one): 20 bf16 steps follow the CPU run within 2e-2,
 #              with the telemetry
+#   trace      --trace (cp 2 x dp 2 x ep 2, ep 3): valid traces with dp, ep and cp communication,
+#              the per-kind figures adding up, the losses unchanged
 #   bad_flags  experts not divisible by ep, top-k above the experts, etp x ep that does not fit
 #              the ranks, an unknown router, --moe-chunks 0: refused with a message naming them
 # Usage: moe_train_test.sh TRAINER MPIEXEC WORKDIR CASE [mpirun flags...]
@@ -98,6 +100,17 @@ for r in recs:
         sys.exit(f"step {r['step']}: mean tokens per expert {r['tokens_per_expert_mean']}")
 print("GPU telemetry present in every record")
 PY
+    ;;
+  trace)
+    # --trace in the MoE trainer: cp 2 x dp 2 x ep 2 (dp, ep and cp communication) and ep 3 at
+    # 3 ranks; valid traces whose ranges lie in their steps, per-kind figures that add up, the
+    # same losses as without --trace.
+    run plain 4 --steps 4 --cp 2 --dp 2 --ep 2
+    run traced 4 --steps 4 --cp 2 --dp 2 --ep 2 --trace traces --trace-steps 2:3
+    compare plain traced 1 4 0
+    python3 "$here/check_trace.py" traces traced.jsonl 4 dp,ep,cp 2 3
+    run ep3_traced 3 --steps 3 --dp 3 --ep 3 --experts 6 --global-batch 6 --trace ep3_traces
+    python3 "$here/check_trace.py" ep3_traces ep3_traced.jsonl 3 dp,ep 2 3
     ;;
   bad_flags)
     expect_error() {  # expect_error RANKS MESSAGE FLAGS...
