@@ -16,9 +16,9 @@ quintet::train::Checkpointer checkpointer(const TrainConfig& c, const std::strin
   for (char& ch : data) {
     if (ch == ';' || ch == '=' || ch == '"' || ch == '\\') ch = '_';
   }
-  return quintet::train::Checkpointer(dir, world,
-                                      fmt::format("global_batch={};data={};synthetic_order={}",
-                                                  c.global_batch, data, c.synthetic_order));
+  // (The global batch is in the library's identity already.)
+  return quintet::train::Checkpointer(
+      dir, world, fmt::format("data={};synthetic_order={}", data, c.synthetic_order));
 }
 
 std::string run_metadata(const TrainConfig& c) {

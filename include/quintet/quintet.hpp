@@ -37,6 +37,7 @@
 #include "quintet/nn/recompute.hpp"
 #include "quintet/nn/vocab_parallel_ops.hpp"
 #include "quintet/parallel/checkpoint/checkpoint.hpp"
+#include "quintet/parallel/checkpoint/global_index.hpp"
 #include "quintet/parallel/context/ring_attention.hpp"
 #include "quintet/parallel/data/bucket_plan.hpp"
 #include "quintet/parallel/data/data_parallel.hpp"

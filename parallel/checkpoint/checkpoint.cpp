@@ -21,6 +21,18 @@ namespace {
 
 std::string shard_name(int rank) { return fmt::format("rank_{:05d}.qckpt", rank); }
 
+// The XXH64 that checkpoint.json records for rank's shard (the one the shard must carry).
+std::uint64_t recorded_checksum(const CheckpointInfo& checkpoint, int rank) {
+  const std::string key = fmt::format("\"file\": \"{}\"", shard_name(rank));
+  const auto pos = checkpoint.metadata_json.find(key);
+  QUINTET_CHECK_CODE(pos != std::string::npos, System, "checkpoint {}: no entry for {}",
+                     checkpoint.path, shard_name(rank));
+  const auto sum_pos = checkpoint.metadata_json.find("\"xxh64\": \"", pos);
+  QUINTET_CHECK_CODE(sum_pos != std::string::npos, System, "checkpoint {}: no checksum for {}",
+                     checkpoint.path, shard_name(rank));
+  return std::stoull(checkpoint.metadata_json.substr(sum_pos + 10, 16), nullptr, 16);
+}
+
 // Writes text to path and flushes it to the disk before returning.
 void write_file_durably(const fs::path& path, const std::string& text) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -108,6 +120,10 @@ std::string read_text(const fs::path& path) {
 }  // namespace
 
 std::string checkpoint_name(std::int64_t step) { return fmt::format("step_{:06d}", step); }
+
+void run_on_every_rank(Communicator& comm, const char* what, const std::function<void()>& fn) {
+  run_agreed(comm, what, fn);
+}
 
 void save_checkpoint(const std::string& dir, std::int64_t step,
                      const std::vector<NamedTensor>& tensors, const std::string& metadata_json,
@@ -213,18 +229,35 @@ void load_checkpoint(const CheckpointInfo& checkpoint, const std::vector<NamedTe
                 checkpoint.path, checkpoint.world_size, comm.size());
   run_agreed(comm, "load_checkpoint", [&] {
     const fs::path shard = fs::path(checkpoint.path) / shard_name(comm.rank());
-    // The checksum rank 0 recorded must be the one the shard carries.
-    const std::string key = fmt::format("\"file\": \"{}\"", shard_name(comm.rank()));
-    const auto pos = checkpoint.metadata_json.find(key);
-    QUINTET_CHECK_CODE(pos != std::string::npos, System, "checkpoint {}: no entry for {}",
-                       checkpoint.path, shard_name(comm.rank()));
-    const auto sum_pos = checkpoint.metadata_json.find("\"xxh64\": \"", pos);
-    QUINTET_CHECK_CODE(sum_pos != std::string::npos, System, "checkpoint {}: no checksum for {}",
-                       checkpoint.path, shard_name(comm.rank()));
-    const std::uint64_t expected =
-        std::stoull(checkpoint.metadata_json.substr(sum_pos + 10, 16), nullptr, 16);
-    read_shard(shard, expected, tensors, stream);
+    read_shard(shard, recorded_checksum(checkpoint, comm.rank()), tensors, stream);
   });
+}
+
+std::string shard_path(const CheckpointInfo& checkpoint, int rank) {
+  return (fs::path(checkpoint.path) / shard_name(rank)).string();
+}
+
+ShardIndex read_shard_index(const CheckpointInfo& checkpoint, int rank) {
+  return read_shard_index(fs::path(shard_path(checkpoint, rank)));
+}
+
+Tensor read_shard_tensor(const CheckpointInfo& checkpoint, int rank, const ShardIndex& index,
+                         const ShardEntry& entry) {
+  return read_shard_tensor(fs::path(shard_path(checkpoint, rank)), index, entry);
+}
+
+void verify_checkpoint(const CheckpointInfo& checkpoint) {
+  for (int r = 0; r < checkpoint.world_size; ++r) {
+    const fs::path path = shard_path(checkpoint, r);
+    const std::uint64_t actual = shard_file_checksum(path);
+    const std::uint64_t expected = recorded_checksum(checkpoint, r);
+    QUINTET_CHECK_CODE(actual == expected, System,
+                       "checkpoint: shard {} is corrupt: XXH64 {:016x}, checkpoint.json says "
+                       "{:016x}",
+                       path.string(), actual, expected);
+    const ShardIndex index = read_shard_index(path);
+    for (const ShardEntry& e : index.entries) (void)read_shard_tensor(path, index, e);
+  }
 }
 
 }  // namespace quintet

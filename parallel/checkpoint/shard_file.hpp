@@ -30,6 +30,15 @@ struct ShardSummary {
 ShardSummary write_shard(const std::filesystem::path& path, const std::vector<NamedTensor>& tensors,
                          const Stream& stream);
 
+// The tensors a shard holds (ShardIndex: checkpoint.hpp), from its header (v2: the header's
+// checksum verified; the payload not read), and where its payload starts.
+ShardIndex read_shard_index(const std::filesystem::path& path);
+// One tensor's bytes (a CPU tensor), read with pread; v2: its checksum verified.
+Tensor read_shard_tensor(const std::filesystem::path& path, const ShardIndex& index,
+                         const ShardEntry& entry);
+// The whole file's XXH64, checked against its trailer (reads every byte).
+std::uint64_t shard_file_checksum(const std::filesystem::path& path);
+
 // Verifies path's checksum (and that it equals expected_checksum), then copies each tensor's
 // saved values into it. Every tensor must be present with its dtype and shape.
 void read_shard(const std::filesystem::path& path, std::uint64_t expected_checksum,

@@ -245,4 +245,58 @@ void DistributedOptimizer::load_state(const std::vector<std::pair<std::string, T
                            stream);
 }
 
+std::vector<std::pair<std::string, Tensor>> DistributedOptimizer::full_state(
+    const Stream& stream) const {
+  const nn::ParameterStore& store = dp_.store();
+  const std::int64_t n = store.data_buffer().numel();
+  const DType acc = nn::accum_dtype(store.dtype());
+  std::vector<std::pair<std::string, Tensor>> out;
+  const std::pair<const char*, const Tensor*> mine[] = {
+      {"master", &master_}, {"exp_avg", &exp_avg_}, {"exp_avg_sq", &exp_avg_sq_}};
+  for (const auto& [name, state] : mine) {
+    Tensor full = Tensor::empty({n}, acc, store.device(), stream);
+    full.fill_(0.0, stream);
+    for (const Segment& g : segments_) {
+      full.narrow(0, g.flat_offset, g.length)
+          .copy_(state->narrow(0, g.state_offset, g.length), stream);
+    }
+    if (stage_ > 0) {
+      for (const GradientBucket& k : dp_.buckets()) {
+        Tensor part = full.narrow(0, k.begin, k.numel());
+        dp_.mesh().comm(k.axis).all_reduce(part, ReduceOp::sum, stream).wait(stream);
+      }
+    }
+    out.emplace_back(name, full);
+  }
+  return out;
+}
+
+void DistributedOptimizer::load_full_state(const std::vector<std::pair<std::string, Tensor>>& full,
+                                           std::int64_t step, const Stream& stream) {
+  const nn::ParameterStore& store = dp_.store();
+  const std::int64_t n = store.data_buffer().numel();
+  const DType acc = nn::accum_dtype(store.dtype());
+  QUINTET_CHECK(step >= 0, "DistributedOptimizer::load_full_state: step = {}", step);
+  std::vector<std::pair<Tensor*, Tensor>> todo;
+  const std::pair<const char*, Tensor*> mine[] = {
+      {"master", &master_}, {"exp_avg", &exp_avg_}, {"exp_avg_sq", &exp_avg_sq_}};
+  for (const auto& [name, state] : mine) {
+    const auto it =
+        std::find_if(full.begin(), full.end(), [&](const auto& f) { return f.first == name; });
+    QUINTET_CHECK(it != full.end(), "DistributedOptimizer::load_full_state: no '{}' given", name);
+    QUINTET_CHECK(it->second.defined() && it->second.numel() == n && it->second.dtype() == acc,
+                  "DistributedOptimizer::load_full_state: '{}' is {}, expected {} elements of {}",
+                  name, it->second.defined() ? it->second.str() : std::string("undefined"), n,
+                  dtype_name(acc));
+    todo.emplace_back(state, it->second.view({n}));
+  }
+  for (auto& [state, from] : todo) {
+    for (const Segment& g : segments_) {
+      state->narrow(0, g.state_offset, g.length)
+          .copy_(from.narrow(0, g.flat_offset, g.length), stream);
+    }
+  }
+  step_ = step;
+}
+
 }  // namespace quintet

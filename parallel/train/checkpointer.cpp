@@ -9,6 +9,7 @@
 
 #include "quintet/core/error.hpp"
 #include "quintet/parallel/checkpoint/checkpoint.hpp"
+#include "quintet/parallel/checkpoint/global_index.hpp"
 
 namespace quintet::train {
 
@@ -21,6 +22,8 @@ constexpr const char* kEpoch = "\"trainer_data_epoch\": ";
 constexpr const char* kSample = "\"trainer_data_sample_index\": ";
 constexpr const char* kIdentity = "\"trainer_identity\": \"";
 constexpr const char* kUser = "\"user\": ";
+constexpr const char* kOptimizerStep = "\"trainer_optimizer_step\": ";
+constexpr const char* kLayout = "\"trainer_layout\": ";
 
 // The position just past key in text, at or after from; throws when it is missing.
 std::size_t after(const std::string& text, const std::string& key, std::size_t from,
@@ -51,50 +54,82 @@ std::vector<std::pair<std::string, std::string>> split_identity(const std::strin
   return out;
 }
 
-// This rank's tensors: the values and optimizer state of each stage it holds.
-std::string prefix(const TrainingModel& model, const TrainingStage& s) {
-  return model.stages().size() == 1 ? std::string() : fmt::format("stage{}.", s.stage);
+// The box a parameter's local tensor is in its global tensor: (start, global shape).
+std::pair<Shape, Shape> box_of(const nn::Parameter& p) {
+  const nn::ParameterAttributes& a = p.attributes();
+  if (a.full_shape.empty()) return {Shape(p.shape().size(), 0), p.shape()};
+  return {a.shard_start, a.full_shape};
 }
 
-// The balancing biases of a stage's MoE layers, concatenated (undefined without MoE layers).
-Tensor moe_biases(const TrainingStage& s) {
-  std::vector<float> all;
-  for (const expert::MoELayer* m : s.chunk->moe_layers()) {
-    const std::vector<float> b = m->balance_bias().to_vector<float>();
-    all.insert(all.end(), b.begin(), b.end());
-  }
-  if (all.empty()) return Tensor();
-  return Tensor::from_vector(all, {static_cast<std::int64_t>(all.size())});
+// Whether this rank writes p's pieces: one rank of each group that holds the same box (the
+// replicas over dp and cp, and over tp for a tensor tp does not split; for an expert weight, its
+// replicas over edp). The second copy of a tied weight is never written: it equals its owner.
+bool writes(const nn::Parameter& p, const Mesh& mesh) {
+  const nn::ParameterAttributes& a = p.attributes();
+  if (a.tied == nn::TiedRole::copy) return false;
+  if (a.is_expert) return mesh.rank(Axis::edp) == 0;
+  const bool split = !a.full_shape.empty() && a.full_shape != p.shape();
+  return mesh.rank(Axis::dp) == 0 && mesh.rank(Axis::cp) == 0 &&
+         (split || mesh.rank(Axis::tp) == 0);
 }
+
+// The global names of a stage's MoE balancing biases: the router weight's name with
+// "router.weight" replaced by "balance_bias", in the order of chunk->moe_layers().
+std::vector<std::string> bias_names(const TrainingStage& s) {
+  std::vector<std::string> out;
+  const std::string router = "router.weight";
+  for (const nn::Parameter* p : s.store->parameters()) {
+    const std::string& n = p->name();
+    if (n.size() >= router.size() &&
+        n.compare(n.size() - router.size(), router.size(), router) == 0)
+      out.push_back(n.substr(0, n.size() - router.size()) + "balance_bias");
+  }
+  QUINTET_CHECK(out.size() == s.chunk->moe_layers().size(),
+                "Checkpointer: {} router weights for {} MoE layers in stage {}", out.size(),
+                s.chunk->moe_layers().size(), s.stage);
+  return out;
+}
+
+constexpr const char* kStateFields[] = {"master", "exp_avg", "exp_avg_sq"};
 
 }  // namespace
 
 std::string run_identity(const TrainingModel& model, const data::DataLoader& loader) {
   const TrainingConfig& c = model.config();
   const model::GptConfig& m = c.model;
-  const Mesh& mesh = model.mesh();
   const data::LoaderConfig& lc = loader.config();
+  // What the numbers depend on: the model, the global batch, the init seed and the data order;
+  // not the layout (tp, cp, pp, dp, ep, etp, vpp, ZeRO, micro-batch, sequence parallelism),
+  // which a restore may change.
   return fmt::format(
              "layers={};hidden={};heads={};mlp_width={};vocab={};seq_len={};norm={};activation={};"
              "bias={};tied_embeddings={};learned_positions={};init_std={};output_init_std={};eps={}"
-             ";"
-             "dtype={};sequence_parallel={};attention={};mlp={};tp={};cp={};pp={};dp={};vpp={};"
-             "micro_batch={};microbatches={};zero_stage={};seed={};loader_seed={};shuffle={}",
+             ";dtype={};attention={};mlp={};global_batch={};seed={};loader_seed={};shuffle={}",
              m.layers, m.hidden, m.heads, m.mlp_width(), m.vocab, m.seq_len,
              static_cast<int>(m.norm), static_cast<int>(m.activation), m.bias, m.tied_embeddings,
              m.learned_positions, m.init_std, m.output_init_std(), m.eps, dtype_name(m.dtype),
-             m.sequence_parallel, static_cast<int>(m.attention), static_cast<int>(m.mlp),
-             mesh.size(Axis::tp), mesh.size(Axis::cp), mesh.size(Axis::pp), mesh.size(Axis::dp),
-             c.vpp, c.micro_batch, c.microbatches, c.data_parallel.zero_stage, c.seed, lc.seed,
-             lc.shuffle) +
+             static_cast<int>(m.attention), static_cast<int>(m.mlp), c.global_batch(model.mesh()),
+             c.seed, lc.seed, lc.shuffle) +
          (m.mlp != model::MlpKind::moe
               ? std::string()
               : fmt::format(";experts={};top_k={};expert_width={};moe_every={};shared_experts={};"
-                            "router={};capacity_factor={};ep={};etp={}",
+                            "router={};capacity_factor={}",
                             m.moe.router.experts, m.moe.router.top_k, m.expert_width(), m.moe.every,
                             m.moe.shared_experts, static_cast<int>(m.moe.router.score),
-                            m.moe.router.capacity_factor, mesh.size(Axis::ep),
-                            mesh.size(Axis::etp)));
+                            m.moe.router.capacity_factor));
+}
+
+// The layout a checkpoint was saved at (recorded for the record and the inspection tool, not
+// checked: a restore may use another).
+std::string run_layout(const TrainingModel& model) {
+  const Mesh& mesh = model.mesh();
+  const TrainingConfig& c = model.config();
+  return fmt::format(
+      "tp={};cp={};pp={};dp={};ep={};etp={};vpp={};zero_stage={};micro_batch={};"
+      "sequence_parallel={}",
+      mesh.size(Axis::tp), mesh.size(Axis::cp), mesh.size(Axis::pp), mesh.size(Axis::dp),
+      mesh.size(Axis::ep), mesh.size(Axis::etp), c.vpp, c.data_parallel.zero_stage, c.micro_batch,
+      c.model.sequence_parallel);
 }
 
 Checkpointer::Checkpointer(std::string dir, Communicator& world, std::string extra_identity)
@@ -125,20 +160,37 @@ void Checkpointer::save(std::int64_t step, TrainingModel& model, const data::Dat
                         const std::string& user_json, const std::function<void()>& before_commit) {
   QUINTET_CHECK(!user_json.empty(), "Checkpointer::save: empty user_json; pass a JSON value");
   const Stream& stream = model.stream();
+  const Mesh& mesh = model.mesh();
   std::vector<NamedTensor> tensors;
+  std::int64_t optimizer_steps = 0;
   for (TrainingStage& s : model.stages()) {
     s.optimizer->wait_for_parameters(stream);  // ZeRO: every value current before it is written
-    tensors.push_back({prefix(model, s) + "params", s.store->data_buffer()});
-    for (auto& [name, t] : s.optimizer->state()) {
-      tensors.push_back({prefix(model, s) + "optimizer." + name, t});
+    // Every element's optimizer state (ZeRO: gathered over each bucket's group).
+    const auto full = s.optimizer->full_state(stream);
+    optimizer_steps = s.optimizer->steps();
+    for (const nn::Parameter* p : s.store->parameters()) {
+      if (!writes(*p, mesh)) continue;
+      const auto [start, global] = box_of(*p);
+      tensors.push_back({encode_piece_name({"value", p->name(), start, global}), p->data()});
+      for (const auto& [field, buffer] : full) {
+        tensors.push_back({encode_piece_name({field, p->name(), start, global}),
+                           buffer.narrow(0, p->offset(), p->numel()).view(p->shape())});
+      }
     }
-    const Tensor bias = moe_biases(s);
-    if (bias.defined()) tensors.push_back({prefix(model, s) + "moe_bias", bias});
+    // The MoE balancing biases: the same on every rank of the stage.
+    if (mesh.rank(Axis::dp) == 0 && mesh.rank(Axis::cp) == 0 && mesh.rank(Axis::tp) == 0) {
+      const std::vector<std::string> names = bias_names(s);
+      for (std::size_t i = 0; i < names.size(); ++i) {
+        const Tensor& b = s.chunk->moe_layers()[i]->balance_bias();
+        tensors.push_back({encode_piece_name({"value", names[i], {0}, b.shape()}), b});
+      }
+    }
   }
   const data::SamplerState position = loader.state();
-  const std::string meta = fmt::format("{{{}{}, {}{}, {}{}, {}{}\", {}{}}}", kStep, step, kEpoch,
-                                       position.epoch, kSample, position.sample_index, kIdentity,
-                                       identity(model, loader), kUser, user_json);
+  const std::string meta =
+      fmt::format("{{{}{}, {}{}, {}{}, {}{}, {}{}\", {}\"{}\", {}{}}}", kStep, step, kOptimizerStep,
+                  optimizer_steps, kEpoch, position.epoch, kSample, position.sample_index,
+                  kIdentity, identity(model, loader), kLayout, run_layout(model), kUser, user_json);
   save_checkpoint(dir_, step, tensors, meta, world_, stream, before_commit);
 }
 
@@ -157,42 +209,49 @@ std::optional<std::int64_t> Checkpointer::restore(TrainingModel& model, data::Da
     }
     QUINTET_CHECK(was == value,
                   "Checkpointer::restore: {} was saved by a run with {} = {}, this run has {} = "
-                  "{}; restore into the same model, layout, batch, seed and data order",
+                  "{}; restore into the same model, global batch, seed and data order (the layout "
+                  "may differ)",
                   info->path, key, was, key, value);
   }
-  QUINTET_CHECK(info->world_size == world_.size(),
-                "Checkpointer::restore: {} was saved by {} ranks, this job has {}", info->path,
-                info->world_size, world_.size());
   const Stream& stream = model.stream();
-  // Values load in place; the optimizer state into copies it then takes (its "step" is a copy).
-  std::vector<NamedTensor> tensors;
-  std::vector<std::vector<std::pair<std::string, Tensor>>> states;
-  std::vector<Tensor> biases;
-  for (TrainingStage& s : model.stages()) {
-    biases.push_back(moe_biases(s));
-    if (biases.back().defined()) tensors.push_back({prefix(model, s) + "moe_bias", biases.back()});
-    tensors.push_back({prefix(model, s) + "params", s.store->data_buffer()});
-    states.push_back(s.optimizer->state());
-    for (auto& [name, t] : states.back()) {
-      t = Tensor::empty(t.shape(), t.dtype(), t.device(), stream);
-      tensors.push_back({prefix(model, s) + "optimizer." + name, t});
-    }
-  }
-  load_checkpoint(*info, tensors, world_, stream);
-  std::size_t i = 0;
-  for (TrainingStage& s : model.stages()) {
-    s.optimizer->load_state(states[i], stream);
-    if (biases[i].defined()) {
-      const std::vector<float> all = biases[i].to_vector<float>();
-      std::size_t at = 0;
-      for (expert::MoELayer* m : s.chunk->moe_layers()) {
-        const std::size_t e = static_cast<std::size_t>(m->options().router.experts);
-        m->set_balance_bias(std::vector<float>(all.begin() + at, all.begin() + at + e));
-        at += e;
+  // Every rank reads what it needs of the pieces any layout saved; a failure on one rank (a
+  // missing piece, a corrupt file) makes every rank throw before training goes on.
+  run_on_every_rank(world_, "Checkpointer::restore", [&] {
+    const GlobalIndex index(*info);
+    QUINTET_CHECK(!index.summary().empty(),
+                  "Checkpointer::restore: {} holds no global tensors: it was saved in the older "
+                  "per-rank format, which this version does not read",
+                  info->path);
+    const std::int64_t optimizer_steps =
+        static_cast<std::int64_t>(read_u64(text, kOptimizerStep, info->path));
+    for (TrainingStage& s : model.stages()) {
+      const nn::ParameterStore& store = *s.store;
+      const DType acc = nn::accum_dtype(store.dtype());
+      const std::int64_t n = store.data_buffer().numel();
+      std::vector<std::pair<std::string, Tensor>> full;
+      for (const char* field : kStateFields) {
+        Tensor t = Tensor::empty({n}, acc, store.device(), stream);
+        t.fill_(0.0, stream);
+        full.emplace_back(field, t);
+      }
+      for (const nn::Parameter* p : store.parameters()) {
+        const auto [start, global] = box_of(*p);
+        index.assemble("value", p->name(), global, start, p->data(), stream);
+        for (const auto& [field, buffer] : full) {
+          index.assemble(field, p->name(), global, start,
+                         buffer.narrow(0, p->offset(), p->numel()).view(p->shape()), stream);
+        }
+      }
+      s.optimizer->load_full_state(full, optimizer_steps, stream);
+      const std::vector<std::string> names = bias_names(s);
+      for (std::size_t i = 0; i < names.size(); ++i) {
+        expert::MoELayer* m = s.chunk->moe_layers()[i];
+        Tensor b = Tensor::empty(m->balance_bias().shape(), DType::f32);
+        index.assemble("value", names[i], b.shape(), {0}, b, stream);
+        m->set_balance_bias(b.to_vector<float>());
       }
     }
-    ++i;
-  }
+  });
   data::SamplerState position;
   position.epoch = read_u64(text, kEpoch, info->path);
   position.sample_index = read_u64(text, kSample, info->path);

@@ -16,6 +16,11 @@
 #   trace       --trace writes valid per-rank traces (tp 2 x dp 2, pp 2 x dp 2) whose ranges lie in
 #               their steps, the per-kind communication figures add up, a straggler is named,
 #               tracing leaves the losses unchanged; merge_traces.py and plot_timeline.py run
+#   reshard     a tp 2 x dp 2 (ZeRO-1) checkpoint resumed at dp 4 (micro-batch 1), tp 4, one rank,
+#               dp 3 (ZeRO-2),
+#               pp 2 x dp 2 and tp 2 + sp x dp 2 (ZeRO-2) continues the uninterrupted run within
+#               1e-5; truncated, corrupt and other-model checkpoints are refused, naming them;
+#               12_checkpoint_tool lists and verifies it
 #   killed      a save killed midway (--exit-during-save) is never loaded: resuming starts from
 #               the previous checkpoint and continues the uninterrupted run's losses
 # Usage: gpt_train_test.sh TRAINER MPIEXEC WORKDIR CASE [mpirun flags...]
@@ -119,11 +124,65 @@ case $case in
     run second_half 4 --steps 20 --tp 2 --dp 2 --zero 1 --resume ckpt
     compare full first_half 1 10 1e-6
     compare full second_half 11 20 1e-6
-    # A resume with another layout is refused, naming the field.
-    if run wrong_layout 4 --steps 20 --tp 4 --zero 1 --resume ckpt 2>wrong.err; then
-      echo "resuming with another layout should fail"; exit 1
+    # A resume with another global batch is refused, naming the field (another layout is not:
+    # see reshard).
+    if run wrong_batch 4 --steps 20 --tp 2 --dp 2 --global-batch 8 --resume ckpt 2>wrong.err; then
+      echo "resuming with another global batch should fail"; exit 1
     fi
-    grep -q "with tp = 2, this run has tp = 4" wrong.err
+    grep -q "with global_batch = 12, this run has global_batch = 8" wrong.err
+    ;;
+  reshard)
+    # A checkpoint saved at tp 2 x dp 2 (ZeRO-1) at step 6 resumes at other layouts: dp 4, tp 4,
+    # one rank, dp 3 (odd), pp 2 x dp 2, tp 2 + sp x dp 2 under ZeRO-2; steps 7..12 equal the
+    # uninterrupted run's within 1e-5 relative. Then the faults: a truncated shard, a flipped
+    # byte and another model configuration are refused with messages naming them.
+    root=$(cd "$here/../.." && pwd)
+    tool="$(dirname "$trainer")/../12_checkpoint_tool/12_checkpoint_tool"
+    run full 4 --steps 12 --tp 2 --dp 2 --zero 1
+    run first 4 --steps 12 --tp 2 --dp 2 --zero 1 --save ckpt --stop-at 6
+    compare full first 1 6 0
+    "$tool" ckpt --verify >tool.out
+    grep -q "verified: 4 shards" tool.out
+    grep -q "layout:   tp=2;cp=1;pp=1;dp=2" tool.out
+    resume_at() {  # resume_at NAME RANKS FLAGS...: resumes a copy of ckpt, compares 7..12
+      local name=$1 ranks=$2
+      shift 2
+      rm -rf "ck_$name" && cp -r ckpt "ck_$name"
+      run "$name" "$ranks" --steps 12 --resume "ck_$name" "$@"
+      compare full "$name" 7 12 1e-5
+    }
+    resume_at dp4_micro1 4 --dp 4 --zero 1 --micro-batch 1
+    resume_at tp4 4 --tp 4
+    resume_at one 1
+    resume_at dp3 3 --dp 3 --zero 2
+    resume_at pp2_dp2 4 --pp 2 --dp 2
+    resume_at tp2_sp_dp2_zero2 4 --tp 2 --sp --dp 2 --zero 2
+    # Faults: each refused on every rank, naming the file or the field.
+    rm -rf ck_bad && cp -r ckpt ck_bad
+    truncate -s -64 ck_bad/step_000006/rank_00001.qckpt
+    if run truncated 2 --steps 12 --dp 2 --resume ck_bad 2>bad.err; then
+      echo "a truncated shard should be refused"; exit 1
+    fi
+    grep -q "rank_00001.qckpt" bad.err || { cat bad.err; exit 1; }
+    rm -rf ck_bad && cp -r ckpt ck_bad
+    python3 - ck_bad/step_000006/rank_00000.qckpt <<'PY'
+import sys
+p = sys.argv[1]
+b = bytearray(open(p, "rb").read())
+b[len(b) // 2] ^= 0x40
+open(p, "wb").write(bytes(b))
+PY
+    if run flipped 2 --steps 12 --dp 2 --resume ck_bad 2>bad.err; then
+      echo "a flipped byte should be refused"; exit 1
+    fi
+    grep -q "rank_00000.qckpt.*XXH64" bad.err || { cat bad.err; exit 1; }
+    if "$tool" ck_bad --verify >/dev/null 2>bad.err; then echo "verify should fail"; exit 1; fi
+    grep -q "rank_00000.qckpt" bad.err
+    rm -rf ck_bad && cp -r ckpt ck_bad
+    if run other_model 2 --steps 12 --dp 2 --hidden 96 --heads 4 --resume ck_bad 2>bad.err; then
+      echo "another model should be refused"; exit 1
+    fi
+    grep -q "with hidden = 64, this run has hidden = 96" bad.err || { cat bad.err; exit 1; }
     ;;
   killed)
     run full 2 --steps 20 --tp 2

@@ -10,6 +10,8 @@
 #              resumed, equals the uninterrupted run at steps 11..20 (the bias is in the checkpoint)
 #   gpu        one GPU (skipped without one): 20 bf16 steps follow the CPU run within 2e-2,
 #              with the telemetry
+#   reshard    a checkpoint of ep 2 x dp 4 resumed at ep 1, tp 2 x ep 2 (etp 2) and ep 4 follows the
+#              uninterrupted run within 1e-5: every expert and the balancing bias come back
 #   trace      --trace (cp 2 x dp 2 x ep 2, ep 3): valid traces with dp, ep and cp communication,
 #              the per-kind figures adding up, the losses unchanged
 #   bad_flags  experts not divisible by ep, top-k above the experts, etp x ep that does not fit
@@ -100,6 +102,29 @@ for r in recs:
         sys.exit(f"step {r['step']}: mean tokens per expert {r['tokens_per_expert_mean']}")
 print("GPU telemetry present in every record")
 PY
+    ;;
+  reshard)
+    # Saved at ep 2 x dp 4 (edp 2) at step 4, resumed at ep 1 (one rank, and dp 2), at tp 2 x
+    # ep 2 (etp 2) and at ep 4: steps 5..8 follow the uninterrupted run within 1e-5, so every
+    # expert (and the balancing bias) came back; the tool shows each expert weight in 2 pieces.
+    tool="$(dirname "$trainer")/../12_checkpoint_tool/12_checkpoint_tool"
+    run full 4 --steps 8 --dp 4 --ep 2 --aux-free-bias-rate 0.01
+    run first 4 --steps 8 --dp 4 --ep 2 --aux-free-bias-rate 0.01 --save ckpt --stop-at 4
+    "$tool" ckpt --verify >tool.out
+    grep -q "verified: 4 shards" tool.out
+    grep -Eq "^value +block0.mlp.experts.fc.weight +\[4, 48, 32\] +f32 +2$" tool.out ||
+      { cat tool.out; exit 1; }
+    grep -q "balance_bias" tool.out
+    for layout in "one 1" "ep1_dp2 2 --dp 2" "tp2_ep2 4 --tp 2 --dp 2 --ep 2" \
+                  "ep4 4 --dp 4 --ep 4"; do
+      # shellcheck disable=SC2086
+      set -- $layout
+      name=$1 ranks=$2
+      shift 2
+      rm -rf "ck_$name" && cp -r ckpt "ck_$name"
+      run "$name" "$ranks" --steps 8 --aux-free-bias-rate 0.01 --resume "ck_$name" "$@"
+      compare full "$name" 5 8 1e-5
+    done
     ;;
   trace)
     # --trace in the MoE trainer: cp 2 x dp 2 x ep 2 (dp, ep and cp communication) and ep 3 at

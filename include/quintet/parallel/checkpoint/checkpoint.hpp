@@ -16,9 +16,12 @@
 // rank throw (no rank waits forever). Loading reads `latest` only, and checks each shard's
 // checksum, tensor names, dtypes and shapes against what the caller expects.
 //
-// Shard format (rank_NNNNN.qckpt): "QNTCKPT1", u64 header length, a header of one line per tensor
-// ("name dtype d0,d1,... byte_offset byte_count"), the raw little-endian payload, then the
-// XXH64 of everything before it. Tensors are saved in their own dtype (bf16 stays bf16).
+// Shard format (rank_NNNNN.qckpt): "QNTCKPT2", u64 header length, a header of one line per tensor
+// ("name dtype d0,d1,... byte_offset byte_count xxh64"), the header's XXH64, the raw
+// little-endian payload, then the XXH64 of everything before it. Each tensor's own XXH64 lets a
+// reader that reads only some tensors (a resharding restore) verify what it read. Tensors are
+// saved in their own dtype (bf16 stays bf16). Version 1 ("QNTCKPT1": no per-tensor or header
+// checksums) is still read.
 #pragma once
 
 #include <cstdint>
@@ -75,5 +78,42 @@ void load_checkpoint(const CheckpointInfo& checkpoint, const std::vector<NamedTe
 
 // "step_000020" for 20: the directory name of a checkpoint.
 std::string checkpoint_name(std::int64_t step);
+
+// Runs fn on this rank; when it throws on any rank of comm, every rank throws: the failing rank
+// its own error, the others Remote naming how many failed and the first of them. Collective over
+// comm (one small all-reduce after fn), so that an error on one rank never leaves the others
+// waiting in their next collective.
+void run_on_every_rank(Communicator& comm, const char* what, const std::function<void()>& fn);
+
+// ---- Reading parts of a checkpoint (local: no communication) ----
+
+// One tensor of a shard, as its header lists it.
+struct ShardEntry {
+  std::string name;
+  DType dtype = DType::f32;
+  Shape shape;
+  std::uint64_t offset = 0;  // in the payload
+  std::uint64_t bytes = 0;
+  std::uint64_t checksum = 0;  // XXH64 of its bytes (version 2)
+  bool has_checksum = false;
+};
+struct ShardIndex {
+  std::vector<ShardEntry> entries;
+  std::uint64_t payload_offset = 0;  // in the file
+  std::uint64_t file_bytes = 0;
+};
+
+// The path of rank's shard in checkpoint.
+std::string shard_path(const CheckpointInfo& checkpoint, int rank);
+// rank's shard's tensors, from its header only (its checksum verified). Throws System for a
+// missing, truncated or corrupt file, naming it.
+ShardIndex read_shard_index(const CheckpointInfo& checkpoint, int rank);
+// One tensor of rank's shard as a CPU tensor, its checksum verified (System, naming the file, the
+// tensor and both checksums, when it differs).
+Tensor read_shard_tensor(const CheckpointInfo& checkpoint, int rank, const ShardIndex& index,
+                         const ShardEntry& entry);
+// Reads every byte of every shard and checks each file's XXH64 against its trailer and
+// checkpoint.json, and each tensor's against the header. Throws System naming the first bad file.
+void verify_checkpoint(const CheckpointInfo& checkpoint);
 
 }  // namespace quintet

@@ -77,6 +77,18 @@ class DistributedOptimizer {
   // compute dtype).
   void load_state(const std::vector<std::pair<std::string, Tensor>>& state, const Stream& stream);
 
+  // The state of every element of the store, whatever the ZeRO stage: "master", "exp_avg" and
+  // "exp_avg_sq", each laid out like the store's flat buffers (accum dtype, zero in the padding),
+  // for checkpoints that load at another layout. Stage 0 copies its own state; stages 1, 2 fill
+  // in what the other ranks of each bucket's group own (a sum over the group of buffers that are
+  // zero outside each rank's elements: exact). Collective over the buckets' groups for ZeRO.
+  std::vector<std::pair<std::string, Tensor>> full_state(const Stream& stream) const;
+  // The inverse: takes this rank's elements of buffers laid out like full_state()'s (the same
+  // names, shaped like the store's flat buffer) and the step count. Local; throws
+  // InvalidArgument, naming the tensor, for a missing or misshapen one, before changing anything.
+  void load_full_state(const std::vector<std::pair<std::string, Tensor>>& full, std::int64_t step,
+                       const Stream& stream);
+
  private:
   // A run of elements of one parameter that this rank updates.
   struct Segment {

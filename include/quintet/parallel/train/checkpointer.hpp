@@ -10,12 +10,20 @@
 //     if ((step + 1) % 100 == 0) checkpoints.save(step + 1, model, loader);
 //   }
 //
-// What a rank writes: for each stage it holds, "params" (the store's values) and "optimizer.*"
-// (DistributedOptimizer::state), prefixed "stage<s>." when it holds several. Rank 0 writes the
-// step, the loader position (every rank of a replica reads the same stream, and rank 0 holds the
-// first stage, which reads it) and the run's identity: the model config, the layout, the batch,
-// the ZeRO stage, the init seed and the loader's sampling. A restore refuses, naming the field,
-// a checkpoint whose identity differs from the run's, before any tensor is read.
+// The checkpoint loads at any layout (tp, cp, pp, vpp, dp, ep, etp, ZeRO stage, micro-batch): what
+// is saved are pieces of global tensors (checkpoint/global_index.hpp). For every parameter, its
+// value ("value", the compute dtype) and its optimizer state ("master", "exp_avg", "exp_avg_sq",
+// f32, every element whatever the ZeRO stage: DistributedOptimizer::full_state) are saved as the
+// box the rank holds of the global tensor (ParameterAttributes::full_shape and shard_start), by
+// one rank of the group that holds the same box (dp and cp replicas; tp replicas of an unsplit
+// tensor; edp replicas of an expert weight); the second copy of a tied weight is not saved. MoE
+// balancing biases are saved as "<block>.mlp.balance_bias". Rank 0 writes the step, the optimizer
+// step, the loader position (the global sample index: the same stream at any dp), the layout it
+// ran at (for the record), and the run's identity: the model config, the global batch, the init
+// seed and the loader's sampling. A restore refuses, naming the field, a checkpoint whose
+// identity differs from the run's, before any tensor is read; then every rank reads the pieces
+// its own boxes intersect (each verified by its checksum) and takes its ZeRO share of the state.
+// An error on any rank (a missing piece, a corrupt shard) is an error on every rank.
 #pragma once
 
 #include <cstdint>
@@ -44,8 +52,10 @@ class Checkpointer {
 
   // Restores the latest checkpoint of dir into model and loader (which seeks to the saved
   // position) and returns its step; nothing, touching nothing, when dir holds none. Collective
-  // over world. Throws InvalidArgument when the checkpoint was saved by a run of another identity
-  // (naming the field and both values) or another world size; see load_checkpoint for the rest.
+  // over world, at any layout. Throws InvalidArgument when the checkpoint was saved by a run of
+  // another identity (naming the field and both values) or lacks a piece this layout needs
+  // (naming the tensor), System for a corrupt or truncated shard (naming the file and the
+  // checksums).
   std::optional<std::int64_t> restore(TrainingModel& model, data::DataLoader& loader);
 
   // The user_json of the checkpoint restore() read last (empty before one).
