@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -244,6 +245,9 @@ int run(const gpt::TrainConfig& c, quintet::World& world) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A file-size limit (ulimit -f) makes a checkpoint write fail with EFBIG, an error on every
+  // rank, instead of killing this rank with SIGXFSZ.
+  std::signal(SIGXFSZ, SIG_IGN);
   try {
     const quintet::RuntimeConfig runtime = quintet::RuntimeConfig::from_args(argc, argv);
     gpt::TrainConfig config;

@@ -156,7 +156,8 @@ void save_checkpoint(const std::string& dir, std::int64_t step,
   std::uint64_t checksum = 0;
   std::uint64_t bytes = 0;
   run_agreed(comm, "save_checkpoint: writing shards", [&] {
-    const ShardSummary s = write_shard(partial / shard_name(rank), tensors, stream);
+    const ShardSummary s = write_shard(partial / shard_name(rank), tensors, stream,
+                                       [rank] { fault_point("shard", rank); });
     checksum = s.checksum;
     bytes = s.bytes;
   });
@@ -173,6 +174,7 @@ void save_checkpoint(const std::string& dir, std::int64_t step,
     comm.all_gather(mine, all).synchronize();
   }
 
+  fault_point("before_commit", rank);
   if (before_commit) before_commit();
   run_agreed(comm, "save_checkpoint: committing", [&] {
     if (rank != 0) return;
@@ -191,9 +193,11 @@ void save_checkpoint(const std::string& dir, std::int64_t step,
     json += "  ],\n  \"user\": " + metadata_json + "\n}\n";
     write_file_durably(partial / "checkpoint.json", json);
     sync_directory(partial);
+    fault_point("metadata", rank);
     // Re-saving a step replaces it; `latest` is only moved after the new one is in place.
     if (fs::exists(final_dir)) fs::remove_all(final_dir);
     fs::rename(partial, final_dir);
+    fault_point("rename", rank);
     write_file_durably(root / "latest.tmp", checkpoint_name(step) + "\n");
     fs::rename(root / "latest.tmp", root / "latest");
     sync_directory(root);

@@ -4,6 +4,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -55,8 +58,21 @@ void write_all(int fd, const void* data, std::size_t size, const std::filesystem
 
 }  // namespace
 
+void fault_point(const char* point, int rank) {
+  static const char* const spec = std::getenv("QUINTET_CHECKPOINT_FAULT");
+  if (spec == nullptr) return;
+  const std::string s(spec);
+  const std::size_t colon = s.find(':');
+  if (s.substr(0, colon) != point) return;
+  if (colon != std::string::npos && std::stoi(s.substr(colon + 1)) != rank) return;
+  std::fprintf(stderr, "QUINTET_CHECKPOINT_FAULT=%s: rank %d kills itself at '%s'\n", spec, rank,
+               point);
+  std::fflush(stderr);
+  std::raise(SIGKILL);
+}
+
 ShardSummary write_shard(const std::filesystem::path& path, const std::vector<NamedTensor>& tensors,
-                         const Stream& stream) {
+                         const Stream& stream, const std::function<void()>& mid_write) {
   std::vector<Tensor> host;
   std::string header;
   std::uint64_t offset = 0;
@@ -81,6 +97,7 @@ ShardSummary write_shard(const std::filesystem::path& path, const std::vector<Na
   put(&header_bytes, sizeof header_bytes);
   put(header.data(), header.size());
   put(&header_sum, sizeof header_sum);
+  if (mid_write) mid_write();
   for (const Tensor& h : host) {
     if (h.nbytes() > 0) put(h.data_ptr(), h.nbytes());
   }

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <vector>
 
 #include "quintet/core/error.hpp"
@@ -26,9 +27,17 @@ struct ShardSummary {
 };
 
 // Writes tensors (copied to the host after the work queued on stream) to path and flushes it to
-// the disk.
+// the disk. mid_write, when given, runs once the header is written (fault tests).
 ShardSummary write_shard(const std::filesystem::path& path, const std::vector<NamedTensor>& tensors,
-                         const Stream& stream);
+                         const Stream& stream, const std::function<void()>& mid_write = {});
+
+// Test-only fault injection: when the environment variable QUINTET_CHECKPOINT_FAULT is
+// "<point>" or "<point>:<rank>" and names this point (and rank, if given), the process kills
+// itself with SIGKILL here. Points of a save, in order: "shard" (rank's shard half written),
+// "before_commit" (every shard written and agreed), "metadata" (rank 0: checkpoint.json written,
+// the directory not yet renamed), "rename" (rank 0: the directory renamed, `latest` not yet
+// moved).
+void fault_point(const char* point, int rank);
 
 // The tensors a shard holds (ShardIndex: checkpoint.hpp), from its header (v2: the header's
 // checksum verified; the payload not read), and where its payload starts.

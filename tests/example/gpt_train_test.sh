@@ -21,8 +21,10 @@
 #               pp 2 x dp 2 and tp 2 + sp x dp 2 (ZeRO-2) continues the uninterrupted run within
 #               1e-5; truncated, corrupt and other-model checkpoints are refused, naming them;
 #               12_checkpoint_tool lists and verifies it
-#   killed      a save killed midway (--exit-during-save) is never loaded: resuming starts from
-#               the previous checkpoint and continues the uninterrupted run's losses
+#   killed      a save killed midway (--exit-during-save, and SIGKILL at each point of a save:
+#               mid-shard, before the commit, after the metadata, after the rename) is never
+#               loaded: resuming starts from the previous checkpoint and continues the
+#               uninterrupted run's losses; a save past a file-size limit fails on every rank
 # Usage: gpt_train_test.sh TRAINER MPIEXEC WORKDIR CASE [mpirun flags...]
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -157,6 +159,7 @@ case $case in
     resume_at dp3 3 --dp 3 --zero 2
     resume_at pp2_dp2 4 --pp 2 --dp 2
     resume_at tp2_sp_dp2_zero2 4 --tp 2 --sp --dp 2 --zero 2
+    resume_at cp2_dp2 4 --cp 2 --dp 2
     # Faults: each refused on every rank, naming the file or the field.
     rm -rf ck_bad && cp -r ckpt ck_bad
     truncate -s -64 ck_bad/step_000006/rank_00001.qckpt
@@ -196,6 +199,32 @@ PY
     compare full resumed 6 20 1e-6
     python3 -c "import json,sys; s=[json.loads(l)['step'] for l in open('resumed.jsonl') if '\"step\"' in l]; sys.exit(0 if s[0]==6 else f'resumed at {s[0]}, expected 6')"
     test "$(cat ckpt/latest)" = step_000020
+    # SIGKILL at each point of a save (QUINTET_CHECKPOINT_FAULT, checkpoint.hpp): `latest` still
+    # names step 10, never the unfinished step 15, and resuming from it continues bit for bit.
+    for point in shard:1 before_commit metadata rename; do
+      rm -rf ck_fault && cp -r ckpt ck_fault
+      echo step_000010 >ck_fault/latest && rm -rf ck_fault/step_0000{15,20}
+      if QUINTET_CHECKPOINT_FAULT=$point run "fault_${point%%:*}" 2 --steps 20 --tp 2 \
+           --save ck_fault --save-every 15 --resume ck_fault 2>fault.err; then
+        echo "the save killed at $point should have failed the run"; exit 1
+      fi
+      grep -q "kills itself at '${point%%:*}'" fault.err || { cat fault.err; exit 1; }
+      test "$(cat ck_fault/latest)" = step_000010
+      run "after_${point%%:*}" 2 --steps 20 --tp 2 --resume ck_fault
+      compare full "after_${point%%:*}" 11 20 0
+    done
+    # A write that fails (a file-size limit) is an error on every rank; latest stays step 10.
+    rm -rf ck_full && cp -r ckpt ck_full
+    echo step_000010 >ck_full/latest && rm -rf ck_full/step_0000{15,20}
+    # The limit is set in each rank (mpirun's own shared-memory files would hit it in mpirun).
+    if timeout 120 "$mpiexec" "${mpi_flags[@]}" -np 2 bash -c 'ulimit -f 256; exec "$0" "$@"' \
+         "$trainer" "${model[@]}" --steps 20 --tp 2 --save ck_full --save-every 15 \
+         --resume ck_full >disk_full.jsonl 2>full.err; then
+      echo "a save past the file-size limit should fail"; exit 1
+    fi
+    test "$(grep -c 'cannot write .*rank_0000[01].qckpt: File too large' full.err)" -eq 2 ||
+      { cat full.err; exit 1; }
+    test "$(cat ck_full/latest)" = step_000010
     ;;
   trace)
     # --trace at tp 2 x dp 2 (ZeRO-1): valid traces with compute, dp, tp and ZeRO-gather ranges

@@ -16,6 +16,11 @@
 // rank throw (no rank waits forever). Loading reads `latest` only, and checks each shard's
 // checksum, tensor names, dtypes and shapes against what the caller expects.
 //
+// Fault tests: QUINTET_CHECKPOINT_FAULT=<point>[:<rank>] makes a save kill its process (SIGKILL)
+// at one point: "shard" (a shard half written), "before_commit", "metadata" (rank 0 has written
+// checkpoint.json but not renamed the directory) or "rename" (the directory renamed, `latest` not
+// yet moved). Whatever the point, `latest` still names the previous checkpoint, which loads.
+//
 // Shard format (rank_NNNNN.qckpt): "QNTCKPT2", u64 header length, a header of one line per tensor
 // ("name dtype d0,d1,... byte_offset byte_count xxh64"), the header's XXH64, the raw
 // little-endian payload, then the XXH64 of everything before it. Each tensor's own XXH64 lets a
