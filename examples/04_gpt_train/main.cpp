@@ -119,10 +119,12 @@ int run(const gpt::TrainConfig& c, quintet::World& world) {
   lc.seed = c.seed;
   quintet::data::DataLoader loader(std::move(dataset), model.loader_config(lc));
 
+  // Checkpoints agree over the CPU communicator (a background save must not share the GPU one).
+  quintet::Communicator& ckpt_comm = world.has_cpu_comm() ? world.cpu_comm() : world.comm();
   std::int64_t start = 0;
   const std::string& resume = c.resume.empty() ? c.resume_if_exists : c.resume;
   if (!resume.empty()) {
-    const auto step = gpt::checkpointer(c, resume, world.comm()).restore(model, loader);
+    const auto step = gpt::checkpointer(c, resume, ckpt_comm).restore(model, loader);
     // Every rank sees the same directory, so every rank throws together.
     QUINTET_CHECK(
         step.has_value() || c.resume.empty(),
@@ -134,7 +136,7 @@ int run(const gpt::TrainConfig& c, quintet::World& world) {
     }
   }
   std::optional<quintet::train::Checkpointer> saver;
-  if (!c.save.empty()) saver.emplace(gpt::checkpointer(c, c.save, world.comm()));
+  if (!c.save.empty()) saver.emplace(gpt::checkpointer(c, c.save, ckpt_comm));
 
   if (world.rank() == 0 && !c.json) {
     fmt::print(
@@ -168,6 +170,7 @@ int run(const gpt::TrainConfig& c, quintet::World& world) {
     return t ? t->take_stats() : quintet::TimedCommunicator::Stats{};
   };
   for (std::int64_t step = start; step < end; ++step) {
+    if (saver) saver->check();  // a background save that failed fails this step, on every rank
     const float lr = gpt::learning_rate(c, step);
     model.set_lr(lr);
     if (gpu) quintet::cuda_reset_peak(device);
@@ -233,10 +236,20 @@ int run(const gpt::TrainConfig& c, quintet::World& world) {
 
     const bool last = step + 1 == end;
     if (saver && ((c.save_every > 0 && (step + 1) % c.save_every == 0) || last)) {
-      saver->save(step + 1, model, loader, gpt::run_metadata(c),
-                  gpt::exit_during_save(c, step + 1));
+      const auto s0 = std::chrono::steady_clock::now();
+      if (c.async_save) {
+        saver->save_async(step + 1, model, loader, gpt::run_metadata(c),
+                          gpt::exit_during_save(c, step + 1));
+      } else {
+        saver->save(step + 1, model, loader, gpt::run_metadata(c),
+                    gpt::exit_during_save(c, step + 1));
+      }
+      reporter.saved(
+          step + 1, c.async_save,
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count());
     }
   }
+  if (saver) saver->wait();  // the last background save, committed before the summary
   reporter.summary(c.bench ? c.bench_skip : 0);
   if (world.rank() == 0) tracing.print_report(c.json);
   return 0;

@@ -120,6 +120,18 @@ void Reporter::step(const StepRecord& r) {
   draw_progress(r);
 }
 
+void Reporter::saved(std::int64_t step, bool async, double ms) const {
+  if (!active_) return;
+  if (json_) {
+    fmt::print("{}\n",
+               nlohmann::json{{"saved_step", step}, {"async", async}, {"save_ms", ms}}.dump());
+  } else {
+    fmt::print("saved step {} ({}: {:.1f} ms)\n", step,
+               async ? "asynchronous, the snapshot took" : "took", ms);
+  }
+  std::fflush(stdout);
+}
+
 void Reporter::draw_progress(const StepRecord& r) const {
   if (!progress_) return;
   double spent_ms = 0;

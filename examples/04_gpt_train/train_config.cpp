@@ -87,6 +87,8 @@ bool parse_args(const quintet::RuntimeConfig& runtime, TrainConfig* c, int* exit
   app.add_option("--loader-threads", c->loader_threads, "data loader threads per rank")
       ->capture_default_str();
   app.add_option("--save", c->save, "checkpoint directory");
+  app.add_flag("--async-save", c->async_save,
+               "write checkpoints in the background while training goes on");
   app.add_option("--save-every", c->save_every, "save every N steps (and at the end)")
       ->capture_default_str();
   app.add_option("--resume", c->resume,
@@ -197,6 +199,7 @@ std::vector<std::pair<std::string, std::string>> shared_settings(const TrainConf
           {"--synthetic-order", s(c.synthetic_order)},
           {"--save", c.save},
           {"--save-every", s(c.save_every)},
+          {"--async-save", s(c.async_save)},
           {"--resume", c.resume},
           {"--resume-if-exists", c.resume_if_exists},
           {"--no-overlap", s(c.no_overlap)},

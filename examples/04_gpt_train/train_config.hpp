@@ -68,6 +68,7 @@ struct TrainConfig {
   // Checkpoints.
   std::string save;
   std::int64_t save_every = 0;
+  bool async_save = false;       // write checkpoints in the background (Checkpointer::save_async)
   std::string resume;            // must hold a checkpoint
   std::string resume_if_exists;  // resumes when it holds one, else starts fresh
   // Fault injection for the checkpoint test: the process exits (status 3) in the middle of the

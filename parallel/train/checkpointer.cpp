@@ -4,6 +4,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
+#include <future>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -156,8 +159,16 @@ std::string Checkpointer::identity(const TrainingModel& model,
   return extra_identity_.empty() ? base : base + ";" + extra_identity_;
 }
 
-void Checkpointer::save(std::int64_t step, TrainingModel& model, const data::DataLoader& loader,
-                        const std::string& user_json, const std::function<void()>& before_commit) {
+Checkpointer::~Checkpointer() {
+  try {
+    wait();
+  } catch (...) {
+  }
+}
+
+std::pair<std::vector<NamedTensor>, std::string> Checkpointer::snapshot(
+    std::int64_t step, TrainingModel& model, const data::DataLoader& loader,
+    const std::string& user_json) {
   QUINTET_CHECK(!user_json.empty(), "Checkpointer::save: empty user_json; pass a JSON value");
   const Stream& stream = model.stream();
   const Mesh& mesh = model.mesh();
@@ -187,14 +198,73 @@ void Checkpointer::save(std::int64_t step, TrainingModel& model, const data::Dat
     }
   }
   const data::SamplerState position = loader.state();
-  const std::string meta =
+  std::string meta =
       fmt::format("{{{}{}, {}{}, {}{}, {}{}, {}{}\", {}\"{}\", {}{}}}", kStep, step, kOptimizerStep,
                   optimizer_steps, kEpoch, position.epoch, kSample, position.sample_index,
                   kIdentity, identity(model, loader), kLayout, run_layout(model), kUser, user_json);
-  save_checkpoint(dir_, step, tensors, meta, world_, stream, before_commit);
+  return {std::move(tensors), std::move(meta)};
+}
+
+void Checkpointer::save(std::int64_t step, TrainingModel& model, const data::DataLoader& loader,
+                        const std::string& user_json, const std::function<void()>& before_commit) {
+  wait();
+  auto [tensors, meta] = snapshot(step, model, loader, user_json);
+  save_checkpoint(dir_, step, tensors, meta, world_, model.stream(), before_commit);
+}
+
+void Checkpointer::save_async(std::int64_t step, TrainingModel& model,
+                              const data::DataLoader& loader, const std::string& user_json,
+                              const std::function<void()>& before_commit) {
+  wait();  // one save at a time; the previous one's error surfaces here
+  QUINTET_CHECK(world_.device().is_cpu(),
+                "Checkpointer::save_async: the Checkpointer's communicator moves {} tensors; "
+                "asynchronous saves agree over a CPU communicator: pass World::cpu_comm()",
+                world_.device().str());
+  if (!async_comm_) async_comm_ = world_.split(0, world_.rank(), "checkpoint");
+  auto [tensors, meta] = snapshot(step, model, loader, user_json);
+  // The copies the thread writes: reuse the last save's buffers when they fit.
+  const Stream& stream = model.stream();
+  bool gpu = false;
+  std::vector<NamedTensor> copies;
+  if (host_buffers_.size() != tensors.size()) host_buffers_.assign(tensors.size(), Tensor());
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& t = tensors[i].tensor;
+    Tensor& h = host_buffers_[i];
+    const bool cuda = t.device().is_cuda();
+    gpu = gpu || cuda;
+    if (!h.defined() || h.shape() != t.shape() || h.dtype() != t.dtype()) {
+      h = cuda ? Tensor::empty_pinned(t.shape(), t.dtype()) : Tensor::empty(t.shape(), t.dtype());
+    }
+    h.copy_(t, stream);  // GPU: asynchronous on stream, into pinned memory
+    copies.push_back({tensors[i].name, h});
+  }
+  std::shared_ptr<Event> copied;
+  if (gpu) {
+    copied = std::make_shared<Event>(stream.device());
+    copied->record(stream);
+  }
+  Communicator* comm = async_comm_.get();
+  pending_ = std::async(std::launch::async, [dir = dir_, step, copies = std::move(copies),
+                                             meta = std::move(meta), comm, copied, before_commit] {
+    if (copied) copied->synchronize();
+    save_checkpoint(dir, step, copies, meta, *comm, Stream(), before_commit);
+  });
+}
+
+void Checkpointer::check() {
+  if (pending_.valid() && pending_.wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
+    wait();
+  }
+}
+
+void Checkpointer::wait() {
+  if (!pending_.valid()) return;
+  std::future<void> done = std::move(pending_);
+  done.get();
 }
 
 std::optional<std::int64_t> Checkpointer::restore(TrainingModel& model, data::DataLoader& loader) {
+  wait();
   const std::optional<CheckpointInfo> info = latest_checkpoint(dir_);
   if (!info) return std::nullopt;
   const std::string& text = info->metadata_json;

@@ -10,7 +10,8 @@
 #               the one-rank loss at each of 20 steps within 1e-4 relative; a pp 2 run stopped,
 #               saved and resumed equals the uninterrupted one
 #   resume      a run stopped and saved at step 10, then resumed, equals the uninterrupted run at
-#               steps 11..20
+#               steps 11..20; asynchronous saves (--async-save) write byte-identical checkpoints,
+#               and one that fails to write fails the next step on every rank
 #   bad_flags   inconsistent flags are refused with a message naming them, ranks started with
 #               different flags too; --lr-schedule wsd gives the library schedule's rates
 #   trace       --trace writes valid per-rank traces (tp 2 x dp 2, pp 2 x dp 2) whose ranges lie in
@@ -126,6 +127,27 @@ case $case in
     run second_half 4 --steps 20 --tp 2 --dp 2 --zero 1 --resume ckpt
     compare full first_half 1 10 1e-6
     compare full second_half 11 20 1e-6
+    # Asynchronous saves write byte-identical checkpoints and leave the losses unchanged.
+    run sync_saves 4 --steps 12 --tp 2 --dp 2 --zero 1 --save ck_sync --save-every 4
+    run async_saves 4 --steps 12 --tp 2 --dp 2 --zero 1 --save ck_async --save-every 4 \
+      --async-save
+    compare sync_saves async_saves 1 12 0
+    for s in 000004 000008 000012; do
+      for f in ck_sync/step_$s/*; do cmp "$f" "ck_async/step_$s/$(basename "$f")"; done
+    done
+    test "$(cat ck_async/latest)" = step_000012
+    grep -q '"saved_step":8' async_saves.jsonl
+    # A background write that fails (file-size limit) fails the next step on every rank.
+    if timeout 120 "$mpiexec" "${mpi_flags[@]}" -np 2 bash -c 'ulimit -f 256; exec "$0" "$@"' \
+         "$trainer" "${model[@]}" --steps 12 --tp 2 --save ck_async_full --save-every 4 \
+         --async-save >async_full.jsonl 2>async_full.err; then
+      echo "a background save past the file-size limit should fail the run"; exit 1
+    fi
+    test "$(grep -c 'cannot write .*rank_0000[01].qckpt: File too large' async_full.err)" -eq 2 ||
+      { cat async_full.err; exit 1; }
+    test ! -e ck_async_full/latest
+    # It surfaces at the first step that finds the write ended, at the latest at the next save.
+    python3 -c "import json,sys; s=[json.loads(l)['step'] for l in open('async_full.jsonl') if '\"loss\"' in l]; sys.exit(0 if 4 <= s[-1] <= 8 else f'ran to step {s[-1]}: the failed save of step 4 should stop it by step 8')"
     # A resume with another global batch is refused, naming the field (another layout is not:
     # see reshard).
     if run wrong_batch 4 --steps 20 --tp 2 --dp 2 --global-batch 8 --resume ckpt 2>wrong.err; then

@@ -28,11 +28,16 @@
 
 #include <cstdint>
 #include <functional>
+#include <future>
+#include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "quintet/collectives/communicator.hpp"
 #include "quintet/data/loader.hpp"
+#include "quintet/parallel/checkpoint/checkpoint.hpp"
 #include "quintet/parallel/train/training_model.hpp"
 
 namespace quintet::train {
@@ -43,12 +48,32 @@ class Checkpointer {
   // part in every save and restore). extra_identity: "key=value" pairs joined by ';' that the
   // trainer adds to the run's identity (its dataset, say), checked like the rest.
   Checkpointer(std::string dir, Communicator& world, std::string extra_identity = "");
+  // Waits for an asynchronous save in progress (its error, if any, is dropped: call wait() to
+  // see it).
+  ~Checkpointer();
+  Checkpointer(Checkpointer&&) = default;
 
   // Saves the run after `step` steps. Collective over world. user_json (a JSON value) is stored
   // with it and comes back from restore (a trainer's own settings). before_commit: see
   // save_checkpoint. Waits for ZeRO's pending parameter all-gathers first.
   void save(std::int64_t step, TrainingModel& model, const data::DataLoader& loader,
             const std::string& user_json = "{}", const std::function<void()>& before_commit = {});
+
+  // save(), with the writing in the background: the tensors are copied (GPU: to pinned host
+  // buffers, on the model's stream, so the GPU copies before it goes on; CPU: to host buffers)
+  // and a thread of this Checkpointer writes and commits them while training goes on, over its
+  // own communicator (split from world on the first call: world must then be a CPU communicator,
+  // e.g. World::cpu_comm()). The files are byte-identical to save()'s. The next save (either
+  // kind) or restore waits for this one first. A failure is an error on every rank, thrown by
+  // the next check(), wait(), save or restore (not lost). Collective over world.
+  void save_async(std::int64_t step, TrainingModel& model, const data::DataLoader& loader,
+                  const std::string& user_json = "{}",
+                  const std::function<void()>& before_commit = {});
+  // Rethrows the error of a finished asynchronous save; returns at once while one is running.
+  void check();
+  // Waits for the asynchronous save in progress, if any; rethrows its error.
+  void wait();
+  bool saving() const { return pending_.valid(); }
 
   // Restores the latest checkpoint of dir into model and loader (which seeks to the saved
   // position) and returns its step; nothing, touching nothing, when dir holds none. Collective
@@ -64,11 +89,18 @@ class Checkpointer {
 
  private:
   std::string identity(const TrainingModel& model, const data::DataLoader& loader) const;
+  // What a save writes: this rank's pieces (views of the model's tensors) and rank 0's metadata.
+  std::pair<std::vector<NamedTensor>, std::string> snapshot(std::int64_t step, TrainingModel& model,
+                                                            const data::DataLoader& loader,
+                                                            const std::string& user_json);
 
   std::string dir_;
   Communicator& world_;
   std::string extra_identity_;
   std::string user_json_;
+  std::unique_ptr<Communicator> async_comm_;  // the background thread's (split on first use)
+  std::future<void> pending_;                 // the asynchronous save in progress
+  std::vector<Tensor> host_buffers_;          // its copies, reused by the next one
 };
 
 // The identity of a run, as the Checkpointer stores it: "key=value" pairs joined by ';', in a

@@ -1,0 +1,56 @@
+#!/usr/bin/env python3
+"""The cost of checkpoints, from three trainer JSON logs (--json) of the same run: without saves,
+with synchronous saves and with --async-save (both --save-every N).
+
+  checkpoint_cost.py NONE.jsonl SYNC.jsonl ASYNC.jsonl --every N
+
+Prints the time each save held the trainer (synchronous: the whole save; asynchronous: the
+snapshot), and the median step time of the steps after each asynchronous save (while its files
+are written) against the same steps of the run without saves.
+"""
+import argparse
+import json
+import statistics
+
+
+def load(path):
+    steps, saves = {}, {}
+    for line in open(path):
+        if not line.startswith("{"):
+            continue
+        j = json.loads(line)
+        if "saved_step" in j:
+            saves[j["saved_step"]] = j["save_ms"]
+        elif "step" in j and "ms" in j:
+            steps[j["step"]] = j["ms"]
+    return steps, saves
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("none")
+    ap.add_argument("sync")
+    ap.add_argument("asynchronous")
+    ap.add_argument("--every", type=int, required=True)
+    a = ap.parse_args()
+    none, _ = load(a.none)
+    sync_steps, sync = load(a.sync)
+    async_steps, asyn = load(a.asynchronous)
+    print("synchronous save: " + ", ".join(f"step {s} {ms / 1e3:.2f} s" for s, ms in sync.items()))
+    print("asynchronous save, snapshot: " +
+          ", ".join(f"step {s} {ms:.0f} ms" for s, ms in asyn.items()))
+    for s in sorted(asyn):
+        after = [t for t in range(s + 1, s + a.every) if t in async_steps and t in none]
+        if not after:
+            continue
+        m_async = statistics.median(async_steps[t] for t in after)
+        m_none = statistics.median(none[t] for t in after)
+        print(f"steps {after[0]}-{after[-1]} after the asynchronous save of step {s}: median "
+              f"{m_async:.2f} ms against {m_none:.2f} ms without saves ({m_async / m_none:.3f}x)")
+    total = {k: sum(v.values()) for k, v in (("none", none), ("sync", sync_steps),
+                                             ("async", async_steps))}
+    print("sum of step times: " + ", ".join(f"{k} {v / 1e3:.2f} s" for k, v in total.items()))
+
+
+if __name__ == "__main__":
+    main()
