@@ -2,6 +2,9 @@
 #include "quintet/parallel/train/checkpointer.hpp"
 
 #include <fmt/format.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -246,6 +249,9 @@ void Checkpointer::save_async(std::int64_t step, TrainingModel& model,
   Communicator* comm = async_comm_.get();
   pending_ = std::async(std::launch::async, [dir = dir_, step, copies = std::move(copies),
                                              meta = std::move(meta), comm, copied, before_commit] {
+    // Below the training thread: the write should take what the step leaves (Linux: a thread's
+    // nice value is its own).
+    (void)setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 10);
     if (copied) copied->synchronize();
     save_checkpoint(dir, step, copies, meta, *comm, Stream(), before_commit);
   });

@@ -5,8 +5,9 @@ with synchronous saves and with --async-save (both --save-every N).
   checkpoint_cost.py NONE.jsonl SYNC.jsonl ASYNC.jsonl --every N
 
 Prints the time each save held the trainer (synchronous: the whole save; asynchronous: the
-snapshot), and the median step time of the steps after each asynchronous save (while its files
-are written) against the same steps of the run without saves.
+snapshot, which for the first save includes allocating the pinned buffers), and the median step
+time of the 50 steps after each asynchronous save (while its files are written) and of the last
+50 before the next one, against the same steps of the run without saves.
 """
 import argparse
 import json
@@ -39,17 +40,17 @@ def main():
     print("synchronous save: " + ", ".join(f"step {s} {ms / 1e3:.2f} s" for s, ms in sync.items()))
     print("asynchronous save, snapshot: " +
           ", ".join(f"step {s} {ms:.0f} ms" for s, ms in asyn.items()))
-    for s in sorted(asyn):
-        after = [t for t in range(s + 1, s + a.every) if t in async_steps and t in none]
-        if not after:
-            continue
-        m_async = statistics.median(async_steps[t] for t in after)
-        m_none = statistics.median(none[t] for t in after)
-        print(f"steps {after[0]}-{after[-1]} after the asynchronous save of step {s}: median "
-              f"{m_async:.2f} ms against {m_none:.2f} ms without saves ({m_async / m_none:.3f}x)")
-    total = {k: sum(v.values()) for k, v in (("none", none), ("sync", sync_steps),
-                                             ("async", async_steps))}
-    print("sum of step times: " + ", ".join(f"{k} {v / 1e3:.2f} s" for k, v in total.items()))
+    for s in sorted(asyn)[:-1]:  # the last save is at the end of the run
+        for lo, hi, what in ((s + 1, s + 50, "while its files are written"),
+                             (s + a.every - 50, s + a.every - 1, "later (control)")):
+            r = [t for t in range(lo, hi + 1) if t in async_steps and t in none]
+            if not r:
+                continue
+            m_async = statistics.median(async_steps[t] for t in r)
+            m_none = statistics.median(none[t] for t in r)
+            print(f"steps {r[0]}-{r[-1]} after the asynchronous save of step {s} ({what}): "
+                  f"median {m_async:.2f} ms against {m_none:.2f} ms without saves "
+                  f"({m_async / m_none:.3f}x)")
 
 
 if __name__ == "__main__":
