@@ -236,7 +236,14 @@ int run(const gpt::TrainConfig& c, quintet::World& world) {
 
     const bool last = step + 1 == end;
     if (saver && ((c.save_every > 0 && (step + 1) % c.save_every == 0) || last)) {
-      const auto s0 = std::chrono::steady_clock::now();
+      using Clock = std::chrono::steady_clock;
+      const auto ms_since = [](Clock::time_point t) {
+        return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+      };
+      const auto s0 = Clock::now();
+      saver->wait();  // the previous background save, if still writing
+      const double waited = ms_since(s0);
+      const auto s1 = Clock::now();
       if (c.async_save) {
         saver->save_async(step + 1, model, loader, gpt::run_metadata(c),
                           gpt::exit_during_save(c, step + 1));
@@ -244,9 +251,7 @@ int run(const gpt::TrainConfig& c, quintet::World& world) {
         saver->save(step + 1, model, loader, gpt::run_metadata(c),
                     gpt::exit_during_save(c, step + 1));
       }
-      reporter.saved(
-          step + 1, c.async_save,
-          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count());
+      reporter.saved(step + 1, c.async_save, ms_since(s1), waited);
     }
   }
   if (saver) saver->wait();  // the last background save, committed before the summary

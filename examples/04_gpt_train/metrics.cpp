@@ -120,14 +120,20 @@ void Reporter::step(const StepRecord& r) {
   draw_progress(r);
 }
 
-void Reporter::saved(std::int64_t step, bool async, double ms) const {
+void Reporter::saved(std::int64_t step, bool async, double ms, double waited_ms) const {
   if (!active_) return;
   if (json_) {
-    fmt::print("{}\n",
-               nlohmann::json{{"saved_step", step}, {"async", async}, {"save_ms", ms}}.dump());
+    fmt::print(
+        "{}\n",
+        nlohmann::json{
+            {"saved_step", step}, {"async", async}, {"save_ms", ms}, {"waited_ms", waited_ms}}
+            .dump());
   } else {
-    fmt::print("saved step {} ({}: {:.1f} ms)\n", step,
-               async ? "asynchronous, the snapshot took" : "took", ms);
+    fmt::print("saved step {} ({} {:.1f} ms{})\n", step,
+               async ? "asynchronously: the snapshot took" : "in", ms,
+               waited_ms >= 1.0
+                   ? fmt::format(", after waiting {:.1f} ms for the previous save", waited_ms)
+                   : std::string());
   }
   std::fflush(stdout);
 }

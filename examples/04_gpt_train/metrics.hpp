@@ -89,8 +89,9 @@ class Reporter {
   // Prints only when active (rank 0). json: one object per step instead of a text line.
   Reporter(bool active, bool json, bool progress, std::int64_t total_steps);
   void step(const StepRecord& r);
-  // A checkpoint save after step: how long the trainer was held (async: the snapshot only).
-  void saved(std::int64_t step, bool async, double ms) const;
+  // A checkpoint save after step: how long the trainer was held by it (async: the snapshot
+  // only) and, before it, by the previous background save still writing.
+  void saved(std::int64_t step, bool async, double ms, double waited_ms) const;
   // Median figures over records after skip (all records when too few), then a summary line.
   void summary(std::int64_t skip) const;
   const std::vector<StepRecord>& records() const { return records_; }

@@ -21,7 +21,7 @@ def load(path):
             continue
         j = json.loads(line)
         if "saved_step" in j:
-            saves[j["saved_step"]] = j["save_ms"]
+            saves[j["saved_step"]] = (j["save_ms"], j.get("waited_ms", 0.0))
         elif "step" in j and "ms" in j:
             steps[j["step"]] = j["ms"]
     return steps, saves
@@ -37,9 +37,11 @@ def main():
     none, _ = load(a.none)
     sync_steps, sync = load(a.sync)
     async_steps, asyn = load(a.asynchronous)
-    print("synchronous save: " + ", ".join(f"step {s} {ms / 1e3:.2f} s" for s, ms in sync.items()))
-    print("asynchronous save, snapshot: " +
-          ", ".join(f"step {s} {ms:.0f} ms" for s, ms in asyn.items()))
+    print("synchronous save: " +
+          ", ".join(f"step {s} {ms / 1e3:.2f} s" for s, (ms, _) in sync.items()))
+    print("asynchronous save: " + ", ".join(
+        f"step {s} snapshot {ms:.0f} ms (after waiting {w:.0f} ms for the previous write)"
+        for s, (ms, w) in asyn.items()))
     for s in sorted(asyn)[:-1]:  # the last save is at the end of the run
         for lo, hi, what in ((s + 1, s + 50, "while its files are written"),
                              (s + a.every - 50, s + a.every - 1, "later (control)")):
