@@ -18,10 +18,10 @@
 #               their steps, the per-kind communication figures add up, a straggler is named,
 #               tracing leaves the losses unchanged; merge_traces.py and plot_timeline.py run
 #   reshard     a tp 2 x dp 2 (ZeRO-1) checkpoint resumed at dp 4 (micro-batch 1), tp 4, one rank,
-#               dp 3 (ZeRO-2),
-#               pp 2 x dp 2 and tp 2 + sp x dp 2 (ZeRO-2) continues the uninterrupted run within
-#               1e-5; truncated, corrupt and other-model checkpoints are refused, naming them;
-#               12_checkpoint_tool lists and verifies it
+#               dp 3 (ZeRO-2), pp 2 x dp 2, tp 2 + sp x dp 2 (ZeRO-2), cp 2 x dp 2, and (4 layers)
+#               pp 2 x vpp 2 and pp 4 continues the uninterrupted run within 1e-5; truncated,
+#               corrupt and other-model checkpoints are refused, naming them; 12_checkpoint_tool
+#               lists and verifies it
 #   killed      a save killed midway (--exit-during-save, and SIGKILL at each point of a save:
 #               mid-shard, before the commit, after the metadata, after the rename) is never
 #               loaded: resuming starts from the previous checkpoint and continues the
@@ -182,6 +182,16 @@ case $case in
     resume_at pp2_dp2 4 --pp 2 --dp 2
     resume_at tp2_sp_dp2_zero2 4 --tp 2 --sp --dp 2 --zero 2
     resume_at cp2_dp2 4 --cp 2 --dp 2
+    # Four layers, to resume interleaved (pp 2 x vpp 2) and at pp 4 from tp 2 x dp 2 (ZeRO-1).
+    run full4 4 --steps 12 --tp 2 --dp 2 --zero 1 --layers 4
+    run first4 4 --steps 12 --tp 2 --dp 2 --zero 1 --layers 4 --save ckpt4 --stop-at 6
+    for layout in "pp2_vpp2 2 --pp 2 --vpp 2 --schedule interleaved" "pp4 4 --pp 4"; do
+      # shellcheck disable=SC2086
+      set -- $layout
+      rm -rf "ck_$1" && cp -r ckpt4 "ck_$1"
+      run "$1" "$2" --steps 12 --layers 4 --resume "ck_$1" "${@:3}"
+      compare full4 "$1" 7 12 1e-5
+    done
     # Faults: each refused on every rank, naming the file or the field.
     rm -rf ck_bad && cp -r ckpt ck_bad
     truncate -s -64 ck_bad/step_000006/rank_00001.qckpt
