@@ -119,16 +119,17 @@ std::shared_ptr<NcclWork> NcclCommunicator::issue(const char* op, const Stream& 
   }
   // Traced: the operation on the comm stream, between an event before its launch and one after.
   std::optional<trace::TraceEvent> traced;
+  std::optional<Stream> comm;
   int slot = -1;
-  const Stream comm = Stream::borrow(state_->device(), comm_stream_);
   if (trace::enabled()) {  // one branch when tracing is off
+    comm.emplace(Stream::borrow(state_->device(), comm_stream_));
     traced.emplace();
     traced->name = op;
     traced->kind = trace::issue_kind(name());
     traced->bytes = bytes;
     traced->group = name();
     traced->seq = static_cast<std::int64_t>(seq_ + 1);
-    slot = trace::begin_gpu(*traced, comm);
+    slot = trace::begin_gpu(*traced, *comm);
   }
   const ncclResult_t r = launch(comm_stream_);
   if (r == ncclInProgress) {
@@ -142,7 +143,7 @@ std::shared_ptr<NcclWork> NcclCommunicator::issue(const char* op, const Stream& 
     state_->release_event(done);
     QUINTET_CUDA_CHECK(recorded);
   }
-  trace::end_gpu(slot, comm);
+  if (comm) trace::end_gpu(slot, *comm);
   auto work = std::make_shared<NcclWork>(state_, op, ++seq_, done);
   if (traced) work->set_trace(std::move(*traced));
   reap();
