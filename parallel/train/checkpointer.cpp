@@ -258,9 +258,13 @@ void Checkpointer::save_async(std::int64_t step, TrainingModel& model,
 }
 
 void Checkpointer::check() {
-  if (pending_.valid() && pending_.wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
-    wait();
-  }
+  if (!pending_.valid()) return;
+  // Whether every rank's background save has ended, agreed over world, so that every rank takes
+  // the result (and its error) at the same step.
+  const bool ended = pending_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+  Tensor all_ended = Tensor::full({1}, ended ? 1.0 : 0.0, DType::i32);
+  world_.all_reduce(all_ended, ReduceOp::min).synchronize();
+  if (all_ended.item({0}) == 1.0) wait();
 }
 
 void Checkpointer::wait() {

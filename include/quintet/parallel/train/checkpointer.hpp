@@ -65,11 +65,15 @@ class Checkpointer {
   // own communicator (split from world on the first call: world must then be a CPU communicator,
   // e.g. World::cpu_comm()). The files are byte-identical to save()'s. The next save (either
   // kind) or restore waits for this one first. A failure is an error on every rank, thrown by
-  // the next check(), wait(), save or restore (not lost). Collective over world.
+  // the first check() after it (on every rank at the same step), or by wait(), the next save or
+  // restore (never lost). Collective over world.
   void save_async(std::int64_t step, TrainingModel& model, const data::DataLoader& loader,
                   const std::string& user_json = "{}",
                   const std::function<void()>& before_commit = {});
-  // Rethrows the error of a finished asynchronous save; returns at once while one is running.
+  // While an asynchronous save is pending: when it has ended on every rank, takes its result
+  // (rethrowing its error, on every rank at the same call); else returns. Collective over world
+  // then (one small all-reduce), so call it at the same point on every rank (a trainer: once a
+  // step). Nothing, and no communication, when no save is pending.
   void check();
   // Waits for the asynchronous save in progress, if any; rethrows its error.
   void wait();
