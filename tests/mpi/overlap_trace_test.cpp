@@ -176,7 +176,7 @@ TEST_CASE("find_stragglers names the rank that is late to every collective") {
   trace::begin_step(1, kCpu);
   const int late = p - 1;
   for (int i = 0; i < 6; ++i) {
-    if (me == late) std::this_thread::sleep_for(5ms);
+    if (me == late) std::this_thread::sleep_for(30ms);
     Tensor t = Tensor::full({64}, 1.0);
     mesh.comm(Axis::dp).all_reduce(t, ReduceOp::sum).wait();
   }
@@ -191,7 +191,11 @@ TEST_CASE("find_stragglers names the rank that is late to every collective") {
     // dp and the combined axes that equal it here (dp-cp, tp-dp-cp) each see the 6 all-reduces.
     CHECK(r.collectives >= 6);
     CHECK(r.straggler() == late);
-    CHECK(r.last_at[static_cast<std::size_t>(late)] == r.collectives);
+    // Almost always every one; a rank descheduled for longer than the delay may take one.
+    CHECK(2 * r.last_at[static_cast<std::size_t>(late)] > r.collectives);
+    std::int64_t total = 0;
+    for (const std::int64_t c : r.last_at) total += c;
+    CHECK(total == r.collectives);
   }
 }
 
