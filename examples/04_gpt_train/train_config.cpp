@@ -7,6 +7,7 @@
 #include <exception>
 #include <string>
 
+#include "quintet/collectives/bootstrap.hpp"  // detect_launch: this rank, before init
 #include "quintet/core/error.hpp"
 
 namespace gpt {
@@ -155,7 +156,15 @@ bool parse_args(const quintet::RuntimeConfig& runtime, TrainConfig* c, int* exit
   try {
     app.parse(static_cast<int>(args.size()), args.data());
   } catch (const CLI::ParseError& e) {
-    *exit_code = app.exit(e);
+    // Every rank parses the same command line: rank 0 alone prints the help or the error, and a
+    // bad flag exits with the one code of every start-up error (2), not the CLI library's own.
+    int rank = 0;
+    try {
+      rank = quintet::detect_launch(runtime).rank;
+    } catch (const std::exception&) {
+    }
+    if (rank == 0) (void)app.exit(e);
+    *exit_code = e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success) ? 0 : 2;
     return false;
   }
   return true;

@@ -297,6 +297,16 @@ assert sorted({e['pid'] for e in t['traceEvents']}) == [0, 1, 2, 3], 'ranks'"
       if run bad "$ranks" "$@" 2>bad.err; then echo "expected failure: $*"; exit 1; fi
       grep -q -- "$message" bad.err || { echo "no '$message' in:"; cat bad.err; exit 1; }
     }
+    # A flag the trainer does not know: exit status 2 (as every start-up error), printed once.
+    set +e
+    "$mpiexec" "${mpi_flags[@]}" -np 2 "$trainer" "${model[@]}" --steps 1 --no-such-flag \
+      >unknown.out 2>unknown.err
+    status=$?
+    set -e
+    test "$status" -eq 2 || { echo "an unknown flag exited $status, expected 2"; exit 1; }
+    test "$(grep -c 'no-such-flag' unknown.err)" -eq 1 || { cat unknown.err; exit 1; }
+    "$mpiexec" "${mpi_flags[@]}" -np 2 "$trainer" --help >help.out
+    test "$(grep -c '^Usage:' help.out)" -eq 1
     expect_error 2 "--tp 2 x --dp 2 = 4 ranks, but the job has 2" --steps 1 --tp 2 --dp 2
     expect_error 2 "heads = 5 is not divisible by the tensor-parallel size tp = 2" \
       --steps 1 --tp 2 --heads 5 --hidden 80
