@@ -136,6 +136,7 @@ bool CpuWork::synchronize_for(std::chrono::nanoseconds timeout) {
       trace::TraceEvent e = *state.trace;
       e.wait = true;
       e.name = "wait " + e.name;
+      e.step = -1;  // the step it happens in, not the one that issued it
       e.lane = 0;
       e.start_us = trace::to_us(t0);
       e.end_us = trace::to_us(trace::Clock::now());

@@ -256,6 +256,7 @@ void NcclWork::wait(const Stream& stream) {
       trace::TraceEvent e = *trace_;
       e.wait = true;
       e.name = "wait " + e.name;
+      e.step = -1;  // the step it happens in, not the one that issued it
       e.lane = 0;
       slot = trace::begin_gpu(std::move(e), stream);
     }
@@ -279,6 +280,7 @@ bool NcclWork::synchronize_for(std::chrono::nanoseconds timeout) {
       trace::TraceEvent e = *trace;
       e.wait = true;
       e.name = "wait " + e.name;
+      e.step = -1;  // the step it happens in, not the one that issued it
       e.start_us = trace::to_us(t0);
       e.end_us = trace::to_us(trace::Clock::now());
       trace::record_host(std::move(e));

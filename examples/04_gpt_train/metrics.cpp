@@ -28,6 +28,7 @@ KindComm kind_comm(double comm_ms, double exposed_ms) {
   k.comm_ms = std::max(0.0, comm_ms);
   k.exposed_ms = std::clamp(exposed_ms, 0.0, k.comm_ms);
   k.hidden_ms = k.comm_ms - k.exposed_ms;
+  k.measured_exposed_ms = exposed_ms;
   return k;
 }
 
@@ -78,7 +79,8 @@ void Reporter::step(const StepRecord& r) {
     for (std::size_t k = 0; k < kCommKinds.size(); ++k) {
       j["comm"][kCommKinds[k]] = {{"comm_ms", r.comm[k].comm_ms},
                                   {"exposed_ms", r.comm[k].exposed_ms},
-                                  {"hidden_ms", r.comm[k].hidden_ms}};
+                                  {"hidden_ms", r.comm[k].hidden_ms},
+                                  {"measured_exposed_ms", r.comm[k].measured_exposed_ms}};
     }
     if (r.moe) {
       j["tokens_per_expert_min"] = r.moe->min_load;

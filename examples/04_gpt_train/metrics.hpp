@@ -48,6 +48,7 @@ struct KindComm {
   double comm_ms = 0.0;
   double exposed_ms = 0.0;
   double hidden_ms = 0.0;
+  double measured_exposed_ms = 0.0;  // exposed before the cut at comm_ms (the tests bound the cut)
 };
 // From measured in-flight and exposed times: exposed cut at comm, hidden the rest.
 KindComm kind_comm(double comm_ms, double exposed_ms);

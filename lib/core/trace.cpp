@@ -42,8 +42,9 @@ struct Recorder {
   std::int64_t step = -1;
   std::vector<Slot> slots;
   std::vector<int> free_slots;
-  std::optional<Event> origin;  // this step's origin on the GPU
-  double origin_us = 0.0;       // the host clock at its record
+  std::map<std::int64_t, std::pair<double, double>> spans;  // step -> host begin, end
+  std::optional<Event> origin;                              // this step's origin on the GPU
+  double origin_us = 0.0;                                   // the host clock at its record
 
   void push(TraceEvent e) {  // with the mutex held
     if (static_cast<std::int64_t>(ring.size()) >= options.capacity) {
@@ -129,6 +130,7 @@ void start(const TraceOptions& options) {
     r.ring.clear();
     r.dropped = 0;
     r.step = -1;
+    r.spans.clear();
     r.slots.clear();
     r.free_slots.clear();
     r.origin.reset();
@@ -143,6 +145,7 @@ void begin_step(std::int64_t step, const Stream& origin) {
   Recorder& r = recorder();
   std::lock_guard lock(r.mutex);
   r.step = step;
+  r.spans[step] = {to_us(Clock::now()), 0.0};
   if (origin.device().is_cuda()) {
     if (!r.origin || r.origin->device() != origin.device()) r.origin.emplace(origin.device(), true);
     r.origin_us = to_us(Clock::now());
@@ -167,6 +170,8 @@ void end_step() {
     s.begun = s.ended = false;
     r.free_slots.push_back(i);
   }
+  // The step ends here: after its own synchronisation and once its GPU ranges have completed.
+  if (r.step >= 0) r.spans[r.step].second = to_us(Clock::now());
   r.step = -1;
 }
 
@@ -308,14 +313,13 @@ void write_chrome_json(const std::string& path, int rank, const std::string& ext
   thread_name(2, "loader");
   for (std::size_t i = 0; i < comm_names.size(); ++i)
     thread_name(10 + static_cast<int>(i), "comm " + comm_names[i]);
-  // Steps: from the first event of each step to its last.
+  // Steps: from begin_step to end_step, on the host clock (not derived from their events).
   std::map<std::int64_t, std::pair<double, double>> steps;
-  for (const TraceEvent& e : all) {
-    if (e.step < 0) continue;
-    auto [it, fresh] = steps.emplace(e.step, std::make_pair(e.start_us, e.end_us));
-    if (!fresh) {
-      it->second.first = std::min(it->second.first, e.start_us);
-      it->second.second = std::max(it->second.second, e.end_us);
+  {
+    Recorder& r = recorder();
+    std::lock_guard lock(r.mutex);
+    for (const auto& [step, span] : r.spans) {
+      if (span.second > 0.0) steps.emplace(step, span);  // ended steps only
     }
   }
   for (const auto& [step, span] : steps) {

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
@@ -11,6 +12,7 @@
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <vector>
 
 #include "quintet/data/checksum.hpp"
 
@@ -235,16 +237,28 @@ Tensor read_shard_tensor(const std::filesystem::path& path, const ShardIndex& in
 }
 
 std::uint64_t shard_file_checksum(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  QUINTET_CHECK_CODE(in.good(), System, "checkpoint: cannot open shard {}", path.string());
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  const std::string file = ss.str();
-  QUINTET_CHECK_CODE(file.size() >= sizeof(std::uint64_t), System,
-                     "checkpoint: shard {} is truncated ({} bytes)", path.string(), file.size());
+  OpenShard f;
+  f.fd = ::open(path.c_str(), O_RDONLY);
+  QUINTET_CHECK_CODE(f.fd >= 0, System, "checkpoint: cannot open shard {}: {}", path.string(),
+                     std::strerror(errno));
+  const off_t size = ::lseek(f.fd, 0, SEEK_END);
   std::uint64_t stored = 0;
-  std::memcpy(&stored, file.data() + file.size() - sizeof stored, sizeof stored);
-  const std::uint64_t actual = data::xxh64(file.data(), file.size() - sizeof stored);
+  QUINTET_CHECK_CODE(size >= static_cast<off_t>(sizeof stored), System,
+                     "checkpoint: shard {} is truncated ({} bytes)", path.string(),
+                     static_cast<std::int64_t>(size));
+  const std::uint64_t body = static_cast<std::uint64_t>(size) - sizeof stored;
+  pread_all(f.fd, &stored, sizeof stored, body, path);
+  // Streamed in blocks: a shard may be many GiB.
+  data::Xxh64 hash;
+  std::vector<char> block(std::size_t{8} << 20);
+  for (std::uint64_t at = 0; at < body;) {
+    const std::size_t n =
+        static_cast<std::size_t>(std::min<std::uint64_t>(block.size(), body - at));
+    pread_all(f.fd, block.data(), n, at, path);
+    hash.update(block.data(), n);
+    at += n;
+  }
+  const std::uint64_t actual = hash.digest();
   QUINTET_CHECK_CODE(actual == stored, System,
                      "checkpoint: shard {} is corrupt: XXH64 {:016x}, its trailer says {:016x}",
                      path.string(), actual, stored);

@@ -298,7 +298,7 @@ std::optional<std::int64_t> Checkpointer::restore(TrainingModel& model, data::Da
   // missing piece, a corrupt file) makes every rank throw before training goes on.
   run_on_every_rank(world_, "Checkpointer::restore", [&] {
     const GlobalIndex index(*info);
-    QUINTET_CHECK(!index.summary().empty(),
+    QUINTET_CHECK(!index.empty(),
                   "Checkpointer::restore: {} holds no global tensors: it was saved in the older "
                   "per-rank format, which this version does not read",
                   info->path);

@@ -6,7 +6,8 @@
 DIR holds trace_rank<r>.json for r < RANKS. Each is valid Chrome trace JSON; every rank has
 compute ranges and communication of each kind in KINDS (comma-separated: dp,tp,zero,pp); every
 range has a start and a duration >= 0 and lies within its step's range; the steps are FIRST..LAST.
-RUN.jsonl: every step record has, per kind, hidden + exposed <= in flight and exposed <= the step
+RUN.jsonl: every step record has, per kind, hidden + exposed <= in flight, the measured exposed
+time (before the cut at in flight) at most 5% + 0.5 ms past in flight, and exposed <= the step
 time; the kinds in KINDS other than zero had communication; the straggler record counts every
 compared collective once.
 """
@@ -69,6 +70,11 @@ def main():
                 fail(f"step {j['step']} {kind}: hidden + exposed > in flight: {c}")
             if c["exposed_ms"] > j["ms"]:
                 fail(f"step {j['step']} {kind}: exposed {c['exposed_ms']} > step {j['ms']} ms")
+            # The cut of exposed at in flight is clock skew only: the measured value may pass
+            # in flight by a little, not by a real interval.
+            if c["measured_exposed_ms"] > c["comm_ms"] * 1.05 + 0.5:
+                fail(f"step {j['step']} {kind}: measured exposed {c['measured_exposed_ms']} ms "
+                     f"is past in flight {c['comm_ms']} ms")
             if min(c.values()) < 0:
                 fail(f"step {j['step']} {kind}: negative time {c}")
             if c["comm_ms"] > 0:

@@ -14,6 +14,7 @@
 #include "quintet/parallel/overlap/straggler.hpp"
 #include "quintet/parallel/overlap/timed_communicator.hpp"
 #include "support/catch.hpp"
+#include "tp_support.hpp"  // cpu_world
 
 using namespace quintet;
 using namespace std::chrono_literals;
@@ -21,13 +22,7 @@ using namespace std::chrono_literals;
 namespace {
 
 const Stream kCpu;
-
-World cpu_world() {
-  RuntimeConfig config = RuntimeConfig::from_env();
-  config.device = DevicePreference::cpu;
-  config.timeout_s = 60;
-  return init(config);
-}
+using tp_test::cpu_world;
 
 std::vector<trace::TraceEvent> of_kind(const std::vector<trace::TraceEvent>& all,
                                        trace::TraceKind kind, bool wait) {

@@ -89,9 +89,10 @@ std::int64_t dropped();
 
 // Writes the events as Chrome trace JSON ({"traceEvents": [...]}): one process (pid = rank),
 // threads "compute", "loader" and one "comm <group>" per communicator; each event a complete ("X")
-// event with its kind as category and its bytes, group, seq and step as args; plus a step range per
-// step and the metadata given (JSON object members, e.g. "\"clock_sync_us\": 123.0", added to the
-// top level).
+// event with its kind as category and its bytes, group, seq and step as args; plus each ended
+// step's range, from its begin_step to its end_step on the host clock (recorded there, not taken
+// from its events), and the metadata given (JSON object members, e.g. "\"clock_sync_us\": 123.0",
+// added to the top level).
 void write_chrome_json(const std::string& path, int rank, const std::string& extra_members = {});
 
 // ---- Recording (all no-ops when off) ----

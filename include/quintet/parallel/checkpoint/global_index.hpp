@@ -53,6 +53,8 @@ class GlobalIndex {
   const std::vector<Piece>* find(const std::string& field, const std::string& name) const;
   // Every global tensor, ordered by (field, name).
   std::vector<Summary> summary() const;
+  // Whether the checkpoint holds no piece at all (one saved in another format).
+  bool empty() const { return pieces_.empty(); }
   // Whether (field, name) was saved.
   bool has(const std::string& field, const std::string& name) const {
     return find(field, name) != nullptr;
