@@ -200,7 +200,7 @@ int run(const gpt::TrainConfig& c, quintet::World& world) {
     rec.loss = r.loss;
     rec.entropy_floor = floor;
     rec.lr = lr;
-    rec.grad_norm = r.optimizer.grad_norm;
+    rec.grad_norm = r.optimizer.grad_norm();
     rec.ms = ms;
     rec.tokens_per_s = static_cast<double>(c.tokens_per_step()) / (ms / 1000.0);
     if (gpu) {

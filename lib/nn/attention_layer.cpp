@@ -29,35 +29,25 @@ Tensor CausalSelfAttention::forward(Context& ctx, const Tensor& x) {
                 s, max_seq_len_);
   const Stream& st = ctx.stream();
   const Tensor qkv = qkv_->forward(ctx, x).view({b, s, 3, heads_, hd});
-  // [b, s, 1, h, hd] -> [b, h, 1, s, hd] -> contiguous [b, h, s, hd]
-  auto head = [&](int i) {
-    return qkv.narrow(2, i, 1).transpose(1, 3).contiguous(st).view({b, heads_, s, hd});
-  };
-  const Tensor q = head(0), k = head(1), v = head(2);
+  // The heads are read where the projection wrote them, and the output is written ready for the
+  // output projection (fused_qkv_attention_forward).
   AttentionOptions opt;
   opt.causal = true;
-  const AttentionOutput a = attention_forward(q, k, v, opt, st);
-  ctx.save(*this, {q, k, v, a.out, a.lse});
-  const Tensor merged = a.out.transpose(1, 2).contiguous(st).view({b, s, dim_});
-  return proj_->forward(ctx, merged);
+  const FusedQkvAttention a = fused_qkv_attention_forward(qkv, opt, st);
+  ctx.save(*this, {qkv, a.out, a.lse});
+  return proj_->forward(ctx, a.out.view({b, s, dim_}));
 }
 
 Tensor CausalSelfAttention::backward(Context& ctx, const Tensor& dy) {
   const Stream& st = ctx.stream();
   const Tensor dmerged = proj_->backward(ctx, dy);
   const auto sv = ctx.take(*this);
-  const Tensor &q = sv[0], &k = sv[1], &v = sv[2], &out = sv[3], &lse = sv[4];
-  const std::int64_t b = q.size(0), s = q.size(2), hd = q.size(3);
-  const Tensor dout = dmerged.view({b, s, heads_, hd}).transpose(1, 2).contiguous(st);
+  const Tensor &qkv = sv[0], &out = sv[1], &lse = sv[2];
   AttentionOptions opt;
   opt.causal = true;
-  const AttentionGrads g = attention_backward(dout, q, k, v, out, lse, opt, st);
-  Tensor dqkv = Tensor::empty({b, s, 3, heads_, hd}, q.dtype(), q.device(), st);
-  const Tensor* parts[3] = {&g.dq, &g.dk, &g.dv};
-  for (int i = 0; i < 3; ++i) {
-    dqkv.narrow(2, i, 1).transpose(1, 3).copy_(parts[i]->view({b, heads_, 1, s, hd}), st);
-  }
-  return qkv_->backward(ctx, dqkv.view({b, s, 3 * dim_}));
+  const Tensor dqkv = fused_qkv_attention_backward(dmerged.contiguous(st).view(out.shape()), qkv,
+                                                   out, lse, opt, st);
+  return qkv_->backward(ctx, dqkv.view({qkv.size(0), qkv.size(1), 3 * dim_}));
 }
 
 }  // namespace quintet::nn

@@ -272,17 +272,79 @@ AttentionOptions check_attention(const OpChecker& c, const Tensor& q, const Tens
 }
 }  // namespace
 
+namespace {
+// The GPU ops take strided operands (cuDNN reads them in place, our own kernels copy); the CPU
+// ones take contiguous tensors: attention_in and attention_out_slot give them those, and
+// attention_copy_out writes a slot back into its strided output.
+Tensor attention_in(const OpChecker& c, const Tensor& t, const Stream& stream) {
+  return c.on_cuda() ? t : t.contiguous(stream);
+}
+Tensor attention_out_slot(const OpChecker& c, const Tensor& out, const Stream& stream) {
+  if (c.on_cuda() || out.is_contiguous()) return out;
+  return Tensor::empty(out.shape(), out.dtype(), out.device(), stream);
+}
+void attention_copy_out(const Tensor& slot, const Tensor& out, const Stream& stream) {
+  if (!slot.shares_storage(out)) Tensor(out).copy_(slot, stream);  // a handle: writes out's storage
+}
+}  // namespace
+
 AttentionOutput attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                                   const AttentionOptions& options, const Stream& stream) {
+  AttentionOutput r;
+  r.out = Tensor::empty(q.shape(), q.dtype(), q.device(), stream);
+  r.lse = attention_forward_into(q, k, v, options, r.out, stream);
+  return r;
+}
+
+Tensor attention_forward_into(const Tensor& q, const Tensor& k, const Tensor& v,
+                              const AttentionOptions& options, const Tensor& out,
+                              const Stream& stream) {
   const OpChecker c("attention_forward", stream);
   const AttentionOptions o = check_attention(c, q, k, v, options);
-  const Tensor qc = q.contiguous(stream), kc = k.contiguous(stream), vc = v.contiguous(stream);
-  AttentionOutput r;
-  r.out = Tensor::empty(q.shape(), q.dtype(), c.device(), stream);
-  r.lse =
+  c.compute_as("out", out, q.dtype());
+  c.shape("out", out, q.shape());
+  const Tensor lse =
       Tensor::empty({q.size(0), q.size(1), q.size(2)}, accum_dtype(q.dtype()), c.device(), stream);
-  QUINTET_NN_DISPATCH(c, stream, attention_forward, qc, kc, vc, o, r.out, r.lse);
+  const Tensor slot = attention_out_slot(c, out, stream);
+  QUINTET_NN_DISPATCH(c, stream, attention_forward, attention_in(c, q, stream),
+                      attention_in(c, k, stream), attention_in(c, v, stream), o, slot, lse);
+  attention_copy_out(slot, out, stream);
+  return lse;
+}
+
+Tensor fused_qkv_heads(const Tensor& qkv, int i) {
+  QUINTET_CHECK(qkv.defined() && qkv.dim() == 5 && qkv.size(2) == 3 && i >= 0 && i < 3,
+                "fused_qkv_heads: qkv has shape {}, expected [batch, seq, 3, heads, head_dim] "
+                "(group {} of 3)",
+                qkv.defined() ? shape_str(qkv.shape()) : std::string("undefined"), i);
+  // [b, s, 3, h, d] -> [3, s, b, h, d] -> [s, b, h, d] -> [b, s, h, d] -> [b, h, s, d]
+  return qkv.transpose(0, 2).select(i).transpose(0, 1).transpose(1, 2);
+}
+
+FusedQkvAttention fused_qkv_attention_forward(const Tensor& qkv, const AttentionOptions& options,
+                                              const Stream& stream) {
+  const Tensor q = fused_qkv_heads(qkv, 0);
+  FusedQkvAttention r;
+  r.out = Tensor::empty({qkv.size(0), qkv.size(1), qkv.size(3), qkv.size(4)}, qkv.dtype(),
+                        qkv.device(), stream);
+  r.lse = attention_forward_into(q, fused_qkv_heads(qkv, 1), fused_qkv_heads(qkv, 2), options,
+                                 r.out.transpose(1, 2), stream);
   return r;
+}
+
+Tensor fused_qkv_attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                                    const Tensor& lse, const AttentionOptions& options,
+                                    const Stream& stream) {
+  const Tensor dqkv = Tensor::empty(qkv.shape(), qkv.dtype(), qkv.device(), stream);
+  QUINTET_CHECK(dout.defined() && dout.dim() == 4,
+                "fused_qkv_attention_backward: dout has shape {}, expected [batch, seq, heads, "
+                "head_dim]",
+                dout.defined() ? shape_str(dout.shape()) : std::string("undefined"));
+  attention_backward_into(dout.transpose(1, 2), fused_qkv_heads(qkv, 0), fused_qkv_heads(qkv, 1),
+                          fused_qkv_heads(qkv, 2), out.transpose(1, 2), lse, options,
+                          fused_qkv_heads(dqkv, 0), fused_qkv_heads(dqkv, 1),
+                          fused_qkv_heads(dqkv, 2), stream);
+  return dqkv;
 }
 
 void attention_merge_(const Tensor& out, const Tensor& lse, const Tensor& out_b,
@@ -309,6 +371,17 @@ void attention_merge_(const Tensor& out, const Tensor& lse, const Tensor& out_b,
 AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
                                   const Tensor& v, const Tensor& out, const Tensor& lse,
                                   const AttentionOptions& options, const Stream& stream) {
+  AttentionGrads g{Tensor::empty(q.shape(), q.dtype(), q.device(), stream),
+                   Tensor::empty(k.shape(), k.dtype(), k.device(), stream),
+                   Tensor::empty(k.shape(), k.dtype(), k.device(), stream)};
+  attention_backward_into(dout, q, k, v, out, lse, options, g.dq, g.dk, g.dv, stream);
+  return g;
+}
+
+void attention_backward_into(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                             const Tensor& out, const Tensor& lse, const AttentionOptions& options,
+                             const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                             const Stream& stream) {
   const OpChecker c("attention_backward", stream);
   const AttentionOptions o = check_attention(c, q, k, v, options);
   c.compute_as("dout", dout, q.dtype());
@@ -320,14 +393,21 @@ AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Ten
                 "attention_backward: lse has dtype {}, expected {} (the forward's lse)",
                 dtype_name(lse.dtype()), dtype_name(accum_dtype(q.dtype())));
   c.shape("lse", lse, {q.size(0), q.size(1), q.size(2)});
-  const Tensor qc = q.contiguous(stream), kc = k.contiguous(stream), vc = v.contiguous(stream);
-  const Tensor dc = dout.contiguous(stream), oc = out.contiguous(stream);
+  c.compute_as("dq", dq, q.dtype());
+  c.shape("dq", dq, q.shape());
+  for (const auto& [name, g] : {std::pair{"dk", &dk}, std::pair{"dv", &dv}}) {
+    c.compute_as(name, *g, q.dtype());
+    c.shape(name, *g, k.shape());
+  }
   const Tensor lc = lse.contiguous(stream);
-  AttentionGrads g{Tensor::empty(q.shape(), q.dtype(), c.device(), stream),
-                   Tensor::empty(k.shape(), q.dtype(), c.device(), stream),
-                   Tensor::empty(k.shape(), q.dtype(), c.device(), stream)};
-  QUINTET_NN_DISPATCH(c, stream, attention_backward, dc, qc, kc, vc, oc, lc, o, g.dq, g.dk, g.dv);
-  return g;
+  const Tensor gq = attention_out_slot(c, dq, stream), gk = attention_out_slot(c, dk, stream),
+               gv = attention_out_slot(c, dv, stream);
+  QUINTET_NN_DISPATCH(c, stream, attention_backward, attention_in(c, dout, stream),
+                      attention_in(c, q, stream), attention_in(c, k, stream),
+                      attention_in(c, v, stream), attention_in(c, out, stream), lc, o, gq, gk, gv);
+  attention_copy_out(gq, dq, stream);
+  attention_copy_out(gk, dk, stream);
+  attention_copy_out(gv, dv, stream);
 }
 
 }  // namespace quintet::nn

@@ -106,10 +106,11 @@ Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const
 
 // ---- AdamW ----------------------------------------------------------------------------------
 
-void adamw_step(const Tensor& master, const Tensor& grad, const Tensor& exp_avg,
-                const Tensor& exp_avg_sq, const AdamWHyper& hyper, std::int64_t step,
-                float grad_scale, const Tensor& param, const Stream& stream) {
-  const OpChecker c("adamw_step", stream);
+namespace {
+// The checks of adamw_step, as op `op` (adamw_step or adamw_step_many).
+void check_adamw(const OpChecker& c, const Tensor& master, const Tensor& grad,
+                 const Tensor& exp_avg, const Tensor& exp_avg_sq, const AdamWHyper& hyper,
+                 std::int64_t step, float grad_scale, const Tensor& param) {
   c.on_device("master", master);
   const DType d = master.dtype();
   QUINTET_CHECK(d == DType::f32 || (d == DType::f64 && !c.on_cuda()),
@@ -144,8 +145,58 @@ void adamw_step(const Tensor& master, const Tensor& grad, const Tensor& exp_avg,
                 hyper.lr, hyper.beta1, hyper.beta2, hyper.eps, hyper.weight_decay);
   QUINTET_CHECK(std::isfinite(grad_scale) && grad_scale >= 0,
                 "adamw_step: grad_scale = {} must be finite and >= 0", grad_scale);
+}
+}  // namespace
+
+void adamw_step(const Tensor& master, const Tensor& grad, const Tensor& exp_avg,
+                const Tensor& exp_avg_sq, const AdamWHyper& hyper, std::int64_t step,
+                float grad_scale, const Tensor& param, const Stream& stream) {
+  const OpChecker c("adamw_step", stream);
+  check_adamw(c, master, grad, exp_avg, exp_avg_sq, hyper, step, grad_scale, param);
   QUINTET_NN_DISPATCH(c, stream, adamw_step, master, grad, exp_avg, exp_avg_sq, hyper, step,
                       grad_scale, param);
+}
+
+float clip_scale(double norm, float max_grad_norm) {
+  return max_grad_norm > 0 && norm > max_grad_norm
+             ? static_cast<float>(max_grad_norm / (norm + 1e-6))
+             : 1.0f;
+}
+
+void adamw_step_many(const std::vector<AdamWTensors>& tensors, const AdamWHyper& hyper,
+                     std::int64_t step, const Tensor& sum_sq, float max_grad_norm,
+                     const Stream& stream) {
+  const OpChecker c("adamw_step_many", stream);
+  c.on_device("sum_sq", sum_sq);
+  QUINTET_CHECK(sum_sq.dtype() == DType::f32 && sum_sq.numel() == 1,
+                "adamw_step_many: sum_sq is {}, expected a scalar f32 (sum_of_squares)",
+                sum_sq.str());
+  const Tensor* param = nullptr;
+  for (const AdamWTensors& t : tensors) {
+    check_adamw(c, t.master, t.grad, t.exp_avg, t.exp_avg_sq, hyper, step, 1.0f, t.param);
+    if (!t.param.defined()) continue;
+    QUINTET_CHECK(param == nullptr || param->dtype() == t.param.dtype(),
+                  "adamw_step_many: params of dtypes {} and {}; one call takes one param dtype",
+                  dtype_name(param->dtype()), dtype_name(t.param.dtype()));
+    param = &t.param;
+  }
+  if (tensors.empty()) return;
+  if (c.on_cuda()) {
+#if QUINTET_NN_HAS_CUDA_OPS
+    const ::quintet::DeviceGuard guard(c.device());
+    cuda_ops::adamw_step_many(tensors, hyper, step, sum_sq, max_grad_norm, stream);
+#endif
+    return;
+  }
+  const double norm = std::sqrt(sum_sq.flatten().item({0}));
+  if (!std::isfinite(norm)) return;
+  const float scale = clip_scale(norm, max_grad_norm);
+  AdamWHyper no_decay = hyper;
+  no_decay.weight_decay = 0.0f;
+  for (const AdamWTensors& t : tensors) {
+    cpu_ops::adamw_step(t.master, t.grad, t.exp_avg, t.exp_avg_sq,
+                        t.weight_decay ? hyper : no_decay, step, scale, t.param);
+  }
 }
 
 // ---- element-wise ---------------------------------------------------------------------------
@@ -222,7 +273,9 @@ Tensor sum_of_squares(const std::vector<Tensor>& tensors, const Stream& stream) 
   }
 #if QUINTET_NN_HAS_CUDA_OPS
   const ::quintet::DeviceGuard guard(c.device());
-  for (const Tensor& t : tensors) cuda_ops::sum_of_squares(t.contiguous(stream), out, stream);
+  std::vector<Tensor> dense;
+  for (const Tensor& t : tensors) dense.push_back(t.contiguous(stream));
+  cuda_ops::sum_of_squares(dense, out, stream);
 #endif
   return out;
 }

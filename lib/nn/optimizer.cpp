@@ -56,29 +56,92 @@ OptimizerStepInfo AdamW::step(const Stream& stream) {
                 "nn::AdamW::step: this store's gradients are reduced by a DataParallel (and "
                 "under ZeRO only partly held here); step it with quintet::DistributedOptimizer "
                 "(quintet/parallel/data/distributed_optimizer.hpp) over that DataParallel");
-  OptimizerStepInfo info;
+  const bool gpu = stream.device().is_cuda();
+  std::shared_ptr<PendingNorm> pending;
+  if (gpu) pending = next_pending_norm(&pending_, stream.device(), "AdamW::step");
   std::vector<Tensor> grads;
-  for (const Parameter* p : store_.parameters()) grads.push_back(p->grad());
-  info.grad_norm = global_norm(grads, stream);
-  QUINTET_CHECK(std::isfinite(info.grad_norm),
-                "AdamW::step: the gradient norm is {}; a gradient holds inf or nan",
-                info.grad_norm);
-  if (local_norm_only_) info.grad_norm = std::numeric_limits<double>::quiet_NaN();
-  if (config_.max_grad_norm > 0 && info.grad_norm > config_.max_grad_norm) {
-    info.grad_scale = static_cast<float>(config_.max_grad_norm / (info.grad_norm + 1e-6));
-  }
-  info.step = ++step_;
-  AdamWHyper no_decay = config_.hyper;
-  no_decay.weight_decay = 0.0f;
+  std::vector<AdamWTensors> tensors;
   for (Parameter* p : store_.parameters()) {
+    grads.push_back(p->grad());
     auto slice = [&](const Tensor& flat) {
       return flat.narrow(0, p->offset(), p->numel()).view(p->shape());
     };
-    const AdamWHyper& h = p->attributes().weight_decay ? config_.hyper : no_decay;
-    adamw_step(slice(master_), p->grad(), slice(exp_avg_), slice(exp_avg_sq_), h, info.step,
-               info.grad_scale, separate_master_ ? p->data() : Tensor(), stream);
+    tensors.push_back({slice(master_), p->grad(), slice(exp_avg_), slice(exp_avg_sq_),
+                       separate_master_ ? p->data() : Tensor(), p->attributes().weight_decay});
   }
+  const Tensor sq = sum_of_squares(grads, stream);
+  double norm = 0.0;
+  if (!gpu) {  // free to read on the CPU: an inf or nan fails before anything changes
+    norm = std::sqrt(sq.item());
+    QUINTET_CHECK(std::isfinite(norm),
+                  "AdamW::step: the gradient norm is {}; a gradient holds inf or nan", norm);
+  }
+  ++step_;
+  adamw_step_many(tensors, config_.hyper, step_, sq, config_.max_grad_norm, stream);
+  if (!gpu) {
+    return OptimizerStepInfo::known(step_, norm, config_.max_grad_norm, local_norm_only_);
+  }
+  pending->record(sq, stream);
+  return OptimizerStepInfo::pending(step_, std::move(pending), config_.max_grad_norm,
+                                    local_norm_only_);
+}
+
+PendingNorm::PendingNorm(const Device& device, std::string who)
+    : who_(std::move(who)), host_(Tensor::empty_pinned({1}, DType::f32)), ready_(device) {}
+
+void PendingNorm::record(const Tensor& sum_sq, const Stream& stream) {
+  host_.copy_(sum_sq.view({1}), stream);
+  ready_.record(stream);
+}
+
+double PendingNorm::norm() {
+  ready_.synchronize();
+  const double norm = std::sqrt(host_.item({0}));
+  QUINTET_CHECK(std::isfinite(norm),
+                "{}: the gradient norm is {}; a gradient holds inf or nan (that step updated "
+                "nothing)",
+                who_, norm);
+  return norm;
+}
+
+std::shared_ptr<PendingNorm> next_pending_norm(std::shared_ptr<PendingNorm>* slot,
+                                               const Device& device, const std::string& who) {
+  if (*slot != nullptr) (*slot)->norm();  // the previous step's: throws if it was not finite
+  if (*slot == nullptr || slot->use_count() > 1) *slot = std::make_shared<PendingNorm>(device, who);
+  return *slot;
+}
+
+OptimizerStepInfo OptimizerStepInfo::known(std::int64_t step, double norm, float max_grad_norm,
+                                           bool local_only) {
+  OptimizerStepInfo info;
+  info.step = step;
+  info.norm_ = norm;
+  info.max_grad_norm_ = max_grad_norm;
+  info.local_only_ = local_only;
   return info;
+}
+
+OptimizerStepInfo OptimizerStepInfo::pending(std::int64_t step, std::shared_ptr<PendingNorm> norm,
+                                             float max_grad_norm, bool local_only) {
+  OptimizerStepInfo info = known(step, 0.0, max_grad_norm, local_only);
+  info.pending_ = std::move(norm);
+  return info;
+}
+
+void OptimizerStepInfo::resolve() const {
+  if (pending_ == nullptr) return;
+  norm_ = pending_->norm();
+  pending_.reset();
+}
+
+double OptimizerStepInfo::grad_norm() const {
+  resolve();
+  return local_only_ ? std::numeric_limits<double>::quiet_NaN() : norm_;
+}
+
+float OptimizerStepInfo::grad_scale() const {
+  resolve();
+  return clip_scale(norm_, max_grad_norm_);
 }
 
 std::vector<std::pair<std::string, Tensor>> AdamW::state() const {

@@ -169,14 +169,27 @@ nn::OptimizerStepInfo DistributedOptimizer::step_together(
   }
   mesh.comm(Axis::tp_dp_cp).all_reduce(sq, ReduceOp::sum, stream).wait(stream);
   mesh.comm(Axis::pp).all_reduce(sq, ReduceOp::sum, stream).wait(stream);
-  stream.synchronize();  // the host reads the norm to decide on clipping
+  // On a GPU the update takes its clip factor from sq on the device, and the host reads the norm
+  // only when asked for (OptimizerStepInfo). On the CPU it is read now, so that an inf or nan
+  // fails before anything changes (every rank has the same norm, so every rank fails).
+  DistributedOptimizer& first = *optimizers.front();
+  const float max_norm = first.config_.max_grad_norm;
+  if (stream.device().is_cuda()) {
+    std::shared_ptr<nn::PendingNorm> pending =
+        nn::next_pending_norm(&first.pending_, stream.device(), "DistributedOptimizer::step");
+    std::int64_t step = 0;
+    for (DistributedOptimizer* o : optimizers) step = o->apply(sq, stream);
+    pending->record(sq, stream);
+    return nn::OptimizerStepInfo::pending(step, std::move(pending), max_norm);
+  }
+  stream.synchronize();
   const double norm = std::sqrt(sq.item({0}));
   QUINTET_CHECK(std::isfinite(norm),
                 "DistributedOptimizer::step: the gradient norm is {}; a gradient holds inf or nan",
                 norm);
-  nn::OptimizerStepInfo info;
-  for (DistributedOptimizer* o : optimizers) info = o->apply(norm, stream);
-  return info;
+  std::int64_t step = 0;
+  for (DistributedOptimizer* o : optimizers) step = o->apply(sq, stream);
+  return nn::OptimizerStepInfo::known(step, norm, max_norm);
 }
 
 Tensor DistributedOptimizer::grad_of(const Segment& g) const {
@@ -211,25 +224,20 @@ Tensor DistributedOptimizer::local_sum_of_squares(const Stream& stream) {
   return sq;
 }
 
-nn::OptimizerStepInfo DistributedOptimizer::apply(double norm, const Stream& stream) {
+std::int64_t DistributedOptimizer::apply(const Tensor& sum_sq, const Stream& stream) {
   const nn::ParameterStore& store = dp_.store();
-  nn::OptimizerStepInfo info;
-  info.grad_norm = norm;
-  if (config_.max_grad_norm > 0 && info.grad_norm > config_.max_grad_norm) {
-    info.grad_scale = static_cast<float>(config_.max_grad_norm / (info.grad_norm + 1e-6));
-  }
-  info.step = ++step_;
-  nn::AdamWHyper no_decay = config_.hyper;
-  no_decay.weight_decay = 0.0f;
+  std::vector<nn::AdamWTensors> tensors;
+  tensors.reserve(segments_.size());
   for (const Segment& g : segments_) {
-    const nn::AdamWHyper& h = g.param->attributes().weight_decay ? config_.hyper : no_decay;
-    nn::adamw_step(master_.narrow(0, g.state_offset, g.length), grad_of(g),
-                   exp_avg_.narrow(0, g.state_offset, g.length),
-                   exp_avg_sq_.narrow(0, g.state_offset, g.length), h, info.step, info.grad_scale,
-                   store.data_buffer().narrow(0, g.flat_offset, g.length), stream);
+    tensors.push_back({master_.narrow(0, g.state_offset, g.length), grad_of(g),
+                       exp_avg_.narrow(0, g.state_offset, g.length),
+                       exp_avg_sq_.narrow(0, g.state_offset, g.length),
+                       store.data_buffer().narrow(0, g.flat_offset, g.length),
+                       g.param->attributes().weight_decay});
   }
+  nn::adamw_step_many(tensors, config_.hyper, ++step_, sum_sq, config_.max_grad_norm, stream);
   if (stage_ > 0) gather_parameters(stream);
-  return info;
+  return step_;
 }
 
 std::vector<std::pair<std::string, Tensor>> DistributedOptimizer::state() const {

@@ -64,18 +64,17 @@ Tensor ParallelAttention::forward(nn::Context& ctx, const Tensor& x) {
   const Stream& st = ctx.stream();
   const std::int64_t b = x.size(0), h = local_heads_, hd = head_dim_;
   const Tensor qkv = qkv_->forward(ctx, x).view({b, seq, 3, h, hd});
-  auto head = [&](int i) {
-    return qkv.narrow(2, i, 1).transpose(1, 3).contiguous(st).view({b, h, seq, hd});
-  };
-  const Tensor q = head(0), k = head(1), v = head(2);
-  Tensor out;
-  if (cp_ == nullptr) {
+  if (cp_ == nullptr) {  // the heads read in place, the output written ready for the projection
     nn::AttentionOptions opt;
     opt.causal = true;
-    nn::AttentionOutput a = nn::attention_forward(q, k, v, opt, st);
-    ctx.save(*this, {q, k, v, a.out, a.lse});
-    out = std::move(a.out);
-  } else if (cp_kind_ == context::ContextParallelKind::ring) {
+    const nn::FusedQkvAttention a = nn::fused_qkv_attention_forward(qkv, opt, st);
+    ctx.save(*this, {qkv, a.out, a.lse});
+    return proj_->forward(ctx, a.out.view({b, seq, h * hd}));
+  }
+  auto head = [&](int i) { return nn::fused_qkv_heads(qkv, i).contiguous(st); };
+  const Tensor q = head(0), k = head(1), v = head(2);
+  Tensor out;
+  if (cp_kind_ == context::ContextParallelKind::ring) {
     nn::AttentionOutput a = context::ring_attention_forward(*cp_, q, k, v, {}, st);
     ctx.save(*this, {q, k, v, a.out, a.lse});
     out = std::move(a.out);
@@ -92,24 +91,26 @@ Tensor ParallelAttention::backward(nn::Context& ctx, const Tensor& dy) {
   const Stream& st = ctx.stream();
   const Tensor dmerged = proj_->backward(ctx, dy);
   const auto sv = ctx.take(*this);
-  const Tensor &q = sv[0], &k = sv[1], &v = sv[2], &out = sv[3], &lse = sv[4];
   const std::int64_t b = dmerged.size(0), s = dmerged.size(1), h = local_heads_, hd = head_dim_;
-  const Tensor dout = dmerged.view({b, s, h, hd}).transpose(1, 2).contiguous(st);
-  nn::AttentionGrads g;
   if (cp_ == nullptr) {
+    const Tensor &qkv = sv[0], &out = sv[1], &lse = sv[2];
     nn::AttentionOptions opt;
     opt.causal = true;
-    g = nn::attention_backward(dout, q, k, v, out, lse, opt, st);
-  } else if (cp_kind_ == context::ContextParallelKind::ring) {
+    const Tensor dqkv = nn::fused_qkv_attention_backward(dmerged.contiguous(st).view(out.shape()),
+                                                         qkv, out, lse, opt, st);
+    return qkv_->backward(ctx, dqkv.view({b, s, 3 * h * hd}));
+  }
+  const Tensor &q = sv[0], &k = sv[1], &v = sv[2], &out = sv[3], &lse = sv[4];
+  const Tensor dout = dmerged.view({b, s, h, hd}).transpose(1, 2).contiguous(st);
+  nn::AttentionGrads g;
+  if (cp_kind_ == context::ContextParallelKind::ring) {
     g = context::ring_attention_backward(*cp_, dout, q, k, v, out, lse, {}, st);
   } else {
     g = context::ulysses_attention_backward(*cp_, dout, {q, k, v, out, lse}, {}, st);
   }
   Tensor dqkv = Tensor::empty({b, s, 3, h, hd}, dout.dtype(), dout.device(), st);
   const Tensor* parts[3] = {&g.dq, &g.dk, &g.dv};
-  for (int i = 0; i < 3; ++i) {
-    dqkv.narrow(2, i, 1).transpose(1, 3).copy_(parts[i]->view({b, h, 1, s, hd}), st);
-  }
+  for (int i = 0; i < 3; ++i) nn::fused_qkv_heads(dqkv, i).copy_(*parts[i], st);
   return qkv_->backward(ctx, dqkv.view({b, s, 3 * h * hd}));
 }
 

@@ -55,7 +55,7 @@ RunResult run_reference(const Stream& s) {
   for (int step = 0; step < kSteps; ++step) {
     store.zero_grad(s);
     train_microbatch(model, batch_rows(kModel, step, kGlobalBatch, 0, kGlobalBatch, s), 1.0f, s);
-    r.norms.push_back(adam.step(s).grad_norm);
+    r.norms.push_back(adam.step(s).grad_norm());
   }
   s.synchronize();
   r.params = store.data_buffer().to_vector<float>();
@@ -78,7 +78,7 @@ RunResult run_dp(const Mesh& mesh, const DataParallelConfig& config, int micro, 
                        1.0f / static_cast<float>(micro), s);
     }
     dp.finish(s);
-    r.norms.push_back(optimizer.step(s).grad_norm);
+    r.norms.push_back(optimizer.step(s).grad_norm());
     r.stats.push_back(dp.last_step_stats());
   }
   optimizer.wait_for_parameters(s);

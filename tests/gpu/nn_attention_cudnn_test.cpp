@@ -3,7 +3,8 @@
 // 64 and 128, odd lengths and diagonal offsets; the block form ring attention uses (query block x
 // key block with offsets, merged with the log-sum-exp); and calls cuDNN does not take (head_dim
 // 40, f32, a causal block whose first queries see no key), which `automatic` runs on our own
-// kernels and an explicit `cudnn` rejects. Without cuDNN in the build, `cudnn` must be rejected.
+// kernels and an explicit `cudnn` rejects; the heads of a fused qkv projection read and written in
+// place. Without cuDNN in the build, `cudnn` must be rejected.
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -157,6 +158,48 @@ TEST_CASE("ring-style attention blocks through cuDNN merge to slices of the full
                     values(fg.dk.narrow(2, kb.start, kb.len).contiguous(s), s)) < tolerance(t));
       CHECK(rel_err(values(dv_sum[kbi], s),
                     values(fg.dv.narrow(2, kb.start, kb.len).contiguous(s), s)) < tolerance(t));
+    }
+  }
+}
+
+TEST_CASE("attention over a fused qkv reads and writes the heads in place through cuDNN") {
+  // q, k, v as [B, H, S, D] views of one [B, S, 3, H, D] projection, the output and the gradients
+  // written as views too: kernel = cudnn proves cuDNN took the strides (it would throw, not fall
+  // back); against the CPU op on contiguous heads. A fallback kernel (gemm) on the same views
+  // goes through copies and agrees too.
+  const Stream s = Stream::create(Device::cuda(0));
+  const Stream cpu;
+  std::uint64_t seed = 9500;
+  for (const std::int64_t d : {64, 128}) {
+    for (const std::int64_t seq : {77, 256}) {
+      for (const nn::AttentionKernel kernel :
+           {nn::AttentionKernel::cudnn, nn::AttentionKernel::gemm}) {
+        const std::int64_t b = 2, h = 3;
+        INFO("head_dim " << d << " seq " << seq << " kernel " << static_cast<int>(kernel));
+        const Input qkv = random_input({b, seq, 3, h, d}, ++seed, DType::bf16, s);
+        const Input dout = random_input({b, seq, h, d}, ++seed, DType::bf16, s);
+        nn::AttentionOptions o;
+        o.kernel = kernel;
+        const nn::FusedQkvAttention r = nn::fused_qkv_attention_forward(qkv.gpu, o, s);
+        const nn::FusedQkvAttention r_ref = nn::fused_qkv_attention_forward(qkv.cpu, o, cpu);
+        CHECK_CLOSE(r.out, r_ref.out, s, DType::bf16);
+        CHECK(lse_err(r.lse, r_ref.lse, s) < tolerance(DType::bf16));
+        const Tensor g = nn::fused_qkv_attention_backward(dout.gpu, qkv.gpu, r.out, r.lse, o, s);
+        const Tensor g_ref =
+            nn::fused_qkv_attention_backward(dout.cpu, qkv.cpu, r_ref.out, r_ref.lse, o, cpu);
+        for (int i = 0; i < 3; ++i) {
+          INFO("gradient of head group " << i);
+          CHECK_CLOSE(nn::fused_qkv_heads(g, i).contiguous(s),
+                      nn::fused_qkv_heads(g_ref, i).contiguous(), s, DType::bf16);
+        }
+        // The CPU's fused form is the split-head op on copies: the same numbers.
+        const nn::AttentionOutput split =
+            nn::attention_forward(nn::fused_qkv_heads(qkv.cpu, 0).contiguous(),
+                                  nn::fused_qkv_heads(qkv.cpu, 1).contiguous(),
+                                  nn::fused_qkv_heads(qkv.cpu, 2).contiguous(), o, cpu);
+        CHECK(split.out.to_vector<double>() ==
+              r_ref.out.transpose(1, 2).contiguous().to_vector<double>());
+      }
     }
   }
 }

@@ -1,11 +1,16 @@
 // The training ops on the GPU (embedding and its scatter-add backward, cross-entropy fused with
-// the softmax, the fused AdamW step) against the CPU ops on the same random inputs; the GPU's
-// handling of out-of-range ids and targets; bad inputs.
+// the softmax, the fused AdamW step, one tensor or many per launch, and the sum of squares) against
+// the CPU ops on the same random inputs; the GPU's handling of out-of-range ids and targets; the
+// optimizer's norm left on the device; bad inputs.
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "gpu/nn_gpu_compare.hpp"
+#include "quintet/nn/layers.hpp"
+#include "quintet/nn/optimizer.hpp"
+#include "quintet/nn/parameter.hpp"
 
 using namespace quintet;
 using namespace nn_gpu_test;
@@ -158,6 +163,84 @@ TEST_CASE("the fused AdamW step on the GPU equals the CPU's over several steps")
       }
     }
   }
+}
+
+TEST_CASE("adamw_step_many and sum_of_squares over many tensors on the GPU equal the CPU's") {
+  // 150 tensors (more than one launch of 64), of sizes that put tensor boundaries inside the
+  // kernels' chunks, some empty, with and without decay; the clip factor taken on the device.
+  const Device gpu = Device::cuda(0);
+  const Stream s = Stream::create(gpu);
+  const Stream cpu;
+  nn::AdamWHyper hyper;
+  hyper.lr = 2e-3f;
+  hyper.weight_decay = 0.1f;
+  std::uint64_t seed = 6000;
+  struct Set {
+    std::vector<nn::AdamWTensors> t;
+    std::vector<Tensor> grads;
+  } dev, ref;
+  for (int i = 0; i < 150; ++i) {
+    const std::int64_t n = i % 17 == 0 ? 0 : 1 + (i * 7919) % 3001;
+    const Tensor master0 = Tensor::randn({n}, ++seed), grad = Tensor::randn({n}, ++seed);
+    const bool decay = i % 3 != 0;
+    dev.t.push_back({master0.to(gpu, s), grad.to(gpu, s), Tensor::zeros({n}, DType::f32, gpu),
+                     Tensor::zeros({n}, DType::f32, gpu), Tensor::zeros({n}, DType::bf16, gpu),
+                     decay});
+    ref.t.push_back({master0.clone(), grad, Tensor::zeros({n}), Tensor::zeros({n}),
+                     Tensor::zeros({n}, DType::bf16), decay});
+    // The norm over gradients of two dtypes: every other one in bf16 (the same rounded values).
+    const Tensor g = i % 2 == 0 ? grad : grad.to(DType::bf16);
+    dev.grads.push_back(g.to(gpu, s));
+    ref.grads.push_back(g);
+  }
+  Stream::default_stream(gpu).synchronize();  // the zeros were filled on the default stream
+  const Tensor sq = nn::sum_of_squares(dev.grads, s), sq_ref = nn::sum_of_squares(ref.grads, cpu);
+  CHECK_CLOSE(sq, sq_ref, s, DType::f32);
+  const float max_norm = static_cast<float>(0.5 * std::sqrt(sq_ref.item()));  // clips: scale ~0.5
+  for (std::int64_t step = 1; step <= 2; ++step) {
+    nn::adamw_step_many(dev.t, hyper, step, sq, max_norm, s);
+    nn::adamw_step_many(ref.t, hyper, step, sq_ref, max_norm, cpu);
+  }
+  for (std::size_t i = 0; i < dev.t.size(); ++i) {
+    INFO("tensor " << i << " of " << dev.t[i].master.numel());
+    if (dev.t[i].master.numel() == 0) continue;
+    CHECK_CLOSE(dev.t[i].master, ref.t[i].master, s, DType::f32);
+    CHECK_CLOSE(dev.t[i].exp_avg, ref.t[i].exp_avg, s, DType::f32);
+    CHECK_CLOSE(dev.t[i].exp_avg_sq, ref.t[i].exp_avg_sq, s, DType::f32);
+    CHECK_CLOSE(dev.t[i].param, ref.t[i].param, s, DType::bf16);
+  }
+  // An inf or nan norm updates nothing.
+  const std::vector<double> before = values(dev.t[5].master, s);
+  for (const double bad :
+       {std::numeric_limits<double>::infinity(), std::numeric_limits<double>::quiet_NaN()}) {
+    const Tensor bad_sq = Tensor::full({}, bad, DType::f32, gpu);
+    Stream::default_stream(gpu).synchronize();
+    nn::adamw_step_many(dev.t, hyper, 3, bad_sq, max_norm, s);
+    CHECK(values(dev.t[5].master, s) == before);
+  }
+}
+
+TEST_CASE("AdamW on the GPU reads the norm when asked; an inf gradient skips the step and fails") {
+  const Stream s = Stream::create(Device::cuda(0));
+  nn::Linear m(8, 4);
+  nn::ParameterStore store(m, DType::bf16, s, 3);
+  nn::AdamWConfig cfg;
+  cfg.max_grad_norm = 1.0f;
+  nn::AdamW opt(store, cfg, s);
+  m.weight().grad().fill_(0.5, s);
+  m.bias()->grad().fill_(0.25, s);
+  const nn::OptimizerStepInfo ok = opt.step(s);
+  const double norm = std::sqrt(32 * 0.25 + 4 * 0.0625);
+  CHECK(ok.grad_norm() == Approx(norm).epsilon(1e-6));
+  CHECK(ok.grad_scale() == Approx(1.0 / norm).epsilon(1e-5));
+  CHECK(ok.step == 1);
+  const std::vector<double> w = values(m.weight().data(), s);
+  m.weight().grad().fill_(std::numeric_limits<double>::infinity(), s);
+  const nn::OptimizerStepInfo bad = opt.step(s);  // queued: the host has not seen the norm
+  REQUIRE_THROWS_QUINTET(bad.grad_norm(), InvalidArgument, "inf or nan");
+  CHECK(values(m.weight().data(), s) == w);  // nothing was updated
+  // A program that never reads the norm fails at the next step.
+  REQUIRE_THROWS_QUINTET(opt.step(s), InvalidArgument, "a gradient holds inf or nan");
 }
 
 TEST_CASE("GPU training ops reject bad inputs with InvalidArgument") {

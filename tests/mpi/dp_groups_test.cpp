@@ -166,9 +166,9 @@ void check_layout(Communicator& world, const ParallelConfig& pc, int stage, std:
   }
   const nn::OptimizerStepInfo info = optimizer.step(kCpu);
   const double want = expected_norm(layout, sizes);
-  INFO("norm " << info.grad_norm << " vs " << want);
-  CHECK(std::abs(info.grad_norm - want) <= 1e-5 * want);
-  CHECK(info.grad_scale == 1.0f);
+  INFO("norm " << info.grad_norm() << " vs " << want);
+  CHECK(std::abs(info.grad_norm() - want) <= 1e-5 * want);
+  CHECK(info.grad_scale() == 1.0f);
 }
 
 std::vector<ParallelConfig> layouts(int world) {

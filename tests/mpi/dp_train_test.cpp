@@ -66,8 +66,8 @@ RunResult run_reference() {
     store.zero_grad(kCpu);
     train_microbatch(model, batch_rows(kModel, s, kGlobalBatch, 0, kGlobalBatch, kCpu), 1.0f, kCpu);
     const nn::OptimizerStepInfo info = adam.step(kCpu);
-    r.norms.push_back(info.grad_norm);
-    r.scales.push_back(info.grad_scale);
+    r.norms.push_back(info.grad_norm());
+    r.scales.push_back(info.grad_scale());
   }
   r.params = values(store);
   return r;
@@ -91,8 +91,8 @@ RunResult run_data_parallel(const Mesh& mesh, const DataParallelConfig& config, 
     }
     dp.finish(kCpu);
     const nn::OptimizerStepInfo info = optimizer.step(kCpu);
-    r.norms.push_back(info.grad_norm);
-    r.scales.push_back(info.grad_scale);
+    r.norms.push_back(info.grad_norm());
+    r.scales.push_back(info.grad_scale());
     r.stats.push_back(dp.last_step_stats());
   }
   optimizer.wait_for_parameters(kCpu);

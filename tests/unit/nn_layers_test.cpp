@@ -203,12 +203,12 @@ TEST_CASE("AdamW clips by the global norm and skips decay where asked", "[nn][op
   double sq = 0;
   for (float g : gw) sq += g * g;
   for (float g : gb) sq += g * g;
-  REQUIRE(info.grad_norm == Approx(std::sqrt(sq)).epsilon(1e-6));
-  REQUIRE(info.grad_scale == Approx(1.0 / std::sqrt(sq)).epsilon(1e-5));
+  REQUIRE(info.grad_norm() == Approx(std::sqrt(sq)).epsilon(1e-6));
+  REQUIRE(info.grad_scale() == Approx(1.0 / std::sqrt(sq)).epsilon(1e-5));
   REQUIRE(info.step == 1);
   // Step 1 of AdamW: m̂ = g', v̂ = g'², so p -= lr * g' / (|g'| + eps) after the decay.
   auto expect = [&](double p, double g, bool decay) {
-    const double gs = g * info.grad_scale;
+    const double gs = g * info.grad_scale();
     if (decay) p -= 0.1 * 0.5 * p;
     return p - 0.1 * gs / (std::abs(gs) + 1e-8);
   };
@@ -265,13 +265,13 @@ TEST_CASE("AdamW refuses to clip by one rank's norm of a weight spread over rank
     no_clip.max_grad_norm = 0.0f;
     AdamW opt(store, no_clip, kCpu);
     m.w().grad().fill_(0.5);
-    CHECK(std::isnan(opt.step(kCpu).grad_norm));
+    CHECK(std::isnan(opt.step(kCpu).grad_norm()));
   }
   OneWeight whole(whole_shard);
   ParameterStore store(whole, DType::f32, kCpu, 1);
   AdamW opt(store, AdamWConfig{}, kCpu);  // a tp of 1 holds the whole weight: fine
   whole.w().grad().fill_(0.5);
-  CHECK(opt.step(kCpu).grad_norm == Approx(std::sqrt(6 * 0.25)));
+  CHECK(opt.step(kCpu).grad_norm() == Approx(std::sqrt(6 * 0.25)));
 }
 
 TEST_CASE("layers and contexts reject bad use with a quintet::Error", "[nn][layers]") {

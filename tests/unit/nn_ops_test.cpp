@@ -2,6 +2,7 @@
 // f64 (h = 1e-5; tolerance 1e-6 relative), f32 against f64.
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "quintet/nn/ops.hpp"
 #include "support/catch.hpp"
@@ -238,6 +239,86 @@ TEST_CASE("attention of one query block over key blocks merged by lse equals the
     require_close(g.dv, gw.dv.narrow(2, b.start, b.len), 1e-12, "dv block");
   }
   require_close(dq, gw.dq.narrow(2, q0, q1 - q0), 1e-12, "dq");
+}
+
+TEST_CASE("attention over a fused qkv equals the split-head attention, views in and out",
+          "[nn][ops][attention]") {
+  const std::int64_t b = 2, s = 5, h = 3, d = 4;
+  const Tensor qkv = randn64({b, s, 3, h, d}, 41), dout = randn64({b, s, h, d}, 42);
+  AttentionOptions o;
+  const FusedQkvAttention f = fused_qkv_attention_forward(qkv, o, kCpu);
+  const Tensor q = fused_qkv_heads(qkv, 0).contiguous(), k = fused_qkv_heads(qkv, 1).contiguous(),
+               v = fused_qkv_heads(qkv, 2).contiguous();
+  REQUIRE(q.at<double>({1, 2, 3, 1}) == qkv.at<double>({1, 3, 0, 2, 1}));
+  REQUIRE(v.at<double>({0, 1, 4, 3}) == qkv.at<double>({0, 4, 2, 1, 3}));
+  const AttentionOutput a = attention_forward(q, k, v, o, kCpu);
+  REQUIRE(f.out.shape() == Shape{b, s, h, d});
+  require_close(f.out.transpose(1, 2).contiguous(), a.out, 0.0, "out");
+  require_close(f.lse, a.lse, 0.0, "lse");
+  const Tensor dqkv = fused_qkv_attention_backward(dout, qkv, f.out, f.lse, o, kCpu);
+  const AttentionGrads g =
+      attention_backward(dout.transpose(1, 2).contiguous(), q, k, v, a.out, a.lse, o, kCpu);
+  require_close(fused_qkv_heads(dqkv, 0).contiguous(), g.dq, 0.0, "dq");
+  require_close(fused_qkv_heads(dqkv, 1).contiguous(), g.dk, 0.0, "dk");
+  require_close(fused_qkv_heads(dqkv, 2).contiguous(), g.dv, 0.0, "dv");
+  // Strided views given to the plain ops: read through copies, written back in place.
+  const Tensor out = Tensor::zeros({b, s, h, d}, DType::f64);
+  const Tensor lse = attention_forward_into(fused_qkv_heads(qkv, 0), fused_qkv_heads(qkv, 1),
+                                            fused_qkv_heads(qkv, 2), o, out.transpose(1, 2), kCpu);
+  require_close(out, f.out, 0.0, "out written into a view");
+  require_close(lse, f.lse, 0.0, "lse of the views");
+  REQUIRE_THROWS_QUINTET(fused_qkv_heads(dout, 0), InvalidArgument, "[batch, seq, 3, heads");
+}
+
+TEST_CASE("adamw_step_many equals adamw_step per tensor, clip factor from the sum of squares",
+          "[nn][ops]") {
+  AdamWHyper h;
+  h.lr = 0.01f;
+  h.weight_decay = 0.1f;
+  std::vector<AdamWTensors> many, one;
+  std::vector<Tensor> grads;
+  for (int i = 0; i < 5; ++i) {
+    const std::int64_t n = 1 + 3 * i;
+    const Tensor m0 = Tensor::randn({n}, 50 + i), g = Tensor::randn({n}, 60 + i);
+    many.push_back({m0.clone(), g, Tensor::zeros({n}), Tensor::zeros({n}),
+                    Tensor::zeros({n}, DType::bf16), i % 2 == 0});
+    one.push_back({m0.clone(), g, Tensor::zeros({n}), Tensor::zeros({n}),
+                   Tensor::zeros({n}, DType::bf16), i % 2 == 0});
+    grads.push_back(g);
+  }
+  const Tensor sq = sum_of_squares(grads, kCpu);
+  const double norm = std::sqrt(sq.item());
+  REQUIRE(clip_scale(norm, 0.0f) == 1.0f);
+  REQUIRE(clip_scale(norm, static_cast<float>(2 * norm)) == 1.0f);
+  const float max_norm = static_cast<float>(norm / 3);
+  const float scale = clip_scale(norm, max_norm);
+  REQUIRE(scale == Approx(1.0 / 3).epsilon(1e-5));
+  adamw_step_many(many, h, 1, sq, max_norm, kCpu);
+  AdamWHyper no_decay = h;
+  no_decay.weight_decay = 0.0f;
+  for (const AdamWTensors& t : one) {
+    adamw_step(t.master, t.grad, t.exp_avg, t.exp_avg_sq, t.weight_decay ? h : no_decay, 1, scale,
+               t.param, kCpu);
+  }
+  for (std::size_t i = 0; i < many.size(); ++i) {
+    require_close(many[i].master, one[i].master, 0.0, "master");
+    require_close(many[i].exp_avg_sq, one[i].exp_avg_sq, 0.0, "exp_avg_sq");
+    require_close(many[i].param.to(DType::f64), one[i].param.to(DType::f64), 0.0, "param");
+  }
+  // A sum of squares that is not finite updates nothing.
+  const std::vector<double> before = many[2].master.to_vector<double>();
+  adamw_step_many(many, h, 2, Tensor::full({}, std::numeric_limits<double>::quiet_NaN()), max_norm,
+                  kCpu);
+  REQUIRE(many[2].master.to_vector<double>() == before);
+  // Bad input: one param dtype per call, a scalar f32 sum of squares, adamw_step's own checks.
+  std::vector<AdamWTensors> mixed = many;
+  mixed[1].param = Tensor::zeros({4}, DType::f32);
+  REQUIRE_THROWS_QUINTET(adamw_step_many(mixed, h, 2, sq, 1.0f, kCpu), InvalidArgument,
+                         "params of dtypes bf16 and f32");
+  REQUIRE_THROWS_QUINTET(adamw_step_many(many, h, 2, Tensor::zeros({2}), 1.0f, kCpu),
+                         InvalidArgument, "expected a scalar f32");
+  REQUIRE_THROWS_QUINTET(adamw_step_many(many, h, 0, sq, 1.0f, kCpu), InvalidArgument,
+                         "expected >= 1");
 }
 
 TEST_CASE("f32 ops agree with f64", "[nn][ops]") {

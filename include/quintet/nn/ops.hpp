@@ -113,9 +113,18 @@ struct AttentionOutput {
   Tensor lse;  // [B, H, Sq] f32: log(sum_j exp(score_ij)) over visible keys; -inf for a row that
                // sees no key (its out row is 0)
 };
-// q [B, H, Sq, D], k and v [B, H, Sk, D], all T. Sq and Sk may differ.
+// q [B, H, Sq, D], k and v [B, H, Sk, D], all T. Sq and Sk may differ. Every tensor operand of
+// the attention ops may be a strided view, such as the heads of a fused [B, S, 3, H, D]
+// projection (transposed to [B, H, S, D]): on a GPU, cuDNN reads and writes such views in place
+// when head_dim is contiguous and each row starts 16-byte aligned; other kernels and the CPU work
+// on contiguous copies.
 AttentionOutput attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                                   const AttentionOptions& options, const Stream& stream);
+// The same, writing the output into out [B, H, Sq, D] (T, any strides: e.g. o.transpose(1, 2) of
+// an o [B, Sq, H, D], so that merging the heads back needs no copy); returns the lse.
+Tensor attention_forward_into(const Tensor& q, const Tensor& k, const Tensor& v,
+                              const AttentionOptions& options, const Tensor& out,
+                              const Stream& stream);
 struct AttentionGrads {
   Tensor dq;  // [B, H, Sq, D] (T)
   Tensor dk;  // [B, H, Sk, D] (T)
@@ -128,6 +137,28 @@ struct AttentionGrads {
 AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
                                   const Tensor& v, const Tensor& out, const Tensor& lse,
                                   const AttentionOptions& options, const Stream& stream);
+// The same, writing the gradients into dq [B, H, Sq, D] and dk, dv [B, H, Sk, D] (T, any strides:
+// e.g. the heads of one fused [B, S, 3, H, D] gradient).
+void attention_backward_into(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                             const Tensor& out, const Tensor& lse, const AttentionOptions& options,
+                             const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                             const Stream& stream);
+
+// Attention over the heads of a fused projection, read in place: qkv [B, S, 3, H, D] (T,
+// contiguous; q, k and v head groups along dim 2) -> out [B, S, H, D] (contiguous, ready for the
+// output projection) and lse [B, H, S]. The backward takes dout [B, S, H, D] and returns dqkv
+// [B, S, 3, H, D]. The same math as attention_forward / attention_backward on the split heads.
+struct FusedQkvAttention {
+  Tensor out;  // [B, S, H, D]
+  Tensor lse;  // [B, H, S] f32
+};
+FusedQkvAttention fused_qkv_attention_forward(const Tensor& qkv, const AttentionOptions& options,
+                                              const Stream& stream);
+Tensor fused_qkv_attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                                    const Tensor& lse, const AttentionOptions& options,
+                                    const Stream& stream);
+// Head group i (0: q, 1: k, 2: v) of qkv [B, S, 3, H, D] as a [B, H, S, D] view (no copy).
+Tensor fused_qkv_heads(const Tensor& qkv, int i);
 
 // Merges one more block into a running multi-block attention, in place (context parallelism: the
 // blocks of one query chunk against each key chunk): with L = log(exp(lse) + exp(lse_b)),
@@ -186,6 +217,25 @@ struct AdamWHyper {
 void adamw_step(const Tensor& master, const Tensor& grad, const Tensor& exp_avg,
                 const Tensor& exp_avg_sq, const AdamWHyper& hyper, std::int64_t step,
                 float grad_scale, const Tensor& param, const Stream& stream);
+
+// One AdamW update of many tensors at once, with the clip factor computed where the norm is:
+// grad_scale = clip_scale(sqrt(sum_sq), max_grad_norm) for every tensor, so the host never reads
+// the norm (on a GPU: one kernel launch per 64 tensors, no host synchronisation; adamw_step
+// would be one launch per tensor and a host read of the norm first). sum_sq: a scalar f32 tensor
+// on the tensors' device, the global sum of squares of the gradients (sum_of_squares,
+// all-reduced over the ranks that share the norm). When it is inf or nan nothing is updated.
+// Each entry is checked as adamw_step checks its tensors; the defined params share one dtype.
+// hyper.weight_decay applies to the entries whose weight_decay is set.
+struct AdamWTensors {
+  Tensor master, grad, exp_avg, exp_avg_sq, param;
+  bool weight_decay = true;
+};
+void adamw_step_many(const std::vector<AdamWTensors>& tensors, const AdamWHyper& hyper,
+                     std::int64_t step, const Tensor& sum_sq, float max_grad_norm,
+                     const Stream& stream);
+// The factor the gradients are multiplied by for a global norm: max_grad_norm / (norm + 1e-6)
+// when max_grad_norm > 0 and norm > max_grad_norm, else 1.
+float clip_scale(double norm, float max_grad_norm);
 
 // ---- element-wise and reductions ------------------------------------------------------------
 // Backward of these is trivial and needs no function: add's gradient is dy for both inputs,

@@ -1,9 +1,12 @@
 // AdamW on the GPU as one fused element-wise kernel: reads the f32 master weight, gradient and
 // both moments once, writes them back and, when asked, the converted compute-dtype parameter.
+// adamw_step_many runs it over many tensors per launch (multi_tensor.cuh), with the clip factor
+// computed on the device from the global sum of squares, so the step needs no host sync.
 #include <cmath>
 
 #include "nn/cuda/cuda_ops.hpp"
 #include "nn/cuda/kernel_common.cuh"
+#include "nn/cuda/multi_tensor.cuh"
 
 namespace quintet::nn::cuda_ops {
 
@@ -17,31 +20,63 @@ struct AdamWArgs {
   float bias_correction2;  // 1 - beta2^t
 };
 
+// The update of element i; weight_decay and grad_scale are the element's own.
+template <class P>
+__device__ __forceinline__ void adamw_element(float* master, const float* grad, float* m, float* v,
+                                              P* param, const AdamWArgs& a, float weight_decay,
+                                              float grad_scale, std::int64_t i) {
+  const float g = grad[i] * grad_scale;
+  float p = master[i];
+  p -= a.lr * weight_decay * p;
+  const float mi = a.beta1 * m[i] + (1.0f - a.beta1) * g;
+  const float vi = a.beta2 * v[i] + (1.0f - a.beta2) * g * g;
+  m[i] = mi;
+  v[i] = vi;
+  p -= a.lr * (mi / a.bias_correction1) / (sqrtf(vi / a.bias_correction2) + a.eps);
+  master[i] = p;
+  if (param) param[i] = from_float<P>(p);
+}
+
 // P: the dtype of the parameter copy; param may be null (then nothing is written there).
 template <class P>
 __global__ void adamw_kernel(float* master, const float* grad, float* m, float* v, P* param,
                              AdamWArgs a, std::int64_t n) {
   for (std::int64_t i = global_index(); i < n; i += global_stride()) {
-    const float g = grad[i] * a.grad_scale;
-    float p = master[i];
-    p -= a.lr * a.weight_decay * p;
-    const float mi = a.beta1 * m[i] + (1.0f - a.beta1) * g;
-    const float vi = a.beta2 * v[i] + (1.0f - a.beta2) * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    p -= a.lr * (mi / a.bias_correction1) / (sqrtf(vi / a.bias_correction2) + a.eps);
-    master[i] = p;
-    if (param) param[i] = from_float<P>(p);
+    adamw_element(master, grad, m, v, param, a, a.weight_decay, a.grad_scale, i);
   }
 }
 
-}  // namespace
+struct AdamWEntry {
+  float* master;
+  const float* grad;
+  float* m;
+  float* v;
+  void* param;  // P*, or null
+  float weight_decay;
+};
 
-void adamw_step(const Tensor& master, const Tensor& grad, const Tensor& exp_avg,
-                const Tensor& exp_avg_sq, const AdamWHyper& hyper, std::int64_t step,
-                float grad_scale, const Tensor& param, const Stream& stream) {
-  const std::int64_t n = master.numel();
-  if (n == 0) return;
+// The clip factor from the global sum of squares (clip_scale in ops.hpp), or a negative value
+// when the norm is inf or nan: then nothing is updated.
+__device__ __forceinline__ float device_clip_scale(const float* sum_sq, float max_grad_norm) {
+  const float sq = *sum_sq;
+  if (!isfinite(sq)) return -1.0f;
+  const float norm = sqrtf(sq);
+  return max_grad_norm > 0.0f && norm > max_grad_norm ? max_grad_norm / (norm + 1e-6f) : 1.0f;
+}
+
+template <class P>
+__global__ void adamw_many_kernel(TensorList<AdamWEntry> list, std::int64_t total, AdamWArgs a,
+                                  const float* sum_sq, float max_grad_norm) {
+  const float scale = device_clip_scale(sum_sq, max_grad_norm);
+  if (scale < 0.0f) return;
+  for_each_element(list, total, [&](int t, std::int64_t i) {
+    const AdamWEntry& e = list.entry[t];
+    adamw_element(e.master, e.grad, e.m, e.v, static_cast<P*>(e.param), a, e.weight_decay, scale,
+                  i);
+  });
+}
+
+AdamWArgs adamw_args(const AdamWHyper& hyper, std::int64_t step, float grad_scale) {
   AdamWArgs a;
   a.lr = hyper.lr;
   a.beta1 = hyper.beta1;
@@ -51,6 +86,17 @@ void adamw_step(const Tensor& master, const Tensor& grad, const Tensor& exp_avg,
   a.grad_scale = grad_scale;
   a.bias_correction1 = static_cast<float>(1.0 - std::pow(double(hyper.beta1), double(step)));
   a.bias_correction2 = static_cast<float>(1.0 - std::pow(double(hyper.beta2), double(step)));
+  return a;
+}
+
+}  // namespace
+
+void adamw_step(const Tensor& master, const Tensor& grad, const Tensor& exp_avg,
+                const Tensor& exp_avg_sq, const AdamWHyper& hyper, std::int64_t step,
+                float grad_scale, const Tensor& param, const Stream& stream) {
+  const std::int64_t n = master.numel();
+  if (n == 0) return;
+  const AdamWArgs a = adamw_args(hyper, step, grad_scale);
   auto launch = [&](auto* p) {
     using P = std::remove_pointer_t<decltype(p)>;
     adamw_kernel<P><<<grid_for(n), kThreads, 0, stream.handle()>>>(
@@ -65,6 +111,30 @@ void adamw_step(const Tensor& master, const Tensor& grad, const Tensor& exp_avg,
     launch(static_cast<float*>(nullptr));
   }
   check_launch();
+}
+
+void adamw_step_many(const std::vector<AdamWTensors>& tensors, const AdamWHyper& hyper,
+                     std::int64_t step, const Tensor& sum_sq, float max_grad_norm,
+                     const Stream& stream) {
+  const AdamWArgs a = adamw_args(hyper, step, 1.0f);
+  std::vector<AdamWEntry> entries;
+  std::vector<std::int64_t> numel;
+  DType param_dtype = DType::f32;
+  for (const AdamWTensors& t : tensors) {
+    if (t.param.defined()) param_dtype = t.param.dtype();  // one dtype (checked by the caller)
+    entries.push_back({ptr<float>(t.master), ptr<float>(t.grad), ptr<float>(t.exp_avg),
+                       ptr<float>(t.exp_avg_sq), t.param.defined() ? t.param.data_ptr() : nullptr,
+                       t.weight_decay ? hyper.weight_decay : 0.0f});
+    numel.push_back(t.master.numel());
+  }
+  dispatch_float(param_dtype, "adamw_step_many", [&](auto tag) {
+    using P = typename decltype(tag)::type;
+    for_each_tensor_list(entries, numel, [&](const TensorList<AdamWEntry>& list, std::int64_t n) {
+      adamw_many_kernel<P><<<chunk_blocks(n), kThreads, 0, stream.handle()>>>(
+          list, n, a, ptr<float>(sum_sq), max_grad_norm);
+      check_launch();
+    });
+  });
 }
 
 }  // namespace quintet::nn::cuda_ops

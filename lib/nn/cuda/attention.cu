@@ -450,21 +450,19 @@ bool ran_on_cudnn(const AttentionOptions& o, const char* op, Run&& run) {
   return false;
 }
 
-}  // namespace
+// Our own kernels read and write contiguous tensors; cuDNN takes strided operands in place.
+// Where a strided operand reaches our kernels, it is copied: inputs to contiguous copies, an
+// output computed into a contiguous slot and copied back by copy_back.
+Tensor output_slot(const Tensor& out, const Stream& stream) {
+  return out.is_contiguous() ? out : Tensor::empty(out.shape(), out.dtype(), out.device(), stream);
+}
+void copy_back(const Tensor& slot, const Tensor& out, const Stream& stream) {
+  if (!out.is_contiguous()) Tensor(out).copy_(slot, stream);  // a handle: writes out's storage
+}
 
-void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
-                       const AttentionOptions& options, const Tensor& out, const Tensor& lse,
-                       const Stream& stream) {
-  if (ran_on_cudnn(options, "attention_forward", [&](std::string* why) {
-#if QUINTET_HAS_CUDNN
-        return attention_forward_cudnn(q, k, v, options, out, lse, stream, why);
-#else
-        (void)why;
-        return false;
-#endif
-      })) {
-    return;
-  }
+void attention_forward_own(const Tensor& q, const Tensor& k, const Tensor& v,
+                           const AttentionOptions& options, const Tensor& out, const Tensor& lse,
+                           const Stream& stream) {
   if (use_gemm(q, options)) {
     attention_forward_gemm(q, k, v, options, out, lse, stream);
     return;
@@ -483,20 +481,10 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
   });
 }
 
-void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
-                        const Tensor& out, const Tensor& lse, const AttentionOptions& options,
-                        const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                        const Stream& stream) {
-  if (ran_on_cudnn(options, "attention_backward", [&](std::string* why) {
-#if QUINTET_HAS_CUDNN
-        return attention_backward_cudnn(dout, q, k, v, out, lse, options, dq, dk, dv, stream, why);
-#else
-        (void)why;
-        return false;
-#endif
-      })) {
-    return;
-  }
+void attention_backward_own(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                            const Tensor& out, const Tensor& lse, const AttentionOptions& options,
+                            const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                            const Stream& stream) {
   if (use_gemm(q, options)) {
     attention_backward_gemm(dout, q, k, v, out, lse, options, dq, dk, dv, stream);
     return;
@@ -531,6 +519,51 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
              ptr<T>(dk), ptr<T>(dv), ak);
     });
   });
+}
+
+}  // namespace
+
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                       const AttentionOptions& options, const Tensor& out, const Tensor& lse,
+                       const Stream& stream) {
+  if (ran_on_cudnn(options, "attention_forward", [&](std::string* why) {
+#if QUINTET_HAS_CUDNN
+        return attention_forward_cudnn(q, k, v, options, out, lse, stream, why);
+#else
+        (void)why;
+        return false;
+#endif
+      })) {
+    return;
+  }
+  const Tensor o = output_slot(out, stream);
+  attention_forward_own(q.contiguous(stream), k.contiguous(stream), v.contiguous(stream), options,
+                        o, lse, stream);
+  copy_back(o, out, stream);
+}
+
+void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const Tensor& out, const Tensor& lse, const AttentionOptions& options,
+                        const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                        const Stream& stream) {
+  if (ran_on_cudnn(options, "attention_backward", [&](std::string* why) {
+#if QUINTET_HAS_CUDNN
+        return attention_backward_cudnn(dout, q, k, v, out, lse, options, dq, dk, dv, stream, why);
+#else
+        (void)why;
+        return false;
+#endif
+      })) {
+    return;
+  }
+  const Tensor gq = output_slot(dq, stream), gk = output_slot(dk, stream),
+               gv = output_slot(dv, stream);
+  attention_backward_own(dout.contiguous(stream), q.contiguous(stream), k.contiguous(stream),
+                         v.contiguous(stream), out.contiguous(stream), lse, options, gq, gk, gv,
+                         stream);
+  copy_back(gq, dq, stream);
+  copy_back(gk, dk, stream);
+  copy_back(gv, dv, stream);
 }
 
 namespace {

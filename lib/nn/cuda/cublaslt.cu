@@ -7,6 +7,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <tuple>
 
 #include "nn/cuda/cublas_handles.hpp"
@@ -18,14 +19,15 @@ namespace {
 
 // The problem an algorithm was chosen for. Alignments (bytes, power of two <= 256) are part of it
 // because cuBLASLt's fast kernels need aligned pointers and odd shapes need other kernels.
-using AlgoKey =
-    std::tuple<int, bool, bool, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
-               std::int64_t, std::int64_t, int, int, bool, bool, unsigned, unsigned, unsigned>;
+using AlgoKey = std::tuple<int, bool, bool, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
+                           std::int64_t, std::int64_t, int, int, bool, bool, bool, unsigned,
+                           unsigned, unsigned>;
 
-// Process-wide, never destroyed (like the handles it is used with).
+// Process-wide, never destroyed (like the handles it is used with). An entry without a value: no
+// algorithm exists for that problem.
 struct AlgoCache {
   std::mutex mutex;
-  std::map<AlgoKey, cublasLtMatmulAlgo_t> algos;
+  std::map<AlgoKey, std::optional<cublasLtMatmulAlgo_t>> algos;
 };
 AlgoCache& algo_cache() {
   static AlgoCache* c = new AlgoCache;
@@ -62,6 +64,16 @@ struct Preference {
 }  // namespace
 
 void lt_matmul(const LtMatmul& mm, const Stream& stream) {
+  if (try_lt_matmul(mm, stream)) return;
+  QUINTET_THROW(Cuda,
+                "cuBLASLt found no algorithm for m={} n={} k={} (lda={} ldb={} ldd={}, transa={} "
+                "transb={}, A/B type {}, D type {}, alignments {}/{}/{} bytes)",
+                mm.m, mm.n, mm.k, mm.lda, mm.ldb, mm.ldd, mm.trans_a, mm.trans_b,
+                static_cast<int>(mm.ab_type), static_cast<int>(mm.d_type), alignment_of(mm.a),
+                alignment_of(mm.b), alignment_of(mm.d));
+}
+
+bool try_lt_matmul(const LtMatmul& mm, const Stream& stream) {
   const int device = stream.device().index();
   const cudaStream_t s = stream.handle();
   const cublasLtHandle_t handle = cublaslt_handle(stream);
@@ -85,6 +97,15 @@ void lt_matmul(const LtMatmul& mm, const Stream& stream) {
     const cudaDataType_t bias_type = mm.d_type;
     QUINTET_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.h, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
                                                         &bias_type, sizeof bias_type));
+  } else if (mm.bias_grad != nullptr) {
+    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BGRADB;
+    QUINTET_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(desc.h, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+    QUINTET_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.h, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                        &mm.bias_grad, sizeof mm.bias_grad));
+    const cudaDataType_t grad_type = CUDA_R_32F;
+    QUINTET_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.h, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                                        &grad_type, sizeof grad_type));
   }
 
   // Stored shapes: A is k×m when transposed, else m×k (rows, cols in column-major order).
@@ -95,8 +116,9 @@ void lt_matmul(const LtMatmul& mm, const Stream& stream) {
                                                   mm.trans_b ? mm.k : mm.n, mm.ldb));
   QUINTET_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld.h, mm.d_type, mm.m, mm.n, mm.ldd));
 
+  const void* vector = mm.bias != nullptr ? mm.bias : mm.bias_grad;
   const unsigned align_a = alignment_of(mm.a), align_b = alignment_of(mm.b),
-                 align_d = std::min(alignment_of(mm.d), mm.bias ? alignment_of(mm.bias) : 256u);
+                 align_d = std::min(alignment_of(mm.d), vector ? alignment_of(vector) : 256u);
   const AlgoKey key{device,
                     mm.trans_a,
                     mm.trans_b,
@@ -110,10 +132,11 @@ void lt_matmul(const LtMatmul& mm, const Stream& stream) {
                     mm.d_type,
                     mm.beta != 0.0f,
                     mm.bias != nullptr,
+                    mm.bias_grad != nullptr,
                     align_a,
                     align_b,
                     align_d};
-  cublasLtMatmulAlgo_t algo;
+  std::optional<cublasLtMatmulAlgo_t> algo;
   bool cached = false;
   {
     std::lock_guard<std::mutex> lock(cache.mutex);
@@ -141,23 +164,19 @@ void lt_matmul(const LtMatmul& mm, const Stream& stream) {
     cublasLtMatmulHeuristicResult_t result;
     std::memset(&result, 0, sizeof result);
     int found = 0;
-    QUINTET_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, desc.h, la.h, lb.h, ld.h, ld.h,
-                                                        pref.h, 1, &result, &found));
-    if (found == 0) {
-      QUINTET_THROW(Cuda,
-                    "cuBLASLt found no algorithm for m={} n={} k={} (lda={} ldb={} ldd={}, "
-                    "transa={} transb={}, A/B type {}, D type {}, alignments {}/{}/{} bytes)",
-                    mm.m, mm.n, mm.k, mm.lda, mm.ldb, mm.ldd, mm.trans_a, mm.trans_b,
-                    static_cast<int>(mm.ab_type), static_cast<int>(mm.d_type), align_a, align_b,
-                    align_d);
-    }
-    algo = result.algo;
+    // An unsupported epilogue may be refused here rather than by finding nothing.
+    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle, desc.h, la.h, lb.h, ld.h,
+                                                                 ld.h, pref.h, 1, &result, &found);
+    if (status != CUBLAS_STATUS_NOT_SUPPORTED) QUINTET_CUBLAS_CHECK(status);
+    if (status == CUBLAS_STATUS_SUCCESS && found > 0) algo = result.algo;
     std::lock_guard<std::mutex> lock(cache.mutex);
     cache.algos.emplace(key, algo);
   }
+  if (!algo) return false;
   QUINTET_CUBLAS_CHECK(cublasLtMatmul(handle, desc.h, &mm.alpha, mm.a, la.h, mm.b, lb.h, &mm.beta,
-                                      mm.d, ld.h, mm.d, ld.h, &algo, workspace,
+                                      mm.d, ld.h, mm.d, ld.h, &*algo, workspace,
                                       kCublasWorkspaceBytes, s));
+  return true;
 }
 
 }  // namespace quintet::nn::cuda_ops::detail

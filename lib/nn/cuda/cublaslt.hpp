@@ -16,7 +16,10 @@ namespace quintet::nn::cuda_ops::detail {
 // D = alpha * op(A) · op(B) + beta * C (+ bias), column-major as cuBLAS counts it, C == D in
 // place. Sizes in elements: op(A) is m×k, op(B) is k×n, D is m×n with leading dimension ldd.
 // A is stored k×m when trans_a (else m×k), likewise B. bias (optional): m values of the D type,
-// added to every column (CUBLASLT_EPILOGUE_BIAS). Runs on stream; device current.
+// added to every column (CUBLASLT_EPILOGUE_BIAS). bias_grad (optional, not with bias): n f32
+// values overwritten with the sums of op(B) over k, each column's (CUBLASLT_EPILOGUE_BGRADB: the
+// bias gradient of a weight-gradient product, read from B as the product reads it). Runs on
+// stream; device current.
 struct LtMatmul {
   bool trans_a = false;
   bool trans_b = false;
@@ -32,9 +35,13 @@ struct LtMatmul {
   float alpha = 1.0f;
   float beta = 0.0f;
   const void* bias = nullptr;
+  void* bias_grad = nullptr;
 };
 
 // Queues the multiply on stream; throws Cuda when cuBLASLt fails or finds no algorithm.
 void lt_matmul(const LtMatmul& mm, const Stream& stream);
+// The same, but returns false (queuing nothing) when cuBLASLt has no algorithm for it — for
+// epilogues that are an optimisation with a fallback.
+bool try_lt_matmul(const LtMatmul& mm, const Stream& stream);
 
 }  // namespace quintet::nn::cuda_ops::detail

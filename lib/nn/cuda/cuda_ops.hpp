@@ -68,7 +68,8 @@ void softmax_forward(const Tensor& x, const Tensor& y, const Stream& stream);
 void softmax_backward(const Tensor& dy, const Tensor& y, const Tensor& dx, const Stream& stream);
 
 // q [B, H, Sq, D], k/v [B, H, Sk, D] -> out [B, H, Sq, D], lse [B, H, Sq] f32. options.scale is
-// already resolved (> 0); offsets >= 0. Rows with no visible key: out 0, lse -inf.
+// already resolved (> 0); offsets >= 0. Rows with no visible key: out 0, lse -inf. Every operand
+// but the lse (contiguous) may be strided: cuDNN takes it in place, our own kernels via copies.
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                        const AttentionOptions& options, const Tensor& out, const Tensor& lse,
                        const Stream& stream);
@@ -101,14 +102,22 @@ void adamw_step(const Tensor& master, const Tensor& grad, const Tensor& exp_avg,
                 const Tensor& exp_avg_sq, const AdamWHyper& hyper, std::int64_t step,
                 float grad_scale, const Tensor& param, const Stream& stream);
 
+// adamw_step over every entry (each checked like adamw_step; defined params share one dtype), in
+// launches of up to 64 tensors, the clip factor taken on the device from sum_sq (a scalar f32):
+// see ops.hpp. Nothing is written when sum_sq is inf or nan.
+void adamw_step_many(const std::vector<AdamWTensors>& tensors, const AdamWHyper& hyper,
+                     std::int64_t step, const Tensor& sum_sq, float max_grad_norm,
+                     const Stream& stream);
+
 // out = a + b (same dtype T).
 void add(const Tensor& a, const Tensor& b, const Tensor& out, const Stream& stream);
 // dst (f32 or T) += alpha * src (T).
 void add_(const Tensor& dst, const Tensor& src, float alpha, const Stream& stream);
 // out = alpha * x (out may alias x for the in-place form).
 void scale(const Tensor& x, float alpha, const Tensor& out, const Stream& stream);
-// accumulate sum(x²) in f32 into out (a scalar f32 tensor); x any float dtype.
-void sum_of_squares(const Tensor& x, const Tensor& out, const Stream& stream);
+// accumulate sum(x²) in f32 into out (a scalar f32 tensor) over every x (contiguous, any float
+// dtypes), in launches of up to 64 tensors of one dtype.
+void sum_of_squares(const std::vector<Tensor>& xs, const Tensor& out, const Stream& stream);
 
 }  // namespace quintet::nn::cuda_ops
 #endif  // QUINTET_HAS_CUDA

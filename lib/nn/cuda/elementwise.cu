@@ -2,6 +2,7 @@
 // squares of a tensor, reduced on the GPU into a device scalar (no host synchronisation).
 #include "nn/cuda/cuda_ops.hpp"
 #include "nn/cuda/kernel_common.cuh"
+#include "nn/cuda/multi_tensor.cuh"
 
 namespace quintet::nn::cuda_ops {
 
@@ -32,13 +33,14 @@ __global__ void scale_kernel(const T* x, float alpha, T* out, std::int64_t n) {
 
 // out[0] += sum(x²): a block sum, then one atomic per block.
 template <class T>
-__global__ void sum_of_squares_kernel(const T* x, float* out, std::int64_t n) {
+__global__ void sum_of_squares_kernel(TensorList<const void*> list, std::int64_t total,
+                                      float* out) {
   __shared__ float scratch[32];
   float s = 0.0f;
-  for (std::int64_t i = global_index(); i < n; i += global_stride()) {
-    const float v = to_float(x[i]);
+  for_each_element(list, total, [&](int t, std::int64_t i) {
+    const float v = to_float(static_cast<const T*>(list.entry[t])[i]);
     s += v * v;
-  }
+  });
   s = block_sum(s, scratch);
   if (threadIdx.x == 0) atomicAdd(out, s);
 }
@@ -81,16 +83,26 @@ void scale(const Tensor& x, float alpha, const Tensor& out, const Stream& stream
   check_launch();
 }
 
-void sum_of_squares(const Tensor& x, const Tensor& out, const Stream& stream) {
-  const std::int64_t n = x.numel();
-  if (n == 0) return;
-  const unsigned blocks = std::min<unsigned>(grid_for(n), 1024);
-  dispatch_float(x.dtype(), "sum_of_squares", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    sum_of_squares_kernel<T>
-        <<<blocks, kThreads, 0, stream.handle()>>>(ptr<T>(x), ptr<float>(out), n);
-  });
-  check_launch();
+void sum_of_squares(const std::vector<Tensor>& xs, const Tensor& out, const Stream& stream) {
+  for (const DType dtype : {DType::bf16, DType::f16, DType::f32, DType::f64}) {
+    std::vector<const void*> entries;
+    std::vector<std::int64_t> numel;
+    for (const Tensor& x : xs) {
+      if (x.dtype() != dtype) continue;
+      entries.push_back(x.data_ptr());
+      numel.push_back(x.numel());
+    }
+    if (entries.empty()) continue;
+    dispatch_float(dtype, "sum_of_squares", [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      for_each_tensor_list(
+          entries, numel, [&](const TensorList<const void*>& list, std::int64_t n) {
+            sum_of_squares_kernel<T>
+                <<<chunk_blocks(n), kThreads, 0, stream.handle()>>>(list, n, ptr<float>(out));
+            check_launch();
+          });
+    });
+  }
 }
 
 }  // namespace quintet::nn::cuda_ops

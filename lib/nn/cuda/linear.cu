@@ -1,7 +1,9 @@
 // The linear op on the GPU: y = x · wᵀ + b through cuBLASLt (bf16 or f32 inputs, f32
 // accumulation, the bias added by cuBLASLt's epilogue), and its backward: dx = dy · w, and the
-// weight gradient accumulated in f32 with beta = 1. The bias gradient is a column sum of dy by a
-// small kernel that adds into db (cuBLASLt's BGRAD epilogues overwrite rather than accumulate).
+// weight gradient accumulated in f32 with beta = 1. The bias gradient comes from the same product
+// (cuBLASLt's BGRADB epilogue sums dy as the product reads it) into a scratch vector that is then
+// added into db, since the epilogue overwrites rather than accumulates; where cuBLASLt has no
+// such algorithm, a column-sum kernel reads dy again.
 //
 // Row-major [rows, cols] buffers are column-major [cols, rows] to cuBLAS, so each row-major
 // product below is written as the transposed column-major one.
@@ -33,6 +35,11 @@ __global__ void fill_rows_kernel(T* y, const T* b, std::int64_t rows, std::int64
   for (std::int64_t i = global_index(); i < n; i += global_stride()) {
     y[i] = b ? b[i % cols] : from_float<T>(0.0f);
   }
+}
+
+// db[c] += g[c].
+__global__ void add_vector_kernel(float* db, const float* g, std::int64_t n) {
+  for (std::int64_t i = global_index(); i < n; i += global_stride()) db[i] += g[i];
 }
 
 // db[c] += sum over rows of dy[r, c]. Block (x: 256 columns, y: a chunk of rows); partial sums
@@ -114,6 +121,7 @@ void linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& dw,
   if (rows == 0 || out == 0) return;
   dispatch_compute(dy.dtype(), "linear_backward_weight", [&](auto tag) {
     using T = typename decltype(tag)::type;
+    bool bias_done = false;
     if (in > 0) {
       // dwᵀ [in, out] += (x as [in, rows]) · op_T(dy as [out, rows]), accumulated in f32.
       LtMatmul mm;
@@ -130,9 +138,20 @@ void linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& dw,
       mm.ab_type = cuda_type<T>();
       mm.d_type = CUDA_R_32F;
       mm.beta = 1.0f;
-      lt_matmul(mm, stream);
+      if (db.defined()) {
+        const Tensor g = Tensor::empty({out}, DType::f32, dy.device(), stream);
+        mm.bias_grad = g.data_ptr();
+        if (try_lt_matmul(mm, stream)) {
+          add_vector_kernel<<<grid_for(out), kThreads, 0, stream.handle()>>>(ptr<float>(db),
+                                                                             ptr<float>(g), out);
+          check_launch();
+          bias_done = true;
+        }
+        mm.bias_grad = nullptr;
+      }
+      if (!bias_done) lt_matmul(mm, stream);
     }
-    if (db.defined()) {
+    if (db.defined() && !bias_done) {
       // Chunks of at least 256 rows, at most 65535 of them (the grid's y limit).
       const std::int64_t chunk = std::max<std::int64_t>(256, (rows + 65534) / 65535);
       const dim3 grid(static_cast<unsigned>((out + kThreads - 1) / kThreads),

@@ -69,17 +69,24 @@ enum Uid : std::int64_t {
   kSeqKV,
 };
 
-// One call's shape and mask. Key j is visible to query i iff !causal or j <= i + shift.
+// The tensors of one call whose strides the plan is built for, in this order: the forward's q, k,
+// v, out; the backward's q, k, v, out, dout, dq, dk, dv.
+enum Operand : int { kOpQ, kOpK, kOpV, kOpO, kOpDO, kOpDQ, kOpDK, kOpDV, kOperands };
+
+// One call's shape, mask and layout. Key j is visible to query i iff !causal or j <= i + shift.
+// strides[i]: operand i's strides as [B, H, S, D] (the last is 1): contiguous tensors, or views
+// of other layouts such as the heads of a fused [B, S, 3, H, D] projection read in place.
 struct Problem {
   std::int64_t b, h, sq, sk, d;
   bool causal;
   std::int64_t shift;
+  std::vector<Dims> strides;
 };
 
-// What a plan depends on: direction, stream (its handle), shape and the mask's structure (the
-// shift's value is bound at execution).
+// What a plan depends on: direction, device, stream (its handle), shape, the mask's structure
+// (the shift's value is bound at execution) and every operand's strides.
 using PlanKey = std::tuple<bool, int, cudnnHandle_t, std::int64_t, std::int64_t, std::int64_t,
-                           std::int64_t, std::int64_t, bool, bool>;
+                           std::int64_t, std::int64_t, bool, bool, std::vector<Dims>>;
 
 struct CachedPlan {
   std::unique_ptr<const ExecutionPlan> plan;  // null: cuDNN cannot run this shape
@@ -114,10 +121,11 @@ Dims contiguous_strides(const Dims& dims) {
   return s;
 }
 
-// Tensors of the SDPA graphs, [B, H, rows, cols] row-major unless said.
+// Tensors of the SDPA graphs, [B, H, rows, cols] row-major unless said; the operands bound at
+// execution have the strides of the call (Problem::strides).
 struct Layouts {
   Dims q, score, stat, kv, kt, score_t;
-  Dims q_s, score_s, stat_s, kv_s, kt_s, score_t_s;
+  Dims q_s, score_s, stat_s, kv_s, score_t_s;
   explicit Layouts(const Problem& p) {
     q = {p.b, p.h, p.sq, p.d};
     kv = {p.b, p.h, p.sk, p.d};
@@ -127,12 +135,14 @@ struct Layouts {
     stat = {p.b, p.h, p.sq, 1};
     q_s = contiguous_strides(q);
     kv_s = contiguous_strides(kv);
-    kt_s = {p.h * p.sk * p.d, p.sk * p.d, 1, p.d};
     score_s = contiguous_strides(score);
     score_t_s = {p.h * p.sq * p.sk, p.sq * p.sk, 1, p.sk};  // S seen transposed
     stat_s = {p.h * p.sq, p.sq, 1, 1};
   }
 };
+
+// The strides of an operand [B, H, S, D] seen transposed, as [B, H, D, S].
+Dims transposed(const Dims& s) { return {s[0], s[1], s[3], s[2]}; }
 
 // s with the scores of invisible keys replaced by neg_inf: (row [+ shift] >= col) ? s : neg_inf.
 Graph::Tensor causal_mask(Graph& g, const Layouts& l, Graph::Tensor s, Graph::Tensor neg_inf,
@@ -175,11 +185,12 @@ const Dims kScalar = {1, 1, 1, 1};
 
 ExecutionPlan build_forward(const Problem& p, cudnnHandle_t handle) {
   const Layouts l(p);
+  const std::vector<Dims>& st = p.strides;
   Graph g;
-  const auto q = g.tensor(kQ, CUDNN_DATA_BFLOAT16, l.q, l.q_s);
-  const auto kt = g.tensor(kK, CUDNN_DATA_BFLOAT16, l.kt, l.kt_s);
-  const auto v = g.tensor(kV, CUDNN_DATA_BFLOAT16, l.kv, l.kv_s);
-  const auto o = g.tensor(kO, CUDNN_DATA_BFLOAT16, l.q, l.q_s);
+  const auto q = g.tensor(kQ, CUDNN_DATA_BFLOAT16, l.q, st[kOpQ]);
+  const auto kt = g.tensor(kK, CUDNN_DATA_BFLOAT16, l.kt, transposed(st[kOpK]));
+  const auto v = g.tensor(kV, CUDNN_DATA_BFLOAT16, l.kv, st[kOpV]);
+  const auto o = g.tensor(kO, CUDNN_DATA_BFLOAT16, l.q, st[kOpO]);
   const auto stats = g.tensor(kStats, CUDNN_DATA_FLOAT, l.stat, l.stat_s);
   const auto scale = g.tensor(kScale, CUDNN_DATA_FLOAT, kScalar, kScalar, true);
 
@@ -213,16 +224,17 @@ ExecutionPlan build_forward(const Problem& p, cudnnHandle_t handle) {
 
 ExecutionPlan build_backward(const Problem& p, bool padded, cudnnHandle_t handle) {
   const Layouts l(p);
+  const std::vector<Dims>& st = p.strides;
   Graph g;
-  const auto q = g.tensor(kQ, CUDNN_DATA_BFLOAT16, l.q, l.q_s);
-  const auto kt = g.tensor(kK, CUDNN_DATA_BFLOAT16, l.kt, l.kt_s);
-  const auto vt = g.tensor(kV, CUDNN_DATA_BFLOAT16, l.kt, l.kt_s);
-  const auto o = g.tensor(kO, CUDNN_DATA_BFLOAT16, l.q, l.q_s);
-  const auto dout = g.tensor(kDO, CUDNN_DATA_BFLOAT16, l.q, l.q_s);
+  const auto q = g.tensor(kQ, CUDNN_DATA_BFLOAT16, l.q, st[kOpQ]);
+  const auto kt = g.tensor(kK, CUDNN_DATA_BFLOAT16, l.kt, transposed(st[kOpK]));
+  const auto vt = g.tensor(kV, CUDNN_DATA_BFLOAT16, l.kt, transposed(st[kOpV]));
+  const auto o = g.tensor(kO, CUDNN_DATA_BFLOAT16, l.q, st[kOpO]);
+  const auto dout = g.tensor(kDO, CUDNN_DATA_BFLOAT16, l.q, st[kOpDO]);
   const auto stats = g.tensor(kStats, CUDNN_DATA_FLOAT, l.stat, l.stat_s);
-  const auto dq = g.tensor(kDQ, CUDNN_DATA_BFLOAT16, l.q, l.q_s);
-  const auto dk = g.tensor(kDK, CUDNN_DATA_BFLOAT16, l.kv, l.kv_s);
-  const auto dv = g.tensor(kDV, CUDNN_DATA_BFLOAT16, l.kv, l.kv_s);
+  const auto dq = g.tensor(kDQ, CUDNN_DATA_BFLOAT16, l.q, st[kOpDQ]);
+  const auto dk = g.tensor(kDK, CUDNN_DATA_BFLOAT16, l.kv, st[kOpDK]);
+  const auto dv = g.tensor(kDV, CUDNN_DATA_BFLOAT16, l.kv, st[kOpDV]);
   const auto softmax_sum = g.tensor(kSoftmaxSum, CUDNN_DATA_FLOAT, l.stat, l.stat_s);
   const auto dq_accum = g.tensor(kDQAccum, CUDNN_DATA_FLOAT, l.q, l.q_s);
   const auto scale = g.tensor(kScale, CUDNN_DATA_FLOAT, kScalar, kScalar, true);
@@ -280,7 +292,7 @@ ExecutionPlan build_backward(const Problem& p, bool padded, cudnnHandle_t handle
   g.matmul(ds_t, q, dk, seq_kv, nullptr, seq_q);
 
   // dQ = dS · K, accumulated in f32.
-  const auto k = g.virtual_tensor(CUDNN_DATA_BFLOAT16, l.kv, l.kv_s);
+  const auto k = g.virtual_tensor(CUDNN_DATA_BFLOAT16, l.kv, st[kOpK]);
   g.reshape(kt, k);
   g.matmul(ds, k, dq_accum, seq_q, nullptr, seq_kv);
   g.pointwise(CUDNN_POINTWISE_IDENTITY, CUDNN_DATA_FLOAT, dq_accum, nullptr, nullptr, dq);
@@ -288,6 +300,7 @@ ExecutionPlan build_backward(const Problem& p, bool padded, cudnnHandle_t handle
 }
 
 // The options of one call as a Problem, or false with *why set when cuDNN's path does not take it.
+// all: the operands in Operand order, then the lse.
 bool to_problem(const Tensor& q, const Tensor& k, const AttentionOptions& o,
                 const std::vector<const Tensor*>& all, Problem& p, std::string* why) {
   auto reject = [why](std::string reason) {
@@ -324,6 +337,20 @@ bool to_problem(const Tensor& q, const Tensor& k, const AttentionOptions& o,
       return reject("a tensor not 16-byte aligned");
     }
   }
+  // The operands may be strided views; cuDNN reads rows of head_dim contiguous elements, each
+  // starting 16-byte aligned. The lse (last) is ours to allocate and is contiguous.
+  p.strides.clear();
+  for (std::size_t i = 0; i + 1 < all.size(); ++i) {
+    const Tensor& t = *all[i];
+    if (t.stride(3) != 1) return reject("an operand whose head_dim is not contiguous");
+    for (int dim = 0; dim < 3; ++dim) {
+      if (t.size(dim) > 1 && t.stride(dim) % 8 != 0) {
+        return reject("an operand whose rows do not start 16-byte aligned");
+      }
+    }
+    p.strides.push_back(t.strides());
+  }
+  if (!all.back()->is_contiguous()) return reject("a strided lse");
   return true;
 }
 
@@ -331,7 +358,8 @@ bool to_problem(const Tensor& q, const Tensor& k, const AttentionOptions& o,
 std::shared_ptr<CachedPlan> plan_for(bool backward, const Problem& p, const Stream& stream) {
   const cudnnHandle_t handle = cudnn_handle(stream);
   const PlanKey key{
-      backward, stream.device().index(), handle, p.b, p.h, p.sq, p.sk, p.d, p.causal, p.shift != 0};
+      backward, stream.device().index(), handle, p.b, p.h, p.sq, p.sk, p.d, p.causal, p.shift != 0,
+      p.strides};
   PlanCache& cache = plan_cache();
   std::lock_guard<std::mutex> lock(cache.mutex);
   auto it = cache.plans.find(key);
@@ -395,7 +423,7 @@ bool attention_backward_cudnn(const Tensor& dout, const Tensor& q, const Tensor&
                               const Tensor& dq, const Tensor& dk, const Tensor& dv,
                               const Stream& stream, std::string* why) {
   Problem p;
-  if (!to_problem(q, k, options, {&dout, &q, &k, &v, &out, &lse, &dq, &dk, &dv}, p, why)) {
+  if (!to_problem(q, k, options, {&q, &k, &v, &out, &dout, &dq, &dk, &dv, &lse}, p, why)) {
     return false;
   }
   const std::shared_ptr<CachedPlan> entry = plan_for(true, p, stream);

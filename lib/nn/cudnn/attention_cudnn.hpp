@@ -1,8 +1,11 @@
 // Private: scaled dot-product attention through cuDNN's fused flash-attention engines (its
 // graph API, lib/nn/cudnn/attention_cudnn.cpp), called by the dispatch in lib/nn/cuda/attention.cu
 // before the kernels of our own. Built only with cuDNN (QUINTET_HAS_CUDNN). Same contract as
-// cuda_ops::attention_forward / attention_backward (cuda_ops.hpp): inputs contiguous, outputs
-// preallocated, options.scale resolved, work queued on stream, no host synchronisation.
+// cuda_ops::attention_forward / attention_backward (cuda_ops.hpp): outputs preallocated,
+// options.scale resolved, work queued on stream, no host synchronisation. The operands (all but
+// the lse) may have any strides whose head_dim is contiguous and whose rows start 16-byte
+// aligned — such as the heads of a fused [B, S, 3, H, D] projection, read and written in place;
+// plans are built per layout.
 //
 // What cuDNN runs: bf16 q, k, v with head_dim 64 or 128, any sequence lengths, the full mask or the
 // causal one with q_offset >= k_offset (the diagonal shifted by q_offset - k_offset, so every query

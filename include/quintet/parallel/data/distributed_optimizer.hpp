@@ -46,8 +46,10 @@ class DistributedOptimizer {
 
   // One update from the reduced gradients: requires dp.finish() for this step (InvalidArgument
   // otherwise). Waits for any parameter all-gather still pending, computes the global norm (two
-  // scalar all-reduces; synchronises stream to read it), clips, updates, and for ZeRO issues the
-  // parameter all-gathers. Does not zero the gradients (DataParallel::begin_step does).
+  // scalar all-reduces), clips, updates (nn::adamw_step_many: on a GPU the clip factor is taken on
+  // the device and the host does not wait; the norm is read when asked for, see
+  // nn::OptimizerStepInfo), and for ZeRO issues the parameter all-gathers. Does not zero the
+  // gradients (DataParallel::begin_step does).
   nn::OptimizerStepInfo step(const Stream& stream);
   // step() for the optimizers of every model chunk this rank holds (a pipeline rank with vpp > 1
   // chunks has one store, DataParallel and optimizer per chunk): one global norm over all of
@@ -103,8 +105,9 @@ class DistributedOptimizer {
   Tensor grad_of(const Segment& g) const;
   // This rank's part of the squared global norm (what it counts), as a [1] tensor on stream.
   Tensor local_sum_of_squares(const Stream& stream);
-  // The update given the global norm.
-  nn::OptimizerStepInfo apply(double norm, const Stream& stream);
+  // The update given the global sum of squares (the clip factor taken from it where it is);
+  // returns the step taken.
+  std::int64_t apply(const Tensor& sum_sq, const Stream& stream);
   void gather_parameters(const Stream& stream);
   void wait_bucket(int b, const Stream& stream);
 
@@ -117,6 +120,7 @@ class DistributedOptimizer {
   // ZeRO parameter all-gathers, one per bucket.
   std::vector<Work> gathers_;
   std::vector<bool> gather_pending_;
+  std::shared_ptr<nn::PendingNorm> pending_;  // GPU: the last step's norm
   std::vector<Tensor>
       gather_staging_;  // padded compute-dtype buffers for buckets S does not divide
 };
