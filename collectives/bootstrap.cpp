@@ -4,8 +4,13 @@
 
 #include <mpi.h>
 
+#include <climits>
+#include <cstdlib>
+#include <exception>
+#include <thread>
 #include <utility>
 
+#include "collectives/mpi/job_monitor.hpp"
 #include "collectives/tcp_store.hpp"
 #include "quintet/collectives/mpi.hpp"
 #include "quintet/core/config.hpp"
@@ -33,6 +38,22 @@ struct MpiFinalizer {
 namespace {
 
 constexpr const char* kNcclIdKey = "quintet/world/nccl_unique_id";
+
+// The monitor of a World destroyed while its job was failing: the process ends the job when it
+// exits (after the program's own handler has printed the error), through this handler.
+std::shared_ptr<detail::JobMonitor> g_failing_monitor;
+
+void end_failing_job() {
+  if (!g_failing_monitor) return;
+  if (g_failing_monitor->published()) {
+    g_failing_monitor->publish(std::string());  // only waits for the others to print
+  } else {
+    // Another rank failed; it ends the job once every rank has printed. Should it not (it died
+    // meanwhile), this one does.
+    std::this_thread::sleep_for(detail::JobMonitor::kAckWait + std::chrono::seconds(1));
+  }
+  g_failing_monitor->abort_job(1);
+}
 
 bool mpi_initialized() {
   int initialized = 0, finalized = 0;
@@ -113,15 +134,52 @@ World& World::operator=(World&& other) noexcept {
   cpu_comm_ = std::move(other.cpu_comm_);
   device_comm_ = std::move(other.device_comm_);
   comm_ = std::exchange(other.comm_, nullptr);
+  monitor_ = std::move(other.monitor_);
+  uncaught_at_init_ = other.uncaught_at_init_;
   finalizer_ = std::move(other.finalizer_);
   return *this;
 }
 
 World::~World() {
+  // Destroyed by a propagating exception, or after another rank failed: the job is failing, and
+  // ranks may be blocked in collectives that will never complete. Tell the others (the program's
+  // handler prints the message), skip the collective MPI_Finalize, and end the job at exit.
+  const bool unwinding = std::uncaught_exceptions() > uncaught_at_init_;
+  if (monitor_ && (unwinding || monitor_->failing())) {
+    try {
+      if (!monitor_->failing()) {
+        monitor_->publish_nowait(fmt::format(
+            "an exception propagated out of the scope of its quintet::World (its message is "
+            "printed by rank {}; call World::fail in the handler to pass it on)",
+            info_.rank));
+      }
+      monitor_->acknowledge();
+      if (!g_failing_monitor) {
+        g_failing_monitor = monitor_;
+        std::atexit(end_failing_job);
+      }
+    } catch (...) {
+    }
+    (void)finalizer_.release();  // intentionally leaked: MPI_Finalize would wait for the others
+  }
   // Members go in reverse order: communicators, then the store, then (last) MPI.
   device_comm_.reset();
   cpu_comm_.reset();
   store_.reset();
+}
+
+void World::fail(const std::exception& error, int exit_code) noexcept {
+  if (!monitor_) return;  // one rank, or no MPI: the program exits as it would
+  const auto* e = dynamic_cast<const Error*>(&error);
+  if (e != nullptr && e->code() == ErrorCode::Remote) {
+    // Another rank's failure, now printed: that rank ends the job once every rank has printed;
+    // should it not (it died meanwhile), this one does.
+    monitor_->acknowledge();
+    std::this_thread::sleep_for(detail::JobMonitor::kAckWait + std::chrono::seconds(1));
+    monitor_->abort_job(exit_code);
+  }
+  monitor_->publish(error.what());
+  monitor_->abort_job(exit_code);
 }
 
 Communicator& World::cpu_comm() const {
@@ -139,6 +197,9 @@ World init(const RuntimeConfig& config) {
   w.config_ = config;
   w.info_ = detect_launch(config);
   if (w.info_.launcher != Launcher::env && mpi_initialized()) w.info_.launcher = Launcher::mpi;
+  // Until init returns, an exception that destroys w is init's own failure, which every rank meets
+  // in its own init (no rank is past it): w does not publish it.
+  w.uncaught_at_init_ = INT_MAX;
   MpiOptions mpi_options;
   mpi_options.timeout_s = config.timeout_s;
   mpi_options.idle_start_delay_us = config.mpi_idle_start_us;
@@ -153,6 +214,10 @@ World init(const RuntimeConfig& config) {
     QUINTET_MPI_CHECK(MPI_Comm_rank(node, &w.info_.local_rank));
     QUINTET_MPI_CHECK(MPI_Comm_size(node, &w.info_.local_size));
     QUINTET_MPI_CHECK(MPI_Comm_free(&node));
+    if (w.info_.size > 1) {
+      w.monitor_ = std::make_shared<detail::JobMonitor>(MPI_COMM_WORLD);
+      mpi_options.monitor = w.monitor_;
+    }
   }
   log::set_rank(w.info_.rank);
   w.device_ = choose_device(config, w.info_);
@@ -202,6 +267,7 @@ World init(const RuntimeConfig& config) {
   log::debug("quintet::init: rank {} of {} (local {} of {}), launcher {}, device {}", w.info_.rank,
              w.info_.size, w.info_.local_rank, w.info_.local_size, launcher_name(w.info_.launcher),
              w.device_.str());
+  w.uncaught_at_init_ = std::uncaught_exceptions();
   return w;
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
 #include <numeric>
 
 #include "collectives/mpi/mpi_types.hpp"
@@ -15,6 +16,8 @@ namespace {
 
 constexpr int kUserTag = 0;      // send, recv and p2p
 constexpr int kExchangeTag = 1;  // the chunked all_to_all(_v) path
+// How long the destruction of a failing communicator waits for its progress thread.
+constexpr double kFailingJoinS = 1.0;
 
 char* bytes(const Tensor& t) { return static_cast<char*>(t.data_ptr()); }
 
@@ -37,7 +40,10 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name, const MpiOptio
       name_(std::move(name)),
       options_(options),
       thread_(name_,
-              std::chrono::microseconds(static_cast<std::int64_t>(options.idle_start_delay_us))) {
+              std::chrono::microseconds(static_cast<std::int64_t>(options.idle_start_delay_us)),
+              std::chrono::duration_cast<std::chrono::nanoseconds>(
+                  std::chrono::duration<double>(options.timeout_s)),
+              options.monitor) {
   QUINTET_CHECK(options_.max_chunk_elements > 0 && options_.max_chunk_elements <= INT_MAX,
                 "MpiOptions::max_chunk_elements is {}; expected 1..{}", options_.max_chunk_elements,
                 INT_MAX);
@@ -47,7 +53,10 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name, const MpiOptio
 }
 
 MpiCommunicator::~MpiCommunicator() {
-  const bool joined = thread_.stop_and_join(options_.timeout_s);
+  // A communicator whose operations failed or timed out, of a failing job, or destroyed while an
+  // exception propagates may hold an operation whose peers never come: do not wait long for it.
+  const bool failing = std::uncaught_exceptions() > 0 || thread_.broken();
+  const bool joined = thread_.stop_and_join(failing ? kFailingJoinS : options_.timeout_s);
   int finalized = 1;
   MPI_Finalized(&finalized);
   // A thread left behind may still be inside a call on comm_: then the communicator is leaked.
@@ -354,6 +363,10 @@ std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, const std::st
                 "MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...)",
                 name, level);
   QUINTET_CHECK(comm != MPI_COMM_NULL, "make_mpi_communicator('{}'): comm is MPI_COMM_NULL", name);
+  QUINTET_CHECK(options.timeout_s > 0,
+                "make_mpi_communicator('{}'): MpiOptions::timeout_s is {}; expected a positive "
+                "number of seconds",
+                name, options.timeout_s);
   QUINTET_CHECK(options.idle_start_delay_us >= 0 && options.idle_start_delay_us <= 1e6,
                 "make_mpi_communicator('{}'): MpiOptions::idle_start_delay_us is {}; expected 0 "
                 "to 1000000 microseconds",

@@ -1,7 +1,10 @@
 #include "collectives/mpi/progress_thread.hpp"
 
 #include <chrono>
+#include <exception>
 #include <thread>
+
+#include "collectives/mpi/job_monitor.hpp"
 
 #include "quintet/core/error.hpp"
 #include "quintet/core/log.hpp"
@@ -14,6 +17,15 @@ namespace {
 // for that task's end before sleeping: the end of a short operation is then seen at once instead
 // of after a wake-up (tens of µs on a loaded machine), as the raw MPI call's own polling would.
 constexpr std::chrono::microseconds kSpinBeforeSleep{2000};
+// How often a sleeping wait looks at its deadline and at the job's failures.
+constexpr std::chrono::milliseconds kWaitSlice{50};
+// The deadline of an unbounded wait made by a destructor while an exception propagates: this rank
+// is failing already, and its shutdown must not wait for peers that may never come.
+constexpr std::chrono::seconds kUnwindingWait{1};
+// How long after a caller's deadline the thread, watching it run an MPI call itself, ends the job.
+constexpr std::chrono::seconds kWatchdogGrace{1};
+
+using Clock = std::chrono::steady_clock;
 
 // Polls done() until it is true or `budget` has passed; returns its last value. Yielding keeps an
 // oversubscribed core usable by the ranks.
@@ -38,23 +50,51 @@ void OpState::finish(std::exception_ptr e) {
   done_cv.notify_all();
 }
 
-void OpQueue::run(Task& task) {
-  std::string failure;
-  {
-    std::lock_guard lock(mutex);
-    failure = first_failure;
-  }
-  std::exception_ptr error;
-  if (!failure.empty()) {
-    try {
+bool OpQueue::job_failed() const { return monitor != nullptr && monitor->failed(); }
+
+std::exception_ptr OpQueue::refusal_locked(const std::string& description) const {
+  try {
+    if (job_failed()) {  // its peers may never come: do not start it
+      QUINTET_THROW(Remote, "{}; {} was not run", monitor->remote_error(), description);
+    }
+    if (!first_failure.empty()) {
       QUINTET_THROW(Aborted,
                     "{} was not run: an earlier operation on this communicator failed ({}); "
                     "create a new communicator after handling that error",
-                    task.state->description, failure);
-    } catch (...) {
-      error = std::current_exception();
+                    description, first_failure);
     }
-  } else {
+  } catch (...) {
+    return std::current_exception();
+  }
+  return nullptr;
+}
+
+void OpQueue::poison(const std::string& why) {
+  std::deque<Task> refused;
+  {
+    std::lock_guard lock(mutex);
+    if (first_failure.empty()) first_failure = why;
+    refused.swap(tasks);  // would wait behind the operation that did not finish
+  }
+  for (Task& t : refused) {
+    std::exception_ptr error;
+    {
+      std::lock_guard lock(mutex);
+      error = refusal_locked(t.state->description);
+    }
+    t.fn = nullptr;
+    t.state->finish(error);
+  }
+  turn_cv.notify_all();
+}
+
+void OpQueue::run(Task& task) {
+  std::exception_ptr error;
+  {
+    std::lock_guard lock(mutex);
+    error = refusal_locked(task.state->description);
+  }
+  if (!error) {
     const bool traced = task.state->trace.has_value() && trace::enabled();
     const auto t0 = traced ? trace::Clock::now() : trace::Clock::time_point{};
     try {
@@ -84,31 +124,52 @@ void OpQueue::end_task() {
   if (sleepers > 0) turn_cv.notify_all();
 }
 
-void OpQueue::help_until(const OpState& until) {
+OpQueue::WaitEnd OpQueue::help_until(const OpState& until, Clock::time_point deadline) {
   auto is_done = [&] { return until.done.load(std::memory_order_acquire); };
-  if (is_done()) return;
+  if (is_done()) return WaitEnd::done;
   std::unique_lock lock(mutex);
   ++waiters;  // from here on the thread starts no task: this caller runs them
+  WaitEnd end = WaitEnd::done;
+  bool spin = true;  // not again after a sleep that only ended to look at the deadline
   while (!is_done()) {
+    if (job_failed()) {
+      end = WaitEnd::remote;
+      break;
+    }
     if (!running.load(std::memory_order_relaxed) && !tasks.empty()) {
       Task task = std::move(tasks.front());
       tasks.pop_front();
       running.store(true, std::memory_order_relaxed);
+      // An MPI call cannot be interrupted: the thread watches this caller's deadline.
+      inline_deadline = deadline;
+      inline_what = until.description;
+      inline_running = task.state->description;
+      const bool watched = deadline != Clock::time_point::max();
       lock.unlock();
+      if (watched) work_cv.notify_all();
       run(task);
       lock.lock();
+      inline_deadline = Clock::time_point::max();
       end_task();
+      spin = true;
       continue;
+    }
+    if (Clock::now() >= deadline) {
+      end = WaitEnd::timed_out;
+      break;
     }
     // Someone else runs a task, ours or one before it: the thread (it had started before this
     // caller came) or another waiting caller. Poll for its end, then sleep until a task ends.
-    lock.unlock();
-    const bool ended = spin_for(
-        kSpinBeforeSleep, [&] { return is_done() || !running.load(std::memory_order_acquire); });
-    lock.lock();
+    bool ended = false;
+    if (spin) {
+      lock.unlock();
+      ended = spin_for(kSpinBeforeSleep,
+                       [&] { return is_done() || !running.load(std::memory_order_acquire); });
+      lock.lock();
+    }
     if (!ended) {
       ++sleepers;
-      turn_cv.wait(lock, [&] {
+      spin = turn_cv.wait_until(lock, std::min(deadline, Clock::now() + kWaitSlice), [&] {
         return is_done() || (!running.load(std::memory_order_relaxed) && !tasks.empty());
       });
       --sleepers;
@@ -120,6 +181,7 @@ void OpQueue::help_until(const OpState& until) {
   const bool hand_back = waiters == 0 && (stop || !tasks.empty());
   lock.unlock();
   if (hand_back) work_cv.notify_all();
+  return end;
 }
 
 void CpuWork::wait(const Stream&) { synchronize_for(std::chrono::nanoseconds::max()); }
@@ -146,16 +208,43 @@ bool CpuWork::synchronize_for(std::chrono::nanoseconds timeout) {
   const bool on = state_->trace.has_value() && trace::waits_traced() &&
                   !state_->done.load(std::memory_order_acquire);
   const WaitRecord record{*state_, on, on ? trace::Clock::now() : trace::Clock::time_point{}};
-  if (timeout == std::chrono::nanoseconds::max()) {
-    queue_->help_until(*state_);
+  const bool unbounded = timeout == std::chrono::nanoseconds::max();
+  std::chrono::nanoseconds budget = unbounded ? queue_->wait_timeout : timeout;
+  if (unbounded && std::uncaught_exceptions() > 0)
+    budget = std::min<std::chrono::nanoseconds>(budget, kUnwindingWait);
+  const auto now = Clock::now();
+  const Clock::time_point deadline =
+      budget >= Clock::time_point::max() - now ? Clock::time_point::max() : now + budget;
+  OpQueue::WaitEnd end = OpQueue::WaitEnd::done;
+  if (unbounded) {
+    end = queue_->help_until(*state_, deadline);
   } else {
     // A bounded wait must not enter a blocking MPI call that could outlast its timeout: it only
     // sleeps, and the thread (or an unbounded waiter) runs the operation.
     std::unique_lock lock(state_->mutex);
-    if (!state_->done_cv.wait_for(lock, timeout,
-                                  [&] { return state_->done.load(std::memory_order_acquire); })) {
-      return false;
+    auto is_done = [&] { return state_->done.load(std::memory_order_acquire); };
+    while (!is_done()) {
+      if (queue_->job_failed()) {
+        end = OpQueue::WaitEnd::remote;
+        break;
+      }
+      if (Clock::now() >= deadline) return false;
+      state_->done_cv.wait_until(lock, std::min(deadline, Clock::now() + kWaitSlice), is_done);
     }
+  }
+  if (end == OpQueue::WaitEnd::remote) {
+    QUINTET_THROW(Remote, "{} (while waiting for {})", queue_->monitor->remote_error(),
+                  state_->description);
+  }
+  if (end == OpQueue::WaitEnd::timed_out) {
+    const std::string what = fmt::format(
+        "{} did not finish within {} s{}: a rank of the group may not have issued the matching "
+        "operation, or may be stopped, or may have failed; check that every rank calls the same "
+        "collectives in the same order, or raise --timeout-s (QUINTET_TIMEOUT_S)",
+        state_->description, std::chrono::duration<double>(budget).count(),
+        budget < queue_->wait_timeout ? " (waited for by a destructor during an exception)" : "");
+    queue_->poison("timed out: " + what);
+    QUINTET_THROW(Timeout, "{}", what);
   }
   std::lock_guard lock(state_->mutex);
   if (state_->error) std::rethrow_exception(state_->error);
@@ -164,9 +253,13 @@ bool CpuWork::synchronize_for(std::chrono::nanoseconds timeout) {
 
 bool CpuWork::is_completed() { return state_->done.load(std::memory_order_acquire); }
 
-ProgressThread::ProgressThread(std::string name, std::chrono::microseconds idle_start_delay)
+ProgressThread::ProgressThread(std::string name, std::chrono::microseconds idle_start_delay,
+                               std::chrono::nanoseconds wait_timeout,
+                               std::shared_ptr<JobMonitor> monitor)
     : name_(std::move(name)), queue_(std::make_shared<OpQueue>()) {
   queue_->idle_start_delay = idle_start_delay;
+  queue_->wait_timeout = wait_timeout;
+  queue_->monitor = std::move(monitor);
   thread_ = std::thread(&ProgressThread::loop, queue_);
 }
 
@@ -179,16 +272,19 @@ Work ProgressThread::submit(std::string description, std::function<void()> fn,
   auto state = std::make_shared<OpState>(std::move(description));
   state->trace = std::move(trace);
   bool wake = false;
+  std::exception_ptr refused;  // the communicator is broken, or the job failed: it fails at once
   {
     std::lock_guard lock(queue_->mutex);
     QUINTET_CHECK(!queue_->stop, "{} submitted to communicator '{}' after it was shut down",
                   state->description, name_);
-    queue_->tasks.push_back(OpQueue::Task{std::move(fn), state});
+    refused = queue_->refusal_locked(state->description);
+    if (!refused) queue_->tasks.push_back(OpQueue::Task{std::move(fn), state});
     // Only the first task of an idle queue needs a wake-up: a busy runner takes the next itself,
     // and while a caller waits the thread would not take it.
     wake = !queue_->running.load(std::memory_order_relaxed) && queue_->waiters == 0 &&
            queue_->tasks.size() == 1;
   }
+  if (refused) state->finish(refused);
   if (wake) queue_->work_cv.notify_all();
   return Work(std::make_shared<CpuWork>(std::move(state), queue_));
 }
@@ -208,7 +304,28 @@ void ProgressThread::loop(std::shared_ptr<OpQueue> q) {
   bool busy = false;  // what this thread did last was run a task or pause: a burst goes on
   for (;;) {
     if (!may_start()) {
-      q->work_cv.wait(lock, may_start);
+      while (!may_start()) {
+        // A caller running an MPI call itself cannot be interrupted: past its deadline, the job
+        // ends with its Timeout (a hang is a bug; the stopped or lost peer never answers).
+        const auto watch = q->inline_deadline;
+        if (watch >= Clock::time_point::max() - kWatchdogGrace) {
+          q->work_cv.wait(lock);
+        } else if (q->work_cv.wait_until(lock, watch + kWatchdogGrace) == std::cv_status::timeout &&
+                   q->inline_deadline == watch && Clock::now() >= watch + kWatchdogGrace) {
+          const std::string what = fmt::format(
+              "error [Timeout]: {} did not finish within {} s (this rank is blocked inside the "
+              "MPI call of {}): a rank of the group may not have issued the matching operation, "
+              "or may be stopped, or may have failed; the job ends",
+              q->inline_what, std::chrono::duration<double>(q->wait_timeout).count(),
+              q->inline_running);
+          if (q->monitor != nullptr) {
+            lock.unlock();
+            q->monitor->fatal(what);
+          }
+          log::error("{}", what);
+          q->inline_deadline = Clock::time_point::max();  // said once; nothing else can be done
+        }
+      }
       busy = false;
     }
     // Come from idle (or just started) to a new operation: give its caller a moment to wait for
@@ -231,6 +348,14 @@ void ProgressThread::loop(std::shared_ptr<OpQueue> q) {
   q->exited = true;
   lock.unlock();
   q->work_cv.notify_all();
+}
+
+bool ProgressThread::broken() const {
+  if (queue_->job_failed() || (queue_->monitor != nullptr && queue_->monitor->failing())) {
+    return true;
+  }
+  std::lock_guard lock(queue_->mutex);
+  return !queue_->first_failure.empty();
 }
 
 bool ProgressThread::stop_and_join(double timeout_s) noexcept {

@@ -15,7 +15,16 @@
 // timeout. Either way at most one operation of a communicator runs at a time, in submission order.
 //
 // Once an operation fails, the ones queued after it fail too (Aborted, naming the first failure),
-// because the ranks of the group no longer agree on what was sent. Thread-safe.
+// because the ranks of the group no longer agree on what was sent.
+//
+// Deadlines: Work::wait/synchronize are bounded by the communicator's timeout (RuntimeConfig::
+// timeout_s; 1 s inside a destructor run by a propagating exception), Work::wait_for by its own.
+// An unbounded wait that expires is a Timeout error naming the operation, and it poisons the
+// queue like a failure (the operation is still in flight). A wait that sleeps checks its deadline
+// and the job's failures (JobMonitor: another rank failed, ErrorCode::Remote) every 50 ms; a
+// caller running an MPI call itself cannot be interrupted, so the thread watches it, and past the
+// deadline (+ 1 s) ends the job through the monitor with the same Timeout message. With the job
+// failed, no new operation starts. Thread-safe.
 #pragma once
 
 #include <atomic>
@@ -34,6 +43,8 @@
 #include "quintet/core/trace.hpp"
 
 namespace quintet::detail {
+
+class JobMonitor;
 
 // Completion state of one operation, shared by the queue and every Work copy.
 struct OpState {
@@ -69,6 +80,18 @@ struct OpQueue {
   bool stop = false;
   bool exited = false;
   std::string first_failure;  // empty while every operation has succeeded
+  // The deadline of an unbounded wait, and the job's failure channel (null: none). Set by
+  // ProgressThread's constructor.
+  std::chrono::nanoseconds wait_timeout{std::chrono::seconds(300)};
+  std::shared_ptr<JobMonitor> monitor;
+  // While a waiting caller runs a task itself: its wait's deadline and what it waits for, which
+  // the thread watches (max while none).
+  std::chrono::steady_clock::time_point inline_deadline =
+      std::chrono::steady_clock::time_point::max();
+  std::string inline_what;
+  std::string inline_running;  // the task it runs: `inline_what` or one queued before it
+
+  enum class WaitEnd { done, timed_out, remote };
 
   // Runs task (on the calling thread) and finishes its state; records a failure. Call with
   // running set by this thread and the mutex not held.
@@ -76,9 +99,17 @@ struct OpQueue {
   // After run, with the mutex held: clears running and wakes the callers asleep on turn_cv.
   void end_task();
   // Blocks until `until` is done, running the queued tasks on the calling thread, in order, while
-  // no one else runs one (see the top of this file). Call only from an unbounded wait: a task may
-  // be a blocking MPI call.
-  void help_until(const OpState& until);
+  // no one else runs one (see the top of this file), or until deadline passes while it sleeps, or
+  // the job fails. Call only from an unbounded wait: a task may be a blocking MPI call.
+  WaitEnd help_until(const OpState& until, std::chrono::steady_clock::time_point deadline);
+  // True when another rank of the job has failed. Cheap.
+  bool job_failed() const;
+  // Records a failure that was not an operation's own (a wait's timeout): the queued tasks, and
+  // those submitted from now on, fail at once with Aborted.
+  void poison(const std::string& why);
+  // With the mutex held: the error of a task that must not run (an earlier one failed: Aborted;
+  // another rank failed: Remote), or null.
+  std::exception_ptr refusal_locked(const std::string& description) const;
 };
 
 class CpuWork final : public WorkImpl {
@@ -99,9 +130,12 @@ class ProgressThread {
  public:
   // idle_start_delay: how long the thread, woken from idle by a new operation, leaves it for its
   // caller to take over before starting it (see the header comment).
-  explicit ProgressThread(std::string name,
-                          std::chrono::microseconds idle_start_delay = std::chrono::microseconds{
-                              50});
+  // wait_timeout: the deadline of Work::wait/synchronize; monitor: the job's failure channel
+  // (may be null).
+  explicit ProgressThread(
+      std::string name, std::chrono::microseconds idle_start_delay = std::chrono::microseconds{50},
+      std::chrono::nanoseconds wait_timeout = std::chrono::seconds(300),
+      std::shared_ptr<JobMonitor> monitor = nullptr);
   ProgressThread(const ProgressThread&) = delete;
   ProgressThread& operator=(const ProgressThread&) = delete;
   // Same as stop_and_join(no timeout) if not called before.
@@ -117,6 +151,8 @@ class ProgressThread {
   // (an operation whose peers never came), detaches it and returns false: the caller must then
   // leak whatever that operation uses (its MPI communicator). Never throws.
   bool stop_and_join(double timeout_s) noexcept;
+  // True when a wait timed out or an operation failed (the queue is poisoned), or the job fails.
+  bool broken() const;
 
  private:
   static void loop(std::shared_ptr<OpQueue> queue);

@@ -266,7 +266,13 @@ void NcclWork::wait(const Stream& stream) {
 }
 
 bool NcclWork::synchronize_for(std::chrono::nanoseconds timeout) {
-  // Work::synchronize passes nanoseconds::max(): no deadline (and no overflow computing one).
+  // Work::synchronize passes nanoseconds::max(): the communicator's own deadline (timeout_s),
+  // past which it is a Timeout error rather than false.
+  const bool unbounded = timeout == std::chrono::nanoseconds::max();
+  if (unbounded) {
+    timeout = std::chrono::duration_cast<std::chrono::nanoseconds>(
+        std::chrono::duration<double>(state_->timeout_s()));
+  }
   const bool bounded = timeout < std::chrono::hours(24 * 365);
   const auto deadline = bounded ? Clock::now() + timeout : Clock::time_point::max();
   int polls = 0;
@@ -294,9 +300,17 @@ bool NcclWork::synchronize_for(std::chrono::nanoseconds timeout) {
     if (status != cudaErrorNotReady) QUINTET_CUDA_CHECK(status);
     throw_if_failed();
     if (bounded && Clock::now() >= deadline) {
-      state_->abort(
+      const std::string what =
           fmt::format("{} timed out after {} ms", describe(),
-                      std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count()));
+                      std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count());
+      state_->abort(what);
+      if (unbounded) {
+        QUINTET_THROW(Timeout,
+                      "{} (the communicator's timeout, --timeout-s): a rank of the group may not "
+                      "have issued the matching operation, or may have failed; the communicator "
+                      "was aborted",
+                      what);
+      }
       return false;
     }
     backoff(polls);

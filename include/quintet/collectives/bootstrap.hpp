@@ -52,10 +52,30 @@ LaunchInfo detect_launch(const RuntimeConfig& config);
 namespace detail {
 class TcpStoreServer;
 struct MpiFinalizer;
+class JobMonitor;
 }  // namespace detail
 
 // This process's place in the job and its world communicators. Move-only. Destruction closes the
 // communicators, then finalizes MPI if init() initialised it (and only then). Never throws.
+//
+// Failures: under mpirun with more than one rank, the first error of one rank reaches every rank
+// (a rank failing alone must not leave the others waiting). A program catches its errors inside
+// the World's scope, prints them, and calls fail():
+//
+//   quintet::World world = quintet::init(argc, argv);
+//   try {
+//     train(world);
+//   } catch (const std::exception& e) {
+//     std::fprintf(stderr, "train: %s\n", e.what());
+//     world.fail(e, 2);  // the other ranks' waits now throw "rank r failed: ..."; ends the job
+//   }
+//
+// Every wait of the world communicators and of their splits (Work::wait/synchronize) is bounded
+// by RuntimeConfig::timeout_s (a Timeout error), and throws ErrorCode::Remote, "rank k failed:
+// <its message>", within a fraction of a second of rank k's fail(). A rank blocked inside an MPI
+// call (which cannot be interrupted) prints that message itself instead. A World destroyed by a
+// propagating exception, or after another rank failed, publishes a failure too, skips the
+// collective MPI_Finalize (which would hang), and ends the job when the process exits.
 class World {
  public:
   World(World&&) noexcept;
@@ -78,6 +98,13 @@ class World {
   bool has_cpu_comm() const { return cpu_comm_ != nullptr; }
   Communicator& cpu_comm() const;
 
+  // This rank has failed with error, which the program has printed. With other ranks under
+  // mpirun: publishes "rank <rank()> failed: <error.what()>" to every other rank (an error that is
+  // itself another rank's failure, ErrorCode::Remote, is not passed on), waits up to 5 s for each
+  // to print it or its own error, then ends the job with MPI_Abort(exit_code): it does not return.
+  // Otherwise (one rank, no MPI) it returns, and the program exits as it would. Never throws.
+  void fail(const std::exception& error, int exit_code = 1) noexcept;
+
  private:
   friend World init(const RuntimeConfig& config);
   World();
@@ -91,6 +118,9 @@ class World {
   std::unique_ptr<Communicator> cpu_comm_;
   std::unique_ptr<Communicator> device_comm_;  // null when comm() is the CPU communicator
   Communicator* comm_ = nullptr;
+  // The job's failure channel (MPI jobs of more than one rank), shared with the communicators.
+  std::shared_ptr<detail::JobMonitor> monitor_;
+  int uncaught_at_init_ = 0;  // std::uncaught_exceptions() when init() made this World
 };
 
 // Initialises from the environment and argv (see RuntimeConfig::from_args). Collective over all

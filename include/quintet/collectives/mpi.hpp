@@ -14,9 +14,14 @@
 
 namespace quintet {
 
+namespace detail {
+class JobMonitor;
+}  // namespace detail
+
 struct MpiOptions {
-  // How long destruction waits for queued operations before leaving the progress thread behind
-  // (a peer that never arrives must not hang the program).
+  // The deadline of every Work::wait/synchronize (a Timeout error past it), and how long
+  // destruction waits for queued operations before leaving the progress thread behind (a peer
+  // that never arrives must not hang the program).
   double timeout_s = 300.0;
   // Largest number of elements passed to one MPI call: larger operations are split into pieces of
   // at most this many (MPI counts are int). Lower it only to test the split paths.
@@ -24,6 +29,10 @@ struct MpiOptions {
   // How long the progress thread, woken from idle by a new operation, leaves it for its caller to
   // run (by waiting for it) before starting it itself, in microseconds; 0 starts it at once.
   double idle_start_delay_us = 50.0;
+  // The job's failure channel, through which another rank's failure makes this communicator's
+  // waits throw ErrorCode::Remote. quintet::init sets it on the world communicators (their splits
+  // inherit it); null for communicators made directly.
+  std::shared_ptr<detail::JobMonitor> monitor;
 };
 
 // A communicator over the ranks of comm (MPI_Comm_dup'ed: comm stays the caller's). Collective

@@ -23,7 +23,8 @@ class WorkImpl {
   // Makes stream wait for the operation (GPU-side where possible, else blocks the host).
   virtual void wait(const Stream& stream) = 0;
   // Blocks the host until done or until timeout passes; returns false on timeout. Rethrows the
-  // operation's error.
+  // operation's error. nanoseconds::max() means the communicator's own deadline
+  // (RuntimeConfig::timeout_s), past which it throws a Timeout error instead of returning false.
   virtual bool synchronize_for(std::chrono::nanoseconds timeout) = 0;
   // True when finished (successfully or not); never throws.
   virtual bool is_completed() = 0;
@@ -36,9 +37,14 @@ class Work {
   Work() = default;  // an already-completed no-op
   explicit Work(std::shared_ptr<WorkImpl> impl) : impl_(std::move(impl)) {}
 
-  // Orders stream after the operation. For MPI (CPU) this blocks the host until it completes.
+  // Orders stream after the operation. For MPI (CPU) this blocks the host until it completes, for
+  // at most the communicator's timeout (RuntimeConfig::timeout_s): past it, a Timeout error naming
+  // the operation, its sequence number and the communicator.
   void wait(const Stream& stream = Stream()) const;
-  // Blocks the host until the operation (and on a GPU its kernels) has finished.
+  // Blocks the host until the operation (and on a GPU its kernels) has finished, for at most the
+  // communicator's timeout: past it, a Timeout error as for wait. When another rank of the job
+  // has failed (it published its error, see World::fail), a wait that has not finished throws
+  // ErrorCode::Remote, "rank k failed: <its message>".
   void synchronize() const;
   // Like synchronize, but throws a Timeout quintet::Error naming the operation, the communicator
   // and its sequence number if it has not finished within timeout.
