@@ -171,6 +171,7 @@ int run(const gpt::TrainConfig& c, quintet::World& world) {
   };
   for (std::int64_t step = start; step < end; ++step) {
     if (saver) saver->check();  // a background save that failed fails this step, on every rank
+    gpt::inject_fault(c, step + 1, world.rank());  // --inject-fault (tests only)
     const float lr = gpt::learning_rate(c, step);
     model.set_lr(lr);
     if (gpu) quintet::cuda_reset_peak(device);
@@ -272,7 +273,15 @@ int main(int argc, char** argv) {
     int exit_code = 0;
     if (!gpt::parse_args(runtime, &config, &exit_code)) return exit_code;
     quintet::World world = quintet::init(runtime);
-    return run(config, world);
+    try {
+      return run(config, world);
+    } catch (const std::exception& e) {
+      // Printed here, inside the World's scope, then passed to the other ranks (whose waits fail
+      // with "rank r failed: ..." instead of hanging) before the job ends.
+      std::fprintf(stderr, "%s: %s\n", gpt::kProgram, e.what());
+      world.fail(e, 2);
+      return 2;
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: %s\n", gpt::kProgram, e.what());
     return 2;

@@ -101,6 +101,10 @@ bool parse_args(const quintet::RuntimeConfig& runtime, TrainConfig* c, int* exit
   app.add_option("--exit-during-save", c->exit_during_save,
                  "testing: exit midway through the save of this step")
       ->group("");
+  app.add_option("--inject-fault", c->inject_fault,
+                 "testing: KIND:STEP:RANK, rank RANK throws (KIND throw) or stops itself (stop) "
+                 "at the start of step STEP")
+      ->group("");
   app.add_option("--bucket-mb", c->bucket_mb,
                  "MiB of gradient per data-parallel bucket (the first is at most 1 MiB)")
       ->capture_default_str();

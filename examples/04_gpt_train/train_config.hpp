@@ -74,6 +74,9 @@ struct TrainConfig {
   // Fault injection for the checkpoint test: the process exits (status 3) in the middle of the
   // save of this step, after its shard is written and before the checkpoint is committed.
   std::int64_t exit_during_save = -1;
+  // Fault injection for the reliability tests: "KIND:STEP:RANK" makes rank RANK, at the start of
+  // step STEP, throw an error (KIND throw) or stop itself with SIGSTOP (KIND stop).
+  std::string inject_fault;
   // Mixture of experts (05_moe_train; 04_gpt_train has none of these flags).
   std::int64_t experts = 8;        // experts per MoE block
   int top_k = 2;                   // experts per token

@@ -2,9 +2,13 @@
 
 #include <fmt/format.h>
 
+#include <csignal>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "quintet/core/error.hpp"
 #include "quintet/core/log.hpp"
 
 namespace gpt {
@@ -31,6 +35,26 @@ std::function<void()> exit_during_save(const TrainConfig& c, std::int64_t step) 
     quintet::log::warn("--exit-during-save {}: exiting before the checkpoint is committed", step);
     std::_Exit(3);
   };
+}
+
+void inject_fault(const TrainConfig& c, std::int64_t step, int rank) {
+  if (c.inject_fault.empty()) return;
+  char kind[16] = {};
+  long long at_step = 0;
+  int at_rank = 0;
+  QUINTET_CHECK(
+      std::sscanf(c.inject_fault.c_str(), "%15[a-z]:%lld:%d", kind, &at_step, &at_rank) == 3 &&
+          (std::strcmp(kind, "throw") == 0 || std::strcmp(kind, "stop") == 0),
+      "--inject-fault {}: expected KIND:STEP:RANK with KIND throw or stop", c.inject_fault);
+  if (step != at_step || rank != at_rank) return;
+  if (std::strcmp(kind, "stop") == 0) {
+    quintet::log::warn("--inject-fault {}: rank {} stops itself (SIGSTOP) at step {}",
+                       c.inject_fault, rank, step);
+    std::raise(SIGSTOP);
+    return;
+  }
+  QUINTET_THROW(InvalidArgument, "--inject-fault {}: rank {} fails on its own at step {}",
+                c.inject_fault, rank, step);
 }
 
 }  // namespace gpt

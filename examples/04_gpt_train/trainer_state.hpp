@@ -24,4 +24,9 @@ std::string run_metadata(const TrainConfig& config);
 // test that an interrupted save never replaces a good checkpoint); empty for other steps.
 std::function<void()> exit_during_save(const TrainConfig& config, std::int64_t step);
 
+// --inject-fault KIND:STEP:RANK: at the start of step `step` (1-based) on rank `rank`, throws an
+// error (throw) or stops this process with SIGSTOP (stop); does nothing elsewhere. For the tests
+// that one failing or stopped rank ends the job with its message instead of a hang.
+void inject_fault(const TrainConfig& config, std::int64_t step, int rank);
+
 }  // namespace gpt

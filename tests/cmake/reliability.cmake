@@ -7,3 +7,19 @@ quintet_mpi_test(NAME collectives_failure_test COMPONENT reliability RANKS 2 3 T
 target_link_libraries(collectives_failure_test PRIVATE quintet_collectives_private)
 set_property(TEST collectives_failure_test_np2 collectives_failure_test_np3 APPEND PROPERTY
              LABELS collectives)
+
+# The examples are added after the tests: their targets are looked up at generate time.
+if(QUINTET_BUILD_EXAMPLES)
+  foreach(case throw stop)
+    add_test(NAME reliability_trainer_${case}
+             COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/reliability/trainer_failure_test.sh
+                     "$<$<TARGET_EXISTS:04_gpt_train>:$<TARGET_FILE:04_gpt_train>>"
+                     ${MPIEXEC_EXECUTABLE} ${CMAKE_CURRENT_BINARY_DIR}/reliability_runs ${case}
+                     ${QUINTET_MPIRUN_FLAGS})
+    set_tests_properties(reliability_trainer_${case} PROPERTIES
+                         LABELS "mpi;reliability;example" TIMEOUT 180
+                         PASS_REGULAR_EXPRESSION "trainer_failure_test ${case}: PASS"
+                         SKIP_REGULAR_EXPRESSION "trainer_failure_test: SKIP"
+                         ENVIRONMENT "OMPI_MCA_rmaps_base_oversubscribe=1")
+  endforeach()
+endif()

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Failures become errors (issue #21), with examples/04_gpt_train on the CPU under mpirun
+# (ctest: reliability_trainer_*). Each run is bounded (timeout) and checked for its exit status,
+# the time it took and its messages:
+#   throw   one rank throws alone (--inject-fault throw:STEP:RANK) at dp 2, tp 2 and dp 3: the job
+#           ends non-zero within 30 s, the failing rank prints its own message, and every other
+#           rank says "rank RANK failed: <that message>" (none waits for its own deadline: the
+#           runs keep the default --timeout-s of 300 s)
+#   stop    one rank stops itself (SIGSTOP) with --timeout-s 10, at dp 2 and tp 2: the job ends
+#           non-zero within 40 s with a Timeout naming the operation, its sequence number and the
+#           communicator (the rank left waiting is usually inside the MPI call itself, where the
+#           progress thread's watchdog reports it; a wait that sleeps throws it,
+#           tests/mpi/collectives_failure_test.cpp)
+# Usage: trainer_failure_test.sh TRAINER MPIEXEC WORKDIR CASE [mpirun flags...]
+set -euo pipefail
+trainer=$1 mpiexec=$2 work=$3 case=$4
+shift 4
+mpi_flags=("$@")
+if [[ -z $trainer ]]; then echo "trainer_failure_test: SKIP (no 04_gpt_train in this build)"; exit 0; fi
+rm -rf "$work/$case" && mkdir -p "$work/$case"
+cd "$work/$case"
+model=(--device cpu --layers 2 --hidden 64 --heads 4 --vocab 256 --seq-len 32 --micro-batch 2
+       --global-batch 12 --lr 3e-3 --warmup 5 --data-dir "$work/data" --json --no-progress
+       --steps 200)
+
+# expect_failure NAME RANKS MAX_SECONDS FLAGS...: the run fails within MAX_SECONDS; its stderr is
+# in NAME.err.
+expect_failure() {
+  local name=$1 ranks=$2 max_s=$3
+  shift 3
+  echo "--- $name: $ranks ranks: $*"
+  local t0 t1 status
+  t0=$(date +%s.%N)
+  set +e
+  timeout $((max_s + 30)) "$mpiexec" "${mpi_flags[@]}" -np "$ranks" "$trainer" "${model[@]}" "$@" \
+    >"$name.jsonl" 2>"$name.err"
+  status=$?
+  set -e
+  t1=$(date +%s.%N)
+  local took
+  took=$(python3 -c "print(f'{$t1 - $t0:.1f}')")
+  echo "    exit status $status after $took s"
+  if [[ $status -eq 0 ]]; then echo "$name: the run should have failed"; cat "$name.err"; exit 1; fi
+  if [[ $status -eq 124 ]]; then echo "$name: still running after $((max_s + 30)) s (a hang)"; cat "$name.err"; exit 1; fi
+  python3 -c "import sys; sys.exit(0 if $took <= $max_s else '$name: took $took s, more than $max_s s')" ||
+    { cat "$name.err"; exit 1; }
+}
+
+# require NAME PATTERN [MIN_COUNT]: NAME.err has at least MIN_COUNT (1) lines matching PATTERN.
+require() {
+  local name=$1 pattern=$2 min=${3:-1} n
+  n=$(grep -c -E -- "$pattern" "$name.err" || true)
+  if ((n < min)); then
+    echo "$name: $n lines match '$pattern', expected >= $min, in:"; cat "$name.err"; exit 1
+  fi
+}
+
+case $case in
+  throw)
+    for layout in "dp2 2 --dp 2" "tp2 2 --tp 2" "dp3 3 --dp 3"; do
+      read -r name ranks flags <<<"$layout"
+      last=$((ranks - 1))
+      # shellcheck disable=SC2086
+      expect_failure "$name" "$ranks" 30 $flags --inject-fault "throw:3:$last"
+      own="--inject-fault throw:3:$last: rank $last fails on its own at step 3"
+      # The failing rank's own message (not quoted by another rank) ...
+      grep -v "rank $last failed" "$name.err" | grep -q -- "$own" ||
+        { echo "$name: rank $last did not print its own error:"; cat "$name.err"; exit 1; }
+      # ... and every other rank names it.
+      require "$name" "rank $last failed: .*$own" "$last"
+      # It trained until the failing step.
+      python3 -c "import json,sys; s=[json.loads(l)['step'] for l in open('$name.jsonl') if '\"loss\"' in l]; sys.exit(0 if s and s[-1] == 2 else f'steps {s}: expected 1..2')"
+    done
+    ;;
+  stop)
+    for layout in "dp2 2 --dp 2" "tp2 2 --tp 2"; do
+      read -r name ranks flags <<<"$layout"
+      # shellcheck disable=SC2086
+      expect_failure "$name" "$ranks" 40 $flags --timeout-s 10 --inject-fault stop:3:1
+      require "$name" "rank 1 stops itself \(SIGSTOP\) at step 3"
+      # The rank left waiting names the operation, its sequence number and the communicator.
+      require "$name" "Timeout.*[a-z_]+ #[0-9]+ .*on communicator '[a-z-]+' .*did not finish within 10 s|[a-z_]+ #[0-9]+ .*on communicator '[a-z-]+' .*did not finish within 10 s.*Timeout"
+    done
+    ;;
+  *)
+    echo "unknown case $case"; exit 2 ;;
+esac
+echo "trainer_failure_test $case: PASS"
