@@ -1,7 +1,8 @@
 // The MPI backend's ProgressThread: operations run one at a time and in submission order, whether
 // the thread or a caller blocked in Work::synchronize runs them (work stealing); failures abort
 // what was queued after them; bounded waits time out; shutdown drains the queue; a new operation
-// is left to its caller for the idle delay.
+// is left to its caller for the idle delay; an unbounded wait ends at the communicator's deadline
+// with a Timeout and poisons the queue, and one made by a destructor during an exception at 1 s.
 #include <atomic>
 #include <chrono>
 #include <mutex>
@@ -144,4 +145,76 @@ TEST_CASE("a new operation is left to its caller for the idle delay, then the th
     CHECK(ran_on != std::this_thread::get_id());
     CHECK(start_time - submitted >= delay);
   }
+}
+
+// Deadlines (issue #21). A task blocked on a flag stands for an MPI call whose peers never come.
+TEST_CASE("an unbounded wait ends at the deadline with a Timeout; the queue is then poisoned") {
+  using namespace std::chrono_literals;
+  using Clock = std::chrono::steady_clock;
+  std::atomic<bool> release{false}, started{false};
+  {
+    ProgressThread thread("dp", std::chrono::microseconds(0), 300ms);
+    Work stuck = thread.submit("all_reduce #7 on communicator 'dp'", [&] {
+      started = true;
+      while (!release) std::this_thread::sleep_for(1ms);
+    });
+    Work queued = thread.submit("broadcast #8 on communicator 'dp'", [] {});
+    const Clock::time_point give_up = Clock::now() + 60s;
+    while (!started && Clock::now() < give_up) std::this_thread::sleep_for(1ms);
+    REQUIRE(started.load());  // the thread runs it: the wait below sleeps
+    const auto t0 = Clock::now();
+    REQUIRE_THROWS_QUINTET(stuck.synchronize(), Timeout,
+                           "all_reduce #7 on communicator 'dp' did not finish within 0.3 s");
+    CHECK(Clock::now() - t0 >= 250ms);
+    // Queued behind it, and submitted after: they fail at once, naming the timeout.
+    REQUIRE_THROWS_QUINTET(queued.synchronize(), Aborted, "timed out: all_reduce #7");
+    REQUIRE_THROWS_QUINTET(thread.submit("barrier #9", [] {}).synchronize(), Aborted,
+                           "timed out: all_reduce #7");
+    CHECK(thread.broken());
+    // A bounded wait still only reports "not yet".
+    CHECK_FALSE(stuck.is_completed());
+    REQUIRE_THROWS_QUINTET(stuck.wait_for(10ms), Timeout, "did not finish within 10 ms");
+    release = true;  // the peers come after all: the operation ends, and the thread with it
+  }
+}
+
+namespace {
+// Waits for work in its destructor, as GradientReducer does, swallowing the error.
+struct WaitsWhenDestroyed {
+  Work work;
+  bool* threw;
+  ~WaitsWhenDestroyed() {
+    try {
+      work.synchronize();
+    } catch (const quintet::Error& e) {
+      *threw = e.code() == quintet::ErrorCode::Timeout;
+    }
+  }
+};
+}  // namespace
+
+TEST_CASE("a wait in a destructor run by an exception is bounded by 1 s, not the timeout") {
+  using namespace std::chrono_literals;
+  using Clock = std::chrono::steady_clock;
+  std::atomic<bool> release{false}, started{false};
+  ProgressThread thread("tp", std::chrono::microseconds(0), std::chrono::seconds(300));
+  Work stuck = thread.submit("all_gather #3 on communicator 'tp'", [&] {
+    started = true;
+    while (!release) std::this_thread::sleep_for(1ms);
+  });
+  const Clock::time_point give_up = Clock::now() + 60s;
+  while (!started && Clock::now() < give_up) std::this_thread::sleep_for(1ms);
+  REQUIRE(started.load());
+  bool threw = false;
+  const auto t0 = Clock::now();
+  try {
+    WaitsWhenDestroyed guard{stuck, &threw};
+    throw std::runtime_error("this rank failed");
+  } catch (const std::runtime_error&) {
+  }
+  const auto waited = Clock::now() - t0;
+  CHECK(threw);
+  CHECK(waited >= 900ms);
+  CHECK(waited < 60s);  // 1 s, with room for a loaded machine; not the 300 s timeout
+  release = true;
 }
