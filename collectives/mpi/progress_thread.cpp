@@ -315,9 +315,9 @@ void ProgressThread::loop(std::shared_ptr<OpQueue> q) {
           const std::string what = fmt::format(
               "error [Timeout]: {} did not finish within {} s (this rank is blocked inside the "
               "MPI call of {}): a rank of the group may not have issued the matching operation, "
-              "or may be stopped, or may have failed; the job ends",
+              "or may be stopped, or may have failed{}",
               q->inline_what, std::chrono::duration<double>(q->wait_timeout).count(),
-              q->inline_running);
+              q->inline_running, q->monitor != nullptr ? "; the job ends" : "");
           if (q->monitor != nullptr) {
             lock.unlock();
             q->monitor->fatal(what);
