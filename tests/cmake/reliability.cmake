@@ -23,3 +23,14 @@ if(QUINTET_BUILD_EXAMPLES)
                          ENVIRONMENT "OMPI_MCA_rmaps_base_oversubscribe=1")
   endforeach()
 endif()
+
+# Any program: World::fail in a handler, and an exception that leaves the World's scope.
+add_executable(reliability_world_failure reliability/world_failure.cpp)
+target_link_libraries(reliability_world_failure PRIVATE quintet::quintet)
+add_test(NAME reliability_world_failure
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/reliability/world_failure_test.sh
+                 $<TARGET_FILE:reliability_world_failure> ${MPIEXEC_EXECUTABLE}
+                 ${QUINTET_MPIRUN_FLAGS})
+set_tests_properties(reliability_world_failure PROPERTIES LABELS "mpi;reliability;collectives"
+                     TIMEOUT 300 PASS_REGULAR_EXPRESSION "world_failure_test: PASS"
+                     ENVIRONMENT "OMPI_MCA_rmaps_base_oversubscribe=1")
