@@ -31,7 +31,26 @@ namespace quintet::nn::detail {
       ::quintet::nn::cpu_ops::fn(__VA_ARGS__);                         \
     }                                                                  \
   } while (0)
+// QUINTET_NN_DISPATCH_ARGS(checker, fn, (cpu args...), (cuda args...)): the same where the two
+// implementations take different arguments (the CUDA one fuses more); the CUDA list ends with
+// the stream.
+#define QUINTET_NN_DISPATCH_ARGS(checker, fn, cpu_args, cuda_args)     \
+  do {                                                                 \
+    if ((checker).on_cuda()) {                                         \
+      const ::quintet::DeviceGuard quintet_guard_((checker).device()); \
+      ::quintet::nn::cuda_ops::fn cuda_args;                           \
+    } else {                                                           \
+      ::quintet::nn::cpu_ops::fn cpu_args;                             \
+    }                                                                  \
+  } while (0)
 #else
+#define QUINTET_NN_DISPATCH_ARGS(checker, fn, cpu_args, cuda_args)                  \
+  do {                                                                              \
+    if ((checker).on_cuda()) {                                                      \
+      ::quintet::nn::detail::throw_no_cuda_ops((checker).op(), (checker).device()); \
+    }                                                                               \
+    ::quintet::nn::cpu_ops::fn cpu_args;                                            \
+  } while (0)
 #define QUINTET_NN_DISPATCH(checker, stream, fn, ...)                               \
   do {                                                                              \
     if ((checker).on_cuda()) {                                                      \

@@ -111,28 +111,69 @@ void check_norm_grad(const OpChecker& c, const Tensor& dy, const Tensor& x, cons
                 c.op(), stat_name, stat.str(), dtype_name(stat.dtype()), stat.numel(),
                 dtype_name(accum_dtype(x.dtype())), rows_of(x));
 }
+// Checks a residual (or its gradient) like x; undefined passes.
+void check_residual(const OpChecker& c, const char* name, const Tensor& r, const Tensor& x) {
+  if (!r.defined()) return;
+  c.compute_as(name, r, x.dtype());
+  c.shape(name, r, x.shape());
+}
+
+// The residual gradient as the fused GPU kernel takes it (rows), or undefined where the add is
+// separate (the CPU).
+Tensor fused_residual(const OpChecker& c, const Tensor& dresidual, const Stream& stream) {
+  return dresidual.defined() && c.on_cuda() ? as_rows(dresidual, stream) : Tensor();
+}
+// dx + dresidual where the kernel did not add it (the CPU); dx itself otherwise.
+Tensor add_residual_grad(const OpChecker& c, const Tensor& dx, const Tensor& dresidual,
+                         const Stream& stream) {
+  if (dresidual.defined() && !c.on_cuda()) add_(dx, dresidual, 1.0f, stream);
+  return dx;
+}
+
+// The residual forms on a GPU fuse the add into the norm's row kernels; the CPU runs the add and
+// the norm one after the other (the same numbers, see lib/nn/cuda/norm.cu). norm(x2) runs the
+// CPU op on rows.
+template <class Norm>
+NormOutput norm_of_sum(const OpChecker& c, const Tensor& x, const Tensor& residual,
+                       const Stream& stream, Norm&& norm) {
+  if (!residual.defined() || !c.on_cuda()) {
+    const Tensor s = residual.defined() ? add(x, residual, stream) : x;
+    NormOutput o = norm(as_rows(s, stream), Tensor(), Tensor());
+    if (residual.defined()) o.sum = s;
+    o.y = o.y.view(x.shape());
+    return o;
+  }
+  const Tensor sum = Tensor::empty(x.shape(), x.dtype(), c.device(), stream);
+  NormOutput o = norm(as_rows(x, stream), as_rows(residual, stream), as_rows(sum, stream));
+  o.sum = sum;
+  o.y = o.y.view(x.shape());
+  return o;
+}
 }  // namespace
 
 NormOutput layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
-                             const Stream& stream) {
+                             const Stream& stream, const Tensor& residual) {
   const OpChecker c("layernorm_forward", stream);
   const DType t = check_norm_input(c, x, gamma, eps);
   c.compute_as("beta", beta, t);
   c.shape("beta", beta, gamma.shape());
-  const Tensor x2 = as_rows(x, stream);
+  check_residual(c, "residual", residual, x);
   const Tensor g = gamma.contiguous(stream), be = beta.contiguous(stream);
-  NormOutput o;
-  o.y = Tensor::empty(x2.shape(), t, c.device(), stream);
-  o.mean = Tensor::empty({x2.size(0)}, accum_dtype(t), c.device(), stream);
-  o.rstd = Tensor::empty({x2.size(0)}, accum_dtype(t), c.device(), stream);
-  QUINTET_NN_DISPATCH(c, stream, layernorm_forward, x2, g, be, eps, o.y, o.mean, o.rstd);
-  o.y = o.y.view(x.shape());
-  return o;
+  return norm_of_sum(
+      c, x, residual, stream, [&](const Tensor& x2, const Tensor& r2, const Tensor& sum2) {
+        NormOutput o;
+        o.y = Tensor::empty(x2.shape(), t, c.device(), stream);
+        o.mean = Tensor::empty({x2.size(0)}, accum_dtype(t), c.device(), stream);
+        o.rstd = Tensor::empty({x2.size(0)}, accum_dtype(t), c.device(), stream);
+        QUINTET_NN_DISPATCH_ARGS(c, layernorm_forward, (x2, g, be, eps, o.y, o.mean, o.rstd),
+                                 (x2, g, be, eps, o.y, o.mean, o.rstd, r2, sum2, stream));
+        return o;
+      });
 }
 
 Tensor layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                           const Tensor& mean, const Tensor& rstd, const Tensor& dgamma,
-                          const Tensor& dbeta, const Stream& stream) {
+                          const Tensor& dbeta, const Stream& stream, const Tensor& dresidual) {
   const OpChecker c("layernorm_backward", stream);
   const DType t = check_norm_input(c, x, gamma, 1.0f);
   check_norm_grad(c, dy, x, mean, "mean");
@@ -142,35 +183,45 @@ Tensor layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma
   const Tensor x2 = as_rows(x, stream), dy2 = as_rows(dy, stream);
   const Tensor g = gamma.contiguous(stream);
   const Tensor m = mean.contiguous(stream), r = rstd.contiguous(stream);
+  check_residual(c, "dresidual", dresidual, x);
+  const Tensor dr = fused_residual(c, dresidual, stream);
   Tensor dx = Tensor::empty(x2.shape(), t, c.device(), stream);
-  QUINTET_NN_DISPATCH(c, stream, layernorm_backward, dy2, x2, g, m, r, dx, dgamma, dbeta);
-  return dx.view(x.shape());
+  QUINTET_NN_DISPATCH_ARGS(c, layernorm_backward, (dy2, x2, g, m, r, dx, dgamma, dbeta),
+                           (dy2, x2, g, m, r, dx, dgamma, dbeta, dr, stream));
+  return add_residual_grad(c, dx.view(x.shape()), dresidual, stream);
 }
 
-NormOutput rmsnorm_forward(const Tensor& x, const Tensor& gamma, float eps, const Stream& stream) {
+NormOutput rmsnorm_forward(const Tensor& x, const Tensor& gamma, float eps, const Stream& stream,
+                           const Tensor& residual) {
   const OpChecker c("rmsnorm_forward", stream);
   const DType t = check_norm_input(c, x, gamma, eps);
-  const Tensor x2 = as_rows(x, stream);
+  check_residual(c, "residual", residual, x);
   const Tensor g = gamma.contiguous(stream);
-  NormOutput o;
-  o.y = Tensor::empty(x2.shape(), t, c.device(), stream);
-  o.rstd = Tensor::empty({x2.size(0)}, accum_dtype(t), c.device(), stream);
-  QUINTET_NN_DISPATCH(c, stream, rmsnorm_forward, x2, g, eps, o.y, o.rstd);
-  o.y = o.y.view(x.shape());
-  return o;
+  return norm_of_sum(c, x, residual, stream,
+                     [&](const Tensor& x2, const Tensor& r2, const Tensor& sum2) {
+                       NormOutput o;
+                       o.y = Tensor::empty(x2.shape(), t, c.device(), stream);
+                       o.rstd = Tensor::empty({x2.size(0)}, accum_dtype(t), c.device(), stream);
+                       QUINTET_NN_DISPATCH_ARGS(c, rmsnorm_forward, (x2, g, eps, o.y, o.rstd),
+                                                (x2, g, eps, o.y, o.rstd, r2, sum2, stream));
+                       return o;
+                     });
 }
 
 Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& rstd,
-                        const Tensor& dgamma, const Stream& stream) {
+                        const Tensor& dgamma, const Stream& stream, const Tensor& dresidual) {
   const OpChecker c("rmsnorm_backward", stream);
   const DType t = check_norm_input(c, x, gamma, 1.0f);
   check_norm_grad(c, dy, x, rstd, "rstd");
   if (dgamma.defined()) c.accumulator("dgamma", dgamma, t, gamma.shape());
   const Tensor x2 = as_rows(x, stream), dy2 = as_rows(dy, stream);
   const Tensor g = gamma.contiguous(stream), r = rstd.contiguous(stream);
+  check_residual(c, "dresidual", dresidual, x);
+  const Tensor dr = fused_residual(c, dresidual, stream);
   Tensor dx = Tensor::empty(x2.shape(), t, c.device(), stream);
-  QUINTET_NN_DISPATCH(c, stream, rmsnorm_backward, dy2, x2, g, r, dx, dgamma);
-  return dx.view(x.shape());
+  QUINTET_NN_DISPATCH_ARGS(c, rmsnorm_backward, (dy2, x2, g, r, dx, dgamma),
+                           (dy2, x2, g, r, dx, dgamma, dr, stream));
+  return add_residual_grad(c, dx.view(x.shape()), dresidual, stream);
 }
 
 // ---- activations ----------------------------------------------------------------------------

@@ -59,7 +59,7 @@ std::unique_ptr<nn::Module> make_mlp(const GptConfig& c, const ModelGroups& g, s
   QUINTET_THROW(InvalidArgument, "GptConfig: unknown MLP kind {}", static_cast<int>(c.mlp));
 }
 
-std::unique_ptr<nn::Module> make_norm(const GptConfig& c) {
+std::unique_ptr<ParallelNorm> make_norm(const GptConfig& c) {
   return make_parallel_norm(c.norm, c.hidden,
                             {.eps = c.eps, .sequence_parallel = c.sequence_parallel});
 }
@@ -80,19 +80,18 @@ TransformerBlock::TransformerBlock(const GptConfig& c, const ModelGroups& g, std
   mlp_ = &add_module("mlp", std::move(mlp));
 }
 
+// h = x + attn(norm1(x)); out = h + mlp(norm2(h)). The first residual add is fused into norm2,
+// and both residual gradients into the norms' backwards (ParallelNorm); the last add's sum is
+// the next block's input.
 Tensor TransformerBlock::forward(nn::Context& ctx, const Tensor& x) {
-  const Stream& s = ctx.stream();
-  const Tensor h = nn::add(x, attn_->forward(ctx, norm1_->forward(ctx, x)), s);
-  return nn::add(h, mlp_->forward(ctx, norm2_->forward(ctx, h)), s);
+  const ParallelNorm::SumAndNorm h =
+      norm2_->forward_add(ctx, x, attn_->forward(ctx, norm1_->forward(ctx, x)));
+  return nn::add(h.sum, mlp_->forward(ctx, h.y), ctx.stream());
 }
 
 Tensor TransformerBlock::backward(nn::Context& ctx, const Tensor& dy) {
-  const Stream& s = ctx.stream();
-  Tensor dh = norm2_->backward(ctx, mlp_->backward(ctx, dy));
-  nn::add_(dh, dy, 1.0f, s);
-  Tensor dx = norm1_->backward(ctx, attn_->backward(ctx, dh));
-  nn::add_(dx, dh, 1.0f, s);
-  return dx;
+  const Tensor dh = norm2_->backward_add(ctx, mlp_->backward(ctx, dy), dy);
+  return norm1_->backward_add(ctx, attn_->backward(ctx, dh), dh);
 }
 
 }  // namespace quintet::model

@@ -23,19 +23,31 @@ ParallelLayerNorm::ParallelLayerNorm(std::int64_t dim, const ParallelNormOptions
 }
 
 Tensor ParallelLayerNorm::forward(nn::Context& ctx, const Tensor& x) {
+  return forward_add(ctx, x, Tensor()).y;
+}
+
+ParallelNorm::SumAndNorm ParallelLayerNorm::forward_add(nn::Context& ctx, const Tensor& x,
+                                                        const Tensor& residual) {
   const Stream& s = ctx.stream();
-  nn::NormOutput o = nn::layernorm_forward(x, weight_->use(s), bias_->use(s), eps_, s);
-  ctx.save(*this, {x, o.mean, o.rstd});
-  return o.y;
+  nn::NormOutput o = nn::layernorm_forward(x, weight_->use(s), bias_->use(s), eps_, s, residual);
+  const Tensor sum = residual.defined() ? o.sum : x;
+  ctx.save(*this, {sum, o.mean, o.rstd});
+  return {sum, o.y};
 }
 
 Tensor ParallelLayerNorm::backward(nn::Context& ctx, const Tensor& dy) {
+  return backward_add(ctx, dy, Tensor());
+}
+
+Tensor ParallelLayerNorm::backward_add(nn::Context& ctx, const Tensor& dy,
+                                       const Tensor& dresidual) {
   const auto v = ctx.take(*this);
   Tensor dx;
   nn::accumulate_gradients(
       ctx, {weight_, bias_},
       [&](const std::vector<Tensor>& g, const Stream& st) {
-        dx = nn::layernorm_backward(dy, v[0], weight_->data(), v[1], v[2], g[0], g[1], st);
+        dx = nn::layernorm_backward(dy, v[0], weight_->data(), v[1], v[2], g[0], g[1], st,
+                                    dresidual);
       },
       nn::GradTiming::now);
   return dx;
@@ -50,25 +62,36 @@ ParallelRMSNorm::ParallelRMSNorm(std::int64_t dim, const ParallelNormOptions& op
 }
 
 Tensor ParallelRMSNorm::forward(nn::Context& ctx, const Tensor& x) {
-  nn::NormOutput o = nn::rmsnorm_forward(x, weight_->use(ctx.stream()), eps_, ctx.stream());
-  ctx.save(*this, {x, o.rstd});
-  return o.y;
+  return forward_add(ctx, x, Tensor()).y;
+}
+
+ParallelNorm::SumAndNorm ParallelRMSNorm::forward_add(nn::Context& ctx, const Tensor& x,
+                                                      const Tensor& residual) {
+  const Stream& s = ctx.stream();
+  nn::NormOutput o = nn::rmsnorm_forward(x, weight_->use(s), eps_, s, residual);
+  const Tensor sum = residual.defined() ? o.sum : x;
+  ctx.save(*this, {sum, o.rstd});
+  return {sum, o.y};
 }
 
 Tensor ParallelRMSNorm::backward(nn::Context& ctx, const Tensor& dy) {
+  return backward_add(ctx, dy, Tensor());
+}
+
+Tensor ParallelRMSNorm::backward_add(nn::Context& ctx, const Tensor& dy, const Tensor& dresidual) {
   const auto v = ctx.take(*this);
   Tensor dx;
   nn::accumulate_gradients(
       ctx, {weight_},
       [&](const std::vector<Tensor>& g, const Stream& st) {
-        dx = nn::rmsnorm_backward(dy, v[0], weight_->data(), v[1], g[0], st);
+        dx = nn::rmsnorm_backward(dy, v[0], weight_->data(), v[1], g[0], st, dresidual);
       },
       nn::GradTiming::now);
   return dx;
 }
 
-std::unique_ptr<nn::Module> make_parallel_norm(nn::NormKind kind, std::int64_t dim,
-                                               const ParallelNormOptions& options) {
+std::unique_ptr<ParallelNorm> make_parallel_norm(nn::NormKind kind, std::int64_t dim,
+                                                 const ParallelNormOptions& options) {
   if (kind == nn::NormKind::rmsnorm) return std::make_unique<ParallelRMSNorm>(dim, options);
   return std::make_unique<ParallelLayerNorm>(dim, options);
 }

@@ -57,6 +57,50 @@ TEST_CASE("linear forward and backward on the GPU equal the CPU's") {
   }
 }
 
+TEST_CASE("norms with a residual fuse the add on the GPU and equal it bit for bit") {
+  const Device gpu = Device::cuda(0);
+  const Stream s = Stream::create(gpu);
+  const Stream cpu;
+  std::uint64_t seed = 300;
+  for (const DType t : kDTypes) {
+    for (const Shape& xs : {Shape{7, 333}, Shape{2, 8, 1024}}) {
+      INFO("dtype " << dtype_name(t) << " shape " << shape_str(xs));
+      const std::int64_t d = xs.back();
+      const Input x = random_input(xs, ++seed, t, s), res = random_input(xs, ++seed, t, s);
+      const Input g = random_input({d}, ++seed, t, s, 0.5, 1.0);
+      const Input be = random_input({d}, ++seed, t, s);
+      const Input dy = random_input(xs, ++seed, t, s), dres = random_input(xs, ++seed, t, s);
+      // Fused on the GPU against the add and the norm one after the other, on the GPU.
+      const Tensor h = nn::add(x.gpu, res.gpu, s);
+      const nn::NormOutput f = nn::layernorm_forward(x.gpu, g.gpu, be.gpu, 1e-5f, s, res.gpu);
+      const nn::NormOutput u = nn::layernorm_forward(h, g.gpu, be.gpu, 1e-5f, s);
+      CHECK(values(f.sum, s) == values(h, s));
+      CHECK(values(f.y, s) == values(u.y, s));
+      CHECK(values(f.rstd, s) == values(u.rstd, s));
+      const Tensor fdx = nn::layernorm_backward(dy.gpu, f.sum, g.gpu, f.mean, f.rstd, Tensor(),
+                                                Tensor(), s, dres.gpu);
+      Tensor udx = nn::layernorm_backward(dy.gpu, h, g.gpu, u.mean, u.rstd, Tensor(), Tensor(), s);
+      nn::add_(udx, dres.gpu, 1.0f, s);
+      CHECK(values(fdx, s) == values(udx, s));
+      const nn::NormOutput rf = nn::rmsnorm_forward(x.gpu, g.gpu, 1e-6f, s, res.gpu);
+      const nn::NormOutput ru = nn::rmsnorm_forward(h, g.gpu, 1e-6f, s);
+      CHECK(values(rf.y, s) == values(ru.y, s));
+      const Tensor rfdx =
+          nn::rmsnorm_backward(dy.gpu, rf.sum, g.gpu, rf.rstd, Tensor(), s, dres.gpu);
+      Tensor rudx = nn::rmsnorm_backward(dy.gpu, h, g.gpu, ru.rstd, Tensor(), s);
+      nn::add_(rudx, dres.gpu, 1.0f, s);
+      CHECK(values(rfdx, s) == values(rudx, s));
+      // And against the CPU.
+      const nn::NormOutput ref = nn::layernorm_forward(x.cpu, g.cpu, be.cpu, 1e-5f, cpu, res.cpu);
+      CHECK_CLOSE(f.y, ref.y, s, t);
+      CHECK_CLOSE(fdx,
+                  nn::layernorm_backward(dy.cpu, ref.sum, g.cpu, ref.mean, ref.rstd, Tensor(),
+                                         Tensor(), cpu, dres.cpu),
+                  s, t);
+    }
+  }
+}
+
 TEST_CASE("layernorm and rmsnorm on the GPU equal the CPU's") {
   const Device gpu = Device::cuda(0);
   const Stream s = Stream::create(gpu);

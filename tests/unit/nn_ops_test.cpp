@@ -80,6 +80,34 @@ TEST_CASE("layernorm and rmsnorm backward", "[nn][ops]") {
   }
 }
 
+TEST_CASE("norms with a residual equal the add and the norm one after the other", "[nn][ops]") {
+  const Tensor x = randn64({2, 3, 7}, 15), res = randn64({2, 3, 7}, 16), g = randn64({7}, 17),
+               be = randn64({7}, 18), dy = randn64({2, 3, 7}, 19), dres = randn64({2, 3, 7}, 20);
+  const Tensor h = add(x, res, kCpu);
+  const NormOutput ln = layernorm_forward(x, g, be, 1e-5f, kCpu, res);
+  const NormOutput ln_ref = layernorm_forward(h, g, be, 1e-5f, kCpu);
+  require_close(ln.sum, h, 0.0, "sum");
+  require_close(ln.y, ln_ref.y, 0.0, "layernorm y");
+  require_close(ln.rstd, ln_ref.rstd, 0.0, "layernorm rstd");
+  REQUIRE_FALSE(ln_ref.sum.defined());
+  Tensor dg = Tensor::zeros({7}, DType::f64), db = Tensor::zeros({7}, DType::f64);
+  Tensor dg_ref = Tensor::zeros({7}, DType::f64), db_ref = Tensor::zeros({7}, DType::f64);
+  const Tensor dx = layernorm_backward(dy, ln.sum, g, ln.mean, ln.rstd, dg, db, kCpu, dres);
+  const Tensor dx_ref =
+      add(layernorm_backward(dy, h, g, ln.mean, ln.rstd, dg_ref, db_ref, kCpu), dres, kCpu);
+  require_close(dx, dx_ref, 0.0, "layernorm dx + dresidual");
+  require_close(dg, dg_ref, 0.0, "layernorm dgamma");
+  const NormOutput rms = rmsnorm_forward(x, g, 1e-6f, kCpu, res);
+  require_close(rms.y, rmsnorm_forward(h, g, 1e-6f, kCpu).y, 0.0, "rmsnorm y");
+  const Tensor rdx = rmsnorm_backward(dy, rms.sum, g, rms.rstd, Tensor(), kCpu, dres);
+  require_close(rdx, add(rmsnorm_backward(dy, h, g, rms.rstd, Tensor(), kCpu), dres, kCpu), 0.0,
+                "rmsnorm dx + dresidual");
+  REQUIRE_THROWS_QUINTET(layernorm_forward(x, g, be, 1e-5f, kCpu, randn64({2, 3, 6}, 21)),
+                         InvalidArgument, "residual");
+  REQUIRE_THROWS_QUINTET(rmsnorm_backward(dy, h, g, rms.rstd, Tensor(), kCpu, res.to(DType::f32)),
+                         InvalidArgument, "dresidual");
+}
+
 TEST_CASE("gelu, swiglu and softmax backward", "[nn][ops]") {
   Tensor x = randn64({4, 6}, 21, 2.0), u = randn64({4, 6}, 22);
   const Tensor r = randn64({4, 6}, 23);

@@ -49,24 +49,35 @@ Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const
                        const Tensor& db, const Stream& stream);
 
 // ---- layernorm / rmsnorm over the last dimension --------------------------------------------
+// Each takes an optional residual, for the pre-norm block's `h = x + r; y = norm(h)`: the forward
+// then normalises x + residual and returns that sum too; the backward adds dresidual (the
+// gradient reaching the sum from elsewhere) into dx. On a GPU the add is fused into the norm's
+// kernels; everywhere the result equals the add and the norm run one after the other, bit for
+// bit.
 struct NormOutput {
   Tensor y;     // like x (T)
   Tensor mean;  // [rows] f32, rows = numel / d; undefined for rmsnorm
   Tensor rstd;  // [rows] f32: 1 / sqrt(var + eps) (layernorm), 1 / sqrt(mean(x²) + eps) (rmsnorm)
+  Tensor sum;   // x + residual (like x), what was normalised; undefined without a residual
 };
-// y = (x - mean) * rstd * gamma + beta. x [..., d], gamma [d] (T), beta [d] (T); eps > 0.
+// y = (x - mean) * rstd * gamma + beta. x [..., d], gamma [d] (T), beta [d] (T); eps > 0;
+// residual like x, or undefined.
 NormOutput layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
-                             const Stream& stream);
-// Returns dx (T) and accumulates dgamma [d] f32, dbeta [d] f32 (either may be undefined to skip).
-// mean and rstd are the forward's saved statistics.
+                             const Stream& stream, const Tensor& residual = Tensor());
+// Returns dx (T; + dresidual when defined, like x) and accumulates dgamma [d] f32, dbeta [d] f32
+// (either may be undefined to skip). x is what the forward normalised (its sum, with a
+// residual); mean and rstd are the forward's saved statistics.
 Tensor layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                           const Tensor& mean, const Tensor& rstd, const Tensor& dgamma,
-                          const Tensor& dbeta, const Stream& stream);
+                          const Tensor& dbeta, const Stream& stream,
+                          const Tensor& dresidual = Tensor());
 // y = x * rstd * gamma. x [..., d], gamma [d] (T).
-NormOutput rmsnorm_forward(const Tensor& x, const Tensor& gamma, float eps, const Stream& stream);
-// Returns dx (T) and accumulates dgamma [d] f32 (undefined to skip).
+NormOutput rmsnorm_forward(const Tensor& x, const Tensor& gamma, float eps, const Stream& stream,
+                           const Tensor& residual = Tensor());
+// Returns dx (T; + dresidual when defined) and accumulates dgamma [d] f32 (undefined to skip).
 Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& rstd,
-                        const Tensor& dgamma, const Stream& stream);
+                        const Tensor& dgamma, const Stream& stream,
+                        const Tensor& dresidual = Tensor());
 
 // ---- activations ----------------------------------------------------------------------------
 // GELU, tanh form: y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x³))). Any shape.

@@ -42,20 +42,24 @@ void linear_backward_input(const Tensor& dy, const Tensor& w, const Tensor& dx,
 void linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& dw, const Tensor& db,
                             const Stream& stream);
 
-// x [rows, d], gamma/beta [d] -> y [rows, d], mean [rows] f32, rstd [rows] f32.
+// x [rows, d], gamma/beta [d] -> y [rows, d], mean [rows] f32, rstd [rows] f32. With residual
+// (else undefined) the rows normalised are x + residual, written into sum (both [rows, d]).
 void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
                        const Tensor& y, const Tensor& mean, const Tensor& rstd,
-                       const Stream& stream);
-// -> dx [rows, d]; accumulate dgamma, dbeta [d] f32 (each may be undefined: skip).
+                       const Tensor& residual, const Tensor& sum, const Stream& stream);
+// -> dx [rows, d] (plus dresidual [rows, d] when defined); accumulate dgamma, dbeta [d] f32 (each
+// may be undefined: skip).
 void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
                         const Tensor& rstd, const Tensor& dx, const Tensor& dgamma,
-                        const Tensor& dbeta, const Stream& stream);
-// x [rows, d], gamma [d] -> y [rows, d], rstd [rows] f32.
+                        const Tensor& dbeta, const Tensor& dresidual, const Stream& stream);
+// x [rows, d], gamma [d] -> y [rows, d], rstd [rows] f32; residual and sum as for layernorm.
 void rmsnorm_forward(const Tensor& x, const Tensor& gamma, float eps, const Tensor& y,
-                     const Tensor& rstd, const Stream& stream);
-// -> dx; accumulate dgamma [d] f32 (undefined: skip).
+                     const Tensor& rstd, const Tensor& residual, const Tensor& sum,
+                     const Stream& stream);
+// -> dx (plus dresidual when defined); accumulate dgamma [d] f32 (undefined: skip).
 void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& rstd,
-                      const Tensor& dx, const Tensor& dgamma, const Stream& stream);
+                      const Tensor& dx, const Tensor& dgamma, const Tensor& dresidual,
+                      const Stream& stream);
 
 // Element-wise, any (flattened) shape.
 void gelu_forward(const Tensor& x, const Tensor& y, const Stream& stream);

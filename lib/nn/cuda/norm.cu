@@ -1,5 +1,9 @@
 // LayerNorm and RMSNorm over the last dimension on the GPU: one block per row for the forward and
 // the input gradient (statistics in f32), and a column kernel that accumulates dgamma/dbeta in f32.
+// The residual forms fuse the residual add into the row kernels: the forward normalises
+// x + residual (rounded to T, as the add would) and writes that sum; the backward adds the
+// residual's gradient into dx (rounded as an in-place add would), so they equal add-then-norm and
+// norm-then-add bit for bit.
 #include "nn/cuda/cuda_ops.hpp"
 #include "nn/cuda/kernel_common.cuh"
 
@@ -13,22 +17,31 @@ inline unsigned row_grid(std::int64_t rows) {
   return static_cast<unsigned>(std::min<std::int64_t>(rows, 1 << 20));
 }
 
-// mean is null for RMSNorm (then rstd = 1 / sqrt(mean(x²) + eps), y = x * rstd * gamma).
+// mean is null for RMSNorm (then rstd = 1 / sqrt(mean(x²) + eps), y = x * rstd * gamma). With
+// res (and sum) non-null, the row normalised is x + res, written into sum.
 template <class T>
-__global__ void norm_forward_kernel(const T* x, const T* gamma, const T* beta, float eps, T* y,
-                                    float* mean, float* rstd, std::int64_t rows, int d) {
+__global__ void norm_forward_kernel(const T* x, const T* res, T* sum, const T* gamma, const T* beta,
+                                    float eps, T* y, float* mean, float* rstd, std::int64_t rows,
+                                    int d) {
   __shared__ float scratch[32];
   for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* xr = x + r * d;
+    const T* rr = res ? res + r * d : nullptr;
+    auto in = [&](int c) {
+      return rr ? to_float(from_float<T>(to_float(xr[c]) + to_float(rr[c]))) : to_float(xr[c]);
+    };
+    if (sum) {
+      for (int c = threadIdx.x; c < d; c += blockDim.x) sum[r * d + c] = from_float<T>(in(c));
+    }
     float mu = 0.0f;
     if (mean) {
       float s = 0.0f;
-      for (int c = threadIdx.x; c < d; c += blockDim.x) s += to_float(xr[c]);
+      for (int c = threadIdx.x; c < d; c += blockDim.x) s += in(c);
       mu = block_sum(s, scratch) / d;
     }
     float s2 = 0.0f;
     for (int c = threadIdx.x; c < d; c += blockDim.x) {
-      const float v = to_float(xr[c]) - mu;
+      const float v = in(c)-mu;
       s2 += v * v;
     }
     const float rs = 1.0f / sqrtf(block_sum(s2, scratch) / d + eps);
@@ -37,7 +50,7 @@ __global__ void norm_forward_kernel(const T* x, const T* gamma, const T* beta, f
       rstd[r] = rs;
     }
     for (int c = threadIdx.x; c < d; c += blockDim.x) {
-      float v = (to_float(xr[c]) - mu) * rs * to_float(gamma[c]);
+      float v = (in(c)-mu) * rs * to_float(gamma[c]);
       if (beta) v += to_float(beta[c]);
       y[r * d + c] = from_float<T>(v);
     }
@@ -46,10 +59,11 @@ __global__ void norm_forward_kernel(const T* x, const T* gamma, const T* beta, f
 
 // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * gamma, xhat the normalised x;
 // RMSNorm (mean null) drops the mean(g) term and uses xhat = x * rstd.
+// dres (may be null) is added into dx.
 template <class T>
 __global__ void norm_backward_input_kernel(const T* dy, const T* x, const T* gamma,
-                                           const float* mean, const float* rstd, T* dx,
-                                           std::int64_t rows, int d) {
+                                           const float* mean, const float* rstd, const T* dres,
+                                           T* dx, std::int64_t rows, int d) {
   __shared__ float scratch[32];
   for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const float mu = mean ? mean[r] : 0.0f, rs = rstd[r];
@@ -64,7 +78,8 @@ __global__ void norm_backward_input_kernel(const T* dy, const T* x, const T* gam
     for (int c = threadIdx.x; c < d; c += blockDim.x) {
       const float g = to_float(dy[r * d + c]) * to_float(gamma[c]);
       const float xhat = (to_float(x[r * d + c]) - mu) * rs;
-      dx[r * d + c] = from_float<T>(rs * (g - mean_g - xhat * mean_gx));
+      const T v = from_float<T>(rs * (g - mean_g - xhat * mean_gx));
+      dx[r * d + c] = dres ? from_float<T>(to_float(v) + to_float(dres[r * d + c])) : v;
     }
   }
 }
@@ -90,27 +105,34 @@ __global__ void norm_backward_params_kernel(const T* dy, const T* x, const float
 }
 
 template <class T>
+T* ptr_or_null(const Tensor& t) {
+  return t.defined() ? ptr<T>(t) : nullptr;
+}
+
+template <class T>
 void norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
-                  const Tensor& y, const Tensor& mean, const Tensor& rstd, const Stream& stream) {
+                  const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor& residual,
+                  const Tensor& sum, const Stream& stream) {
   const std::int64_t rows = x.size(0);
   const int d = static_cast<int>(x.size(1));
   if (rows == 0) return;
   norm_forward_kernel<T><<<row_grid(rows), row_threads(d), 0, stream.handle()>>>(
-      ptr<T>(x), ptr<T>(gamma), beta.defined() ? ptr<T>(beta) : nullptr, eps, ptr<T>(y),
-      mean.defined() ? ptr<float>(mean) : nullptr, ptr<float>(rstd), rows, d);
+      ptr<T>(x), ptr_or_null<T>(residual), ptr_or_null<T>(sum), ptr<T>(gamma), ptr_or_null<T>(beta),
+      eps, ptr<T>(y), ptr_or_null<float>(mean), ptr<float>(rstd), rows, d);
   check_launch();
 }
 
 template <class T>
 void norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
                    const Tensor& rstd, const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta,
-                   const Stream& stream) {
+                   const Tensor& dresidual, const Stream& stream) {
   const std::int64_t rows = x.size(0);
   const int d = static_cast<int>(x.size(1));
   if (rows == 0) return;
   const float* mu = mean.defined() ? ptr<float>(mean) : nullptr;
   norm_backward_input_kernel<T><<<row_grid(rows), row_threads(d), 0, stream.handle()>>>(
-      ptr<T>(dy), ptr<T>(x), ptr<T>(gamma), mu, ptr<float>(rstd), ptr<T>(dx), rows, d);
+      ptr<T>(dy), ptr<T>(x), ptr<T>(gamma), mu, ptr<float>(rstd), ptr_or_null<T>(dresidual),
+      ptr<T>(dx), rows, d);
   check_launch();
   if (!dgamma.defined() && !dbeta.defined()) return;
   const std::int64_t chunk = std::max<std::int64_t>(64, (rows + 65534) / 65535);
@@ -126,33 +148,37 @@ void norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const
 
 void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
                        const Tensor& y, const Tensor& mean, const Tensor& rstd,
-                       const Stream& stream) {
+                       const Tensor& residual, const Tensor& sum, const Stream& stream) {
   dispatch_compute(x.dtype(), "layernorm_forward", [&](auto tag) {
-    norm_forward<typename decltype(tag)::type>(x, gamma, beta, eps, y, mean, rstd, stream);
+    norm_forward<typename decltype(tag)::type>(x, gamma, beta, eps, y, mean, rstd, residual, sum,
+                                               stream);
   });
 }
 
 void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
                         const Tensor& rstd, const Tensor& dx, const Tensor& dgamma,
-                        const Tensor& dbeta, const Stream& stream) {
+                        const Tensor& dbeta, const Tensor& dresidual, const Stream& stream) {
   dispatch_compute(x.dtype(), "layernorm_backward", [&](auto tag) {
     norm_backward<typename decltype(tag)::type>(dy, x, gamma, mean, rstd, dx, dgamma, dbeta,
-                                                stream);
+                                                dresidual, stream);
   });
 }
 
 void rmsnorm_forward(const Tensor& x, const Tensor& gamma, float eps, const Tensor& y,
-                     const Tensor& rstd, const Stream& stream) {
+                     const Tensor& rstd, const Tensor& residual, const Tensor& sum,
+                     const Stream& stream) {
   dispatch_compute(x.dtype(), "rmsnorm_forward", [&](auto tag) {
-    norm_forward<typename decltype(tag)::type>(x, gamma, Tensor(), eps, y, Tensor(), rstd, stream);
+    norm_forward<typename decltype(tag)::type>(x, gamma, Tensor(), eps, y, Tensor(), rstd, residual,
+                                               sum, stream);
   });
 }
 
 void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& rstd,
-                      const Tensor& dx, const Tensor& dgamma, const Stream& stream) {
+                      const Tensor& dx, const Tensor& dgamma, const Tensor& dresidual,
+                      const Stream& stream) {
   dispatch_compute(x.dtype(), "rmsnorm_backward", [&](auto tag) {
     norm_backward<typename decltype(tag)::type>(dy, x, gamma, Tensor(), rstd, dx, dgamma, Tensor(),
-                                                stream);
+                                                dresidual, stream);
   });
 }
 

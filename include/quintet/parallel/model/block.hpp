@@ -16,6 +16,7 @@
 #include "quintet/parallel/expert/moe_layer.hpp"
 #include "quintet/parallel/model/gpt_config.hpp"
 #include "quintet/parallel/model/groups.hpp"
+#include "quintet/parallel/tensor/norm.hpp"
 
 namespace quintet::model {
 
@@ -26,7 +27,7 @@ std::unique_ptr<nn::Module> make_attention(const GptConfig& config, const ModelG
 std::unique_ptr<nn::Module> make_mlp(const GptConfig& config, const ModelGroups& groups,
                                      std::int64_t layer = 0);
 // The norm of config.norm over d (ParallelLayerNorm or ParallelRMSNorm).
-std::unique_ptr<nn::Module> make_norm(const GptConfig& config);
+std::unique_ptr<ParallelNorm> make_norm(const GptConfig& config);
 
 class TransformerBlock : public nn::Module {
  public:
@@ -39,9 +40,9 @@ class TransformerBlock : public nn::Module {
   expert::MoELayer* moe() const { return moe_; }
 
  private:
-  nn::Module* norm1_;
+  ParallelNorm* norm1_;
   nn::Module* attn_;
-  nn::Module* norm2_;
+  ParallelNorm* norm2_;
   nn::Module* mlp_;
   expert::MoELayer* moe_ = nullptr;
 };
