@@ -28,7 +28,8 @@ __global__ void norm_forward_kernel(const T* x, const T* res, T* sum, const T* g
     const T* xr = x + r * d;
     const T* rr = res ? res + r * d : nullptr;
     auto in = [&](int c) {
-      return rr ? to_float(from_float<T>(to_float(xr[c]) + to_float(rr[c]))) : to_float(xr[c]);
+      return rr ? to_float(from_float<T>(__fadd_rn(to_float(xr[c]), to_float(rr[c]))))
+                : to_float(xr[c]);
     };
     if (sum) {
       for (int c = threadIdx.x; c < d; c += blockDim.x) sum[r * d + c] = from_float<T>(in(c));
@@ -78,8 +79,10 @@ __global__ void norm_backward_input_kernel(const T* dy, const T* x, const T* gam
     for (int c = threadIdx.x; c < d; c += blockDim.x) {
       const float g = to_float(dy[r * d + c]) * to_float(gamma[c]);
       const float xhat = (to_float(x[r * d + c]) - mu) * rs;
-      const T v = from_float<T>(rs * (g - mean_g - xhat * mean_gx));
-      dx[r * d + c] = dres ? from_float<T>(to_float(v) + to_float(dres[r * d + c])) : v;
+      // __fmul_rn / __fadd_rn: no fused multiply-add across the two, so the sum rounds as the
+      // separate in-place add's does.
+      const T v = from_float<T>(__fmul_rn(rs, g - mean_g - xhat * mean_gx));
+      dx[r * d + c] = dres ? from_float<T>(__fadd_rn(to_float(v), to_float(dres[r * d + c]))) : v;
     }
   }
 }
