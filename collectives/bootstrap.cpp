@@ -12,6 +12,7 @@
 
 #include "collectives/mpi/job_monitor.hpp"
 #include "collectives/tcp_store.hpp"
+#include "quintet/collectives/checked_communicator.hpp"
 #include "quintet/collectives/mpi.hpp"
 #include "quintet/core/config.hpp"
 #include "quintet/core/error.hpp"
@@ -263,6 +264,25 @@ World init(const RuntimeConfig& config) {
                   "build lacks; use --device cpu",
                   w.info_.size);
 #endif
+  }
+  if (config.check_collectives && w.info_.size > 1) {
+    // The fingerprints travel over MPI: world ranks are MPI ranks (NCCL's world too).
+    QUINTET_CHECK(w.info_.launcher == Launcher::mpi,
+                  "quintet::init: --check-collectives (QUINTET_CHECK_COLLECTIVES) compares the "
+                  "ranks' operations over MPI, and this job was launched with RANK/WORLD_SIZE (no "
+                  "MPI); launch it with mpirun, or leave the check off");
+    CollectiveCheckOptions check;
+    check.timeout_s = config.timeout_s;
+    check.monitor = w.monitor_;
+    const bool same = w.comm_ == w.cpu_comm_.get();
+    w.cpu_comm_ = make_checked_communicator(std::move(w.cpu_comm_), MPI_COMM_WORLD, check);
+    if (w.device_comm_) {
+      w.device_comm_ = make_checked_communicator(std::move(w.device_comm_), MPI_COMM_WORLD, check);
+    }
+    w.comm_ = same ? w.cpu_comm_.get() : w.device_comm_.get();
+    log::debug(
+        "quintet::init: --check-collectives: every operation's fingerprint is compared "
+        "across its ranks before it is sent");
   }
   log::debug("quintet::init: rank {} of {} (local {} of {}), launcher {}, device {}", w.info_.rank,
              w.info_.size, w.info_.local_rank, w.info_.local_size, launcher_name(w.info_.launcher),

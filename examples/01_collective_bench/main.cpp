@@ -32,6 +32,7 @@
 
 #include "bench_ops.hpp"
 #include "quintet/collectives/bootstrap.hpp"
+#include "quintet/collectives/checked_communicator.hpp"
 #include "quintet/core/error.hpp"
 #if QUINTET_HAS_NCCL
 #include <cuda_runtime.h>
@@ -55,7 +56,8 @@ struct Options {
   std::optional<int> reps;  // unset: 5 on a GPU (stable timings), 11 on the CPU (noisier)
   std::string dtype = "f32";
   bool json = false;
-  bool wait_each = false;  // wait for every operation before issuing the next (latency)
+  bool wait_each = false;       // wait for every operation before issuing the next (latency)
+  bool check_overhead = false;  // also time the op with --check-collectives' check on
 };
 
 // "8", "64K", "1M", "1G" (binary multiples) -> bytes.
@@ -230,6 +232,19 @@ int run(quintet::World& world, Options o) {
   quintet::set_current_device(device);  // so no operation has to switch devices
   const Stream stream = gpu ? Stream::create(device) : Stream();
   Baseline baseline(world);
+  // --check-overhead: the same operation through a checked communicator (a split of the world
+  // communicator, so the same backend and algorithm), timed beside the unchecked one.
+  std::unique_ptr<Communicator> checked;
+  if (o.check_overhead) {
+    QUINTET_CHECK(!quintet::checks_collectives(comm),
+                  "--check-overhead compares the check off and on in one run: leave "
+                  "--check-collectives off");
+    QUINTET_CHECK(world.has_cpu_comm(), "--check-overhead needs an MPI launch (mpirun)");
+    quintet::CollectiveCheckOptions check;
+    check.timeout_s = world.config().timeout_s;
+    checked =
+        quintet::make_checked_communicator(comm.split(0, me, "checked"), MPI_COMM_WORLD, check);
+  }
 
   if (me == 0 && !o.json) {
     std::printf(
@@ -237,8 +252,9 @@ int run(quintet::World& world, Options o) {
         "(medians; ours/raw: median of the repetitions' raw/ours), %d warmup; baseline %s\n",
         n, device.str().c_str(), std::string(quintet::backend_name(comm.backend())).c_str(),
         o.dtype.c_str(), o.iters, *o.reps, o.warmup, baseline.name.c_str());
-    std::printf("%-15s %12s %12s %10s %10s %10s %12s %10s %9s %8s\n", "op", "bytes", "count",
-                "time_us", "algbw", "busbw", "raw_time_us", "raw_busbw", "ours/raw", "correct");
+    std::printf("%-15s %12s %12s %10s %10s %10s %12s %10s %9s %8s%s\n", "op", "bytes", "count",
+                "time_us", "algbw", "busbw", "raw_time_us", "raw_busbw", "ours/raw", "correct",
+                o.check_overhead ? "  checked_us  check_us checked/ours" : "");
   }
   for (Op op : ops) {
     for (double size = static_cast<double>(min_bytes); size <= static_cast<double>(max_bytes);
@@ -275,17 +291,39 @@ int run(quintet::World& world, Options o) {
       if (baseline.mpi != MPI_COMM_NULL && b.count <= INT_MAX) {
         contenders.push_back({[&] { run_raw_mpi(baseline.mpi, op, b, me, n); }, [] {}});
       }
+      Work last_checked;
+      const std::size_t checked_at = contenders.size();
+      if (checked) {
+        contenders.push_back({[&] {
+                                last_checked = issue_ours(*checked, op, b, stream);
+                                if (o.wait_each) last_checked.wait(stream);
+                              },
+                              [&] { last_checked.wait(stream); }});
+      }
       const std::vector<std::vector<double>> seconds =
           seconds_per_op(comm, device, stream, o, contenders);
       const double ours = median(seconds[0]);
       std::optional<double> raw, ratio;
       if (seconds.size() > 1) {
-        raw = median(seconds[1]);
+        if (checked_at > 1) raw = median(seconds[1]);
         std::vector<double> pair_ratios;  // raw / ours of each repetition pair
-        for (int rep = 0; rep < *o.reps; ++rep) {
+        for (int rep = 0; rep < *o.reps && checked_at > 1; ++rep) {
           pair_ratios.push_back(seconds[1][rep] / seconds[0][rep]);
         }
-        ratio = median(pair_ratios);
+        if (!pair_ratios.empty()) ratio = median(pair_ratios);
+      }
+      // The check's cost per operation: medians over the repetitions of (checked - ours) and of
+      // checked / ours, each taken within one repetition (the same machine state).
+      std::optional<double> checked_s, check_cost_s, check_ratio;
+      if (checked) {
+        std::vector<double> diffs, ratios;
+        for (int rep = 0; rep < *o.reps; ++rep) {
+          diffs.push_back(seconds[checked_at][rep] - seconds[0][rep]);
+          ratios.push_back(seconds[checked_at][rep] / seconds[0][rep]);
+        }
+        checked_s = median(seconds[checked_at]);
+        check_cost_s = median(diffs);
+        check_ratio = median(ratios);
       }
       // 3. Report.
       const double bytes = static_cast<double>(b.bytes());
@@ -301,15 +339,24 @@ int run(quintet::World& world, Options o) {
         row["raw_busbw_gbs"] = raw_busbw ? nlohmann::json(*raw_busbw) : nlohmann::json(nullptr);
         row["raw_time_us"] = raw ? nlohmann::json(*raw * 1e6) : nlohmann::json(nullptr);
         row["ratio"] = ratio ? nlohmann::json(*ratio) : nlohmann::json(nullptr);
+        if (checked) {
+          row["checked_time_us"] = *checked_s * 1e6;
+          row["check_cost_us"] = *check_cost_s * 1e6;
+          row["checked_ratio"] = *check_ratio;
+        }
         std::printf("%s\n", row.dump().c_str());
       } else {
         const std::string raw_time = raw ? fmt::format("{:.2f}", *raw * 1e6) : "-";
         const std::string raw_bw = raw_busbw ? fmt::format("{:.2f}", *raw_busbw) : "-";
         const std::string ratio_text = ratio ? fmt::format("{:.3f}", *ratio) : "-";
-        std::printf("%-15s %12zu %12lld %10.2f %10.2f %10.2f %12s %10s %9s %8s\n",
+        const std::string check_text =
+            checked ? fmt::format(" {:11.2f} {:9.2f} {:12.3f}", *checked_s * 1e6,
+                                  *check_cost_s * 1e6, *check_ratio)
+                    : std::string();
+        std::printf("%-15s %12zu %12lld %10.2f %10.2f %10.2f %12s %10s %9s %8s%s\n",
                     std::string(op_name(op)).c_str(), b.bytes(), static_cast<long long>(b.count),
                     ours * 1e6, algbw, busbw, raw_time.c_str(), raw_bw.c_str(), ratio_text.c_str(),
-                    "yes");
+                    "yes", check_text.c_str());
       }
       std::fflush(stdout);
     }
@@ -347,6 +394,13 @@ int main(int argc, char** argv) {
                  "wait for each of our operations before issuing the next, as a training step "
                  "that needs the result does (measures the per-operation overhead; raw calls "
                  "are blocking anyway on the CPU)");
+    app.add_flag("--check-overhead", o.check_overhead,
+                 "also time each operation through a communicator with --check-collectives' "
+                 "fingerprint check on, and report its cost per operation (checked_us - time_us) "
+                 "and checked/ours");
+    bool check_flag = false;
+    app.add_flag("--check-collectives", check_flag,
+                 "the debug mode on the world communicator (read by the runtime)");
     std::vector<const char*> args;
     for (const std::string& a : config.remaining_args) args.push_back(a.c_str());
     try {

@@ -79,6 +79,10 @@ bool parse_args(const quintet::RuntimeConfig& runtime, TrainConfig* c, int* exit
   app.add_option("--device", runtime_flag, "cpu or cuda (default: cuda when a GPU is visible)");
   app.add_option("--timeout-s", runtime_flag, "bound on communicator setup and waits");
   app.add_option("--log-level", runtime_flag, "debug, info, warn, error, off");
+  bool runtime_switch = false;
+  app.add_flag("--check-collectives", runtime_switch,
+               "debug mode: the ranks compare every collective's fingerprint before it is sent "
+               "(or QUINTET_CHECK_COLLECTIVES=1)");
   app.add_option("--data", c->data, "token shards (glob); default: the built-in dataset");
   app.add_option("--data-dir", c->data_dir, "where the built-in dataset is made")
       ->capture_default_str();

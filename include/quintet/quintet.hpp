@@ -2,6 +2,7 @@
 #pragma once
 
 #include "quintet/collectives/bootstrap.hpp"
+#include "quintet/collectives/checked_communicator.hpp"
 #include "quintet/collectives/communicator.hpp"
 #include "quintet/collectives/consistency.hpp"
 #include "quintet/collectives/mpi.hpp"

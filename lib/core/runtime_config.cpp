@@ -59,6 +59,12 @@ double parse_double(std::string_view v, std::string_view source, double lo, bool
   return d;
 }
 
+bool parse_bool(std::string_view v, std::string_view source) {
+  if (v == "1" || v == "true" || v == "on" || v == "yes") return true;
+  if (v == "0" || v == "false" || v == "off" || v == "no" || v.empty()) return false;
+  QUINTET_THROW(InvalidArgument, "{}: expected 1 or 0 (true/false, on/off), got '{}'", source, v);
+}
+
 std::uint64_t parse_u64(std::string_view v, std::string_view source) {
   std::uint64_t x = 0;
   const auto [ptr, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
@@ -80,6 +86,8 @@ bool apply(RuntimeConfig& c, std::string_view name, std::string_view value,
     c.seed = parse_u64(value, source);
   } else if (name == "mpi-idle-start-us") {
     c.mpi_idle_start_us = parse_double(value, source, 0.0, true, 1e6, "0 to 1000000 microseconds");
+  } else if (name == "check-collectives") {
+    c.check_collectives = parse_bool(value, source);
   } else {
     return false;
   }
@@ -97,7 +105,8 @@ RuntimeConfig RuntimeConfig::from(const std::map<std::string, std::string>& env,
       {"QUINTET_LOG_LEVEL", "log-level"},
       {"QUINTET_TIMEOUT_S", "timeout-s"},
       {"QUINTET_SEED", "seed"},
-      {"QUINTET_MPI_IDLE_START_US", "mpi-idle-start-us"}};
+      {"QUINTET_MPI_IDLE_START_US", "mpi-idle-start-us"},
+      {"QUINTET_CHECK_COLLECTIVES", "check-collectives"}};
   for (const auto& [var, flag] : kEnvFlags) {
     auto it = env.find(std::string(var));
     if (it != env.end()) apply(c, flag, it->second, var);
@@ -115,15 +124,21 @@ RuntimeConfig RuntimeConfig::from(const std::map<std::string, std::string>& env,
       value = name.substr(eq + 1);
       name = name.substr(0, eq);
     }
-    static constexpr std::string_view kOurs[] = {"device", "log-level", "timeout-s", "seed",
-                                                 "mpi-idle-start-us"};
+    static constexpr std::string_view kOurs[] = {
+        "device", "log-level", "timeout-s", "seed", "mpi-idle-start-us", "check-collectives"};
+    // Switches: present means on; they take no separate value.
+    static constexpr std::string_view kSwitches[] = {"check-collectives"};
     bool ours = false;
     for (auto o : kOurs) ours = ours || name == o;
     if (!ours) {
       c.remaining_args.push_back(a);
       continue;
     }
-    if (!inline_value) {
+    bool is_switch = false;
+    for (auto o : kSwitches) is_switch = is_switch || name == o;
+    if (!inline_value && is_switch) {
+      value = "1";
+    } else if (!inline_value) {
       QUINTET_CHECK(i + 1 < args.size(), "flag --{} needs a value", name);
       value = args[++i];
     }

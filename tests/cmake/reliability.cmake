@@ -34,3 +34,22 @@ add_test(NAME reliability_world_failure
 set_tests_properties(reliability_world_failure PROPERTIES LABELS "mpi;reliability;collectives"
                      TIMEOUT 300 PASS_REGULAR_EXPRESSION "world_failure_test: PASS"
                      ENVIRONMENT "OMPI_MCA_rmaps_base_oversubscribe=1")
+
+# The collective-consistency debug mode (--check-collectives): mismatches name both ranks, a
+# skipped operation is "rank k never reached seq s", matched operations give the right results.
+quintet_mpi_test(NAME collectives_check_test COMPONENT reliability RANKS 2 3 TIMEOUT 120
+                 SOURCES mpi/collectives_check_test.cpp)
+set_property(TEST collectives_check_test_np2 collectives_check_test_np3 APPEND PROPERTY
+             LABELS collectives)
+if(QUINTET_BUILD_EXAMPLES)
+  add_test(NAME reliability_check_collectives_trainer
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/reliability/check_collectives_trainer_test.sh
+                   "$<$<TARGET_EXISTS:04_gpt_train>:$<TARGET_FILE:04_gpt_train>>"
+                   ${MPIEXEC_EXECUTABLE} ${CMAKE_CURRENT_BINARY_DIR}/reliability_runs
+                   ${QUINTET_MPIRUN_FLAGS})
+  set_tests_properties(reliability_check_collectives_trainer PROPERTIES
+                       LABELS "mpi;reliability;example" TIMEOUT 300
+                       PASS_REGULAR_EXPRESSION "check_collectives_trainer_test: PASS"
+                       SKIP_REGULAR_EXPRESSION "check_collectives_trainer_test: SKIP"
+                       ENVIRONMENT "OMPI_MCA_rmaps_base_oversubscribe=1")
+endif()

@@ -76,6 +76,10 @@ class JobMonitor;
 // call (which cannot be interrupted) prints that message itself instead. A World destroyed by a
 // propagating exception, or after another rank failed, publishes a failure too, skips the
 // collective MPI_Finalize (which would hang), and ends the job when the process exits.
+//
+// With RuntimeConfig::check_collectives (--check-collectives), comm() and cpu_comm() check every
+// operation's fingerprint across their ranks before it is sent (checked_communicator.hpp); so do
+// their splits, and so the mesh's axes. It needs an MPI launch.
 class World {
  public:
   World(World&&) noexcept;

@@ -8,6 +8,9 @@
 //   QUINTET_MPI_IDLE_START_US=50   --mpi-idle-start-us US   how long a CPU communicator's thread,
 //                                                           woken by a new operation, leaves it for
 //                                                           its caller to run (0: start at once)
+//   QUINTET_CHECK_COLLECTIVES=1    --check-collectives      debug mode: the ranks compare every
+//                                                           operation's fingerprint before it is
+//                                                           sent (checked_communicator.hpp)
 //
 // Flags win over the environment; unknown flags are left for the program (see remaining_args).
 #pragma once
@@ -30,6 +33,10 @@ struct RuntimeConfig {
   double timeout_s = 300.0;
   std::uint64_t seed = 1234;
   double mpi_idle_start_us = 50.0;
+  // quintet::init wraps the world communicators (and so their splits) in the collective check
+  // (checked_communicator.hpp). Off by default. The flag takes no value (--check-collectives=0|1
+  // also works); the variable takes 1/0, true/false, on/off.
+  bool check_collectives = false;
   // Every variable of the environment that was read, for error messages and launchers
   // (MPI/SLURM/torchrun variables used by bootstrap live here too).
   std::map<std::string, std::string> env;
