@@ -6,6 +6,8 @@ quintet_unit_test(NAME core_random_test COMPONENT core SOURCES unit/core_random_
 quintet_unit_test(NAME core_runtime_config_test COMPONENT core
                   SOURCES unit/core_runtime_config_test.cpp)
 quintet_gpu_test(NAME gpu_core_allocator_test COMPONENT core SOURCES gpu/core_allocator_test.cpp)
+# (cudaPointerGetAttributes: whether pinned host tensors are page-locked.)
+target_link_libraries(gpu_core_allocator_test PRIVATE quintet_device_libs)
 quintet_gpu_test(NAME gpu_core_tensor_test COMPONENT core SOURCES gpu/core_tensor_test.cpp)
 
 # The downstream project of tests/install: install Quintet into a fresh tree, then configure

@@ -2,7 +2,11 @@
 #include "support/catch.hpp"
 
 #include "quintet/core/allocator.hpp"
+#include "quintet/core/config.hpp"
 #include "quintet/core/tensor.hpp"
+#if QUINTET_HAS_CUDA
+#include <cuda_runtime.h>
+#endif
 
 using namespace quintet;
 
@@ -55,8 +59,19 @@ TEST_CASE("size classes and peak statistics") {
   CHECK(cuda_allocator_stats(gpu).peak_bytes >= base + (64u << 20));
 }
 
-TEST_CASE("pinned host tensors are usable host memory") {
+TEST_CASE("pinned host tensors are page-locked, usable host memory") {
   Tensor p = Tensor::empty_pinned({1000}, DType::f32);
+  CHECK(p.device().is_cpu());
   p.fill_(3.0);
   CHECK(p.to_vector<float>()[999] == 3.0f);
+#if QUINTET_HAS_CUDA
+  // CUDA knows the memory as page-locked host memory; a plain host tensor's is unregistered.
+  cudaPointerAttributes attributes{};
+  REQUIRE(cudaPointerGetAttributes(&attributes, p.data_ptr()) == cudaSuccess);
+  CHECK(attributes.type == cudaMemoryTypeHost);
+  CHECK(attributes.hostPointer == p.data_ptr());
+  const Tensor pageable = Tensor::empty({1000}, DType::f32);
+  REQUIRE(cudaPointerGetAttributes(&attributes, pageable.data_ptr()) == cudaSuccess);
+  CHECK(attributes.type == cudaMemoryTypeUnregistered);
+#endif
 }

@@ -16,9 +16,10 @@ using Catch::Approx;
 #include "quintet/core/error.hpp"
 
 // REQUIRE_THROWS_QUINTET(expr, code, "substring"): expr throws a quintet::Error with that code
-// whose message contains the substring.
+// whose message contains the substring (a non-empty one: "" would check no message).
 #define REQUIRE_THROWS_QUINTET(expr, error_code, substring)              \
   do {                                                                   \
+    REQUIRE(!std::string(substring).empty());                            \
     bool quintet_threw_ = false;                                         \
     try {                                                                \
       expr;                                                              \

@@ -90,5 +90,5 @@ TEST_CASE("Recompute refuses no module, and a backward without a forward") {
   ParameterStore store(wrapped, DType::f32, kCpu, 7);
   Context ctx(kCpu);
   REQUIRE_THROWS_QUINTET(wrapped.backward(ctx, Tensor::zeros({2, 8, 16}, DType::f32)),
-                         InvalidArgument, "");
+                         InvalidArgument, "nothing saved for this module");
 }
