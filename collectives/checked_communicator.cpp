@@ -4,6 +4,7 @@
 #include "quintet/collectives/checked_communicator.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <deque>
 #include <optional>
@@ -29,6 +30,9 @@ constexpr std::int64_t kMagic = 0x51434b31;  // "QCK1": a fingerprint, not stray
 // sleeps between polls, up to kMaxSleep, so that a long wait leaves the core to the ranks.
 constexpr std::chrono::microseconds kSpin{500};
 constexpr std::chrono::microseconds kMaxSleep{1000};
+
+// checked_operations(): the operations found matching, over every checked communicator.
+std::atomic<std::int64_t> g_matched{0};
 
 enum class Kind : std::int64_t {
   all_reduce = 1,
@@ -386,10 +390,14 @@ class CheckedCommunicator final : public Communicator {
                         "with every rank (nothing of this operation was sent)",
                         name(), size_, mine.seq, peers_[i], theirs_[i].peer, rank_);
         }
+        g_matched.fetch_add(1, std::memory_order_relaxed);
         return;
       }
     }
-    if (!bad) return;
+    if (!bad) {
+      g_matched.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
     const bool a2av = mine.kind == static_cast<std::int64_t>(Kind::all_to_all_v);
     const std::string seq_note = is_collective(theirs.kind) && theirs.seq != mine.seq
                                      ? fmt::format(" (its seq {})", theirs.seq)
@@ -511,6 +519,7 @@ class CheckedCommunicator final : public Communicator {
                     name(), size_, rank_, describe(expected_[i], true), expected_[i].seq,
                     expected_[i].from, expected_[i].from, describe(theirs_[i]), what);
     }
+    g_matched.fetch_add(static_cast<std::int64_t>(receives), std::memory_order_relaxed);
   }
 
   // The fingerprint of a send (from this rank), or the one a receive expects from its peer, at
@@ -577,5 +586,7 @@ std::unique_ptr<Communicator> make_checked_communicator(std::unique_ptr<Communic
 bool checks_collectives(const Communicator& comm) {
   return dynamic_cast<const detail::CheckedCommunicator*>(&comm) != nullptr;
 }
+
+std::int64_t checked_operations() { return detail::g_matched.load(std::memory_order_relaxed); }
 
 }  // namespace quintet

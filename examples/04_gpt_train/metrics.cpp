@@ -140,6 +140,19 @@ void Reporter::saved(std::int64_t step, bool async, double ms, double waited_ms)
   std::fflush(stdout);
 }
 
+void Reporter::checked_collectives(std::int64_t operations) const {
+  if (!active_) return;
+  if (json_) {
+    fmt::print("{}\n", nlohmann::json{{"checked_operations", operations}}.dump());
+  } else {
+    fmt::print(
+        "check-collectives: {} operations of rank 0 compared with the other ranks', all "
+        "matched\n",
+        operations);
+  }
+  std::fflush(stdout);
+}
+
 void Reporter::draw_progress(const StepRecord& r) const {
   if (!progress_) return;
   double spent_ms = 0;

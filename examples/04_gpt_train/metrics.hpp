@@ -95,6 +95,9 @@ class Reporter {
   void saved(std::int64_t step, bool async, double ms, double waited_ms) const;
   // Median figures over records after skip (all records when too few), then a summary line.
   void summary(std::int64_t skip) const;
+  // With --check-collectives: how many operations this rank compared with the other ranks and
+  // found matching (quintet::checked_operations()), the evidence that the check ran.
+  void checked_collectives(std::int64_t operations) const;
   const std::vector<StepRecord>& records() const { return records_; }
 
  private:

@@ -67,6 +67,7 @@ TEST_CASE("check-collectives: matched operations pass and give the right results
   if (n < 2) return;
   auto comm = checked("matched");
   REQUIRE(checks_collectives(*comm));
+  const std::int64_t checked_before = checked_operations();
   const Tensor a = Tensor::full({5}, r + 1.0, DType::f32);
   comm->all_reduce(a).wait();
   CHECK(a.item({4}) == n * (n + 1) / 2.0);
@@ -114,6 +115,10 @@ TEST_CASE("check-collectives: matched operations pass and give the right results
   const Tensor h = Tensor::full({2}, 1.0, DType::f32);
   half->all_reduce(h).wait();
   CHECK(h.item({0}) == half->size());
+  // Each operation was compared and counted once: 7 collectives before the split, the p2p's
+  // receive, rank 1's recv, the split, and the half's all_reduce where it has two ranks or more.
+  CHECK(checked_operations() - checked_before ==
+        7 + 1 + (r == 1 ? 1 : 0) + 1 + (half->size() > 1 ? 1 : 0));
 }
 
 TEST_CASE("check-collectives: mismatched collectives are errors naming both ranks",
@@ -128,12 +133,14 @@ TEST_CASE("check-collectives: mismatched collectives are errors naming both rank
                                     other + " issued " + theirs};
   };
   const bool odd_here = r == odd;
-  // Different counts.
+  // Different counts (not counted as checked: checked_operations() counts matches).
   {
     const Tensor t = Tensor::full({odd_here ? 5 : 4}, 1.0, DType::f32);
     const std::string four = "all_reduce(sum, 4 x f32)", five = "all_reduce(sum, 5 x f32)";
+    const std::int64_t checked_before = checked_operations();
     expect_error([&] { comm->all_reduce(t); }, ErrorCode::InvalidArgument,
                  odd_here ? both(five, four) : both(four, five));
+    CHECK(checked_operations() == checked_before);
   }
   // Different dtypes.
   {

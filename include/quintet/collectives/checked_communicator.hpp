@@ -78,4 +78,10 @@ std::unique_ptr<Communicator> make_checked_communicator(std::unique_ptr<Communic
 // True when comm is a communicator made by make_checked_communicator (or split from one).
 bool checks_collectives(const Communicator& comm);
 
+// How many operations the checked communicators of this process have compared with their peers
+// and found matching, since it started: each collective once, each receive once (a send is
+// compared at its receiver). The evidence that the check ran: a program with it on reports this
+// (examples/04_gpt_train's "checked_operations"); 0 when nothing is checked.
+std::int64_t checked_operations();
+
 }  // namespace quintet
