@@ -12,6 +12,7 @@
 #include "quintet/nn/ops.hpp"
 
 #include <cmath>
+#include <vector>
 
 #include "nn/cpu/cpu_ops.hpp"
 #include "nn/cuda/cuda_ops.hpp"
@@ -292,6 +293,91 @@ Tensor softmax_backward(const Tensor& dy, const Tensor& y, const Stream& stream)
   Tensor dx = Tensor::empty(y2.shape(), t, c.device(), stream);
   QUINTET_NN_DISPATCH(c, stream, softmax_backward, dy2, y2, dx);
   return dx.view(y.shape());
+}
+
+// ---- RoPE -----------------------------------------------------------------------------------
+
+namespace {
+// Checks x (named name) [B, S, H, D] (D even), the positions and the options; returns inv_freq [D /
+// 2].
+std::vector<double> check_rope(const OpChecker& c, const char* name, const Tensor& x,
+                               const Tensor& positions, const RopeOptions& options) {
+  c.compute(name, x);
+  QUINTET_CHECK(x.dim() == 4, "{}: {} has shape {}, expected [batch, seq, heads, head_dim]", c.op(),
+                name, shape_str(x.shape()));
+  const std::int64_t d = x.size(3);
+  QUINTET_CHECK(d > 0 && d % 2 == 0,
+                "{}: head_dim = {} ({} {}) must be even and > 0: RoPE rotates the pairs (i, i + "
+                "head_dim/2)",
+                c.op(), d, name, shape_str(x.shape()));
+  QUINTET_CHECK(options.theta > 0.0 && std::isfinite(options.theta),
+                "{}: theta = {} must be a positive number (rope_theta, e.g. 10000)", c.op(),
+                options.theta);
+  if (positions.defined()) {
+    c.ids("positions", positions);
+    const bool ok =
+        (positions.dim() == 1 && positions.size(0) == x.size(1)) ||
+        (positions.dim() == 2 && positions.size(0) == x.size(0) && positions.size(1) == x.size(1));
+    QUINTET_CHECK(ok,
+                  "{}: positions have shape {}, expected [{}] or [{}, {}] (one per token of {} {})",
+                  c.op(), shape_str(positions.shape()), x.size(1), x.size(0), x.size(1), name,
+                  shape_str(x.shape()));
+  }
+  std::vector<double> inv_freq(static_cast<std::size_t>(d / 2));
+  for (std::size_t i = 0; i < inv_freq.size(); ++i) {
+    inv_freq[i] =
+        1.0 / std::pow(options.theta, static_cast<double>(2 * i) / static_cast<double>(d));
+  }
+  return inv_freq;
+}
+
+// Rotates x into y (y may be x); name is x's name in error messages.
+void rope_into(const char* op, const char* name, const Tensor& x, const Tensor& y,
+               const Tensor& positions, const RopeOptions& options, bool inverse,
+               const Stream& stream) {
+  const OpChecker c(op, stream);
+  const std::vector<double> inv_freq = check_rope(c, name, x, positions, options);
+  if (x.shares_storage(y)) {
+    for (int i = 0; i < x.dim(); ++i) {
+      QUINTET_CHECK(x.size(i) <= 1 || x.stride(i) != 0,
+                    "{}: {} has stride 0 in dimension {} (strides {}); an in-place rotation "
+                    "needs distinct elements",
+                    op, name, i, shape_str(x.strides()));
+    }
+  }
+  if (x.numel() == 0) return;
+  QUINTET_NN_DISPATCH(c, stream, rope, x, y, positions, inv_freq, options.position_offset, inverse);
+}
+
+// Rotates x into a new contiguous tensor.
+Tensor rope_copy(const char* op, const char* name, const Tensor& x, const Tensor& positions,
+                 const RopeOptions& options, bool inverse, const Stream& stream) {
+  const OpChecker c(op, stream);
+  c.compute(name, x);
+  const Tensor y = Tensor::empty(x.shape(), x.dtype(), c.device(), stream);
+  rope_into(op, name, x, y, positions, options, inverse, stream);
+  return y;
+}
+}  // namespace
+
+Tensor rope_forward(const Tensor& x, const Tensor& positions, const RopeOptions& options,
+                    const Stream& stream) {
+  return rope_copy("rope_forward", "x", x, positions, options, false, stream);
+}
+
+Tensor rope_backward(const Tensor& dy, const Tensor& positions, const RopeOptions& options,
+                     const Stream& stream) {
+  return rope_copy("rope_backward", "dy", dy, positions, options, true, stream);
+}
+
+void rope_forward_(const Tensor& x, const Tensor& positions, const RopeOptions& options,
+                   const Stream& stream) {
+  rope_into("rope_forward_", "x", x, x, positions, options, false, stream);
+}
+
+void rope_backward_(const Tensor& dy, const Tensor& positions, const RopeOptions& options,
+                    const Stream& stream) {
+  rope_into("rope_backward_", "dy", dy, dy, positions, options, true, stream);
 }
 
 // ---- attention ------------------------------------------------------------------------------

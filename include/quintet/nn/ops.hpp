@@ -96,6 +96,39 @@ Tensor softmax_forward(const Tensor& x, const Stream& stream);
 // dx = y * (dy - sum(dy * y)) over the last dimension; y is the forward's output.
 Tensor softmax_backward(const Tensor& dy, const Tensor& y, const Stream& stream);
 
+// ---- rotary position embedding (RoPE) -------------------------------------------------------
+// Rotates each head's vector by angles proportional to its token's position, in the rotate-half
+// convention of Hugging Face's Llama, Qwen and Mixtral code: element i is paired with element
+// i + D/2 (not with i + 1), and for i < D/2
+//   inv_freq_i = 1 / theta^(2i / D),  a = pos * inv_freq_i,
+//   y_i = x_i cos a - x_{i+D/2} sin a,  y_{i+D/2} = x_{i+D/2} cos a + x_i sin a.
+// As in Hugging Face's f32 rotary embedding, inv_freq is rounded to f32, the angle is the f32
+// product f32(pos) * inv_freq_i and its cosine and sine are taken in f32; the rotation itself is
+// computed in f32 and rounded once (f64 inputs on the CPU: everything in f64). The backward of a
+// rotation is the rotation by -a.
+//
+// Positions: token s of batch row b has pos = position_offset + p, where p = positions[b, s] (or
+// positions[s], shared by every row) when a positions tensor is given (i32 or i64, on the device
+// of x), else p = s. So a rank that holds chunks of a sequence out of order (context parallelism
+// with zigzag chunks, sequence-parallel shards) gives each token its true position.
+struct RopeOptions {
+  double theta = 10000.0;            // the base, > 0 (rope_theta of the model's config)
+  std::int64_t position_offset = 0;  // added to every token's position
+};
+// x [B, S, H, D] (T, any strides: e.g. the q and k heads of a fused qkv projection), D even and
+// > 0; positions [S] or [B, S] (i32/i64) or undefined. Returns the rotated x, contiguous.
+Tensor rope_forward(const Tensor& x, const Tensor& positions, const RopeOptions& options,
+                    const Stream& stream);
+// The gradient of rope_forward's input: dy rotated by -a. Same shapes as rope_forward.
+Tensor rope_backward(const Tensor& dy, const Tensor& positions, const RopeOptions& options,
+                     const Stream& stream);
+// The same two in place: x (or dy) is overwritten through its strides, with no copy, so the heads
+// of a fused projection are rotated where they lie. Its elements must not overlap (no stride 0).
+void rope_forward_(const Tensor& x, const Tensor& positions, const RopeOptions& options,
+                   const Stream& stream);
+void rope_backward_(const Tensor& dy, const Tensor& positions, const RopeOptions& options,
+                    const Stream& stream);
+
 // ---- scaled dot-product self-attention -----------------------------------------------------
 // One block of attention over (batch, heads, seq, head_dim). Query row i has global position
 // q_offset + i, key row j has global position k_offset + j. With causal = true, query i attends

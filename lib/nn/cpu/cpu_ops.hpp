@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "quintet/core/tensor.hpp"
 #include "quintet/nn/ops.hpp"
@@ -32,6 +33,11 @@ void swiglu_backward(const Tensor& dy, const Tensor& gate, const Tensor& up, con
                      const Tensor& dup);
 void softmax_forward(const Tensor& x, const Tensor& y);
 void softmax_backward(const Tensor& dy, const Tensor& y, const Tensor& dx);
+
+// RoPE (ops.hpp): x and y [B, S, H, D] with any strides (y may be x: in place); positions [S] or
+// [B, S] i32/i64 or undefined; inv_freq [D / 2] (rounded to f32 for f32 x); inverse rotates by -a.
+void rope(const Tensor& x, const Tensor& y, const Tensor& positions,
+          const std::vector<double>& inv_freq, std::int64_t position_offset, bool inverse);
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                        const AttentionOptions& options, const Tensor& out, const Tensor& lse);

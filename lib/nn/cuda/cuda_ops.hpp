@@ -71,6 +71,13 @@ void swiglu_backward(const Tensor& dy, const Tensor& gate, const Tensor& up, con
 void softmax_forward(const Tensor& x, const Tensor& y, const Stream& stream);
 void softmax_backward(const Tensor& dy, const Tensor& y, const Tensor& dx, const Stream& stream);
 
+// RoPE (ops.hpp): x and y [B, S, H, D] with any strides (y may be x: in place; the one exception
+// to "inputs are contiguous"); positions [S] or [B, S] i32/i64 or undefined; inv_freq [D / 2]
+// (D / 2 <= 256); inverse rotates by -a.
+void rope(const Tensor& x, const Tensor& y, const Tensor& positions,
+          const std::vector<double>& inv_freq, std::int64_t position_offset, bool inverse,
+          const Stream& stream);
+
 // q [B, H, Sq, D], k/v [B, H, Sk, D] -> out [B, H, Sq, D], lse [B, H, Sq] f32. options.scale is
 // already resolved (> 0); offsets >= 0. Rows with no visible key: out 0, lse -inf. Every operand
 // but the lse (contiguous) may be strided: cuDNN takes it in place, our own kernels via copies.
