@@ -260,8 +260,9 @@ PY
     ;;
   trace)
     # --trace at tp 2 x dp 2 (ZeRO-1): valid traces with compute, dp, tp and ZeRO-gather ranges
-    # inside their steps, the per-kind figures adding up, a straggler record; the same losses as
-    # the untraced run, bit for bit. Then pp 2 x dp 2 (pp transfers), merged and drawn.
+    # inside their steps, the per-kind figures adding up and equal to the trace's waits, a
+    # straggler record; the same losses as the untraced run, bit for bit. Then pp 2 x dp 2 (pp
+    # transfers), merged and drawn.
     root=$(cd "$here/../.." && pwd)
     run plain 4 --steps 5 --tp 2 --dp 2 --zero 1
     run traced 4 --steps 5 --tp 2 --dp 2 --zero 1 --trace traces --trace-steps 3:4

@@ -128,8 +128,8 @@ PY
     ;;
   trace)
     # --trace in the MoE trainer: cp 2 x dp 2 x ep 2 (dp, ep and cp communication) and ep 3 at
-    # 3 ranks; valid traces whose ranges lie in their steps, per-kind figures that add up, the
-    # same losses as without --trace.
+    # 3 ranks; valid traces whose ranges lie in their steps, per-kind figures that add up and
+    # equal the trace's waits, the same losses as without --trace.
     run plain 4 --steps 4 --cp 2 --dp 2 --ep 2
     run traced 4 --steps 4 --cp 2 --dp 2 --ep 2 --trace traces --trace-steps 2:3
     compare plain traced 1 4 0
