@@ -106,12 +106,13 @@ int run(const gpt::TrainConfig& c, quintet::World& world) {
   tc.optimizer.hyper.weight_decay = c.weight_decay;
   tc.optimizer.max_grad_norm = c.clip;
   tc.seed = c.seed;
-  tc.tp = timed_tp ? &*timed_tp : nullptr;
-  tc.cp = timed_cp ? &*timed_cp : nullptr;
-  tc.ep = timed_ep ? &*timed_ep : nullptr;
-  tc.pp = timed_pp ? &*timed_pp : nullptr;
   tc.check_batches = c.check_batches;  // --check-batches: a stage's tp ranks read the same tokens
-  quintet::train::TrainingModel model(tc, mesh, stream);
+  quintet::train::ModelCommunicators comms;
+  comms.tp = timed_tp ? &*timed_tp : nullptr;
+  comms.cp = timed_cp ? &*timed_cp : nullptr;
+  comms.ep = timed_ep ? &*timed_ep : nullptr;
+  comms.pp = timed_pp ? &*timed_pp : nullptr;
+  quintet::train::TrainingModel model(tc, mesh, stream, comms);
 
   // The loader's batch, sequence and replica come from the model (every tp and pp rank of one
   // replica reads the same batches).

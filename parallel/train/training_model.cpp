@@ -10,7 +10,7 @@ namespace quintet::train {
 namespace {
 
 // Every check of the config that needs no layer yet; the builders check the rest the same way.
-void validate(const TrainingConfig& c, const Mesh& mesh) {
+void validate(const TrainingConfig& c, const ModelCommunicators& comms, const Mesh& mesh) {
   const int tp = mesh.size(Axis::tp), cp = mesh.size(Axis::cp);
   c.model.validate(tp, cp);
   c.model.validate_experts(mesh.size(Axis::ep), mesh.size(Axis::etp));
@@ -28,18 +28,22 @@ void validate(const TrainingConfig& c, const Mesh& mesh) {
                 "TrainingConfig: {} layers cannot fill pp {} x vpp {} = {} stages; use more "
                 "layers or fewer stages",
                 c.model.layers, mesh.size(Axis::pp), c.vpp, chunks);
-  QUINTET_CHECK(c.tp == nullptr || c.tp->size() == tp,
+  QUINTET_CHECK(comms.tp == nullptr || comms.tp->size() == tp,
                 "TrainingConfig: the tp communicator has {} ranks, the mesh's tp axis {}; pass "
                 "the mesh's (or a wrapper of it)",
-                c.tp == nullptr ? 0 : c.tp->size(), tp);
-  QUINTET_CHECK(c.cp == nullptr || c.cp->size() == cp,
+                comms.tp == nullptr ? 0 : comms.tp->size(), tp);
+  QUINTET_CHECK(comms.cp == nullptr || comms.cp->size() == cp,
                 "TrainingConfig: the cp communicator has {} ranks, the mesh's cp axis {}; pass "
                 "the mesh's (or a wrapper of it)",
-                c.cp == nullptr ? 0 : c.cp->size(), cp);
-  QUINTET_CHECK(c.ep == nullptr || c.ep->size() == mesh.size(Axis::ep),
+                comms.cp == nullptr ? 0 : comms.cp->size(), cp);
+  QUINTET_CHECK(comms.ep == nullptr || comms.ep->size() == mesh.size(Axis::ep),
                 "TrainingConfig: the ep communicator has {} ranks, the mesh's ep axis {}; pass "
                 "the mesh's (or a wrapper of it)",
-                c.ep == nullptr ? 0 : c.ep->size(), mesh.size(Axis::ep));
+                comms.ep == nullptr ? 0 : comms.ep->size(), mesh.size(Axis::ep));
+  QUINTET_CHECK(comms.pp == nullptr || comms.pp->size() == mesh.size(Axis::pp),
+                "TrainingConfig: the pp communicator has {} ranks, the mesh's pp axis {}; pass "
+                "the mesh's (or a wrapper of it)",
+                comms.pp == nullptr ? 0 : comms.pp->size(), mesh.size(Axis::pp));
   c.data_parallel.validate();
 }
 
@@ -56,17 +60,36 @@ std::int64_t TrainingConfig::global_batch(const Mesh& mesh) const {
   return micro_batch * microbatches * mesh.size(Axis::dp);
 }
 
-TrainingModel::TrainingModel(const TrainingConfig& config, Mesh& mesh, const Stream& stream)
-    : config_(config), mesh_(mesh), stream_(view_of(stream)) {
-  validate(config_, mesh_);
+TrainingConfig TrainingConfig::from_job(const JobConfig& job) {
+  TrainingConfig c;
+  c.model = job.gpt_config();
+  c.micro_batch = job.training.micro_batch;
+  c.microbatches = static_cast<int>(job.accumulation());
+  c.schedule = job.training.schedule;
+  c.vpp = job.parallel.vpp;
+  c.data_parallel = job.data_parallel();
+  c.optimizer = job.optimizer();
+  c.seed = job.training.seed;
+  c.check_batches = job.training.check_batches;
+  return c;
+}
+
+TrainingModel::TrainingModel(const JobConfig& job, Mesh& mesh, const Stream& stream,
+                             const ModelCommunicators& comms)
+    : TrainingModel(TrainingConfig::from_job(job), mesh, stream, comms) {}
+
+TrainingModel::TrainingModel(const TrainingConfig& config, Mesh& mesh, const Stream& stream,
+                             const ModelCommunicators& comms)
+    : config_(config), comms_(comms), mesh_(mesh), stream_(view_of(stream)) {
+  validate(config_, comms_, mesh_);
   pipeline::Schedule schedule =
       pipeline::make_schedule(config_.schedule, mesh_.size(Axis::pp), config_.vpp,
                               config_.microbatches, config_.schedule_costs);
   const std::vector<model::ChunkSpec> chunks =
       model::split_into_chunks(config_.model, schedule.num_stages());
-  Communicator& tp = config_.tp != nullptr ? *config_.tp : mesh_.comm(Axis::tp);
-  Communicator& cp = config_.cp != nullptr ? *config_.cp : mesh_.comm(Axis::cp);
-  Communicator& ep = config_.ep != nullptr ? *config_.ep : mesh_.comm(Axis::ep);
+  Communicator& tp = comms_.tp != nullptr ? *comms_.tp : mesh_.comm(Axis::tp);
+  Communicator& cp = comms_.cp != nullptr ? *comms_.cp : mesh_.comm(Axis::cp);
+  Communicator& ep = comms_.ep != nullptr ? *comms_.ep : mesh_.comm(Axis::ep);
   const model::ModelGroups groups{&tp, &cp, &ep, &mesh_.comm(Axis::etp)};
   std::vector<pipeline::StageModule> modules;
   for (int s : schedule.stages_of(mesh_.rank(Axis::pp))) {
@@ -87,7 +110,7 @@ TrainingModel::TrainingModel(const TrainingConfig& config, Mesh& mesh, const Str
   const std::int64_t mine = config_.model.seq_len / mesh_.size(Axis::cp);  // this cp rank's
   const std::int64_t seq = config_.model.sequence_parallel ? mine / tp_size : mine;
   executor_ = std::make_unique<pipeline::PipelineExecutor>(
-      std::move(schedule), config_.pp != nullptr ? *config_.pp : mesh_.comm(Axis::pp),
+      std::move(schedule), comms_.pp != nullptr ? *comms_.pp : mesh_.comm(Axis::pp),
       std::move(modules),
       pipeline::ExecutorConfig{{config_.micro_batch, seq, config_.model.hidden},
                                config_.model.dtype});

@@ -45,6 +45,7 @@
 #include "quintet/parallel/pipeline/executor.hpp"
 #include "quintet/parallel/pipeline/schedule.hpp"
 #include "quintet/parallel/pipeline/train_step.hpp"
+#include "quintet/parallel/train/job_config.hpp"
 
 namespace quintet::train {
 
@@ -59,24 +60,28 @@ struct TrainingConfig {
   DataParallelConfig data_parallel;      // buckets, overlap, ZeRO stage
   nn::AdamWConfig optimizer;             // AdamW and clipping by the global gradient norm
   std::uint64_t seed = 0;                // the parameters' init draw (the same for any layout)
-  // The tp layers' communicator: null means mesh.comm(Axis::tp). Pass a wrapper of it (a
-  // TimedCommunicator, to measure the exposed tp communication) to see every tp collective.
-  Communicator* tp = nullptr;
-  // The same for the context-parallel communicator (mesh.comm(Axis::cp) when null). With cp > 1
-  // every rank of a replica reads whole sequences and keeps its 2 chunks of each
-  // (context::cp_split); attention spans the cp ranks as model.context_parallel says.
-  Communicator* cp = nullptr;
-  // The same for the expert-parallel communicator of MoE blocks (mesh.comm(Axis::ep) when null),
-  // e.g. a TimedCommunicator to measure the exposed ep communication.
-  Communicator* ep = nullptr;
-  // The same for the pipeline's stage-to-stage transfers (mesh.comm(Axis::pp) when null).
-  Communicator* pp = nullptr;
   // Debug: before each microbatch is used, check that the stage's tp ranks hold the same tokens
   // (check_same_batch, loader_for_mesh.hpp). One small all-gather per microbatch.
   bool check_batches = false;
 
   // Sequences of the global batch: micro_batch x microbatches x dp.
   std::int64_t global_batch(const Mesh& mesh) const;
+
+  // The recipe of a job (JobConfig::validate first): its model (gpt_config()), batch, schedule,
+  // data parallelism, optimizer and seed.
+  static TrainingConfig from_job(const JobConfig& job);
+};
+
+// Communicators the model uses instead of the mesh's, one per axis; null means mesh.comm(axis).
+// Pass a wrapper of the mesh's (a TimedCommunicator, to measure the exposed communication of that
+// axis) to see every collective of it. Not owned; they must outlive the model.
+struct ModelCommunicators {
+  Communicator* tp = nullptr;  // the tp layers and the loss
+  // With cp > 1 every rank of a replica reads whole sequences and keeps its 2 chunks of each
+  // (context::cp_split); attention spans the cp ranks as model.context_parallel says.
+  Communicator* cp = nullptr;
+  Communicator* ep = nullptr;  // the MoE blocks' token exchanges
+  Communicator* pp = nullptr;  // the pipeline's stage-to-stage transfers
 };
 
 // One pipeline stage this rank holds.
@@ -94,8 +99,14 @@ class TrainingModel {
   // every step runs on stream. The mesh, and a CUDA stream's queue, must outlive the model (it
   // keeps a view of the stream, so a temporary Stream() for the CPU is fine).
   // Collective over the mesh only in what DataParallel and DistributedOptimizer do; throws
-  // InvalidArgument, before any communication, for any bad value above (naming the field).
-  TrainingModel(const TrainingConfig& config, Mesh& mesh, const Stream& stream);
+  // InvalidArgument, before any communication, for any bad value above (naming the field) and
+  // for a communicator in comms whose size is not its axis's.
+  TrainingModel(const TrainingConfig& config, Mesh& mesh, const Stream& stream,
+                const ModelCommunicators& comms = {});
+  // The same for a job (TrainingConfig::from_job); the mesh is the job's layout
+  // (Mesh(Layout(job.parallel, world), comm)).
+  TrainingModel(const JobConfig& job, Mesh& mesh, const Stream& stream,
+                const ModelCommunicators& comms = {});
   ~TrainingModel();
   TrainingModel(const TrainingModel&) = delete;
   TrainingModel& operator=(const TrainingModel&) = delete;
@@ -137,6 +148,7 @@ class TrainingModel {
   pipeline::MicrobatchData local_part(pipeline::MicrobatchData d) const;
 
   TrainingConfig config_;
+  ModelCommunicators comms_;
   Mesh& mesh_;
   Stream stream_;  // a view of the caller's stream (same device and queue)
   std::vector<TrainingStage> stages_;

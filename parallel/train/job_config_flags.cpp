@@ -1,0 +1,291 @@
+// The flags of a JobConfig (see job_config.hpp): parse_job_args, job_help, settings().
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <exception>
+#include <filesystem>
+#include <initializer_list>
+#include <memory>
+
+#include "parallel/train/internal/job_flags.hpp"
+#include "quintet/collectives/bootstrap.hpp"  // detect_launch: this rank, before init
+#include "quintet/core/error.hpp"
+
+namespace quintet::train {
+
+namespace internal {
+
+namespace {
+
+// The name among `names` that parse maps to value (the library's parse function is the one table
+// of names).
+template <class Enum, class Parse>
+std::string name_of(Enum value, std::initializer_list<const char*> names, Parse parse) {
+  for (const char* n : names) {
+    if (parse(n) == value) return n;
+  }
+  return {};
+}
+
+// A flag whose text the library's parse function turns into *value (naming the choices when it
+// is none of them).
+template <class Enum, class Parse>
+CLI::Option* add_kind(CLI::App& app, const std::string& flag, Enum* value, Parse parse,
+                      const std::string& current, const std::string& help) {
+  return app
+      .add_option_function<std::string>(
+          flag, [value, parse](const std::string& text) { *value = parse(text); }, help)
+      ->default_str(current);
+}
+
+// A switch, its default text the value now.
+CLI::Option* add_switch(CLI::App& app, const std::string& flag, bool* value,
+                        const std::string& help) {
+  return app.add_flag(flag, *value, help)->default_str(*value ? "true" : "false");
+}
+
+}  // namespace
+
+void add_job_flags(CLI::App& app, JobConfig& job) {
+  // A flag given twice takes its last value, so wrappers (scripts/demo.sh) can be overridden.
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  app.config_formatter(std::make_shared<JsonJobFile>());
+  app.allow_config_extras(CLI::config_extras_mode::error);
+  app.set_config("--config", "",
+                 "a JSON job file, {\"flag-name\": value, ...}; the flags given here override it");
+  model::GptConfig& m = job.model;
+  ParallelConfig& p = job.parallel;
+  JobConfig::Training& t = job.training;
+  app.add_option("--layers", m.layers, "transformer blocks")->capture_default_str();
+  app.add_option("--hidden", m.hidden, "model width")->capture_default_str();
+  app.add_option("--heads", m.heads, "attention heads")->capture_default_str();
+  app.add_option("--vocab", m.vocab, "vocabulary size (>= the dataset's)")->capture_default_str();
+  app.add_option("--seq-len", m.seq_len, "tokens per sequence")->capture_default_str();
+  add_kind(app, "--recompute", &m.recompute, model::parse_recompute_kind,
+           name_of(m.recompute, {"none", "attention", "full"}, model::parse_recompute_kind),
+           "activation recompute: none, attention (each block's attention) or full (each whole "
+           "block): less memory for one more forward");
+  add_switch(app, "--tied-embeddings", &m.tied_embeddings,
+             "the LM head reuses the token embedding's table (across pipeline stages too)");
+  app.add_option("--micro-batch", t.micro_batch, "sequences per rank per forward")
+      ->capture_default_str();
+  app.add_option("--global-batch", t.global_batch,
+                 "sequences per optimizer step over all dp ranks (accumulation follows)")
+      ->capture_default_str();
+  app.add_option("--tp", p.tp, "tensor-parallel size")->capture_default_str();
+  app.add_option("--dp", p.dp, "data-parallel size (tp * cp * dp * pp = ranks)")
+      ->capture_default_str();
+  app.add_option("--cp", p.cp, "context-parallel size: ranks that split each sequence")
+      ->capture_default_str();
+  add_kind(app, "--cp-kind", &m.context_parallel, context::parse_context_parallel_kind,
+           name_of(m.context_parallel, {"ring", "ulysses"}, context::parse_context_parallel_kind),
+           "how attention spans the cp ranks: ring (K/V around a ring) or ulysses (all-to-all to "
+           "a head split)");
+  app.add_option("--pp", p.pp, "pipeline-parallel size (stages)")->capture_default_str();
+  app.add_option("--vpp", p.vpp, "model chunks per pipeline rank (interleaved, zb-v)")
+      ->capture_default_str();
+  add_kind(app, "--schedule", &t.schedule, pipeline::parse_schedule_kind,
+           std::string(pipeline::schedule_kind_name(t.schedule)),
+           "pipeline schedule: gpipe, 1f1b, interleaved, zb-h1, zb-v");
+  add_switch(app, "--sp", &m.sequence_parallel, "sequence parallelism (with --tp > 1)");
+  add_switch(app, "--tp-overlap", &job.tp_overlap,
+             "cut the tp communication into chunks along the sequence, each overlapping a GEMM");
+  app.add_option("--tp-overlap-chunks", job.tp_overlap_chunks,
+                 "with --tp-overlap: chunks of each rank's sequence (seq-len / cp, / tp with --sp)")
+      ->capture_default_str();
+  app.add_option("--zero", t.zero, "ZeRO stage: 0, 1 or 2")->capture_default_str();
+  app.add_option("--lr", t.lr, "peak learning rate")->capture_default_str();
+  app.add_option("--warmup", t.warmup, "linear warmup steps")->capture_default_str();
+  app.add_option("--min-lr", t.min_lr, "learning rate at the last step (decaying schedules)")
+      ->capture_default_str();
+  add_kind(app, "--lr-schedule", &t.lr_schedule, nn::parse_lr_schedule_kind,
+           std::string(nn::lr_schedule_kind_name(t.lr_schedule)),
+           "after warmup: cosine, linear, wsd (warmup-stable-decay) or constant");
+  app.add_option("--decay-fraction", t.decay_fraction,
+                 "wsd: the share of the steps after warmup that decay to --min-lr")
+      ->capture_default_str();
+  app.add_option("--weight-decay", t.weight_decay, "AdamW weight decay")->capture_default_str();
+  app.add_option("--clip", t.clip, "clip the global gradient norm to this (<= 0: off)")
+      ->capture_default_str();
+  app.add_option("--steps", t.steps, "optimizer steps")->capture_default_str();
+  app.add_option("--stop-at", t.stop_at,
+                 "stop (and save, with --save) after this step; the schedule still spans --steps "
+                 "(for jobs cut into pieces by a time limit)")
+      ->capture_default_str();
+  // Read by the runtime (RuntimeConfig::from_args, before these flags); listed here for --help,
+  // and not taken from a job file.
+  app.add_option_function<std::string>(
+         "--seed", [](const std::string&) {}, "seed of the init and the data order")
+      ->default_str(std::to_string(t.seed))
+      ->configurable(false);
+  app.add_option_function<std::string>(
+         "--device", [](const std::string&) {}, "cpu or cuda (default: cuda when a GPU is visible)")
+      ->configurable(false);
+  app.add_option_function<std::string>(
+         "--timeout-s", [](const std::string&) {}, "bound on communicator setup and waits")
+      ->configurable(false);
+  app.add_option_function<std::string>(
+         "--log-level", [](const std::string&) {}, "debug, info, warn, error, off")
+      ->configurable(false);
+  app.add_flag_function(
+         "--check-collectives", [](std::int64_t) {},
+         "debug mode: the ranks compare every collective's fingerprint before it is sent (or "
+         "QUINTET_CHECK_COLLECTIVES=1)")
+      ->configurable(false);
+  app.add_option("--data", job.data.shards, "token shards (glob); default: the built-in dataset")
+      ->capture_default_str();
+  app.add_option("--data-dir", job.data.dir, "where the built-in dataset is made")
+      ->capture_default_str();
+  app.add_option("--synthetic-order", job.data.synthetic_order,
+                 "built-in dataset: Markov order (1 is learnt in minutes on a CPU)")
+      ->capture_default_str();
+  app.add_option("--loader-threads", job.data.loader_threads, "data loader threads per rank")
+      ->capture_default_str();
+  JobConfig::Checkpoint& ck = job.checkpoint;
+  app.add_option("--save", ck.save, "checkpoint directory")->capture_default_str();
+  add_switch(app, "--async-save", &ck.async_save,
+             "write checkpoints in the background while training goes on");
+  app.add_option("--save-every", ck.save_every, "save every N steps (and at the end)")
+      ->capture_default_str();
+  app.add_option("--resume", ck.resume,
+                 "resume from the latest checkpoint in this directory (an error when it holds "
+                 "none)")
+      ->capture_default_str();
+  app.add_option("--resume-if-exists", ck.resume_if_exists,
+                 "resume from the latest checkpoint in this directory when there is one, else "
+                 "start fresh")
+      ->capture_default_str();
+  app.add_option("--exit-during-save", ck.exit_during_save,
+                 "testing: exit midway through the save of this step")
+      ->capture_default_str()
+      ->group("");
+  app.add_option("--inject-fault", job.observe.inject_fault,
+                 "testing: KIND:STEP:RANK, rank RANK throws (KIND throw) or stops itself (stop) "
+                 "at the start of step STEP")
+      ->capture_default_str()
+      ->group("");
+  app.add_option("--bucket-mb", t.bucket_mb,
+                 "MiB of gradient per data-parallel bucket (the first is at most 1 MiB)")
+      ->capture_default_str();
+  app.add_flag("!--no-overlap", t.overlap,
+               "run data-parallel communication after backward, not during it")
+      ->default_str(t.overlap ? "false" : "true");
+  add_switch(app, "--check-batches", &t.check_batches,
+             "debug: verify every step that the tensor-parallel ranks read the same tokens");
+  add_switch(app, "--bench", &job.observe.bench,
+             "report medians over the steps after --bench-skip");
+  app.add_option("--bench-skip", job.observe.bench_skip, "warm-up steps left out of --bench")
+      ->capture_default_str();
+  if (m.mlp == model::MlpKind::moe) {
+    expert::RouterConfig& r = m.moe.router;
+    app.add_option("--experts", r.experts, "experts per MoE block")->capture_default_str();
+    app.add_option_function<int>(
+           "--top-k",
+           [&r](int k) {
+             r.top_k = k;
+             r.renormalize = k > 1;  // top-1 keeps the raw probability, so the router learns
+           },
+           "experts per token (1..8)")
+        ->default_str(std::to_string(r.top_k));
+    app.add_option("--ep", p.ep, "expert-parallel size: ranks that hold different experts")
+        ->capture_default_str();
+    app.add_option("--etp", p.etp,
+                   "expert-tensor-parallel size: ranks that split each expert (0: --tp)")
+        ->capture_default_str();
+    app.add_option("--capacity-factor", r.capacity_factor,
+                   "tokens an expert takes, over the even share (0: dropless)")
+        ->capture_default_str();
+    add_kind(app, "--router", &r.score, expert::parse_router_score,
+             name_of(r.score, {"softmax", "sigmoid"}, expert::parse_router_score),
+             "router scores: softmax or sigmoid");
+    app.add_option("--aux-loss-coeff", r.aux_loss_coeff, "load-balancing loss coefficient")
+        ->capture_default_str();
+    app.add_option("--z-loss-coeff", r.z_loss_coeff, "router z-loss coefficient")
+        ->capture_default_str();
+    app.add_option("--aux-free-bias-rate", r.bias_rate,
+                   "auxiliary-loss-free balancing: the per-step bias update (0: off)")
+        ->capture_default_str();
+    app.add_option("--shared-experts", m.moe.shared_experts,
+                   "width of a shared MLP every token takes, in experts")
+        ->capture_default_str();
+    app.add_option("--expert-ffn", m.moe.expert_ffn, "each expert's width (0: 4 x hidden)")
+        ->capture_default_str();
+    app.add_option("--moe-every", m.moe.every, "every N-th block is MoE (from block 0)")
+        ->capture_default_str();
+    app.add_option("--moe-chunks", m.moe.overlap_chunks,
+                   "token chunks per MoE exchange: chunk c+1 travels while chunk c's experts "
+                   "compute (1: no overlap)")
+        ->capture_default_str();
+  }
+  add_switch(app, "--json", &job.observe.json, "one JSON object per step");
+  app.add_option("--trace", job.observe.trace,
+                 "write a Chrome/Perfetto trace of each rank to DIR/trace_rank<r>.json "
+                 "(scripts/merge_traces.py merges them)")
+      ->capture_default_str();
+  app.add_option("--trace-steps", job.observe.trace_steps,
+                 "the steps --trace records, A:B (1-based, inclusive; default 2:4)")
+      ->capture_default_str();
+  app.add_flag("!--no-progress", job.observe.progress, "no progress bar");
+}
+
+}  // namespace internal
+
+std::optional<int> parse_job_args(const RuntimeConfig& runtime, std::string_view description,
+                                  JobConfig* job) {
+  job->training.seed = runtime.seed;
+  CLI::App app{std::string(description)};
+  internal::add_job_flags(app, *job);
+  std::vector<const char*> args;
+  for (const std::string& a : runtime.remaining_args) args.push_back(a.c_str());
+  // Every rank parses the same command line: rank 0 alone prints the help or the error, and a
+  // bad flag exits with the one code of every start-up error (2), not the CLI library's own.
+  const auto first_rank = [&runtime] {
+    try {
+      return detect_launch(runtime).rank == 0;
+    } catch (const std::exception&) {
+      return true;
+    }
+  };
+  try {
+    app.parse(static_cast<int>(args.size()), args.data());
+  } catch (const CLI::ParseError& e) {
+    if (first_rank()) (void)app.exit(e);
+    return e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success) ? 0 : 2;
+  } catch (const Error& e) {  // a value a library parse function refused (--schedule 2f2b)
+    if (first_rank()) {
+      const std::string program = args.empty() ? std::string("trainer")
+                                               : std::filesystem::path(args[0]).filename().string();
+      std::fprintf(stderr, "%s: %s\n", program.c_str(), e.what());
+    }
+    return 2;
+  }
+  return std::nullopt;
+}
+
+std::string job_help(const JobConfig& defaults, std::string_view description) {
+  JobConfig job = defaults;
+  CLI::App app{std::string(description)};
+  internal::add_job_flags(app, job);
+  return app.help();
+}
+
+std::vector<std::pair<std::string, std::string>> JobConfig::settings() const {
+  JobConfig job = *this;
+  CLI::App app;
+  internal::add_job_flags(app, job);
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const CLI::Option* opt : app.get_options()) {
+    if (opt->get_lnames().empty()) continue;  // --help's -h aside, every flag has a long name
+    const std::string& name = opt->get_lnames().front();
+    // Output only (each rank may differ), the help, the job file (its values are what counts)
+    // and the runtime's own flags (checked by the runtime), bar the seed.
+    if (name == "json" || name == "no-progress" || name == "help" || name == "config" ||
+        (!opt->get_configurable() && name != "seed")) {
+      continue;
+    }
+    out.emplace_back("--" + name, opt->get_default_str());
+  }
+  return out;
+}
+
+}  // namespace quintet::train

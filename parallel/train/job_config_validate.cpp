@@ -1,0 +1,137 @@
+// JobConfig::validate: the one check of a job, before any communication (see job_config.hpp).
+// The sizes against the world come first with the flags' names; then the library's own checks
+// (Layout, GptConfig, split_into_chunks, the schedules, DataParallelConfig) decide the rest, so a
+// job the library accepts is never refused here under another rule.
+#include <fmt/format.h>
+
+#include "quintet/core/error.hpp"
+#include "quintet/data/synthetic.hpp"
+#include "quintet/parallel/model/chunk_spec.hpp"
+#include "quintet/parallel/train/job_config.hpp"
+
+namespace quintet::train {
+
+namespace {
+
+// tp x cp x dp x pp against the world, named by the flags a user gave.
+void validate_world(const ParallelConfig& p, int world) {
+  QUINTET_CHECK(p.tp >= 1 && p.cp >= 1 && p.dp >= 1 && p.pp >= 1 && p.vpp >= 1,
+                "--tp {} --cp {} --dp {} --pp {} --vpp {}: all must be >= 1", p.tp, p.cp, p.dp,
+                p.pp, p.vpp);
+  const int ranks = p.tp * p.cp * p.dp * p.pp;
+  if (p.cp > 1) {
+    QUINTET_CHECK(ranks == world,
+                  "--tp {} x --cp {} x --dp {} x --pp {} = {} ranks, but the job has {}; launch "
+                  "with mpirun -np {} or change the sizes",
+                  p.tp, p.cp, p.dp, p.pp, ranks, world, ranks);
+  } else if (p.pp == 1) {
+    QUINTET_CHECK(ranks == world,
+                  "--tp {} x --dp {} = {} ranks, but the job has {}; launch with mpirun -np {} or "
+                  "change --tp/--dp",
+                  p.tp, p.dp, ranks, world, ranks);
+  } else {
+    QUINTET_CHECK(ranks == world,
+                  "--tp {} x --dp {} x --pp {} = {} ranks, but the job has {}; launch with mpirun "
+                  "-np {} or change --tp/--dp/--pp",
+                  p.tp, p.dp, p.pp, ranks, world, ranks);
+  }
+}
+
+void validate_experts(const JobConfig& c, int world) {
+  const ParallelConfig& p = c.parallel;
+  const int etp = p.etp > 0 ? p.etp : p.tp;
+  QUINTET_CHECK(p.ep >= 1 && p.etp >= 0, "--ep {} (>= 1) --etp {} (>= 0)", p.ep, p.etp);
+  QUINTET_CHECK(world % (etp * p.ep * p.pp) == 0,
+                "--etp {} x --ep {} x --pp {} = {} does not divide the {} ranks: the expert "
+                "layers see the ranks as etp x ep x edp x pp",
+                etp, p.ep, p.pp, etp * p.ep * p.pp, world);
+  QUINTET_CHECK(c.model.moe.overlap_chunks >= 1 && c.model.moe.overlap_chunks <= 64,
+                "--moe-chunks {}: expected 1 .. 64", c.model.moe.overlap_chunks);
+}
+
+}  // namespace
+
+void JobConfig::validate(int world) const {
+  const ParallelConfig& p = parallel;
+  const model::GptConfig& m = model;
+  const Training& t = training;
+  validate_world(p, world);
+  if (p.cp > 1) {
+    QUINTET_CHECK(m.seq_len % (2 * p.cp) == 0,
+                  "--seq-len {} is not divisible by 2 x --cp {} = {}: context parallelism cuts "
+                  "each sequence into 2 * cp equal chunks",
+                  m.seq_len, p.cp, 2 * p.cp);
+  }
+  QUINTET_CHECK(m.layers >= std::int64_t{p.pp} * p.vpp,
+                "--layers {} cannot fill --pp {} x --vpp {} = {} pipeline chunks (each needs a "
+                "layer; uneven cuts are fine); use --layers >= {} or fewer chunks",
+                m.layers, p.pp, p.vpp, p.pp * p.vpp, p.pp * p.vpp);
+  QUINTET_CHECK(!m.sequence_parallel || p.tp > 1,
+                "--sp needs --tp > 1 (sequence parallelism splits over tp)");
+  QUINTET_CHECK(!m.sequence_parallel || (m.seq_len / p.cp) % p.tp == 0,
+                "--seq-len {} is not divisible by --tp {}: sequence parallelism splits the "
+                "sequence evenly; choose a multiple of {}",
+                m.seq_len, p.tp, p.tp);
+  QUINTET_CHECK(tp_overlap_chunks >= 1, "--tp-overlap-chunks {}: expected a count >= 1",
+                tp_overlap_chunks);
+  if (tp_overlap && p.tp > 1 && m.seq_len % p.cp == 0) {
+    const std::int64_t local = m.seq_len / p.cp / (m.sequence_parallel ? p.tp : 1);
+    QUINTET_CHECK(local % tp_overlap_chunks == 0,
+                  "--tp-overlap-chunks {} does not divide each rank's sequence of {} tokens "
+                  "(--seq-len {}{}{}); choose a count that divides {}",
+                  tp_overlap_chunks, local, m.seq_len,
+                  p.cp > 1 ? fmt::format(" / --cp {}", p.cp) : std::string(),
+                  m.sequence_parallel ? fmt::format(" / --tp {}", p.tp) : std::string(), local);
+  }
+  QUINTET_CHECK(checkpoint.resume.empty() || checkpoint.resume_if_exists.empty(),
+                "--resume {} and --resume-if-exists {}: give one of them", checkpoint.resume,
+                checkpoint.resume_if_exists);
+  QUINTET_CHECK(t.zero >= 0 && t.zero <= 2, "--zero {}: expected 0, 1 or 2", t.zero);
+  QUINTET_CHECK(t.bucket_mb > 0 && t.bucket_mb <= 1 << 20,
+                "--bucket-mb {}: expected a size in MiB above 0 (the default is 25)", t.bucket_mb);
+  QUINTET_CHECK(m.layers >= 1 && m.hidden >= 1 && m.heads >= 1 && m.vocab >= 2 && m.seq_len >= 1,
+                "--layers {} --hidden {} --heads {} --vocab {} --seq-len {}: sizes must be "
+                "positive (vocab >= 2)",
+                m.layers, m.hidden, m.heads, m.vocab, m.seq_len);
+  QUINTET_CHECK(
+      t.micro_batch >= 1 && t.global_batch > 0 && t.global_batch % (t.micro_batch * p.dp) == 0,
+      "--global-batch {} must be a positive multiple of --micro-batch {} x --dp {} = {}",
+      t.global_batch, t.micro_batch, p.dp, t.micro_batch * p.dp);
+  QUINTET_CHECK(t.steps >= 1 && t.warmup >= 0, "--steps {} (>= 1) --warmup {} (>= 0)", t.steps,
+                t.warmup);
+  QUINTET_CHECK(t.lr > 0 && t.min_lr >= 0 && t.min_lr <= t.lr,
+                "--lr {} --min-lr {}: need lr > 0 and 0 <= min-lr <= lr", t.lr, t.min_lr);
+  QUINTET_CHECK(t.decay_fraction > 0 && t.decay_fraction <= 1,
+                "--decay-fraction {}: expected a share in (0, 1]", t.decay_fraction);
+  learning_rate_schedule().validate();
+  QUINTET_CHECK(t.stop_at >= 0 && t.stop_at <= t.steps, "--stop-at {}: expected 0 .. --steps {}",
+                t.stop_at, t.steps);
+  QUINTET_CHECK(checkpoint.save_every >= 0, "--save-every {}: expected >= 0",
+                checkpoint.save_every);
+  QUINTET_CHECK(checkpoint.save_every == 0 || !checkpoint.save.empty(),
+                "--save-every {} needs --save DIR", checkpoint.save_every);
+  QUINTET_CHECK(data.loader_threads >= 1, "--loader-threads {}: expected >= 1",
+                data.loader_threads);
+  if (data.shards.empty()) {
+    const int builtin = data::SyntheticConfig{}.vocab_size;
+    QUINTET_CHECK(m.vocab >= builtin,
+                  "--vocab {}: the built-in dataset has {} tokens; use --vocab >= {} (or --data)",
+                  m.vocab, builtin, builtin);
+  }
+  QUINTET_CHECK(observe.trace_steps.empty() || !observe.trace.empty(),
+                "--trace-steps {} needs --trace DIR", observe.trace_steps);
+  (void)traced_steps(0, t.steps);  // a malformed --trace-steps, named
+  if (m.mlp == model::MlpKind::moe) validate_experts(*this, world);
+  // The library's own rules, as its builders apply them: the layout (etp, vpp with a pipeline,
+  // the order), the model against tp and cp and its experts against ep and etp, the cut into
+  // pipeline chunks, the schedule (its microbatches, vpp) and the data-parallel settings.
+  p.validate(world);
+  const model::GptConfig built = gpt_config();
+  built.validate(p.tp, p.cp);
+  built.validate_experts(p.ep, p.etp > 0 ? p.etp : p.tp);
+  const pipeline::Schedule schedule = pipeline_schedule();
+  (void)model::split_into_chunks(built, schedule.num_stages());
+  data_parallel().validate();
+}
+
+}  // namespace quintet::train

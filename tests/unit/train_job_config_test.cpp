@@ -1,0 +1,300 @@
+// train::JobConfig: a job file and the flags that override it, every flag of --help reaching the
+// config, and the jobs the trainers refuse, refused by validate() with a message naming the flag.
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "quintet/parallel/train/job_config.hpp"
+#include "support/catch.hpp"
+
+using namespace quintet;
+using train::JobConfig;
+
+namespace {
+
+// parse_job_args over args (after the program name), the runtime's flags taken out first as a
+// trainer's main does; the exit status, or nullopt to go on.
+std::optional<int> parse(JobConfig* job, std::vector<std::string> args) {
+  args.insert(args.begin(), "trainer");
+  return train::parse_job_args(RuntimeConfig::from({}, args), "test trainer", job);
+}
+
+JobConfig parsed(JobConfig job, const std::vector<std::string>& args) {
+  const std::optional<int> exit = parse(&job, args);
+  INFO("flags rejected");
+  REQUIRE_FALSE(exit.has_value());
+  return job;
+}
+
+// The long flags --help lists, in order.
+std::vector<std::string> help_flags(const JobConfig& defaults) {
+  std::vector<std::string> out;
+  const std::string help = train::job_help(defaults, "test trainer");
+  const std::regex line(R"(^\s+(?:-\w,)?(--[a-z][a-z0-9-]*))");
+  std::istringstream in(help);
+  for (std::string l; std::getline(in, l);) {
+    std::smatch m;
+    if (std::regex_search(l, m, line)) out.push_back(m[1]);
+  }
+  return out;
+}
+
+std::string write_file(const std::string& name, const std::string& text) {
+  const std::string path = (std::filesystem::temp_directory_path() / name).string();
+  std::ofstream(path) << text;
+  return path;
+}
+
+}  // namespace
+
+TEST_CASE("job config: a job file, overridden by the flags given beside it", "[train]") {
+  const std::string path = write_file("quintet_job_config_test.json", R"({
+    "layers": 4, "hidden": 96, "heads": 6, "tp": 2, "dp": 2, "lr-schedule": "wsd",
+    "sp": true, "no-progress": true, "steps": 30, "lr": 0.002, "data-dir": "here"
+  })");
+  const JobConfig job =
+      parsed(JobConfig{}, {"--config", path, "--steps", "50", "--hidden", "120", "--zero", "1"});
+  CHECK(job.model.layers == 4);
+  CHECK(job.model.hidden == 120);  // the flag over the file
+  CHECK(job.model.heads == 6);
+  CHECK(job.parallel.tp == 2);
+  CHECK(job.parallel.dp == 2);
+  CHECK(job.training.lr_schedule == nn::LrSchedule::Kind::wsd);
+  CHECK(job.model.sequence_parallel);
+  CHECK_FALSE(job.observe.progress);
+  CHECK(job.training.steps == 50);
+  CHECK(job.training.lr == 0.002f);
+  CHECK(job.training.zero == 1);
+  CHECK(job.data.dir == "here");
+  CHECK(job.model.vocab == JobConfig{}.model.vocab);  // neither: the default
+  job.validate(4);
+
+  JobConfig bad;
+  // An unknown key, a runtime setting, a nested object, broken JSON, a missing file: exit 2.
+  for (const char* text :
+       {R"({"layer": 4})", R"({"seed": 7})", R"({"model": {"layers": 2}})", R"({"layers": 4,)"}) {
+    INFO(text);
+    CHECK(parse(&bad, {"--config", write_file("quintet_job_config_bad.json", text)}) == 2);
+  }
+  CHECK(parse(&bad, {"--config", "/no/such/job.json"}) == 2);
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("job config: the runtime's seed is the job's, --help exits 0, a bad flag 2", "[train]") {
+  JobConfig job;
+  REQUIRE_FALSE(train::parse_job_args(
+                    RuntimeConfig::from({}, {"trainer", "--seed", "77", "--steps", "3"}), "t", &job)
+                    .has_value());
+  CHECK(job.training.seed == 77);
+  CHECK(job.training.steps == 3);
+  CHECK(parse(&job, {"--help"}) == 0);
+  CHECK(parse(&job, {"--no-such-flag"}) == 2);
+  CHECK(parse(&job, {"--layers", "two"}) == 2);
+  // A value the library's parse function refuses, named by it.
+  CHECK(parse(&job, {"--schedule", "2f2b"}) == 2);
+  CHECK(parse(&job, {"--recompute", "some"}) == 2);
+  // The dense trainer has no MoE flags.
+  CHECK(parse(&job, {"--experts", "4"}) == 2);
+}
+
+TEST_CASE("job config: every flag --help lists reaches the config", "[train]") {
+  // A value other than the default for each flag ("" for a switch). A flag --help lists that is
+  // not here fails the test: add it, with the field it sets.
+  const std::map<std::string, std::string> values = {{"--layers", "3"},
+                                                     {"--hidden", "96"},
+                                                     {"--heads", "8"},
+                                                     {"--vocab", "300"},
+                                                     {"--seq-len", "64"},
+                                                     {"--recompute", "full"},
+                                                     {"--tied-embeddings", ""},
+                                                     {"--micro-batch", "2"},
+                                                     {"--global-batch", "32"},
+                                                     {"--tp", "2"},
+                                                     {"--dp", "2"},
+                                                     {"--cp", "2"},
+                                                     {"--cp-kind", "ulysses"},
+                                                     {"--pp", "2"},
+                                                     {"--vpp", "2"},
+                                                     {"--schedule", "gpipe"},
+                                                     {"--sp", ""},
+                                                     {"--tp-overlap", ""},
+                                                     {"--tp-overlap-chunks", "4"},
+                                                     {"--zero", "1"},
+                                                     {"--lr", "0.002"},
+                                                     {"--warmup", "3"},
+                                                     {"--min-lr", "0.0002"},
+                                                     {"--lr-schedule", "wsd"},
+                                                     {"--decay-fraction", "0.5"},
+                                                     {"--weight-decay", "0.05"},
+                                                     {"--clip", "0.5"},
+                                                     {"--steps", "50"},
+                                                     {"--stop-at", "5"},
+                                                     {"--data", "shards/*.bin"},
+                                                     {"--data-dir", "elsewhere"},
+                                                     {"--synthetic-order", "1"},
+                                                     {"--loader-threads", "3"},
+                                                     {"--save", "ckpt"},
+                                                     {"--async-save", ""},
+                                                     {"--save-every", "10"},
+                                                     {"--resume", "r"},
+                                                     {"--resume-if-exists", "r2"},
+                                                     {"--bucket-mb", "5"},
+                                                     {"--no-overlap", ""},
+                                                     {"--check-batches", ""},
+                                                     {"--bench", ""},
+                                                     {"--bench-skip", "2"},
+                                                     {"--experts", "16"},
+                                                     {"--top-k", "1"},
+                                                     {"--ep", "2"},
+                                                     {"--etp", "1"},
+                                                     {"--capacity-factor", "1.5"},
+                                                     {"--router", "sigmoid"},
+                                                     {"--aux-loss-coeff", "0.02"},
+                                                     {"--z-loss-coeff", "0.002"},
+                                                     {"--aux-free-bias-rate", "0.001"},
+                                                     {"--shared-experts", "1"},
+                                                     {"--expert-ffn", "256"},
+                                                     {"--moe-every", "2"},
+                                                     {"--moe-chunks", "4"},
+                                                     {"--trace", "traces"},
+                                                     {"--trace-steps", "1:2"}};
+  // The runtime's flags (RuntimeConfig::from_args reads them; --seed is tested above), the help
+  // and the job file (tested above); the output switches are checked by their fields below.
+  const std::vector<std::string> elsewhere = {
+      "--help",      "--config",           "--seed", "--device", "--timeout-s",
+      "--log-level", "--check-collectives"};
+  for (const JobConfig& defaults : {JobConfig{}, JobConfig::moe_preset()}) {
+    const std::vector<std::string> flags = help_flags(defaults);
+    CHECK(flags.size() > 50);
+    const auto before = defaults.settings();
+    for (const std::string& flag : flags) {
+      INFO(flag);
+      if (std::find(elsewhere.begin(), elsewhere.end(), flag) != elsewhere.end()) continue;
+      if (flag == "--json") {
+        CHECK(parsed(defaults, {flag}).observe.json);
+        continue;
+      }
+      if (flag == "--no-progress") {
+        CHECK_FALSE(parsed(defaults, {flag}).observe.progress);
+        continue;
+      }
+      const auto v = values.find(flag);
+      REQUIRE(v != values.end());
+      std::vector<std::string> args = {flag};
+      if (!v->second.empty()) args.push_back(v->second);
+      // Exactly this flag's setting changed: the flag reaches its own field, and only it.
+      const auto after = parsed(defaults, args).settings();
+      REQUIRE(after.size() == before.size());
+      int changed = 0;
+      for (std::size_t i = 0; i < after.size(); ++i) {
+        if (after[i] == before[i]) continue;
+        ++changed;
+        CHECK(after[i].first == flag);
+      }
+      CHECK(changed == 1);
+    }
+  }
+  // The MoE trainer's --top-k decides the renormalization of the router's weights.
+  CHECK_FALSE(parsed(JobConfig::moe_preset(), {"--top-k", "1"}).model.moe.router.renormalize);
+  CHECK(parsed(JobConfig::moe_preset(), {"--top-k", "3"}).model.moe.router.renormalize);
+}
+
+TEST_CASE("job config: the jobs the trainers refuse, refused before any communication", "[train]") {
+  // The settings of the trainer tests (tests/example/gpt_train_test.sh), then each bad change.
+  const std::vector<std::string> base = {"--layers",      "2", "--hidden",       "64",
+                                         "--heads",       "4", "--seq-len",      "32",
+                                         "--micro-batch", "2", "--global-batch", "12"};
+  const auto refused = [&](const JobConfig& preset, int world, std::vector<std::string> flags,
+                           const std::string& message) {
+    flags.insert(flags.begin(), base.begin(), base.end());
+    JobConfig job = preset;
+    const std::optional<int> exit = parse(&job, flags);
+    INFO(message);
+    if (exit.has_value()) {  // refused by the flags already (a bad name of a kind)
+      CHECK(*exit == 2);
+      return;
+    }
+    REQUIRE_THROWS_QUINTET(job.validate(world), InvalidArgument, message);
+  };
+  const JobConfig gpt;
+  refused(gpt, 2, {"--tp", "2", "--dp", "2"}, "--tp 2 x --dp 2 = 4 ranks, but the job has 2");
+  refused(gpt, 2, {"--tp", "2", "--heads", "5", "--hidden", "80"},
+          "heads = 5 is not divisible by the tensor-parallel size tp = 2");
+  refused(gpt, 2, {"--tp", "2", "--sp", "--seq-len", "33"},
+          "--seq-len 33 is not divisible by --tp 2");
+  refused(gpt, 1, {"--sp"}, "--sp needs --tp > 1");
+  refused(gpt, 1, {"--micro-batch", "5"},
+          "--global-batch 12 must be a positive multiple of --micro-batch 5");
+  refused(gpt, 1, {"--zero", "3"}, "--zero 3: expected 0, 1 or 2");
+  refused(gpt, 2, {"--tp", "2", "--sp", "--tp-overlap", "--tp-overlap-chunks", "3"},
+          "--tp-overlap-chunks 3 does not divide each rank's sequence of 16 tokens");
+  refused(gpt, 1, {"--tp-overlap-chunks", "0"}, "--tp-overlap-chunks 0: expected a count >= 1");
+  refused(gpt, 1, {"--bucket-mb", "0"}, "--bucket-mb 0: expected a size in MiB");
+  refused(gpt, 2, {"--pp", "4", "--layers", "4"},
+          "--tp 1 x --dp 1 x --pp 4 = 4 ranks, but the job has 2");
+  refused(gpt, 2, {"--pp", "2", "--vpp", "2", "--schedule", "interleaved"},
+          "--layers 2 cannot fill --pp 2 x --vpp 2 = 4 pipeline chunks");
+  refused(gpt, 2, {"--pp", "2", "--schedule", "zb-h1", "--global-batch", "2"},
+          "zb-h1 needs microbatches >= pp");
+  refused(gpt, 2,
+          {"--pp", "2", "--vpp", "2", "--layers", "4", "--schedule", "interleaved",
+           "--global-batch", "6"},
+          "must be a multiple of pp, found 3");
+  refused(gpt, 2, {"--cp", "2", "--seq-len", "30"},
+          "--seq-len 30 is not divisible by 2 x --cp 2 = 4");
+  refused(gpt, 4, {"--cp", "4", "--cp-kind", "ulysses", "--heads", "6", "--hidden", "96"},
+          "heads = 6 is not divisible by tp 1 x cp 4");
+  refused(gpt, 2, {"--cp", "2", "--dp", "2"},
+          "--tp 1 x --cp 2 x --dp 2 x --pp 1 = 4 ranks, but the job has 2");
+  refused(gpt, 1, {"--lr-schedule", "wsd", "--decay-fraction", "0"},
+          "--decay-fraction 0: expected a share in (0, 1]");
+  refused(gpt, 1, {"--vpp", "2"}, "vpp = 2 model chunks per rank needs a pipeline");
+  refused(gpt, 1, {"--resume", "a", "--resume-if-exists", "b"}, "give one of them");
+  refused(gpt, 1, {"--stop-at", "200"}, "--stop-at 200: expected 0 .. --steps 100");
+  refused(gpt, 1, {"--save-every", "5"}, "--save-every 5 needs --save DIR");
+  refused(gpt, 1, {"--trace-steps", "1:2"}, "--trace-steps 1:2 needs --trace DIR");
+  refused(gpt, 1, {"--trace", "t", "--trace-steps", "3:1"}, "--trace-steps 3:1: expected A:B");
+  refused(gpt, 1, {"--vocab", "100"}, "--vocab 100: the built-in dataset has 256 tokens");
+  refused(gpt, 1, {"--lr", "0.001", "--min-lr", "0.01"}, "need lr > 0 and 0 <= min-lr <= lr");
+  refused(gpt, 1, {"--loader-threads", "0"}, "--loader-threads 0: expected >= 1");
+  // The library accepts uneven cuts of the layers over the pipeline chunks, so the job does too.
+  parsed(gpt, {"--layers", "3", "--pp", "2"}).validate(2);
+
+  JobConfig moe = JobConfig::moe_preset();  // with the experts of moe_train_test.sh
+  moe.model.moe.router.experts = 4;
+  refused(moe, 2, {"--dp", "2", "--ep", "2", "--experts", "3"},
+          "3 experts are not divisible by the expert-parallel size ep = 2");
+  refused(moe, 3, {"--dp", "3", "--ep", "3", "--experts", "4", "--global-batch", "6"},
+          "4 experts are not divisible by the expert-parallel size ep = 3");
+  refused(moe, 1, {"--top-k", "5"}, "top_k = 5 is more than the 4 experts");
+  refused(moe, 1, {"--top-k", "9", "--experts", "16"}, "top_k = 9 must be between 1 and 8");
+  refused(moe, 2, {"--dp", "2", "--ep", "2", "--etp", "2"},
+          "--etp 2 x --ep 2 x --pp 1 = 4 does not divide the 2 ranks");
+  refused(moe, 1, {"--moe-chunks", "0"}, "--moe-chunks 0: expected 1 .. 64");
+  parsed(moe, {"--dp", "2", "--ep", "2"}).validate(2);
+}
+
+TEST_CASE("job config: what the library builds from a job", "[train]") {
+  const JobConfig job =
+      parsed(JobConfig{},
+             {"--tp-overlap", "--tp-overlap-chunks", "4", "--bucket-mb", "0.5", "--no-overlap",
+              "--zero", "2", "--global-batch", "32", "--micro-batch", "2", "--dp", "2"});
+  CHECK(job.gpt_config().tp_overlap_chunks == 4);
+  CHECK(parsed(JobConfig{}, {"--tp-overlap-chunks", "4"}).gpt_config().tp_overlap_chunks == 1);
+  CHECK(job.accumulation() == 8);
+  CHECK(job.data_parallel().bucket_bytes == 512 * 1024);
+  CHECK(job.data_parallel().first_bucket_bytes == 512 * 1024);  // never above the others
+  CHECK_FALSE(job.data_parallel().overlap);
+  CHECK(job.data_parallel().zero_stage == 2);
+  CHECK(job.optimizer().hyper.weight_decay == 0.1f);
+  CHECK(job.optimizer().hyper.beta2 == 0.95f);
+  CHECK(job.learning_rate_schedule().total_steps == 100);
+  const JobConfig traced = parsed(JobConfig{}, {"--trace", "t", "--trace-steps", "3:9"});
+  CHECK(traced.traced_steps(0, 5) == std::pair<std::int64_t, std::int64_t>{3, 5});
+  CHECK(job.traced_steps(0, 5).first > job.traced_steps(0, 5).second);  // no trace
+}
