@@ -8,6 +8,8 @@
 // For each operation and size (from --min-bytes to --max-bytes, times --step-factor) it
 //   1. runs the operation once through the Quintet communicator and checks the result against
 //      the expected values on every rank (a wrong result fails the run with exit code 1);
+//      after the timing below, it clears the output, runs it once more and checks it again:
+//      "correct" reports that second check (false fails the run too, after its row);
 //   2. times --iters back-to-back operations, --reps times, after --warmup untimed ones, through
 //      Quintet and through raw NCCL/MPI calls on the same buffers, alternating the two's
 //      repetitions and who goes first in each (ours, raw | raw, ours | ...): CUDA events on the
@@ -256,25 +258,30 @@ int run(quintet::World& world, Options o) {
                 "time_us", "algbw", "busbw", "raw_time_us", "raw_busbw", "ours/raw", "correct",
                 o.check_overhead ? "  checked_us  check_us checked/ours" : "");
   }
+  bool all_correct = true;
   for (Op op : ops) {
     for (double size = static_cast<double>(min_bytes); size <= static_cast<double>(max_bytes);
          size *= o.step_factor) {
       const Buffers b = make_buffers(op, static_cast<std::size_t>(size), dtype, device, me, n);
       if (b.count == 0) continue;  // fewer elements than ranks
-      // 1. Correctness of the first run, agreed by every rank before anything is timed.
-      issue_ours(comm, op, b, stream).wait(stream);
-      stream.synchronize();
-      const std::string error = verify(op, b, me, n);
-      if (!error.empty()) std::fprintf(stderr, "rank %d: %s\n", me, error.c_str());
-      if (max_over_ranks(comm, device, error.empty() ? 0.0 : 1.0) > 0) {
-        if (me == 0) {
+      // One run of ours, checked against the expected values on every rank; true when every
+      // rank's result is right (a wrong one is printed by its rank, and named by rank 0).
+      auto run_and_verify = [&](const char* when) {
+        issue_ours(comm, op, b, stream).wait(stream);
+        stream.synchronize();
+        const std::string error = verify(op, b, me, n);
+        if (!error.empty()) std::fprintf(stderr, "rank %d: %s\n", me, error.c_str());
+        const bool right = max_over_ranks(comm, device, error.empty() ? 0.0 : 1.0) == 0;
+        if (!right && me == 0) {
           std::fprintf(stderr,
-                       "FAILED: %s of %zu bytes (%s) gave a wrong result; see the ranks' "
+                       "FAILED: %s of %zu bytes (%s) gave a wrong result %s; see the ranks' "
                        "messages above\n",
-                       std::string(op_name(op)).c_str(), b.bytes(), o.dtype.c_str());
+                       std::string(op_name(op)).c_str(), b.bytes(), o.dtype.c_str(), when);
         }
-        return 1;
-      }
+        return right;
+      };
+      // 1. Correctness of the first run, agreed by every rank before anything is timed.
+      if (!run_and_verify("on its first run")) return 1;
       // 2. Timing: ours and the raw baseline on the same buffers, repetitions interleaved.
       Work last;
       std::vector<Timed> contenders = {{[&] {
@@ -325,6 +332,11 @@ int run(quintet::World& world, Options o) {
         check_cost_s = median(diffs);
         check_ratio = median(ratios);
       }
+      // The result once more, from a cleared output (broadcast: root 0 keeps its input), after
+      // every timed run: what "correct" reports.
+      if (op != Op::broadcast || me != 0) quintet::Tensor(b.out).fill_(0.0, stream);
+      const bool correct = run_and_verify("after the timed runs");
+      all_correct = all_correct && correct;
       // 3. Report.
       const double bytes = static_cast<double>(b.bytes());
       const double algbw = bytes / ours * 1e-9, busbw = algbw * bus_factor(op, n);
@@ -335,7 +347,7 @@ int run(quintet::World& world, Options o) {
         nlohmann::json row = {
             {"op", op_name(op)},  {"bytes", b.bytes()},    {"dtype", o.dtype},
             {"ranks", n},         {"time_us", ours * 1e6}, {"algbw_gbs", algbw},
-            {"busbw_gbs", busbw}, {"correct", true},       {"device", device.str()}};
+            {"busbw_gbs", busbw}, {"correct", correct},    {"device", device.str()}};
         row["raw_busbw_gbs"] = raw_busbw ? nlohmann::json(*raw_busbw) : nlohmann::json(nullptr);
         row["raw_time_us"] = raw ? nlohmann::json(*raw * 1e6) : nlohmann::json(nullptr);
         row["ratio"] = ratio ? nlohmann::json(*ratio) : nlohmann::json(nullptr);
@@ -356,12 +368,12 @@ int run(quintet::World& world, Options o) {
         std::printf("%-15s %12zu %12lld %10.2f %10.2f %10.2f %12s %10s %9s %8s%s\n",
                     std::string(op_name(op)).c_str(), b.bytes(), static_cast<long long>(b.count),
                     ours * 1e6, algbw, busbw, raw_time.c_str(), raw_bw.c_str(), ratio_text.c_str(),
-                    "yes", check_text.c_str());
+                    correct ? "yes" : "NO", check_text.c_str());
       }
       std::fflush(stdout);
     }
   }
-  return 0;
+  return all_correct ? 0 : 1;
 }
 
 }  // namespace

@@ -8,11 +8,15 @@
 //                                                step spent waiting in next() and the GPU's idle
 //   03_loader_bench --json                       one JSON object per result line
 //
-// Tokens/s counts input tokens delivered (batch x seq_len per step). A file that cannot be read
-// prints the error (file, byte offset, expected and found) and exits with status 1.
+// Tokens/s counts input tokens delivered (batch x seq_len per step). Each loader measurement's
+// first batch (untimed, in the warm-up) is checked against the naive reader: the same windows as
+// the naive loop's first batch, and the same tokens and targets as the naive reader reads for
+// them ("batches_match"; a mismatch fails the run with status 1 after its row). A file that
+// cannot be read prints the error (file, byte offset, expected and found) and exits with status 1.
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -55,6 +59,7 @@ struct Result {
   double seconds = 0;
   double wait_seconds = -1;  // loader: time blocked in next()
   double gpu_idle = -1;      // with --gpu-step-ms: share of GPU time not spent in step kernels
+  std::optional<bool> batches_match;  // loader: its first batch is the naive reader's
 };
 
 double now_s() {
@@ -102,7 +107,24 @@ Result timed(const Options& o, const Device& dev, const Stream& compute, Step&& 
   return r;
 }
 
-void run(const Options& o) {
+// Whether the loader's batch b, the first of a run, is what the naive loop reads first: the same
+// windows, and the same tokens and targets as reader reads for them. compute: b's consumer.
+bool same_as_naive(const Batch& b, const Sampler& sampler, NaiveReader& reader,
+                   const Stream& compute) {
+  const std::vector<SampleRef> first = sampler.batch(0);
+  const bool same_windows =
+      std::equal(first.begin(), first.end(), b.samples.begin(), b.samples.end(),
+                 [](const SampleRef& x, const SampleRef& y) { return x.window == y.window; });
+  std::vector<std::int32_t> tokens(static_cast<std::size_t>(b.tokens.numel()));
+  std::vector<std::int32_t> targets(tokens.size());
+  reader.read_batch(b.samples, tokens.data(), targets.data());
+  compute.synchronize();  // b's copy, where it is on a GPU
+  return same_windows && b.tokens.to_vector<std::int32_t>() == tokens &&
+         b.targets.to_vector<std::int32_t>() == targets;
+}
+
+// Measures and reports; false when a loader's first batch was not the naive reader's.
+bool run(const Options& o) {
   std::string spec = o.data;
   if (spec.empty()) {
     const SyntheticDataset s =
@@ -154,12 +176,14 @@ void run(const Options& o) {
                           {"tokens_per_s", rate},
                           {"speedup_vs_naive", rate / naive_rate}};
       if (wait >= 0) j["wait_fraction"] = wait;
+      if (r.batches_match) j["batches_match"] = *r.batches_match;
       if (r.gpu_idle >= 0) j["gpu_idle_fraction"] = r.gpu_idle;
       fmt::print("{}\n", j.dump());
     } else {
-      fmt::print("{:<8} {:>7} {:>14.4g} {:>8.2f}x {:>10} {:>9}\n", r.mode, r.threads, rate,
+      fmt::print("{:<8} {:>7} {:>14.4g} {:>8.2f}x {:>10} {:>9}{}\n", r.mode, r.threads, rate,
                  rate / naive_rate, wait >= 0 ? fmt::format("{:.2f}%", 100 * wait) : "-",
-                 r.gpu_idle >= 0 ? fmt::format("{:.2f}%", 100 * r.gpu_idle) : "-");
+                 r.gpu_idle >= 0 ? fmt::format("{:.2f}%", 100 * r.gpu_idle) : "-",
+                 r.batches_match.value_or(true) ? "" : "  WRONG BATCHES (not the naive reader's)");
     }
     std::fflush(stdout);
   };
@@ -191,6 +215,8 @@ void run(const Options& o) {
     report(r);
   }
 
+  NaiveReader reference(windows);  // reads the loader's first batches again, to compare
+  bool all_match = true;
   for (int threads : thread_counts) {
     LoaderConfig c;
     c.seq_len = o.seq_len;
@@ -203,11 +229,13 @@ void run(const Options& o) {
     std::vector<Event> step_done;
     if (dev.is_cuda()) step_done.emplace_back(dev), step_done.emplace_back(dev);
     double wait_before = 0;
+    bool match = false;
     Result r = timed(o, dev, compute, [&](int s, bool gpu_step) {
       if (s == std::min(5, o.steps)) wait_before = loader.stats().wait_seconds;  // after warm-up
       if (dev.is_cuda() && s >= 2) step_done[s % 2].synchronize();
       const Batch b = loader.next(compute);
       b.wait(compute);
+      if (s == 0) match = same_as_naive(b, sampler, reference, compute);  // warm-up: untimed
 #if QUINTET_BENCH_GPU_SPIN
       if (gpu_step) gpu_spin(o.gpu_step_ms, b.tokens.data<std::int32_t>(), compute.handle());
 #endif
@@ -217,8 +245,11 @@ void run(const Options& o) {
     r.mode = "loader";
     r.threads = threads;
     r.wait_seconds = loader.stats().wait_seconds - wait_before;
+    r.batches_match = match;
     report(r);
+    all_match = all_match && match;
   }
+  return all_match;
 }
 
 }  // namespace
@@ -242,7 +273,12 @@ int main(int argc, char** argv) {
   app.add_flag("--json", o.json, "one JSON object per result line");
   CLI11_PARSE(app, argc, argv);
   try {
-    run(o);
+    if (!run(o)) {
+      std::fprintf(stderr,
+                   "03_loader_bench: the loader's batches are not what the naive reader "
+                   "reads for the same samples\n");
+      return 1;
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "03_loader_bench: %s\n", e.what());
     return 1;
