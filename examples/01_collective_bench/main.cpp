@@ -16,7 +16,7 @@
 //      caller's stream on a GPU, a steady clock after a barrier on the CPU; a repetition counts as
 //      long as its slowest rank;
 //   3. prints, for both, the median repetition's time per operation, algorithm bandwidth
-//      (bytes / time) and bus bandwidth (nccl-tests' factors), and ours/raw: the median over
+//      (bytes / time) and bus bandwidth (nccl-tests' factors), and raw/ours: the median over
 //      repetitions of raw time / ours time within one repetition pair (1.0 = no overhead). A pair
 //      runs back to back and so shares the machine's state (other load, clock speed), which a
 //      ratio of the two medians, taken from different repetitions, does not.
@@ -251,11 +251,12 @@ int run(quintet::World& world, Options o) {
   if (me == 0 && !o.json) {
     std::printf(
         "# 01_collective_bench: %d ranks, %s, backend %s, dtype %s; %d iters x %d reps "
-        "(medians; ours/raw: median of the repetitions' raw/ours), %d warmup; baseline %s\n",
+        "(medians; raw/ours: median of the repetitions' raw time / ours time, > 1 is ours faster), "
+        "%d warmup; baseline %s\n",
         n, device.str().c_str(), std::string(quintet::backend_name(comm.backend())).c_str(),
         o.dtype.c_str(), o.iters, *o.reps, o.warmup, baseline.name.c_str());
     std::printf("%-15s %12s %12s %10s %10s %10s %12s %10s %9s %8s%s\n", "op", "bytes", "count",
-                "time_us", "algbw", "busbw", "raw_time_us", "raw_busbw", "ours/raw", "correct",
+                "time_us", "algbw", "busbw", "raw_time_us", "raw_busbw", "raw/ours", "correct",
                 o.check_overhead ? "  checked_us  check_us checked/ours" : "");
   }
   bool all_correct = true;

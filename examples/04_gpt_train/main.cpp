@@ -139,6 +139,8 @@ int run(const gpt::TrainConfig& c, quintet::World& world) {
   }
   std::optional<quintet::train::Checkpointer> saver;
   if (!c.save.empty()) saver.emplace(gpt::checkpointer(c, c.save, ckpt_comm));
+  // The pinned buffers of --async-save now, not at the first save (seconds for a large model).
+  if (saver && c.async_save) saver->prepare_async(model, loader);
 
   if (world.rank() == 0 && !c.json) {
     fmt::print(
@@ -171,6 +173,9 @@ int run(const gpt::TrainConfig& c, quintet::World& world) {
   auto take = [](std::optional<quintet::TimedCommunicator>& t) {
     return t ? t->take_stats() : quintet::TimedCommunicator::Stats{};
   };
+  reporter.set_start_peak(
+      gpu ? static_cast<std::int64_t>(quintet::cuda_allocator_stats(device).peak_bytes)
+          : gpt::peak_rss_bytes());
   for (std::int64_t step = start; step < end; ++step) {
     if (saver) saver->check();  // a background save that failed fails this step, on every rank
     gpt::inject_fault(c, step + 1, world.rank());  // --inject-fault (tests only)

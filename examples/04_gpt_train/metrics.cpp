@@ -191,6 +191,14 @@ void Reporter::summary(std::int64_t skip) const {
     }
   }
   const StepRecord& last = records_.back();
+  // Peak memory two ways, as the PyTorch peers report it too: the steady state (the most any
+  // measured step reached; the peak is reset at each step's start) and the whole run (start-up,
+  // warm-up and skipped steps included).
+  std::int64_t steady_peak = 0, run_peak = start_peak_;
+  for (std::size_t i = 0; i < records_.size(); ++i) {
+    if (i >= first) steady_peak = std::max(steady_peak, records_[i].peak_mem_bytes);
+    run_peak = std::max(run_peak, records_[i].peak_mem_bytes);
+  }
   const std::int64_t measured = static_cast<std::int64_t>(records_.size() - first);
   if (json_) {
     nlohmann::json j{
@@ -205,7 +213,8 @@ void Reporter::summary(std::int64_t skip) const {
         {"median_tp_comm_ms", median(tp_comm)},
         {"median_cp_comm_ms", median(cp_comm)},
         {"median_ep_comm_ms", median(ep_comm)},
-        {"peak_mem_bytes", last.peak_mem_bytes},
+        {"peak_mem_bytes", steady_peak},
+        {"run_peak_mem_bytes", run_peak},
         {"grad_mem_bytes", last.grad_mem_bytes}};
     for (std::size_t k = 0; k < kCommKinds.size(); ++k) {
       j["median_comm"][kCommKinds[k]] = {{"comm_ms", median(kind[k][0])},
@@ -221,8 +230,9 @@ void Reporter::summary(std::int64_t skip) const {
   fmt::print(" | median {:.1f} ms/step, {:.0f} tok/s", median(ms), median(tps));
   if (!mfu.empty()) fmt::print(", MFU {:.1f}%", 100 * median(mfu));
   fmt::print(
-      " | dp comm {:.2f} ms, exposed tp comm {:.2f} ms, exposed {:.1f}% | peak mem {} (grads {})\n",
-      median(comm), median(tp_comm), median(exposed), mem_str(last.peak_mem_bytes),
+      " | dp comm {:.2f} ms, exposed tp comm {:.2f} ms, exposed {:.1f}% | peak mem {} (whole "
+      "run {}, grads {})\n",
+      median(comm), median(tp_comm), median(exposed), mem_str(steady_peak), mem_str(run_peak),
       mem_str(last.grad_mem_bytes));
   fmt::print("communication per step (median ms)   in flight    exposed     hidden\n");
   for (std::size_t k = 0; k < kCommKinds.size(); ++k) {

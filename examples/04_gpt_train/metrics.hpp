@@ -93,7 +93,11 @@ class Reporter {
   // A checkpoint save after step: how long the trainer was held by it (async: the snapshot
   // only) and, before it, by the previous background save still writing.
   void saved(std::int64_t step, bool async, double ms, double waited_ms) const;
+  // The peak memory before the first step (start-up: GPU allocator peak or resident set), for
+  // the whole run's peak in the summary.
+  void set_start_peak(std::int64_t bytes) { start_peak_ = bytes; }
   // Median figures over records after skip (all records when too few), then a summary line.
+  // Peak memory: the most a measured step reached (peak_mem_bytes) and the whole run's.
   void summary(std::int64_t skip) const;
   // With --check-collectives: how many operations this rank compared with the other ranks and
   // found matching (quintet::checked_operations()), the evidence that the check ran.
@@ -105,6 +109,7 @@ class Reporter {
   bool active_, json_, progress_;
   std::int64_t total_;
   std::vector<StepRecord> records_;
+  std::int64_t start_peak_ = 0;
 };
 
 // Peak resident memory of this process in bytes (CPU runs).

@@ -4,6 +4,8 @@
 //   linear    - y = x·wᵀ + b, dx = dy·w, dw += dyᵀ·x in bf16 (f32 accumulation, dw f32) at
 //               transformer shapes; ours (quintet::nn::linear_*) vs one cuBLASLt call set up by
 //               hand (raw_cublaslt.hpp). FLOPs = 2·M·N·K per product. Target: ratio >= 0.9.
+//               Each pair is timed --linear-reps times, alternating which runs first; medians
+//               and the ratio's range are printed.
 //   attention - causal self-attention forward and forward+backward in bf16, seq 1024..8192,
 //               head_dim 64 and 128, batch·seq = 16384 tokens, heads = 2048 / head_dim.
 //               FLOP convention (FlashAttention's): forward = 4·b·h·s²·d, halved for causal;
@@ -18,12 +20,13 @@
 //               (experts_bench.hpp, grouped_gemm.hpp), checked against each other first.
 //               FLOPs = 2·rows·N·K summed over the experts; ms are medians.
 //
-//   09_op_bench [--json] [--iters N] [--skip-linear] [--skip-attention] [--skip-experts]
-//               [--experts-only] [--seq 1024 ...] [--head-dim 64 128]
+//   09_op_bench [--json] [--iters N] [--linear-reps R] [--skip-linear] [--skip-attention]
+//               [--skip-experts] [--experts-only] [--seq 1024 ...] [--head-dim 64 128]
 //               [--attention-kernel gemm simt cudnn auto] [--tokens 8192] [--hidden 4096]
 //               [--experts-count 8] [--expert-rows R ...] [--expert-tokens 16384]
 //               [--expert-top-k 2] [--expert-hidden 1024] [--expert-ffn 2816] [--expert-skew 0]
 //               [--expert-grouping shape|expert] [--device 0]
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <functional>
@@ -57,9 +60,48 @@ double time_ms(const Stream& stream, int warmup, int iters, const std::function<
   return stop.elapsed_ms(start) / iters;
 }
 
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Ours against the raw call, measured `reps` times, the order alternating (ours first on even
+// repetitions, raw first on odd ones) so neither always runs on a warmer GPU: the medians of
+// each side's ms, and the median and range of the per-repetition ratios raw ms / ours ms (ours
+// TF/s over theirs: > 1 is ours faster).
+struct LinearTiming {
+  double ours_ms = 0, raw_ms = 0, ratio = 0, ratio_min = 0, ratio_max = 0;
+};
+LinearTiming time_pair(const Stream& s, int reps, int iters, const std::function<void()>& ours,
+                       const std::function<void()>& raw) {
+  std::vector<double> o, r, ratio;
+  for (int rep = 0; rep < reps; ++rep) {
+    double t_ours = 0, t_raw = 0;
+    if (rep % 2 == 0) {
+      t_ours = time_ms(s, 3, iters, ours);
+      t_raw = time_ms(s, 3, iters, raw);
+    } else {
+      t_raw = time_ms(s, 3, iters, raw);
+      t_ours = time_ms(s, 3, iters, ours);
+    }
+    o.push_back(t_ours);
+    r.push_back(t_raw);
+    ratio.push_back(t_raw / t_ours);
+  }
+  LinearTiming t;
+  t.ours_ms = median_of(o);
+  t.raw_ms = median_of(r);
+  t.ratio = median_of(ratio);
+  t.ratio_min = *std::min_element(ratio.begin(), ratio.end());
+  t.ratio_max = *std::max_element(ratio.begin(), ratio.end());
+  return t;
+}
+
 struct Options {
   bool json = false;
   int iters = 20;
+  int linear_reps = 7;  // linear: repetitions of each ours/raw pair, order alternating
   bool skip_linear = false, skip_attention = false, skip_experts = false, experts_only = false;
   int cp_split = 0;  // > 0: also the context-parallel split cost at this cp
   std::vector<std::int64_t> seqs = {1024, 2048, 4096, 8192};
@@ -77,8 +119,13 @@ void bench_linear(const Options& opt, const Stream& s) {
   if (!opt.json) {
     std::printf("linear, bf16 in/out, f32 accumulation (dw in f32), tokens %lld\n",
                 static_cast<long long>(M));
-    std::printf("%-16s %6s %6s %10s %10s %10s %10s %7s\n", "pass", "in", "out", "ours ms",
-                "cuBLASLt", "ours TF/s", "cuBLASLt", "ratio");
+    std::printf(
+        "ms and TF/s: medians of %d repetitions of %d calls, ours and cuBLASLt "
+        "alternating which runs first; ratio = median of the per-repetition ratios "
+        "(ours TF/s / cuBLASLt TF/s), then its range\n",
+        opt.linear_reps, opt.iters);
+    std::printf("%-16s %6s %6s %10s %10s %10s %10s %7s %13s\n", "pass", "in", "out", "ours ms",
+                "cuBLASLt", "ours TF/s", "cuBLASLt", "ratio", "range");
   }
   std::uint64_t seed = 1;
   for (const auto& [in, out] : shapes) {
@@ -111,9 +158,8 @@ void bench_linear(const Options& opt, const Stream& s) {
     };
     const double flops = 2.0 * static_cast<double>(M) * static_cast<double>(in) * out;
     for (const Pass& p : passes) {
-      const double ours = time_ms(s, 3, opt.iters, p.ours);
-      const double raw = time_ms(s, 3, opt.iters, p.raw);
-      const double tf_ours = flops / ours * 1e-9, tf_raw = flops / raw * 1e-9;
+      const LinearTiming t = time_pair(s, opt.linear_reps, opt.iters, p.ours, p.raw);
+      const double tf_ours = flops / t.ours_ms * 1e-9, tf_raw = flops / t.raw_ms * 1e-9;
       if (opt.json) {
         nlohmann::json j{{"bench", "linear"},
                          {"pass", p.name},
@@ -121,16 +167,19 @@ void bench_linear(const Options& opt, const Stream& s) {
                          {"tokens", M},
                          {"in", in},
                          {"out", out},
-                         {"ours_ms", ours},
-                         {"cublaslt_ms", raw},
+                         {"reps", opt.linear_reps},
+                         {"ours_ms", t.ours_ms},
+                         {"cublaslt_ms", t.raw_ms},
                          {"ours_tflops", tf_ours},
                          {"cublaslt_tflops", tf_raw},
-                         {"ratio", tf_ours / tf_raw}};
+                         {"ratio", t.ratio},
+                         {"ratio_min", t.ratio_min},
+                         {"ratio_max", t.ratio_max}};
         std::printf("%s\n", j.dump().c_str());
       } else {
-        std::printf("%-16s %6lld %6lld %10.3f %10.3f %10.1f %10.1f %7.3f\n", p.name,
-                    static_cast<long long>(in), static_cast<long long>(out), ours, raw, tf_ours,
-                    tf_raw, tf_ours / tf_raw);
+        std::printf("%-16s %6lld %6lld %10.3f %10.3f %10.1f %10.1f %7.3f %7.3f-%.3f\n", p.name,
+                    static_cast<long long>(in), static_cast<long long>(out), t.ours_ms, t.raw_ms,
+                    tf_ours, tf_raw, t.ratio, t.ratio_min, t.ratio_max);
       }
     }
   }
@@ -307,6 +356,10 @@ int main(int argc, char** argv) {
       "GEMMs vs cublasGemmGroupedBatchedEx"};
   app.add_flag("--json", opt.json, "print one JSON object per result line");
   app.add_option("--iters", opt.iters, "timed iterations per linear and experts measurement")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--linear-reps", opt.linear_reps,
+                 "linear: repetitions of each ours/cuBLASLt pair (order alternating); medians "
+                 "and the ratio's range are reported")
       ->check(CLI::PositiveNumber);
   app.add_flag("--skip-linear", opt.skip_linear, "do not run the linear benchmark");
   app.add_flag("--skip-attention", opt.skip_attention, "do not run the attention benchmark");

@@ -215,6 +215,23 @@ void Checkpointer::save(std::int64_t step, TrainingModel& model, const data::Dat
   save_checkpoint(dir_, step, tensors, meta, world_, model.stream(), before_commit);
 }
 
+void Checkpointer::fit_host_buffers(const std::vector<NamedTensor>& tensors) {
+  if (host_buffers_.size() != tensors.size()) host_buffers_.assign(tensors.size(), Tensor());
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& t = tensors[i].tensor;
+    Tensor& h = host_buffers_[i];
+    if (!h.defined() || h.shape() != t.shape() || h.dtype() != t.dtype()) {
+      h = t.device().is_cuda() ? Tensor::empty_pinned(t.shape(), t.dtype())
+                               : Tensor::empty(t.shape(), t.dtype());
+    }
+  }
+}
+
+void Checkpointer::prepare_async(TrainingModel& model, const data::DataLoader& loader) {
+  wait();
+  fit_host_buffers(snapshot(0, model, loader, "{}").first);
+}
+
 void Checkpointer::save_async(std::int64_t step, TrainingModel& model,
                               const data::DataLoader& loader, const std::string& user_json,
                               const std::function<void()>& before_commit) {
@@ -225,21 +242,16 @@ void Checkpointer::save_async(std::int64_t step, TrainingModel& model,
                 world_.device().str());
   if (!async_comm_) async_comm_ = world_.split(0, world_.rank(), "checkpoint");
   auto [tensors, meta] = snapshot(step, model, loader, user_json);
-  // The copies the thread writes: reuse the last save's buffers when they fit.
+  // The copies the thread writes, into the buffers of prepare_async or the last save.
   const Stream& stream = model.stream();
   bool gpu = false;
   std::vector<NamedTensor> copies;
-  if (host_buffers_.size() != tensors.size()) host_buffers_.assign(tensors.size(), Tensor());
+  fit_host_buffers(tensors);
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     const Tensor& t = tensors[i].tensor;
-    Tensor& h = host_buffers_[i];
-    const bool cuda = t.device().is_cuda();
-    gpu = gpu || cuda;
-    if (!h.defined() || h.shape() != t.shape() || h.dtype() != t.dtype()) {
-      h = cuda ? Tensor::empty_pinned(t.shape(), t.dtype()) : Tensor::empty(t.shape(), t.dtype());
-    }
-    h.copy_(t, stream);  // GPU: asynchronous on stream, into pinned memory
-    copies.push_back({tensors[i].name, h});
+    gpu = gpu || t.device().is_cuda();
+    host_buffers_[i].copy_(t, stream);  // GPU: asynchronous on stream, into pinned memory
+    copies.push_back({tensors[i].name, host_buffers_[i]});
   }
   std::shared_ptr<Event> copied;
   if (gpu) {

@@ -5,7 +5,8 @@ with synchronous saves and with --async-save (both --save-every N).
   checkpoint_cost.py NONE.jsonl SYNC.jsonl ASYNC.jsonl --every N
 
 Prints the time each save held the trainer (synchronous: the whole save; asynchronous: the
-snapshot, which for the first save includes allocating the pinned buffers), and the median step
+snapshot, plus any wait for the previous save's write), the total of it over the run for both,
+and the median step
 time of the 50 steps after each asynchronous save (while its files are written) and of the last
 50 before the next one, against the same steps of the run without saves.
 """
@@ -42,6 +43,17 @@ def main():
     print("asynchronous save: " + ", ".join(
         f"step {s} snapshot {ms:.0f} ms (after waiting {w:.0f} ms for the previous write)"
         for s, (ms, w) in asyn.items()))
+    # What the trainer waited in all, each save's own time plus its wait for the previous write.
+    sync_total = sum(ms + w for ms, w in sync.values())
+    async_total = sum(ms + w for ms, w in asyn.values())
+    print(f"the trainer waited in all: synchronous {sync_total / 1e3:.2f} s, asynchronous "
+          f"{async_total / 1e3:.2f} s (snapshots and waits for earlier writes), "
+          f"{sync_total / max(async_total, 1e-9):.1f}x less")
+    for s in sorted(asyn):
+        if s in sync:
+            ms, w = asyn[s]
+            print(f"  step {s}: synchronous {sync[s][0] + sync[s][1]:.0f} ms, asynchronous "
+                  f"{ms + w:.0f} ms ({(sync[s][0] + sync[s][1]) / max(ms + w, 1e-9):.1f}x less)")
     for s in sorted(asyn)[:-1]:  # the last save is at the end of the run
         for lo, hi, what in ((s + 1, s + 50, "while its files are written"),
                              (s + a.every - 50, s + a.every - 1, "later (control)")):

@@ -14,9 +14,11 @@ projections 0.02/sqrt(2 layers). bf16 autocast with f32 parameters, fused AdamW,
 Random tokens (speed does not depend on them).
 MFU: (6 N + 12 L d T) FLOPs per token, N = non-embedding parameters, over 989 TFLOP/s per GPU.
 One JSON object per mode: {"impl", "mode", "ranks", "tokens_per_s", "ms", "mfu", "tflops",
-"params", "peak_mem_bytes"}.
+"params", "peak_mem_bytes" (the most the timed steps reached), "run_peak_mem_bytes" (the mode's
+whole run: building, warm-up and compile included)}.
 """
 import argparse
+import gc
 import contextlib
 import json
 import math
@@ -79,6 +81,10 @@ def build(torch, args):
 
 
 def run(torch, args, mode, rank, world, device):
+    # The whole run's peak starts here, not with an earlier mode's leftovers.
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
     GPT = build(torch, args)
     torch.manual_seed(args.seed)
     model = GPT().to(device)
@@ -109,15 +115,22 @@ def run(torch, args, mode, rank, world, device):
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
 
-    torch.cuda.reset_peak_memory_stats(device)
+    # Peak memory two ways, as 04_gpt_train reports it: the steady state (the peak is reset when
+    # the timed steps begin: the most they reach) and the whole run (set-up, warm-up and compile).
     times = []
+    run_peak = 0
     for i in range(args.warmup + args.steps):
+        if i == args.warmup:
+            run_peak = torch.cuda.max_memory_allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)
         torch.cuda.synchronize(device)
         t0 = time.perf_counter()
         step()
         torch.cuda.synchronize(device)
         if i >= args.warmup:
             times.append(time.perf_counter() - t0)
+    steady_peak = torch.cuda.max_memory_allocated(device)
+    run_peak = max(run_peak, steady_peak)
     ms = statistics.median(times) * 1000
     tokens = args.global_batch * args.seq_len
     tps = tokens / (ms / 1000)
@@ -126,7 +139,7 @@ def run(torch, args, mode, rank, world, device):
     return {"impl": "pytorch", "mode": mode, "ranks": world, "tokens_per_s": round(tps, 1),
             "ms": round(ms, 3), "mfu": round(tflops * 1e12 / PEAK, 4), "tflops": round(tflops, 2),
             "params": params, "non_embedding_params": non_embedding,
-            "peak_mem_bytes": torch.cuda.max_memory_allocated(device),
+            "peak_mem_bytes": steady_peak, "run_peak_mem_bytes": run_peak,
             "torch": torch.__version__}
 
 

@@ -22,5 +22,5 @@ run ops_torch 120 python3 scripts/bench/attention_torch.py
 run loader_gpu 120 $ex/03_loader_bench/03_loader_bench --data-dir build/data/synthetic \
   --device cuda:0 --gpu-step-ms 10 --steps 300
 run loader_torch 150 python3 scripts/bench/loader_torch.py --data 'build/data/synthetic/train_*.qts' \
-  --seq-len 1024 --batch 8 --steps 2000 --device cuda:0 \
+  --seq-len 1024 --batch 8 --steps 2000 --device cuda:0 --workers 0,2,4 \
   --quintet-bench $ex/03_loader_bench/03_loader_bench

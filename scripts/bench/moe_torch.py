@@ -44,8 +44,8 @@ position embeddings with only top_k of the E experts counted per MoE block: per 
 4d^2 + 4d (attention) + 4d (2 LayerNorms) + MLP, the MLP E d + top_k 2 d F for MoE blocks (router +
 experts) or 2 d 4d + 4d + d for dense ones; plus 2d (final norm) + d V (head).
 One JSON object per mode: {"impl": "pytorch-moe", "mode", "ranks", "tokens_per_s", "ms", "mfu",
-"tflops", "params" (all), "active_params" (N_active), "non_embedding_params", "peak_mem_bytes",
-"expert_impl", ...}, or {"impl", "mode", "error"} when that mode failed (e.g. torch.compile).
+"tflops", "params" (all), "active_params" (N_active), "non_embedding_params", "peak_mem_bytes"
+(timed steps), "run_peak_mem_bytes" (the whole mode), "expert_impl", ...}, or {"impl", "mode", "error"} when that mode failed (e.g. torch.compile).
 """
 import argparse
 import contextlib
@@ -290,6 +290,8 @@ def check_experts(torch, args, device, grouped_mm):
 
 
 def run(torch, args, mode, rank, world, device, grouped_mm):
+    if device.type == "cuda":  # the whole run's peak starts here (the caller freed the last mode)
+        torch.cuda.reset_peak_memory_stats(device)
     GPT, _ = build(torch, args, grouped_mm)
     torch.manual_seed(args.seed)
     model = GPT().to(device)
@@ -328,10 +330,15 @@ def run(torch, args, mode, rank, world, device, grouped_mm):
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
 
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+    # Peak memory two ways, as 05_moe_train reports it: the steady state (the peak is reset when
+    # the timed steps begin: the most they reach) and the whole run (set-up, warm-up and compile).
+    cuda = device.type == "cuda"
     times = []
+    run_peak = 0
     for i in range(args.warmup + args.steps):
+        if i == args.warmup and cuda:
+            run_peak = torch.cuda.max_memory_allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)
         sync(torch, device)
         t0 = time.perf_counter()
         step()
@@ -346,8 +353,9 @@ def run(torch, args, mode, rank, world, device, grouped_mm):
     return {"impl": IMPL, "mode": mode, "ranks": world, "tokens_per_s": round(tps, 1),
             "ms": round(ms, 3), "mfu": round(tflops * 1e12 / PEAK, 4), "tflops": round(tflops, 2),
             "params": params, "active_params": active, "non_embedding_params": non_embedding,
-            "peak_mem_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda"
-            else 0,
+            "peak_mem_bytes": torch.cuda.max_memory_allocated(device) if cuda else 0,
+            "run_peak_mem_bytes": max(run_peak, torch.cuda.max_memory_allocated(device))
+            if cuda else 0,
             "expert_impl": args.expert_impl, "torch": torch.__version__}
 
 

@@ -70,6 +70,11 @@ class Checkpointer {
   void save_async(std::int64_t step, TrainingModel& model, const data::DataLoader& loader,
                   const std::string& user_json = "{}",
                   const std::function<void()>& before_commit = {});
+  // Allocates the host buffers save_async copies into (GPU: pinned, about the checkpoint's size),
+  // so that the first asynchronous save does not pay for them (seconds for gigabytes of pinned
+  // memory): call it once before training when saves will be asynchronous. Collective over world
+  // (it reads the optimizer's state as a save does: with ZeRO, a gather); copies nothing.
+  void prepare_async(TrainingModel& model, const data::DataLoader& loader);
   // While an asynchronous save is pending: when it has ended on every rank, takes its result
   // (rethrowing its error, on every rank at the same call); else returns. Collective over world
   // then (one small all-reduce), so call it at the same point on every rank (a trainer: once a
@@ -93,6 +98,8 @@ class Checkpointer {
 
  private:
   std::string identity(const TrainingModel& model, const data::DataLoader& loader) const;
+  // host_buffers_ shaped as tensors (kept where they already fit).
+  void fit_host_buffers(const std::vector<NamedTensor>& tensors);
   // What a save writes: this rank's pieces (views of the model's tensors) and rank 0's metadata.
   std::pair<std::vector<NamedTensor>, std::string> snapshot(std::int64_t step, TrainingModel& model,
                                                             const data::DataLoader& loader,
