@@ -391,10 +391,13 @@ AttentionOptions check_attention(const OpChecker& c, const Tensor& q, const Tens
   c.compute_as("v", v, t);
   QUINTET_CHECK(q.dim() == 4, "{}: q has shape {}, expected [batch, heads, seq, head_dim]", c.op(),
                 shape_str(q.shape()));
-  QUINTET_CHECK(
-      k.dim() == 4 && k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.size(3) == q.size(3),
-      "{}: k has shape {}, expected [{}, {}, seq_k, {}] to match q {}", c.op(),
-      shape_str(k.shape()), q.size(0), q.size(1), q.size(3), shape_str(q.shape()));
+  QUINTET_CHECK(k.dim() == 4 && k.size(0) == q.size(0) && k.size(3) == q.size(3),
+                "{}: k has shape {}, expected [{}, kv_heads, seq_k, {}] to match q {}", c.op(),
+                shape_str(k.shape()), q.size(0), q.size(3), shape_str(q.shape()));
+  QUINTET_CHECK(k.size(1) > 0 ? q.size(1) % k.size(1) == 0 : q.size(1) == 0,
+                "{}: k has shape {} with {} heads, which must divide q's {} heads (grouped-query "
+                "attention: each key/value head serves heads / kv_heads query heads; q {})",
+                c.op(), shape_str(k.shape()), k.size(1), q.size(1), shape_str(q.shape()));
   c.shape("v", v, k.shape());
   QUINTET_CHECK(q.size(3) > 0, "{}: head_dim must be > 0, q has shape {}", c.op(),
                 shape_str(q.shape()));

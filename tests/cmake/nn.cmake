@@ -4,3 +4,4 @@ quintet_unit_test(NAME nn_layers_test COMPONENT nn SOURCES unit/nn_layers_test.c
 quintet_unit_test(NAME nn_lr_schedule_test COMPONENT nn SOURCES unit/nn_lr_schedule_test.cpp)
 quintet_unit_test(NAME nn_recompute_test COMPONENT nn SOURCES unit/nn_recompute_test.cpp)
 quintet_unit_test(NAME nn_rope_test COMPONENT nn SOURCES unit/nn_rope_test.cpp)
+quintet_unit_test(NAME nn_gqa_attention_test COMPONENT nn SOURCES unit/nn_gqa_attention_test.cpp)

@@ -8,3 +8,4 @@ quintet_gpu_test(NAME gpu_nn_attention_cudnn_test COMPONENT nn
 quintet_gpu_test(NAME gpu_nn_train_ops_test COMPONENT nn SOURCES gpu/nn_train_ops_test.cpp)
 # RoPE and grouped-query attention on the GPU against the CPU ops.
 quintet_gpu_test(NAME gpu_nn_rope_test COMPONENT nn SOURCES gpu/nn_rope_test.cpp)
+quintet_gpu_test(NAME gpu_nn_gqa_attention_test COMPONENT nn SOURCES gpu/nn_gqa_attention_test.cpp)

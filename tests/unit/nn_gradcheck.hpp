@@ -58,6 +58,20 @@ inline void require_close(const Tensor& actual, const Tensor& expected, double t
   }
 }
 
+// Log-sum-exp rows: -inf where expected is -inf (a row that sees no key), else equal within tol.
+inline void require_lse_close(const Tensor& actual, const Tensor& expected, double tol) {
+  const auto a = actual.to_vector<double>(), e = expected.to_vector<double>();
+  REQUIRE(a.size() == e.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    INFO("lse row " << i);
+    if (std::isinf(e[i])) {
+      REQUIRE((std::isinf(a[i]) && a[i] < 0));
+    } else {
+      REQUIRE(a[i] == Approx(e[i]).epsilon(tol));
+    }
+  }
+}
+
 // ||a - b|| / ||b||.
 inline double rel_error(const Tensor& actual, const Tensor& expected) {
   const auto a = actual.to_vector<double>(), e = expected.to_vector<double>();

@@ -157,7 +157,10 @@ struct AttentionOutput {
   Tensor lse;  // [B, H, Sq] f32: log(sum_j exp(score_ij)) over visible keys; -inf for a row that
                // sees no key (its out row is 0)
 };
-// q [B, H, Sq, D], k and v [B, H, Sk, D], all T. Sq and Sk may differ. Every tensor operand of
+// q [B, H, Sq, D], k and v [B, Hkv, Sk, D], all T. Sq and Sk may differ. Grouped-query attention:
+// Hkv divides H and query head h reads key/value head h / (H / Hkv) (Hkv = H: multi-head, Hkv = 1:
+// multi-query); K and V are read in place for every query head of their group, never repeated in
+// memory. Every tensor operand of
 // the attention ops may be a strided view, such as the heads of a fused [B, S, 3, H, D]
 // projection (transposed to [B, H, S, D]): on a GPU, cuDNN reads and writes such views in place
 // when head_dim is contiguous and each row starts 16-byte aligned; other kernels and the CPU work
@@ -171,8 +174,8 @@ Tensor attention_forward_into(const Tensor& q, const Tensor& k, const Tensor& v,
                               const Stream& stream);
 struct AttentionGrads {
   Tensor dq;  // [B, H, Sq, D] (T)
-  Tensor dk;  // [B, H, Sk, D] (T)
-  Tensor dv;  // [B, H, Sk, D] (T)
+  Tensor dk;  // [B, Hkv, Sk, D] (T): summed over the query heads of each group
+  Tensor dv;  // [B, Hkv, Sk, D] (T)
 };
 // Gradients of one block. out and lse are the outputs the loss saw: for a single block those of
 // attention_forward; for a merged multi-block attention, the MERGED out and lse (flash-attention
@@ -181,7 +184,7 @@ struct AttentionGrads {
 AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
                                   const Tensor& v, const Tensor& out, const Tensor& lse,
                                   const AttentionOptions& options, const Stream& stream);
-// The same, writing the gradients into dq [B, H, Sq, D] and dk, dv [B, H, Sk, D] (T, any strides:
+// The same, writing the gradients into dq [B, H, Sq, D] and dk, dv [B, Hkv, Sk, D] (T, any strides:
 // e.g. the heads of one fused [B, S, 3, H, D] gradient).
 void attention_backward_into(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                              const Tensor& out, const Tensor& lse, const AttentionOptions& options,

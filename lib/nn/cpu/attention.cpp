@@ -1,5 +1,7 @@
-// CPU attention, one (batch, head) at a time: the score matrix is formed whole with Eigen GEMMs
-// (Sq x Sk values per head), masked by global positions, and normalised with its log-sum-exp.
+// CPU attention, one (batch, query head) at a time: the score matrix is formed whole with Eigen
+// GEMMs (Sq x Sk values per head), masked by global positions, and normalised with its log-sum-exp.
+// Grouped-query attention reads the key/value head of each query head's group in place; the
+// backward sums dk and dv over the group.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -51,11 +53,15 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
   dispatch_real(q.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const std::int64_t heads = q.size(0) * q.size(1), sq = q.size(2), sk = k.size(2), d = q.size(3);
+    const std::int64_t group = std::max<std::int64_t>(
+        1, q.size(1) / std::max<std::int64_t>(1, k.size(1)));  // query heads per key/value head
     RowMatrix<T> p(sq, sk);
     for (std::int64_t h = 0; h < heads; ++h) {
+      const std::int64_t kvh =
+          h / group;  // [B, H] flattened: (b H + i) / group = b Hkv + i / group
       const ConstMatMap<T> qm(q.data<T>() + h * sq * d, sq, d);
-      const ConstMatMap<T> km(k.data<T>() + h * sk * d, sk, d);
-      const ConstMatMap<T> vm(v.data<T>() + h * sk * d, sk, d);
+      const ConstMatMap<T> km(k.data<T>() + kvh * sk * d, sk, d);
+      const ConstMatMap<T> vm(v.data<T>() + kvh * sk * d, sk, d);
       probabilities<T>(qm, km, options, nullptr, lse.data<T>() + h * sq, p);
       MatMap<T>(out.data<T>() + h * sq * d, sq, d).noalias() = p * vm;
     }
@@ -68,11 +74,16 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
   dispatch_real(q.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const std::int64_t heads = q.size(0) * q.size(1), sq = q.size(2), sk = k.size(2), d = q.size(3);
+    const std::int64_t group =
+        std::max<std::int64_t>(1, q.size(1) / std::max<std::int64_t>(1, k.size(1)));
     RowMatrix<T> p(sq, sk), ds(sq, sk);
+    mat<T>(dk, dk.numel() / std::max<std::int64_t>(d, 1), d).setZero();  // summed over each group
+    mat<T>(dv, dv.numel() / std::max<std::int64_t>(d, 1), d).setZero();
     for (std::int64_t h = 0; h < heads; ++h) {
+      const std::int64_t kvh = h / group;
       const ConstMatMap<T> qm(q.data<T>() + h * sq * d, sq, d);
-      const ConstMatMap<T> km(k.data<T>() + h * sk * d, sk, d);
-      const ConstMatMap<T> vm(v.data<T>() + h * sk * d, sk, d);
+      const ConstMatMap<T> km(k.data<T>() + kvh * sk * d, sk, d);
+      const ConstMatMap<T> vm(v.data<T>() + kvh * sk * d, sk, d);
       const ConstMatMap<T> om(out.data<T>() + h * sq * d, sq, d);
       const ConstMatMap<T> dom(dout.data<T>() + h * sq * d, sq, d);
       probabilities<T>(qm, km, options, lse.data<T>() + h * sq, nullptr, p);
@@ -81,9 +92,9 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
       ds.noalias() = dom * vm.transpose();
       ds.colwise() -= delta;
       ds = ds.cwiseProduct(p);
-      MatMap<T>(dv.data<T>() + h * sk * d, sk, d).noalias() = p.transpose() * dom;
+      MatMap<T>(dv.data<T>() + kvh * sk * d, sk, d).noalias() += p.transpose() * dom;
       MatMap<T>(dq.data<T>() + h * sq * d, sq, d).noalias() = (ds * km) * T(options.scale);
-      MatMap<T>(dk.data<T>() + h * sk * d, sk, d).noalias() =
+      MatMap<T>(dk.data<T>() + kvh * sk * d, sk, d).noalias() +=
           (ds.transpose() * qm) * T(options.scale);
     }
   });

@@ -40,6 +40,7 @@ struct AttnShape {
   int d;                // head_dim
   int pitch;            // shared-memory row pitch (odd, >= d)
   std::int64_t tiles;   // tiles of this kernel's own side per (batch, head)
+  std::int64_t group;   // query heads per key/value head (grouped-query attention)
   std::int64_t q_offset, k_offset;
   bool causal;
   float scale;
@@ -83,8 +84,8 @@ __global__ void __launch_bounds__(kBlock)
   q += bh * a.sq * d;
   out += bh * a.sq * d;
   lse += bh * a.sq;
-  k += bh * a.sk * d;
-  v += bh * a.sk * d;
+  k += bh / a.group * a.sk * d;  // the key/value head of this query head's group
+  v += bh / a.group * a.sk * d;
 
   load_tile(qs, q, i0, a.sq, d, a.pitch, a.scale);
   float m[kRows], l[kRows], acc[kRows][kDL];
@@ -192,8 +193,8 @@ __global__ void __launch_bounds__(kBlock)
   dq += bh * a.sq * d;
   lse += bh * a.sq;
   delta += bh * a.sq;
-  k += bh * a.sk * d;
-  v += bh * a.sk * d;
+  k += bh / a.group * a.sk * d;
+  v += bh / a.group * a.sk * d;
 
   load_tile(qs, q, i0, a.sq, d, a.pitch, a.scale);
   load_tile(dos, dout, i0, a.sq, d, a.pitch, 1.0f);
@@ -262,8 +263,9 @@ __global__ void __launch_bounds__(kBlock)
   }
 }
 
-// dv_j = sum_i P_ij dout_i, dk_j = scale * sum_i dS_ij q_i. Per key block (32 keys, 4 per warp);
-// lane i of a warp takes query i of each 32-query tile.
+// dv_j = sum_i P_ij dout_i, dk_j = scale * sum_i dS_ij q_i. Per key block (32 keys, 4 per warp) of
+// one key/value head, summed over the query heads of its group; lane i of a warp takes query i of
+// each 32-query tile.
 template <class T, int kDL>
 __global__ void __launch_bounds__(kBlock)
     attention_dkv_kernel(const T* q, const T* k, const T* v, const T* dout, const float* lse,
@@ -275,13 +277,9 @@ __global__ void __launch_bounds__(kBlock)
   float* dos = qs + kTile * a.pitch;
   float* lses = dos + kTile * a.pitch;
   float* deltas = lses + kTile;
-  const std::int64_t bh = blockIdx.x / a.tiles;
+  const std::int64_t bh = blockIdx.x / a.tiles;            // the key/value head
   const std::int64_t j0 = (blockIdx.x % a.tiles) * kTile;  // causal: the first keys do the most
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, d = a.d;
-  q += bh * a.sq * d;
-  dout += bh * a.sq * d;
-  lse += bh * a.sq;
-  delta += bh * a.sq;
   k += bh * a.sk * d;
   v += bh * a.sk * d;
   dk += bh * a.sk * d;
@@ -303,14 +301,22 @@ __global__ void __launch_bounds__(kBlock)
   }
   const float* kw = ks + warp * kRows * a.pitch;
   const float* vw = vs + warp * kRows * a.pitch;
-  for (std::int64_t i0 = istart; i0 < a.sq; i0 += kTile) {
+  // The query tiles from istart on of each query head of the group, one head after the other.
+  const std::int64_t per_head = istart < a.sq ? (a.sq - istart + kTile - 1) / kTile : 0;
+  for (std::int64_t qi = 0; qi < a.group * per_head; ++qi) {
+    const std::int64_t qh = bh * a.group + qi / per_head;
+    const std::int64_t i0 = istart + (qi % per_head) * kTile;
+    const T* qg = q + qh * a.sq * d;
+    const T* dog = dout + qh * a.sq * d;
+    const float* lseg = lse + qh * a.sq;
+    const float* deltag = delta + qh * a.sq;
     __syncthreads();
-    load_tile(qs, q, i0, a.sq, d, a.pitch, a.scale);
-    load_tile(dos, dout, i0, a.sq, d, a.pitch, 1.0f);
+    load_tile(qs, qg, i0, a.sq, d, a.pitch, a.scale);
+    load_tile(dos, dog, i0, a.sq, d, a.pitch, 1.0f);
     if (threadIdx.x < kTile) {
       const std::int64_t i = i0 + threadIdx.x;
-      lses[threadIdx.x] = i < a.sq ? lse[i] : -INFINITY;
-      deltas[threadIdx.x] = i < a.sq ? delta[i] : 0.0f;
+      lses[threadIdx.x] = i < a.sq ? lseg[i] : -INFINITY;
+      deltas[threadIdx.x] = i < a.sq ? deltag[i] : 0.0f;
     }
     __syncthreads();
     float s[kRows], dp[kRows];
@@ -382,6 +388,7 @@ AttnShape make_shape(const Tensor& q, const Tensor& k, const AttentionOptions& o
   a.d = static_cast<int>(q.size(3));
   a.pitch = a.d | 1;
   a.tiles = 0;
+  a.group = k.size(1) > 0 ? q.size(1) / k.size(1) : 1;
   a.q_offset = o.q_offset;
   a.k_offset = o.k_offset;
   a.causal = o.causal;
@@ -514,9 +521,9 @@ void attention_backward_own(const Tensor& dout, const Tensor& q, const Tensor& k
       if (a.sk == 0) return;
       AttnShape ak = a;
       ak.tiles = (a.sk + kTile - 1) / kTile;
-      launch(attention_dkv_kernel<T, kDL>, bh * ak.tiles, tiles_bytes(ak, 4, 2 * kTile), stream,
-             ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(dout), ptr<float>(lse), ptr<float>(delta),
-             ptr<T>(dk), ptr<T>(dv), ak);
+      launch(attention_dkv_kernel<T, kDL>, bh / a.group * ak.tiles, tiles_bytes(ak, 4, 2 * kTile),
+             stream, ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(dout), ptr<float>(lse),
+             ptr<float>(delta), ptr<T>(dk), ptr<T>(dv), ak);
     });
   });
 }

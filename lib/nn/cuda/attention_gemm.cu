@@ -5,10 +5,13 @@
 // recomputes the probabilities from the saved log-sum-exp like flash-attention). See
 // attention_gemm.hpp for the contract.
 //
-// Blocking: (batch, head) pairs in chunks of cb and query rows in blocks of qn, so that one
-// block's scores [cb, qn, kn] (f32, plus the probabilities in the compute dtype) fit in
-// kScoreBudget. A causal query block only multiplies the keys its last row can see (kn <= Sk), so
-// splitting the queries of a causal attention into blocks skips most of the masked half.
+// Blocking: (batch, key/value head) pairs in chunks of cb, each chunk's query heads one group
+// member at a time (grouped-query attention: member g of every key/value head of the chunk in one
+// batched GEMM, so K and V are read in place, never repeated), and query rows in blocks of qn, so
+// that one block's scores [cb, qn, kn] (f32, plus the probabilities in the compute dtype) fit in
+// kScoreBudget. With as many key/value heads as query heads the group has one member. A causal
+// query block only multiplies the keys its last row can see (kn <= Sk), so splitting the queries of
+// a causal attention into blocks skips most of the masked half.
 //
 // cuBLAS is column-major. A row-major [r, c] matrix X with row pitch ld is, to cuBLAS, the
 // column-major c×r matrix Xᵀ with leading dimension ld. Per (batch, head), with row-major
@@ -22,8 +25,8 @@
 //   dV = Pᵀ·dO     <=> dVᵀ (D×kn) = dOᵀ·P: A = dO stored as dOᵀ (D×qn), op_N; B = P stored as Pᵀ
 //                      (kn×qn), op_T: gemm(N, T, m=D, n=kn, k=qn, A=dO lda=D, B=P ldb=kn, C=dV
 //                      ldc=D). dK = dSᵀ·Q is the same with (Q, dS).
-// Batch strides: Q/dO/O/dQ Sq*D (a query block starts q0*D into each), K/V/dK/dV Sk*D, the score
-// buffers qn*kn (compact).
+// Batch strides: Q/dO/O/dQ group*Sq*D (a query block starts q0*D into each), K/V/dK/dV Sk*D, the
+// score buffers qn*kn (compact).
 #include "nn/cuda/attention_gemm.hpp"
 
 #include <algorithm>
@@ -79,12 +82,13 @@ void gemm(cublasHandle_t h, const Gemm& g) {
       CUBLAS_GEMM_DEFAULT));
 }
 
-// One block of score rows: (batch, head) pairs [bh0, bh0 + cb) x query rows [q0, q0 + qn), each
-// row kn keys long (also the row pitch of the score buffers).
+// One block of score rows: the cb (batch, query head) pairs bh0, bh0 + step, ... x query rows
+// [q0, q0 + qn), each row kn keys long (also the row pitch of the score buffers).
 struct Rows {
   std::int64_t qn, kn, q0;
-  std::int64_t sq;   // query rows per (batch, head) of the tensors
-  std::int64_t bh0;  // first (batch, head) pair of the chunk
+  std::int64_t sq;    // query rows per (batch, head) of the tensors
+  std::int64_t bh0;   // first (batch, query head) pair of the block
+  std::int64_t step;  // between the block's (batch, query head) pairs: the group size
   std::int64_t q_offset, k_offset;
   bool causal;
   float scale;
@@ -106,7 +110,7 @@ __global__ void probs_kernel(const float* s, T* p, float* lse, Rows r) {
   __shared__ float scratch[32];
   const std::int64_t row = blockIdx.x;
   const std::int64_t i = r.q0 + row % r.qn;
-  const std::int64_t g = (r.bh0 + row / r.qn) * r.sq + i;
+  const std::int64_t g = (r.bh0 + row / r.qn * r.step) * r.sq + i;
   const std::int64_t jend = visible_keys(r, i);
   s += row * r.kn;
   p += row * r.kn;
@@ -138,7 +142,7 @@ template <class T>
 __global__ void dscores_kernel(const float* dp, T* pds, const T* dout, const T* out, Rows r) {
   __shared__ float scratch[32];
   const std::int64_t row = blockIdx.x;
-  const std::int64_t g = (r.bh0 + row / r.qn) * r.sq + r.q0 + row % r.qn;
+  const std::int64_t g = (r.bh0 + row / r.qn * r.step) * r.sq + r.q0 + row % r.qn;
   float delta = 0.0f;
   for (int c = threadIdx.x; c < r.d; c += blockDim.x) {
     delta += to_float(dout[g * r.d + c]) * to_float(out[g * r.d + c]);
@@ -154,7 +158,7 @@ __global__ void dscores_kernel(const float* dp, T* pds, const T* dout, const T* 
 // lse rows of a block whose queries see no key: -inf.
 __global__ void fill_lse_kernel(float* lse, Rows r, std::int64_t cb) {
   for (std::int64_t idx = global_index(); idx < cb * r.qn; idx += global_stride()) {
-    lse[(r.bh0 + idx / r.qn) * r.sq + r.q0 + idx % r.qn] = -INFINITY;
+    lse[(r.bh0 + idx / r.qn * r.step) * r.sq + r.q0 + idx % r.qn] = -INFINITY;
   }
 }
 
@@ -165,16 +169,19 @@ __global__ void convert_kernel(const float* src, T* dst, std::int64_t n) {
 
 // The blocking of one call (see the file comment).
 struct Plan {
-  std::int64_t bh, sq, sk, d;
-  std::int64_t cb = 1;  // (batch, head) pairs per chunk
-  std::int64_t qn = 1;  // query rows per block
-  std::int64_t es = 0;  // bytes of one element of the compute dtype
+  std::int64_t bh, sq, sk, d;  // bh: (batch, key/value head) pairs
+  std::int64_t group;          // query heads per key/value head
+  std::int64_t cb = 1;         // (batch, key/value head) pairs per chunk
+  std::int64_t qn = 1;         // query rows per block
+  std::int64_t q_blocks = 1;   // blocks of query rows: ceil(sq / qn)
+  std::int64_t es = 0;         // bytes of one element of the compute dtype
   std::size_t score_bytes = 0, probs_offset = 0, total_bytes = 0;
 };
 
 Plan make_plan(const Tensor& q, const Tensor& k, const AttentionOptions& o) {
   Plan p;
-  p.bh = q.size(0) * q.size(1);
+  p.group = q.size(1) / k.size(1);
+  p.bh = q.size(0) * k.size(1);
   p.sq = q.size(2);
   p.sk = k.size(2);
   p.d = q.size(3);
@@ -190,6 +197,7 @@ Plan make_plan(const Tensor& q, const Tensor& k, const AttentionOptions& o) {
   p.qn = std::max<std::int64_t>(1, std::min(p.qn, max_rows));
   const std::int64_t nq = (p.sq + p.qn - 1) / p.qn;
   p.qn = std::max<std::int64_t>(1, (p.sq + nq - 1) / nq);  // balanced blocks
+  p.q_blocks = (p.sq + p.qn - 1) / p.qn;
   const std::int64_t cb_max = std::max<std::int64_t>(1, std::min(p.bh, max_rows / p.qn));
   const std::int64_t chunks = (p.bh + cb_max - 1) / cb_max;
   p.cb = std::max<std::int64_t>(1, (p.bh + chunks - 1) / chunks);
@@ -208,14 +216,16 @@ std::int64_t block_keys(const AttentionOptions& o, std::int64_t q0, std::int64_t
   return std::max<std::int64_t>(0, std::min(e, sk));
 }
 
-Rows make_rows(const Plan& p, const AttentionOptions& o, std::int64_t c0, std::int64_t q0,
-               std::int64_t qn, std::int64_t kn) {
+// c0: the chunk's first (batch, key/value head) pair; g: the group member.
+Rows make_rows(const Plan& p, const AttentionOptions& o, std::int64_t c0, std::int64_t g,
+               std::int64_t q0, std::int64_t qn, std::int64_t kn) {
   Rows r;
   r.qn = qn;
   r.kn = kn;
   r.q0 = q0;
   r.sq = p.sq;
-  r.bh0 = c0;
+  r.bh0 = c0 * p.group + g;
+  r.step = p.group;
   r.q_offset = o.q_offset;
   r.k_offset = o.k_offset;
   r.causal = o.causal;
@@ -236,12 +246,12 @@ void check_grid(std::int64_t blocks) {
   QUINTET_CHECK(blocks <= 0x7fffffff, "attention: {} thread blocks exceed the grid limit", blocks);
 }
 
-// Zeroes rows [q0, q0 + qn) of (batch, head) pairs [c0, c0 + cb) of a [BH, Sq, D] tensor.
-void zero_query_rows(void* base, const Plan& p, std::int64_t c0, std::int64_t cb, std::int64_t q0,
+// Zeroes rows [q0, q0 + qn) of the cb query heads of a block (Rows r) of a [BH, Sq, D] tensor.
+void zero_query_rows(void* base, const Plan& p, const Rows& r, std::int64_t cb, std::int64_t q0,
                      std::int64_t qn, const Stream& stream) {
-  char* first = static_cast<char*>(base) + ((c0 * p.sq + q0) * p.d) * p.es;
-  QUINTET_CUDA_CHECK(cudaMemset2DAsync(first, static_cast<std::size_t>(p.sq * p.d * p.es), 0,
-                                       static_cast<std::size_t>(qn * p.d * p.es),
+  char* first = static_cast<char*>(base) + ((r.bh0 * p.sq + q0) * p.d) * p.es;
+  QUINTET_CUDA_CHECK(cudaMemset2DAsync(first, static_cast<std::size_t>(r.step * p.sq * p.d * p.es),
+                                       0, static_cast<std::size_t>(qn * p.d * p.es),
                                        static_cast<std::size_t>(cb), stream.handle()));
 }
 
@@ -257,14 +267,17 @@ void forward_impl(const Tensor& q, const Tensor& k, const Tensor& v, const Atten
   T* op = ptr<T>(out);
   float* lp = ptr<float>(lse);
   const std::int64_t d = p.d;
+  const std::int64_t q_stride = p.group * p.sq * d;  // between the query heads of a block
   for (std::int64_t c0 = 0; c0 < p.bh; c0 += p.cb) {
     const std::int64_t cb = std::min(p.cb, p.bh - c0);
-    for (std::int64_t q0 = 0; q0 < p.sq; q0 += p.qn) {
+    for (std::int64_t blk = 0; blk < p.group * p.q_blocks; ++blk) {
+      const std::int64_t g = blk / p.q_blocks, q0 = blk % p.q_blocks * p.qn;  // member, rows
       const std::int64_t qn = std::min(p.qn, p.sq - q0);
       const std::int64_t kn = block_keys(o, q0, qn, p.sk);
-      const Rows r = make_rows(p, o, c0, q0, qn, kn);
+      const Rows r = make_rows(p, o, c0, g, q0, qn, kn);
+      const std::int64_t q_first = (r.bh0 * p.sq + q0) * d;
       if (kn == 0) {  // no query row of the block sees a key: out 0, lse -inf
-        zero_query_rows(op, p, c0, cb, q0, qn, stream);
+        zero_query_rows(op, p, r, cb, q0, qn, stream);
         fill_lse_kernel<<<grid_for(cb * qn), kThreads, 0, stream.handle()>>>(lp, r, cb);
         check_launch();
         continue;
@@ -277,9 +290,9 @@ void forward_impl(const Tensor& q, const Tensor& k, const Tensor& v, const Atten
       s.a = kp + c0 * p.sk * d;
       s.lda = d;
       s.stride_a = p.sk * d;
-      s.b = qp + (c0 * p.sq + q0) * d;
+      s.b = qp + q_first;
       s.ldb = d;
-      s.stride_b = p.sq * d;
+      s.stride_b = q_stride;
       s.c = scores;
       s.ldc = kn;
       s.stride_c = qn * kn;
@@ -302,9 +315,9 @@ void forward_impl(const Tensor& q, const Tensor& k, const Tensor& v, const Atten
       pv.b = probs;
       pv.ldb = kn;
       pv.stride_b = qn * kn;
-      pv.c = op + (c0 * p.sq + q0) * d;
+      pv.c = op + q_first;
       pv.ldc = d;
-      pv.stride_c = p.sq * d;
+      pv.stride_c = q_stride;
       pv.batch = cb;
       pv.ab_type = cuda_type<T>();
       pv.c_type = cuda_type<T>();
@@ -337,6 +350,7 @@ void backward_impl(const Tensor& dout, const Tensor& q, const Tensor& k, const T
   T *dqp = ptr<T>(dq), *dkp = ptr<T>(dk), *dvp = ptr<T>(dv);
   float* lp = const_cast<float*>(ptr<float>(lse));  // only read (probs_kernel<T, false>)
   const cudaDataType_t ab = cuda_type<T>();
+  const std::int64_t q_stride = p.group * p.sq * d;  // between the query heads of a block
   for (std::int64_t c0 = 0; c0 < p.bh; c0 += p.cb) {
     const std::int64_t cb = std::min(p.cb, p.bh - c0);
     float* acc_k = kF32 ? reinterpret_cast<float*>(dkp + c0 * p.sk * d) : acc_k_buf;
@@ -344,16 +358,19 @@ void backward_impl(const Tensor& dout, const Tensor& q, const Tensor& k, const T
     const std::size_t chunk_bytes = static_cast<std::size_t>(cb * p.sk * d) * sizeof(float);
     QUINTET_CUDA_CHECK(cudaMemsetAsync(acc_k, 0, chunk_bytes, stream.handle()));
     QUINTET_CUDA_CHECK(cudaMemsetAsync(acc_v, 0, chunk_bytes, stream.handle()));
-    for (std::int64_t q0 = 0; q0 < p.sq; q0 += p.qn) {
+    // dk, dv sum over every query block of every member of the group.
+    for (std::int64_t blk = 0; blk < p.group * p.q_blocks; ++blk) {
+      const std::int64_t gm = blk / p.q_blocks, q0 = blk % p.q_blocks * p.qn;  // member, rows
       const std::int64_t qn = std::min(p.qn, p.sq - q0);
       const std::int64_t kn = block_keys(o, q0, qn, p.sk);
+      const Rows r = make_rows(p, o, c0, gm, q0, qn, kn);
       if (kn == 0) {  // these queries see no key: dq 0, nothing for dk, dv
-        zero_query_rows(dqp, p, c0, cb, q0, qn, stream);
+        zero_query_rows(dqp, p, r, cb, q0, qn, stream);
         continue;
       }
-      const Rows r = make_rows(p, o, c0, q0, qn, kn);
-      const T* qb = qp + (c0 * p.sq + q0) * d;
-      const T* dob = dop + (c0 * p.sq + q0) * d;
+      const std::int64_t q_first = (r.bh0 * p.sq + q0) * d;
+      const T* qb = qp + q_first;
+      const T* dob = dop + q_first;
       const T* kb = kp + c0 * p.sk * d;
       const T* vb = vp + c0 * p.sk * d;
       // "scores" form: C (kn×qn) = op_T(A: [kn, D] rows)·(B: [qn, D] rows)ᵀ, f32.
@@ -368,7 +385,7 @@ void backward_impl(const Tensor& dout, const Tensor& q, const Tensor& k, const T
         g.stride_a = p.sk * d;
         g.b = b;
         g.ldb = d;
-        g.stride_b = p.sq * d;
+        g.stride_b = q_stride;
         g.c = scores;
         g.ldc = kn;
         g.stride_c = qn * kn;
@@ -386,7 +403,7 @@ void backward_impl(const Tensor& dout, const Tensor& q, const Tensor& k, const T
         g.k = qn;
         g.a = x;
         g.lda = d;
-        g.stride_a = p.sq * d;
+        g.stride_a = q_stride;
         g.b = probs;
         g.ldb = kn;
         g.stride_b = qn * kn;
@@ -419,9 +436,9 @@ void backward_impl(const Tensor& dout, const Tensor& q, const Tensor& k, const T
       g.b = probs;
       g.ldb = kn;
       g.stride_b = qn * kn;
-      g.c = dqp + (c0 * p.sq + q0) * d;
+      g.c = dqp + q_first;
       g.ldc = d;
-      g.stride_c = p.sq * d;
+      g.stride_c = q_stride;
       g.batch = cb;
       g.ab_type = ab;
       g.c_type = ab;

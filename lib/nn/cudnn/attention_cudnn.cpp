@@ -11,8 +11,12 @@
 //   D = rowsum(dO ∘ O);  P = exp(S·scale - lse) masked;  dV = Pᵀ·dO;
 //   dS = P ∘ (dO·Vᵀ - D) · scale;  dK = dSᵀ·Q;  dQ = dS·K (accumulated in f32, then cast).
 // The shift (q_offset - k_offset) and the scale are by-value scalars, so one plan serves every
-// offset of a shape. Up to cuDNN 9.15 the backward engine needs an explicit padding mask (with
-// per-batch sequence lengths) when Sk is not a multiple of 128; it is added then.
+// offset of a shape. Grouped-query attention (k, v with Hkv < H heads) is described as cuDNN's
+// frontend describes it: the matmuls broadcast each key/value head over its group of query heads
+// (K and V read in place), and the backward forms dK and dV per query head in virtual [B, H, Sk, D]
+// tensors reduced by addition onto the Hkv heads. Up to cuDNN 9.15 the backward engine needs an
+// explicit padding mask (with per-batch sequence lengths) when Sk is not a multiple of 128; it is
+// added then.
 #include "nn/cudnn/attention_cudnn.hpp"
 
 #include <cuda_runtime.h>
@@ -78,6 +82,7 @@ enum Operand : int { kOpQ, kOpK, kOpV, kOpO, kOpDO, kOpDQ, kOpDK, kOpDV, kOperan
 // of other layouts such as the heads of a fused [B, S, 3, H, D] projection read in place.
 struct Problem {
   std::int64_t b, h, sq, sk, d;
+  std::int64_t hk;  // key/value heads, dividing h
   bool causal;
   std::int64_t shift;
   std::vector<Dims> strides;
@@ -86,7 +91,7 @@ struct Problem {
 // What a plan depends on: direction, device, stream (its handle), shape, the mask's structure
 // (the shift's value is bound at execution) and every operand's strides.
 using PlanKey = std::tuple<bool, int, cudnnHandle_t, std::int64_t, std::int64_t, std::int64_t,
-                           std::int64_t, std::int64_t, bool, bool, std::vector<Dims>>;
+                           std::int64_t, std::int64_t, std::int64_t, bool, bool, std::vector<Dims>>;
 
 struct CachedPlan {
   std::unique_ptr<const ExecutionPlan> plan;  // null: cuDNN cannot run this shape
@@ -124,12 +129,14 @@ Dims contiguous_strides(const Dims& dims) {
 // Tensors of the SDPA graphs, [B, H, rows, cols] row-major unless said; the operands bound at
 // execution have the strides of the call (Problem::strides).
 struct Layouts {
-  Dims q, score, stat, kv, kt, score_t;
-  Dims q_s, score_s, stat_s, kv_s, score_t_s;
+  Dims q, score, stat, kv, kt, score_t, kv_full;
+  Dims q_s, score_s, stat_s, kv_s, score_t_s, kv_full_s;
   explicit Layouts(const Problem& p) {
     q = {p.b, p.h, p.sq, p.d};
-    kv = {p.b, p.h, p.sk, p.d};
-    kt = {p.b, p.h, p.d, p.sk};  // K (or V) [B, H, Sk, D] seen transposed
+    kv = {p.b, p.hk, p.sk, p.d};
+    kt = {p.b, p.hk, p.d, p.sk};      // K (or V) [B, Hkv, Sk, D] seen transposed
+    kv_full = {p.b, p.h, p.sk, p.d};  // dK, dV per query head before the sum over each group
+    kv_full_s = contiguous_strides(kv_full);
     score = {p.b, p.h, p.sq, p.sk};
     score_t = {p.b, p.h, p.sk, p.sq};
     stat = {p.b, p.h, p.sq, 1};
@@ -271,10 +278,21 @@ ExecutionPlan build_backward(const Problem& p, bool padded, cudnnHandle_t handle
   const auto probs = g.virtual_tensor(CUDNN_DATA_FLOAT, l.score, l.score_s);
   g.pointwise(CUDNN_POINTWISE_EXP, CUDNN_DATA_FLOAT, centred, nullptr, nullptr, probs);
 
+  // dK or dV of a grouped-query attention: formed per query head into a virtual tensor, then
+  // summed over each group of heads into out.
+  auto per_query_head = [&](Graph::Tensor out) {
+    return p.hk == p.h ? out : g.virtual_tensor(CUDNN_DATA_BFLOAT16, l.kv_full, l.kv_full_s);
+  };
+  auto sum_groups = [&](Graph::Tensor full, Graph::Tensor out) {
+    if (full != out) g.reduction(CUDNN_REDUCE_TENSOR_ADD, full, out);
+  };
+
   // dV = Pᵀ · dO.
   const auto probs_t = g.virtual_tensor(CUDNN_DATA_BFLOAT16, l.score_t, l.score_t_s);
   g.reshape(probs, probs_t);
-  g.matmul(probs_t, dout, dv, seq_kv, nullptr, seq_q);
+  const auto dv_full = per_query_head(dv);
+  g.matmul(probs_t, dout, dv_full, seq_kv, nullptr, seq_q);
+  sum_groups(dv_full, dv);
 
   // dS = P * (dO · Vᵀ - softmax_sum) * scale.
   const auto dp = g.virtual_tensor(CUDNN_DATA_FLOAT, l.score, l.score_s);
@@ -289,7 +307,9 @@ ExecutionPlan build_backward(const Problem& p, bool padded, cudnnHandle_t handle
   // dK = dSᵀ · Q.
   const auto ds_t = g.virtual_tensor(CUDNN_DATA_BFLOAT16, l.score_t, l.score_t_s);
   g.reshape(ds, ds_t);
-  g.matmul(ds_t, q, dk, seq_kv, nullptr, seq_q);
+  const auto dk_full = per_query_head(dk);
+  g.matmul(ds_t, q, dk_full, seq_kv, nullptr, seq_q);
+  sum_groups(dk_full, dk);
 
   // dQ = dS · K, accumulated in f32.
   const auto k = g.virtual_tensor(CUDNN_DATA_BFLOAT16, l.kv, st[kOpK]);
@@ -312,6 +332,7 @@ bool to_problem(const Tensor& q, const Tensor& k, const AttentionOptions& o,
   }
   p.b = q.size(0);
   p.h = q.size(1);
+  p.hk = k.size(1);
   p.sq = q.size(2);
   p.sk = k.size(2);
   p.d = q.size(3);
@@ -357,9 +378,12 @@ bool to_problem(const Tensor& q, const Tensor& k, const AttentionOptions& o,
 // The cached plan of (direction, stream, problem), built on first use.
 std::shared_ptr<CachedPlan> plan_for(bool backward, const Problem& p, const Stream& stream) {
   const cudnnHandle_t handle = cudnn_handle(stream);
-  const PlanKey key{
-      backward, stream.device().index(), handle, p.b, p.h, p.sq, p.sk, p.d, p.causal, p.shift != 0,
-      p.strides};
+  const PlanKey key{backward,     stream.device().index(),
+                    handle,       p.b,
+                    p.h,          p.hk,
+                    p.sq,         p.sk,
+                    p.d,          p.causal,
+                    p.shift != 0, p.strides};
   PlanCache& cache = plan_cache();
   std::lock_guard<std::mutex> lock(cache.mutex);
   auto it = cache.plans.find(key);

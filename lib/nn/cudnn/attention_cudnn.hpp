@@ -7,13 +7,14 @@
 // aligned — such as the heads of a fused [B, S, 3, H, D] projection, read and written in place;
 // plans are built per layout.
 //
-// What cuDNN runs: bf16 q, k, v with head_dim 64 or 128, any sequence lengths, the full mask or the
-// causal one with q_offset >= k_offset (the diagonal shifted by q_offset - k_offset, so every query
-// sees at least one key: the blocks ring attention computes). Anything else, or a shape for which
-// cuDNN offers no engine, returns false and the caller runs its own kernels. The log-sum-exp is
-// ours (natural log of the sum of exp of the scaled scores over visible keys): cuDNN's softmax
-// statistics are built in the graph as exactly that. Execution plans are cached per (device,
-// stream, shape, mask kind); thread-safe. C++17.
+// What cuDNN runs: bf16 q, k, v with head_dim 64 or 128, as many or fewer key/value heads than
+// query heads (grouped-query attention, K and V never repeated in memory), any sequence lengths,
+// the full mask or the causal one with q_offset >= k_offset (the diagonal shifted by q_offset -
+// k_offset, so every query sees at least one key: the blocks ring attention computes). Anything
+// else, or a shape for which cuDNN offers no engine, returns false and the caller runs its own
+// kernels. The log-sum-exp is ours (natural log of the sum of exp of the scaled scores over visible
+// keys): cuDNN's softmax statistics are built in the graph as exactly that. Execution plans are
+// cached per (device, stream, shape, mask kind); thread-safe. C++17.
 #pragma once
 
 #include <string>
