@@ -44,6 +44,10 @@ class MpiCommunicator final : public Communicator {
   Work barrier(const Stream& s) override;
   std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override;
 
+  // How many of this communicator's operations its progress thread has begun running itself
+  // (not a caller that waited for them): tests/mpi/collectives_failure_test.cpp waits for it.
+  std::uint64_t started_by_thread() const { return thread_.started_by_thread(); }
+
  private:
   // "all_reduce #3 (10 x f32) on communicator 'dp' (mpi, 4 ranks)"
   std::string describe(std::string_view op, const Tensor* t);

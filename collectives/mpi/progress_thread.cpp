@@ -340,6 +340,7 @@ void ProgressThread::loop(std::shared_ptr<OpQueue> q) {
     OpQueue::Task task = std::move(q->tasks.front());
     q->tasks.pop_front();
     q->running.store(true, std::memory_order_relaxed);
+    q->started_by_thread.fetch_add(1, std::memory_order_release);
     lock.unlock();
     q->run(task);
     lock.lock();

@@ -30,6 +30,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <deque>
 #include <exception>
 #include <functional>
@@ -80,6 +81,9 @@ struct OpQueue {
   bool stop = false;
   bool exited = false;
   std::string first_failure;  // empty while every operation has succeeded
+  // Operations the thread has begun running itself (not a waiting caller); read by tests, to
+  // know that an operation is in the thread's hands (its waits then only sleep).
+  std::atomic<std::uint64_t> started_by_thread{0};
   // The deadline of an unbounded wait, and the job's failure channel (null: none). Set by
   // ProgressThread's constructor.
   std::chrono::nanoseconds wait_timeout{std::chrono::seconds(300)};
@@ -153,6 +157,10 @@ class ProgressThread {
   bool stop_and_join(double timeout_s) noexcept;
   // True when a wait timed out or an operation failed (the queue is poisoned), or the job fails.
   bool broken() const;
+  // How many operations the thread has begun running itself (OpQueue::started_by_thread).
+  std::uint64_t started_by_thread() const {
+    return queue_->started_by_thread.load(std::memory_order_acquire);
+  }
 
  private:
   static void loop(std::shared_ptr<OpQueue> queue);

@@ -6,6 +6,6 @@ if(TARGET quintet_python)
   add_test(NAME python_loader_test
            COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/python/loader_test.py)
   set_tests_properties(python_loader_test PROPERTIES
-    LABELS "unit;python;data" TIMEOUT 300
+    LABELS "unit;python;data" TIMEOUT 300 RUN_SERIAL TRUE  # timing-sensitive: the GIL test
     ENVIRONMENT "PYTHONPATH=${PROJECT_BINARY_DIR}/python;QUINTET_DUMP_BATCHES=$<TARGET_FILE:python_dump_batches>")
 endif()

@@ -7,6 +7,9 @@ quintet_mpi_test(NAME collectives_failure_test COMPONENT reliability RANKS 2 3 T
 target_link_libraries(collectives_failure_test PRIVATE quintet_collectives_private)
 set_property(TEST collectives_failure_test_np2 collectives_failure_test_np3 APPEND PROPERTY
              LABELS collectives)
+# Timing-sensitive (waits measured against deadlines), as are the scripts below: run alone.
+set_tests_properties(collectives_failure_test_np2 collectives_failure_test_np3 PROPERTIES
+                     RUN_SERIAL TRUE)
 
 # The examples are added after the tests: their targets are looked up at generate time.
 if(QUINTET_BUILD_EXAMPLES)
@@ -20,7 +23,8 @@ if(QUINTET_BUILD_EXAMPLES)
                          LABELS "mpi;reliability;example" TIMEOUT 180
                          PASS_REGULAR_EXPRESSION "trainer_failure_test ${case}: PASS"
                          SKIP_REGULAR_EXPRESSION "trainer_failure_test: SKIP"
-                         ENVIRONMENT "OMPI_MCA_rmaps_base_oversubscribe=1")
+                         ENVIRONMENT "OMPI_MCA_rmaps_base_oversubscribe=1" RUN_SERIAL TRUE)
+    quintet_mpi_processors(3 reliability_trainer_${case})  # dp 3 at most
   endforeach()
 endif()
 
@@ -33,7 +37,8 @@ add_test(NAME reliability_world_failure
                  ${QUINTET_MPIRUN_FLAGS})
 set_tests_properties(reliability_world_failure PROPERTIES LABELS "mpi;reliability;collectives"
                      TIMEOUT 300 PASS_REGULAR_EXPRESSION "world_failure_test: PASS"
-                     ENVIRONMENT "OMPI_MCA_rmaps_base_oversubscribe=1")
+                     ENVIRONMENT "OMPI_MCA_rmaps_base_oversubscribe=1" RUN_SERIAL TRUE)
+quintet_mpi_processors(3 reliability_world_failure)
 
 # The collective-consistency debug mode (--check-collectives): mismatches name both ranks, a
 # skipped operation is "rank k never reached seq s", matched operations give the right results.
@@ -52,4 +57,5 @@ if(QUINTET_BUILD_EXAMPLES)
                        PASS_REGULAR_EXPRESSION "check_collectives_trainer_test: PASS"
                        SKIP_REGULAR_EXPRESSION "check_collectives_trainer_test: SKIP"
                        ENVIRONMENT "OMPI_MCA_rmaps_base_oversubscribe=1")
+  quintet_mpi_processors(4 reliability_check_collectives_trainer)
 endif()
