@@ -13,48 +13,49 @@
 
 namespace gpt {
 
-quintet::train::Checkpointer checkpointer(const TrainConfig& c, const std::string& dir,
-                                          quintet::Communicator& world) {
+quintet::train::Checkpointer checkpointer(const quintet::train::JobConfig& job,
+                                          const std::string& dir, quintet::Communicator& world) {
   // The data spec may hold ';' or '=' (a list of shards): keep only what cannot clash.
-  std::string data = c.data.empty() ? "builtin:" + c.data_dir : c.data;
+  std::string data = job.data.shards.empty() ? "builtin:" + job.data.dir : job.data.shards;
   for (char& ch : data) {
     if (ch == ';' || ch == '=' || ch == '"' || ch == '\\') ch = '_';
   }
   // (The global batch is in the library's identity already.)
   return quintet::train::Checkpointer(
-      dir, world, fmt::format("data={};synthetic_order={}", data, c.synthetic_order));
+      dir, world, fmt::format("data={};synthetic_order={}", data, job.data.synthetic_order));
 }
 
-std::string run_metadata(const TrainConfig& c) {
-  return nlohmann::json{{"lr", c.lr}, {"steps", c.steps}}.dump();
+std::string run_metadata(const quintet::train::JobConfig& job) {
+  return nlohmann::json{{"lr", job.training.lr}, {"steps", job.training.steps}}.dump();
 }
 
-std::function<void()> exit_during_save(const TrainConfig& c, std::int64_t step) {
-  if (c.exit_during_save != step) return {};
+std::function<void()> exit_during_save(const quintet::train::JobConfig& job, std::int64_t step) {
+  if (job.checkpoint.exit_during_save != step) return {};
   return [step] {
     quintet::log::warn("--exit-during-save {}: exiting before the checkpoint is committed", step);
     std::_Exit(3);
   };
 }
 
-void inject_fault(const TrainConfig& c, std::int64_t step, int rank) {
-  if (c.inject_fault.empty()) return;
+void inject_fault(const quintet::train::JobConfig& job, std::int64_t step, int rank) {
+  if (job.observe.inject_fault.empty()) return;
   char kind[16] = {};
   long long at_step = 0;
   int at_rank = 0;
-  QUINTET_CHECK(
-      std::sscanf(c.inject_fault.c_str(), "%15[a-z]:%lld:%d", kind, &at_step, &at_rank) == 3 &&
-          (std::strcmp(kind, "throw") == 0 || std::strcmp(kind, "stop") == 0),
-      "--inject-fault {}: expected KIND:STEP:RANK with KIND throw or stop", c.inject_fault);
+  QUINTET_CHECK(std::sscanf(job.observe.inject_fault.c_str(), "%15[a-z]:%lld:%d", kind, &at_step,
+                            &at_rank) == 3 &&
+                    (std::strcmp(kind, "throw") == 0 || std::strcmp(kind, "stop") == 0),
+                "--inject-fault {}: expected KIND:STEP:RANK with KIND throw or stop",
+                job.observe.inject_fault);
   if (step != at_step || rank != at_rank) return;
   if (std::strcmp(kind, "stop") == 0) {
     quintet::log::warn("--inject-fault {}: rank {} stops itself (SIGSTOP) at step {}",
-                       c.inject_fault, rank, step);
+                       job.observe.inject_fault, rank, step);
     std::raise(SIGSTOP);
     return;
   }
   QUINTET_THROW(InvalidArgument, "--inject-fault {}: rank {} fails on its own at step {}",
-                c.inject_fault, rank, step);
+                job.observe.inject_fault, rank, step);
 }
 
 }  // namespace gpt

@@ -1,5 +1,6 @@
-// Saving and resuming a run of 04_gpt_train through the library's Checkpointer: what this trainer
-// adds to the run's identity (the dataset, the global batch) and to the checkpoint's metadata.
+// Saving and resuming a run of 04_gpt_train or 05_moe_train through the library's Checkpointer:
+// what this trainer adds to the run's identity (the dataset, the global batch) and to the
+// checkpoint's metadata.
 #pragma once
 
 #include <cstdint>
@@ -8,25 +9,25 @@
 
 #include "quintet/collectives/communicator.hpp"
 #include "quintet/parallel/train/checkpointer.hpp"
-#include "train_config.hpp"
+#include "quintet/parallel/train/job_config.hpp"
 
 namespace gpt {
 
-// The Checkpointer of dir (config.save or config.resume) for this run: a resume refuses a
+// The Checkpointer of dir (--save or --resume) for this run: a resume refuses a
 // checkpoint of another model, layout, batch, seed or dataset, naming the field.
-quintet::train::Checkpointer checkpointer(const TrainConfig& config, const std::string& dir,
-                                          quintet::Communicator& world);
+quintet::train::Checkpointer checkpointer(const quintet::train::JobConfig& job,
+                                          const std::string& dir, quintet::Communicator& world);
 
 // What a checkpoint records beyond the library's part (a JSON object: the run's lr and steps).
-std::string run_metadata(const TrainConfig& config);
+std::string run_metadata(const quintet::train::JobConfig& job);
 
 // --exit-during-save: the before_commit hook that kills the process while saving `step` (for the
 // test that an interrupted save never replaces a good checkpoint); empty for other steps.
-std::function<void()> exit_during_save(const TrainConfig& config, std::int64_t step);
+std::function<void()> exit_during_save(const quintet::train::JobConfig& job, std::int64_t step);
 
 // --inject-fault KIND:STEP:RANK: at the start of step `step` (1-based) on rank `rank`, throws an
 // error (throw) or stops this process with SIGSTOP (stop); does nothing elsewhere. For the tests
 // that one failing or stopped rank ends the job with its message instead of a hang.
-void inject_fault(const TrainConfig& config, std::int64_t step, int rank);
+void inject_fault(const quintet::train::JobConfig& job, std::int64_t step, int rank);
 
 }  // namespace gpt

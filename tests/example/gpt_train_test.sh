@@ -321,7 +321,7 @@ assert sorted({e['pid'] for e in t['traceEvents']}) == [0, 1, 2, 3], 'ranks'"
     expect_error 1 "--bucket-mb 0: expected a size in MiB" --steps 1 --bucket-mb 0
     expect_error 2 "--tp 1 x --dp 1 x --pp 4 = 4 ranks, but the job has 2" --steps 1 --pp 4 \
       --layers 4
-    expect_error 2 "--layers 2 is not divisible by --pp 2 x --vpp 2 = 4 pipeline chunks" \
+    expect_error 2 "--layers 2 cannot fill --pp 2 x --vpp 2 = 4 pipeline chunks" \
       --steps 1 --pp 2 --vpp 2 --schedule interleaved
     expect_error 2 "zb-h1 needs microbatches >= pp" --steps 1 --pp 2 --schedule zb-h1 \
       --global-batch 2

@@ -15,6 +15,9 @@
 //     const auto r = model.step(loader);             // r.loss: the global batch's mean loss
 //   }
 //
+// A trainer with flags builds it from a JobConfig (job_config.hpp) instead:
+//   train::TrainingModel model(job, mesh, stream);   // TrainingConfig::from_job(job)
+//
 // One step (step()) is pipeline::train_step (train_step.hpp): the schedule over the step's
 // microbatches with each stage's gradient reduction overlapped, one global gradient norm and the
 // clipped (ZeRO-sharded) AdamW update, and the loss of the global batch on every rank. The parts
