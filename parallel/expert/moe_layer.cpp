@@ -461,11 +461,13 @@ Tensor MoELayer::backward(nn::Context& ctx, const Tensor& dy) {
     const double tokens = static_cast<double>(T) * (sp ? tpn : 1);
     add_z_loss_grad(logits, rc, static_cast<float>(ctx.loss_scale() / tokens), dlogits, s);
   }
-  const Tensor xf = nn::cast(x2, DType::f32, s);
+  // The router's gradient in its gradient's dtype: f32 (bf16 and f32 layers), f64 (f64 layers).
+  const DType gdt = nn::accum_dtype(x2.dtype());
+  const Tensor xg = nn::cast(x2, gdt, s), dlogits_g = nn::cast(dlogits, gdt, s);
   nn::accumulate_gradients(
       ctx, {router_},
       [&](const std::vector<Tensor>& g, const Stream& st) {
-        nn::linear_backward_weight(dlogits, xf, g[0], Tensor(), st);
+        nn::linear_backward_weight(dlogits_g, xg, g[0], Tensor(), st);
       },
       nn::GradTiming::now);
   const Tensor dx_router =
