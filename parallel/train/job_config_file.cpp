@@ -2,6 +2,8 @@
 // dashes, read by CLI11 as a config file, so the flags given on the command line override it.
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+
 #include "parallel/train/internal/job_flags.hpp"
 
 namespace quintet::train::internal {
@@ -18,7 +20,19 @@ std::vector<CLI::ConfigItem> JsonJobFile::from_config(std::istream& input) const
         "the job file must hold one JSON object of settings, {\"flag-name\": value, ...}");
   }
   std::vector<CLI::ConfigItem> items;
+  const auto among = [](const std::vector<std::string>& names, const std::string& key) {
+    return std::find(names.begin(), names.end(), key) != names.end();
+  };
   for (const auto& [key, value] : file.items()) {
+    if (among(runtime_, key)) {
+      throw CLI::ConfigError("the job file's \"" + key + "\" is a runtime setting: give --" + key +
+                             " on the command line (or its QUINTET_ environment variable)");
+    }
+    if (!among(settings_, key)) {
+      throw CLI::ConfigError("the job file's \"" + key +
+                             "\" is not a setting: its keys are the flags' names without the "
+                             "dashes (--help lists them)");
+    }
     CLI::ConfigItem item;
     item.name = key;
     if (value.is_string()) {

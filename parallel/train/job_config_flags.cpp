@@ -49,7 +49,6 @@ CLI::Option* add_switch(CLI::App& app, const std::string& flag, bool* value,
 void add_job_flags(CLI::App& app, JobConfig& job) {
   // A flag given twice takes its last value, so wrappers (scripts/demo.sh) can be overridden.
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  app.config_formatter(std::make_shared<JsonJobFile>());
   app.allow_config_extras(CLI::config_extras_mode::error);
   app.set_config("--config", "",
                  "a JSON job file, {\"flag-name\": value, ...}; the flags given here override it");
@@ -226,6 +225,15 @@ void add_job_flags(CLI::App& app, JobConfig& job) {
                  "the steps --trace records, A:B (1-based, inclusive; default 2:4)")
       ->capture_default_str();
   app.add_flag("!--no-progress", job.observe.progress, "no progress bar");
+  // The job file takes every flag but the help, itself and the runtime's.
+  std::vector<std::string> settings, runtime;
+  for (const CLI::Option* opt : app.get_options()) {
+    if (opt->get_lnames().empty() || opt->get_lnames().front() == "help" ||
+        opt == app.get_config_ptr())
+      continue;
+    (opt->get_configurable() ? settings : runtime).push_back(opt->get_lnames().front());
+  }
+  app.config_formatter(std::make_shared<JsonJobFile>(std::move(settings), std::move(runtime)));
 }
 
 }  // namespace internal

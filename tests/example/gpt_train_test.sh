@@ -13,7 +13,8 @@
 #               steps 11..20; asynchronous saves (--async-save) write byte-identical checkpoints,
 #               and one that fails to write fails the next step on every rank
 #   bad_flags   inconsistent flags are refused with a message naming them, ranks started with
-#               different flags too; --lr-schedule wsd gives the library schedule's rates
+#               different flags too; --lr-schedule wsd gives the library schedule's rates; a job
+#               file (--config) trains as its flags do, and the flags beside it override it
 #   trace       --trace writes valid per-rank traces (tp 2 x dp 2, pp 2 x dp 2) whose ranges lie in
 #               their steps, the per-kind communication figures add up, a straggler is named,
 #               tracing leaves the losses unchanged; merge_traces.py and plot_timeline.py run
@@ -338,6 +339,19 @@ assert sorted({e['pid'] for e in t['traceEvents']}) == [0, 1, 2, 3], 'ranks'"
     expect_error 1 "unknown learning-rate schedule 'step'" --steps 1 --lr-schedule step
     expect_error 1 "--decay-fraction 0: expected a share in (0, 1]" --steps 1 --lr-schedule wsd \
       --decay-fraction 0
+    # A job file (--config) trains as its flags do, and flags beside it override it; a bad key
+    # in it is refused like a bad flag (exit 2).
+    run flags 2 --steps 3 --tp 2 --lr-schedule wsd --sp --warmup 1
+    printf '{"steps": 5, "tp": 2, "lr-schedule": "wsd", "sp": true, "warmup": 2}\n' >job.json
+    run file 2 --config job.json --steps 3 --warmup 1
+    compare flags file 1 3 0
+    printf '{"step": 5}\n' >bad_job.json
+    set +e
+    "$mpiexec" "${mpi_flags[@]}" -np 1 "$trainer" "${model[@]}" --config bad_job.json \
+      >/dev/null 2>bad_job.err
+    status=$?
+    set -e
+    test "$status" -eq 2 && grep -q '"step" is not a setting' bad_job.err || { cat bad_job.err; exit 1; }
     # --resume needs a checkpoint; --resume-if-exists starts fresh without one.
     expect_error 1 "--resume no_such_dir: no such directory; use --resume-if-exists" --steps 1 \
       --resume no_such_dir

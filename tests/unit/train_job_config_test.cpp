@@ -75,9 +75,10 @@ TEST_CASE("job config: a job file, overridden by the flags given beside it", "[t
   job.validate(4);
 
   JobConfig bad;
-  // An unknown key, a runtime setting, a nested object, broken JSON, a missing file: exit 2.
-  for (const char* text :
-       {R"({"layer": 4})", R"({"seed": 7})", R"({"model": {"layers": 2}})", R"({"layers": 4,)"}) {
+  // An unknown key, a runtime setting, a nested object, broken JSON, not an object, a list, a
+  // missing file: exit 2, rank 0 printing what is wrong.
+  for (const char* text : {R"({"layer": 4})", R"({"seed": 7})", R"({"model": {"layers": 2}})",
+                           R"({"layers": 4,)", R"([4])", R"({"layers": [4]})"}) {
     INFO(text);
     CHECK(parse(&bad, {"--config", write_file("quintet_job_config_bad.json", text)}) == 2);
   }
