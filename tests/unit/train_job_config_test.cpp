@@ -7,7 +7,9 @@
 #include <map>
 #include <optional>
 #include <regex>
+#include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "quintet/parallel/train/job_config.hpp"
