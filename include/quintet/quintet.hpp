@@ -71,6 +71,7 @@
 #include "quintet/parallel/tensor/regions.hpp"
 #include "quintet/parallel/tensor/vocab.hpp"
 #include "quintet/parallel/train/checkpointer.hpp"
+#include "quintet/parallel/train/job_config.hpp"
 #include "quintet/parallel/train/training_model.hpp"
 
 // The NCCL interop header includes nccl.h: only in a build with NCCL, and only where nccl.h is on
