@@ -107,6 +107,8 @@ endif()
 target_link_libraries(quintet_nn PRIVATE Eigen3::Eigen)
 # parallel: the job config's flags and job file (train::JobConfig), header-only.
 target_link_libraries(quintet_parallel PRIVATE CLI11::CLI11 nlohmann_json::nlohmann_json)
+# collectives: the flight recorder's dumps (flight_recorder.cpp), header-only.
+target_link_libraries(quintet_collectives PRIVATE nlohmann_json::nlohmann_json)
 if(QUINTET_HAS_CUDA)
   target_link_libraries(quintet_nn PRIVATE CUDA::cublasLt CUDA::cublas)
 endif()

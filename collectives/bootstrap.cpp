@@ -10,6 +10,8 @@
 #include <thread>
 #include <utility>
 
+#include "collectives/flight_recorder.hpp"
+#include "collectives/flight_signal.hpp"
 #include "collectives/mpi/job_monitor.hpp"
 #include "collectives/tcp_store.hpp"
 #include "quintet/collectives/checked_communicator.hpp"
@@ -136,6 +138,8 @@ World& World::operator=(World&& other) noexcept {
   device_comm_ = std::move(other.device_comm_);
   comm_ = std::exchange(other.comm_, nullptr);
   monitor_ = std::move(other.monitor_);
+  flight_signal_ = std::move(other.flight_signal_);
+  flight_ = std::move(other.flight_);
   uncaught_at_init_ = other.uncaught_at_init_;
   finalizer_ = std::move(other.finalizer_);
   return *this;
@@ -183,6 +187,10 @@ void World::fail(const std::exception& error, int exit_code) noexcept {
   monitor_->abort_job(exit_code);
 }
 
+std::string World::dump_flight(std::string_view reason) const noexcept {
+  return flight_ ? flight_->dump(reason) : std::string();
+}
+
 Communicator& World::cpu_comm() const {
   QUINTET_CHECK(cpu_comm_ != nullptr,
                 "World::cpu_comm: this job was launched with RANK/WORLD_SIZE (no MPI), so it has "
@@ -204,6 +212,7 @@ World init(const RuntimeConfig& config) {
   MpiOptions mpi_options;
   mpi_options.timeout_s = config.timeout_s;
   mpi_options.idle_start_delay_us = config.mpi_idle_start_us;
+  mpi_options.flight_size = config.flight_size;
 
   if (w.info_.launcher == Launcher::mpi) {
     if (start_mpi()) w.finalizer_ = std::make_unique<detail::MpiFinalizer>();
@@ -216,8 +225,12 @@ World init(const RuntimeConfig& config) {
     QUINTET_MPI_CHECK(MPI_Comm_size(node, &w.info_.local_size));
     QUINTET_MPI_CHECK(MPI_Comm_free(&node));
     if (w.info_.size > 1) {
-      w.monitor_ = std::make_shared<detail::JobMonitor>(MPI_COMM_WORLD);
+      w.flight_ = std::make_shared<detail::FlightRegistry>(w.info_.rank, w.info_.size,
+                                                           config.flight_dir, config.flight_size);
+      w.monitor_ = std::make_shared<detail::JobMonitor>(MPI_COMM_WORLD, w.flight_);
       mpi_options.monitor = w.monitor_;
+      mpi_options.flight = w.flight_;
+      w.flight_signal_ = detail::FlightSignalDump::install(w.flight_);
     }
   }
   log::set_rank(w.info_.rank);

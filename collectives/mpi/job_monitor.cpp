@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "collectives/flight_recorder.hpp"
+#include "collectives/mpi/laggard.hpp"
 #include "quintet/core/error.hpp"
 #include "quintet/core/log.hpp"
 
@@ -14,24 +16,59 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr int kFailureTag = 1;  // payload: the failing rank's message
-constexpr int kAckTag = 2;      // payload: one int, unused
+constexpr int kAckTag = 2;      // payload: sizeof(int) bytes, unused
+constexpr int kQueryTag = 3;    // payload: the query's id, as text
+constexpr int kAnswerTag = 4;   // payload: "<id>\n<progress report>"
 constexpr std::size_t kMaxMessage = 16 * 1024;
 constexpr std::chrono::milliseconds kPollEvery{20};
 // A rank that received a failure and is still alive this long after it was printed ends the job
 // itself (the failing rank should have aborted it long before).
 constexpr std::chrono::milliseconds kAbortAfter{20000};
 
+// Posts a receive of up to buffer.size() chars with tag from any rank.
+void post(MPI_Comm comm, int tag, MPI_Request* request, std::vector<char>& buffer) {
+  QUINTET_MPI_CHECK(MPI_Irecv(buffer.data(), static_cast<int>(buffer.size()), MPI_CHAR,
+                              MPI_ANY_SOURCE, tag, comm, request));
+}
+
+// Hands every message that has arrived on a posted receive to on_message(from, bytes), posting
+// the receive again after each (a post that fails leaves the request null: no more messages).
+template <class OnMessage>
+void drain(MPI_Comm comm, int tag, MPI_Request* request, std::vector<char>& buffer,
+           OnMessage on_message) {
+  for (;;) {
+    int flag = 0;
+    MPI_Status status;
+    if (*request == MPI_REQUEST_NULL || MPI_Test(request, &flag, &status) != MPI_SUCCESS || !flag) {
+      return;
+    }
+    int n = 0;
+    MPI_Get_count(&status, MPI_CHAR, &n);
+    on_message(status.MPI_SOURCE,
+               std::string(buffer.data(), static_cast<std::size_t>(std::max(n, 0))));
+    if (MPI_Irecv(buffer.data(), static_cast<int>(buffer.size()), MPI_CHAR, MPI_ANY_SOURCE, tag,
+                  comm, request) != MPI_SUCCESS) {
+      *request = MPI_REQUEST_NULL;
+    }
+  }
+}
+
 }  // namespace
 
-JobMonitor::JobMonitor(MPI_Comm world) : failure_buffer_(kMaxMessage) {
+JobMonitor::JobMonitor(MPI_Comm world, std::shared_ptr<FlightRegistry> flight)
+    : failure_buffer_(kMaxMessage),
+      ack_buffer_(sizeof(int)),
+      flight_(std::move(flight)),
+      query_buffer_(kMaxMessage),
+      answer_buffer_(kMaxMessage) {
   QUINTET_MPI_CHECK(MPI_Comm_dup(world, &comm_));
   QUINTET_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
   QUINTET_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
   QUINTET_MPI_CHECK(MPI_Comm_size(comm_, &size_));
-  QUINTET_MPI_CHECK(MPI_Irecv(failure_buffer_.data(), static_cast<int>(kMaxMessage), MPI_CHAR,
-                              MPI_ANY_SOURCE, kFailureTag, comm_, &failure_request_));
-  QUINTET_MPI_CHECK(
-      MPI_Irecv(&ack_buffer_, 1, MPI_INT, MPI_ANY_SOURCE, kAckTag, comm_, &ack_request_));
+  post(comm_, kFailureTag, &failure_request_, failure_buffer_);
+  post(comm_, kAckTag, &ack_request_, ack_buffer_);
+  post(comm_, kQueryTag, &query_request_, query_buffer_);
+  post(comm_, kAnswerTag, &answer_request_, answer_buffer_);
   thread_ = std::thread(&JobMonitor::loop, this);
 }
 
@@ -52,7 +89,7 @@ JobMonitor::~JobMonitor() {
   });
   if (!sends_.empty()) (void)new std::vector<std::unique_ptr<Pending>>(std::move(sends_));
   if (finalized || failing()) return;  // a failing job is aborted, not shut down: leave it all
-  for (MPI_Request* r : {&failure_request_, &ack_request_}) {
+  for (MPI_Request* r : {&failure_request_, &ack_request_, &query_request_, &answer_request_}) {
     if (*r == MPI_REQUEST_NULL) continue;
     MPI_Cancel(r);
     MPI_Wait(r, MPI_STATUS_IGNORE);
@@ -82,20 +119,16 @@ void JobMonitor::acknowledge_locked() {
 }
 
 void JobMonitor::poll_locked() {
-  for (;;) {  // failures: every one is acknowledged, the first is recorded
-    int flag = 0;
-    MPI_Status status;
-    if (failure_request_ == MPI_REQUEST_NULL ||
-        MPI_Test(&failure_request_, &flag, &status) != MPI_SUCCESS || !flag) {
-      break;
-    }
-    int n = 0;
-    MPI_Get_count(&status, MPI_CHAR, &n);
-    const int from = status.MPI_SOURCE;
+  // Failures: every one is acknowledged, the first is recorded.
+  drain(comm_, kFailureTag, &failure_request_, failure_buffer_, [&](int from, std::string message) {
     if (remote_rank_ < 0) {
       remote_rank_ = from;
-      remote_message_.assign(failure_buffer_.data(), static_cast<std::size_t>(std::max(n, 0)));
+      remote_message_ = std::move(message);
       remote_at_ = Clock::now();
+      // Before this rank acknowledges (after which the failed rank may end the job).
+      if (flight_) {
+        flight_->dump_on_failure(fmt::format("rank {} failed: {}", from, remote_message_));
+      }
       remote_failed_.store(true, std::memory_order_release);
     }
     if (acknowledged_) {
@@ -103,32 +136,59 @@ void JobMonitor::poll_locked() {
     } else {
       unacknowledged_.insert(from);
     }
-    if (MPI_Irecv(failure_buffer_.data(), static_cast<int>(kMaxMessage), MPI_CHAR, MPI_ANY_SOURCE,
-                  kFailureTag, comm_, &failure_request_) != MPI_SUCCESS) {
-      failure_request_ = MPI_REQUEST_NULL;
-    }
-  }
-  bool acked = false;
-  for (;;) {  // acknowledgements of this rank's failure
-    int flag = 0;
-    MPI_Status status;
-    if (ack_request_ == MPI_REQUEST_NULL ||
-        MPI_Test(&ack_request_, &flag, &status) != MPI_SUCCESS || !flag) {
-      break;
-    }
-    acks_.insert(status.MPI_SOURCE);
+  });
+  bool acked = false;  // acknowledgements of this rank's failure
+  drain(comm_, kAckTag, &ack_request_, ack_buffer_, [&](int from, const std::string&) {
+    acks_.insert(from);
     acked = true;
-    if (MPI_Irecv(&ack_buffer_, 1, MPI_INT, MPI_ANY_SOURCE, kAckTag, comm_, &ack_request_) !=
-        MPI_SUCCESS) {
-      ack_request_ = MPI_REQUEST_NULL;
-    }
-  }
+  });
+  // Another rank asks for this rank's progress.
+  drain(comm_, kQueryTag, &query_request_, query_buffer_, [&](int from, std::string answer) {
+    answer += '\n';
+    if (flight_) answer += progress_report(*flight_);
+    if (answer.size() > kMaxMessage) answer.resize(kMaxMessage);
+    send_locked(from, kAnswerTag, std::vector<char>(answer.begin(), answer.end()));
+  });
+  // Answers to this rank's query; those of an earlier query are dropped.
+  bool answered = false;
+  drain(comm_, kAnswerTag, &answer_request_, answer_buffer_,
+        [&](int from, const std::string& answer) {
+          const auto eol = answer.find('\n');
+          if (query_id_ != 0 && eol != std::string::npos &&
+              answer.substr(0, eol) == std::to_string(query_id_)) {
+            answers_[from] = answer.substr(eol + 1);
+            answered = true;
+          }
+        });
   // Sends that have completed give their buffers back; the others stay until they do.
   std::erase_if(sends_, [](const std::unique_ptr<Pending>& p) {
     int flag = 0;
     return MPI_Test(&p->request, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS || flag;
   });
-  if (acked) cv_.notify_all();
+  if (acked || answered) cv_.notify_all();
+}
+
+std::map<int, std::string> JobMonitor::query_progress(std::chrono::milliseconds wait) noexcept {
+  try {
+    std::lock_guard one(query_mutex_);
+    std::unique_lock lock(mutex_);
+    query_id_ = ++queries_;
+    answers_.clear();
+    const std::string id = std::to_string(query_id_);
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer != rank_) send_locked(peer, kQueryTag, std::vector<char>(id.begin(), id.end()));
+    }
+    const auto others = static_cast<std::size_t>(size_ - 1);
+    cv_.wait_for(lock, wait, [&] { return answers_.size() >= others || stop_; });
+    query_id_ = 0;
+    return std::move(answers_);
+  } catch (...) {
+    return {};
+  }
+}
+
+void JobMonitor::dump_flight(const std::string& reason) noexcept {
+  if (flight_) flight_->dump_on_failure(reason);
 }
 
 void JobMonitor::loop() {
@@ -157,7 +217,9 @@ void JobMonitor::loop() {
 
 void JobMonitor::publish_locked(const std::string& message) {
   acknowledge_locked();  // this rank prints its own error: the ones it received are answered
-  if (published_.exchange(true)) return;
+  if (published_.load()) return;
+  if (flight_ && !message.empty()) flight_->dump_on_failure(message);  // before the job is ended
+  published_.store(true);
   const std::vector<char> bytes(message.begin(),
                                 message.begin() + std::min(message.size(), kMaxMessage));
   for (int peer = 0; peer < size_; ++peer) {

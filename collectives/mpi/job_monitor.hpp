@@ -13,6 +13,12 @@
 //     be woken: if the rank has not acknowledged after kPrintWait, the monitor prints the failure
 //     itself and acknowledges.
 //   - abort_job(code): MPI_Abort over the world, which ends every rank.
+//   - query_progress(wait): asks every other rank for its communicators' sequence numbers (its
+//     flight recorders' progress, laggard.hpp); the monitor thread of each rank answers from its
+//     FlightRegistry, even while the rank's own threads are blocked inside MPI calls. A rank that
+//     is stopped or dead does not answer.
+//   - With a FlightRegistry, the first failure this rank publishes or receives dumps it first
+//     (flight_rank<r>.json), so every rank that can leaves its record before the job is ended.
 // Bounded everywhere: a rank that is stopped or dead delays the others by kAckWait at most.
 // Thread-safe. Implementation details below the class.
 #pragma once
@@ -22,6 +28,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -31,6 +38,8 @@
 
 namespace quintet::detail {
 
+class FlightRegistry;
+
 class JobMonitor {
  public:
   // How long publish waits for the other ranks to acknowledge a failure.
@@ -39,8 +48,8 @@ class JobMonitor {
   // itself.
   static constexpr std::chrono::milliseconds kPrintWait{1500};
 
-  // Collective over world, which it duplicates.
-  explicit JobMonitor(MPI_Comm world);
+  // Collective over world, which it duplicates. flight: this process's recorders (may be null).
+  explicit JobMonitor(MPI_Comm world, std::shared_ptr<FlightRegistry> flight = nullptr);
   JobMonitor(const JobMonitor&) = delete;
   JobMonitor& operator=(const JobMonitor&) = delete;
   // Stops the thread; in a job that has not failed, cancels the posted receives and frees the
@@ -74,6 +83,14 @@ class JobMonitor {
   // prints message, publishes it, and ends the job.
   [[noreturn]] void fatal(const std::string& message) noexcept;
 
+  // Asks every other rank for the progress of its communicators and waits up to `wait` for the
+  // answers: rank -> its report (progress_report in laggard.hpp). Ranks that did not answer are
+  // absent. One query at a time per process (a second caller waits for the first). Never throws.
+  std::map<int, std::string> query_progress(std::chrono::milliseconds wait) noexcept;
+  // Dumps the flight recorder for a failure (once per process; later calls do nothing). Never
+  // throws.
+  void dump_flight(const std::string& reason) noexcept;
+
   // ---- implementation details ----
  private:
   struct Pending {  // a nonblocking send and its buffer
@@ -102,9 +119,18 @@ class JobMonitor {
   std::set<int> acks_;            // ranks that acknowledged this rank's failure
   std::vector<char> failure_buffer_;
   MPI_Request failure_request_ = MPI_REQUEST_NULL;
-  int ack_buffer_ = 0;
+  std::vector<char> ack_buffer_;
   MPI_Request ack_request_ = MPI_REQUEST_NULL;
   std::vector<std::unique_ptr<Pending>> sends_;
+  std::shared_ptr<FlightRegistry> flight_;
+  std::vector<char> query_buffer_;  // a query's id, or an answer: "<id>\n<report>"
+  MPI_Request query_request_ = MPI_REQUEST_NULL;
+  std::vector<char> answer_buffer_;
+  MPI_Request answer_request_ = MPI_REQUEST_NULL;
+  std::mutex query_mutex_;  // one query at a time
+  int query_id_ = 0;        // the query in flight (0: none)
+  int queries_ = 0;         // queries made so far
+  std::map<int, std::string> answers_;
   std::thread thread_;
 };
 

@@ -33,17 +33,41 @@ void copy_bytes(void* dst, const void* src, std::size_t n) {
   if (n > 0 && dst != src) std::memcpy(dst, src, n);
 }
 
+// The flight recorder of a communicator over comm: its members' world ranks, added to the
+// process's registry (when there is one).
+std::shared_ptr<FlightRecorder> make_recorder(MPI_Comm comm, const std::string& name,
+                                              const MpiOptions& options) {
+  int rank = 0, size = 0;
+  QUINTET_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  QUINTET_MPI_CHECK(MPI_Comm_size(comm, &size));
+  MPI_Group group = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
+  QUINTET_MPI_CHECK(MPI_Comm_group(comm, &group));
+  QUINTET_MPI_CHECK(MPI_Comm_group(MPI_COMM_WORLD, &world));
+  std::vector<int> ranks(static_cast<std::size_t>(size)), world_ranks(ranks.size());
+  std::iota(ranks.begin(), ranks.end(), 0);
+  QUINTET_MPI_CHECK(
+      MPI_Group_translate_ranks(group, size, ranks.data(), world, world_ranks.data()));
+  MPI_Group_free(&group);
+  MPI_Group_free(&world);
+  auto recorder = std::make_shared<FlightRecorder>(
+      name, rank, std::move(world_ranks),
+      options.flight ? options.flight->capacity() : options.flight_size);
+  if (options.flight) options.flight->add(recorder);
+  return recorder;
+}
+
 }  // namespace
 
 MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name, const MpiOptions& options)
     : comm_(comm),
       name_(std::move(name)),
       options_(options),
+      flight_(make_recorder(comm, name_, options)),
       thread_(name_,
               std::chrono::microseconds(static_cast<std::int64_t>(options.idle_start_delay_us)),
               std::chrono::duration_cast<std::chrono::nanoseconds>(
                   std::chrono::duration<double>(options.timeout_s)),
-              options.monitor) {
+              options.monitor, flight_) {
   QUINTET_CHECK(options_.max_chunk_elements > 0 && options_.max_chunk_elements <= INT_MAX,
                 "MpiOptions::max_chunk_elements is {}; expected 1..{}", options_.max_chunk_elements,
                 INT_MAX);
@@ -57,21 +81,22 @@ MpiCommunicator::~MpiCommunicator() {
   // exception propagates may hold an operation whose peers never come: do not wait long for it.
   const bool failing = std::uncaught_exceptions() > 0 || thread_.broken();
   const bool joined = thread_.stop_and_join(failing ? kFailingJoinS : options_.timeout_s);
+  flight_->retire();
   int finalized = 1;
   MPI_Finalized(&finalized);
   // A thread left behind may still be inside a call on comm_: then the communicator is leaked.
   if (joined && !finalized) MPI_Comm_free(&comm_);
 }
 
-std::string MpiCommunicator::describe(std::string_view op, const Tensor* t) {
+std::string MpiCommunicator::describe(std::string_view op, std::uint64_t seq,
+                                      const Tensor* t) const {
   const std::string what = t != nullptr && t->defined()
                                ? fmt::format(" ({} x {})", t->numel(), dtype_name(t->dtype()))
                                : std::string();
-  return fmt::format("{} #{}{} on communicator '{}' (mpi, {} ranks)", op, sequence_++, what, name_,
-                     size_);
+  return fmt::format("{} #{}{} on communicator '{}' (mpi, {} ranks)", op, seq, what, name_, size_);
 }
 
-Work MpiCommunicator::enqueue(std::string_view op, const Tensor* t, std::function<void()> fn) {
+Work MpiCommunicator::enqueue(const char* op, const Tensor* t, int peer, std::function<void()> fn) {
   std::optional<trace::TraceEvent> traced;
   if (trace::enabled()) {  // one branch when tracing is off
     traced.emplace();
@@ -83,12 +108,16 @@ Work MpiCommunicator::enqueue(std::string_view op, const Tensor* t, std::functio
     traced->step = trace::current_step();
     traced->issue_us = trace::to_us(trace::Clock::now());
   }
-  return thread_.submit(describe(op, t), std::move(fn), std::move(traced));
+  const bool has_tensor = t != nullptr && t->defined();
+  const OpInfo info{op, static_cast<std::int64_t>(sequence_), has_tensor ? t->dtype() : DType::f32,
+                    has_tensor ? t->numel() : 0, peer};
+  const std::uint64_t seq = sequence_++;
+  return thread_.submit(describe(op, seq, t), std::move(fn), std::move(traced), info);
 }
 
 Work MpiCommunicator::all_reduce(const Tensor& in, const Tensor& out, ReduceOp op, const Stream&) {
   validate_all_reduce(*this, in, out, op);
-  return enqueue("all_reduce", &in, [this, in, out, op] {
+  return enqueue("all_reduce", &in, -1, [this, in, out, op] {
     const bool in_place = same_elements(in, out);
     const MPI_Datatype type = mpi_datatype(in.dtype());
     const MPI_Op mop = mpi_op(in.dtype(), op);
@@ -129,7 +158,8 @@ void MpiCommunicator::run_reduce_scatter(const Tensor& in, const Tensor& out, Re
 Work MpiCommunicator::reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op,
                                      const Stream&) {
   validate_reduce_scatter(*this, in, out, op);
-  return enqueue("reduce_scatter", &out, [this, in, out, op] { run_reduce_scatter(in, out, op); });
+  return enqueue("reduce_scatter", &out, -1,
+                 [this, in, out, op] { run_reduce_scatter(in, out, op); });
 }
 
 void MpiCommunicator::run_all_gather(const Tensor& in, const Tensor& out) const {
@@ -153,12 +183,12 @@ void MpiCommunicator::run_all_gather(const Tensor& in, const Tensor& out) const 
 
 Work MpiCommunicator::all_gather(const Tensor& in, const Tensor& out, const Stream&) {
   validate_all_gather(*this, in, out);
-  return enqueue("all_gather", &in, [this, in, out] { run_all_gather(in, out); });
+  return enqueue("all_gather", &in, -1, [this, in, out] { run_all_gather(in, out); });
 }
 
 Work MpiCommunicator::broadcast(const Tensor& inout, int root, const Stream&) {
   validate_broadcast(*this, inout, root);
-  return enqueue("broadcast", &inout, [this, inout, root] {
+  return enqueue("broadcast", &inout, root, [this, inout, root] {
     const MPI_Datatype type = mpi_datatype(inout.dtype());
     const std::size_t es = inout.element_size();
     for_chunks(inout.numel(), options_.max_chunk_elements, [&](std::int64_t off, int count) {
@@ -171,7 +201,7 @@ Work MpiCommunicator::reduce(const Tensor& in, const Tensor& out, ReduceOp op, i
                              const Stream&) {
   validate_reduce(*this, in, out, op, root);
   const bool is_root = rank_ == root;
-  return enqueue("reduce", &in, [this, in, out, op, root, is_root] {
+  return enqueue("reduce", &in, root, [this, in, out, op, root, is_root] {
     const bool in_place = is_root && same_elements(in, out);
     const MPI_Datatype type = mpi_datatype(in.dtype());
     const MPI_Op mop = mpi_op(in.dtype(), op);
@@ -217,7 +247,7 @@ void MpiCommunicator::exchange(const char* in, const std::vector<std::int64_t>& 
 
 Work MpiCommunicator::all_to_all(const Tensor& in, const Tensor& out, const Stream&) {
   validate_all_to_all(*this, in, out);
-  return enqueue("all_to_all", &in, [this, in, out] {
+  return enqueue("all_to_all", &in, -1, [this, in, out] {
     const std::int64_t n = in.numel() / size_;
     const bool in_place = same_elements(in, out);
     if (in.numel() <= options_.max_chunk_elements) {
@@ -237,7 +267,7 @@ Work MpiCommunicator::all_to_all_v(const Tensor& in, const std::vector<std::int6
                                    const Tensor& out, const std::vector<std::int64_t>& recv_counts,
                                    const Stream&) {
   validate_all_to_all_v(*this, in, send_counts, out, recv_counts);
-  return enqueue("all_to_all_v", &in, [this, in, send_counts, out, recv_counts] {
+  return enqueue("all_to_all_v", &in, -1, [this, in, send_counts, out, recv_counts] {
     const Tensor src = same_elements(in, out) ? in.clone() : in;
     if (std::max(in.numel(), out.numel()) > options_.max_chunk_elements) {
       exchange(bytes(src), send_counts, bytes(out), recv_counts, in.dtype());
@@ -259,7 +289,7 @@ Work MpiCommunicator::all_to_all_v(const Tensor& in, const std::vector<std::int6
 
 Work MpiCommunicator::send(const Tensor& in, int peer, const Stream&) {
   validate_send_recv(*this, "send", in, peer);
-  return enqueue("send", &in, [this, in, peer] {
+  return enqueue("send", &in, peer, [this, in, peer] {
     const MPI_Datatype type = mpi_datatype(in.dtype());
     const std::size_t es = in.element_size();
     for_chunks(in.numel(), options_.max_chunk_elements, [&](std::int64_t off, int count) {
@@ -270,7 +300,7 @@ Work MpiCommunicator::send(const Tensor& in, int peer, const Stream&) {
 
 Work MpiCommunicator::recv(const Tensor& out, int peer, const Stream&) {
   validate_send_recv(*this, "recv", out, peer);
-  return enqueue("recv", &out, [this, out, peer] {
+  return enqueue("recv", &out, peer, [this, out, peer] {
     const MPI_Datatype type = mpi_datatype(out.dtype());
     const std::size_t es = out.element_size();
     for_chunks(out.numel(), options_.max_chunk_elements, [&](std::int64_t off, int count) {
@@ -283,7 +313,10 @@ Work MpiCommunicator::recv(const Tensor& out, int peer, const Stream&) {
 Work MpiCommunicator::p2p(const std::vector<P2POp>& ops, const Stream&) {
   validate_p2p(*this, ops);
   const Tensor* first = ops.empty() ? nullptr : &ops.front().tensor;
-  return enqueue("p2p", first, [this, ops] {
+  // The flight recorder notes the peer when there is one (a pipeline stage's step has one).
+  int one_peer = ops.empty() ? -1 : ops.front().peer;
+  for (const P2POp& op : ops) one_peer = op.peer == one_peer ? one_peer : -1;
+  return enqueue("p2p", first, one_peer, [this, ops] {
     // One send and one receive (a ring or pipeline step): MPI_Sendrecv, the call a user would
     // make, which lets MPI pair the two transfers itself.
     if (ops.size() == 2 && ops[0].kind != ops[1].kind &&
@@ -324,15 +357,21 @@ Work MpiCommunicator::p2p(const std::vector<P2POp>& ops, const Stream&) {
 }
 
 Work MpiCommunicator::barrier(const Stream&) {
-  return enqueue("barrier", nullptr, [this] { QUINTET_MPI_CHECK(MPI_Barrier(comm_)); });
+  return enqueue("barrier", nullptr, -1, [this] { QUINTET_MPI_CHECK(MPI_Barrier(comm_)); });
 }
 
 std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key, const std::string& name) {
   MPI_Comm sub = MPI_COMM_NULL;
   // On the progress thread, so that the split is ordered with the operations queued before it.
-  thread_.run_sync(describe("split", nullptr), [&] {
-    QUINTET_MPI_CHECK(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &sub));
-  });
+  const auto seq = static_cast<std::int64_t>(sequence_++);
+  thread_
+      .submit(
+          describe("split", seq, nullptr),
+          [&] {
+            QUINTET_MPI_CHECK(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &sub));
+          },
+          std::nullopt, OpInfo{"split", seq, DType::f32, 0, -1})
+      .synchronize();
   if (sub == MPI_COMM_NULL) return nullptr;
   int sub_size = 0;
   QUINTET_MPI_CHECK(MPI_Comm_size(sub, &sub_size));

@@ -50,8 +50,10 @@ class MpiCommunicator final : public Communicator {
 
  private:
   // "all_reduce #3 (10 x f32) on communicator 'dp' (mpi, 4 ranks)"
-  std::string describe(std::string_view op, const Tensor* t);
-  Work enqueue(std::string_view op, const Tensor* t, std::function<void()> fn);
+  std::string describe(std::string_view op, std::uint64_t seq, const Tensor* t) const;
+  // Queues the next operation (op: a static name; peer: peer or root, -1 for none) and notes it
+  // in the flight recorder.
+  Work enqueue(const char* op, const Tensor* t, int peer, std::function<void()> fn);
 
   // Bodies run on the progress thread.
   void run_reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op) const;
@@ -67,6 +69,7 @@ class MpiCommunicator final : public Communicator {
   std::string name_;
   MpiOptions options_;
   std::uint64_t sequence_ = 0;
+  std::shared_ptr<FlightRecorder> flight_;
   ProgressThread thread_;
 };
 

@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "collectives/mpi/job_monitor.hpp"
+#include "collectives/mpi/laggard.hpp"
 
 #include "quintet/core/error.hpp"
 #include "quintet/core/log.hpp"
@@ -83,9 +84,30 @@ void OpQueue::poison(const std::string& why) {
       error = refusal_locked(t.state->description);
     }
     t.fn = nullptr;
-    t.state->finish(error);
+    finish(t, error);
   }
   turn_cv.notify_all();
+}
+
+void OpQueue::finish(const Task& task, std::exception_ptr error) {
+  if (flight != nullptr && task.state->info.seq >= 0) {
+    flight->completed(task.state->info.seq, error == nullptr);
+  }
+  task.state->finish(std::move(error));
+}
+
+std::string OpQueue::timeout_message(const std::string& description, const OpInfo& waited,
+                                     double waited_s, const std::string& note) {
+  const std::string laggards = flight != nullptr && monitor != nullptr
+                                   ? name_laggards(*flight, waited, *monitor, waited_s)
+                                   : std::string();
+  const std::string what = fmt::format(
+      "{} did not finish within {} s{}: {}", description, waited_s, note,
+      laggards.empty() ? "a rank of the group may not have issued the matching operation, or may "
+                         "be stopped, or may have failed"
+                       : laggards);
+  if (monitor != nullptr) monitor->dump_flight("timed out: " + what);
+  return what;
 }
 
 void OpQueue::run(Task& task) {
@@ -95,6 +117,7 @@ void OpQueue::run(Task& task) {
     error = refusal_locked(task.state->description);
   }
   if (!error) {
+    if (flight != nullptr && task.state->info.seq >= 0) flight->started(task.state->info.seq);
     const bool traced = task.state->trace.has_value() && trace::enabled();
     const auto t0 = traced ? trace::Clock::now() : trace::Clock::time_point{};
     try {
@@ -116,7 +139,7 @@ void OpQueue::run(Task& task) {
     }
   }
   task.fn = nullptr;  // release the tensors before signalling completion
-  task.state->finish(error);
+  finish(task, error);
 }
 
 void OpQueue::end_task() {
@@ -144,6 +167,7 @@ OpQueue::WaitEnd OpQueue::help_until(const OpState& until, Clock::time_point dea
       inline_deadline = deadline;
       inline_what = until.description;
       inline_running = task.state->description;
+      inline_info = task.state->info;
       const bool watched = deadline != Clock::time_point::max();
       lock.unlock();
       if (watched) work_cv.notify_all();
@@ -237,12 +261,13 @@ bool CpuWork::synchronize_for(std::chrono::nanoseconds timeout) {
                   state_->description);
   }
   if (end == OpQueue::WaitEnd::timed_out) {
-    const std::string what = fmt::format(
-        "{} did not finish within {} s{}: a rank of the group may not have issued the matching "
-        "operation, or may be stopped, or may have failed; check that every rank calls the same "
-        "collectives in the same order, or raise --timeout-s (QUINTET_TIMEOUT_S)",
-        state_->description, std::chrono::duration<double>(budget).count(),
-        budget < queue_->wait_timeout ? " (waited for by a destructor during an exception)" : "");
+    const std::string what =
+        queue_->timeout_message(
+            state_->description, state_->info, std::chrono::duration<double>(budget).count(),
+            budget < queue_->wait_timeout ? " (waited for by a destructor during an exception)"
+                                          : "") +
+        "; check that every rank calls the same collectives in the same order, or raise "
+        "--timeout-s (QUINTET_TIMEOUT_S)";
     queue_->poison("timed out: " + what);
     QUINTET_THROW(Timeout, "{}", what);
   }
@@ -255,11 +280,13 @@ bool CpuWork::is_completed() { return state_->done.load(std::memory_order_acquir
 
 ProgressThread::ProgressThread(std::string name, std::chrono::microseconds idle_start_delay,
                                std::chrono::nanoseconds wait_timeout,
-                               std::shared_ptr<JobMonitor> monitor)
+                               std::shared_ptr<JobMonitor> monitor,
+                               std::shared_ptr<FlightRecorder> flight)
     : name_(std::move(name)), queue_(std::make_shared<OpQueue>()) {
   queue_->idle_start_delay = idle_start_delay;
   queue_->wait_timeout = wait_timeout;
   queue_->monitor = std::move(monitor);
+  queue_->flight = std::move(flight);
   thread_ = std::thread(&ProgressThread::loop, queue_);
 }
 
@@ -268,8 +295,8 @@ ProgressThread::~ProgressThread() {
 }
 
 Work ProgressThread::submit(std::string description, std::function<void()> fn,
-                            std::optional<trace::TraceEvent> trace) {
-  auto state = std::make_shared<OpState>(std::move(description));
+                            std::optional<trace::TraceEvent> trace, OpInfo info) {
+  auto state = std::make_shared<OpState>(std::move(description), info);
   state->trace = std::move(trace);
   bool wake = false;
   std::exception_ptr refused;  // the communicator is broken, or the job failed: it fails at once
@@ -278,19 +305,18 @@ Work ProgressThread::submit(std::string description, std::function<void()> fn,
     QUINTET_CHECK(!queue_->stop, "{} submitted to communicator '{}' after it was shut down",
                   state->description, name_);
     refused = queue_->refusal_locked(state->description);
+    if (queue_->flight != nullptr && info.seq >= 0) {
+      queue_->flight->enqueued(info.seq, info.op, info.dtype, info.count, info.peer);
+    }
     if (!refused) queue_->tasks.push_back(OpQueue::Task{std::move(fn), state});
     // Only the first task of an idle queue needs a wake-up: a busy runner takes the next itself,
     // and while a caller waits the thread would not take it.
     wake = !queue_->running.load(std::memory_order_relaxed) && queue_->waiters == 0 &&
            queue_->tasks.size() == 1;
   }
-  if (refused) state->finish(refused);
+  if (refused) queue_->finish(OpQueue::Task{nullptr, state}, refused);
   if (wake) queue_->work_cv.notify_all();
   return Work(std::make_shared<CpuWork>(std::move(state), queue_));
-}
-
-void ProgressThread::run_sync(std::string description, std::function<void()> fn) {
-  submit(std::move(description), std::move(fn)).synchronize();
 }
 
 void ProgressThread::loop(std::shared_ptr<OpQueue> q) {
@@ -312,12 +338,18 @@ void ProgressThread::loop(std::shared_ptr<OpQueue> q) {
           q->work_cv.wait(lock);
         } else if (q->work_cv.wait_until(lock, watch + kWatchdogGrace) == std::cv_status::timeout &&
                    q->inline_deadline == watch && Clock::now() >= watch + kWatchdogGrace) {
-          const std::string what = fmt::format(
-              "error [Timeout]: {} did not finish within {} s (this rank is blocked inside the "
-              "MPI call of {}): a rank of the group may not have issued the matching operation, "
-              "or may be stopped, or may have failed{}",
-              q->inline_what, std::chrono::duration<double>(q->wait_timeout).count(),
-              q->inline_running, q->monitor != nullptr ? "; the job ends" : "");
+          const std::string inline_what = q->inline_what;
+          const std::string note =
+              fmt::format(" (this rank is blocked inside the MPI call of {})", q->inline_running);
+          const OpInfo info = q->inline_info;
+          lock.unlock();  // naming the laggard asks the other ranks
+          const std::string what =
+              "error [Timeout]: " +
+              q->timeout_message(inline_what, info,
+                                 std::chrono::duration<double>(q->wait_timeout).count(), note) +
+              (q->monitor != nullptr ? "; the job ends" : "");
+          lock.lock();
+          if (q->inline_deadline != watch) continue;  // that call has ended meanwhile
           if (q->monitor != nullptr) {
             lock.unlock();
             q->monitor->fatal(what);

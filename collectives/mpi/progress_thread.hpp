@@ -40,6 +40,7 @@
 #include <string>
 #include <thread>
 
+#include "collectives/flight_recorder.hpp"
 #include "quintet/collectives/work.hpp"
 #include "quintet/core/trace.hpp"
 
@@ -47,14 +48,24 @@ namespace quintet::detail {
 
 class JobMonitor;
 
+// What the flight recorder notes of an operation (flight_recorder.hpp); seq < 0: not recorded.
+struct OpInfo {
+  const char* op = "operation";  // static storage
+  std::int64_t seq = -1;
+  DType dtype = DType::f32;
+  std::int64_t count = 0;
+  int peer = -1;  // peer or root in the communicator; -1: none
+};
+
 // Completion state of one operation, shared by the queue and every Work copy.
 struct OpState {
-  explicit OpState(std::string d) : description(std::move(d)) {}
+  explicit OpState(std::string d, OpInfo i = {}) : description(std::move(d)), info(i) {}
   std::mutex mutex;
   std::condition_variable done_cv;
   std::atomic<bool> done{false};
   std::exception_ptr error;       // written before done is set
   const std::string description;  // "all_reduce #3 (1024 x f32) on communicator 'dp' (...)"
+  const OpInfo info;
   // Set when tracing was on at submit: what the operation and its waits are recorded as.
   std::optional<trace::TraceEvent> trace;
 
@@ -88,12 +99,15 @@ struct OpQueue {
   // ProgressThread's constructor.
   std::chrono::nanoseconds wait_timeout{std::chrono::seconds(300)};
   std::shared_ptr<JobMonitor> monitor;
+  // The communicator's flight recorder (null: none). Set by ProgressThread's constructor.
+  std::shared_ptr<FlightRecorder> flight;
   // While a waiting caller runs a task itself: its wait's deadline and what it waits for, which
   // the thread watches (max while none).
   std::chrono::steady_clock::time_point inline_deadline =
       std::chrono::steady_clock::time_point::max();
   std::string inline_what;
   std::string inline_running;  // the task it runs: `inline_what` or one queued before it
+  OpInfo inline_info;          // and that task's
 
   enum class WaitEnd { done, timed_out, remote };
 
@@ -111,6 +125,13 @@ struct OpQueue {
   // Records a failure that was not an operation's own (a wait's timeout): the queued tasks, and
   // those submitted from now on, fail at once with Aborted.
   void poison(const std::string& why);
+  // Finishes a task's state with error (null: success), telling the flight recorder.
+  void finish(const Task& task, std::exception_ptr error);
+  // A wait for `waited` (what it waited for) that ran past its deadline of `waited_s`: the
+  // description of the operation that did not finish, who is behind (laggard.hpp) and what to do.
+  // Dumps the flight recorder. May take a couple of seconds (it asks the other ranks).
+  std::string timeout_message(const std::string& description, const OpInfo& waited, double waited_s,
+                              const std::string& note);
   // With the mutex held: the error of a task that must not run (an earlier one failed: Aborted;
   // another rank failed: Remote), or null.
   std::exception_ptr refusal_locked(const std::string& description) const;
@@ -135,22 +156,22 @@ class ProgressThread {
   // idle_start_delay: how long the thread, woken from idle by a new operation, leaves it for its
   // caller to take over before starting it (see the header comment).
   // wait_timeout: the deadline of Work::wait/synchronize; monitor: the job's failure channel
-  // (may be null).
+  // (may be null); flight: the communicator's flight recorder (may be null).
   explicit ProgressThread(
       std::string name, std::chrono::microseconds idle_start_delay = std::chrono::microseconds{50},
       std::chrono::nanoseconds wait_timeout = std::chrono::seconds(300),
-      std::shared_ptr<JobMonitor> monitor = nullptr);
+      std::shared_ptr<JobMonitor> monitor = nullptr,
+      std::shared_ptr<FlightRecorder> flight = nullptr);
   ProgressThread(const ProgressThread&) = delete;
   ProgressThread& operator=(const ProgressThread&) = delete;
   // Same as stop_and_join(no timeout) if not called before.
   ~ProgressThread();
 
   // Queues fn; the returned Work completes when it has run (its exception is the Work's error).
-  // With a trace template, the run and every wait on it are recorded (trace.hpp).
+  // With a trace template, the run and every wait on it are recorded (trace.hpp); with info.seq
+  // >= 0, the flight recorder notes it.
   Work submit(std::string description, std::function<void()> fn,
-              std::optional<trace::TraceEvent> trace = std::nullopt);
-  // Runs fn in order after the queued operations and blocks until it has run; rethrows its error.
-  void run_sync(std::string description, std::function<void()> fn);
+              std::optional<trace::TraceEvent> trace = std::nullopt, OpInfo info = {});
   // Lets the queued operations finish, then joins. If the thread is still busy after timeout_s
   // (an operation whose peers never came), detaches it and returns false: the caller must then
   // leak whatever that operation uses (its MPI communicator). Never throws.

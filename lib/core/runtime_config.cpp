@@ -12,6 +12,10 @@ namespace quintet {
 
 namespace {
 
+// Each slot of a flight recorder is ~64 bytes per communicator: a million is already far more
+// history than a post-mortem reads.
+constexpr std::uint64_t kMaxFlightSize = 1 << 20;
+
 // Environment variables RuntimeConfig keeps: Quintet's own and those of the launchers that
 // bootstrap understands (OpenMPI, PMI, SLURM, torchrun-style).
 bool is_kept_variable(std::string_view name) {
@@ -88,6 +92,14 @@ bool apply(RuntimeConfig& c, std::string_view name, std::string_view value,
     c.mpi_idle_start_us = parse_double(value, source, 0.0, true, 1e6, "0 to 1000000 microseconds");
   } else if (name == "check-collectives") {
     c.check_collectives = parse_bool(value, source);
+  } else if (name == "flight-size") {
+    const std::uint64_t n = parse_u64(value, source);
+    QUINTET_CHECK(n <= kMaxFlightSize, "{}: expected 0 to {} operations, got {}", source,
+                  kMaxFlightSize, n);
+    c.flight_size = static_cast<std::size_t>(n);
+  } else if (name == "flight-dir") {
+    QUINTET_CHECK(!value.empty(), "{}: expected a directory, got an empty value", source);
+    c.flight_dir = std::string(value);
   } else {
     return false;
   }
@@ -106,7 +118,9 @@ RuntimeConfig RuntimeConfig::from(const std::map<std::string, std::string>& env,
       {"QUINTET_TIMEOUT_S", "timeout-s"},
       {"QUINTET_SEED", "seed"},
       {"QUINTET_MPI_IDLE_START_US", "mpi-idle-start-us"},
-      {"QUINTET_CHECK_COLLECTIVES", "check-collectives"}};
+      {"QUINTET_CHECK_COLLECTIVES", "check-collectives"},
+      {"QUINTET_FLIGHT_SIZE", "flight-size"},
+      {"QUINTET_FLIGHT_DIR", "flight-dir"}};
   for (const auto& [var, flag] : kEnvFlags) {
     auto it = env.find(std::string(var));
     if (it != env.end()) apply(c, flag, it->second, var);
@@ -125,7 +139,8 @@ RuntimeConfig RuntimeConfig::from(const std::map<std::string, std::string>& env,
       name = name.substr(0, eq);
     }
     static constexpr std::string_view kOurs[] = {
-        "device", "log-level", "timeout-s", "seed", "mpi-idle-start-us", "check-collectives"};
+        "device",      "log-level", "timeout-s", "seed", "mpi-idle-start-us", "check-collectives",
+        "flight-size", "flight-dir"};
     // Switches: present means on; they take no separate value.
     static constexpr std::string_view kSwitches[] = {"check-collectives"};
     bool ours = false;

@@ -131,6 +131,15 @@ void add_job_flags(CLI::App& app, JobConfig& job) {
          "debug mode: the ranks compare every collective's fingerprint before it is sent (or "
          "QUINTET_CHECK_COLLECTIVES=1)")
       ->configurable(false);
+  app.add_option_function<std::string>(
+         "--flight-dir", [](const std::string&) {},
+         "where each rank writes flight_rank<r>.json on a timeout, an error or SIGUSR1 (default: "
+         "the working directory; scripts/analyze_flight.py reads them)")
+      ->configurable(false);
+  app.add_option_function<std::string>(
+         "--flight-size", [](const std::string&) {},
+         "operations each communicator's flight recorder keeps (default 2048)")
+      ->configurable(false);
   app.add_option("--data", job.data.shards, "token shards (glob); default: the built-in dataset")
       ->capture_default_str();
   app.add_option("--data-dir", job.data.dir, "where the built-in dataset is made")

@@ -16,6 +16,11 @@ target_link_libraries(collectives_tcp_store_test PRIVATE quintet_collectives_pri
 quintet_unit_test(NAME collectives_progress_thread_test COMPONENT collectives
                   SOURCES unit/collectives_progress_thread_test.cpp)
 target_link_libraries(collectives_progress_thread_test PRIVATE quintet_collectives_private)
+# The flight recorder's ring, its dumps, and the naming of the rank that is behind (issue #44).
+quintet_unit_test(NAME collectives_flight_recorder_test COMPONENT reliability
+                  SOURCES unit/collectives_flight_recorder_test.cpp)
+target_link_libraries(collectives_flight_recorder_test PRIVATE quintet_collectives_private
+                                                               nlohmann_json::nlohmann_json)
 # The start-up check that every rank runs with the same settings.
 quintet_mpi_test(NAME collectives_consistency_test COMPONENT collectives RANKS 1 2 3
                  SOURCES mpi/collectives_consistency_test.cpp)

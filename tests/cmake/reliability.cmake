@@ -13,7 +13,7 @@ set_tests_properties(collectives_failure_test_np2 collectives_failure_test_np3 P
 
 # The examples are added after the tests: their targets are looked up at generate time.
 if(QUINTET_BUILD_EXAMPLES)
-  foreach(case throw stop)
+  foreach(case throw stop flight)
     add_test(NAME reliability_trainer_${case}
              COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/reliability/trainer_failure_test.sh
                      "$<$<TARGET_EXISTS:04_gpt_train>:$<TARGET_FILE:04_gpt_train>>"
@@ -26,6 +26,7 @@ if(QUINTET_BUILD_EXAMPLES)
                          ENVIRONMENT "OMPI_MCA_rmaps_base_oversubscribe=1" RUN_SERIAL TRUE)
     quintet_mpi_processors(3 reliability_trainer_${case})  # dp 3 at most
   endforeach()
+  quintet_mpi_processors(8 reliability_trainer_flight)  # dp 2 x tp 2 x pp 2
 endif()
 
 # Any program: World::fail in a handler, and an exception that leaves the World's scope.
@@ -59,3 +60,20 @@ if(QUINTET_BUILD_EXAMPLES)
                        ENVIRONMENT "OMPI_MCA_rmaps_base_oversubscribe=1")
   quintet_mpi_processors(4 reliability_check_collectives_trainer)
 endif()
+
+# The flight recorder (issue #44): a skipped collective named by the timeout message and by
+# scripts/analyze_flight.py, a mismatched count named by the analyzer, SIGUSR1 dumps a running job
+# (tests/reliability/flight_test.sh). Timing-sensitive: run alone.
+add_executable(reliability_flight reliability/flight.cpp)
+target_link_libraries(reliability_flight PRIVATE quintet::quintet)
+foreach(case skip mismatch usr1)
+  add_test(NAME reliability_flight_${case}
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/reliability/flight_test.sh
+                   $<TARGET_FILE:reliability_flight> ${MPIEXEC_EXECUTABLE}
+                   ${PROJECT_SOURCE_DIR}/scripts/analyze_flight.py ${case} ${QUINTET_MPIRUN_FLAGS})
+  set_tests_properties(reliability_flight_${case} PROPERTIES LABELS "mpi;reliability;collectives"
+                       TIMEOUT 120 RUN_SERIAL TRUE
+                       PASS_REGULAR_EXPRESSION "flight_test ${case}: PASS"
+                       ENVIRONMENT "OMPI_MCA_rmaps_base_oversubscribe=1")
+  quintet_mpi_processors(4 reliability_flight_${case})
+endforeach()

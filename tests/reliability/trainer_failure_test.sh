@@ -10,7 +10,10 @@
 #           non-zero within 40 s with a Timeout naming the operation, its sequence number and the
 #           communicator (the rank left waiting is usually inside the MPI call itself, where the
 #           progress thread's watchdog reports it; a wait that sleeps throws it,
-#           tests/mpi/collectives_failure_test.cpp)
+#           tests/mpi/collectives_failure_test.cpp), and names the stopped rank
+#   flight  rank 5 of dp 2 x tp 2 x pp 2 stops itself with --timeout-s 10: the job ends non-zero
+#           within 40 s, a message names rank 5, the 7 other ranks leave flight_rank<r>.json, and
+#           scripts/analyze_flight.py names rank 5 (issue #44)
 # Usage: trainer_failure_test.sh TRAINER MPIEXEC WORKDIR CASE [mpirun flags...]
 set -euo pipefail
 trainer=$1 mpiexec=$2 work=$3 case=$4
@@ -80,7 +83,27 @@ case $case in
       require "$name" "rank 1 stops itself \(SIGSTOP\) at step 3"
       # The rank left waiting names the operation, its sequence number and the communicator.
       require "$name" "Timeout.*[a-z_]+ #[0-9]+ .*on communicator '[a-z-]+' .*did not finish within 10 s|[a-z_]+ #[0-9]+ .*on communicator '[a-z-]+' .*did not finish within 10 s.*Timeout"
+      # ... and names the stopped rank (issue #44).
+      require "$name" "rank 1 has not completed [a-z_]+ #[0-9]+ on '[a-z-]+' and does not answer: it is stopped or dead"
     done
+    ;;
+  flight)
+    # dp 2 x tp 2 x pp 2, world rank 5 stops: a message names it, the 7 others leave their flight
+    # recorder's dump, and scripts/analyze_flight.py names it too.
+    analyzer=$(dirname "$0")/../../scripts/analyze_flight.py
+    expect_failure dp2tp2pp2 8 40 --dp 2 --tp 2 --pp 2 --timeout-s 10 --inject-fault stop:3:5 \
+      --flight-dir "$work/$case/dumps"
+    require dp2tp2pp2 "rank 5 stops itself \(SIGSTOP\) at step 3"
+    require dp2tp2pp2 "rank 5 has not completed [a-z_2]+ #[0-9]+ on '[a-z-]+' and does not answer: it is stopped or dead|rank 5 of the job does not answer"
+    for r in 0 1 2 3 4 6 7; do
+      [[ -s dumps/flight_rank$r.json ]] || { echo "rank $r left no dump:"; ls dumps; cat dp2tp2pp2.err; exit 1; }
+    done
+    python3 "$analyzer" dumps >analysis.txt
+    cat analysis.txt
+    # Stopped, rank 5 leaves no dump; or it dumps when the end of the job continues it (mpirun
+    # sends SIGCONT before it kills), and then it is behind.
+    grep -q -E "^rank 5 (left no dump \(stopped or dead\)|never reached [a-z_]+ #[0-9]+ on '[a-z-]+') " analysis.txt ||
+      { echo "the analyzer does not name rank 5"; exit 1; }
     ;;
   *)
     echo "unknown case $case"; exit 2 ;;

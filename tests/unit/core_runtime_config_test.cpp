@@ -30,6 +30,26 @@ TEST_CASE("bad values name the variable or flag") {
                          InvalidArgument, "QUINTET_MPI_IDLE_START_US");
 }
 
+TEST_CASE("flight recorder size and dump directory") {
+  const RuntimeConfig d = RuntimeConfig::from({}, {});
+  CHECK(d.flight_size == 2048);
+  CHECK(d.flight_dir.empty());
+  const RuntimeConfig e =
+      RuntimeConfig::from({{"QUINTET_FLIGHT_SIZE", "16"}, {"QUINTET_FLIGHT_DIR", "/tmp/a"}}, {});
+  CHECK(e.flight_size == 16);
+  CHECK(e.flight_dir == "/tmp/a");
+  const RuntimeConfig f = RuntimeConfig::from({{"QUINTET_FLIGHT_SIZE", "16"}},
+                                              {"p", "--flight-size=0", "--flight-dir", "out"});
+  CHECK(f.flight_size == 0);
+  CHECK(f.flight_dir == "out");
+  REQUIRE_THROWS_QUINTET(RuntimeConfig::from({{"QUINTET_FLIGHT_SIZE", "-1"}}, {}), InvalidArgument,
+                         "QUINTET_FLIGHT_SIZE");
+  REQUIRE_THROWS_QUINTET(RuntimeConfig::from({}, {"p", "--flight-size", "99999999"}),
+                         InvalidArgument, "--flight-size");
+  REQUIRE_THROWS_QUINTET(RuntimeConfig::from({}, {"p", "--flight-dir="}), InvalidArgument,
+                         "--flight-dir");
+}
+
 TEST_CASE("from_env reads the process environment once") {
   const RuntimeConfig c = RuntimeConfig::from_env();
   CHECK(c.timeout_s > 0);

@@ -53,6 +53,8 @@ namespace detail {
 class TcpStoreServer;
 struct MpiFinalizer;
 class JobMonitor;
+class FlightRegistry;
+class FlightSignalDump;
 }  // namespace detail
 
 // This process's place in the job and its world communicators. Move-only. Destruction closes the
@@ -76,6 +78,12 @@ class JobMonitor;
 // call (which cannot be interrupted) prints that message itself instead. A World destroyed by a
 // propagating exception, or after another rank failed, publishes a failure too, skips the
 // collective MPI_Finalize (which would hang), and ends the job when the process exits.
+//
+// Flight recorder (MPI jobs of more than one rank; docs/reliability.md): every communicator keeps
+// its last RuntimeConfig::flight_size operations. This rank writes them all to
+// <flight_dir>/flight_rank<r>.json when a wait times out (the message then names the rank that is
+// behind), when it fails or another rank's failure reaches it, on SIGUSR1 (the job goes on), and
+// on dump_flight(). scripts/analyze_flight.py reads the dumps of every rank.
 //
 // With RuntimeConfig::check_collectives (--check-collectives), comm() and cpu_comm() check every
 // operation's fingerprint across their ranks before it is sent (checked_communicator.hpp); so do
@@ -109,6 +117,11 @@ class World {
   // Otherwise (one rank, no MPI) it returns, and the program exits as it would. Never throws.
   void fail(const std::exception& error, int exit_code = 1) noexcept;
 
+  // Writes this rank's flight recorder now (flight_rank<rank()>.json in RuntimeConfig::flight_dir)
+  // with reason, and returns its path; "" for a job that has none (one rank, or no MPI) or when
+  // the file could not be written (logged). Never throws.
+  std::string dump_flight(std::string_view reason = "on demand") const noexcept;
+
  private:
   friend World init(const RuntimeConfig& config);
   World();
@@ -124,6 +137,9 @@ class World {
   Communicator* comm_ = nullptr;
   // The job's failure channel (MPI jobs of more than one rank), shared with the communicators.
   std::shared_ptr<detail::JobMonitor> monitor_;
+  // The flight recorders of this process, and the SIGUSR1 handler that dumps them.
+  std::shared_ptr<detail::FlightRegistry> flight_;
+  std::unique_ptr<detail::FlightSignalDump> flight_signal_;
   int uncaught_at_init_ = 0;  // std::uncaught_exceptions() when init() made this World
 };
 

@@ -16,6 +16,7 @@ namespace quintet {
 
 namespace detail {
 class JobMonitor;
+class FlightRegistry;
 }  // namespace detail
 
 struct MpiOptions {
@@ -33,6 +34,12 @@ struct MpiOptions {
   // waits throw ErrorCode::Remote. quintet::init sets it on the world communicators (their splits
   // inherit it); null for communicators made directly.
   std::shared_ptr<detail::JobMonitor> monitor;
+  // The flight recorder: each communicator keeps its last operations (RuntimeConfig::flight_size,
+  // docs/reliability.md). With a registry (quintet::init sets one; splits inherit it) they are
+  // dumped together and its capacity wins; without one, flight_size operations are kept for the
+  // timeout messages only.
+  std::shared_ptr<detail::FlightRegistry> flight;
+  std::size_t flight_size = 2048;
 };
 
 // A communicator over the ranks of comm (MPI_Comm_dup'ed: comm stays the caller's). Collective

@@ -11,6 +11,12 @@
 //   QUINTET_CHECK_COLLECTIVES=1    --check-collectives      debug mode: the ranks compare every
 //                                                           operation's fingerprint before it is
 //                                                           sent (checked_communicator.hpp)
+//   QUINTET_FLIGHT_SIZE=2048       --flight-size N          operations each communicator's flight
+//                                                           recorder keeps (0: sequence numbers
+//                                                           only)
+//   QUINTET_FLIGHT_DIR=DIR         --flight-dir DIR         where flight_rank<r>.json is written on
+//                                                           a timeout, an error, SIGUSR1 or demand
+//                                                           (default: the working directory)
 //
 // Flags win over the environment; unknown flags are left for the program (see remaining_args).
 #pragma once
@@ -37,6 +43,10 @@ struct RuntimeConfig {
   // (checked_communicator.hpp). Off by default. The flag takes no value (--check-collectives=0|1
   // also works); the variable takes 1/0, true/false, on/off.
   bool check_collectives = false;
+  // The flight recorder (docs/reliability.md): the last flight_size operations of every
+  // communicator, dumped to flight_dir/flight_rank<r>.json ("": the working directory).
+  std::size_t flight_size = 2048;
+  std::string flight_dir;
   // Every variable of the environment that was read, for error messages and launchers
   // (MPI/SLURM/torchrun variables used by bootstrap live here too).
   std::map<std::string, std::string> env;

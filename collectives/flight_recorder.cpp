@@ -1,0 +1,227 @@
+#include "collectives/flight_recorder.hpp"
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "quintet/core/error.hpp"
+#include "quintet/core/log.hpp"
+
+namespace quintet::detail {
+
+namespace {
+
+std::int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+std::string_view flight_state_name(FlightState state) {
+  switch (state) {
+    case FlightState::enqueued:
+      return "enqueued";
+    case FlightState::started:
+      return "started";
+    case FlightState::completed:
+      return "completed";
+    case FlightState::failed:
+      return "failed";
+  }
+  return "unknown";
+}
+
+std::int64_t steady_to_unix_us(std::int64_t steady_ns) {
+  if (steady_ns == 0) return 0;
+  const auto unix_now = std::chrono::duration_cast<std::chrono::microseconds>(
+                            std::chrono::system_clock::now().time_since_epoch())
+                            .count();
+  return unix_now - (now_ns() - steady_ns) / 1000;
+}
+
+FlightRecorder::FlightRecorder(std::string name, int rank, std::vector<int> world_ranks,
+                               std::size_t capacity)
+    : name_(std::move(name)), rank_(rank), world_ranks_(std::move(world_ranks)), slots_(capacity) {}
+
+void FlightRecorder::enqueued(std::int64_t seq, const char* op, DType dtype, std::int64_t count,
+                              int peer) noexcept {
+  enqueued_.store(seq, std::memory_order_relaxed);
+  if (slots_.empty()) return;
+  Slot& s = slot(seq);
+  s.tag.store(kEmpty, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);  // a reader sees kEmpty before the fields
+  s.op.store(op, std::memory_order_relaxed);
+  s.count.store(count, std::memory_order_relaxed);
+  s.peer.store(peer, std::memory_order_relaxed);
+  s.dtype.store(static_cast<std::uint8_t>(dtype), std::memory_order_relaxed);
+  s.enqueued_ns.store(now_ns(), std::memory_order_relaxed);
+  s.started_ns.store(0, std::memory_order_relaxed);
+  s.completed_ns.store(0, std::memory_order_relaxed);
+  s.tag.store(tag_of(seq, FlightState::enqueued), std::memory_order_release);
+}
+
+void FlightRecorder::advance(std::int64_t seq, FlightState from, FlightState to,
+                             std::atomic<std::int64_t> Slot::*time) noexcept {
+  Slot& s = slot(seq);
+  std::uint64_t expected = tag_of(seq, from);
+  // Fails when the slot holds a newer operation (the ring wrapped): that one's entry stays.
+  if (s.tag.compare_exchange_strong(expected, tag_of(seq, to), std::memory_order_acq_rel)) {
+    (s.*time).store(now_ns(), std::memory_order_relaxed);
+  }
+}
+
+void FlightRecorder::started(std::int64_t seq) noexcept {
+  started_.store(seq, std::memory_order_relaxed);
+  if (!slots_.empty()) {
+    advance(seq, FlightState::enqueued, FlightState::started, &Slot::started_ns);
+  }
+}
+
+void FlightRecorder::completed(std::int64_t seq, bool ok) noexcept {
+  if (ok) completed_.store(seq, std::memory_order_relaxed);  // a failure is no progress
+  if (slots_.empty()) return;
+  const FlightState to = ok ? FlightState::completed : FlightState::failed;
+  // An operation refused before it started (an earlier one failed) goes from enqueued.
+  advance(seq, FlightState::started, to, &Slot::completed_ns);
+  advance(seq, FlightState::enqueued, to, &Slot::completed_ns);
+}
+
+FlightProgress FlightRecorder::progress() const noexcept {
+  return FlightProgress{enqueued_.load(std::memory_order_relaxed),
+                        started_.load(std::memory_order_relaxed),
+                        completed_.load(std::memory_order_relaxed)};
+}
+
+bool FlightRecorder::read(const Slot& s, FlightOp* out) const {
+  const std::uint64_t tag = s.tag.load(std::memory_order_acquire);
+  if (tag == kEmpty) return false;
+  FlightOp op;
+  op.seq = static_cast<std::int64_t>(tag >> 2);
+  op.state = static_cast<FlightState>(tag & 3);
+  const char* name = s.op.load(std::memory_order_relaxed);
+  op.op = name != nullptr ? std::string_view(name) : std::string_view("?");
+  op.count = s.count.load(std::memory_order_relaxed);
+  op.peer = s.peer.load(std::memory_order_relaxed);
+  op.dtype = static_cast<DType>(s.dtype.load(std::memory_order_relaxed));
+  op.enqueued_ns = s.enqueued_ns.load(std::memory_order_relaxed);
+  op.started_ns = s.started_ns.load(std::memory_order_relaxed);
+  op.completed_ns = s.completed_ns.load(std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_acquire);
+  // Rewritten meanwhile for a newer operation: the fields may mix the two.
+  const std::uint64_t again = s.tag.load(std::memory_order_relaxed);
+  if (again == kEmpty || (again >> 2) != (tag >> 2)) return false;
+  op.state = static_cast<FlightState>(again & 3);
+  *out = op;
+  return true;
+}
+
+std::vector<FlightOp> FlightRecorder::snapshot() const {
+  std::vector<FlightOp> ops;
+  const std::int64_t last = enqueued_.load(std::memory_order_relaxed);
+  if (slots_.empty() || last < 0) return ops;
+  const auto n = static_cast<std::int64_t>(slots_.size());
+  ops.reserve(slots_.size());
+  for (std::int64_t seq = std::max<std::int64_t>(0, last - n + 1); seq <= last; ++seq) {
+    FlightOp op;
+    if (find(seq, &op)) ops.push_back(op);
+  }
+  return ops;
+}
+
+bool FlightRecorder::find(std::int64_t seq, FlightOp* out) const {
+  if (slots_.empty() || seq < 0) return false;
+  FlightOp op;
+  if (!read(slots_[static_cast<std::size_t>(seq) % slots_.size()], &op) || op.seq != seq) {
+    return false;
+  }
+  *out = op;
+  return true;
+}
+
+FlightRegistry::FlightRegistry(int rank, int world_size, std::string dir, std::size_t capacity)
+    : rank_(rank), world_size_(world_size), dir_(std::move(dir)), capacity_(capacity) {}
+
+std::string FlightRegistry::path() const {
+  const std::string name = fmt::format("flight_rank{}.json", rank_);
+  return dir_.empty() ? name : (std::filesystem::path(dir_) / name).string();
+}
+
+void FlightRegistry::add(std::shared_ptr<FlightRecorder> recorder) {
+  std::lock_guard lock(mutex_);
+  recorders_.push_back(std::move(recorder));
+  std::size_t retired = 0;
+  for (const auto& r : recorders_) retired += r->retired() ? 1 : 0;
+  // Drop the oldest retired ones beyond what is kept.
+  std::erase_if(recorders_, [&](const std::shared_ptr<FlightRecorder>& r) {
+    if (retired <= kRetiredKept || !r->retired()) return false;
+    --retired;
+    return true;
+  });
+}
+
+std::vector<std::shared_ptr<FlightRecorder>> FlightRegistry::recorders() const {
+  std::lock_guard lock(mutex_);
+  return recorders_;
+}
+
+std::string FlightRegistry::dump(std::string_view reason) noexcept {
+  try {
+    std::lock_guard lock(dump_mutex_);
+    nlohmann::json communicators = nlohmann::json::array();
+    for (const auto& rec : recorders()) {
+      const FlightProgress p = rec->progress();
+      nlohmann::json ops = nlohmann::json::array();
+      for (const FlightOp& op : rec->snapshot()) {
+        ops.push_back({{"seq", op.seq},
+                       {"op", op.op},
+                       {"dtype", dtype_name(op.dtype)},
+                       {"count", op.count},
+                       {"peer", op.peer},
+                       {"state", flight_state_name(op.state)},
+                       {"enqueued_us", steady_to_unix_us(op.enqueued_ns)},
+                       {"started_us", steady_to_unix_us(op.started_ns)},
+                       {"completed_us", steady_to_unix_us(op.completed_ns)}});
+      }
+      communicators.push_back({{"name", rec->name()},
+                               {"rank", rec->rank()},
+                               {"world_ranks", rec->world_ranks()},
+                               {"enqueued", p.enqueued},
+                               {"started", p.started},
+                               {"completed", p.completed},
+                               {"capacity", rec->capacity()},
+                               {"retired", rec->retired()},
+                               {"ops", std::move(ops)}});
+    }
+    const nlohmann::json doc = {{"version", 1},
+                                {"rank", rank_},
+                                {"world_size", world_size_},
+                                {"reason", std::string(reason)},
+                                {"time_us", steady_to_unix_us(now_ns())},
+                                {"communicators", std::move(communicators)}};
+    const std::string target = path();
+    if (!dir_.empty()) std::filesystem::create_directories(dir_);
+    const std::string tmp = target + ".tmp";
+    {
+      std::ofstream f(tmp, std::ios::trunc);
+      f << doc.dump(1) << '\n';
+      f.close();
+      QUINTET_CHECK(f.good(), "could not write {}", tmp);
+    }
+    std::filesystem::rename(tmp, target);
+    log::info("flight recorder: wrote {} ({})", target, reason);
+    return target;
+  } catch (const std::exception& e) {
+    log::error("flight recorder: could not dump to {}: {}", path(), e.what());
+  } catch (...) {
+  }
+  return {};
+}
+
+void FlightRegistry::dump_on_failure(std::string_view reason) noexcept {
+  if (failure_dumped_.exchange(true)) return;
+  dump(reason);
+}
+
+}  // namespace quintet::detail

@@ -1,0 +1,209 @@
+// The flight recorder (issue #44): the ring keeps the last N operations with their states and
+// times, wraps around, drops a state change for an operation whose slot was reused, keeps only
+// the counters at size 0; the registry dumps every live recorder to flight_rank<r>.json; the
+// progress reports round-trip, and the laggard is named from them (skipped collective, stopped
+// rank, point-to-point peer).
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+
+#include "collectives/flight_recorder.hpp"
+#include "collectives/mpi/laggard.hpp"
+#include "support/catch.hpp"
+
+using namespace quintet;
+using namespace quintet::detail;
+
+TEST_CASE("the ring keeps the last N operations, oldest first, with their states") {
+  FlightRecorder rec("tp", 1, {4, 5}, 4);
+  CHECK(rec.snapshot().empty());
+  CHECK(rec.progress().enqueued == -1);
+  rec.enqueued(0, "all_reduce", DType::bf16, 1024, -1);
+  rec.enqueued(1, "send", DType::f32, 8, 0);
+  rec.started(0);
+  rec.completed(0, true);
+  rec.started(1);
+  auto ops = rec.snapshot();
+  REQUIRE(ops.size() == 2);
+  CHECK(ops[0].seq == 0);
+  CHECK(ops[0].op == "all_reduce");
+  CHECK(ops[0].dtype == DType::bf16);
+  CHECK(ops[0].count == 1024);
+  CHECK(ops[0].state == FlightState::completed);
+  CHECK(ops[0].enqueued_ns > 0);
+  CHECK(ops[0].started_ns >= ops[0].enqueued_ns);
+  CHECK(ops[0].completed_ns >= ops[0].started_ns);
+  CHECK(ops[1].op == "send");
+  CHECK(ops[1].peer == 0);
+  CHECK(ops[1].state == FlightState::started);
+  CHECK(ops[1].completed_ns == 0);
+  CHECK(rec.progress().enqueued == 1);
+  CHECK(rec.progress().started == 1);
+  CHECK(rec.progress().completed == 0);
+
+  // Wraparound: 4 slots, 11 operations; a random number of them still in flight.
+  std::mt19937 rng(44);
+  const int done = 2 + static_cast<int>(rng() % 6);
+  rec.completed(1, false);
+  for (int s = 2; s <= 10; ++s) rec.enqueued(s, "all_gather", DType::f32, s, -1);
+  for (int s = 2; s <= done; ++s) {
+    rec.started(s);  // slots 2..6 were reused by 6..10 when done >= 6: those changes are dropped
+    rec.completed(s, true);
+  }
+  ops = rec.snapshot();
+  REQUIRE(ops.size() == 4);
+  for (int i = 0; i < 4; ++i) {
+    CHECK(ops[i].seq == 7 + i);
+    CHECK(ops[i].count == 7 + i);
+    CHECK(ops[i].state == (7 + i <= done ? FlightState::completed : FlightState::enqueued));
+  }
+  FlightOp op;
+  CHECK_FALSE(rec.find(3, &op));  // overwritten
+  REQUIRE(rec.find(9, &op));
+  CHECK(op.seq == 9);
+  CHECK(rec.progress().completed == done);
+}
+
+TEST_CASE("a failed or refused operation is marked failed") {
+  FlightRecorder rec("dp", 0, {0, 1}, 8);
+  rec.enqueued(0, "all_reduce", DType::f32, 4, -1);
+  rec.enqueued(1, "all_reduce", DType::f32, 4, -1);
+  rec.started(0);
+  rec.completed(0, false);
+  rec.completed(1, false);  // refused before it started
+  const auto ops = rec.snapshot();
+  REQUIRE(ops.size() == 2);
+  CHECK(ops[0].state == FlightState::failed);
+  CHECK(ops[1].state == FlightState::failed);
+  CHECK(ops[1].started_ns == 0);
+  CHECK(rec.progress().completed == -1);  // failures do not count as progress
+}
+
+TEST_CASE("size 0 keeps the sequence counters only") {
+  FlightRecorder rec("pp", 0, {0, 1}, 0);
+  rec.enqueued(0, "send", DType::f32, 4, 1);
+  rec.started(0);
+  rec.completed(0, true);
+  rec.enqueued(1, "send", DType::f32, 4, 1);
+  CHECK(rec.snapshot().empty());
+  CHECK(rec.progress().enqueued == 1);
+  CHECK(rec.progress().completed == 0);
+}
+
+TEST_CASE("the registry dumps every live recorder as JSON") {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("quintet_flight_" + std::to_string(std::random_device{}()));
+  FlightRegistry registry(3, 4, dir.string(), 16);
+  CHECK(registry.path() == (dir / "flight_rank3.json").string());
+  auto tp = std::make_shared<FlightRecorder>("tp", 1, std::vector<int>{2, 3}, 16);
+  registry.add(tp);
+  for (int i = 0; i < 20; ++i) {  // communicators made and gone: the last 16 are kept
+    auto gone =
+        std::make_shared<FlightRecorder>("tmp" + std::to_string(i), 0, std::vector<int>{3}, 16);
+    registry.add(gone);
+    gone->retire();
+  }
+  registry.add(std::make_shared<FlightRecorder>("dp", 0, std::vector<int>{3}, 16));
+  REQUIRE(registry.recorders().size() == 18);
+  CHECK(registry.recorders()[1]->name() == "tmp4");
+  CHECK(registry.recorders()[17]->name() == "dp");
+  tp->enqueued(0, "all_reduce", DType::f32, 64, -1);
+  tp->started(0);
+  tp->completed(0, true);
+  tp->enqueued(1, "broadcast", DType::i64, 2, 0);
+  REQUIRE(registry.dump("on demand") == registry.path());
+  std::ifstream in(registry.path());
+  const nlohmann::json doc = nlohmann::json::parse(in);
+  CHECK(doc["rank"] == 3);
+  CHECK(doc["world_size"] == 4);
+  CHECK(doc["reason"] == "on demand");
+  REQUIRE(doc["communicators"].size() == 18);
+  CHECK(doc["communicators"][1]["retired"] == true);
+  const auto& c = doc["communicators"][0];
+  CHECK(c["retired"] == false);
+  CHECK(c["name"] == "tp");
+  CHECK(c["world_ranks"] == std::vector<int>{2, 3});
+  CHECK(c["enqueued"] == 1);
+  CHECK(c["completed"] == 0);
+  REQUIRE(c["ops"].size() == 2);
+  CHECK(c["ops"][1]["op"] == "broadcast");
+  CHECK(c["ops"][1]["dtype"] == "i64");
+  CHECK(c["ops"][1]["state"] == "enqueued");
+  CHECK(c["ops"][1]["peer"] == 0);
+  const auto unix_us = std::chrono::duration_cast<std::chrono::microseconds>(
+                           std::chrono::system_clock::now().time_since_epoch())
+                           .count();
+  CHECK(std::abs(c["ops"][0]["completed_us"].get<std::int64_t>() - unix_us) < 60'000'000);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("rank lists collapse runs") {
+  CHECK(rank_list({2, 0, 1, 5}) == "0-2, 5");
+  CHECK(rank_list({7}) == "7");
+  CHECK(rank_list({1, 3, 4}) == "1, 3-4");
+}
+
+namespace {
+
+// A report of one rank that holds communicator `name` over `members` at these counters.
+std::string report_of(const std::string& name, const std::vector<int>& members, int enqueued,
+                      int completed) {
+  FlightRegistry registry(0, 1, "", 8);
+  auto rec = std::make_shared<FlightRecorder>(name, 0, members, 8);
+  registry.add(rec);
+  for (int s = 0; s <= enqueued; ++s) rec->enqueued(s, "all_reduce", DType::f32, 4, -1);
+  for (int s = 0; s <= completed; ++s) rec->completed(s, true);
+  return progress_report(registry);
+}
+
+}  // namespace
+
+TEST_CASE("progress reports round-trip") {
+  const auto comms = parse_progress_report(report_of("pp", {0, 4}, 7, 5));
+  REQUIRE(comms.size() == 1);
+  CHECK(comms[0].name == "pp");
+  CHECK(comms[0].world_ranks == std::vector<int>{0, 4});
+  CHECK(comms[0].progress.enqueued == 7);
+  CHECK(comms[0].progress.completed == 5);
+  CHECK(comms[0].pending_op == "all_reduce");
+  CHECK(comms[0].pending_seq == 6);
+}
+
+TEST_CASE("the laggard is named: skipped collective, stopped rank, peer") {
+  // This is world rank 0 of 'pp' over world ranks {0, 1, 2, 3}, stuck on all_reduce #4.
+  FlightRecorder rec("pp", 0, {0, 1, 2, 3}, 16);
+  for (int s = 0; s <= 4; ++s) rec.enqueued(s, "all_reduce", DType::f32, 4, -1);
+  for (int s = 0; s <= 3; ++s) rec.completed(s, true);
+  const OpInfo waited{"all_reduce", 4, DType::f32, 4, -1};
+  const std::vector<int> members{0, 1, 2, 3};
+  // Rank 3 has issued up to #3 only; ranks 1 and 2 wait on #4 too; rank 5 (elsewhere) is silent.
+  std::map<int, std::string> answers{{1, report_of("pp", members, 4, 3)},
+                                     {2, report_of("pp", members, 4, 3)},
+                                     {3, report_of("pp", members, 3, 3)},
+                                     {4, report_of("tp", {4, 5}, 0, 0)}};
+  const std::string skipped = describe_laggards(rec, 0, waited, answers, 6, 15);
+  CHECK(skipped.find("rank 3 never reached all_reduce #4 on 'pp'") != std::string::npos);
+  CHECK(skipped.find("ranks 0-2 waited 15 s") != std::string::npos);
+  CHECK(skipped.find("rank 5 of the job does not answer") != std::string::npos);
+  CHECK(skipped.find("rank 1 ") == std::string::npos);
+
+  answers.erase(3);  // stopped: no answer
+  const std::string stopped = describe_laggards(rec, 0, waited, answers, 6, 15);
+  CHECK(stopped.find("rank 3 has not completed all_reduce #4 on 'pp' and does not answer: it is "
+                     "stopped or dead") != std::string::npos);
+
+  answers[3] = report_of("pp", members, 4, 3);  // everyone waits: the hang is elsewhere
+  CHECK(describe_laggards(rec, 0, waited, answers, 6, 15).empty());
+
+  // A send to the group's rank 2 (world rank 2), which has nothing pending on 'pp'.
+  FlightRecorder pp("pp", 0, {0, 1, 2, 3}, 16);
+  pp.enqueued(0, "send", DType::f32, 4, 2);
+  const std::string peer = describe_laggards(pp, 0, OpInfo{"send", 0, DType::f32, 4, 2},
+                                             {{2, report_of("pp", members, -1, -1)}}, 4, 10);
+  CHECK(peer.find("rank 2, the peer of send #0 on 'pp', has no operation pending there") !=
+        std::string::npos);
+  CHECK(peer.find("rank 1") == std::string::npos);  // not a peer of this send
+}
