@@ -1,5 +1,5 @@
 # The layers of the library, one OBJECT library each, linked into the one shared library
-# `quintet`. Dependencies point one way (DESIGN.md section 1):
+# `quintet`. Dependencies point one way (docs/architecture.md section 1):
 #
 #   core  <-  nn, data, collectives  <-  parallel
 #

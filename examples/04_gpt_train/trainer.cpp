@@ -253,6 +253,7 @@ int train_main(int argc, char** argv, const Trainer& trainer) {
     if (auto exit = quintet::train::parse_job_args(runtime, trainer.description, &job)) {
       return *exit;
     }
+    install_checkpoint_fault(runtime);  // tests only
     quintet::World world = quintet::init(runtime);
     try {
       return run(trainer.program, std::move(job), world);

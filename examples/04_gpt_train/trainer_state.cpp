@@ -7,6 +7,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "quintet/parallel/checkpoint/checkpoint.hpp"
 
 #include "quintet/core/error.hpp"
 #include "quintet/core/log.hpp"
@@ -35,6 +40,21 @@ std::function<void()> exit_during_save(const quintet::train::JobConfig& job, std
     quintet::log::warn("--exit-during-save {}: exiting before the checkpoint is committed", step);
     std::_Exit(3);
   };
+}
+
+void install_checkpoint_fault(const quintet::RuntimeConfig& runtime) {
+  const std::optional<std::string> spec = runtime.get_env("QUINTET_CHECKPOINT_FAULT");
+  if (!spec || spec->empty()) return;
+  const std::size_t colon = spec->find(':');
+  const std::string point = spec->substr(0, colon);
+  const int only_rank = colon == std::string::npos ? -1 : std::stoi(spec->substr(colon + 1));
+  quintet::set_save_point_hook([point, only_rank, text = *spec](std::string_view at, int rank) {
+    if (at != point || (only_rank >= 0 && rank != only_rank)) return;
+    std::fprintf(stderr, "QUINTET_CHECKPOINT_FAULT=%s: rank %d kills itself at '%s'\n",
+                 text.c_str(), rank, point.c_str());
+    std::fflush(stderr);
+    std::raise(SIGKILL);
+  });
 }
 
 void inject_fault(const quintet::train::JobConfig& job, std::int64_t step, int rank) {

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "quintet/collectives/communicator.hpp"
+#include "quintet/core/runtime_config.hpp"
 #include "quintet/parallel/train/checkpointer.hpp"
 #include "quintet/parallel/train/job_config.hpp"
 
@@ -24,6 +25,12 @@ std::string run_metadata(const quintet::train::JobConfig& job);
 // --exit-during-save: the before_commit hook that kills the process while saving `step` (for the
 // test that an interrupted save never replaces a good checkpoint); empty for other steps.
 std::function<void()> exit_during_save(const quintet::train::JobConfig& job, std::int64_t step);
+
+// QUINTET_CHECKPOINT_FAULT=<point>[:<rank>] (read by RuntimeConfig, for the tests that a save
+// killed midway is never loaded): installs the library's save-point hook that kills this process
+// with SIGKILL at that point of every save (on that rank only, if given). Points: "shard",
+// "before_commit", "metadata", "rename" (checkpoint.hpp). Nothing when the variable is unset.
+void install_checkpoint_fault(const quintet::RuntimeConfig& runtime);
 
 // --inject-fault KIND:STEP:RANK: at the start of step `step` (1-based) on rank `rank`, throws an
 // error (throw) or stops this process with SIGSTOP (stop); does nothing elsewhere. For the tests

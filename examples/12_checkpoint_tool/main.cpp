@@ -9,6 +9,8 @@
 // Exit status: 0 when it holds a checkpoint (and verifies), 1 when DIR holds none, 2 on an error.
 #include <fmt/format.h>
 
+#include <nlohmann/json.hpp>
+
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -18,17 +20,11 @@
 
 namespace {
 
-// The value of "key": "..." or "key": <number> in the checkpoint's metadata ("" when absent).
-std::string field(const std::string& json, const std::string& key) {
-  const std::string pattern = "\"" + key + "\": ";
-  const auto pos = json.find(pattern);
-  if (pos == std::string::npos) return "";
-  std::size_t begin = pos + pattern.size();
-  if (json[begin] == '"') {
-    ++begin;
-    return json.substr(begin, json.find('"', begin) - begin);
-  }
-  return json.substr(begin, json.find_first_of(",}", begin) - begin);
+// The Checkpointer's field key of a checkpoint's metadata, as text ("" when absent).
+std::string field(const nlohmann::json& meta, const std::string& key) {
+  if (!meta.is_object() || !meta.contains(key)) return "";
+  const nlohmann::json& v = meta[key];
+  return v.is_string() ? v.get<std::string>() : v.dump();
 }
 
 }  // namespace
@@ -45,7 +41,7 @@ int main(int argc, char** argv) {
       fmt::print("{}: no checkpoint\n", argv[1]);
       return 1;
     }
-    const std::string& meta = info->metadata_json;
+    const nlohmann::json meta = nlohmann::json::parse(info->user_json, nullptr, false);
     fmt::print("checkpoint {}: step {}, saved by {} ranks\n", info->path, info->step,
                info->world_size);
     fmt::print("  identity: {}\n  layout:   {}\n  data:     epoch {}, sample {}\n",

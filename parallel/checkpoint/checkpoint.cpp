@@ -10,6 +10,8 @@
 #include <set>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
 #include "quintet/core/error.hpp"
 #include "shard_file.hpp"
 
@@ -21,16 +23,28 @@ namespace {
 
 std::string shard_name(int rank) { return fmt::format("rank_{:05d}.qckpt", rank); }
 
+// checkpoint.json's text as JSON; System naming the file when it is not.
+nlohmann::ordered_json parse_metadata(const std::string& text, const std::string& file) {
+  try {
+    return nlohmann::ordered_json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    QUINTET_THROW(System, "checkpoint: {} is not valid JSON: {}", file, e.what());
+  }
+}
+
 // The XXH64 that checkpoint.json records for rank's shard (the one the shard must carry).
 std::uint64_t recorded_checksum(const CheckpointInfo& checkpoint, int rank) {
-  const std::string key = fmt::format("\"file\": \"{}\"", shard_name(rank));
-  const auto pos = checkpoint.metadata_json.find(key);
-  QUINTET_CHECK_CODE(pos != std::string::npos, System, "checkpoint {}: no entry for {}",
-                     checkpoint.path, shard_name(rank));
-  const auto sum_pos = checkpoint.metadata_json.find("\"xxh64\": \"", pos);
-  QUINTET_CHECK_CODE(sum_pos != std::string::npos, System, "checkpoint {}: no checksum for {}",
-                     checkpoint.path, shard_name(rank));
-  return std::stoull(checkpoint.metadata_json.substr(sum_pos + 10, 16), nullptr, 16);
+  const nlohmann::ordered_json meta = parse_metadata(
+      checkpoint.metadata_json, (fs::path(checkpoint.path) / "checkpoint.json").string());
+  const std::string file = shard_name(rank);
+  for (const auto& shard : meta.value("shards", nlohmann::ordered_json::array())) {
+    if (!shard.is_object() || shard.value("file", "") != file) continue;
+    const std::string sum = shard.value("xxh64", "");
+    QUINTET_CHECK_CODE(sum.size() == 16, System, "checkpoint {}: no checksum for {}",
+                       checkpoint.path, file);
+    return std::stoull(sum, nullptr, 16);
+  }
+  QUINTET_THROW(System, "checkpoint {}: no entry for {}", checkpoint.path, file);
 }
 
 // Writes text to path and flushes it to the disk before returning.
@@ -100,13 +114,13 @@ void run_agreed(Communicator& comm, const char* what, Fn&& fn) {
                      a.failures, a.first_failed_rank);
 }
 
-// Reads "key": <integer> from the checkpoint.json text rank 0 wrote (its own fixed layout).
-std::int64_t read_int_field(const std::string& json, const std::string& key,
+// checkpoint.json's integer field key; System naming the file when it is missing.
+std::int64_t read_int_field(const nlohmann::ordered_json& meta, const std::string& key,
                             const std::string& path) {
-  const std::string pattern = "\"" + key + "\": ";
-  const auto pos = json.find(pattern);
-  QUINTET_CHECK_CODE(pos != std::string::npos, System, "checkpoint {}: no \"{}\" field", path, key);
-  return std::stoll(json.substr(pos + pattern.size()));
+  const auto it = meta.find(key);
+  QUINTET_CHECK_CODE(it != meta.end() && it->is_number_integer(), System,
+                     "checkpoint {}: no integer \"{}\" field", path, key);
+  return it->get<std::int64_t>();
 }
 
 std::string read_text(const fs::path& path) {
@@ -132,6 +146,13 @@ void save_checkpoint(const std::string& dir, std::int64_t step,
   QUINTET_CHECK(!dir.empty(), "save_checkpoint: empty directory name");
   QUINTET_CHECK(step >= 0, "save_checkpoint: step = {}; expected >= 0", step);
   QUINTET_CHECK(!metadata_json.empty(), "save_checkpoint: empty metadata; pass a JSON value");
+  nlohmann::ordered_json user;
+  try {
+    user = nlohmann::ordered_json::parse(metadata_json);
+  } catch (const nlohmann::json::exception& e) {
+    QUINTET_THROW(InvalidArgument, "save_checkpoint: the metadata is not a JSON value ({}): {}",
+                  e.what(), metadata_json);
+  }
   std::set<std::string> names;
   for (const auto& t : tensors) {
     QUINTET_CHECK(!t.name.empty() && t.name.find_first_of(" \n\t") == std::string::npos,
@@ -157,7 +178,7 @@ void save_checkpoint(const std::string& dir, std::int64_t step,
   std::uint64_t bytes = 0;
   run_agreed(comm, "save_checkpoint: writing shards", [&] {
     const ShardSummary s = write_shard(partial / shard_name(rank), tensors, stream,
-                                       [rank] { fault_point("shard", rank); });
+                                       [rank] { save_point("shard", rank); });
     checksum = s.checksum;
     bytes = s.bytes;
   });
@@ -174,30 +195,31 @@ void save_checkpoint(const std::string& dir, std::int64_t step,
     comm.all_gather(mine, all).synchronize();
   }
 
-  fault_point("before_commit", rank);
+  save_point("before_commit", rank);
   if (before_commit) before_commit();
   run_agreed(comm, "save_checkpoint: committing", [&] {
     if (rank != 0) return;
-    std::string json = fmt::format(
-        "{{\n  \"format\": \"quintet-checkpoint-1\",\n  \"step\": {},\n"
-        "  \"world_size\": {},\n  \"shards\": [\n",
-        step, comm.size());
+    nlohmann::ordered_json meta{{"format", "quintet-checkpoint-1"},
+                                {"step", step},
+                                {"world_size", comm.size()},
+                                {"shards", nlohmann::ordered_json::array()}};
     for (int r = 0; r < comm.size(); ++r) {
-      json += fmt::format(
-          "    {{\"rank\": {}, \"file\": \"{}\", \"bytes\": {}, \"xxh64\": "
-          "\"{:016x}\"}}{}\n",
-          r, shard_name(r), all.data<std::int64_t>()[2 * r + 1],
-          static_cast<std::uint64_t>(all.data<std::int64_t>()[2 * r]),
-          r + 1 < comm.size() ? "," : "");
+      meta["shards"].push_back(
+          {{"rank", r},
+           {"file", shard_name(r)},
+           {"bytes", all.data<std::int64_t>()[2 * r + 1]},
+           {"xxh64",
+            fmt::format("{:016x}", static_cast<std::uint64_t>(all.data<std::int64_t>()[2 * r]))}});
     }
-    json += "  ],\n  \"user\": " + metadata_json + "\n}\n";
+    meta["user"] = std::move(user);
+    const std::string json = meta.dump(2) + "\n";
     write_file_durably(partial / "checkpoint.json", json);
     sync_directory(partial);
-    fault_point("metadata", rank);
+    save_point("metadata", rank);
     // Re-saving a step replaces it; `latest` is only moved after the new one is in place.
     if (fs::exists(final_dir)) fs::remove_all(final_dir);
     fs::rename(partial, final_dir);
-    fault_point("rename", rank);
+    save_point("rename", rank);
     write_file_durably(root / "latest.tmp", checkpoint_name(step) + "\n");
     fs::rename(root / "latest.tmp", root / "latest");
     sync_directory(root);
@@ -219,9 +241,15 @@ std::optional<CheckpointInfo> latest_checkpoint(const std::string& dir) {
                      "checkpoint: {} names {}, which has no checkpoint.json", latest.string(),
                      info.path);
   info.metadata_json = read_text(meta);
-  info.step = read_int_field(info.metadata_json, "step", meta.string());
-  info.world_size =
-      static_cast<int>(read_int_field(info.metadata_json, "world_size", meta.string()));
+  const nlohmann::ordered_json parsed = parse_metadata(info.metadata_json, meta.string());
+  QUINTET_CHECK_CODE(parsed.is_object(), System, "checkpoint {}: checkpoint.json is not an object",
+                     meta.string());
+  info.step = read_int_field(parsed, "step", meta.string());
+  info.world_size = static_cast<int>(read_int_field(parsed, "world_size", meta.string()));
+  const auto user = parsed.find("user");
+  QUINTET_CHECK_CODE(user != parsed.end(), System, "checkpoint {}: no \"user\" field",
+                     meta.string());
+  info.user_json = user->dump();
   return info;
 }
 

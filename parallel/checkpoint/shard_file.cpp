@@ -5,12 +5,12 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <csignal>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <sstream>
 #include <vector>
 
@@ -60,17 +60,24 @@ void write_all(int fd, const void* data, std::size_t size, const std::filesystem
 
 }  // namespace
 
-void fault_point(const char* point, int rank) {
-  static const char* const spec = std::getenv("QUINTET_CHECKPOINT_FAULT");
-  if (spec == nullptr) return;
-  const std::string s(spec);
-  const std::size_t colon = s.find(':');
-  if (s.substr(0, colon) != point) return;
-  if (colon != std::string::npos && std::stoi(s.substr(colon + 1)) != rank) return;
-  std::fprintf(stderr, "QUINTET_CHECKPOINT_FAULT=%s: rank %d kills itself at '%s'\n", spec, rank,
-               point);
-  std::fflush(stderr);
-  std::raise(SIGKILL);
+namespace {
+std::mutex save_point_mutex;
+std::shared_ptr<const SavePointHook> save_point_hook;
+}  // namespace
+
+void set_save_point_hook(SavePointHook hook) {
+  auto next = hook ? std::make_shared<const SavePointHook>(std::move(hook)) : nullptr;
+  const std::lock_guard<std::mutex> lock(save_point_mutex);
+  save_point_hook = std::move(next);
+}
+
+void save_point(std::string_view point, int rank) {
+  std::shared_ptr<const SavePointHook> hook;
+  {
+    const std::lock_guard<std::mutex> lock(save_point_mutex);
+    hook = save_point_hook;
+  }
+  if (hook) (*hook)(point, rank);
 }
 
 ShardSummary write_shard(const std::filesystem::path& path, const std::vector<NamedTensor>& tensors,

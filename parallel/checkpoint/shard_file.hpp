@@ -31,13 +31,11 @@ struct ShardSummary {
 ShardSummary write_shard(const std::filesystem::path& path, const std::vector<NamedTensor>& tensors,
                          const Stream& stream, const std::function<void()>& mid_write = {});
 
-// Test-only fault injection: when the environment variable QUINTET_CHECKPOINT_FAULT is
-// "<point>" or "<point>:<rank>" and names this point (and rank, if given), the process kills
-// itself with SIGKILL here. Points of a save, in order: "shard" (rank's shard half written),
-// "before_commit" (every shard written and agreed), "metadata" (rank 0: checkpoint.json written,
-// the directory not yet renamed), "rename" (rank 0: the directory renamed, `latest` not yet
-// moved).
-void fault_point(const char* point, int rank);
+// A named point of a save (checkpoint.hpp's SavePointHook): calls the installed hook, if any.
+// Points of a save, in order: "shard" (rank's shard half written), "before_commit" (every shard
+// written and agreed), "metadata" (rank 0: checkpoint.json written, the directory not yet
+// renamed), "rename" (rank 0: the directory renamed, `latest` not yet moved).
+void save_point(std::string_view point, int rank);
 
 // The tensors a shard holds (ShardIndex: checkpoint.hpp), from its header (v2: the header's
 // checksum verified; the payload not read), and where its payload starts.

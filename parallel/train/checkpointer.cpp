@@ -13,6 +13,8 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "quintet/core/error.hpp"
 #include "quintet/parallel/checkpoint/checkpoint.hpp"
 #include "quintet/parallel/checkpoint/global_index.hpp"
@@ -21,28 +23,33 @@ namespace quintet::train {
 
 namespace {
 
-// Keys of the Checkpointer's part of the metadata (prefixed, so that the search below never
-// finds a key of the user's JSON first: ours are written before it).
-constexpr const char* kStep = "\"trainer_step\": ";
-constexpr const char* kEpoch = "\"trainer_data_epoch\": ";
-constexpr const char* kSample = "\"trainer_data_sample_index\": ";
-constexpr const char* kIdentity = "\"trainer_identity\": \"";
-constexpr const char* kUser = "\"user\": ";
-constexpr const char* kOptimizerStep = "\"trainer_optimizer_step\": ";
-constexpr const char* kLayout = "\"trainer_layout\": ";
+// Keys of the Checkpointer's part of the metadata (under checkpoint.json's "user"; the caller's
+// own JSON is under our "user").
+constexpr const char* kStep = "trainer_step";
+constexpr const char* kEpoch = "trainer_data_epoch";
+constexpr const char* kSample = "trainer_data_sample_index";
+constexpr const char* kIdentity = "trainer_identity";
+constexpr const char* kUser = "user";
+constexpr const char* kOptimizerStep = "trainer_optimizer_step";
+constexpr const char* kLayout = "trainer_layout";
 
-// The position just past key in text, at or after from; throws when it is missing.
-std::size_t after(const std::string& text, const std::string& key, std::size_t from,
-                  const std::string& path) {
-  const std::size_t pos = text.find(key, from);
-  QUINTET_CHECK(pos != std::string::npos,
+// The Checkpointer's metadata of a checkpoint; InvalidArgument when it was not saved by one.
+nlohmann::ordered_json checkpointer_metadata(const CheckpointInfo& info) {
+  nlohmann::ordered_json meta = nlohmann::ordered_json::parse(info.user_json, nullptr, false);
+  QUINTET_CHECK(meta.is_object() && meta.contains(kIdentity) && meta.contains(kStep),
                 "Checkpointer: {} has no {} in its metadata; it was not saved by a Checkpointer",
-                path, key);
-  return pos + key.size();
+                info.path, kIdentity);
+  return meta;
 }
 
-std::uint64_t read_u64(const std::string& text, const std::string& key, const std::string& path) {
-  return std::stoull(text.substr(after(text, key, 0, path)));
+// An unsigned integer field of that metadata; InvalidArgument naming it when missing.
+std::uint64_t read_u64(const nlohmann::ordered_json& meta, const char* key,
+                       const std::string& path) {
+  const auto it = meta.find(key);
+  QUINTET_CHECK(it != meta.end() && it->is_number_unsigned(),
+                "Checkpointer: {} has no {} in its metadata; it was not saved by a Checkpointer",
+                path, key);
+  return it->get<std::uint64_t>();
 }
 
 // "k1=v1;k2=v2" into its pairs, in order.
@@ -201,11 +208,21 @@ std::pair<std::vector<NamedTensor>, std::string> Checkpointer::snapshot(
     }
   }
   const data::SamplerState position = loader.state();
-  std::string meta =
-      fmt::format("{{{}{}, {}{}, {}{}, {}{}, {}{}\", {}\"{}\", {}{}}}", kStep, step, kOptimizerStep,
-                  optimizer_steps, kEpoch, position.epoch, kSample, position.sample_index,
-                  kIdentity, identity(model, loader), kLayout, run_layout(model), kUser, user_json);
-  return {std::move(tensors), std::move(meta)};
+  nlohmann::ordered_json user;
+  try {
+    user = nlohmann::ordered_json::parse(user_json);
+  } catch (const nlohmann::json::exception& e) {
+    QUINTET_THROW(InvalidArgument, "Checkpointer::save: user_json is not a JSON value ({}): {}",
+                  e.what(), user_json);
+  }
+  const nlohmann::ordered_json meta{{kStep, step},
+                                    {kOptimizerStep, optimizer_steps},
+                                    {kEpoch, position.epoch},
+                                    {kSample, position.sample_index},
+                                    {kIdentity, identity(model, loader)},
+                                    {kLayout, run_layout(model)},
+                                    {kUser, std::move(user)}};
+  return {std::move(tensors), meta.dump()};
 }
 
 void Checkpointer::save(std::int64_t step, TrainingModel& model, const data::DataLoader& loader,
@@ -289,11 +306,11 @@ std::optional<std::int64_t> Checkpointer::restore(TrainingModel& model, data::Da
   wait();
   const std::optional<CheckpointInfo> info = latest_checkpoint(dir_);
   if (!info) return std::nullopt;
-  const std::string& text = info->metadata_json;
+  const nlohmann::ordered_json meta = checkpointer_metadata(*info);
   // The identity first: a checkpoint of another run is refused before any tensor is read.
-  const std::size_t id_begin = after(text, kIdentity, 0, info->path);
-  const std::size_t id_end = text.find('"', id_begin);
-  const auto saved = split_identity(text.substr(id_begin, id_end - id_begin));
+  QUINTET_CHECK(meta[kIdentity].is_string(), "Checkpointer: {}: {} is not a string", info->path,
+                kIdentity);
+  const auto saved = split_identity(meta[kIdentity].get<std::string>());
   for (const auto& [key, value] : split_identity(identity(model, loader))) {
     std::string was = "(none)";
     for (const auto& [k, v] : saved) {
@@ -315,7 +332,7 @@ std::optional<std::int64_t> Checkpointer::restore(TrainingModel& model, data::Da
                   "per-rank format, which this version does not read",
                   info->path);
     const std::int64_t optimizer_steps =
-        static_cast<std::int64_t>(read_u64(text, kOptimizerStep, info->path));
+        static_cast<std::int64_t>(read_u64(meta, kOptimizerStep, info->path));
     for (TrainingStage& s : model.stages()) {
       const nn::ParameterStore& store = *s.store;
       const DType acc = nn::accum_dtype(store.dtype());
@@ -345,15 +362,11 @@ std::optional<std::int64_t> Checkpointer::restore(TrainingModel& model, data::Da
     }
   });
   data::SamplerState position;
-  position.epoch = read_u64(text, kEpoch, info->path);
-  position.sample_index = read_u64(text, kSample, info->path);
+  position.epoch = read_u64(meta, kEpoch, info->path);
+  position.sample_index = read_u64(meta, kSample, info->path);
   loader.seek(position);
-  // The user's JSON: from our "user" key (after the identity) to the close of our object, which
-  // the checkpoint's own closing brace follows.
-  const std::size_t user_begin = after(text, kUser, id_end, info->path);
-  const std::size_t ours_close = text.rfind('}', text.rfind('}') - 1);
-  user_json_ = text.substr(user_begin, ours_close - user_begin);
-  return static_cast<std::int64_t>(read_u64(text, kStep, info->path));
+  user_json_ = meta.contains(kUser) ? meta[kUser].dump() : "{}";
+  return static_cast<std::int64_t>(read_u64(meta, kStep, info->path));
 }
 
 }  // namespace quintet::train

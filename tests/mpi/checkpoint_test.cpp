@@ -75,10 +75,31 @@ TEST_CASE("checkpoint: save then load restores every rank's tensors bitwise") {
   REQUIRE(info.has_value());
   CHECK(info->step == 20);
   CHECK(info->world_size == comm.size());
-  CHECK(info->metadata_json.find(R"("user": {"note": "second"})") != std::string::npos);
+  CHECK(info->user_json == R"({"note":"second"})");
   auto restored = zeros_like(second);
   load_checkpoint(*info, restored, comm);
   require_equal(second, restored);
+  comm.barrier().synchronize();
+}
+
+TEST_CASE("checkpoint: metadata that is not JSON is refused before any communication") {
+  World world = cpu_world();
+  Communicator& comm = world.comm();
+  const std::string dir = shared_dir(comm, "bad_metadata");
+  // Only rank 0 calls: were the check after a collective, this would hang instead of throwing.
+  if (comm.rank() == 0) {
+    REQUIRE_THROWS_QUINTET(save_checkpoint(dir, 1, make_state(0, 1), "{\"note\": ", comm),
+                           InvalidArgument, "the metadata is not a JSON value");
+  }
+  comm.barrier().synchronize();
+  save_checkpoint(dir, 2, make_state(comm.rank(), 1), "{}", comm);
+  // A checkpoint.json damaged on disk is an error naming the file, not a misread field.
+  if (comm.rank() == 0) {
+    std::ofstream(fs::path(dir) / "step_000002" / "checkpoint.json") << "{\"step\": 2, ";
+  }
+  comm.barrier().synchronize();
+  REQUIRE_THROWS_QUINTET(latest_checkpoint(dir), System,
+                         "step_000002/checkpoint.json is not valid JSON");
   comm.barrier().synchronize();
 }
 

@@ -191,7 +191,7 @@ TEST_CASE("train: the Checkpointer continues a run bit for bit and refuses anoth
     train::TrainingModel model(c, mesh, Stream());
     data::DataLoader loader(dataset(), model.loader_config(loader_base()));
     REQUIRE(checkpoints.restore(model, loader) == std::optional<std::int64_t>(2));
-    CHECK(checkpoints.restored_user_json() == R"({"note": "two steps"})");
+    CHECK(checkpoints.restored_user_json() == R"({"note":"two steps"})");
     CHECK(model.steps() == 2);
     const std::vector<double> rest = run_steps(model, loader, 2);
     CHECK(rest[0] == straight[2]);

@@ -1,4 +1,4 @@
-// Axis: the rank groups of the 5-D layout (DESIGN.md §4), one enum shared by the layout
+// Axis: the rank groups of the 5-D layout (docs/architecture.md §4), one enum shared by the layout
 // (quintet/parallel/layout.hpp computes each axis's groups), the mesh (one communicator per axis)
 // and the parameters (nn::ParameterAttributes::shard_axis names the axis a weight is split over).
 // Header-only.

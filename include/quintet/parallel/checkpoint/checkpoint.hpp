@@ -16,10 +16,11 @@
 // rank throw (no rank waits forever). Loading reads `latest` only, and checks each shard's
 // checksum, tensor names, dtypes and shapes against what the caller expects.
 //
-// Fault tests: QUINTET_CHECKPOINT_FAULT=<point>[:<rank>] makes a save kill its process (SIGKILL)
-// at one point: "shard" (a shard half written), "before_commit", "metadata" (rank 0 has written
-// checkpoint.json but not renamed the directory) or "rename" (the directory renamed, `latest` not
-// yet moved). Whatever the point, `latest` still names the previous checkpoint, which loads.
+// Fault tests: a save passes named points ("shard": a shard half written, "before_commit",
+// "metadata": rank 0 has written checkpoint.json but not renamed the directory, "rename": the
+// directory renamed, `latest` not yet moved), where a hook the program installs
+// (set_save_point_hook) may kill the process. Whatever the point, `latest` still names the
+// previous checkpoint, which loads. (04_gpt_train installs one from QUINTET_CHECKPOINT_FAULT.)
 //
 // Shard format (rank_NNNNN.qckpt): "QNTCKPT2", u64 header length, a header of one line per tensor
 // ("name dtype d0,d1,... byte_offset byte_count xxh64"), the header's XXH64, the raw
@@ -33,6 +34,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "quintet/collectives/communicator.hpp"
@@ -49,9 +51,10 @@ struct NamedTensor {
 
 // Saves step's checkpoint into dir (created if absent). Collective over comm (every rank calls it
 // with its own tensors; comm is the whole job, CPU or GPU). metadata_json must be a JSON value
-// (an object, typically); it is stored verbatim under "user". Tensors on a GPU are copied to the
-// host after the work queued on stream. Throws InvalidArgument (before any communication) for an
-// empty dir, a negative step, or duplicate/empty tensor names; System when a file cannot be
+// (an object, typically); it is stored under "user" (as JSON: its formatting is not kept). Tensors
+// on a GPU are copied to the host after the work queued on stream. Throws InvalidArgument (before
+// any communication) for an empty dir, a negative step, metadata that is not JSON, or
+// duplicate/empty tensor names; System when a file cannot be
 // written; Remote on the ranks whose peers failed. before_commit, when given, runs on every rank
 // once all shards are written and agreed, just before rank 0 commits (for logging, or for tests
 // that stop a save midway).
@@ -60,12 +63,22 @@ void save_checkpoint(const std::string& dir, std::int64_t step,
                      Communicator& comm, const Stream& stream = Stream(),
                      const std::function<void()>& before_commit = {});
 
+// Called at each named point of every save of this process (above: "shard", "before_commit",
+// "metadata", "rename"), with the point and the saving rank's rank in the save's communicator,
+// from the thread that saves (an asynchronous save's own thread too). For fault tests: it may end
+// the process; it must not throw.
+using SavePointHook = std::function<void(std::string_view point, int rank)>;
+// Installs hook for the whole process (an empty one removes it). Thread-safe; a save already
+// running may still call the previous hook.
+void set_save_point_hook(SavePointHook hook);
+
 // A complete checkpoint found on disk.
 struct CheckpointInfo {
   std::string path;  // dir/step_NNNNNN
   std::int64_t step = 0;
   int world_size = 0;         // ranks that saved it
   std::string metadata_json;  // the whole checkpoint.json text (the caller's part under "user")
+  std::string user_json;      // the caller's part: save_checkpoint's metadata_json, as compact JSON
 };
 
 // The checkpoint `dir/latest` names, or nullopt when there is none (no dir, no `latest`).

@@ -5,7 +5,9 @@
 // all-reduces that sit on the critical path of every block:
 //
 //   TimedCommunicator timed_tp(mesh.comm(Axis::tp));
-//   GptModel model(config, timed_tp);      // the layers issue their collectives through it
+//   model::ModelGroups groups = model::ModelGroups::of(mesh);
+//   groups.tp = &timed_tp;                 // the layers issue their collectives through it
+//   ... build the model's chunks with groups (model/gpt.hpp) ...
 //   ... one step ...
 //   const TimedCommunicator::Stats s = timed_tp.take_stats();   // s.exposed_ms of that step
 //

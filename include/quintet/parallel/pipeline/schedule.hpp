@@ -1,6 +1,6 @@
-// Pipeline schedules as data (DESIGN.md §6): for each pipeline rank, the ordered list of actions it
-// runs in one training step, made by pure generators or written by hand, checked before anything
-// runs, and printed and parsed in a compact text form. Implemented by
+// Pipeline schedules as data (docs/architecture.md): for each pipeline rank, the ordered list of
+// actions it runs in one training step, made by pure generators or written by hand, checked before
+// anything runs, and printed and parsed in a compact text form. Implemented by
 // parallel/pipeline/schedule.cpp (the IR, its text form and its checks) and
 // parallel/pipeline/generators.cpp (make_schedule).
 //
@@ -26,11 +26,12 @@
 // been issued, without waiting; batches of a rank run one after another on its communicator
 // (stream or progress thread). A batch starts once the batch before it has completed and the
 // compute before it in the list has finished (the comm stream waits on an event recorded after
-// that compute, DESIGN.md §3), and it completes only once every peer batch that holds a matching
-// operation has started (transports match a send with a receive only when both are posted). A
-// compute action that needs a received tensor waits for the batch of its receive, and for nothing
-// else. Messages between two ranks are matched in the order they are posted, so the sends from
-// rank a to rank b, in a's order, must be exactly the receives b posts from a, in b's order.
+// that compute, docs/architecture.md §3), and it completes only once every peer batch that holds a
+// matching operation has started (transports match a send with a receive only when both are
+// posted). A compute action that needs a received tensor waits for the batch of its receive, and
+// for nothing else. Messages between two ranks are matched in the order they are posted, so the
+// sends from rank a to rank b, in a's order, must be exactly the receives b posts from a, in b's
+// order.
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,6 @@
-// TrainingModel: this rank's share of the library GPT, ready to train under any tp (+ sp) x pp x
-// dp layout (parallel/train/training_model.cpp). It builds what every trainer builds the same way:
+// TrainingModel: this rank's share of the library GPT, ready to train under any layout of the five
+// dimensions, tp (+ sp) x cp x ep (x etp) x dp x pp with vpp and ZeRO
+// (parallel/train/training_model.cpp). It builds what every trainer builds the same way:
 // the pipeline stages this rank holds (for each, its chunk of the model, the chunk's parameters,
 // their data parallelism and their AdamW), and the pipeline executor that runs them. Without a
 // pipeline it holds one stage, the whole model.
