@@ -3,6 +3,8 @@
 // bytes and sequence number) and every wait on one are recorded inside their step; ZeRO's kind
 // override; the bounded ring; the Chrome JSON; find_stragglers names a rank made late on
 // purpose; TimedCommunicator's in-flight time covers its exposed time.
+#include <mpi.h>
+
 #include <chrono>
 #include <fstream>
 #include <sstream>
@@ -171,9 +173,24 @@ TEST_CASE("find_stragglers names the rank that is late to every collective") {
   trace::begin_step(1, kCpu);
   const int late = p - 1;
   for (int i = 0; i < 6; ++i) {
-    if (me == late) std::this_thread::sleep_for(30ms);
     Tensor t = Tensor::full({64}, 1.0);
-    mesh.comm(Axis::dp).all_reduce(t, ReduceOp::sum).wait();
+    if (me != late) {
+      Work w = mesh.comm(Axis::dp).all_reduce(t, ReduceOp::sum);
+      // Issued (its arrival is recorded): tell the late rank, over MPI itself (not traced).
+      int issued = i;
+      MPI_Send(&issued, 1, MPI_INT, late, 0, MPI_COMM_WORLD);
+      w.wait();
+    } else {
+      // Late by construction: issues only after every other rank has, and 30 ms after that, so
+      // that the clocks' alignment (the barrier's exit on each rank) cannot reorder arrivals.
+      for (int k = 0; k < p - 1; ++k) {
+        int issued = -1;
+        MPI_Recv(&issued, 1, MPI_INT, MPI_ANY_SOURCE, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        REQUIRE(issued == i);
+      }
+      std::this_thread::sleep_for(30ms);
+      mesh.comm(Axis::dp).all_reduce(t, ReduceOp::sum).wait();
+    }
   }
   trace::end_step();
   trace::stop();
@@ -186,7 +203,7 @@ TEST_CASE("find_stragglers names the rank that is late to every collective") {
     // dp and the combined axes that equal it here (dp-cp, tp-dp-cp) each see the 6 all-reduces.
     CHECK(r.collectives >= 6);
     CHECK(r.straggler() == late);
-    // Almost always every one; a rank descheduled for longer than the delay may take one.
+    // Every one, unless a rank's barrier exit (its clock's alignment) was 30 ms late.
     CHECK(2 * r.last_at[static_cast<std::size_t>(late)] > r.collectives);
     std::int64_t total = 0;
     for (const std::int64_t c : r.last_at) total += c;

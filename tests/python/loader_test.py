@@ -229,10 +229,12 @@ def test_next_releases_the_gil():
     """A pure-Python thread runs while next() waits for a batch that takes long to prepare.
 
     The spinner's progress during next() calls is compared with its progress during sleeps of
-    the same length (time.sleep releases the GIL), interleaved so that load on the machine hits
-    both alike. Were the GIL held inside next(), the spinner could only run in the few
-    bytecodes around each call: about 1 ms of the switch interval against calls of tens of ms
-    (measured on the 2-core machine: 0.6-0.8 with the GIL released, 0.1-0.2 with it held).
+    the same length (time.sleep releases the GIL) and during a C call of the same length that
+    holds the GIL (sum over a range), the three interleaved so that load on the machine hits
+    them alike. With the GIL released, next() lets the spinner run about as far as a sleep
+    does; with it held, about as little as the held call (measured on the 2-core machine:
+    0.6-0.8 of the sleep's progress released, 0.1-0.2 held). So the bound follows from the
+    run's own held call: next() must let the spinner run at least twice as far.
     """
     with tempfile.TemporaryDirectory() as d:
         seq_len, batch = 1 << 19, 32
@@ -248,12 +250,17 @@ def test_next_releases_the_gil():
             while not stop[0]:
                 counter[0] += 1
 
+        # Elements a sum over a range goes through per second, to hold the GIL for a given time.
+        t0 = time.perf_counter()
+        sum(range(1 << 20))
+        per_s = (1 << 20) / max(time.perf_counter() - t0, 1e-6)
+
         old_interval = sys.getswitchinterval()
         sys.setswitchinterval(0.001)
         spinner = threading.Thread(target=spin)
         spinner.start()
         try:
-            in_next = in_sleep = waited = 0.0
+            in_next = in_sleep = in_held = waited = 0.0
             calls = 0
             while waited < 0.3 and calls < 200:
                 c0, t0 = counter[0], time.perf_counter()
@@ -264,6 +271,9 @@ def test_next_releases_the_gil():
                 c1 = counter[0]
                 time.sleep(dt)
                 in_sleep += counter[0] - c1
+                c2 = counter[0]
+                sum(range(int(dt * per_s)))  # one C call: the GIL held for about dt
+                in_held += counter[0] - c2
                 waited += dt
                 calls += 1
         finally:
@@ -271,10 +281,14 @@ def test_next_releases_the_gil():
             spinner.join()
             sys.setswitchinterval(old_interval)
         ratio = in_next / max(in_sleep, 1)
+        held = in_held / max(in_sleep, 1)
         print(f"  GIL: {calls} next() calls waited {waited:.3f} s; the spinner ran "
-              f"{ratio:.2f}x as far as during sleeps of the same length")
+              f"{ratio:.2f}x as far as during sleeps of the same length, and {held:.2f}x during "
+              f"a call that holds the GIL")
         assert waited >= 0.3, f"next() waited only {waited:.3f} s in {calls} calls"
-        assert ratio > 0.3, f"the spinner ran only {ratio:.2f}x as far during next()"
+        assert ratio > 2 * held, (
+            f"the spinner ran {ratio:.2f}x as far during next() as during sleeps, and "
+            f"{held:.2f}x during a call that holds the GIL: next() holds it")
 
 
 def test_a_batch_stays_valid_after_later_batches():
