@@ -11,9 +11,10 @@
 #include <optional>
 
 #include "metrics.hpp"
-#include "quintet/collectives/bootstrap.hpp"    // World, init
-#include "quintet/collectives/consistency.hpp"  // the same settings on every rank
-#include "quintet/core/allocator.hpp"           // peak GPU memory
+#include "quintet/collectives/bootstrap.hpp"             // World, init
+#include "quintet/collectives/checked_communicator.hpp"  // --check-collectives' count
+#include "quintet/collectives/consistency.hpp"           // the same settings on every rank
+#include "quintet/core/allocator.hpp"                    // peak GPU memory
 #include "quintet/core/log.hpp"
 #include "quintet/data/loader.hpp"     // DataLoader
 #include "quintet/data/synthetic.hpp"  // the built-in dataset and its entropy floor
@@ -237,6 +238,7 @@ int run(const char* program, quintet::train::JobConfig job, quintet::World& worl
   }
   if (saver) saver->wait();  // the last background save, committed before the summary
   reporter.summary(out.bench ? out.bench_skip : 0);
+  if (world.config().check_collectives) reporter.checked_collectives(quintet::checked_operations());
   if (world.rank() == 0) tracing.print_report(out.json);
   return 0;
 }
