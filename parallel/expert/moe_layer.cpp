@@ -1,10 +1,14 @@
 // The MoE layer: router, permutation, exchange (dispatch.cpp), experts, combine (moe_layer.hpp).
 #include "quintet/parallel/expert/moe_layer.hpp"
 
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <limits>
 #include <numeric>
+#include <string>
 
+#include "quintet/core/log.hpp"
 #include "quintet/nn/ops.hpp"
 #include "quintet/parallel/expert/dispatch.hpp"
 #include "quintet/parallel/expert/permute.hpp"
@@ -166,6 +170,7 @@ MoELayer::MoELayer(const MoEGroups& groups, std::int64_t dim, const MoEOptions& 
   }
   bias_ = Tensor::zeros({E}, DType::f32);
   load_.assign(static_cast<std::size_t>(E), 0.0);
+  idle_steps_.assign(static_cast<std::size_t>(E), 0);
 }
 
 void MoELayer::set_balance_bias(const std::vector<float>& values) {
@@ -522,9 +527,37 @@ MoEStats MoELayer::finish_step(Communicator& stage, const Stream& stream) {
     // The next step's routing reads the new bias; uploading it here keeps forward free of copies.
     if (bias_device_.defined()) bias_device_ = bias_.to(bias_device_.device(), stream);
   }
+  check_idle_experts(out, stage);
   std::fill(load_.begin(), load_.end(), 0.0);
   assignments_ = dropped_ = microbatches_ = 0.0;
   return out;
+}
+
+void MoELayer::check_idle_experts(const MoEStats& step, const Communicator& stage) {
+  const RouterConfig& rc = options_.router;
+  std::vector<std::int64_t> idle;
+  for (std::size_t e = 0; e < idle_steps_.size(); ++e) {
+    idle_steps_[e] = step.load[e] == 0.0 ? idle_steps_[e] + 1 : 0;
+    if (rc.idle_warning_steps > 0 && idle_steps_[e] >= rc.idle_warning_steps) {
+      idle.push_back(static_cast<std::int64_t>(e));
+    }
+  }
+  if (idle.empty() || warned_idle_) return;
+  warned_idle_ = true;  // on every rank of the stage: they all hold the same load
+  if (stage.rank() != 0) return;
+  // The layer's name from its router's (the store names it, e.g. "block0.mlp.router.weight").
+  std::string name = router_->name();
+  const std::string suffix = "router.weight";
+  name = name.size() > suffix.size() ? name.substr(0, name.size() - suffix.size() - 1) : "";
+  log::warn(
+      "MoE layer{}{}: expert{} {} received no token in the last {} steps (this step's tokens "
+      "per expert: min {}, mean {}, max {}): routing has collapsed onto the other experts, which "
+      "then learn alone. Turn on or raise load balancing: RouterConfig aux_loss_coeff (now {}, "
+      "--aux-loss-coeff) or bias_rate (now {}, --aux-free-bias-rate). Said once per layer; "
+      "RouterConfig::idle_warning_steps sets after how many steps (0: never).",
+      name.empty() ? "" : " ", name, idle.size() > 1 ? "s" : "", fmt::join(idle, ", "),
+      rc.idle_warning_steps, step.min_load(), step.mean_load(), step.max_load(), rc.aux_loss_coeff,
+      rc.bias_rate);
 }
 
 }  // namespace quintet::expert

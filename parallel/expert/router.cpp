@@ -69,6 +69,9 @@ void RouterConfig::validate() const {
   non_negative("aux_loss_coeff", aux_loss_coeff);
   non_negative("z_loss_coeff", z_loss_coeff);
   non_negative("bias_rate", bias_rate);
+  QUINTET_CHECK(idle_warning_steps >= 0,
+                "RouterConfig: idle_warning_steps = {} must be >= 0 (0: never warn)",
+                idle_warning_steps);
 }
 
 std::int64_t RouterConfig::capacity(std::int64_t tokens) const {

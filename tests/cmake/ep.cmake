@@ -3,6 +3,8 @@
 quintet_unit_test(NAME ep_router_test COMPONENT ep SOURCES unit/ep_router_test.cpp)
 # The whole MoE layer on one rank against a per-token f64 reference and its finite differences.
 quintet_unit_test(NAME ep_moe_reference_test COMPONENT ep SOURCES unit/ep_moe_reference_test.cpp)
+# The MoE traps: balancing on by default, the warning about idle experts.
+quintet_unit_test(NAME ep_moe_traps_test COMPONENT ep SOURCES unit/ep_moe_traps_test.cpp)
 quintet_mpi_test(NAME ep_moe_test COMPONENT ep RANKS 1 2 3 4 SOURCES mpi/ep_moe_test.cpp)
 # The router and the MoE layer on one GPU against the CPU ones (f32 and bf16).
 quintet_gpu_test(NAME gpu_ep_moe_test COMPONENT ep SOURCES gpu/ep_moe_gpu_test.cpp)

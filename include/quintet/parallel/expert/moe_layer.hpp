@@ -34,7 +34,10 @@
 //
 // Statistics: every forward adds this microbatch's expert load, drops, aux loss and z loss to the
 // layer's step counters (not when recomputing); finish_step() sums them over the ranks of the
-// pipeline stage, updates the balancing bias from the step's load, and starts a new step.
+// pipeline stage, updates the balancing bias from the step's load, and starts a new step. When an
+// expert has received no token for router.idle_warning_steps consecutive steps, finish_step warns
+// once (log::warn on the stage's first rank, naming the layer and the idle experts): routing has
+// collapsed, and the balancing settings are what to change.
 //
 // Devices: CPU tensors (f32 or f64) or CUDA tensors (bf16 or f32). On a GPU the router, the
 // permutation, the combine and the load-balancing terms are kernels (cuda/moe_kernels.cu) and the
@@ -111,7 +114,8 @@ class MoELayer : public nn::Module {
 
   // Sums this step's counters over `stage` (every rank of the pipeline stage: Axis::tp_dp_cp of
   // the dense layout, collective; on stream, the host waits), updates the balancing bias when
-  // bias_rate > 0, resets the counters, and returns the step's statistics.
+  // bias_rate > 0, warns once about experts idle for router.idle_warning_steps steps, resets the
+  // counters, and returns the step's statistics.
   MoEStats finish_step(Communicator& stage, const Stream& stream = Stream());
 
  private:
@@ -132,6 +136,12 @@ class MoELayer : public nn::Module {
   std::vector<double> load_;
   double assignments_ = 0.0, dropped_ = 0.0, microbatches_ = 0.0;
   Tensor sums_;
+  // Consecutive finished steps in which each expert received no token, and whether the layer has
+  // warned about it.
+  std::vector<std::int64_t> idle_steps_;
+  bool warned_idle_ = false;
+
+  void check_idle_experts(const MoEStats& step, const Communicator& stage);
 
   const Tensor& device_bias(const Device& device, const Stream& stream);
   // The chunks of this layer's exchanges: overlap_chunks with ep > 1, else 1.

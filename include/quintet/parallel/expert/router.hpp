@@ -45,12 +45,18 @@ struct RouterConfig {
   RouterScore score = RouterScore::softmax;
   bool renormalize = true;       // the k weights of a token sum to one
   float capacity_factor = 0.0f;  // 0 = dropless
-  float aux_loss_coeff = 0.0f;
+  // Balancing is on by default: the aux loss at 0.01, as Mixtral / Qwen3-MoE style models train
+  // (without any, routing collapses: experts that get no token and never learn). 0 = off, e.g.
+  // for auxiliary-loss-free balancing by bias_rate alone.
+  float aux_loss_coeff = 0.01f;
   float z_loss_coeff = 0.0f;
   float bias_rate = 0.0f;  // auxiliary-loss-free balancing; 0 = off (no bias)
+  // The MoE layer warns once (log::warn, on the stage's first rank) when an expert has received
+  // no token for this many consecutive steps (MoELayer::finish_step); 0 = never.
+  std::int64_t idle_warning_steps = 50;
 
   // Throws InvalidArgument naming the field unless experts >= 1, 1 <= top_k <= 8, top_k <=
-  // experts, and the factors and coefficients are finite and >= 0.
+  // experts, the factors and coefficients are finite and >= 0, and idle_warning_steps >= 0.
   void validate() const;
   // C for `tokens` tokens (capacity_factor > 0), or 0 (dropless: unlimited).
   std::int64_t capacity(std::int64_t tokens) const;
