@@ -1,7 +1,12 @@
 // GptConfig's derived sizes and its validation.
 #include "quintet/parallel/model/gpt_config.hpp"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include "quintet/core/error.hpp"
 
@@ -29,6 +34,32 @@ void check_divides(const char* name, std::int64_t v, int tp) {
                 "a multiple of {} or another tp",
                 name, v, tp, name, tp);
 }
+
+// The moe settings that differ from MoEConfig's defaults, as "moe.router.experts = 16, ...".
+std::string changed_moe_settings(const MoEConfig& m) {
+  const MoEConfig d;
+  const expert::RouterConfig &r = m.router, &dr = d.router;
+  std::vector<std::string> out;
+  const auto note = [&out](bool changed, const char* name, const auto& value) {
+    if (changed) out.push_back(fmt::format("moe.{} = {}", name, value));
+  };
+  note(r.experts != dr.experts, "router.experts", r.experts);
+  note(r.top_k != dr.top_k, "router.top_k", r.top_k);
+  note(r.score != dr.score, "router.score",
+       r.score == expert::RouterScore::softmax ? "softmax" : "sigmoid");
+  note(r.renormalize != dr.renormalize, "router.renormalize", r.renormalize);
+  note(r.capacity_factor != dr.capacity_factor, "router.capacity_factor", r.capacity_factor);
+  note(r.aux_loss_coeff != dr.aux_loss_coeff, "router.aux_loss_coeff", r.aux_loss_coeff);
+  note(r.z_loss_coeff != dr.z_loss_coeff, "router.z_loss_coeff", r.z_loss_coeff);
+  note(r.bias_rate != dr.bias_rate, "router.bias_rate", r.bias_rate);
+  note(r.idle_warning_steps != dr.idle_warning_steps, "router.idle_warning_steps",
+       r.idle_warning_steps);
+  note(m.expert_ffn != d.expert_ffn, "expert_ffn", m.expert_ffn);
+  note(m.shared_experts != d.shared_experts, "shared_experts", m.shared_experts);
+  note(m.every != d.every, "every", m.every);
+  note(m.overlap_chunks != d.overlap_chunks, "overlap_chunks", m.overlap_chunks);
+  return fmt::format("{}", fmt::join(out, ", "));
+}
 }  // namespace
 
 RecomputeKind parse_recompute_kind(std::string_view name) {
@@ -48,6 +79,15 @@ void GptConfig::validate_block(int tp, int cp) const {
   const auto positive = [](const char* name, std::int64_t v) {
     QUINTET_CHECK(v > 0, "GptConfig: {} = {} must be > 0", name, v);
   };
+  // A dense model with MoE settings would train dense, silently ignoring them.
+  if (mlp == MlpKind::dense) {
+    const std::string changed = changed_moe_settings(moe);
+    QUINTET_CHECK(changed.empty(),
+                  "GptConfig: {} set, but mlp = dense builds no MoE layer, so they would be "
+                  "ignored and a dense model trained; set mlp = MlpKind::moe for a mixture of "
+                  "experts, or leave moe at its defaults for a dense model",
+                  changed);
+  }
   positive("layers", layers);
   positive("hidden", hidden);
   positive("heads", heads);
@@ -92,7 +132,14 @@ void GptConfig::validate_block(int tp, int cp) const {
 }
 
 void GptConfig::validate_experts(int ep, int etp) const {
-  if (mlp != MlpKind::moe) return;
+  if (mlp != MlpKind::moe) {
+    QUINTET_CHECK(ep == 1,
+                  "GptConfig: an expert-parallel layout (ep = {}) with mlp = dense: a dense model "
+                  "has no experts to spread over ep, and its ep ranks would only repeat data "
+                  "parallelism; set mlp = MlpKind::moe for a mixture of experts, or ep = 1",
+                  ep);
+    return;
+  }
   moe.router.validate();
   QUINTET_CHECK(moe.every >= 1, "GptConfig: moe.every = {} must be >= 1", moe.every);
   QUINTET_CHECK(moe.expert_ffn >= 0 && moe.shared_experts >= 0,

@@ -257,6 +257,30 @@ TEST_CASE("model: bad configs, chunks and calls are refused with their names", "
                          "takes an undefined tensor");
 }
 
+TEST_CASE("model: MoE settings or an ep layout on a dense model are refused, naming them",
+          "[model]") {
+  auto solo = make_self_communicator(Device::cpu(), "tp");
+  const model::ModelGroups groups{solo.get()};
+  model::GptConfig dense = small_config();
+  dense.moe.router.experts = 16;
+  dense.moe.router.capacity_factor = 1.5f;
+  const char* why =
+      "moe.router.experts = 16, moe.router.capacity_factor = 1.5 set, but mlp = "
+      "dense builds no MoE layer";
+  REQUIRE_THROWS_QUINTET(dense.validate(1), InvalidArgument, why);
+  REQUIRE_THROWS_QUINTET(model::build_gpt_chunk(dense, groups, model::ChunkSpec::whole(dense)),
+                         InvalidArgument, why);
+  REQUIRE_THROWS_QUINTET(small_config().validate_experts(2, 1), InvalidArgument,
+                         "an expert-parallel layout (ep = 2) with mlp = dense");
+  // The same settings with mlp = moe are a valid MoE model at ep 2; a dense one at ep 1 is fine.
+  model::GptConfig moe = dense;
+  moe.mlp = model::MlpKind::moe;
+  moe.validate(1);
+  moe.validate_experts(2, 1);
+  small_config().validate(1);
+  small_config().validate_experts(1, 1);
+}
+
 TEST_CASE("model: a backward split into I and deferred W equals the whole backward", "[model]") {
   auto solo = make_self_communicator(Device::cpu(), "tp");
   model::GptConfig c = small_config();

@@ -288,6 +288,16 @@ TEST_CASE("job config: the jobs the trainers refuse, refused before any communic
           "--etp 2 x --ep 2 x --pp 1 = 4 does not divide the 2 ranks");
   refused(moe, 1, {"--moe-chunks", "0"}, "--moe-chunks 0: expected 1 .. 64");
   parsed(moe, {"--dp", "2", "--ep", "2"}).validate(2);
+
+  // A dense job (whose flags have no --ep nor MoE settings) built by hand with either is refused.
+  JobConfig dense_ep;
+  dense_ep.parallel.dp = dense_ep.parallel.ep = 2;
+  REQUIRE_THROWS_QUINTET(dense_ep.validate(2), InvalidArgument,
+                         "an expert-parallel layout (ep = 2) with mlp = dense");
+  JobConfig dense_moe = moe;
+  dense_moe.model.mlp = model::MlpKind::dense;
+  REQUIRE_THROWS_QUINTET(dense_moe.validate(1), InvalidArgument,
+                         "but mlp = dense builds no MoE layer");
 }
 
 TEST_CASE("job config: what the library builds from a job", "[train]") {

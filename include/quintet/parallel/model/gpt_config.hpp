@@ -94,11 +94,14 @@ struct GptConfig {
   // forward, before their collectives.)
   // With cp > 1: seq_len splits into 2 * cp chunks, the cp rank's 2 chunks split over tp with
   // sequence parallelism, and all-to-all attention's heads divide by tp x cp.
+  // With mlp = dense, moe must be left at its defaults (MoE settings on a dense model are
+  // refused, naming them, rather than silently ignored).
   void validate(int tp, int cp = 1) const;
   // The part of validate() a transformer block needs (everything but the vocabulary).
   void validate_block(int tp, int cp = 1) const;
   // With mlp = moe: the router config (RouterConfig::validate), moe.every >= 1, the experts
-  // divisible by ep and the expert width by etp (InvalidArgument naming both numbers).
+  // divisible by ep and the expert width by etp (InvalidArgument naming both numbers). With
+  // mlp = dense: ep = 1 (an expert-parallel layout for a dense model is refused).
   void validate_experts(int ep, int etp) const;
 
   // Parameters of the whole, unsharded model (a tied table counted once), and the N of the
