@@ -26,7 +26,10 @@
 namespace quintet::pipeline {
 
 struct TrainStepResult {
-  double loss = 0.0;                // mean over the global batch's microbatches, every rank
+  // The language-model loss (cross-entropy), the mean over the global batch's microbatches, on
+  // every rank. An MoE model's aux and z losses are not in it: they only add their gradients in
+  // backward (TrainingModel::moe_summary reports their values).
+  double loss = 0.0;
   nn::OptimizerStepInfo optimizer;  // the global gradient norm, the clip scale, the step
 };
 
