@@ -5,8 +5,9 @@
 // rank routes its own shard, so with a capacity factor the reference applies the same capacity
 // per shard. Gradients are compared as data parallelism sees them: expert gradients summed over
 // edp, dense ones over dp (and over tp when partial). Also: skewed routing where every token goes
-// to the first ep rank (the others receive none), the step statistics, and bad configurations
-// refused before any communication.
+// to the first ep rank (the others receive none; its idle experts are warned about by the stage's
+// first rank alone), the step statistics, and bad configurations refused before any
+// communication.
 #include <memory>
 #include <string>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "quintet/parallel/expert/moe_layer.hpp"
 #include "quintet/parallel/layout.hpp"
 #include "quintet/parallel/mesh.hpp"
+#include "support/stderr_capture.hpp"
 #include "tp_support.hpp"
 
 using namespace quintet;
@@ -60,6 +62,7 @@ void run_case(World& world, const Case& c) {
   const std::unique_ptr<Communicator> self = world.comm().split(world.rank(), 0, "self");
   MoEOptions unchunked = c.options;  // the reference exchanges everything at once
   unchunked.overlap_chunks = 1;
+  unchunked.router.idle_warning_steps = 0;  // its ranks are each a stage of one
   MoELayer ref({self.get(), nullptr, nullptr, nullptr}, kD, unchunked);
   nn::ParameterStore ref_store(ref, DType::f32, kCpu, kSeed);
   if (c.skew) {
@@ -87,7 +90,10 @@ void run_case(World& world, const Case& c) {
   for (const auto& [name, p] : mine.named_parameters()) {
     grads.emplace_back(name, grad_as_data_parallel_sees_it(*p, mesh));
   }
+  StderrCapture capture;
   const MoEStats stats = mine.finish_step(mesh.comm(Axis::tp_dp_cp));
+  const bool warned =
+      capture.take().find("received no token in the last 1 steps") != std::string::npos;
   const MoEStats want = ref.finish_step(*self);
   agreed(world.comm(), [&] {
     require_close(y, local(y_ref[shard]), "output");
@@ -113,6 +119,10 @@ void run_case(World& world, const Case& c) {
     CHECK(stats.aux_loss == Approx(want.aux_loss).epsilon(1e-6));
     CHECK(stats.z_loss == Approx(want.z_loss).epsilon(1e-6));
     if (c.skew) CHECK(stats.load[0] == stats.assignments / 2);
+    // Experts left idle (the skewed case's 2..E-1 when E > 2, after one step) are warned about
+    // by the stage's first rank alone.
+    CHECK(warned ==
+          (c.skew && c.options.router.experts > 2 && mesh.comm(Axis::tp_dp_cp).rank() == 0));
     if (c.options.router.capacity_factor > 0.0f) CHECK(stats.dropped > 0);
   });
 }
@@ -149,6 +159,7 @@ TEST_CASE("ep: the MoE layer equals one rank at every expert-parallel layout", "
   {
     MoEOptions o = options(2 * n);
     o.router.bias_rate = 1e-3f;
+    o.router.idle_warning_steps = 1;
     cases.push_back(
         {"ep = world, skewed: every token on ep rank 0", ParallelConfig{.ep = n}, o, true});
   }

@@ -3,9 +3,6 @@
 // token for RouterConfig::idle_warning_steps consecutive steps is warned about, once per layer
 // (read from stderr), in a run whose routing is forced onto two of four experts, and not in a
 // balanced run nor with the warning turned off.
-#include <unistd.h>
-
-#include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
@@ -14,6 +11,7 @@
 #include "quintet/nn/context.hpp"
 #include "quintet/parallel/expert/moe_layer.hpp"
 #include "support/catch.hpp"
+#include "support/stderr_capture.hpp"
 
 using namespace quintet;
 using namespace quintet::expert;
@@ -22,36 +20,6 @@ namespace {
 
 const Stream kCpu;
 constexpr std::int64_t kD = 8;
-
-// What the process writes to stderr (fd 2) between construction and take().
-class StderrCapture {
- public:
-  StderrCapture() : file_(std::tmpfile()), saved_(dup(2)) {
-    REQUIRE(file_ != nullptr);
-    std::fflush(stderr);
-    dup2(fileno(file_), 2);
-  }
-  ~StderrCapture() { restore(); }
-  std::string take() {
-    restore();
-    std::string out;
-    std::rewind(file_);
-    char buf[4096];
-    for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, file_)) > 0;) out.append(buf, n);
-    return out;
-  }
-
- private:
-  void restore() {
-    if (saved_ < 0) return;
-    std::fflush(stderr);
-    dup2(saved_, 2);
-    close(saved_);
-    saved_ = -1;
-  }
-  std::FILE* file_;
-  int saved_;
-};
 
 struct Run {
   std::vector<std::string> warnings;  // what each step's finish_step wrote to stderr
