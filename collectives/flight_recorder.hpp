@@ -8,12 +8,13 @@
 // enqueued, started and completed) are kept whatever the capacity; the ranks compare them to name
 // the one that is behind when a wait times out (laggard.hpp). Capacity 0 keeps only the counters.
 //
-// Cost: no allocation and no lock per operation. enqueued() is called by the thread that issues
-// operations (one at a time, in sequence order: a communicator is not shared by issuing threads),
-// started() and completed() by whoever runs them (in order). Each slot is a few relaxed atomics
-// and one atomic word (sequence number, state) written last, so a dump taken from another thread
-// at any moment reads each slot whole or skips it, and a state change for an operation whose
-// slot has since been reused by a newer one is dropped.
+// Cost: no allocation and no lock per operation; times are read from the time-stamp counter
+// (steady_clock where there is none) and converted when a dump reads them. enqueued() is called by
+// the thread that issues operations (one at a time, in sequence order: a communicator is not shared
+// by issuing threads), started() and completed() by whoever runs them (in order). Each slot is a
+// few relaxed atomics and one atomic word (sequence number, state) written last, so a dump taken
+// from another thread at any moment reads each slot whole or skips it, and a state change for an
+// operation whose slot has since been reused by a newer one is dropped.
 #pragma once
 
 #include <atomic>
@@ -32,7 +33,8 @@ namespace quintet::detail {
 enum class FlightState : std::uint8_t { enqueued, started, completed, failed };
 std::string_view flight_state_name(FlightState state);
 
-// One operation as a dump reads it. Times are steady_clock nanoseconds (0: not reached).
+// One operation as a dump reads it. Times are steady_clock nanoseconds since its epoch (0: not
+// reached).
 struct FlightOp {
   std::int64_t seq = -1;
   std::string_view op;  // a static name: "all_reduce", "send", ...
@@ -87,15 +89,23 @@ class FlightRecorder {
     std::atomic<std::int64_t> count{0};
     std::atomic<std::int32_t> peer{-1};
     std::atomic<std::uint8_t> dtype{0};
-    std::atomic<std::int64_t> enqueued_ns{0}, started_ns{0}, completed_ns{0};
+    std::atomic<std::int64_t> enqueued{0}, started{0}, completed{0};  // ticks (0: not reached)
   };
+  // Ticks -> steady_clock nanoseconds, measured when a dump reads the ring.
+  struct TickScale {
+    std::int64_t ticks, ns;
+    double ns_per_tick;
+    std::int64_t to_ns(std::int64_t t) const;
+  };
+  static TickScale tick_scale();
+  bool find(std::int64_t seq, const TickScale& scale, FlightOp* out) const;
   static constexpr std::uint64_t kEmpty = ~std::uint64_t{0};
   static std::uint64_t tag_of(std::int64_t seq, FlightState s) {
     return static_cast<std::uint64_t>(seq) << 2 | static_cast<std::uint64_t>(s);
   }
   Slot& slot(std::int64_t seq) { return slots_[static_cast<std::size_t>(seq) % slots_.size()]; }
-  bool read(const Slot& s, FlightOp* out) const;
-  void advance(std::int64_t seq, FlightState from, FlightState to,
+  bool read(const Slot& s, const TickScale& scale, FlightOp* out) const;
+  bool advance(std::int64_t seq, FlightState from, FlightState to,
                std::atomic<std::int64_t> Slot::*time) noexcept;
 
   const std::string name_;

@@ -20,6 +20,8 @@
 //      repetitions of raw time / ours time within one repetition pair (1.0 = no overhead). A pair
 //      runs back to back and so shares the machine's state (other load, clock speed), which a
 //      ratio of the two medians, taken from different repetitions, does not.
+// --check-overhead and --flight-overhead also time the operation, in the same repetitions, with
+// and without the fingerprint check, or the flight recorder (CPU), and report that one's cost.
 // Bytes are per rank as in nccl-tests (see bench_ops.hpp); bandwidths in GB/s (1e9 bytes/s).
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -35,6 +37,7 @@
 #include "bench_ops.hpp"
 #include "quintet/collectives/bootstrap.hpp"
 #include "quintet/collectives/checked_communicator.hpp"
+#include "quintet/collectives/mpi.hpp"
 #include "quintet/core/error.hpp"
 #if QUINTET_HAS_NCCL
 #include <cuda_runtime.h>
@@ -58,8 +61,24 @@ struct Options {
   std::optional<int> reps;  // unset: 5 on a GPU (stable timings), 11 on the CPU (noisier)
   std::string dtype = "f32";
   bool json = false;
-  bool wait_each = false;       // wait for every operation before issuing the next (latency)
-  bool check_overhead = false;  // also time the op with --check-collectives' check on
+  bool wait_each = false;        // wait for every operation before issuing the next (latency)
+  bool check_overhead = false;   // also time the op with --check-collectives' check on
+  bool flight_overhead = false;  // also time the op without a flight recorder (MPI)
+};
+
+// Ours timed again through communicators of the same backend and algorithm, to measure what one
+// feature costs: those in `with` have it on, those in `without` (none: ours itself) have it off;
+// each side's time in a repetition is the mean over its communicators. The fingerprint check: a
+// checked split of ours against ours. The flight recorder: duplicates of the world communicator
+// that differ only in it, made and timed in the order on, off, off, on: the first of two
+// otherwise equal duplicates is measurably slower at small sizes here, and ours (on which the
+// timing's barriers run) faster than any. cost = with - without.
+struct Variant {
+  std::vector<std::unique_ptr<Communicator>> with, without;
+  std::string time_key, cost_key, ratio_key, without_time_key;  // JSON keys ("": none)
+  std::string header;                                           // its three text columns
+  std::vector<Work> last_with, last_without;
+  std::vector<std::size_t> with_at, without_at;  // their indices among the timed contenders
 };
 
 // "8", "64K", "1M", "1G" (binary multiples) -> bytes.
@@ -234,9 +253,9 @@ int run(quintet::World& world, Options o) {
   quintet::set_current_device(device);  // so no operation has to switch devices
   const Stream stream = gpu ? Stream::create(device) : Stream();
   Baseline baseline(world);
+  std::vector<Variant> variants;
   // --check-overhead: the same operation through a checked communicator (a split of the world
   // communicator, so the same backend and algorithm), timed beside the unchecked one.
-  std::unique_ptr<Communicator> checked;
   if (o.check_overhead) {
     QUINTET_CHECK(!quintet::checks_collectives(comm),
                   "--check-overhead compares the check off and on in one run: leave "
@@ -244,9 +263,47 @@ int run(quintet::World& world, Options o) {
     QUINTET_CHECK(world.has_cpu_comm(), "--check-overhead needs an MPI launch (mpirun)");
     quintet::CollectiveCheckOptions check;
     check.timeout_s = world.config().timeout_s;
-    checked =
-        quintet::make_checked_communicator(comm.split(0, me, "checked"), MPI_COMM_WORLD, check);
+    Variant v{{},
+              {},
+              "checked_time_us",
+              "check_cost_us",
+              "checked_ratio",
+              "",
+              "  checked_us  check_us checked/ours"};
+    v.with.push_back(
+        quintet::make_checked_communicator(comm.split(0, me, "checked"), MPI_COMM_WORLD, check));
+    variants.push_back(std::move(v));
   }
+  // --flight-overhead: the same operation through two duplicates of the world communicator, with
+  // and without a flight recorder (the same MPI options otherwise).
+  if (o.flight_overhead) {
+    QUINTET_CHECK(!gpu && world.has_cpu_comm() && n > 1,
+                  "--flight-overhead measures the MPI backend's flight recorder: run on the CPU "
+                  "under mpirun with 2 ranks or more");
+    QUINTET_CHECK(world.config().flight_size > 0,
+                  "--flight-overhead compares the flight recorder on and off in one run: leave "
+                  "--flight-size above 0");
+    quintet::MpiOptions on;
+    on.timeout_s = world.config().timeout_s;
+    on.idle_start_delay_us = world.config().mpi_idle_start_us;
+    on.flight_size = world.config().flight_size;
+    quintet::MpiOptions off = on;
+    off.flight_size = 0;
+    Variant v{{},
+              {},
+              "recorded_time_us",
+              "flight_cost_us",
+              "flight_ratio",
+              "unrecorded_time_us",
+              "      rec_us flight_us    rec/unrec"};
+    v.with.push_back(quintet::make_mpi_communicator(MPI_COMM_WORLD, "recorded", on));
+    v.without.push_back(quintet::make_mpi_communicator(MPI_COMM_WORLD, "unrecorded", off));
+    v.without.push_back(quintet::make_mpi_communicator(MPI_COMM_WORLD, "unrecorded2", off));
+    v.with.push_back(quintet::make_mpi_communicator(MPI_COMM_WORLD, "recorded2", on));
+    variants.push_back(std::move(v));
+  }
+  std::string variant_headers;
+  for (const Variant& v : variants) variant_headers += v.header;
 
   if (me == 0 && !o.json) {
     std::printf(
@@ -257,7 +314,7 @@ int run(quintet::World& world, Options o) {
         o.dtype.c_str(), o.iters, *o.reps, o.warmup, baseline.name.c_str());
     std::printf("%-15s %12s %12s %10s %10s %10s %12s %10s %9s %8s%s\n", "op", "bytes", "count",
                 "time_us", "algbw", "busbw", "raw_time_us", "raw_busbw", "raw/ours", "correct",
-                o.check_overhead ? "  checked_us  check_us checked/ours" : "");
+                variant_headers.c_str());
   }
   bool all_correct = true;
   for (Op op : ops) {
@@ -299,39 +356,62 @@ int run(quintet::World& world, Options o) {
       if (baseline.mpi != MPI_COMM_NULL && b.count <= INT_MAX) {
         contenders.push_back({[&] { run_raw_mpi(baseline.mpi, op, b, me, n); }, [] {}});
       }
-      Work last_checked;
-      const std::size_t checked_at = contenders.size();
-      if (checked) {
+      const std::size_t raw_at = contenders.size() > 1 ? 1 : 0;  // 0: no raw baseline
+      auto add_contender = [&](Communicator& c, Work& last) {
         contenders.push_back({[&] {
-                                last_checked = issue_ours(*checked, op, b, stream);
-                                if (o.wait_each) last_checked.wait(stream);
+                                last = issue_ours(c, op, b, stream);
+                                if (o.wait_each) last.wait(stream);
                               },
-                              [&] { last_checked.wait(stream); }});
+                              [&] { last.wait(stream); }});
+        return contenders.size() - 1;
+      };
+      for (Variant& v : variants) {
+        v.last_with.resize(v.with.size());  // before the contenders hold references into them
+        v.last_without.resize(v.without.size());
+        v.with_at.clear();
+        v.without_at.clear();
+        // Timed in the order made: with[0], without..., with[1] (on, off, off, on).
+        v.with_at.push_back(add_contender(*v.with[0], v.last_with[0]));
+        for (std::size_t i = 0; i < v.without.size(); ++i) {
+          v.without_at.push_back(add_contender(*v.without[i], v.last_without[i]));
+        }
+        for (std::size_t i = 1; i < v.with.size(); ++i) {
+          v.with_at.push_back(add_contender(*v.with[i], v.last_with[i]));
+        }
+        if (v.without.empty()) v.without_at.push_back(0);  // ours
       }
       const std::vector<std::vector<double>> seconds =
           seconds_per_op(comm, device, stream, o, contenders);
       const double ours = median(seconds[0]);
       std::optional<double> raw, ratio;
-      if (seconds.size() > 1) {
-        if (checked_at > 1) raw = median(seconds[1]);
+      if (raw_at > 0) {
+        raw = median(seconds[raw_at]);
         std::vector<double> pair_ratios;  // raw / ours of each repetition pair
-        for (int rep = 0; rep < *o.reps && checked_at > 1; ++rep) {
-          pair_ratios.push_back(seconds[1][rep] / seconds[0][rep]);
-        }
-        if (!pair_ratios.empty()) ratio = median(pair_ratios);
-      }
-      // The check's cost per operation: medians over the repetitions of (checked - ours) and of
-      // checked / ours, each taken within one repetition (the same machine state).
-      std::optional<double> checked_s, check_cost_s, check_ratio;
-      if (checked) {
-        std::vector<double> diffs, ratios;
         for (int rep = 0; rep < *o.reps; ++rep) {
-          diffs.push_back(seconds[checked_at][rep] - seconds[0][rep]);
-          ratios.push_back(seconds[checked_at][rep] / seconds[0][rep]);
+          pair_ratios.push_back(seconds[raw_at][rep] / seconds[0][rep]);
         }
-        checked_s = median(seconds[checked_at]);
-        check_cost_s = median(diffs);
-        check_ratio = median(ratios);
+        ratio = median(pair_ratios);
+      }
+      // Each variant's feature cost per operation: medians over the repetitions of (with - without)
+      // and of with / without, each taken within one repetition (the same machine state).
+      struct VariantResult {
+        double time_s, cost_s, ratio, without_s;
+      };
+      std::vector<VariantResult> variant_results;
+      for (const Variant& v : variants) {
+        auto mean_at = [&](const std::vector<std::size_t>& at, int rep) {
+          double sum = 0;
+          for (std::size_t k : at) sum += seconds[k][rep];
+          return sum / static_cast<double>(at.size());
+        };
+        std::vector<double> withs, withouts, diffs, ratios;
+        for (int rep = 0; rep < *o.reps; ++rep) {
+          withs.push_back(mean_at(v.with_at, rep));
+          withouts.push_back(mean_at(v.without_at, rep));
+          diffs.push_back(withs.back() - withouts.back());
+          ratios.push_back(withs.back() / withouts.back());
+        }
+        variant_results.push_back({median(withs), median(diffs), median(ratios), median(withouts)});
       }
       // The result once more, from a cleared output (broadcast: root 0 keeps its input), after
       // every timed run: what "correct" reports.
@@ -352,24 +432,28 @@ int run(quintet::World& world, Options o) {
         row["raw_busbw_gbs"] = raw_busbw ? nlohmann::json(*raw_busbw) : nlohmann::json(nullptr);
         row["raw_time_us"] = raw ? nlohmann::json(*raw * 1e6) : nlohmann::json(nullptr);
         row["ratio"] = ratio ? nlohmann::json(*ratio) : nlohmann::json(nullptr);
-        if (checked) {
-          row["checked_time_us"] = *checked_s * 1e6;
-          row["check_cost_us"] = *check_cost_s * 1e6;
-          row["checked_ratio"] = *check_ratio;
+        for (std::size_t i = 0; i < variants.size(); ++i) {
+          row[variants[i].time_key] = variant_results[i].time_s * 1e6;
+          row[variants[i].cost_key] = variant_results[i].cost_s * 1e6;
+          row[variants[i].ratio_key] = variant_results[i].ratio;
+          if (!variants[i].without_time_key.empty()) {
+            row[variants[i].without_time_key] = variant_results[i].without_s * 1e6;
+          }
         }
         std::printf("%s\n", row.dump().c_str());
       } else {
         const std::string raw_time = raw ? fmt::format("{:.2f}", *raw * 1e6) : "-";
         const std::string raw_bw = raw_busbw ? fmt::format("{:.2f}", *raw_busbw) : "-";
         const std::string ratio_text = ratio ? fmt::format("{:.3f}", *ratio) : "-";
-        const std::string check_text =
-            checked ? fmt::format(" {:11.2f} {:9.2f} {:12.3f}", *checked_s * 1e6,
-                                  *check_cost_s * 1e6, *check_ratio)
-                    : std::string();
+        std::string variant_text;
+        for (const VariantResult& r : variant_results) {
+          variant_text +=
+              fmt::format(" {:11.2f} {:9.2f} {:12.3f}", r.time_s * 1e6, r.cost_s * 1e6, r.ratio);
+        }
         std::printf("%-15s %12zu %12lld %10.2f %10.2f %10.2f %12s %10s %9s %8s%s\n",
                     std::string(op_name(op)).c_str(), b.bytes(), static_cast<long long>(b.count),
                     ours * 1e6, algbw, busbw, raw_time.c_str(), raw_bw.c_str(), ratio_text.c_str(),
-                    correct ? "yes" : "NO", check_text.c_str());
+                    correct ? "yes" : "NO", variant_text.c_str());
       }
       std::fflush(stdout);
     }
@@ -411,6 +495,10 @@ int main(int argc, char** argv) {
                  "also time each operation through a communicator with --check-collectives' "
                  "fingerprint check on, and report its cost per operation (checked_us - time_us) "
                  "and checked/ours");
+    app.add_flag("--flight-overhead", o.flight_overhead,
+                 "also time each operation through two duplicates of the world communicator, with "
+                 "and without a flight recorder (CPU, MPI), and report the recorder's cost per "
+                 "operation (rec_us - unrecorded) and recorded/unrecorded");
     bool check_flag = false;
     app.add_flag("--check-collectives", check_flag,
                  "the debug mode on the world communicator (read by the runtime)");
