@@ -91,13 +91,18 @@ def analyze(directory):
         if last < 0:
             continue  # never used
         point_to_point = any(o["op"] in P2P for o in ops_by_seq.get(first, {}).values())
-        if first > last and not absent:
-            lines.append(f"{head}: every rank completed up to #{last}")
+        if first > last:  # nothing pending among the dumps
+            note = f" ({ranks_phrase(absent)} left no dump)" if absent else ""
+            lines.append(f"{head}: every rank completed up to #{last}{note}")
         elif point_to_point:
             for r, c in sorted(by_rank.items()):
                 if c["completed"] < c["enqueued"]:
                     op = ops_by_seq.get(c["completed"] + 1, {}).get(r)
-                    what = f"{op['op']} #{op['seq']} (peer {op['peer']}, {op['state']})" if op else f"#{c['completed'] + 1}"
+                    if op:
+                        peer = f"rank {members[op['peer']]}" if 0 <= op["peer"] < len(members) else "several ranks"
+                        what = f"{op['op']} #{op['seq']} with {peer} ({op['state']})"
+                    else:
+                        what = f"#{c['completed'] + 1}"
                     lines.append(f"{head}: rank {r} waits for {what}")
             for r in absent:
                 lines.append(f"{head}: rank {r} left no dump (stopped or dead)")

@@ -3,7 +3,8 @@
 # and checked for its exit status, the time it took, its messages and the dumps:
 #   skip      4 ranks, the last skips the fifth all_reduce on 'pp', --timeout-s 4: the job ends
 #             non-zero within 30 s, a waiting rank's Timeout says "rank 3 never reached all_reduce
-#             #4 on 'pp'", every rank leaves flight_rank<r>.json, and the analyzer says the same
+#             #4 on 'pp'", every rank leaves flight_rank<r>.json, and the analyzer says the same, and
+#             still names rank 3 once its dump is removed
 #   mismatch  2 ranks, the third all_reduce has 8 elements on rank 1 and 16 on rank 0: both dump
 #             (however the mismatch ends), and the analyzer names seq 2 with both counts
 #   usr1      2 ranks run for 12 s; SIGUSR1 to mpirun (which passes it on) makes both dump with
@@ -61,6 +62,10 @@ case $case in
       { echo "no message names rank 3:"; cat err.txt; exit 1; }
     dumps 4
     analysis "^rank 3 never reached all_reduce #4 on 'pp' \(it issued up to #3\) \(ranks 0-2 waited\)"
+    # A rank without a dump is named, and the rest is still read.
+    rm dumps/flight_rank3.json
+    analysis "^rank 3: no dump \(flight_rank3.json\)"
+    analysis "^rank 3 left no dump \(stopped or dead\) and all_reduce #4 on 'pp' is not completed \(ranks 0-2 waited\)"
     ;;
   mismatch)
     echo "--- mismatch: 2 ranks"
