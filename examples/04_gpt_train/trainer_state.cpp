@@ -26,8 +26,10 @@ quintet::train::Checkpointer checkpointer(const quintet::train::JobConfig& job,
     if (ch == ';' || ch == '=' || ch == '"' || ch == '\\') ch = '_';
   }
   // (The global batch is in the library's identity already.)
-  return quintet::train::Checkpointer(
+  quintet::train::Checkpointer saver(
       dir, world, fmt::format("data={};synthetic_order={}", data, job.data.synthetic_order));
+  saver.set_keep_last(job.checkpoint.keep_last);  // --keep-last (pruning after each save)
+  return saver;
 }
 
 std::string run_metadata(const quintet::train::JobConfig& job) {

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -134,6 +135,38 @@ std::string read_text(const fs::path& path) {
 }  // namespace
 
 std::string checkpoint_name(std::int64_t step) { return fmt::format("step_{:06d}", step); }
+
+std::vector<std::string> prune_checkpoints(const std::string& dir, int keep_last) {
+  QUINTET_CHECK(keep_last >= 1, "prune_checkpoints: keep_last = {}; expected >= 1", keep_last);
+  const fs::path root(dir);
+  if (!fs::exists(root)) return {};
+  std::string latest;
+  if (fs::exists(root / "latest")) {
+    latest = read_text(root / "latest");
+    while (!latest.empty() && (latest.back() == '\n' || latest.back() == ' ')) latest.pop_back();
+  }
+  // step_NNNNNN names sort as their steps (fixed width).
+  std::vector<std::string> complete;
+  for (const auto& entry : fs::directory_iterator(root)) {
+    const std::string name = entry.path().filename().string();
+    if (entry.is_directory() && name.size() == 11 && name.rfind("step_", 0) == 0 &&
+        name.find_first_not_of("0123456789", 5) == std::string::npos) {
+      complete.push_back(name);
+    }
+  }
+  std::sort(complete.begin(), complete.end());
+  std::vector<std::string> removed;
+  const std::size_t keep = static_cast<std::size_t>(keep_last);
+  for (std::size_t i = 0; i + keep < complete.size(); ++i) {
+    if (complete[i] == latest) continue;
+    std::error_code ec;
+    fs::remove_all(root / complete[i], ec);
+    QUINTET_CHECK_CODE(!ec, System, "prune_checkpoints: cannot remove {}: {}",
+                       (root / complete[i]).string(), ec.message());
+    removed.push_back(complete[i]);
+  }
+  return removed;
+}
 
 void run_on_every_rank(Communicator& comm, const char* what, const std::function<void()>& fn) {
   run_agreed(comm, what, fn);

@@ -230,6 +230,12 @@ void Checkpointer::save(std::int64_t step, TrainingModel& model, const data::Dat
   wait();
   auto [tensors, meta] = snapshot(step, model, loader, user_json);
   save_checkpoint(dir_, step, tensors, meta, world_, model.stream(), before_commit);
+  if (keep_last_ > 0 && world_.rank() == 0) prune_checkpoints(dir_, keep_last_);
+}
+
+void Checkpointer::set_keep_last(int n) {
+  QUINTET_CHECK(n >= 0, "Checkpointer::set_keep_last({}): expected >= 0 (0 keeps every one)", n);
+  keep_last_ = n;
 }
 
 void Checkpointer::fit_host_buffers(const std::vector<NamedTensor>& tensors) {
@@ -276,14 +282,16 @@ void Checkpointer::save_async(std::int64_t step, TrainingModel& model,
     copied->record(stream);
   }
   Communicator* comm = async_comm_.get();
-  pending_ = std::async(std::launch::async, [dir = dir_, step, copies = std::move(copies),
-                                             meta = std::move(meta), comm, copied, before_commit] {
-    // Below the training thread: the write should take what the step leaves (Linux: a thread's
-    // nice value is its own).
-    (void)setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 10);
-    if (copied) copied->synchronize();
-    save_checkpoint(dir, step, copies, meta, *comm, Stream(), before_commit);
-  });
+  pending_ = std::async(
+      std::launch::async, [dir = dir_, step, copies = std::move(copies), meta = std::move(meta),
+                           comm, copied, before_commit, keep = keep_last_] {
+        // Below the training thread: the write should take what the step leaves (Linux: a thread's
+        // nice value is its own).
+        (void)setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 10);
+        if (copied) copied->synchronize();
+        save_checkpoint(dir, step, copies, meta, *comm, Stream(), before_commit);
+        if (keep > 0 && comm->rank() == 0) prune_checkpoints(dir, keep);
+      });
 }
 
 void Checkpointer::check() {

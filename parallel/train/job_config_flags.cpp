@@ -155,6 +155,10 @@ void add_job_flags(CLI::App& app, JobConfig& job) {
              "write checkpoints in the background while training goes on");
   app.add_option("--save-every", ck.save_every, "save every N steps (and at the end)")
       ->capture_default_str();
+  app.add_option("--keep-last", ck.keep_last,
+                 "keep only the newest N checkpoints in --save, removing older ones after each "
+                 "save (0: keep every one)")
+      ->capture_default_str();
   app.add_option("--resume", ck.resume,
                  "resume from the latest checkpoint in this directory (an error when it holds "
                  "none)")

@@ -110,6 +110,10 @@ void JobConfig::validate(int world) const {
                 checkpoint.save_every);
   QUINTET_CHECK(checkpoint.save_every == 0 || !checkpoint.save.empty(),
                 "--save-every {} needs --save DIR", checkpoint.save_every);
+  QUINTET_CHECK(checkpoint.keep_last >= 0, "--keep-last {}: expected >= 0 (0 keeps every one)",
+                checkpoint.keep_last);
+  QUINTET_CHECK(checkpoint.keep_last == 0 || !checkpoint.save.empty(),
+                "--keep-last {} needs --save DIR", checkpoint.keep_last);
   QUINTET_CHECK(data.loader_threads >= 1, "--loader-threads {}: expected >= 1",
                 data.loader_threads);
   if (data.shards.empty()) {

@@ -11,7 +11,8 @@
 #               saved and resumed equals the uninterrupted one
 #   resume      a run stopped and saved at step 10, then resumed, equals the uninterrupted run at
 #               steps 11..20; asynchronous saves (--async-save) write byte-identical checkpoints,
-#               and one that fails to write fails the next step on every rank
+#               and one that fails to write fails the next step on every rank; --keep-last 2
+#               leaves the newest two checkpoints (synchronous and background saves)
 #   bad_flags   inconsistent flags are refused with a message naming them, ranks started with
 #               different flags too; --lr-schedule wsd gives the library schedule's rates; a job
 #               file (--config) trains as its flags do, and the flags beside it override it
@@ -138,6 +139,15 @@ case $case in
     done
     test "$(cat ck_async/latest)" = step_000012
     grep -q '"saved_step":8' async_saves.jsonl
+    # --keep-last 2: only the newest two checkpoints stay, with synchronous and background saves.
+    for how in sync async; do
+      extra=(); [[ $how == async ]] && extra=(--async-save)
+      run "keep_$how" 2 --steps 8 --dp 2 --save "ck_keep_$how" --save-every 2 --keep-last 2 \
+        "${extra[@]}"
+      test "$(ls -d ck_keep_$how/step_* | xargs -n1 basename | tr '\n' ' ')" = \
+        "step_000006 step_000008 " || { ls "ck_keep_$how"; exit 1; }
+      test "$(cat ck_keep_$how/latest)" = step_000008
+    done
     # A background write that fails (file-size limit) fails the next step on every rank.
     if timeout 120 "$mpiexec" "${mpi_flags[@]}" -np 2 bash -c 'ulimit -f 256; exec "$0" "$@"' \
          "$trainer" "${model[@]}" --steps 12 --tp 2 --save ck_async_full --save-every 4 \

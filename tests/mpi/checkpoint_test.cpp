@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "quintet/collectives/bootstrap.hpp"
 #include "quintet/parallel/checkpoint/checkpoint.hpp"
@@ -100,6 +101,38 @@ TEST_CASE("checkpoint: metadata that is not JSON is refused before any communica
   comm.barrier().synchronize();
   REQUIRE_THROWS_QUINTET(latest_checkpoint(dir), System,
                          "step_000002/checkpoint.json is not valid JSON");
+  comm.barrier().synchronize();
+}
+
+TEST_CASE("checkpoint: prune_checkpoints keeps the newest and the one latest names") {
+  World world = cpu_world();
+  Communicator& comm = world.comm();
+  const std::string dir = shared_dir(comm, "prune");
+  for (std::int64_t step : {2, 4, 6, 8}) {
+    save_checkpoint(dir, step, make_state(comm.rank(), static_cast<std::uint64_t>(step)), "{}",
+                    comm);
+  }
+  if (comm.rank() == 0) {
+    // A partial save and a foreign file are left alone.
+    fs::create_directories(fs::path(dir) / ".partial-step_000010");
+    std::ofstream(fs::path(dir) / "notes.txt") << "mine";
+    CHECK(prune_checkpoints(dir, 2) == std::vector<std::string>{"step_000002", "step_000004"});
+    CHECK_FALSE(fs::exists(fs::path(dir) / "step_000004"));
+    CHECK(fs::exists(fs::path(dir) / "step_000006"));
+    CHECK(fs::exists(fs::path(dir) / ".partial-step_000010"));
+    CHECK(fs::exists(fs::path(dir) / "notes.txt"));
+    // `latest` names an older checkpoint than the newest (a re-save of an earlier step): kept.
+    std::ofstream(fs::path(dir) / "latest") << "step_000006\n";
+    CHECK(prune_checkpoints(dir, 1).empty());  // 8 is the newest, 6 is latest
+    CHECK(fs::exists(fs::path(dir) / "step_000006"));
+    CHECK(prune_checkpoints(dir, 3).empty());
+    REQUIRE_THROWS_QUINTET(prune_checkpoints(dir, 0), InvalidArgument, "keep_last = 0");
+  }
+  comm.barrier().synchronize();
+  REQUIRE(latest_checkpoint(dir).has_value());
+  auto restored = zeros_like(make_state(comm.rank(), 6));
+  load_checkpoint(*latest_checkpoint(dir), restored, comm);
+  require_equal(make_state(comm.rank(), 6), restored);
   comm.barrier().synchronize();
 }
 

@@ -145,6 +145,7 @@ TEST_CASE("job config: every flag --help lists reaches the config", "[train]") {
                                                      {"--save", "ckpt"},
                                                      {"--async-save", ""},
                                                      {"--save-every", "10"},
+                                                     {"--keep-last", "3"},
                                                      {"--resume", "r"},
                                                      {"--resume-if-exists", "r2"},
                                                      {"--bucket-mb", "5"},
@@ -268,6 +269,8 @@ TEST_CASE("job config: the jobs the trainers refuse, refused before any communic
   refused(gpt, 1, {"--resume", "a", "--resume-if-exists", "b"}, "give one of them");
   refused(gpt, 1, {"--stop-at", "200"}, "--stop-at 200: expected 0 .. --steps 100");
   refused(gpt, 1, {"--save-every", "5"}, "--save-every 5 needs --save DIR");
+  refused(gpt, 1, {"--keep-last", "2"}, "--keep-last 2 needs --save DIR");
+  refused(gpt, 1, {"--save", "d", "--keep-last", "-1"}, "--keep-last -1: expected >= 0");
   refused(gpt, 1, {"--trace-steps", "1:2"}, "--trace-steps 1:2 needs --trace DIR");
   refused(gpt, 1, {"--trace", "t", "--trace-steps", "3:1"}, "--trace-steps 3:1: expected A:B");
   refused(gpt, 1, {"--vocab", "100"}, "--vocab 100: the built-in dataset has 256 tokens");

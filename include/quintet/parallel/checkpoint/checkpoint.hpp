@@ -97,6 +97,13 @@ void load_checkpoint(const CheckpointInfo& checkpoint, const std::vector<NamedTe
 // "step_000020" for 20: the directory name of a checkpoint.
 std::string checkpoint_name(std::int64_t step);
 
+// Removes the complete checkpoints of dir (step_NNNNNN) but the newest keep_last and the one
+// `latest` names; leaves partial saves, `latest` and anything else alone. Returns the names
+// removed, oldest first. Local (no communication): call it on one rank (the one that commits) of
+// a job whose ranks share dir. Throws InvalidArgument for keep_last < 1, System when a
+// checkpoint cannot be removed.
+std::vector<std::string> prune_checkpoints(const std::string& dir, int keep_last);
+
 // Runs fn on this rank; when it throws on any rank of comm, every rank throws: the failing rank
 // its own error, the others Remote naming how many failed and the first of them. Collective over
 // comm (one small all-reduce after fn), so that an error on one rank never leaves the others

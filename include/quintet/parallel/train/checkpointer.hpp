@@ -83,6 +83,11 @@ class Checkpointer {
   // Waits for the asynchronous save in progress, if any; rethrows its error.
   void wait();
   bool saving() const { return pending_.valid(); }
+  // After each save is committed (an asynchronous one: by its thread), keep only the newest n
+  // checkpoints of dir (and the one `latest` names), removing older ones (prune_checkpoints, on
+  // rank 0). 0 (the default) keeps every checkpoint; n < 0 is InvalidArgument.
+  void set_keep_last(int n);
+  int keep_last() const { return keep_last_; }
 
   // Restores the latest checkpoint of dir into model and loader (which seeks to the saved
   // position) and returns its step; nothing, touching nothing, when dir holds none. Collective
@@ -112,6 +117,7 @@ class Checkpointer {
   std::unique_ptr<Communicator> async_comm_;  // the background thread's (split on first use)
   std::future<void> pending_;                 // the asynchronous save in progress
   std::vector<Tensor> host_buffers_;          // its copies, reused by the next one
+  int keep_last_ = 0;                         // > 0: older checkpoints are removed
 };
 
 // The identity of a run, as the Checkpointer stores it: "key=value" pairs joined by ';', in a

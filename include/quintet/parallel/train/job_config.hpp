@@ -87,6 +87,7 @@ struct JobConfig {
     std::string save;              // directory; empty: no checkpoints
     std::int64_t save_every = 0;   // > 0: every N steps (and at the end)
     bool async_save = false;       // written in the background (Checkpointer::save_async)
+    int keep_last = 0;             // > 0: only the newest N checkpoints stay (0: every one)
     std::string resume;            // must hold a checkpoint
     std::string resume_if_exists;  // resumes when it holds one, else starts fresh
     // Testing: exit (status 3) in the middle of the save of this step, after its shard is written
