@@ -26,7 +26,13 @@ std::unique_ptr<nn::Module> make_attention(const GptConfig& c, const ModelGroups
                                    .sequence_parallel = c.sequence_parallel,
                                    .overlap_chunks = c.tp_overlap_chunks,
                                    .cp = g.cp,
-                                   .cp_kind = c.context_parallel});
+                                   .cp_kind = c.context_parallel,
+                                   .kv_heads = c.kv_heads,
+                                   .head_dim = c.head_dim,
+                                   .qk_norm = c.qk_norm,
+                                   .qk_norm_eps = c.eps,
+                                   .rope = c.rope,
+                                   .rope_theta = c.rope_theta});
   }
   QUINTET_THROW(InvalidArgument, "GptConfig: unknown attention kind {}",
                 static_cast<int>(c.attention));

@@ -97,16 +97,41 @@ void GptConfig::validate_block(int tp, int cp) const {
   QUINTET_CHECK(init_std > 0.0f && proj_init_std >= 0.0f && eps > 0.0f,
                 "GptConfig: init_std = {} and eps = {} must be > 0, proj_init_std = {} >= 0",
                 init_std, eps, proj_init_std);
-  QUINTET_CHECK(hidden % heads == 0,
-                "GptConfig: hidden = {} is not divisible by heads = {}; the head dimension is "
+  QUINTET_CHECK(kv_heads >= 0 && head_dim >= 0,
+                "GptConfig: kv_heads = {} and head_dim = {} must be > 0, or 0 for heads and "
                 "hidden / heads",
+                kv_heads, head_dim);
+  QUINTET_CHECK(head_dim > 0 || hidden % heads == 0,
+                "GptConfig: hidden = {} is not divisible by heads = {}; the head dimension is "
+                "hidden / heads unless head_dim is set",
                 hidden, heads);
+  QUINTET_CHECK(heads % kv_head_count() == 0,
+                "GptConfig: kv_heads = {} does not divide heads = {}; each key/value head serves "
+                "heads / kv_heads query heads",
+                kv_head_count(), heads);
+  QUINTET_CHECK(learned_positions != rope,
+                "GptConfig: learned_positions = {} and rope = {}; a model needs exactly one kind "
+                "of position information (without either it cannot tell the order of tokens)",
+                learned_positions, rope);
+  QUINTET_CHECK(!rope || (head_size() % 2 == 0 && rope_theta > 0.0),
+                "GptConfig: RoPE rotates pairs of the head dimension, which must be even (head "
+                "dim = {}), with rope_theta > 0 (got {})",
+                head_size(), rope_theta);
   QUINTET_CHECK(tp >= 1, "GptConfig: the tensor-parallel size tp = {} must be >= 1", tp);
   check_divides("heads", heads, tp);
+  QUINTET_CHECK(kv_head_count() % tp == 0,
+                "GptConfig: kv_heads = {} is not divisible by tp = {}; each tp rank holds the "
+                "key/value heads its query heads read, and replicating them (kv_heads < tp) is "
+                "not supported; use kv_heads a multiple of tp",
+                kv_head_count(), tp);
   check_divides("the MLP width (ffn_hidden)", mlp_width(), tp);
   QUINTET_CHECK(cp >= 1, "GptConfig: the context-parallel size cp = {} must be >= 1", cp);
   if (cp > 1) {
     context::check_cp_sequence(seq_len, cp);
+    QUINTET_CHECK(kv_head_count() == heads,
+                  "GptConfig: grouped-query attention (kv_heads = {} < heads = {}) with context "
+                  "parallelism (cp = {}) is not supported yet; use cp = 1 or kv_heads = heads",
+                  kv_head_count(), heads, cp);
     QUINTET_CHECK(!sequence_parallel || (seq_len / cp) % tp == 0,
                   "GptConfig: with sequence parallelism each cp rank's {} tokens (seq_len {} / cp "
                   "{}) split over tp {}, which does not divide them",
@@ -172,7 +197,10 @@ std::int64_t moe_mlp_params(const GptConfig& c, std::int64_t experts) {
 std::int64_t block_params(const GptConfig& c, bool active) {
   const std::int64_t d = c.hidden;
   const std::int64_t norm_params = c.norm == nn::NormKind::layernorm ? 2 * d : d;
-  const std::int64_t attn = 4 * d * d + (c.bias ? 4 * d : 0);  // qkv and the output projection
+  // q, k, v and the output projection (and the QK-norm weights).
+  const std::int64_t a = c.heads * c.head_size(), kv = c.kv_head_count() * c.head_size();
+  const std::int64_t attn =
+      2 * d * a + 2 * d * kv + (c.bias ? a + 2 * kv + d : 0) + (c.qk_norm ? 2 * c.head_size() : 0);
   std::int64_t total = 0;
   for (std::int64_t l = 0; l < c.layers; ++l) {
     const std::int64_t mlp =

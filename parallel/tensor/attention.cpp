@@ -1,53 +1,120 @@
 // Causal self-attention with heads split over tp: the math of nn::CausalSelfAttention
-// (lib/nn/attention_layer.cpp) on this rank's heads.
+// (lib/nn/attention_layer.cpp) on this rank's heads, with grouped-query attention, QK-norm and
+// RoPE as options (attention.hpp).
 #include "quintet/parallel/tensor/attention.hpp"
 
+#include "parallel/tensor/internal/regions.hpp"
+#include "quintet/parallel/tensor/norm.hpp"
 #include "quintet/parallel/tensor/regions.hpp"
 
 namespace quintet {
 
 namespace {
-std::int64_t checked_local_heads(std::int64_t dim, std::int64_t heads, int tp) {
-  QUINTET_CHECK(dim > 0 && heads > 0 && dim % heads == 0,
-                "ParallelAttention: dim = {} must be a positive multiple of heads = {}", dim,
-                heads);
-  check_divisible("ParallelAttention: heads", heads, tp);
-  return heads / tp;
+std::int64_t checked_head_dim(std::int64_t dim, std::int64_t heads, std::int64_t head_dim) {
+  QUINTET_CHECK(dim > 0 && heads > 0 && head_dim >= 0,
+                "ParallelAttention: dim = {} and heads = {} must be > 0, head_dim = {} >= 0", dim,
+                heads, head_dim);
+  QUINTET_CHECK(head_dim > 0 || dim % heads == 0,
+                "ParallelAttention: dim = {} must be a positive multiple of heads = {} (the head "
+                "dimension is dim / heads unless head_dim is set)",
+                dim, heads);
+  return head_dim > 0 ? head_dim : dim / heads;
 }
+
+std::int64_t checked_kv_heads(std::int64_t heads, std::int64_t kv_heads, int tp) {
+  const std::int64_t kv = kv_heads > 0 ? kv_heads : heads;
+  QUINTET_CHECK(kv_heads >= 0 && heads % kv == 0,
+                "ParallelAttention: kv_heads = {} must divide heads = {} (each key/value head "
+                "serves heads / kv_heads query heads)",
+                kv_heads, heads);
+  check_divisible("ParallelAttention: heads", heads, tp);
+  QUINTET_CHECK(kv % tp == 0,
+                "ParallelAttention: kv_heads = {} is not divisible by tp = {}; each tp rank holds "
+                "the key/value heads of its query heads, and replicating key/value heads over tp "
+                "(kv_heads < tp) is not supported; use kv_heads a multiple of tp",
+                kv, tp);
+  return kv;
+}
+
+// Part i of t [B, S, parts, H, D] as a [B, S, H, D] view.
+Tensor part(const Tensor& t, int i) { return t.transpose(0, 2).select(i).transpose(0, 1); }
+
+// [B, S, H, D] <-> [B, H, S, D] (a view).
+Tensor bhsd(const Tensor& t) { return t.transpose(1, 2); }
 }  // namespace
 
 ParallelAttention::ParallelAttention(Communicator& tp, std::int64_t dim, std::int64_t heads,
                                      std::int64_t max_seq_len,
                                      const ParallelAttentionOptions& options)
-    : tp_size_(tp.size()),
+    : tp_(&tp),
+      tp_size_(tp.size()),
       dim_(dim),
-      local_heads_(checked_local_heads(dim, heads, tp.size())),
-      head_dim_(dim / heads),
+      head_dim_(checked_head_dim(dim, heads, options.head_dim)),
       max_seq_len_(max_seq_len),
       sp_(options.sequence_parallel),
       cp_(options.cp != nullptr && options.cp->size() > 1 ? options.cp : nullptr),
-      cp_kind_(options.cp_kind) {
+      cp_kind_(options.cp_kind),
+      use_rope_(options.rope) {
+  const std::int64_t kv_heads = checked_kv_heads(heads, options.kv_heads, tp.size());
+  local_heads_ = heads / tp.size();
+  local_kv_heads_ = kv_heads / tp.size();
   QUINTET_CHECK(cp_ == nullptr || cp_kind_ != context::ContextParallelKind::all_to_all ||
                     local_heads_ % cp_->size() == 0,
                 "ParallelAttention: all-to-all context parallelism splits the {} heads of each "
                 "tp rank (heads {} / tp {}) over cp {}, which does not divide them; use ring "
                 "attention or a head count divisible by tp x cp",
                 local_heads_, heads, tp.size(), cp_ == nullptr ? 1 : cp_->size());
+  QUINTET_CHECK(cp_ == nullptr || kv_heads == heads,
+                "ParallelAttention: grouped-query attention (kv_heads = {} < heads = {}) with "
+                "context parallelism (cp = {}) is not supported yet; use cp = 1 or kv_heads = "
+                "heads",
+                kv_heads, heads, cp_ == nullptr ? 1 : cp_->size());
   QUINTET_CHECK(max_seq_len > 0, "ParallelAttention: max_seq_len = {} must be > 0", max_seq_len);
-  qkv_ =
-      &add_module("qkv", std::make_unique<ColumnParallelLinear>(
-                             tp, dim, 3 * dim,
-                             ColumnParallelOptions{.bias = options.bias,
-                                                   .init_std = options.init_std,
-                                                   .sequence_parallel = options.sequence_parallel,
-                                                   .fused_parts = 3,
-                                                   .overlap_chunks = options.overlap_chunks}));
+  QUINTET_CHECK(!options.rope || (head_dim_ % 2 == 0 && options.rope_theta > 0.0),
+                "ParallelAttention: RoPE needs an even head_dim (got {}) and rope_theta > 0 (got "
+                "{})",
+                head_dim_, options.rope_theta);
+  rope_.theta = options.rope_theta;
+  const std::int64_t attn = heads * head_dim_;
+  if (kv_heads == heads) {
+    qkv_ =
+        &add_module("qkv", std::make_unique<ColumnParallelLinear>(
+                               tp, dim, 3 * attn,
+                               ColumnParallelOptions{.bias = options.bias,
+                                                     .init_std = options.init_std,
+                                                     .sequence_parallel = options.sequence_parallel,
+                                                     .fused_parts = 3,
+                                                     .overlap_chunks = options.overlap_chunks}));
+  } else {  // q and kv share one entry into the tp region (done here, not by each linear)
+    const ColumnParallelOptions column{.bias = options.bias,
+                                       .init_std = options.init_std,
+                                       .sequence_parallel = options.sequence_parallel,
+                                       .enter_region = false};
+    q_ = &add_module("q", std::make_unique<ColumnParallelLinear>(tp, dim, attn, column));
+    ColumnParallelOptions kv = column;
+    kv.fused_parts = 2;
+    kv_ = &add_module(
+        "kv", std::make_unique<ColumnParallelLinear>(tp, dim, 2 * kv_heads * head_dim_, kv));
+  }
+  if (options.qk_norm) {
+    // Each tp rank normalises its own heads: the weights' gradients are partial sums over tp.
+    const ParallelNormOptions norm{.eps = options.qk_norm_eps, .sequence_parallel = true};
+    q_norm_ = &add_module("q_norm", std::make_unique<ParallelRMSNorm>(head_dim_, norm));
+    k_norm_ = &add_module("k_norm", std::make_unique<ParallelRMSNorm>(head_dim_, norm));
+  }
   proj_ = &add_module("proj", std::make_unique<RowParallelLinear>(
-                                  tp, dim, dim,
+                                  tp, attn, dim,
                                   RowParallelOptions{.bias = options.bias,
                                                      .init_std = options.proj_init_std,
                                                      .sequence_parallel = options.sequence_parallel,
                                                      .overlap_chunks = options.overlap_chunks}));
+}
+
+Tensor ParallelAttention::positions(std::int64_t seq, const Tensor& x, const Stream& stream) const {
+  if (cp_ == nullptr) return Tensor();  // token s is at position s
+  const std::vector<std::int64_t> p =
+      context::cp_positions(seq * cp_->size(), cp_->size(), cp_->rank());
+  return Tensor::from_vector<std::int64_t>(p, {seq}).to(x.device(), stream);
 }
 
 Tensor ParallelAttention::forward(nn::Context& ctx, const Tensor& x) {
@@ -62,28 +129,50 @@ Tensor ParallelAttention::forward(nn::Context& ctx, const Tensor& x) {
                 "(max_seq_len = {}); shorten it or build the layer with a larger max_seq_len",
                 total, max_seq_len_);
   const Stream& st = ctx.stream();
-  const std::int64_t b = x.size(0), h = local_heads_, hd = head_dim_;
-  const Tensor qkv = qkv_->forward(ctx, x).view({b, seq, 3, h, hd});
-  if (cp_ == nullptr) {  // the heads read in place, the output written ready for the projection
-    nn::AttentionOptions opt;
-    opt.causal = true;
-    const nn::FusedQkvAttention a = nn::fused_qkv_attention_forward(qkv, opt, st);
-    ctx.save(*this, {qkv, a.out, a.lse});
-    return proj_->forward(ctx, a.out.view({b, seq, h * hd}));
+  const std::int64_t b = x.size(0), h = local_heads_, hkv = local_kv_heads_, hd = head_dim_;
+  Heads in;  // [B, S, heads, hd] views of the projections' outputs
+  if (!grouped()) {
+    const Tensor qkv = qkv_->forward(ctx, x).view({b, seq, 3, h, hd});
+    in = {part(qkv, 0), part(qkv, 1), part(qkv, 2)};
+  } else {
+    const Tensor xin = sp_ ? gather_sequence(x, *tp_, st) : x;
+    const Tensor kv = kv_->forward(ctx, xin).view({b, seq, 2, hkv, hd});
+    in = {q_->forward(ctx, xin).view({b, seq, h, hd}), part(kv, 0), part(kv, 1)};
   }
-  auto head = [&](int i) { return nn::fused_qkv_heads(qkv, i).contiguous(st); };
-  const Tensor q = head(0), k = head(1), v = head(2);
+  // QK-norm into new tensors; RoPE in place (on the projection's output when there is no norm:
+  // the linear's backward needs its input, not its output).
+  Heads a = in;
+  if (q_norm_ != nullptr) {
+    a.q = q_norm_->forward(ctx, in.q);
+    a.k = k_norm_->forward(ctx, in.k);
+  }
+  if (use_rope_) {
+    const Tensor pos = positions(seq, x, st);
+    nn::rope_forward_(a.q, pos, rope_, st);
+    nn::rope_forward_(a.k, pos, rope_, st);
+  }
+  nn::AttentionOptions opt;
+  opt.causal = true;
+  if (cp_ == nullptr) {  // the heads read in place, the output written ready for the projection
+    const Tensor out = Tensor::empty({b, seq, h, hd}, x.dtype(), x.device(), st);
+    const Tensor lse =
+        nn::attention_forward_into(bhsd(a.q), bhsd(a.k), bhsd(a.v), opt, bhsd(out), st);
+    ctx.save(*this, {a.q, a.k, a.v, out, lse});
+    return proj_->forward(ctx, out.view({b, seq, h * hd}));
+  }
+  const Tensor q = bhsd(a.q).contiguous(st), k = bhsd(a.k).contiguous(st),
+               v = bhsd(a.v).contiguous(st);
   Tensor out;
   if (cp_kind_ == context::ContextParallelKind::ring) {
-    nn::AttentionOutput a = context::ring_attention_forward(*cp_, q, k, v, {}, st);
-    ctx.save(*this, {q, k, v, a.out, a.lse});
-    out = std::move(a.out);
+    nn::AttentionOutput r = context::ring_attention_forward(*cp_, q, k, v, {}, st);
+    ctx.save(*this, {q, k, v, r.out, r.lse});
+    out = std::move(r.out);
   } else {  // all-to-all: keeps the head-split, whole-sequence tensors for backward
     context::UlyssesOutput u = context::ulysses_attention_forward(*cp_, q, k, v, {}, st);
     ctx.save(*this, {u.saved.q, u.saved.k, u.saved.v, u.saved.out, u.saved.lse});
     out = std::move(u.out);
   }
-  const Tensor merged = out.transpose(1, 2).contiguous(st).view({b, seq, h * hd});
+  const Tensor merged = bhsd(out).contiguous(st).view({b, seq, h * hd});
   return proj_->forward(ctx, merged);
 }
 
@@ -91,27 +180,59 @@ Tensor ParallelAttention::backward(nn::Context& ctx, const Tensor& dy) {
   const Stream& st = ctx.stream();
   const Tensor dmerged = proj_->backward(ctx, dy);
   const auto sv = ctx.take(*this);
-  const std::int64_t b = dmerged.size(0), s = dmerged.size(1), h = local_heads_, hd = head_dim_;
-  if (cp_ == nullptr) {
-    const Tensor &qkv = sv[0], &out = sv[1], &lse = sv[2];
-    nn::AttentionOptions opt;
-    opt.causal = true;
-    const Tensor dqkv = nn::fused_qkv_attention_backward(dmerged.contiguous(st).view(out.shape()),
-                                                         qkv, out, lse, opt, st);
-    return qkv_->backward(ctx, dqkv.view({b, s, 3 * h * hd}));
-  }
-  const Tensor &q = sv[0], &k = sv[1], &v = sv[2], &out = sv[3], &lse = sv[4];
-  const Tensor dout = dmerged.view({b, s, h, hd}).transpose(1, 2).contiguous(st);
-  nn::AttentionGrads g;
-  if (cp_kind_ == context::ContextParallelKind::ring) {
-    g = context::ring_attention_backward(*cp_, dout, q, k, v, out, lse, {}, st);
+  const std::int64_t b = dmerged.size(0), s = dmerged.size(1), h = local_heads_,
+                     hkv = local_kv_heads_, hd = head_dim_;
+  const Tensor dout = dmerged.contiguous(st).view({b, s, h, hd});
+  // The projections' output gradients, and [B, S, heads, hd] views of them.
+  Tensor dqkv, dq, dkv;
+  Heads g;
+  if (!grouped()) {
+    dqkv = Tensor::empty({b, s, 3, h, hd}, dout.dtype(), dout.device(), st);
+    g = {part(dqkv, 0), part(dqkv, 1), part(dqkv, 2)};
   } else {
-    g = context::ulysses_attention_backward(*cp_, dout, {q, k, v, out, lse}, {}, st);
+    dq = Tensor::empty({b, s, h, hd}, dout.dtype(), dout.device(), st);
+    dkv = Tensor::empty({b, s, 2, hkv, hd}, dout.dtype(), dout.device(), st);
+    g = {dq, part(dkv, 0), part(dkv, 1)};
   }
-  Tensor dqkv = Tensor::empty({b, s, 3, h, hd}, dout.dtype(), dout.device(), st);
-  const Tensor* parts[3] = {&g.dq, &g.dk, &g.dv};
-  for (int i = 0; i < 3; ++i) nn::fused_qkv_heads(dqkv, i).copy_(*parts[i], st);
-  return qkv_->backward(ctx, dqkv.view({b, s, 3 * h * hd}));
+  // The gradients of the q and k that attention saw (after norm and RoPE): written straight into
+  // the projections' gradients when nothing comes between.
+  Tensor gq = g.q, gk = g.k;
+  if (q_norm_ != nullptr) {
+    gq = Tensor::empty({b, s, h, hd}, dout.dtype(), dout.device(), st);
+    gk = Tensor::empty({b, s, hkv, hd}, dout.dtype(), dout.device(), st);
+  }
+  nn::AttentionOptions opt;
+  opt.causal = true;
+  if (cp_ == nullptr) {
+    const Tensor &q = sv[0], &k = sv[1], &v = sv[2], &out = sv[3], &lse = sv[4];
+    nn::attention_backward_into(bhsd(dout), bhsd(q), bhsd(k), bhsd(v), bhsd(out), lse, opt,
+                                bhsd(gq), bhsd(gk), bhsd(g.v), st);
+  } else {
+    const Tensor &q = sv[0], &k = sv[1], &v = sv[2], &out = sv[3], &lse = sv[4];
+    const Tensor dout_bhsd = bhsd(dout).contiguous(st);
+    const nn::AttentionGrads r =
+        cp_kind_ == context::ContextParallelKind::ring
+            ? context::ring_attention_backward(*cp_, dout_bhsd, q, k, v, out, lse, {}, st)
+            : context::ulysses_attention_backward(*cp_, dout_bhsd, {q, k, v, out, lse}, {}, st);
+    Tensor(gq).copy_(bhsd(r.dq), st);
+    Tensor(gk).copy_(bhsd(r.dk), st);
+    Tensor(g.v).copy_(bhsd(r.dv), st);
+  }
+  if (use_rope_) {
+    const Tensor pos = positions(s, dmerged, st);
+    nn::rope_backward_(gq, pos, rope_, st);
+    nn::rope_backward_(gk, pos, rope_, st);
+  }
+  if (q_norm_ != nullptr) {
+    Tensor(g.k).copy_(k_norm_->backward(ctx, gk), st);
+    Tensor(g.q).copy_(q_norm_->backward(ctx, gq), st);
+  }
+  if (!grouped()) return qkv_->backward(ctx, dqkv.view({b, s, 3 * h * hd}));
+  const Tensor dx_kv = kv_->backward(ctx, dkv.view({b, s, 2 * hkv * hd}));
+  const Tensor dx = q_->backward(ctx, dq.view({b, s, h * hd}));
+  nn::add_(dx, dx_kv, 1.0f, st);
+  return sp_ ? tp_detail::start_reduce_scatter_sequence(dx, *tp_, st).finish(st)
+             : tp_detail::start_all_reduce(dx, *tp_, st).finish(st);
 }
 
 }  // namespace quintet

@@ -129,7 +129,11 @@ std::string run_identity(const TrainingModel& model, const data::DataLoader& loa
                             "router={};capacity_factor={}",
                             m.moe.router.experts, m.moe.router.top_k, m.expert_width(), m.moe.every,
                             m.moe.shared_experts, static_cast<int>(m.moe.router.score),
-                            m.moe.router.capacity_factor));
+                            m.moe.router.capacity_factor)) +
+         (m.kv_heads == 0 && m.head_dim == 0 && !m.rope && !m.qk_norm
+              ? std::string()  // as before these fields existed, so older checkpoints resume
+              : fmt::format(";kv_heads={};head_dim={};rope={};rope_theta={};qk_norm={}",
+                            m.kv_head_count(), m.head_size(), m.rope, m.rope_theta, m.qk_norm));
 }
 
 // The layout a checkpoint was saved at (recorded for the record and the inspection tool, not

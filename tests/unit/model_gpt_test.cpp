@@ -213,6 +213,14 @@ TEST_CASE("model: parameter counts equal the parameters built", "[model]") {
   c.bias = GENERATE(true, false);
   c.tied_embeddings = GENERATE(false, true);
   c.learned_positions = GENERATE(true, false);
+  c.rope = !c.learned_positions;
+  // Grouped-query attention (heads 4, 1 key/value head) with its own head dim, and QK-norm.
+  if (GENERATE(false, true)) {
+    c.heads = 4;
+    c.kv_heads = 1;
+    c.head_dim = 6;
+  }
+  c.qk_norm = GENERATE(false, true);
   auto m = model::build_gpt_chunk(c, {solo.get()}, model::ChunkSpec::whole(c));
   std::int64_t total = 0, embeddings = 0;
   for (auto& [name, p] : m->named_parameters()) {

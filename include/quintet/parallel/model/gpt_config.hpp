@@ -53,7 +53,9 @@ RecomputeKind parse_recompute_kind(std::string_view name);
 struct GptConfig {
   std::int64_t layers = 2;
   std::int64_t hidden = 128;    // model width d
-  std::int64_t heads = 4;       // attention heads; head dim = hidden / heads
+  std::int64_t heads = 4;       // attention heads; head dim = hidden / heads unless head_dim
+  std::int64_t kv_heads = 0;    // key/value heads (grouped-query attention, MQA at 1); 0 = heads
+  std::int64_t head_dim = 0;    // 0 = hidden / heads
   std::int64_t ffn_hidden = 0;  // MLP width; 0 = 4 * hidden
   std::int64_t vocab = 256;
   std::int64_t seq_len = 128;  // longest sequence: the position table and the causal mask
@@ -62,6 +64,9 @@ struct GptConfig {
   bool bias = true;                                  // biases of the attention projections
   bool tied_embeddings = false;   // the LM head reuses the token embedding's table
   bool learned_positions = true;  // a learned absolute position embedding after the tokens
+  bool rope = false;              // rotary positions on q and k instead (learned_positions off)
+  double rope_theta = 10000.0;    // RoPE's base
+  bool qk_norm = false;           // an RMSNorm (eps) over head_dim on each head's q and k
   float init_std = 0.02f;
   float proj_init_std = 0.0f;      // output projections; 0 = init_std / sqrt(2 * layers)
   float eps = 1e-5f;               // of the norms
@@ -79,6 +84,10 @@ struct GptConfig {
   context::ContextParallelKind context_parallel = context::ContextParallelKind::ring;
   MoEConfig moe;  // used when mlp == MlpKind::moe
 
+  // The key/value heads (kv_heads, or heads when 0) and the head dimension (head_dim, or
+  // hidden / heads when 0).
+  std::int64_t kv_head_count() const { return kv_heads > 0 ? kv_heads : heads; }
+  std::int64_t head_size() const { return head_dim > 0 ? head_dim : hidden / heads; }
   // The MLP width (ffn_hidden, or 4 * hidden when 0).
   std::int64_t mlp_width() const;
   // Whether block l (global index) holds an MoE MLP.
@@ -88,7 +97,10 @@ struct GptConfig {
   // The init std of the two output projections of each block.
   float output_init_std() const;
   // Throws InvalidArgument, naming the field and how to fix it, unless every size is positive,
-  // hidden divides by heads, and heads, vocab and the MLP width divide by tp. Called by every
+  // hidden divides by heads (or head_dim is set), kv_heads divides heads, heads, kv_heads, vocab
+  // and the MLP width divide by tp, the model has exactly one kind of position information
+  // (learned_positions or rope, whose head_dim is even), and grouped-query attention is not
+  // asked for with cp > 1 (not supported yet). Called by every
   // builder before any layer is made, so a bad config fails before any communication. (With
   // sequence parallelism the sequence of each batch must divide by tp; the layers check it in
   // forward, before their collectives.)

@@ -7,6 +7,7 @@
 
 #include "quintet/collectives/communicator.hpp"
 #include "quintet/nn/module.hpp"
+#include "quintet/nn/ops.hpp"
 #include "quintet/parallel/context/ring_attention.hpp"
 #include "quintet/parallel/tensor/linear.hpp"
 
@@ -23,11 +24,31 @@ struct ParallelAttentionOptions {
   // ranks as cp_kind says.
   Communicator* cp = nullptr;
   context::ContextParallelKind cp_kind = context::ContextParallelKind::ring;
+  // Grouped-query attention: kv_heads key/value heads (0: as many as query heads), each serving
+  // heads / kv_heads query heads (MQA at 1). kv_heads must divide heads, and tp must divide
+  // kv_heads: each tp rank holds the key/value heads its query heads read (replicating key/value
+  // heads over tp when kv_heads < tp is not built; such a layer is refused). Not yet with context
+  // parallelism (refused).
+  std::int64_t kv_heads = 0;
+  std::int64_t head_dim = 0;  // 0: dim / heads
+  // QK-norm (Qwen3): an RMSNorm over head_dim of each head's q and of each head's k, one weight
+  // [head_dim] for each ("q_norm.weight", "k_norm.weight", replicated over tp, their gradients
+  // partial sums over tp: reduce_over_tp), applied before RoPE.
+  bool qk_norm = false;
+  float qk_norm_eps = 1e-6f;
+  // Rotary positions (nn::rope_forward_) on q and k, with the token's position in its sequence:
+  // under context parallelism the positions of this cp rank's chunks (context::cp_positions).
+  bool rope = false;
+  double rope_theta = 10000.0;
 };
 
-// Causal self-attention with heads split over tp: qkv = ColumnParallelLinear with 3 fused parts
-// (parameters "qkv.weight" [3, dim/tp, dim], "qkv.bias" [3, dim/tp]), heads/tp local heads,
-// proj = RowParallelLinear (dim/tp -> dim). x [B, S(/tp), dim] -> same shape.
+// Causal self-attention with heads split over tp. With as many key/value heads as query heads: qkv
+// = ColumnParallelLinear with 3 fused parts (parameters "qkv.weight" [3, A/tp, dim], "qkv.bias"
+// [3, A/tp], A = heads * head_dim); with fewer (grouped-query): q = ColumnParallelLinear
+// ("q.weight" [A/tp, dim]) and kv = ColumnParallelLinear with 2 fused parts ("kv.weight"
+// [2, kv_heads * head_dim / tp, dim]) sharing one entry into the tp region. heads/tp local query
+// heads, kv_heads/tp local key/value heads, proj = RowParallelLinear (A/tp -> dim).
+// x [B, S(/tp), dim] -> same shape.
 class ParallelAttention : public nn::Module {
  public:
   ParallelAttention(Communicator& tp, std::int64_t dim, std::int64_t heads,
@@ -36,11 +57,26 @@ class ParallelAttention : public nn::Module {
   Tensor backward(nn::Context& ctx, const Tensor& dy) override;
 
  private:
-  std::int64_t tp_size_, dim_, local_heads_, head_dim_, max_seq_len_;
+  // q, k, v of one forward as [B, S, heads, head_dim] (views or tensors).
+  struct Heads {
+    Tensor q, k, v;
+  };
+  bool grouped() const { return qkv_ == nullptr; }
+  // The global positions of this rank's tokens (undefined: 0 .. seq - 1), on x's device.
+  Tensor positions(std::int64_t seq, const Tensor& x, const Stream& stream) const;
+
+  Communicator* tp_;
+  std::int64_t tp_size_, dim_, local_heads_, local_kv_heads_, head_dim_, max_seq_len_;
   bool sp_;
   Communicator* cp_;  // null or one rank: no context parallelism
   context::ContextParallelKind cp_kind_;
-  ColumnParallelLinear* qkv_;
+  nn::RopeOptions rope_;
+  bool use_rope_;
+  ColumnParallelLinear* qkv_ = nullptr;  // as many key/value heads as query heads
+  ColumnParallelLinear* q_ = nullptr;    // grouped-query attention: q, and k and v fused
+  ColumnParallelLinear* kv_ = nullptr;
+  nn::Module* q_norm_ = nullptr;  // QK-norm
+  nn::Module* k_norm_ = nullptr;
   RowParallelLinear* proj_;
 };
 
