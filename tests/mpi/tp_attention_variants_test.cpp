@@ -158,6 +158,41 @@ TEST_CASE("tp attention with GQA, head_dim, QK-norm and RoPE equals the one-rank
   }
 }
 
+TEST_CASE("cp attention with QK-norm and RoPE: each rank's chunks at their true positions",
+          "[tp][attention]") {
+  World world = cpu_world();
+  Communicator& cp = world.comm();  // cp = every rank, tp = 1
+  const std::unique_ptr<Communicator> one = cp.split(cp.rank(), 0, "one_rank");
+  const int n = cp.size(), r = cp.rank();
+  for (const auto kind :
+       {context::ContextParallelKind::ring, context::ContextParallelKind::all_to_all}) {
+    INFO("cp = " << n << (kind == context::ContextParallelKind::ring ? ", ring" : ", all-to-all"));
+    ParallelAttentionOptions o{.init_std = 0.3f,
+                               .proj_init_std = 0.2f,
+                               .cp_kind = kind,
+                               .qk_norm = true,
+                               .rope = true,
+                               .rope_theta = 20.0};
+    ParallelAttention ref(*one, kD, kHeads, kS, o);
+    o.cp = &cp;
+    ParallelAttention mine(*one, kD, kHeads, kS, o);
+    agreed(cp, [&] {
+      nn::ParameterStore my_store(mine, DType::f32, kCpu, 61);
+      nn::ParameterStore ref_store(ref, DType::f32, kCpu, 61);
+      const Tensor x = Tensor::randn({kB, kS, kD}, 62), dy = Tensor::randn({kB, kS, kD}, 63);
+      nn::Context my_ctx(kCpu), ref_ctx(kCpu);
+      const Tensor y_ref = ref.forward(ref_ctx, x);
+      const Tensor dx_ref = ref.backward(ref_ctx, dy);
+      const Tensor y = mine.forward(my_ctx, context::cp_split(x, 1, n, r));
+      const Tensor dx = mine.backward(my_ctx, context::cp_split(dy, 1, n, r));
+      require_close(y, context::cp_split(y_ref, 1, n, r), "output");
+      require_close(dx, context::cp_split(dx_ref, 1, n, r), "input gradient");
+      for (nn::Parameter* p : my_store.parameters()) cp.all_reduce(p->grad()).wait();  // as dp
+      require_params_match(mine, ref, *one, true);
+    });
+  }
+}
+
 TEST_CASE("grouped-query attention refuses head counts before communicating", "[tp][attention]") {
   World world = cpu_world();
   Communicator& tp = world.comm();
