@@ -1,64 +1,17 @@
 #include "quintet/data/shard_writer.hpp"
 
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstdio>
 #include <cstring>
 
+#include "data/internal/atomic_file.hpp"
 #include "data/internal/format_constants.hpp"
 #include "quintet/core/error.hpp"
 #include "quintet/data/checksum.hpp"
 
 namespace quintet::data {
 
+using detail::AtomicFile;
+
 namespace {
-
-// Writes to a temporary file and renames it over path on commit(); removes it otherwise.
-class AtomicFile {
- public:
-  explicit AtomicFile(std::string path)
-      : path_(std::move(path)), tmp_(fmt::format("{}.tmp.{}", path_, ::getpid())) {
-    file_ = std::fopen(tmp_.c_str(), "wb");
-    if (file_ == nullptr) {
-      QUINTET_THROW(System,
-                    "cannot create {}: {}; check that the directory exists and is "
-                    "writable",
-                    tmp_, std::strerror(errno));
-    }
-  }
-  ~AtomicFile() {
-    if (file_ != nullptr) {
-      std::fclose(file_);
-      std::remove(tmp_.c_str());
-    }
-  }
-  AtomicFile(const AtomicFile&) = delete;
-  AtomicFile& operator=(const AtomicFile&) = delete;
-
-  void write(const void* data, std::size_t bytes) {
-    if (bytes > 0 && std::fwrite(data, 1, bytes, file_) != bytes) {
-      QUINTET_THROW(System, "writing {} bytes to {} failed: {}", bytes, tmp_, std::strerror(errno));
-    }
-  }
-  template <class T>
-  void put(T value) {
-    write(&value, sizeof value);
-  }
-  void commit() {
-    const int rc = std::fclose(file_);
-    file_ = nullptr;
-    if (rc != 0 || std::rename(tmp_.c_str(), path_.c_str()) != 0) {
-      const int err = errno;
-      std::remove(tmp_.c_str());
-      QUINTET_THROW(System, "cannot finish writing {}: {}", path_, std::strerror(err));
-    }
-  }
-
- private:
-  std::string path_, tmp_;
-  std::FILE* file_ = nullptr;
-};
 
 std::vector<std::int64_t> checked_documents(const std::vector<std::int64_t>& offsets,
                                             std::int64_t count) {
