@@ -109,6 +109,8 @@ target_link_libraries(quintet_nn PRIVATE Eigen3::Eigen)
 target_link_libraries(quintet_parallel PRIVATE CLI11::CLI11 nlohmann_json::nlohmann_json)
 # collectives: the flight recorder's dumps (flight_recorder.cpp), header-only.
 target_link_libraries(quintet_collectives PRIVATE nlohmann_json::nlohmann_json)
+# data: the headers and indexes of safetensors files (safetensors*.cpp), header-only.
+target_link_libraries(quintet_data PRIVATE nlohmann_json::nlohmann_json)
 if(QUINTET_HAS_CUDA)
   target_link_libraries(quintet_nn PRIVATE CUDA::cublasLt CUDA::cublas)
 endif()

@@ -23,6 +23,7 @@
 #include "quintet/core/trace.hpp"
 #include "quintet/data/checksum.hpp"
 #include "quintet/data/loader.hpp"
+#include "quintet/data/safetensors.hpp"
 #include "quintet/data/sampler.hpp"
 #include "quintet/data/shard_writer.hpp"
 #include "quintet/data/synthetic.hpp"

@@ -3,6 +3,7 @@ quintet_unit_test(NAME data_format_test COMPONENT data SOURCES unit/data_format_
 quintet_unit_test(NAME data_sampler_test COMPONENT data SOURCES unit/data_sampler_test.cpp)
 quintet_unit_test(NAME data_loader_test COMPONENT data SOURCES unit/data_loader_test.cpp)
 quintet_unit_test(NAME data_synthetic_test COMPONENT data SOURCES unit/data_synthetic_test.cpp)
+quintet_unit_test(NAME data_safetensors_test COMPONENT data SOURCES unit/data_safetensors_test.cpp)
 quintet_mpi_test(NAME data_sampler_mpi_test COMPONENT data RANKS 1 2 3 4
                  SOURCES mpi/data_sampler_mpi_test.cpp)
 quintet_gpu_test(NAME gpu_data_loader_test COMPONENT data SOURCES gpu/data_loader_test.cpp)
