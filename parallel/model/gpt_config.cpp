@@ -69,6 +69,94 @@ RecomputeKind parse_recompute_kind(std::string_view name) {
   QUINTET_THROW(InvalidArgument, "unknown recompute \"{}\"; use none, attention or full", name);
 }
 
+ModelFamily parse_model_family(std::string_view name) {
+  if (name == "gpt2") return ModelFamily::gpt2;
+  if (name == "llama") return ModelFamily::llama;
+  if (name == "qwen3") return ModelFamily::qwen3;
+  if (name == "mixtral") return ModelFamily::mixtral;
+  if (name == "qwen3-moe") return ModelFamily::qwen3_moe;
+  QUINTET_THROW(InvalidArgument,
+                "unknown model family \"{}\"; use gpt2, llama, qwen3, mixtral or qwen3-moe", name);
+}
+
+std::string_view model_family_name(ModelFamily family) {
+  switch (family) {
+    case ModelFamily::gpt2:
+      return "gpt2";
+    case ModelFamily::llama:
+      return "llama";
+    case ModelFamily::qwen3:
+      return "qwen3";
+    case ModelFamily::mixtral:
+      return "mixtral";
+    case ModelFamily::qwen3_moe:
+      return "qwen3-moe";
+  }
+  return "?";
+}
+
+bool is_moe_family(ModelFamily family) {
+  return family == ModelFamily::mixtral || family == ModelFamily::qwen3_moe;
+}
+
+nn::NormKind parse_norm_kind(std::string_view name) {
+  if (name == "layernorm") return nn::NormKind::layernorm;
+  if (name == "rmsnorm") return nn::NormKind::rmsnorm;
+  QUINTET_THROW(InvalidArgument, "unknown norm \"{}\"; use layernorm or rmsnorm", name);
+}
+
+nn::Activation parse_activation(std::string_view name) {
+  if (name == "gelu") return nn::Activation::gelu;
+  if (name == "swiglu") return nn::Activation::swiglu;
+  QUINTET_THROW(InvalidArgument, "unknown activation \"{}\"; use gelu or swiglu", name);
+}
+
+void GptConfig::set_family(ModelFamily f) {
+  family = f;
+  const bool gpt2 = f == ModelFamily::gpt2;
+  const bool qwen3 = f == ModelFamily::qwen3 || f == ModelFamily::qwen3_moe;
+  norm = gpt2 ? nn::NormKind::layernorm : nn::NormKind::rmsnorm;
+  eps = qwen3 ? 1e-6f : 1e-5f;
+  activation = gpt2 ? nn::Activation::gelu : nn::Activation::swiglu;
+  learned_positions = gpt2;
+  rope = !gpt2;
+  rope_theta = gpt2 ? GptConfig{}.rope_theta : f == ModelFamily::llama ? 500000.0 : 1000000.0;
+  bias = gpt2;
+  qk_norm = qwen3;
+}
+
+namespace {
+// base with family's structure and, for an MoE family, every MLP an MoE of `experts` experts,
+// softmax top-k routing renormalized over the k.
+GptConfig of_family(GptConfig base, ModelFamily family, int experts = 0, int top_k = 0) {
+  base.set_family(family);
+  if (experts > 0) {
+    base.mlp = MlpKind::moe;
+    base.moe.every = 1;
+    base.moe.router.experts = experts;
+    base.moe.router.top_k = top_k;
+    base.moe.router.score = expert::RouterScore::softmax;
+    base.moe.router.renormalize = true;
+  }
+  return base;
+}
+}  // namespace
+
+GptConfig GptConfig::gpt2(const GptConfig& base) { return of_family(base, ModelFamily::gpt2); }
+GptConfig GptConfig::llama(const GptConfig& base) { return of_family(base, ModelFamily::llama); }
+GptConfig GptConfig::qwen3(const GptConfig& base) { return of_family(base, ModelFamily::qwen3); }
+GptConfig GptConfig::mixtral(const GptConfig& base) {
+  return of_family(base, ModelFamily::mixtral, 8, 2);
+}
+GptConfig GptConfig::qwen3_moe(const GptConfig& base) {
+  return of_family(base, ModelFamily::qwen3_moe, 128, 8);
+}
+GptConfig GptConfig::gpt2() { return gpt2(GptConfig{}); }
+GptConfig GptConfig::llama() { return llama(GptConfig{}); }
+GptConfig GptConfig::qwen3() { return qwen3(GptConfig{}); }
+GptConfig GptConfig::mixtral() { return mixtral(GptConfig{}); }
+GptConfig GptConfig::qwen3_moe() { return qwen3_moe(GptConfig{}); }
+
 void GptConfig::validate(int tp, int cp) const {
   validate_block(tp, cp);
   QUINTET_CHECK(vocab > 0, "GptConfig: vocab = {} must be > 0", vocab);
@@ -79,6 +167,12 @@ void GptConfig::validate_block(int tp, int cp) const {
   const auto positive = [](const char* name, std::int64_t v) {
     QUINTET_CHECK(v > 0, "GptConfig: {} = {} must be > 0", name, v);
   };
+  QUINTET_CHECK(family == ModelFamily::gpt2 || is_moe_family(family) == (mlp == MlpKind::moe),
+                "GptConfig: family = {} with mlp = {}; {} is a {} family, so set mlp = {} (or "
+                "another family)",
+                model_family_name(family), mlp == MlpKind::moe ? "moe" : "dense",
+                model_family_name(family), is_moe_family(family) ? "mixture-of-experts" : "dense",
+                is_moe_family(family) ? "MlpKind::moe" : "MlpKind::dense");
   // A dense model with MoE settings would train dense, silently ignoring them.
   if (mlp == MlpKind::dense) {
     const std::string changed = changed_moe_settings(moe);

@@ -289,6 +289,79 @@ TEST_CASE("model: MoE settings or an ep layout on a dense model are refused, nam
   small_config().validate_experts(1, 1);
 }
 
+TEST_CASE("model: the families' named constructors set their structure and keep the sizes",
+          "[model]") {
+  using model::GptConfig;
+  using model::ModelFamily;
+  const GptConfig sizes{.layers = 3,
+                        .hidden = 64,
+                        .heads = 8,
+                        .kv_heads = 2,
+                        .ffn_hidden = 96,
+                        .vocab = 40,
+                        .seq_len = 16};
+  const GptConfig llama = GptConfig::llama(sizes);
+  CHECK(llama.family == ModelFamily::llama);
+  CHECK(llama.norm == nn::NormKind::rmsnorm);
+  CHECK(llama.activation == nn::Activation::swiglu);
+  CHECK((llama.rope && !llama.learned_positions && !llama.bias && !llama.qk_norm));
+  CHECK(llama.rope_theta == 500000.0);
+  CHECK(llama.eps == 1e-5f);
+  CHECK(llama.mlp == model::MlpKind::dense);
+  CHECK((llama.layers == 3 && llama.hidden == 64 && llama.heads == 8 && llama.kv_heads == 2 &&
+         llama.ffn_hidden == 96 && llama.vocab == 40 && llama.seq_len == 16));
+  llama.validate(2);
+
+  const GptConfig qwen3 = GptConfig::qwen3(sizes);
+  CHECK((qwen3.qk_norm && qwen3.rope && !qwen3.bias && qwen3.rope_theta == 1000000.0 &&
+         qwen3.eps == 1e-6f && qwen3.norm == nn::NormKind::rmsnorm));
+  qwen3.validate(2);
+
+  const GptConfig mixtral = GptConfig::mixtral(sizes);
+  CHECK((mixtral.mlp == model::MlpKind::moe && mixtral.moe.router.experts == 8 &&
+         mixtral.moe.router.top_k == 2 && mixtral.moe.router.renormalize));
+  CHECK((mixtral.activation == nn::Activation::swiglu && !mixtral.qk_norm && mixtral.rope));
+  CHECK(mixtral.expert_width() == 96);
+  mixtral.validate(2);
+  mixtral.validate_experts(2, 1);
+  const GptConfig qwen3_moe = GptConfig::qwen3_moe(sizes);
+  CHECK((qwen3_moe.mlp == model::MlpKind::moe && qwen3_moe.moe.router.experts == 128 &&
+         qwen3_moe.moe.router.top_k == 8 && qwen3_moe.qk_norm));
+  qwen3_moe.validate(2);
+
+  // gpt2 is the default model, and set_family(gpt2) restores every field a family sets.
+  const auto same_structure = [](const GptConfig& a, const GptConfig& b) {
+    return a.family == b.family && a.norm == b.norm && a.eps == b.eps &&
+           a.activation == b.activation && a.learned_positions == b.learned_positions &&
+           a.rope == b.rope && a.rope_theta == b.rope_theta && a.bias == b.bias &&
+           a.qk_norm == b.qk_norm;
+  };
+  CHECK(same_structure(GptConfig::gpt2(), GptConfig{}));
+  GptConfig back = qwen3;
+  back.set_family(ModelFamily::gpt2);
+  CHECK(same_structure(back, GptConfig{}));
+  CHECK(back.kv_heads == 2);
+
+  // A family of the other MLP kind, and a model without positions, are refused naming both.
+  GptConfig bad = GptConfig::mixtral(sizes);
+  bad.mlp = model::MlpKind::dense;
+  bad.moe = {};
+  REQUIRE_THROWS_QUINTET(bad.validate(1), InvalidArgument,
+                         "family = mixtral with mlp = dense; mixtral is a mixture-of-experts");
+  bad = GptConfig::llama(sizes);
+  bad.mlp = model::MlpKind::moe;
+  REQUIRE_THROWS_QUINTET(bad.validate(1), InvalidArgument,
+                         "family = llama with mlp = moe; llama is a dense family");
+  bad = GptConfig::llama(sizes);
+  bad.rope = false;
+  REQUIRE_THROWS_QUINTET(bad.validate(1), InvalidArgument,
+                         "learned_positions = false and rope = false");
+  CHECK(model::parse_model_family("qwen3-moe") == ModelFamily::qwen3_moe);
+  CHECK(model::model_family_name(ModelFamily::qwen3_moe) == "qwen3-moe");
+  REQUIRE_THROWS_QUINTET(model::parse_model_family("gpt3"), InvalidArgument,
+                         "use gpt2, llama, qwen3, mixtral or qwen3-moe");
+}
+
 TEST_CASE("model: a backward split into I and deferred W equals the whole backward", "[model]") {
   auto solo = make_self_communicator(Device::cpu(), "tp");
   model::GptConfig c = small_config();

@@ -50,6 +50,24 @@ enum class RecomputeKind {
 // "none", "attention", "full"; InvalidArgument (listing them) for anything else.
 RecomputeKind parse_recompute_kind(std::string_view name);
 
+// The model families GptConfig's named constructors build (and the trainers' --arch): each fixes
+// the block's structure as the family's published models have it, not its sizes.
+//   gpt2       LayerNorm, GELU MLP, learned absolute positions, biases (eps 1e-5)
+//   llama      RMSNorm, SwiGLU MLP, RoPE (theta 500000, Llama 3), no biases (eps 1e-5)
+//   qwen3      llama's, with QK-norm, RoPE theta 1000000, eps 1e-6
+//   mixtral    llama's with RoPE theta 1000000, every MLP an MoE of SwiGLU experts
+//   qwen3_moe  qwen3's, every MLP an MoE of SwiGLU experts
+enum class ModelFamily { gpt2, llama, qwen3, mixtral, qwen3_moe };
+// "gpt2", "llama", "qwen3", "mixtral", "qwen3-moe"; InvalidArgument (listing them) otherwise.
+ModelFamily parse_model_family(std::string_view name);
+std::string_view model_family_name(ModelFamily family);
+// Whether the family's MLPs are mixtures of experts (mixtral, qwen3_moe).
+bool is_moe_family(ModelFamily family);
+
+// "layernorm", "rmsnorm" and "gelu", "swiglu"; InvalidArgument (listing them) otherwise.
+nn::NormKind parse_norm_kind(std::string_view name);
+nn::Activation parse_activation(std::string_view name);
+
 struct GptConfig {
   std::int64_t layers = 2;
   std::int64_t hidden = 128;    // model width d
@@ -83,6 +101,31 @@ struct GptConfig {
   // then holds 2 chunks of every sequence (context/ring_attention.hpp's layout).
   context::ContextParallelKind context_parallel = context::ContextParallelKind::ring;
   MoEConfig moe;  // used when mlp == MlpKind::moe
+  // The family the structure came from (the named constructors, set_family, --arch): a label
+  // the fields above override; validate() holds its MLP kind to mlp (gpt2 takes either).
+  ModelFamily family = ModelFamily::gpt2;
+
+  // A model of a family (ModelFamily): `base` with the family's structure set over it
+  // (set_family), its sizes and layout settings kept, so a C++ user writes
+  //   GptConfig::llama({.layers = 16, .hidden = 2048, .heads = 32, .kv_heads = 8,
+  //                     .ffn_hidden = 8192, .vocab = 128256, .seq_len = 2048})
+  // mixtral and qwen3_moe also make every MLP an MoE: softmax top-k routing, renormalized over
+  // the k, of 8 experts top-2 (Mixtral 8x7B) and 128 experts top-8 (Qwen3-MoE), each expert of
+  // width expert_width() (ffn_hidden unless moe.expert_ffn); set moe.router after for others.
+  static GptConfig gpt2(const GptConfig& base);
+  static GptConfig gpt2();  // over GptConfig{}
+  static GptConfig llama(const GptConfig& base);
+  static GptConfig llama();  // over GptConfig{}
+  static GptConfig qwen3(const GptConfig& base);
+  static GptConfig qwen3();  // over GptConfig{}
+  static GptConfig mixtral(const GptConfig& base);
+  static GptConfig mixtral();  // over GptConfig{}
+  static GptConfig qwen3_moe(const GptConfig& base);
+  static GptConfig qwen3_moe();  // over GptConfig{}
+  // Sets family and the structure the family fixes (the list at ModelFamily): norm, eps,
+  // activation, learned_positions, rope, rope_theta, bias, qk_norm. Leaves the sizes, the layout
+  // settings and the MLP kind (mlp, moe) as they are.
+  void set_family(ModelFamily f);
 
   // The key/value heads (kv_heads, or heads when 0) and the head dimension (head_dim, or
   // hidden / heads when 0).
@@ -107,7 +150,8 @@ struct GptConfig {
   // With cp > 1: seq_len splits into 2 * cp chunks, the cp rank's 2 chunks split over tp with
   // sequence parallelism, and all-to-all attention's heads divide by tp x cp.
   // With mlp = dense, moe must be left at its defaults (MoE settings on a dense model are
-  // refused, naming them, rather than silently ignored).
+  // refused, naming them, rather than silently ignored). A dense family (llama, qwen3) with
+  // mlp = moe, or an MoE family (mixtral, qwen3_moe) with mlp = dense, is refused naming both.
   void validate(int tp, int cp = 1) const;
   // The part of validate() a transformer block needs (everything but the vocabulary).
   void validate_block(int tp, int cp = 1) const;
