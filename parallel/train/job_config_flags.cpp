@@ -60,6 +60,44 @@ void add_job_flags(CLI::App& app, JobConfig& job) {
   app.add_option("--heads", m.heads, "attention heads")->capture_default_str();
   app.add_option("--vocab", m.vocab, "vocabulary size (>= the dataset's)")->capture_default_str();
   app.add_option("--seq-len", m.seq_len, "tokens per sequence")->capture_default_str();
+  // --arch first: the flags after it (callbacks run in this order, whatever the command line's)
+  // override the structure it sets.
+  app.add_option_function<std::string>(
+         "--arch", [&m](const std::string& text) { m.set_family(model::parse_model_family(text)); },
+         "model family: gpt2 (LayerNorm, GELU, learned positions, biases), llama (RMSNorm, "
+         "SwiGLU, RoPE, no biases), qwen3 (llama's with QK-norm), mixtral, qwen3-moe (their MoE "
+         "forms, with the MoE trainer); the flags below override it")
+      ->default_str(std::string(model::model_family_name(m.family)));
+  app.add_option("--kv-heads", m.kv_heads,
+                 "key/value heads (grouped-query attention, 1: MQA): a divisor of --heads and a "
+                 "multiple of --tp (0: --heads)")
+      ->capture_default_str();
+  app.add_option("--head-dim", m.head_dim, "each head's width (0: hidden / heads)")
+      ->capture_default_str();
+  app.add_option("--ffn-hidden", m.ffn_hidden, "MLP width (0: 4 x hidden)")->capture_default_str();
+  add_kind(app, "--norm", &m.norm, model::parse_norm_kind,
+           name_of(m.norm, {"layernorm", "rmsnorm"}, model::parse_norm_kind),
+           "normalization: layernorm or rmsnorm");
+  add_kind(app, "--activation", &m.activation, model::parse_activation,
+           name_of(m.activation, {"gelu", "swiglu"}, model::parse_activation),
+           "MLP: gelu (with biases) or swiglu (gated, without)");
+  app.add_option_function<std::string>(
+         "--positions",
+         [&m](const std::string& text) {
+           QUINTET_CHECK(text == "learned" || text == "rope",
+                         "unknown positions \"{}\"; use learned or rope", text);
+           m.learned_positions = text == "learned";
+           m.rope = !m.learned_positions;
+         },
+         "position information: learned (an absolute position table) or rope (rotary, on q and "
+         "k)")
+      ->default_str(m.rope ? "rope" : "learned");
+  app.add_option("--rope-theta", m.rope_theta, "RoPE's base (with --positions rope)")
+      ->capture_default_str();
+  add_switch(app, "--qk-norm", &m.qk_norm,
+             "an RMSNorm over each head's queries and keys, before RoPE (Qwen3)");
+  app.add_flag("!--no-bias", m.bias, "no biases in the attention projections")
+      ->default_str(m.bias ? "false" : "true");
   add_kind(app, "--recompute", &m.recompute, model::parse_recompute_kind,
            name_of(m.recompute, {"none", "attention", "full"}, model::parse_recompute_kind),
            "activation recompute: none, attention (each block's attention) or full (each whole "
@@ -220,7 +258,7 @@ void add_job_flags(CLI::App& app, JobConfig& job) {
     app.add_option("--shared-experts", m.moe.shared_experts,
                    "width of a shared MLP every token takes, in experts")
         ->capture_default_str();
-    app.add_option("--expert-ffn", m.moe.expert_ffn, "each expert's width (0: 4 x hidden)")
+    app.add_option("--expert-ffn", m.moe.expert_ffn, "each expert's width (0: --ffn-hidden)")
         ->capture_default_str();
     app.add_option("--moe-every", m.moe.every, "every N-th block is MoE (from block 0)")
         ->capture_default_str();

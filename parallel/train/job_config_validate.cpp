@@ -56,6 +56,17 @@ void JobConfig::validate(int world) const {
   const model::GptConfig& m = model;
   const Training& t = training;
   validate_world(p, world);
+  // A trainer's flags are those of its MLP kind (the MoE flags with an MoE job): a family of the
+  // other kind would be refused by GptConfig::validate under its field names.
+  QUINTET_CHECK(m.family == model::ModelFamily::gpt2 ||
+                    model::is_moe_family(m.family) == (m.mlp == model::MlpKind::moe),
+                "--arch {}: a {} family, and this trainer's model is {}; {}",
+                model::model_family_name(m.family),
+                model::is_moe_family(m.family) ? "mixture-of-experts" : "dense",
+                m.mlp == model::MlpKind::moe ? "a mixture of experts" : "dense",
+                model::is_moe_family(m.family)
+                    ? "train it with the MoE trainer (05_moe_train, JobConfig::moe_preset())"
+                    : "train it with the dense trainer (04_gpt_train, JobConfig{})");
   if (p.cp > 1) {
     QUINTET_CHECK(m.seq_len % (2 * p.cp) == 0,
                   "--seq-len {} is not divisible by 2 x --cp {} = {}: context parallelism cuts "

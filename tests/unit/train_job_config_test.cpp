@@ -114,6 +114,15 @@ TEST_CASE("job config: every flag --help lists reaches the config", "[train]") {
                                                      {"--heads", "8"},
                                                      {"--vocab", "300"},
                                                      {"--seq-len", "64"},
+                                                     {"--kv-heads", "2"},
+                                                     {"--head-dim", "32"},
+                                                     {"--ffn-hidden", "256"},
+                                                     {"--norm", "rmsnorm"},
+                                                     {"--activation", "swiglu"},
+                                                     {"--positions", "rope"},
+                                                     {"--rope-theta", "500000"},
+                                                     {"--qk-norm", ""},
+                                                     {"--no-bias", ""},
                                                      {"--recompute", "full"},
                                                      {"--tied-embeddings", ""},
                                                      {"--micro-batch", "2"},
@@ -195,6 +204,18 @@ TEST_CASE("job config: every flag --help lists reaches the config", "[train]") {
         CHECK_FALSE(parsed(defaults, {flag}).observe.progress);
         continue;
       }
+      if (flag == "--arch") {  // a family: the flags of the structure it sets change with it
+        const bool moe = defaults.model.mlp == model::MlpKind::moe;
+        const auto after = parsed(defaults, {flag, moe ? "qwen3-moe" : "qwen3"}).settings();
+        REQUIRE(after.size() == before.size());
+        std::vector<std::string> changed;
+        for (std::size_t i = 0; i < after.size(); ++i) {
+          if (after[i] != before[i]) changed.push_back(after[i].first);
+        }
+        CHECK(changed == std::vector<std::string>{"--arch", "--norm", "--activation", "--positions",
+                                                  "--rope-theta", "--qk-norm", "--no-bias"});
+        continue;
+      }
       const auto v = values.find(flag);
       REQUIRE(v != values.end());
       std::vector<std::string> args = {flag};
@@ -214,6 +235,41 @@ TEST_CASE("job config: every flag --help lists reaches the config", "[train]") {
   // The MoE trainer's --top-k decides the renormalization of the router's weights.
   CHECK_FALSE(parsed(JobConfig::moe_preset(), {"--top-k", "1"}).model.moe.router.renormalize);
   CHECK(parsed(JobConfig::moe_preset(), {"--top-k", "3"}).model.moe.router.renormalize);
+}
+
+TEST_CASE("job config: --arch sets a family's structure, the flags beside it override it",
+          "[train]") {
+  const JobConfig llama = parsed(JobConfig{}, {"--arch", "llama", "--kv-heads", "2"});
+  CHECK(llama.model.family == model::ModelFamily::llama);
+  const model::GptConfig want = model::GptConfig::llama(JobConfig{}.model);
+  CHECK(llama.model.norm == want.norm);
+  CHECK(llama.model.activation == want.activation);
+  CHECK((llama.model.rope && !llama.model.learned_positions && !llama.model.bias));
+  CHECK(llama.model.rope_theta == want.rope_theta);
+  CHECK(llama.model.eps == want.eps);
+  CHECK(llama.model.kv_heads == 2);
+  llama.validate(1);
+  // The explicit flags win wherever they stand, the job file's too.
+  const JobConfig mixed =
+      parsed(JobConfig{}, {"--norm", "layernorm", "--positions", "learned", "--arch", "qwen3",
+                           "--rope-theta", "10000", "--activation", "gelu"});
+  CHECK(mixed.model.family == model::ModelFamily::qwen3);
+  CHECK(mixed.model.norm == nn::NormKind::layernorm);
+  CHECK((mixed.model.learned_positions && !mixed.model.rope));
+  CHECK(mixed.model.activation == nn::Activation::gelu);
+  CHECK(mixed.model.rope_theta == 10000.0);
+  CHECK((mixed.model.qk_norm && !mixed.model.bias));  // the family's
+  const std::string path =
+      write_file("quintet_job_config_arch.json", R"({"arch": "qwen3", "positions": "learned"})");
+  const JobConfig filed = parsed(JobConfig{}, {"--config", path, "--no-bias"});
+  CHECK((filed.model.qk_norm && filed.model.learned_positions && !filed.model.rope));
+  std::filesystem::remove(path);
+  // --arch gpt2 is today's model; the MoE trainer takes the MoE families.
+  CHECK(parsed(JobConfig{}, {"--arch", "gpt2"}).settings() == JobConfig{}.settings());
+  const JobConfig mixtral = parsed(JobConfig::moe_preset(), {"--arch", "mixtral"});
+  CHECK((mixtral.model.mlp == model::MlpKind::moe &&
+         mixtral.model.activation == nn::Activation::swiglu && mixtral.model.rope));
+  mixtral.validate(1);
 }
 
 TEST_CASE("job config: the jobs the trainers refuse, refused before any communication", "[train]") {
@@ -276,6 +332,25 @@ TEST_CASE("job config: the jobs the trainers refuse, refused before any communic
   refused(gpt, 1, {"--vocab", "100"}, "--vocab 100: the built-in dataset has 256 tokens");
   refused(gpt, 1, {"--lr", "0.001", "--min-lr", "0.01"}, "need lr > 0 and 0 <= min-lr <= lr");
   refused(gpt, 1, {"--loader-threads", "0"}, "--loader-threads 0: expected >= 1");
+  // Model families and the flags of their structure.
+  refused(gpt, 1, {"--arch", "mixtral"},
+          "--arch mixtral: a mixture-of-experts family, and this trainer's model is dense");
+  refused(gpt, 1, {"--arch", "qwen3-moe"}, "train it with the MoE trainer");
+  refused(gpt, 1, {"--arch", "gpt3"}, "use gpt2, llama, qwen3, mixtral or qwen3-moe");
+  refused(gpt, 1, {"--norm", "batchnorm"}, "use layernorm or rmsnorm");
+  refused(gpt, 1, {"--activation", "relu"}, "use gelu or swiglu");
+  refused(gpt, 1, {"--positions", "none"}, "use learned or rope");
+  refused(gpt, 1, {"--arch", "llama", "--kv-heads", "3"}, "kv_heads = 3 does not divide heads = 4");
+  refused(gpt, 2, {"--arch", "llama", "--kv-heads", "1", "--tp", "2"},
+          "kv_heads = 1 is not divisible by tp = 2");
+  refused(gpt, 1, {"--arch", "llama", "--hidden", "60"},
+          "which must be even (head dim = 15), with rope_theta > 0");
+  refused(gpt, 1, {"--positions", "rope", "--head-dim", "9"}, "which must be even (head dim = 9)");
+  refused(gpt, 1, {"--arch", "llama", "--rope-theta", "0"}, "with rope_theta > 0 (got 0)");
+  refused(gpt, 2, {"--arch", "llama", "--kv-heads", "2", "--cp", "2"},
+          "grouped-query attention (kv_heads = 2 < heads = 4) with context parallelism");
+  refused(gpt, 1, {"--kv-heads", "-1"}, "kv_heads = -1 and head_dim = 0 must be > 0");
+  refused(gpt, 1, {"--ffn-hidden", "-2"}, "ffn_hidden = -2 must be > 0");
   // The library accepts uneven cuts of the layers over the pipeline chunks, so the job does too.
   parsed(gpt, {"--layers", "3", "--pp", "2"}).validate(2);
 
@@ -290,6 +365,8 @@ TEST_CASE("job config: the jobs the trainers refuse, refused before any communic
   refused(moe, 2, {"--dp", "2", "--ep", "2", "--etp", "2"},
           "--etp 2 x --ep 2 x --pp 1 = 4 does not divide the 2 ranks");
   refused(moe, 1, {"--moe-chunks", "0"}, "--moe-chunks 0: expected 1 .. 64");
+  refused(moe, 1, {"--arch", "llama"},
+          "--arch llama: a dense family, and this trainer's model is a mixture of experts");
   parsed(moe, {"--dp", "2", "--ep", "2"}).validate(2);
 
   // A dense job (whose flags have no --ep nor MoE settings) built by hand with either is refused.

@@ -49,7 +49,10 @@ struct JobConfig {
   // The model: a GPT-2 style model by default (LayerNorm, GELU MLP of 4 x hidden, learned
   // positions, untied head, init std 0.02, f32; a trainer sets bf16 for a GPU). Its
   // sequence_parallel, context_parallel (the cp kind), recompute and, with mlp = moe, its MoE
-  // settings are flags too.
+  // settings are flags too. --arch sets its family (GptConfig::set_family: norm, activation,
+  // positions, biases, QK-norm), which --norm, --activation, --positions, --rope-theta,
+  // --qk-norm and --no-bias override; an MoE family (mixtral, qwen3-moe) needs an MoE job
+  // (moe_preset()), a dense one (llama, qwen3) a dense job.
   model::GptConfig model;
 
   struct Training {
