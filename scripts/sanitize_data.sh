@@ -16,7 +16,7 @@ case "$kind" in
   thread|address) ;;
   *) echo "usage: $0 [thread|address] [build dir]" >&2; exit 2 ;;
 esac
-tests=(data_format_test data_sampler_test data_loader_test data_synthetic_test)
+tests=(data_format_test data_sampler_test data_loader_test data_synthetic_test data_safetensors_test)
 
 start=$(date +%s)
 cmake -S "$root" -B "$build" -DQUINTET_SANITIZE="$kind" -DQUINTET_WITH_CUDA=OFF \
