@@ -19,15 +19,23 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// A folder of this process's files, removed at exit.
 std::string temp_dir() {
-  static const std::string dir = [] {
+  struct Dir {
+    std::string path;
+    ~Dir() {
+      std::error_code ec;
+      fs::remove_all(path, ec);
+    }
+  };
+  static const Dir dir = [] {
     const fs::path d =
         fs::temp_directory_path() / ("quintet_safetensors_" + std::to_string(::getpid()));
     fs::remove_all(d);
     fs::create_directories(d);
-    return d.string();
+    return Dir{d.string()};
   }();
-  return dir;
+  return dir.path;
 }
 
 std::vector<unsigned char> read_all(const std::string& path) {
