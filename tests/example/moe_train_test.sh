@@ -6,6 +6,9 @@
 #              SwiGLU-free GELU model with aux and z losses on: the one-rank loss at each of 20
 #              steps within 1e-4 relative; the per-step telemetry (tokens per expert, dropped
 #              fraction, aux and z losses, ep_comm_ms) is in the JSON records
+#   families   a Mixtral-style model (--arch mixtral, GQA 2 of 4 heads) at ep 2 (ZeRO-1) and tp 2 +
+#              sp, a Qwen3-MoE-style one (QK-norm) at ep 2: the one-rank loss at each of 20 steps
+#              within 1e-4 relative; --arch llama (dense) refused, naming it
 #   resume     a run with auxiliary-loss-free balancing stopped and saved at step 10, then
 #              resumed, equals the uninterrupted run at steps 11..20 (the bias is in the checkpoint)
 #   gpu        one GPU (skipped without one): 20 bf16 steps follow the CPU run within 2e-2,
@@ -37,6 +40,25 @@ run() {  # run NAME RANKS FLAGS...: the trainer's JSON lines into NAME.jsonl
 compare() { python3 "$here/compare_losses.py" "$@"; }
 
 case $case in
+  families)
+    # Mixtral-style (--arch mixtral: RoPE, RMSNorm, SwiGLU experts, no biases) with grouped-query
+    # attention, 2 key/value heads for 4 query heads, at ep 2 (ZeRO-1) and tp 2 + sp (etp 2), and
+    # Qwen3-MoE-style (QK-norm) at ep 2.
+    gqa=(--kv-heads 2 --hidden 64 --seq-len 32)  # wider than the others: it learns in 20 steps
+    mixtral=(--arch mixtral "${gqa[@]}")
+    run mixtral_one 1 --steps 20 "${mixtral[@]}"
+    run mixtral_ep2_zero1 2 --steps 20 "${mixtral[@]}" --dp 2 --ep 2 --zero 1
+    run mixtral_tp2_sp 2 --steps 20 "${mixtral[@]}" --tp 2 --sp
+    for r in mixtral_ep2_zero1 mixtral_tp2_sp; do compare mixtral_one $r 1 20 1e-4; done
+    run qwen3_moe_one 1 --steps 20 --arch qwen3-moe "${gqa[@]}"
+    run qwen3_moe_ep2 2 --steps 20 --arch qwen3-moe "${gqa[@]}" --dp 2 --ep 2
+    compare qwen3_moe_one qwen3_moe_ep2 1 20 1e-4
+    # A dense family is refused by the MoE trainer, naming --arch.
+    if run llama 1 --steps 2 --arch llama 2>dense.err; then
+      echo "--arch llama should be refused by the MoE trainer"; exit 1
+    fi
+    grep -q -- "--arch llama: a dense family" dense.err || { cat dense.err; exit 1; }
+    ;;
   layouts)
     run one 1 --steps 20
     run ep2_dp2 4 --steps 20 --dp 4 --ep 2
