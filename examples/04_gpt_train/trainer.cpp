@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <optional>
+#include <stdexcept>
 
 #include "metrics.hpp"
 #include "quintet/collectives/bootstrap.hpp"             // World, init
@@ -37,15 +38,17 @@ double ms_since(Clock::time_point t) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
 }
 
-// The token shards of the job: --data, or the built-in dataset (made once in --data-dir, by
-// whichever rank gets there first, one folder per dataset configuration so they never clash).
-quintet::data::TokenDataset open_dataset(const quintet::train::JobConfig& job) {
+// The token shards of the job: --data, or the built-in dataset (made once in --data-dir or the
+// machine's default place, by whichever rank gets there first, one folder per dataset
+// configuration so they never clash).
+quintet::data::TokenDataset open_dataset(const quintet::train::JobConfig& job,
+                                         const quintet::RuntimeConfig& runtime) {
   std::string spec = job.data.shards;
   if (spec.empty()) {
     quintet::data::SyntheticConfig synthetic;
     synthetic.order = job.data.synthetic_order;
     const auto made = quintet::data::ensure_synthetic_dataset(
-        job.data.dir + "/" + synthetic.describe(), synthetic);
+        job.builtin_dataset_dir(runtime) + "/" + synthetic.describe(), synthetic);
     spec = fmt::format("{}", fmt::join(made.train, ","));
   }
   return quintet::data::TokenDataset::open(spec);
@@ -103,18 +106,27 @@ void print_header(const char* program, const quintet::train::JobConfig& job,
       model.mesh().size(Axis::etp), m.active_non_embedding_params());
 }
 
+// A refusal every rank makes alike (the same job, checked the same way): printed once, by rank 0.
+struct RefusedOnEveryRank : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 int run(const char* program, quintet::train::JobConfig job, quintet::World& world) {
   // Before anything that could fail on one rank only: every rank has the same settings (an
   // MPMD launch with different flags is refused, naming the flag, instead of hanging).
   quintet::check_same_on_all_ranks(world.comm(), job.settings(), program);
-  job.validate(world.size());
+  try {
+    job.validate(world.size());  // the same job on every rank: the same verdict
+  } catch (const quintet::Error& e) {
+    throw RefusedOnEveryRank(e.what());
+  }
   const quintet::Device device = world.device();
   const bool gpu = device.is_cuda();
   job.model.dtype = gpu ? quintet::DType::bf16 : quintet::DType::f32;
   quintet::Stream stream = gpu ? quintet::Stream::create(device) : quintet::Stream();
   quintet::Mesh mesh(quintet::Layout(job.parallel, world.size()), world.comm());
 
-  quintet::data::TokenDataset dataset = open_dataset(job);
+  quintet::data::TokenDataset dataset = open_dataset(job, world.config());
   const std::optional<double> floor = quintet::data::entropy_floor_nats(dataset);
   // This rank's share of the model: its pipeline stages (each a chunk of the library GPT with its
   // parameters, data parallelism and AdamW) and the executor that runs them.
@@ -259,6 +271,10 @@ int train_main(int argc, char** argv, const Trainer& trainer) {
     quintet::World world = quintet::init(runtime);
     try {
       return run(trainer.program, std::move(job), world);
+    } catch (const RefusedOnEveryRank& e) {
+      // Every rank exits with it, no rank waits for another: no need to pass it on.
+      if (world.rank() == 0) std::fprintf(stderr, "%s: %s\n", trainer.program, e.what());
+      return 2;
     } catch (const std::exception& e) {
       // Printed here, inside the World's scope, then passed to the other ranks (whose waits fail
       // with "rank r failed: ..." instead of hanging) before the job ends.

@@ -180,7 +180,9 @@ void add_job_flags(CLI::App& app, JobConfig& job) {
       ->configurable(false);
   app.add_option("--data", job.data.shards, "token shards (glob); default: the built-in dataset")
       ->capture_default_str();
-  app.add_option("--data-dir", job.data.dir, "where the built-in dataset is made")
+  app.add_option("--data-dir", job.data.dir,
+                 "where the built-in dataset is made (default: $QUINTET_DATA_DIR, else "
+                 "~/.cache/quintet/data: one copy per machine)")
       ->capture_default_str();
   app.add_option("--synthetic-order", job.data.synthetic_order,
                  "built-in dataset: Markov order (1 is learnt in minutes on a CPU)")
@@ -319,6 +321,22 @@ std::optional<int> parse_job_args(const RuntimeConfig& runtime, std::string_view
     return 2;
   }
   return std::nullopt;
+}
+
+std::string default_dataset_dir(const RuntimeConfig& runtime) {
+  namespace fs = std::filesystem;
+  if (auto dir = runtime.get_env("QUINTET_DATA_DIR"); dir && !dir->empty()) return *dir;
+  if (auto cache = runtime.get_env("XDG_CACHE_HOME"); cache && !cache->empty()) {
+    return (fs::path(*cache) / "quintet" / "data").string();
+  }
+  if (auto home = runtime.get_env("HOME"); home && !home->empty()) {
+    return (fs::path(*home) / ".cache" / "quintet" / "data").string();
+  }
+  return "data";
+}
+
+std::string JobConfig::builtin_dataset_dir(const RuntimeConfig& runtime) const {
+  return data.dir.empty() ? default_dataset_dir(runtime) : data.dir;
 }
 
 std::string job_help(const JobConfig& defaults, std::string_view description) {

@@ -12,6 +12,7 @@
 
 #include "quintet/core/error.hpp"
 #include "quintet/data/shard_writer.hpp"
+#include "quintet/data/synthetic.hpp"
 #include "quintet_data/module_parts.hpp"
 
 namespace py = pybind11;
@@ -66,6 +67,32 @@ std::vector<std::uint32_t> tokens_from(const py::object& tokens) {
 }  // namespace
 
 void bind_writers(py::module_& m) {
+  m.def(
+      "make_synthetic_dataset",
+      [](const std::string& dir, int order, std::uint64_t seed, int train_shards,
+         std::int64_t tokens_per_shard, std::int64_t val_tokens) {
+        data::SyntheticConfig config;
+        config.order = order;
+        config.seed = seed;
+        data::SyntheticDataset made;
+        {
+          py::gil_scoped_release release;
+          made = data::ensure_synthetic_dataset(dir + "/" + config.describe(), config, train_shards,
+                                                tokens_per_shard, val_tokens);
+        }
+        py::dict out;
+        out["train"] = made.train;
+        out["val"] = made.val;
+        out["entropy_nats"] = made.entropy_nats;
+        return out;
+      },
+      py::arg("dir"), py::arg("order") = 2, py::arg("seed") = 1234, py::arg("train_shards") = 4,
+      py::arg("tokens_per_shard") = std::int64_t{1} << 23,
+      py::arg("val_tokens") = std::int64_t{1} << 20,
+      "Makes (or finds, when already made) the trainers' built-in synthetic dataset under "
+      "dir/<its description>, the folder 04_gpt_train --data-dir dir uses: a dict of the train "
+      "and val shard paths and the entropy floor in nats per token. Safe to call from several "
+      "processes at once.");
   m.def(
       "write_quintet_shard",
       [](const std::string& path, const py::object& tokens, const std::string& token_type,

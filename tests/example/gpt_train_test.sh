@@ -357,6 +357,8 @@ assert sorted({e['pid'] for e in t['traceEvents']}) == [0, 1, 2, 3], 'ranks'"
     expect_error 2 "--tp 2 x --dp 2 = 4 ranks, but the job has 2" --steps 1 --tp 2 --dp 2
     expect_error 2 "heads = 5 is not divisible by the tensor-parallel size tp = 2" \
       --steps 1 --tp 2 --heads 5 --hidden 80
+    # A job every rank refuses alike is printed once, by rank 0.
+    test "$(grep -c 'heads = 5 is not divisible' bad.err)" -eq 1 || { cat bad.err; exit 1; }
     expect_error 2 "--seq-len 33 is not divisible by --tp 2" --steps 1 --tp 2 --sp --seq-len 33
     expect_error 1 "--global-batch 12 must be a positive multiple of --micro-batch 5" \
       --steps 1 --micro-batch 5

@@ -417,6 +417,28 @@ def test_gpu_batches_on_a_torch_stream():
                 assert s.item() == int((cx.astype(np.int64) * 3 + cy).sum())
 
 
+def test_make_synthetic_dataset_is_the_trainers_and_made_once():
+    with tempfile.TemporaryDirectory() as d:
+        made = qd.make_synthetic_dataset(d, order=1, train_shards=2, tokens_per_shard=4096,
+                                         val_tokens=1024)
+        folder = os.path.dirname(made["train"][0])
+        # One folder per configuration under d, named by its description, as the trainers use.
+        assert os.path.dirname(folder) == d and "-k1-" in os.path.basename(folder), folder
+        assert [os.path.basename(p) for p in made["train"]] == ["train_000.qts", "train_001.qts"]
+        assert [os.path.basename(p) for p in made["val"]] == ["val_000.qts"]
+        files = qd.describe(made["train"] + made["val"])
+        assert [f["tokens"] for f in files] == [4096, 4096, 1024]
+        floor = float(files[0]["metadata"]["entropy_floor_nats"])
+        assert abs(made["entropy_nats"] - floor) < 1e-12 and floor > 0
+        stamp = os.stat(made["train"][0]).st_mtime_ns
+        again = qd.make_synthetic_dataset(d, order=1, train_shards=2, tokens_per_shard=4096,
+                                          val_tokens=1024)
+        assert again["train"] == made["train"] and os.stat(made["train"][0]).st_mtime_ns == stamp
+        with qd.Loader(",".join(made["train"]), seq_len=64, batch=2, threads=1) as loader:
+            x, _ = next(loader)
+            assert x.shape == (2, 64) and int(x.max()) < 256
+
+
 def main():
     tests = [(n, f) for n, f in sorted(globals().items()) if n.startswith("test_")]
     passed = failed = skipped = 0

@@ -106,6 +106,21 @@ TEST_CASE("job config: the runtime's seed is the job's, --help exits 0, a bad fl
   CHECK(parse(&job, {"--experts", "4"}) == 2);
 }
 
+TEST_CASE("job config: the built-in dataset lives in one place per machine", "[train]") {
+  using Env = std::map<std::string, std::string>;
+  const auto dir_of = [](const Env& env) {
+    return train::default_dataset_dir(RuntimeConfig::from(env, {"trainer"}));
+  };
+  CHECK(dir_of({{"HOME", "/home/u"}}) == "/home/u/.cache/quintet/data");
+  CHECK(dir_of({{"HOME", "/home/u"}, {"XDG_CACHE_HOME", "/c"}}) == "/c/quintet/data");
+  CHECK(dir_of({{"HOME", "/home/u"}, {"QUINTET_DATA_DIR", "/shared/d"}}) == "/shared/d");
+  CHECK(dir_of({}) == "data");
+  // A job uses it unless --data-dir (or code) says otherwise.
+  const RuntimeConfig shared = RuntimeConfig::from({{"QUINTET_DATA_DIR", "/shared/d"}}, {"t"});
+  CHECK(JobConfig{}.builtin_dataset_dir(shared) == "/shared/d");
+  CHECK(parsed(JobConfig{}, {"--data-dir", "mine"}).builtin_dataset_dir(shared) == "mine");
+}
+
 TEST_CASE("job config: every flag --help lists reaches the config", "[train]") {
   // A value other than the default for each flag ("" for a switch). A flag --help lists that is
   // not here fails the test: add it, with the field it sets.

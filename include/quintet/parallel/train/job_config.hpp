@@ -80,8 +80,10 @@ struct JobConfig {
   } training;
 
   struct Data {
-    std::string shards;                  // a glob of token shards; empty: the built-in dataset
-    std::string dir = "data/synthetic";  // where the built-in dataset is made
+    std::string shards;  // a glob of token shards; empty: the built-in dataset
+    // Where the built-in dataset is made; empty: default_dataset_dir(), so that every run on a
+    // machine shares one copy (builtin_dataset_dir() resolves it).
+    std::string dir;
     int synthetic_order = 2;  // built-in dataset: tokens of context that pick the successors
     int loader_threads = 2;
   } data;
@@ -116,6 +118,9 @@ struct JobConfig {
   // moe.
   static JobConfig moe_preset();
 
+  // The folder the built-in dataset is made in: data.dir, or default_dataset_dir(runtime).
+  std::string builtin_dataset_dir(const RuntimeConfig& runtime) const;
+
   // Microbatches per step on each rank: global_batch / (micro_batch x dp).
   std::int64_t accumulation() const;
   std::int64_t tokens_per_step() const { return training.global_batch * model.seq_len; }
@@ -143,6 +148,12 @@ struct JobConfig {
   // check_same_on_all_ranks): all but the output ones (json, progress).
   std::vector<std::pair<std::string, std::string>> settings() const;
 };
+
+// The built-in dataset's default home, one per machine and user rather than one per working
+// directory: $QUINTET_DATA_DIR, else $XDG_CACHE_HOME/quintet/data, else
+// $HOME/.cache/quintet/data, else ./data (the variables as RuntimeConfig read them); the dataset
+// of each configuration is made in its own folder below it.
+std::string default_dataset_dir(const RuntimeConfig& runtime);
 
 // Parses runtime.remaining_args (the flags RuntimeConfig::from_args left) into *job, whose values
 // on entry are the defaults (a preset), the training seed taken from runtime.seed: first the job
