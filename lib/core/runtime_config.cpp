@@ -22,9 +22,8 @@ bool is_kept_variable(std::string_view name) {
   static constexpr std::string_view kPrefixes[] = {"QUINTET_", "OMPI_", "PMI_", "PMIX_", "SLURM_"};
   // HOME and XDG_CACHE_HOME: where the built-in dataset lives by default (job_config.hpp).
   static constexpr std::string_view kNames[] = {
-      "RANK",        "WORLD_SIZE",  "LOCAL_RANK",           "LOCAL_WORLD_SIZE",
-      "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "HOME",
-      "XDG_CACHE_HOME"};
+      "RANK",        "WORLD_SIZE",           "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+      "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "HOME",       "XDG_CACHE_HOME"};
   for (auto p : kPrefixes) {
     if (name.starts_with(p)) return true;
   }
