@@ -105,6 +105,10 @@ if(QUINTET_HAS_CUDA)
                               PROPERTIES COMPILE_OPTIONS "--fmad=false")
 endif()
 target_link_libraries(quintet_nn PRIVATE Eigen3::Eigen)
+# core: the machine's topology (lib/core/topology_hwloc.cpp), when hwloc is found.
+if(QUINTET_HAS_HWLOC)
+  target_link_libraries(quintet_core PRIVATE HWLOC::hwloc)
+endif()
 # parallel: the job config's flags and job file (train::JobConfig), header-only.
 target_link_libraries(quintet_parallel PRIVATE CLI11::CLI11 nlohmann_json::nlohmann_json)
 # collectives: the flight recorder's dumps (flight_recorder.cpp), header-only.

@@ -8,6 +8,8 @@ cd "$(dirname "$0")/.."
 
 packages=(cmake g++ make libopenmpi-dev openmpi-bin libeigen3-dev libfmt-dev libcli11-dev
           nlohmann-json3-dev iproute2)
+# hwloc: the machine's topology (optional to the build, QUINTET_WITH_HWLOC; wanted for placement).
+packages+=(libhwloc-dev)
 # Catch2: Debian 12 ships v2 as "catch2"; Ubuntu 24.04 ships v3 under the same name.
 packages+=(catch2)
 # The Python module quintet_data (python/): headers, NumPy and pybind11 for the system python3.

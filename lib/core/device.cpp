@@ -1,5 +1,6 @@
 #include "quintet/core/device.hpp"
 
+#include <cctype>
 #include <charconv>
 
 #include "quintet/core/config.hpp"
@@ -64,6 +65,20 @@ void set_current_device(const Device& device) {
   check_device(device);
 #if QUINTET_HAS_CUDA
   QUINTET_CUDA_CHECK(cudaSetDevice(device.index()));
+#endif
+}
+
+std::string pci_bus_id(const Device& device) {
+  if (device.is_cpu()) return std::string();
+  check_device(device);
+#if QUINTET_HAS_CUDA
+  char id[64] = {};
+  QUINTET_CUDA_CHECK(cudaDeviceGetPCIBusId(id, static_cast<int>(sizeof(id)), device.index()));
+  std::string out(id);
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+#else
+  return std::string();  // not reached: check_device finds no GPU without CUDA
 #endif
 }
 

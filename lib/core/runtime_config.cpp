@@ -85,6 +85,7 @@ bool apply(RuntimeConfig& c, std::string_view name, std::string_view value,
     c.device = parse_device_preference(value, source);
   } else if (name == "log-level") {
     c.log_level = parse_log_level(value);
+    c.log_level_given = true;
   } else if (name == "timeout-s") {
     c.timeout_s = parse_double(value, source, 0.0, false, 1e12, "a positive number of seconds");
   } else if (name == "seed") {
@@ -101,6 +102,10 @@ bool apply(RuntimeConfig& c, std::string_view name, std::string_view value,
   } else if (name == "flight-dir") {
     QUINTET_CHECK(!value.empty(), "{}: expected a directory, got an empty value", source);
     c.flight_dir = std::string(value);
+  } else if (name == "cpu-affinity") {
+    QUINTET_CHECK(value == "auto" || value == "none", "{}: expected auto or none, got '{}'", source,
+                  value);
+    c.cpu_affinity = parse_cpu_affinity(value);
   } else {
     return false;
   }
@@ -121,7 +126,8 @@ RuntimeConfig RuntimeConfig::from(const std::map<std::string, std::string>& env,
       {"QUINTET_MPI_IDLE_START_US", "mpi-idle-start-us"},
       {"QUINTET_CHECK_COLLECTIVES", "check-collectives"},
       {"QUINTET_FLIGHT_SIZE", "flight-size"},
-      {"QUINTET_FLIGHT_DIR", "flight-dir"}};
+      {"QUINTET_FLIGHT_DIR", "flight-dir"},
+      {"QUINTET_CPU_AFFINITY", "cpu-affinity"}};
   for (const auto& [var, flag] : kEnvFlags) {
     auto it = env.find(std::string(var));
     if (it != env.end()) apply(c, flag, it->second, var);
@@ -140,8 +146,9 @@ RuntimeConfig RuntimeConfig::from(const std::map<std::string, std::string>& env,
       name = name.substr(0, eq);
     }
     static constexpr std::string_view kOurs[] = {
-        "device",      "log-level", "timeout-s", "seed", "mpi-idle-start-us", "check-collectives",
-        "flight-size", "flight-dir"};
+        "device",      "log-level",         "timeout-s",
+        "seed",        "mpi-idle-start-us", "check-collectives",
+        "flight-size", "flight-dir",        "cpu-affinity"};
     // Switches: present means on; they take no separate value.
     static constexpr std::string_view kSwitches[] = {"check-collectives"};
     bool ours = false;

@@ -20,3 +20,11 @@ add_test(NAME install_find_package
                  -P ${CMAKE_CURRENT_SOURCE_DIR}/install/run_install_test.cmake)
 set_tests_properties(install_find_package PROPERTIES LABELS "unit;core" TIMEOUT 900
                      FIXTURES_SETUP quintet_install_tree)
+
+# Topology and placement: CPU lists, the placement plan and the report on made-up facts, a made-up
+# two-NUMA machine from hwloc XML (unit/data/topology_two_numa.xml).
+quintet_unit_test(NAME core_topology_test COMPONENT core SOURCES unit/core_topology_test.cpp)
+target_compile_definitions(core_topology_test PRIVATE
+                           QUINTET_TOPOLOGY_XML="${CMAKE_CURRENT_SOURCE_DIR}/unit/data/topology_two_numa.xml")
+# The GPU's PCI bus id, NUMA node and local CPUs (checked against sysfs), and its report line.
+quintet_gpu_test(NAME gpu_core_topology_test COMPONENT core SOURCES gpu/core_topology_test.cpp)

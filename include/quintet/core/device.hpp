@@ -44,6 +44,10 @@ bool cuda_available();
 void check_device(const Device& device);
 // Makes device the current CUDA device of the calling thread (no-op for the CPU).
 void set_current_device(const Device& device);
+// The PCI bus id of a GPU as the CUDA runtime gives it (cudaDeviceGetPCIBusId), lower case:
+// "0000:17:00.0" (domain:bus:device.function); "" for the CPU. Throws InvalidArgument for a GPU
+// that is not visible.
+std::string pci_bus_id(const Device& device);
 
 }  // namespace quintet
 

@@ -17,6 +17,11 @@
 //   QUINTET_FLIGHT_DIR=DIR         --flight-dir DIR         where flight_rank<r>.json is written on
 //                                                           a timeout, an error, SIGUSR1 or demand
 //                                                           (default: the working directory)
+//   QUINTET_CPU_AFFINITY=auto      --cpu-affinity auto|none auto: quintet::init binds the rank's
+//                                                           threads to the CPUs next to its GPU
+//                                                           (CPU ranks: its own or its share of the
+//                                                           host's); none: the OS places them
+//                                                           (core/topology.hpp, docs/topology.md)
 //
 // Flags win over the environment; unknown flags are left for the program (see remaining_args).
 #pragma once
@@ -28,6 +33,7 @@
 #include <vector>
 
 #include "quintet/core/log.hpp"
+#include "quintet/core/topology.hpp"
 
 namespace quintet {
 
@@ -36,6 +42,9 @@ enum class DevicePreference { automatic, cpu, cuda };
 struct RuntimeConfig {
   DevicePreference device = DevicePreference::automatic;  // automatic: cuda when a GPU is visible
   LogLevel log_level = LogLevel::info;
+  // Whether --log-level or QUINTET_LOG_LEVEL set log_level: asked for info, quintet::init logs
+  // the topology report (its default level, info too, leaves start-up quiet).
+  bool log_level_given = false;
   double timeout_s = 300.0;
   std::uint64_t seed = 1234;
   double mpi_idle_start_us = 50.0;
@@ -47,6 +56,10 @@ struct RuntimeConfig {
   // communicator, dumped to flight_dir/flight_rank<r>.json ("": the working directory).
   std::size_t flight_size = 2048;
   std::string flight_dir;
+  // Where the rank's threads run. It belongs to the runtime, not to a trainer's JobConfig: every
+  // program's threads (the communicators' progress threads first, started by quintet::init) are
+  // placed, and init places them before it starts any.
+  CpuAffinity cpu_affinity = CpuAffinity::automatic;
   // Every variable of the environment that was read, for error messages and launchers
   // (MPI/SLURM/torchrun variables used by bootstrap live here too).
   std::map<std::string, std::string> env;
