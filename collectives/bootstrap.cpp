@@ -14,6 +14,7 @@
 #include "collectives/flight_signal.hpp"
 #include "collectives/mpi/job_monitor.hpp"
 #include "collectives/tcp_store.hpp"
+#include "collectives/topology_exchange.hpp"
 #include "quintet/collectives/checked_communicator.hpp"
 #include "quintet/collectives/mpi.hpp"
 #include "quintet/core/config.hpp"
@@ -140,6 +141,7 @@ World& World::operator=(World&& other) noexcept {
   monitor_ = std::move(other.monitor_);
   flight_signal_ = std::move(other.flight_signal_);
   flight_ = std::move(other.flight_);
+  topology_ = std::move(other.topology_);
   uncaught_at_init_ = other.uncaught_at_init_;
   finalizer_ = std::move(other.finalizer_);
   return *this;
@@ -191,6 +193,14 @@ std::string World::dump_flight(std::string_view reason) const noexcept {
   return flight_ ? flight_->dump(reason) : std::string();
 }
 
+TopologyReport World::topology_report(int loader_threads) const {
+  std::vector<RankTopology> ranks = topology_;
+  if (loader_threads > 0) {
+    for (RankTopology& r : ranks) r.loader_threads = loader_threads;
+  }
+  return quintet::topology_report(ranks, config_.cpu_affinity);
+}
+
 Communicator& World::cpu_comm() const {
   QUINTET_CHECK(cpu_comm_ != nullptr,
                 "World::cpu_comm: this job was launched with RANK/WORLD_SIZE (no MPI), so it has "
@@ -224,18 +234,33 @@ World init(const RuntimeConfig& config) {
     QUINTET_MPI_CHECK(MPI_Comm_rank(node, &w.info_.local_rank));
     QUINTET_MPI_CHECK(MPI_Comm_size(node, &w.info_.local_size));
     QUINTET_MPI_CHECK(MPI_Comm_free(&node));
-    if (w.info_.size > 1) {
-      w.flight_ = std::make_shared<detail::FlightRegistry>(w.info_.rank, w.info_.size,
-                                                           config.flight_dir, config.flight_size);
-      w.monitor_ = std::make_shared<detail::JobMonitor>(MPI_COMM_WORLD, w.flight_);
-      mpi_options.monitor = w.monitor_;
-      mpi_options.flight = w.flight_;
-      w.flight_signal_ = detail::FlightSignalDump::install(w.flight_);
-    }
   }
   log::set_rank(w.info_.rank);
   w.device_ = choose_device(config, w.info_);
   set_current_device(w.device_);
+
+  // The env launcher's store (GPU runs of more than one rank): the topology and the NCCL id go
+  // through it.
+  std::unique_ptr<detail::TcpStoreClient> client;
+  if (w.info_.launcher == Launcher::env && w.info_.size > 1) {
+    if (w.info_.rank == 0) w.store_ = std::make_unique<detail::TcpStoreServer>(w.info_.master_port);
+    client = std::make_unique<detail::TcpStoreClient>(w.info_.master_addr, w.info_.master_port,
+                                                      config.timeout_s);
+  }
+  // Placement, before any thread of Quintet starts: they inherit the calling thread's CPUs.
+  w.topology_ = detail::place_this_rank(w.info_, w.device_, config, client.get());
+  if (config.log_level_given && w.info_.rank == 0) {
+    log::info("\n{}", topology_report(w.topology_, config.cpu_affinity).text());
+  }
+
+  if (w.info_.launcher == Launcher::mpi && w.info_.size > 1) {
+    w.flight_ = std::make_shared<detail::FlightRegistry>(w.info_.rank, w.info_.size,
+                                                         config.flight_dir, config.flight_size);
+    w.monitor_ = std::make_shared<detail::JobMonitor>(MPI_COMM_WORLD, w.flight_);
+    mpi_options.monitor = w.monitor_;
+    mpi_options.flight = w.flight_;
+    w.flight_signal_ = detail::FlightSignalDump::install(w.flight_);
+  }
 
   if (w.info_.launcher == Launcher::mpi) {
     w.cpu_comm_ = make_mpi_communicator(MPI_COMM_WORLD, "world", mpi_options);
@@ -258,14 +283,11 @@ World init(const RuntimeConfig& config) {
       id.resize(static_cast<std::size_t>(n));
       QUINTET_MPI_CHECK(MPI_Bcast(id.data(), n, MPI_CHAR, 0, MPI_COMM_WORLD));
     } else {
-      if (w.info_.rank == 0)
-        w.store_ = std::make_unique<detail::TcpStoreServer>(w.info_.master_port);
-      detail::TcpStoreClient client(w.info_.master_addr, w.info_.master_port, config.timeout_s);
       if (w.info_.rank == 0) {
         id = detail::nccl_make_unique_id();
-        client.set(kNcclIdKey, id);
+        client->set(kNcclIdKey, id);
       } else {
-        id = client.get(kNcclIdKey);
+        id = client->get(kNcclIdKey);
       }
     }
     w.device_comm_ = detail::nccl_create_communicator(id, w.info_.rank, w.info_.size, w.device_,

@@ -2,9 +2,15 @@
 //
 //   02_layout --world 16 --tp 2 --pp 2 --ep 2          a table of every axis's groups and ranks
 //   02_layout --world 16 --tp 2 --pp 2 --ep 2 --json   one JSON object with every group
+//   mpirun -np 8 02_layout --topology [--loader-threads 4] [--cpu-affinity auto|none]
+//                                                    this job's machines: per host its NUMA nodes,
+//                                                    GPUs and ranks, each rank's CPUs, and the
+//                                                    warnings (docs/topology.md)
 //
-// Nothing is launched: a Layout is a pure function of the config and the world size. An invalid
-// config prints the validation message and exits with status 1.
+// For the layout nothing is launched: a Layout is a pure function of the config and the world
+// size. An invalid config prints the validation message and exits with status 1. --topology starts
+// the job (quintet::init, which places each rank) and rank 0 prints the report; with --json, one
+// JSON object with its lines and warnings.
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
@@ -13,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "quintet/collectives/bootstrap.hpp"
 #include "quintet/core/error.hpp"
 #include "quintet/parallel/layout.hpp"
 
@@ -76,14 +83,52 @@ void print_json(const quintet::Layout& layout) {
   std::printf("%s\n", out.dump().c_str());
 }
 
+// The topology report of this job, printed by rank 0.
+int print_topology(const quintet::RuntimeConfig& runtime, int loader_threads, bool json) {
+  quintet::World world = quintet::init(runtime);
+  try {
+    const quintet::TopologyReport report = world.topology_report(loader_threads);
+    if (world.rank() == 0) {
+      if (json) {
+        nlohmann::ordered_json out;
+        out["lines"] = report.lines;
+        out["warnings"] = report.warnings;
+        std::printf("%s\n", out.dump().c_str());
+      } else {
+        std::printf("%s", report.text().c_str());
+      }
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "02_layout: %s\n", e.what());
+    world.fail(e, 1);
+    return 1;
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The runtime's flags (--cpu-affinity, --device, ...) first; the rest are this program's.
+  quintet::RuntimeConfig runtime;
+  try {
+    runtime = quintet::RuntimeConfig::from_args(argc, argv);
+  } catch (const quintet::Error& e) {
+    std::fprintf(stderr, "02_layout: %s\n", e.what());
+    return 1;
+  }
   CLI::App app{"Prints the rank groups of a 5-D parallel layout (Megatron-Core placement)."};
   int world = 0;
   bool json = false;
+  bool topology = false;
+  int loader_threads = 0;
   quintet::ParallelConfig config;
-  app.add_option("--world", world, "number of ranks")->required();
+  app.add_option("--world", world, "number of ranks (the layout; not with --topology)");
+  app.add_flag("--topology", topology,
+               "print this job's topology report instead (run it under mpirun for a job)");
+  app.add_option("--loader-threads", loader_threads,
+                 "with --topology: the data loader's threads per rank, checked against its cpus")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--tp", config.tp, "tensor parallel size")->capture_default_str();
   app.add_option("--pp", config.pp, "pipeline parallel size (stages)")->capture_default_str();
   app.add_option("--cp", config.cp, "context parallel size")->capture_default_str();
@@ -95,7 +140,29 @@ int main(int argc, char** argv) {
   app.add_option("--vpp", config.vpp, "model chunks per pipeline rank")->capture_default_str();
   app.add_option("--order", config.order, "dimension order, first fastest")->capture_default_str();
   app.add_flag("--json", json, "print one JSON object instead of the table");
-  CLI11_PARSE(app, argc, argv);
+  std::vector<const char*> args;
+  for (const std::string& a : runtime.remaining_args) args.push_back(a.c_str());
+  try {
+    app.parse(static_cast<int>(args.size()), args.data());
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  if (topology) {
+    if (world != 0) {
+      std::fprintf(stderr, "02_layout: --topology reports the job it runs in: drop --world\n");
+      return 1;
+    }
+    try {
+      return print_topology(runtime, loader_threads, json);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "02_layout: %s\n", e.what());
+      return 1;
+    }
+  }
+  if (world <= 0) {
+    std::fprintf(stderr, "02_layout: --world is required (or --topology)\n");
+    return 1;
+  }
 
   try {
     const quintet::Layout layout(config, world);

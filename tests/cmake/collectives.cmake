@@ -24,3 +24,6 @@ target_link_libraries(collectives_flight_recorder_test PRIVATE quintet_collectiv
 # The start-up check that every rank runs with the same settings.
 quintet_mpi_test(NAME collectives_consistency_test COMPONENT collectives RANKS 1 2 3
                  SOURCES mpi/collectives_consistency_test.cpp)
+# Placement at start-up (--cpu-affinity auto|none): the threads' CPUs, read back from /proc.
+quintet_mpi_test(NAME collectives_placement_test COMPONENT collectives RANKS 1 2 3
+                 SOURCES mpi/collectives_placement_test.cpp)

@@ -23,9 +23,11 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "quintet/collectives/communicator.hpp"
 #include "quintet/core/runtime_config.hpp"
+#include "quintet/core/topology.hpp"
 
 namespace quintet {
 
@@ -103,6 +105,18 @@ class World {
   const Device& device() const { return device_; }
   const RuntimeConfig& config() const { return config_; }
 
+  // Every rank's machine facts (core/topology.hpp), indexed by rank, exchanged by init: host, GPU
+  // and its NUMA node, the CPUs each rank's threads run on (placed_cpus, RuntimeConfig::
+  // cpu_affinity). With cpu_affinity auto, init binds its calling thread to this rank's
+  // placed_cpus before it starts any thread, so every thread started from it afterwards (the
+  // communicators' progress threads, the job monitor, NCCL's, the data loader's workers, the
+  // checkpoint writer) runs there too.
+  const std::vector<RankTopology>& topology() const { return topology_; }
+  // The one-screen report of topology() (02_layout --topology; logged by rank 0 at start-up when
+  // --log-level info or debug is given). loader_threads > 0: every rank's data loader runs that
+  // many workers (the report warns when they outnumber a rank's CPUs).
+  TopologyReport topology_report(int loader_threads = 0) const;
+
   // The world communicator for device(): NCCL on GPUs, MPI on the CPU, Self for one rank.
   Communicator& comm() const { return *comm_; }
   // A world communicator for CPU tensors (MPI, or Self for one rank); the same object as comm()
@@ -140,6 +154,7 @@ class World {
   // The flight recorders of this process, and the SIGUSR1 handler that dumps them.
   std::shared_ptr<detail::FlightRegistry> flight_;
   std::unique_ptr<detail::FlightSignalDump> flight_signal_;
+  std::vector<RankTopology> topology_;
   int uncaught_at_init_ = 0;  // std::uncaught_exceptions() when init() made this World
 };
 
