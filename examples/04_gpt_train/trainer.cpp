@@ -20,9 +20,8 @@
 #include "quintet/data/loader.hpp"     // DataLoader
 #include "quintet/data/synthetic.hpp"  // the built-in dataset and its entropy floor
 #include "quintet/parallel/mesh.hpp"
-#include "quintet/parallel/overlap/timed_communicator.hpp"  // exposed communication per axis
-#include "quintet/parallel/train/checkpointer.hpp"          // save and resume in one call
-#include "quintet/parallel/train/training_model.hpp"        // this rank's stages, one step
+#include "quintet/parallel/train/checkpointer.hpp"    // save and resume in one call
+#include "quintet/parallel/train/training_model.hpp"  // this rank's stages, one step
 #include "trace_session.hpp"
 #include "trainer_state.hpp"
 
@@ -31,7 +30,6 @@ namespace gpt {
 namespace {
 
 using quintet::Axis;
-using quintet::TimedCommunicator;
 using Clock = std::chrono::steady_clock;
 
 double ms_since(Clock::time_point t) {
@@ -53,33 +51,6 @@ quintet::data::TokenDataset open_dataset(const quintet::train::JobConfig& job,
   }
   return quintet::data::TokenDataset::open(spec);
 }
-
-// Each axis's collectives through a timing wrapper (results are the inner communicator's), so
-// each step can report the communication of tp, cp, ep and pp, and the part the compute stream
-// stalled on (measured from the wait).
-struct TimedAxes {
-  std::optional<TimedCommunicator> tp, cp, ep, pp;
-
-  explicit TimedAxes(quintet::Mesh& mesh) {
-    constexpr auto kFromWait = TimedCommunicator::Measure::from_wait;
-    if (mesh.size(Axis::tp) > 1) tp.emplace(mesh.comm(Axis::tp), kFromWait);
-    if (mesh.size(Axis::cp) > 1) cp.emplace(mesh.comm(Axis::cp), kFromWait);
-    if (mesh.size(Axis::ep) > 1) ep.emplace(mesh.comm(Axis::ep), kFromWait);
-    if (mesh.size(Axis::pp) > 1) pp.emplace(mesh.comm(Axis::pp), kFromWait);
-  }
-  quintet::train::ModelCommunicators communicators() {
-    const auto ptr = [](std::optional<TimedCommunicator>& t) { return t ? &*t : nullptr; };
-    return {ptr(tp), ptr(cp), ptr(ep), ptr(pp)};
-  }
-  void reset() {
-    for (auto* t : {&tp, &cp, &ep, &pp}) {
-      if (*t) (*t)->reset();  // the window is this step
-    }
-  }
-  static TimedCommunicator::Stats take(std::optional<TimedCommunicator>& t) {
-    return t ? t->take_stats() : TimedCommunicator::Stats{};
-  }
-};
 
 void print_header(const char* program, const quintet::train::JobConfig& job,
                   quintet::train::TrainingModel& model, const quintet::Device& device) {
@@ -129,9 +100,9 @@ int run(const char* program, quintet::train::JobConfig job, quintet::World& worl
   quintet::data::TokenDataset dataset = open_dataset(job, world.config());
   const std::optional<double> floor = quintet::data::entropy_floor_nats(dataset);
   // This rank's share of the model: its pipeline stages (each a chunk of the library GPT with its
-  // parameters, data parallelism and AdamW) and the executor that runs them.
-  TimedAxes timed(mesh);
-  quintet::train::TrainingModel model(job, mesh, stream, timed.communicators());
+  // parameters, data parallelism and AdamW) and the executor that runs them; it measures each
+  // axis's communication.
+  quintet::train::TrainingModel model(job, mesh, stream);
   // The loader's batch, sequence and replica come from the model (every tp and pp rank of one
   // replica reads the same batches).
   quintet::data::LoaderConfig lc;
@@ -182,27 +153,21 @@ int run(const char* program, quintet::train::JobConfig job, quintet::World& worl
     const float lr = schedule.at(step);
     model.set_lr(lr);
     if (gpu) quintet::cuda_reset_peak(device);
-    timed.reset();
     tracing.before_step(step + 1);  // one branch unless this step is traced
     const auto t0 = Clock::now();
     // One optimizer step: the schedule over the microbatches (without a pipeline, forward and
-    // backward of each in turn), the gradient reductions overlapping the last backwards, the
-    // (sharded) AdamW update, the loss of the global batch.
-    const quintet::pipeline::TrainStepResult r = model.step(loader);
+    // backward of each in turn), the gradients finished (reductions overlapping the last
+    // backwards), the (sharded) AdamW update, the loss of the global batch; and what it cost.
+    const quintet::train::StepStats r = model.step(loader);
     const double ms = ms_since(t0);
     tracing.after_step(step + 1);
-    const quintet::DataParallelStats comm = model.data_parallel_stats();
-    const TimedCommunicator::Stats tp = TimedAxes::take(timed.tp);
-    const TimedCommunicator::Stats cp = TimedAxes::take(timed.cp);
-    const TimedCommunicator::Stats ep = TimedAxes::take(timed.ep);
-    const TimedCommunicator::Stats pp = TimedAxes::take(timed.pp);
 
     StepRecord rec;
     rec.step = step + 1;
     rec.loss = r.loss;
     rec.entropy_floor = floor;
     rec.lr = lr;
-    rec.grad_norm = r.optimizer.grad_norm();
+    rec.grad_norm = r.grad_norm();
     rec.ms = ms;
     rec.tokens_per_s = static_cast<double>(job.tokens_per_step()) / (ms / 1000.0);
     if (gpu) {
@@ -214,22 +179,23 @@ int run(const char* program, quintet::train::JobConfig job, quintet::World& worl
     } else {
       rec.peak_mem_bytes = peak_rss_bytes();
     }
-    rec.grad_mem_bytes = comm.peak_gradient_bytes;
-    rec.comm_ms = comm.comm_ms;
-    rec.tp_comm_ms = tp.exposed_ms;
-    rec.tp_ops = tp.ops;
-    rec.cp_comm_ms = cp.exposed_ms;
-    rec.ep_comm_ms = ep.exposed_ms;
+    rec.grad_mem_bytes = r.peak_gradient_bytes;
+    rec.comm_ms = r.dp.comm_ms;
+    rec.tp_comm_ms = r.tp.exposed_ms;
+    rec.tp_ops = r.tp.ops;
+    rec.cp_comm_ms = r.cp.exposed_ms;
+    rec.ep_comm_ms = r.ep.exposed_ms;
     rec.exposed_comm_pct =
-        100.0 * (comm.exposed_ms + tp.exposed_ms + cp.exposed_ms + ep.exposed_ms + pp.exposed_ms) /
+        100.0 *
+        (r.dp.exposed_ms + r.tp.exposed_ms + r.cp.exposed_ms + r.ep.exposed_ms + r.pp.exposed_ms) /
         ms;
-    rec.comm = {kind_comm(comm.comm_ms, comm.exposed_ms), kind_comm(tp.comm_ms, tp.exposed_ms),
-                kind_comm(pp.comm_ms, pp.exposed_ms), kind_comm(ep.comm_ms, ep.exposed_ms),
-                kind_comm(cp.comm_ms, cp.exposed_ms)};
+    const auto kind = [](const quintet::train::AxisCommunication& a) {
+      return kind_comm(a.comm_ms, a.exposed_ms);
+    };
+    rec.comm = {kind(r.dp), kind(r.tp), kind(r.pp), kind(r.ep), kind(r.cp)};  // kCommKinds' order
     if (m.mlp == quintet::model::MlpKind::moe) {
-      const quintet::expert::MoESummary& moe = model.moe_summary();
-      rec.moe = MoeRecord{moe.min_load,         moe.mean_load, moe.max_load,
-                          moe.dropped_fraction, moe.aux_loss,  moe.z_loss};
+      rec.moe = MoeRecord{r.moe.min_load,         r.moe.mean_load, r.moe.max_load,
+                          r.moe.dropped_fraction, r.moe.aux_loss,  r.moe.z_loss};
     }
     reporter.step(rec);
 

@@ -32,6 +32,7 @@
 #include "quintet/data/token_dataset.hpp"
 #include "quintet/data/token_file.hpp"
 #include "quintet/nn/context.hpp"
+#include "quintet/nn/gradient_sync.hpp"
 #include "quintet/nn/layers.hpp"
 #include "quintet/nn/lr_schedule.hpp"
 #include "quintet/nn/module.hpp"
@@ -66,7 +67,6 @@
 #include "quintet/parallel/pipeline/executor.hpp"
 #include "quintet/parallel/pipeline/schedule.hpp"
 #include "quintet/parallel/pipeline/simulator.hpp"
-#include "quintet/parallel/pipeline/train_step.hpp"
 #include "quintet/parallel/tensor/attention.hpp"
 #include "quintet/parallel/tensor/linear.hpp"
 #include "quintet/parallel/tensor/mlp.hpp"
@@ -75,6 +75,7 @@
 #include "quintet/parallel/tensor/vocab.hpp"
 #include "quintet/parallel/train/checkpointer.hpp"
 #include "quintet/parallel/train/job_config.hpp"
+#include "quintet/parallel/train/step.hpp"
 #include "quintet/parallel/train/training_model.hpp"
 
 // The NCCL interop header includes nccl.h: only in a build with NCCL, and only where nccl.h is on

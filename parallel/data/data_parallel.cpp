@@ -2,6 +2,7 @@
 // plan, the reducer, ZeRO-2's on-demand gradients and the overlap meter (see data_parallel.hpp).
 #include "quintet/parallel/data/data_parallel.hpp"
 
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <unordered_map>
@@ -178,6 +179,18 @@ Tensor DataParallel::owned_grad(int b) const {
   const Tensor& staging = s.reducer->staging(b);
   if (staging.defined()) return staging.narrow(0, k.owned_begin() - k.begin, n);
   return s.store.grad_buffer().narrow(0, k.owned_begin(), n);
+}
+
+Tensor DataParallel::reduced_grad(const nn::Parameter& p) const {
+  const State& s = *state_;
+  if (s.config.zero_stage == 0) return p.grad();
+  const std::vector<GradientBucket>& buckets = s.plan->buckets();
+  for (int b = 0; b < static_cast<int>(buckets.size()); ++b) {
+    const auto& params = buckets[static_cast<std::size_t>(b)].params;
+    if (std::find(params.begin(), params.end(), &p) != params.end()) return owned_grad(b);
+  }
+  QUINTET_THROW(InvalidArgument, "DataParallel::reduced_grad: {} is in no gradient bucket",
+                p.name());
 }
 
 const DataParallelConfig& DataParallel::config() const { return state_->config; }

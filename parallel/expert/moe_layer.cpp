@@ -7,6 +7,7 @@
 #include <limits>
 #include <numeric>
 #include <string>
+#include <utility>
 
 #include "quintet/core/log.hpp"
 #include "quintet/nn/ops.hpp"
@@ -491,45 +492,81 @@ const Tensor& MoELayer::device_bias(const Device& device, const Stream& stream) 
   return bias_device_;
 }
 
-MoEStats MoELayer::finish_step(Communicator& stage, const Stream& stream) {
+Tensor MoELayer::take_counters(std::vector<double>& host) {
+  host.insert(host.end(), load_.begin(), load_.end());
+  host.insert(host.end(), {assignments_, dropped_, 0.0, 0.0, microbatches_});
+  std::fill(load_.begin(), load_.end(), 0.0);
+  assignments_ = dropped_ = microbatches_ = 0.0;
+  return std::exchange(sums_, Tensor());  // the next forward starts a zeroed one
+}
+
+MoEStats MoELayer::finish_step(const double* summed, const Communicator& stage,
+                               const Stream& stream) {
   const std::int64_t E = options_.router.experts;
-  std::vector<double> all = load_;
-  all.push_back(assignments_);
-  all.push_back(dropped_);
-  double aux = 0.0, z = 0.0;
-  if (sums_.defined()) {
-    const Tensor host = sums_.to(Device::cpu(), stream);
-    stream.synchronize();
-    aux = host.data<double>()[0];
-    z = host.data<double>()[1];
-    sums_.fill_(0.0, stream);
-  }
-  all.push_back(aux);
-  all.push_back(z);
-  all.push_back(microbatches_);
-  if (stage.size() > 1) {
-    Tensor t = Tensor::from_vector(all, {static_cast<std::int64_t>(all.size())})
-                   .to(stream.device(), stream);
-    stage.all_reduce(t, t, ReduceOp::sum, stream).wait(stream);
-    const Tensor host = t.to(Device::cpu(), stream);
-    stream.synchronize();
-    all = host.to_vector<double>();
-  }
   MoEStats out;
-  out.load.assign(all.begin(), all.begin() + E);
-  out.assignments = all[E];
-  out.dropped = all[E + 1];
-  const double mbs = all[E + 4];
-  out.aux_loss = mbs > 0 ? all[E + 2] / mbs : 0.0;
-  out.z_loss = mbs > 0 ? all[E + 3] / mbs : 0.0;
+  out.load.assign(summed, summed + E);
+  out.assignments = summed[E];
+  out.dropped = summed[E + 1];
+  const double mbs = summed[E + 4];
+  out.aux_loss = mbs > 0 ? summed[E + 2] / mbs : 0.0;
+  out.z_loss = mbs > 0 ? summed[E + 3] / mbs : 0.0;
   if (options_.router.bias_rate > 0.0f) {
     update_balance_bias(bias_, out.load, options_.router.bias_rate);
     // The next step's routing reads the new bias; uploading it here keeps forward free of copies.
     if (bias_device_.defined()) bias_device_ = bias_.to(bias_device_.device(), stream);
   }
   check_idle_experts(out, stage);
-  std::fill(load_.begin(), load_.end(), 0.0);
-  assignments_ = dropped_ = microbatches_ = 0.0;
+  return out;
+}
+
+MoEStats MoELayer::finish_step(Communicator& stage, const Stream& stream) {
+  const std::vector<MoELayer*> one = {this};
+  const StepCounters reduced = reduce_step_counters(one, stage, stream);
+  const Tensor counters = reduced.summed.to(Device::cpu(), stream);
+  stream.synchronize();
+  return finish_steps(one, counters, stage, stream).front();
+}
+
+StepCounters reduce_step_counters(const std::vector<MoELayer*>& layers, Communicator& stage,
+                                  const Stream& stream) {
+  std::vector<double> host;
+  std::vector<std::pair<std::int64_t, Tensor>> sums;  // (offset of the aux sum, the [2] sums)
+  for (MoELayer* layer : layers) {
+    const std::int64_t at = static_cast<std::int64_t>(host.size());
+    Tensor s = layer->take_counters(host);
+    if (s.defined()) sums.emplace_back(at + layer->options().router.experts + 2, std::move(s));
+  }
+  // From pinned memory, so that the upload does not wait for the stream (a pageable one would).
+  StepCounters out;
+  if (host.empty()) return out;
+  out.staging = Tensor::empty_pinned({static_cast<std::int64_t>(host.size())}, DType::f64);
+  std::copy(host.begin(), host.end(), out.staging.data<double>());
+  out.summed = out.staging.to(stream.device(), stream);
+  for (auto& [at, s] : sums) {
+    out.summed.narrow(0, at, 2).copy_(s.to(stream.device(), stream), stream);
+  }
+  if (stage.size() > 1) {
+    stage.all_reduce(out.summed, out.summed, ReduceOp::sum, stream).wait(stream);
+  }
+  return out;
+}
+
+std::vector<MoEStats> finish_steps(const std::vector<MoELayer*>& layers, const Tensor& counters,
+                                   const Communicator& stage, const Stream& stream) {
+  std::int64_t total = 0;
+  for (const MoELayer* layer : layers) total += layer->counters_size();
+  QUINTET_CHECK(
+      counters.device().is_cpu() && counters.dtype() == DType::f64 && counters.numel() == total,
+      "finish_steps: the counters are {} {} values on {}; want the {} f64 values of "
+      "reduce_step_counters for these {} layers, on the CPU",
+      counters.numel(), dtype_name(counters.dtype()), counters.device().str(), total,
+      layers.size());
+  const double* at = counters.data<double>();
+  std::vector<MoEStats> out;
+  for (MoELayer* layer : layers) {
+    out.push_back(layer->finish_step(at, stage, stream));
+    at += layer->counters_size();
+  }
   return out;
 }
 

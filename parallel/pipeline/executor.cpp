@@ -25,19 +25,6 @@ bool is_backward(ActionKind k) { return k == ActionKind::backward || k == Action
 bool marks_gradients(ActionKind k) {
   return k == ActionKind::backward || k == ActionKind::weight_grad;
 }
-
-// The gradient of a tied weight as its DataParallel left it: the whole reduced gradient (no
-// DataParallel, or ZeRO 0), else the owned shard of the weight's own bucket.
-Tensor tied_gradient(nn::Parameter& p, DataParallel* dp) {
-  if (dp == nullptr || dp->config().zero_stage == 0) return p.grad();
-  const auto& buckets = dp->buckets();
-  for (int b = 0; b < static_cast<int>(buckets.size()); ++b) {
-    const auto& params = buckets[static_cast<std::size_t>(b)].params;
-    if (std::find(params.begin(), params.end(), &p) != params.end()) return dp->owned_grad(b);
-  }
-  QUINTET_THROW(InvalidArgument, "PipelineExecutor: tied weight {} is in no gradient bucket",
-                p.name());
-}
 }  // namespace
 
 // The state of one (stage, microbatch) during a step.
@@ -74,24 +61,6 @@ PipelineExecutor::PipelineExecutor(Schedule schedule, Communicator& pp,
   QUINTET_CHECK(config_.activation_shape.size() >= 2 && shape_numel(config_.activation_shape) > 0,
                 "PipelineExecutor: activation_shape {} must be [batch, seq, ...] with no zero",
                 shape_str(config_.activation_shape));
-  // The tied weights of the first and the last stage, by name.
-  const int last_stage = schedule_.num_stages() - 1;
-  for (const StageModule& s : stages_) {
-    if (s.stage != 0 && s.stage != last_stage) continue;
-    std::vector<Tied>& list = s.stage == 0 ? tied_first_ : tied_last_;
-    auto named = s.chunk->named_parameters();
-    std::sort(named.begin(), named.end(),
-              [](const auto& a, const auto& b) { return a.first < b.first; });
-    for (auto& [name, p] : named) {
-      if (p->attributes().tied != nn::TiedRole::none) list.push_back({p, s.dp});
-    }
-  }
-  if (last_stage > 0 && local_stage(0) && local_stage(last_stage)) {
-    QUINTET_CHECK(tied_first_.size() == tied_last_.size(),
-                  "PipelineExecutor: the first stage holds {} tied weights, the last {}; a tied "
-                  "weight needs its copy in the other",
-                  tied_first_.size(), tied_last_.size());
-  }
   last_marking_.assign(static_cast<std::size_t>(schedule_.num_stages()), kNone);
   const auto& actions = schedule_.actions[static_cast<std::size_t>(rank_)];
   for (std::size_t i = 0; i < actions.size(); ++i) {
@@ -106,37 +75,6 @@ PipelineExecutor::~PipelineExecutor() = default;
 bool PipelineExecutor::local_stage(int stage) const {
   return stage >= 0 && stage < schedule_.num_stages() &&
          schedule_.stage_rank[static_cast<std::size_t>(stage)] == rank_;
-}
-
-void PipelineExecutor::sum_tied_gradients(const Stream& stream) {
-  const int last_stage = schedule_.num_stages() - 1;
-  if (last_stage == 0) return;
-  if (local_stage(0) && local_stage(last_stage)) {  // both copies here: add in place
-    for (std::size_t i = 0; i < tied_first_.size(); ++i) {
-      Tensor a = tied_gradient(*tied_first_[i].param, tied_first_[i].dp);
-      Tensor b = tied_gradient(*tied_last_[i].param, tied_last_[i].dp);
-      nn::add_(a, b, 1.0f, stream);
-      b.copy_(a, stream);
-    }
-    return;
-  }
-  const bool first = local_stage(0);
-  if (!first && !local_stage(last_stage)) return;
-  const std::vector<Tied>& mine = first ? tied_first_ : tied_last_;
-  if (mine.empty()) return;
-  const int peer = schedule_.stage_rank[static_cast<std::size_t>(first ? last_stage : 0)];
-  // Both sides send theirs and add the other's: a + b on one, b + a on the other, the same bits.
-  std::vector<Tensor> grads, theirs;
-  std::vector<P2POp> ops;
-  for (const Tied& t : mine) {
-    grads.push_back(tied_gradient(*t.param, t.dp));
-    theirs.push_back(
-        Tensor::empty(grads.back().shape(), grads.back().dtype(), stream.device(), stream));
-    ops.push_back(P2POp::send(grads.back(), peer));
-    ops.push_back(P2POp::recv(theirs.back(), peer));
-  }
-  pp_->p2p(ops, stream).wait(stream);
-  for (std::size_t i = 0; i < grads.size(); ++i) nn::add_(grads[i], theirs[i], 1.0f, stream);
 }
 
 const StageModule& PipelineExecutor::stage_module(int stage) const {
@@ -160,7 +98,7 @@ Tensor PipelineExecutor::run(const std::function<MicrobatchData(int)>& data, flo
   stats_ = ExecutorStats{};
   int in_flight = 0;
   for (const StageModule& sm : stages_) {
-    if (sm.dp) sm.dp->begin_step();
+    if (sm.sync) sm.sync->begin_step();
   }
 
   // Microbatch data, fetched in increasing order when a first or last stage first needs it.
@@ -236,7 +174,7 @@ Tensor PipelineExecutor::run(const std::function<MicrobatchData(int)>& data, flo
 
     release_done();
     const StageModule& sm = stage_module(s);
-    if (marks_gradients(a.kind) && sm.dp) sm.dp->set_last_microbatch(i == last_marking_[s]);
+    if (marks_gradients(a.kind) && sm.sync) sm.sync->set_last_microbatch(i == last_marking_[s]);
     // The receive this action consumes (a no-op for a local hand-over or the first stage).
     if (a.kind == ActionKind::forward && s > 0) sl.input_recv.wait(stream);
     if (is_backward(a.kind) && s != last_stage) sl.grad_recv.wait(stream);
@@ -289,10 +227,6 @@ Tensor PipelineExecutor::run(const std::function<MicrobatchData(int)>& data, flo
   issue();
   for (Issued& b : issued) b.work.wait(stream);
   issued.clear();
-  for (const StageModule& sm : stages_) {
-    if (sm.dp) sm.dp->finish(stream);
-  }
-  sum_tied_gradients(stream);
   stats_.step_ms = now_ms();
   return loss_sum;
 }

@@ -71,6 +71,7 @@ TrainingConfig TrainingConfig::from_job(const JobConfig& job) {
   c.optimizer = job.optimizer();
   c.seed = job.training.seed;
   c.check_batches = job.training.check_batches;
+  c.measure_communication = true;
   return c;
 }
 
@@ -87,9 +88,17 @@ TrainingModel::TrainingModel(const TrainingConfig& config, Mesh& mesh, const Str
                               config_.microbatches, config_.schedule_costs);
   const std::vector<model::ChunkSpec> chunks =
       model::split_into_chunks(config_.model, schedule.num_stages());
-  Communicator& tp = comms_.tp != nullptr ? *comms_.tp : mesh_.comm(Axis::tp);
-  Communicator& cp = comms_.cp != nullptr ? *comms_.cp : mesh_.comm(Axis::cp);
-  Communicator& ep = comms_.ep != nullptr ? *comms_.ep : mesh_.comm(Axis::ep);
+  // Each axis's communicator: the caller's or the mesh's, through a timing wrapper when measured.
+  auto comm_of = [this](Communicator* given, Axis axis,
+                        std::optional<TimedCommunicator>& timed) -> Communicator& {
+    Communicator& c = given != nullptr ? *given : mesh_.comm(axis);
+    if (!config_.measure_communication || c.size() == 1) return c;
+    return timed.emplace(c, TimedCommunicator::Measure::from_wait);
+  };
+  Communicator& tp = comm_of(comms_.tp, Axis::tp, timed_tp_);
+  Communicator& cp = comm_of(comms_.cp, Axis::cp, timed_cp_);
+  Communicator& ep = comm_of(comms_.ep, Axis::ep, timed_ep_);
+  Communicator& pp = comm_of(comms_.pp, Axis::pp, timed_pp_);
   const model::ModelGroups groups{&tp, &cp, &ep, &mesh_.comm(Axis::etp)};
   std::vector<pipeline::StageModule> modules;
   for (int s : schedule.stages_of(mesh_.rank(Axis::pp))) {
@@ -110,8 +119,7 @@ TrainingModel::TrainingModel(const TrainingConfig& config, Mesh& mesh, const Str
   const std::int64_t mine = config_.model.seq_len / mesh_.size(Axis::cp);  // this cp rank's
   const std::int64_t seq = config_.model.sequence_parallel ? mine / tp_size : mine;
   executor_ = std::make_unique<pipeline::PipelineExecutor>(
-      std::move(schedule), comms_.pp != nullptr ? *comms_.pp : mesh_.comm(Axis::pp),
-      std::move(modules),
+      std::move(schedule), pp, std::move(modules),
       pipeline::ExecutorConfig{{config_.micro_batch, seq, config_.model.hidden},
                                config_.model.dtype});
 }
@@ -125,7 +133,7 @@ data::LoaderConfig TrainingModel::loader_config(data::LoaderConfig base) const {
   return loader_config_for(mesh_, base);
 }
 
-pipeline::TrainStepResult TrainingModel::step(data::DataLoader& loader) {
+StepStats TrainingModel::step(data::DataLoader& loader) {
   const data::LoaderConfig& lc = loader.config();
   QUINTET_CHECK(lc.batch_size == config_.micro_batch && lc.seq_len == config_.model.seq_len,
                 "TrainingModel::step: the loader makes [{}, {}] batches, the model takes "
@@ -156,26 +164,28 @@ pipeline::MicrobatchData TrainingModel::local_part(pipeline::MicrobatchData d) c
   return d;
 }
 
-pipeline::TrainStepResult TrainingModel::step(
-    const std::function<pipeline::MicrobatchData(int)>& data) {
+StepStats TrainingModel::step(const std::function<pipeline::MicrobatchData(int)>& data) {
+  for (auto* t : {&timed_tp_, &timed_cp_, &timed_ep_, &timed_pp_}) {
+    if (*t) (*t)->reset();  // the window is this step
+  }
   // data gives whole sequences; each cp rank keeps its chunks of them.
-  const pipeline::TrainStepResult r = pipeline::train_step(
-      *executor_, optimizers_, mesh_,
+  StepStats r = train::step(
+      *executor_, stages_, mesh_,
       [&data, this](int m) {
         pipeline::MicrobatchData d = data(m);
         if (config_.check_batches) check_same_batch(mesh_.comm(Axis::tp), d.tokens, stream_);
         return local_part(std::move(d));
       },
       stream_);
-  if (config_.model.mlp == model::MlpKind::moe) {
-    std::vector<expert::MoEStats> layers;
-    for (TrainingStage& s : stages_) {
-      for (expert::MoELayer* m : s.chunk->moe_layers()) {
-        layers.push_back(m->finish_step(mesh_.comm(Axis::tp_dp_cp), stream_));
-      }
-    }
-    moe_summary_ = expert::summarize(layers, mesh_.comm(Axis::pp), stream_);
-  }
+  const auto take = [](std::optional<TimedCommunicator>& t, AxisCommunication& out) {
+    if (!t) return;
+    const TimedCommunicator::Stats s = t->take_stats();
+    out = {s.comm_ms, s.exposed_ms, s.bytes, s.ops};
+  };
+  take(timed_tp_, r.tp);
+  take(timed_cp_, r.cp);
+  take(timed_ep_, r.ep);
+  take(timed_pp_, r.pp);
   return r;
 }
 
@@ -184,18 +194,5 @@ void TrainingModel::set_lr(float lr) {
 }
 
 std::int64_t TrainingModel::steps() const { return optimizers_.front()->steps(); }
-
-DataParallelStats TrainingModel::data_parallel_stats() const {
-  DataParallelStats sum;
-  for (const TrainingStage& s : stages_) {
-    const DataParallelStats one = s.data_parallel->last_step_stats();
-    sum.comm_ms += one.comm_ms;
-    sum.exposed_ms += one.exposed_ms;
-    sum.bytes += one.bytes;
-    sum.buckets += one.buckets;
-    sum.peak_gradient_bytes += one.peak_gradient_bytes;
-  }
-  return sum;
-}
 
 }  // namespace quintet::train

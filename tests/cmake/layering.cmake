@@ -33,3 +33,22 @@ add_test(NAME umbrella_header_check
          COMMAND ${CMAKE_COMMAND} -DSOURCE_DIR=${PROJECT_SOURCE_DIR}
                  -P ${CMAKE_CURRENT_SOURCE_DIR}/layering/check_umbrella.cmake)
 set_tests_properties(umbrella_header_check PROPERTIES LABELS "unit;layering" TIMEOUT 60)
+
+# The pipeline schedules without knowing data parallelism: nothing under parallel/pipeline (its
+# sources and public headers) includes a parallel/data header or names DataParallel, the
+# distributed optimizer or ZeRO's parts; it talks to nn::GradientSync, and the end of a step
+# (parallel/train/step.cpp) finishes the reductions.
+set(_pipeline_check ${CMAKE_COMMAND} -DSOURCE_DIR=${PROJECT_SOURCE_DIR}
+    "-DFORBIDDEN_INCLUDES=(^|/)parallel/data/"
+    "-DFORBIDDEN_WORDS=DataParallel|DataParallelConfig|DistributedOptimizer|zero_stage|owned_grad|reduced_grad"
+    "-DWHY=the pipeline must not know data parallelism (it talks to nn::GradientSync)")
+add_test(NAME layering_pipeline_check
+         COMMAND ${_pipeline_check} "-DFOLDERS=parallel/pipeline|include/quintet/parallel/pipeline"
+                 -P ${CMAKE_CURRENT_SOURCE_DIR}/layering/check_no_includes.cmake)
+set_tests_properties(layering_pipeline_check PROPERTIES LABELS "unit;layering" TIMEOUT 60)
+# The check can fail: parallel/train, which finishes the reductions, includes data_parallel.hpp.
+add_test(NAME layering_pipeline_check_can_fail
+         COMMAND ${_pipeline_check} "-DFOLDERS=parallel/train|include/quintet/parallel/train"
+                 -P ${CMAKE_CURRENT_SOURCE_DIR}/layering/check_no_includes.cmake)
+set_tests_properties(layering_pipeline_check_can_fail PROPERTIES LABELS "unit;layering" TIMEOUT 60
+  PASS_REGULAR_EXPRESSION "include/quintet/parallel/train/step.hpp includes quintet/parallel/data/data_parallel.hpp")

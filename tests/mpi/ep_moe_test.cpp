@@ -243,3 +243,53 @@ TEST_CASE("ep: bad MoE configurations are refused before any communication", "[e
                            "do not divide");
   }
 }
+
+TEST_CASE("ep: many layers' step counters in one all-reduce equal each layer's own", "[ep]") {
+  World world = cpu_world();
+  const int n = world.size();
+  Mesh mesh(Layout(ParallelConfig{.ep = n}, n), world.comm());
+  Communicator& stage = mesh.comm(Axis::tp_dp_cp);
+  const MoEGroups g{&mesh.comm(Axis::tp), nullptr, &mesh.comm(Axis::ep), &mesh.comm(Axis::etp)};
+  // Two layers of different widths (so each one's counters sit at another offset), balanced by
+  // the bias, each twice: one pair finished together, the other one layer at a time.
+  std::vector<MoEOptions> opts = {options(2 * n), options(3 * n, nn::Activation::swiglu)};
+  for (MoEOptions& o : opts) o.router.bias_rate = 0.01f;
+  std::vector<std::unique_ptr<MoELayer>> together, alone;
+  std::vector<std::unique_ptr<nn::ParameterStore>> stores;
+  for (auto* set : {&together, &alone}) {
+    for (std::size_t i = 0; i < opts.size(); ++i) {
+      set->push_back(std::make_unique<MoELayer>(g, kD, opts[i]));
+      stores.push_back(
+          std::make_unique<nn::ParameterStore>(*set->back(), DType::f32, kCpu, kSeed + i));
+      for (int mb = 0; mb < 2; ++mb) {  // two microbatches, this rank's own tokens
+        nn::Context ctx(kCpu);
+        set->back()->forward(ctx, Tensor::randn({kB, kS, kD}, 300 + 10 * world.rank() + mb));
+      }
+    }
+  }
+  const std::vector<MoELayer*> layers = {together[0].get(), together[1].get()};
+  const Tensor counters = reduce_step_counters(layers, stage).summed.to(Device::cpu());
+  // A wrong tensor is refused before any layer changes.
+  REQUIRE_THROWS_QUINTET(finish_steps(layers, counters.narrow(0, 0, 3).contiguous(), stage),
+                         InvalidArgument, "want the");
+  const std::vector<MoEStats> got = finish_steps(layers, counters, stage);
+  REQUIRE(got.size() == 2);
+  for (std::size_t i = 0; i < opts.size(); ++i) {
+    INFO("layer " << i);
+    const MoEStats want = alone[i]->finish_step(stage);
+    CHECK(got[i].load == want.load);
+    CHECK(got[i].assignments == want.assignments);
+    CHECK(got[i].assignments > 0);
+    CHECK(got[i].dropped == want.dropped);
+    CHECK(got[i].aux_loss == want.aux_loss);
+    CHECK(got[i].z_loss == want.z_loss);
+    CHECK(got[i].aux_loss > 0);
+    CHECK(together[i]->balance_bias().to_vector<float>() ==
+          alone[i]->balance_bias().to_vector<float>());
+  }
+  // The counters start again from zero: a step without forwards counts nothing.
+  const std::vector<MoEStats> empty =
+      finish_steps(layers, reduce_step_counters(layers, stage).summed.to(Device::cpu()), stage);
+  CHECK(empty[0].assignments == 0);
+  CHECK(empty[1].aux_loss == 0);
+}

@@ -17,7 +17,7 @@
 #include "quintet/parallel/model/gpt.hpp"
 #include "quintet/parallel/pipeline/executor.hpp"
 #include "quintet/parallel/pipeline/simulator.hpp"
-#include "quintet/parallel/pipeline/train_step.hpp"
+#include "quintet/parallel/train/step.hpp"
 #include "tp_support.hpp"
 
 using namespace quintet;
@@ -127,25 +127,22 @@ void run_case(const Case& c, Communicator& world) {
   const auto specs = model::split_into_chunks(config, c.pp * c.vpp);
 
   // This rank's stages: a chunk, its store, its data parallelism (and optimizer) each.
-  struct Held {
-    std::unique_ptr<model::GptChunk> chunk;
-    std::unique_ptr<nn::ParameterStore> store;
-    std::unique_ptr<DataParallel> dp;
-    std::unique_ptr<DistributedOptimizer> opt;
-  };
-  std::vector<Held> held;
+  std::vector<train::TrainingStage> held;
   std::vector<pipeline::StageModule> stages;
   DataParallelConfig dpc;
   dpc.zero_stage = c.zero;
   dpc.first_bucket_bytes = 512;
   dpc.bucket_bytes = 2048;
   for (int s : schedule.stages_of(pp_rank)) {
-    Held h;
+    train::TrainingStage h;
+    h.stage = s;
     h.chunk = model::build_gpt_chunk(config, {&mesh.comm(Axis::tp)}, specs[s]);
     h.store = std::make_unique<nn::ParameterStore>(*h.chunk, DType::f32, kCpu, kSeed);
-    h.dp = std::make_unique<DataParallel>(*h.store, mesh, dpc, kCpu);
-    if (c.zero > 0) h.opt = std::make_unique<DistributedOptimizer>(*h.dp, adam(), kCpu);
-    stages.push_back({s, h.chunk.get(), h.dp.get()});
+    h.data_parallel = std::make_unique<DataParallel>(*h.store, mesh, dpc, kCpu);
+    if (c.zero > 0) {
+      h.optimizer = std::make_unique<DistributedOptimizer>(*h.data_parallel, adam(), kCpu);
+    }
+    stages.push_back({s, h.chunk.get(), h.data_parallel.get()});
     held.push_back(std::move(h));
   }
   const std::int64_t seq = c.sp ? config.seq_len / c.tp : config.seq_len;
@@ -171,18 +168,18 @@ void run_case(const Case& c, Communicator& world) {
     CHECK(m == fetched++);  // in increasing order, once each
     return microbatch(config, dp_rank * c.micro + m);
   };
-  // ZeRO 0: the executor's step alone, then the gradients. ZeRO 1, 2: the library's whole
-  // optimizer step (pipeline::train_step: the schedule, the joint optimizer step, the global
-  // loss), then the parameters.
+  // ZeRO 0: the executor's step and the gradients finished (train::finalize_gradients: the
+  // data-parallel reduction, the tied embedding's sum), then the gradients. ZeRO 1, 2: the
+  // library's whole optimizer step (train::step: the schedule, the gradients finished, the joint
+  // optimizer step, the global loss), then the parameters.
   Tensor loss;
   double step_loss = 0.0;
   if (c.zero == 0) {
     loss = executor.run(data, 1.0f / static_cast<float>(c.micro), kCpu);
+    train::finalize_gradients(executor, held, mesh, kCpu);
   } else {
-    std::vector<DistributedOptimizer*> opts;
-    for (Held& h : held) opts.push_back(h.opt.get());
-    step_loss = pipeline::train_step(executor, opts, mesh, data, kCpu).loss;
-    for (Held& h : held) h.opt->wait_for_parameters(kCpu);
+    step_loss = train::step(executor, held, mesh, data, kCpu).loss;
+    for (train::TrainingStage& h : held) h.optimizer->wait_for_parameters(kCpu);
   }
   agreed(world, [&] {
     const bool last = schedule.stage_rank.back() == pp_rank;
@@ -219,7 +216,7 @@ void run_case(const Case& c, Communicator& world) {
     CHECK((fetched == 0) == !holds_ends);
 
     if (c.zero == 0) {
-      for (Held& h : held) {
+      for (train::TrainingStage& h : held) {
         for (auto& [name, p] : h.chunk->named_parameters()) {
           require_close(p->grad(), shard_of(ref_store.find(name).grad(), *p), "gradient of " + name,
                         2e-6, 1e-5);
@@ -230,7 +227,7 @@ void run_case(const Case& c, Communicator& world) {
     // ZeRO 1, 2: the reference's optimizer step, then the parameters.
     nn::AdamW ref_opt(ref_store, adam(), kCpu);
     ref_opt.step(kCpu);
-    for (Held& h : held) {
+    for (train::TrainingStage& h : held) {
       for (auto& [name, p] : h.chunk->named_parameters()) {
         require_close(p->data(), shard_of(ref_store.find(name).data(), *p), "value of " + name,
                       2e-6, 1e-5);
@@ -280,20 +277,41 @@ TEST_CASE("pp: bad inputs are refused before any communication", "[pp]") {
   REQUIRE_THROWS_QUINTET(pipeline::PipelineExecutor(broken, mesh.comm(Axis::pp),
                                                     {{mesh.rank(Axis::pp), chunk.get()}}, ec),
                          InvalidArgument, "on rank 0, 0SF0 must come after 0F0");
-  // train_step without an optimizer for the stage, or with one over another DataParallel.
+  // train::step over stages that are not the executor's, or without an optimizer for a stage, or
+  // with one over another DataParallel.
   pipeline::PipelineExecutor plain(good, mesh.comm(Axis::pp), {{mesh.rank(Axis::pp), chunk.get()}},
                                    ec);
   auto no_data = [&](int m) { return microbatch(config, m); };
-  REQUIRE_THROWS_QUINTET(pipeline::train_step(plain, {}, mesh, no_data, kCpu), InvalidArgument,
-                         "0 optimizers for the 1 stages");
+  REQUIRE_THROWS_QUINTET(train::step(plain, {}, mesh, no_data, kCpu), InvalidArgument,
+                         "0 stages given for the 1 stages");
   {
+    // (Declared first, so that it outlives the optimizer built over it below.)
     auto other_chunk =
         model::build_gpt_chunk(config, {&mesh.comm(Axis::tp)}, specs[mesh.rank(Axis::pp)]);
     nn::ParameterStore other_store(*other_chunk, DType::f32, kCpu, kSeed);
     DataParallel other_dp(other_store, mesh, DataParallelConfig{}, kCpu);
-    DistributedOptimizer other_opt(other_dp, adam(), kCpu);
-    DistributedOptimizer* opts[] = {&other_opt};
-    REQUIRE_THROWS_QUINTET(pipeline::train_step(plain, opts, mesh, no_data, kCpu), InvalidArgument,
+    std::vector<train::TrainingStage> stages(1);
+    stages[0].stage = mesh.rank(Axis::pp);
+    stages[0].chunk =
+        model::build_gpt_chunk(config, {&mesh.comm(Axis::tp)}, specs[mesh.rank(Axis::pp)]);
+    stages[0].store =
+        std::make_unique<nn::ParameterStore>(*stages[0].chunk, DType::f32, kCpu, kSeed);
+    stages[0].data_parallel =
+        std::make_unique<DataParallel>(*stages[0].store, mesh, DataParallelConfig{}, kCpu);
+    // Another chunk than the executor's.
+    REQUIRE_THROWS_QUINTET(train::step(plain, stages, mesh, no_data, kCpu), InvalidArgument,
+                           "is not the executor's stage");
+    REQUIRE_THROWS_QUINTET(train::finalize_gradients(plain, stages, mesh, kCpu), InvalidArgument,
+                           "is not the executor's stage");
+    // The executor's chunk and DataParallel, without an optimizer, then with one over another
+    // DataParallel.
+    pipeline::PipelineExecutor with_dp(
+        good, mesh.comm(Axis::pp),
+        {{mesh.rank(Axis::pp), stages[0].chunk.get(), stages[0].data_parallel.get()}}, ec);
+    REQUIRE_THROWS_QUINTET(train::step(with_dp, stages, mesh, no_data, kCpu), InvalidArgument,
+                           "has no optimizer over its DataParallel");
+    stages[0].optimizer = std::make_unique<DistributedOptimizer>(other_dp, adam(), kCpu);
+    REQUIRE_THROWS_QUINTET(train::step(with_dp, stages, mesh, no_data, kCpu), InvalidArgument,
                            "has no optimizer over its DataParallel");
   }
   // Layers that do not split into the stages.

@@ -69,6 +69,7 @@
 
 #include "quintet/collectives/communicator.hpp"
 #include "quintet/core/stream.hpp"
+#include "quintet/nn/gradient_sync.hpp"
 #include "quintet/nn/parameter.hpp"
 #include "quintet/parallel/data/bucket_plan.hpp"  // GradientBucket, BucketPlan
 #include "quintet/parallel/mesh.hpp"
@@ -97,7 +98,8 @@ struct DataParallelStats {
   std::int64_t peak_gradient_bytes = 0;
 };
 
-class DataParallel {
+// The schedule drives a step through nn::GradientSync (begin_step, set_last_microbatch, finish).
+class DataParallel final : public nn::GradientSync {
  public:
   // Plans the buckets and subscribes to the store's grad-ready hooks (stage 2: also releases the
   // store's gradient buffer and binds gradients on demand; the store stays so). The compute stream
@@ -106,22 +108,22 @@ class DataParallel {
   // device than the mesh's communicators, or an expert parameter that asks for reduce_over_tp.
   DataParallel(nn::ParameterStore& store, const Mesh& mesh, const DataParallelConfig& config,
                const Stream& compute_stream);
-  ~DataParallel();
+  ~DataParallel() override;
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
 
   // Starts a step: zeroes the gradients on the compute stream, resets the bucket counters and
   // marks the next microbatch as the last one (so a step of one microbatch needs no other call).
-  void begin_step();
+  void begin_step() override;
   // Before each microbatch's forward/backward: whether it is the last of the step. Stages 0, 1:
   // only the last microbatch's backward starts reductions; the earlier ones just accumulate.
   // Stage 2: reduces what the previous microbatch left unreduced (every microbatch reduces).
-  void set_last_microbatch(bool last);
+  void set_last_microbatch(bool last) override;
   // Issues the reductions not started yet and makes stream wait for all of them. After it, stage 0
   // gradients hold the mean over the group; stages 1, 2 hold it in each bucket's owned shard
   // (owned_grad; stage 2 has no other gradient left). Throws InvalidArgument when called twice in
   // a step or before begin_step.
-  void finish(const Stream& stream);
+  void finish(const Stream& stream) override;
   // Whether finish() has run since the last begin_step().
   bool finished() const;
 
@@ -135,6 +137,11 @@ class DataParallel {
   // a 1-D f32 view into the gradient buffer, the bucket's staging buffer (stage 1) or its shard
   // (stage 2). Stages 1, 2 only.
   Tensor owned_grad(int b) const;
+  // The reduced gradient of parameter p after finish(), as this rank holds it: the whole gradient
+  // (stage 0: p.grad()), else the owned shard of p's bucket (owned_grad). For a weight with a
+  // bucket of its own (a tied weight), so that the shard is all of it this rank owns. Throws
+  // InvalidArgument for a parameter in no bucket.
+  Tensor reduced_grad(const nn::Parameter& p) const;
   const DataParallelConfig& config() const;
   nn::ParameterStore& store() const;
   const Mesh& mesh() const;

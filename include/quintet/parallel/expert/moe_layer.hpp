@@ -115,8 +115,22 @@ class MoELayer : public nn::Module {
   // Sums this step's counters over `stage` (every rank of the pipeline stage: Axis::tp_dp_cp of
   // the dense layout, collective; on stream, the host waits), updates the balancing bias when
   // bias_rate > 0, warns once about experts idle for router.idle_warning_steps steps, resets the
-  // counters, and returns the step's statistics.
+  // counters, and returns the step's statistics. The same as reduce_step_counters and
+  // finish_steps (below) for this layer alone.
   MoEStats finish_step(Communicator& stage, const Stream& stream = Stream());
+
+  // The end of a step in two halves, for reducing many layers' counters at once:
+  // counters_size() values, [load (E), assignments, dropped, aux sum, z sum, microbatches].
+  std::int64_t counters_size() const { return options_.router.experts + 5; }
+  // Ends this step's counting: appends the counters to host with the aux and z sums as 0, and
+  // returns those sums ([2] f64 on the layer's device, to be put at offsets E + 2 and E + 3;
+  // undefined when no forward counted them). The next step counts from zero. No host
+  // synchronisation.
+  Tensor take_counters(std::vector<double>& host);
+  // From the counters summed over stage (counters_size() values, in take_counters' order): the
+  // step's statistics; moves the balancing bias when bias_rate > 0 (its device copy on stream)
+  // and warns about idle experts (on the stage's rank 0). Local.
+  MoEStats finish_step(const double* summed, const Communicator& stage, const Stream& stream);
 
  private:
   MoEGroups groups_;
@@ -149,6 +163,23 @@ class MoELayer : public nn::Module {
     return groups_.ep != nullptr && groups_.ep->size() > 1 ? options_.overlap_chunks : 1;
   }
 };
+
+// The step counters of every layer in layers (take_counters) in one f64 tensor on stream's device,
+// [layer 0's counters_size() values, layer 1's, ...], summed over stage (the ranks of the pipeline
+// stage, as in finish_step) in ONE all-reduce: queued on stream, the host does not wait (the host
+// values go up from pinned memory). Keep the result until the host has waited for the stream;
+// read `summed` on the host then (one synchronisation for the whole model) and give it to
+// finish_steps.
+struct StepCounters {
+  Tensor summed;   // f64 on the stream's device
+  Tensor staging;  // the pinned host buffer summed was uploaded from (alive until the upload ran)
+};
+StepCounters reduce_step_counters(const std::vector<MoELayer*>& layers, Communicator& stage,
+                                  const Stream& stream = Stream());
+// Each layer's finish_step from reduce_step_counters' result over stage, copied to the host (CPU
+// tensor of the sum of their counters_size()). Throws InvalidArgument when it is not that.
+std::vector<MoEStats> finish_steps(const std::vector<MoELayer*>& layers, const Tensor& counters,
+                                   const Communicator& stage, const Stream& stream = Stream());
 
 // Sums the statistics of several layers' finish_step (their loads concatenated).
 MoEStats combine(const std::vector<MoEStats>& layers);

@@ -15,25 +15,19 @@
 // Between two stages on the same rank the tensor is handed over directly. At the end of the step
 // it waits for every transfer it issued.
 //
-// Data parallelism: give each stage's DataParallel (one per chunk's ParameterStore). run() begins
-// their step (DataParallel::begin_step, which zeroes the gradients), tells each which backward is
-// its stage's last gradient-marking action of the step (set_last_microbatch), so that stage's
-// gradient reduction starts right after it, overlapping the rest of the schedule, and finishes
-// them at the end (DataParallel::finish). Without a DataParallel the caller zeroes the gradients
+// Gradient synchronisation: give each stage the nn::GradientSync over its chunk's gradients (a
+// DataParallel, one per chunk's ParameterStore). run() begins their step (begin_step, which zeroes
+// the gradients) and tells each which backward is its stage's last gradient-marking action of the
+// step (set_last_microbatch), so that stage's reduction starts right after it, overlapping the rest
+// of the schedule. run() does not finish them: the step does, after run() returns
+// (train::finalize_gradients: the syncs' finish, then the sum of the gradients of a weight tied
+// across the first and the last stage). Without a GradientSync the caller zeroes the gradients
 // before run(); they accumulate over the step's microbatches.
-//
-// Tied embeddings: a weight tied across the first and the last stage (nn::TiedRole: the
-// embedding's table, which the last stage's head reads from its copy) has its two gradients
-// summed at the end of run(), after the data-parallel reduction: over the pipeline communicator
-// between the two stages' ranks (first and last pipeline rank, the embedding group), or in place
-// when one rank holds both (ZB-V). Under ZeRO 1/2 the sum is over the owned shard of the weight's
-// bucket (a tied weight has a bucket of its own, so both copies own the same elements). Both
-// copies then get the same update and stay equal.
 //
 // Errors: the constructor checks the schedule (check_schedule: structure, then a simulated run, so
 // a schedule that would deadlock is an InvalidArgument naming the rank and action), that the stages
 // given are exactly this rank's, and the communicator's size, before any communication. Not
-// thread-safe; the chunks, DataParallels and communicator are borrowed and must outlive it.
+// thread-safe; the chunks, gradient syncs and communicator are borrowed and must outlive it.
 #pragma once
 
 #include <functional>
@@ -43,8 +37,8 @@
 #include "quintet/collectives/communicator.hpp"
 #include "quintet/core/stream.hpp"
 #include "quintet/core/tensor.hpp"
+#include "quintet/nn/gradient_sync.hpp"
 #include "quintet/nn/module.hpp"
-#include "quintet/parallel/data/data_parallel.hpp"
 #include "quintet/parallel/pipeline/schedule.hpp"
 #include "quintet/parallel/pipeline/simulator.hpp"  // TimedAction
 
@@ -52,9 +46,9 @@ namespace quintet::pipeline {
 
 // One stage this rank holds.
 struct StageModule {
-  int stage = 0;                // global stage index
-  nn::Module* chunk = nullptr;  // stage 0: takes tokens; the last stage: returns the loss
-  DataParallel* dp = nullptr;   // optional: the data parallelism over this chunk's store
+  int stage = 0;                     // global stage index
+  nn::Module* chunk = nullptr;       // stage 0: takes tokens; the last stage: returns the loss
+  nn::GradientSync* sync = nullptr;  // optional: the gradient reduction over this chunk's store
 };
 
 // One microbatch's data: tokens [B, S] (read by the first stage), targets [B, S] (the last).
@@ -76,7 +70,7 @@ struct ExecutorConfig {
 
 // What the last run() did on this rank, measured.
 struct ExecutorStats {
-  double step_ms = 0.0;  // run(), from its call to its return (the DataParallel finish included)
+  double step_ms = 0.0;  // run(), from its call to its return
   // With record_timeline: this rank's compute actions (F, B, I, W) in the order they ran, start
   // and end in ms from the call of run(); a compute action starts after the receive it consumes
   // has completed, so the gaps are the rank's idle time.
@@ -95,37 +89,33 @@ class PipelineExecutor {
   PipelineExecutor(const PipelineExecutor&) = delete;
   PipelineExecutor& operator=(const PipelineExecutor&) = delete;
 
-  // One step on stream: the stages' DataParallel steps, the schedule, the tied gradients (above).
+  // One step's schedule on stream, beginning the stages' gradient syncs (above).
   // data(m) is called once per microbatch m, in increasing order, on a rank that holds the first
   // or the last stage (never elsewhere). Returns the sum over microbatches of loss * loss_scale (a
   // scalar f32 on stream's device) on the rank holding the last stage, an undefined tensor on the
-  // others. Every rank of the pipeline must call it. Afterwards, the gradients are ready for the
-  // optimizer (DistributedOptimizer::step_together over the stages' optimizers).
+  // others. Every rank of the pipeline must call it. Afterwards every transfer has completed and
+  // each stage's gradients are accumulated (their syncs' reductions possibly still in flight).
   Tensor run(const std::function<MicrobatchData(int microbatch)>& data, float loss_scale,
              const Stream& stream);
 
   const Schedule& schedule() const { return schedule_; }
   const std::vector<StageModule>& stages() const { return stages_; }
   const ExecutorStats& last_step_stats() const { return stats_; }
+  // The pipeline communicator the stages' transfers go over.
+  Communicator& communicator() const { return *pp_; }
+  // Whether this rank holds stage.
+  bool local_stage(int stage) const;
 
  private:
   struct Slot;
-  // One copy of a weight tied across the first and the last stage, held here.
-  struct Tied {
-    nn::Parameter* param;
-    DataParallel* dp;  // its stage's (may be null)
-  };
   const StageModule& stage_module(int stage) const;
-  bool local_stage(int stage) const;  // whether this rank holds stage
-  void sum_tied_gradients(const Stream& stream);
 
   Schedule schedule_;
   Communicator* pp_;
   std::vector<StageModule> stages_;
   ExecutorConfig config_;
   int rank_ = 0;
-  std::vector<std::size_t> last_marking_;     // per stage held: index of its last B or W
-  std::vector<Tied> tied_first_, tied_last_;  // by name, of the first / last stage if held here
+  std::vector<std::size_t> last_marking_;  // per stage held: index of its last B or W
   ExecutorStats stats_;
 };
 

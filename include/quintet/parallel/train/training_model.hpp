@@ -13,15 +13,17 @@
 //   quintet::data::DataLoader loader(dataset, model.loader_config(base));
 //   for (step ...) {
 //     model.set_lr(schedule.at(step));
-//     const auto r = model.step(loader);             // r.loss: the global batch's mean loss
+//     const train::StepStats r = model.step(loader); // r.loss: the global batch's mean loss
 //   }
 //
 // A trainer with flags builds it from a JobConfig (job_config.hpp) instead:
 //   train::TrainingModel model(job, mesh, stream);   // TrainingConfig::from_job(job)
 //
-// One step (step()) is pipeline::train_step (train_step.hpp): the schedule over the step's
-// microbatches with each stage's gradient reduction overlapped, one global gradient norm and the
-// clipped (ZeRO-sharded) AdamW update, and the loss of the global batch on every rank. The parts
+// One step (step()) is train::step (step.hpp, read top to bottom in parallel/train/step.cpp): the
+// schedule over the step's microbatches with each stage's gradient reduction overlapped, the
+// gradients finished (data parallelism, tied embeddings, MoE counters), one global gradient norm
+// and the clipped (ZeRO-sharded) AdamW update, and the loss of the global batch on every rank; it
+// returns one StepStats (loss, gradient norm, communication per axis, MoE summary). The parts
 // stay reachable (stages(), executor()) for trainers that want to drive them themselves.
 //
 // Every check happens in the constructor, before any communication: the model config against tp,
@@ -32,6 +34,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -46,10 +49,11 @@
 #include "quintet/parallel/mesh.hpp"
 #include "quintet/parallel/model/gpt.hpp"
 #include "quintet/parallel/model/gpt_config.hpp"
+#include "quintet/parallel/overlap/timed_communicator.hpp"
 #include "quintet/parallel/pipeline/executor.hpp"
 #include "quintet/parallel/pipeline/schedule.hpp"
-#include "quintet/parallel/pipeline/train_step.hpp"
 #include "quintet/parallel/train/job_config.hpp"
+#include "quintet/parallel/train/step.hpp"
 
 namespace quintet::train {
 
@@ -67,6 +71,10 @@ struct TrainingConfig {
   // Debug: before each microbatch is used, check that the stage's tp ranks hold the same tokens
   // (check_same_batch, loader_for_mesh.hpp). One small all-gather per microbatch.
   bool check_batches = false;
+  // Measure each step's tp, cp, ep and pp communication (StepStats): the model's collectives on
+  // those axes (of more than one rank) go through a TimedCommunicator (Measure::from_wait), whose
+  // results are the inner communicator's.
+  bool measure_communication = true;
 
   // Sequences of the global batch: micro_batch x microbatches x dp.
   std::int64_t global_batch(const Mesh& mesh) const;
@@ -77,8 +85,8 @@ struct TrainingConfig {
 };
 
 // Communicators the model uses instead of the mesh's, one per axis; null means mesh.comm(axis).
-// Pass a wrapper of the mesh's (a TimedCommunicator, to measure the exposed communication of that
-// axis) to see every collective of it. Not owned; they must outlive the model.
+// Pass a wrapper of the mesh's to see every collective of that axis (measure_communication wraps
+// it in turn). Not owned; they must outlive the model.
 struct ModelCommunicators {
   Communicator* tp = nullptr;  // the tp layers and the loss
   // With cp > 1 every rank of a replica reads whole sequences and keeps its 2 chunks of each
@@ -86,15 +94,6 @@ struct ModelCommunicators {
   Communicator* cp = nullptr;
   Communicator* ep = nullptr;  // the MoE blocks' token exchanges
   Communicator* pp = nullptr;  // the pipeline's stage-to-stage transfers
-};
-
-// One pipeline stage this rank holds.
-struct TrainingStage {
-  int stage = 0;  // global stage index (0: the embedding; the last: the head and the loss)
-  std::unique_ptr<model::GptChunk> chunk;
-  std::unique_ptr<nn::ParameterStore> store;
-  std::unique_ptr<DataParallel> data_parallel;
-  std::unique_ptr<DistributedOptimizer> optimizer;
 };
 
 class TrainingModel {
@@ -124,21 +123,15 @@ class TrainingModel {
   // last stage, in order). Throws InvalidArgument, before any communication, when the loader's
   // batch size, sequence length or replica (dp rank and size) is not this model's: tp or pp
   // ranks of one replica reading different data is refused, not trained on.
-  pipeline::TrainStepResult step(data::DataLoader& loader);
+  StepStats step(data::DataLoader& loader);
   // The same with the microbatches from data(m) (the executor's contract, executor.hpp): whole
   // sequences [micro_batch, seq_len], of which each cp rank keeps its part.
-  pipeline::TrainStepResult step(const std::function<pipeline::MicrobatchData(int)>& data);
+  StepStats step(const std::function<pipeline::MicrobatchData(int)>& data);
 
   // The learning rate of the next step (e.g. from an nn::LrSchedule), for every stage.
   void set_lr(float lr);
   // Steps taken (restored ones included).
   std::int64_t steps() const;
-  // The data-parallel cost of the last step, summed over this rank's stages.
-  DataParallelStats data_parallel_stats() const;
-  // The MoE telemetry of the last step over the whole model (every rank has it; layers = 0 for
-  // a dense model). step() gathers it after the update (each MoE layer's finish_step, which also
-  // moves the auxiliary-loss-free balancing bias).
-  const expert::MoESummary& moe_summary() const { return moe_summary_; }
 
   const TrainingConfig& config() const { return config_; }
   Mesh& mesh() const { return mesh_; }
@@ -158,7 +151,8 @@ class TrainingModel {
   std::vector<TrainingStage> stages_;
   std::vector<DistributedOptimizer*> optimizers_;
   std::unique_ptr<pipeline::PipelineExecutor> executor_;
-  expert::MoESummary moe_summary_;
+  // measure_communication: the timing wrappers of tp, cp, ep and pp (axes of more than one rank).
+  std::optional<TimedCommunicator> timed_tp_, timed_cp_, timed_ep_, timed_pp_;
 };
 
 }  // namespace quintet::train

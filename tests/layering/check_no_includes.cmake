@@ -1,0 +1,53 @@
+# Checks that the sources and headers of some folders neither include some headers nor name some
+# identifiers: e.g. that the pipeline schedules without knowing data parallelism (it talks to
+# nn::GradientSync). Fails listing every violation. Comments are not searched.
+# Inputs (-D): SOURCE_DIR (the repository), FOLDERS (folders under it, separated by |),
+# FORBIDDEN_INCLUDES (a regular expression over the path of an #include), FORBIDDEN_WORDS (a
+# regular expression over identifiers, optional) and WHY (said with the failure).
+cmake_minimum_required(VERSION 3.24)
+
+foreach(var SOURCE_DIR FOLDERS FORBIDDEN_INCLUDES WHY)
+  if(NOT DEFINED ${var})
+    message(FATAL_ERROR "check_no_includes.cmake: -D${var}=... is required")
+  endif()
+endforeach()
+string(REPLACE "|" ";" folders "${FOLDERS}")
+set(violations "")
+set(checked 0)
+foreach(folder IN LISTS folders)
+  if(NOT IS_DIRECTORY ${SOURCE_DIR}/${folder})
+    message(FATAL_ERROR "check_no_includes.cmake: ${SOURCE_DIR}/${folder} is not a folder")
+  endif()
+  file(GLOB_RECURSE files RELATIVE ${SOURCE_DIR}
+       ${SOURCE_DIR}/${folder}/*.hpp ${SOURCE_DIR}/${folder}/*.h ${SOURCE_DIR}/${folder}/*.cpp
+       ${SOURCE_DIR}/${folder}/*.cu ${SOURCE_DIR}/${folder}/*.cuh)
+  foreach(f IN LISTS files)
+    math(EXPR checked "${checked} + 1")
+    file(STRINGS ${SOURCE_DIR}/${f} lines)
+    foreach(line IN LISTS lines)
+      if(line MATCHES "^[ \t]*#[ \t]*include[ \t]*[<\"]([^>\"]+)[>\"]")
+        set(path "${CMAKE_MATCH_1}")
+        if(path MATCHES "${FORBIDDEN_INCLUDES}")
+          string(APPEND violations "  ${f} includes ${path}\n")
+        endif()
+        continue()
+      endif()
+      if(DEFINED FORBIDDEN_WORDS AND NOT FORBIDDEN_WORDS STREQUAL "")
+        string(REGEX REPLACE "//.*$" "" code "${line}")
+        string(REGEX MATCHALL "[A-Za-z_][A-Za-z_0-9]*" words "${code}")
+        foreach(w IN LISTS words)
+          if(w MATCHES "^(${FORBIDDEN_WORDS})$")
+            string(APPEND violations "  ${f} names ${w}: ${code}\n")
+          endif()
+        endforeach()
+      endif()
+    endforeach()
+  endforeach()
+endforeach()
+if(checked EQUAL 0)
+  message(FATAL_ERROR "check_no_includes.cmake: no source or header under ${FOLDERS}")
+endif()
+if(violations)
+  message(FATAL_ERROR "${WHY}:\n${violations}")
+endif()
+message(STATUS "${checked} files under ${FOLDERS}: none includes or names what ${WHY} forbids")
