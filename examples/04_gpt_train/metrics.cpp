@@ -23,6 +23,36 @@ std::int64_t peak_rss_bytes() {
   return static_cast<std::int64_t>(u.ru_maxrss) * 1024;
 }
 
+StepRecord step_record(std::int64_t step, const quintet::train::StepStats& r, double lr, double ms,
+                       std::int64_t tokens_per_step, bool moe) {
+  StepRecord rec;
+  rec.step = step;
+  rec.loss = r.loss;
+  rec.lr = lr;
+  rec.grad_norm = r.grad_norm();
+  rec.ms = ms;
+  rec.tokens_per_s = static_cast<double>(tokens_per_step) / (ms / 1000.0);
+  rec.grad_mem_bytes = r.peak_gradient_bytes;
+  rec.comm_ms = r.dp.comm_ms;
+  rec.tp_comm_ms = r.tp.exposed_ms;
+  rec.tp_ops = r.tp.ops;
+  rec.cp_comm_ms = r.cp.exposed_ms;
+  rec.ep_comm_ms = r.ep.exposed_ms;
+  rec.exposed_comm_pct =
+      100.0 *
+      (r.dp.exposed_ms + r.tp.exposed_ms + r.cp.exposed_ms + r.ep.exposed_ms + r.pp.exposed_ms) /
+      ms;
+  const auto kind = [](const quintet::train::AxisCommunication& a) {
+    return kind_comm(a.comm_ms, a.exposed_ms);
+  };
+  rec.comm = {kind(r.dp), kind(r.tp), kind(r.pp), kind(r.ep), kind(r.cp)};  // kCommKinds' order
+  if (moe) {
+    rec.moe = MoeRecord{r.moe.min_load,         r.moe.mean_load, r.moe.max_load,
+                        r.moe.dropped_fraction, r.moe.aux_loss,  r.moe.z_loss};
+  }
+  return rec;
+}
+
 KindComm kind_comm(double comm_ms, double exposed_ms) {
   KindComm k;
   k.comm_ms = std::max(0.0, comm_ms);

@@ -35,6 +35,8 @@
 #include <string>
 #include <vector>
 
+#include "quintet/parallel/train/step.hpp"  // StepStats
+
 namespace gpt {
 
 struct MoeRecord {
@@ -75,6 +77,12 @@ struct StepRecord {
   std::int64_t peak_mem_bytes = 0;  // peak device memory (GPU) or resident set (CPU)
   std::int64_t grad_mem_bytes = 0;  // the most gradient storage held at once (ZeRO-2: shards)
 };
+
+// The record of optimizer step `step` (1-based) from what it did (StepStats) and the time the
+// trainer measured around it (ms, for tokens_per_step tokens): everything but entropy_floor and
+// the device figures (tflops, mfu, peak_mem_bytes). moe: the MoE record too.
+StepRecord step_record(std::int64_t step, const quintet::train::StepStats& stats, double lr,
+                       double ms, std::int64_t tokens_per_step, bool moe);
 
 // Model FLOPs per token for training (forward + backward): 6 N + 12 L d T, N the non-embedding
 // parameters a token runs through (MoE: the router, its top-k experts and the shared ones), L

@@ -162,14 +162,9 @@ int run(const char* program, quintet::train::JobConfig job, quintet::World& worl
     const double ms = ms_since(t0);
     tracing.after_step(step + 1);
 
-    StepRecord rec;
-    rec.step = step + 1;
-    rec.loss = r.loss;
+    StepRecord rec = step_record(step + 1, r, lr, ms, job.tokens_per_step(),
+                                 m.mlp == quintet::model::MlpKind::moe);
     rec.entropy_floor = floor;
-    rec.lr = lr;
-    rec.grad_norm = r.grad_norm();
-    rec.ms = ms;
-    rec.tokens_per_s = static_cast<double>(job.tokens_per_step()) / (ms / 1000.0);
     if (gpu) {
       const double flops_per_gpu = rec.tokens_per_s * fpt / world.size();
       rec.tflops = flops_per_gpu / 1e12;
@@ -178,24 +173,6 @@ int run(const char* program, quintet::train::JobConfig job, quintet::World& worl
           static_cast<std::int64_t>(quintet::cuda_allocator_stats(device).peak_bytes);
     } else {
       rec.peak_mem_bytes = peak_rss_bytes();
-    }
-    rec.grad_mem_bytes = r.peak_gradient_bytes;
-    rec.comm_ms = r.dp.comm_ms;
-    rec.tp_comm_ms = r.tp.exposed_ms;
-    rec.tp_ops = r.tp.ops;
-    rec.cp_comm_ms = r.cp.exposed_ms;
-    rec.ep_comm_ms = r.ep.exposed_ms;
-    rec.exposed_comm_pct =
-        100.0 *
-        (r.dp.exposed_ms + r.tp.exposed_ms + r.cp.exposed_ms + r.ep.exposed_ms + r.pp.exposed_ms) /
-        ms;
-    const auto kind = [](const quintet::train::AxisCommunication& a) {
-      return kind_comm(a.comm_ms, a.exposed_ms);
-    };
-    rec.comm = {kind(r.dp), kind(r.tp), kind(r.pp), kind(r.ep), kind(r.cp)};  // kCommKinds' order
-    if (m.mlp == quintet::model::MlpKind::moe) {
-      rec.moe = MoeRecord{r.moe.min_load,         r.moe.mean_load, r.moe.max_load,
-                          r.moe.dropped_fraction, r.moe.aux_loss,  r.moe.z_loss};
     }
     reporter.step(rec);
 
