@@ -27,3 +27,18 @@ quintet_mpi_test(NAME collectives_consistency_test COMPONENT collectives RANKS 1
 # Placement at start-up (--cpu-affinity auto|none): the threads' CPUs, read back from /proc.
 quintet_mpi_test(NAME collectives_placement_test COMPONENT collectives RANKS 1 2 3
                  SOURCES mpi/collectives_placement_test.cpp)
+
+# The MPI backend under ThreadSanitizer and AddressSanitizer: its progress thread, flight
+# recorder, operations, splits, validation, the job monitor's failure paths and the collective
+# check at 2 and 3 ranks (scripts/sanitize.sh says which tests), in the sanitizer build dirs the
+# data tests use (data.cmake), one suite at a time. Not registered inside a sanitizer build.
+if(NOT QUINTET_SANITIZE)
+  foreach(kind thread address)
+    add_test(NAME collectives_sanitize_${kind}
+             COMMAND bash ${PROJECT_SOURCE_DIR}/scripts/sanitize.sh ${kind}
+                     ${PROJECT_BINARY_DIR}/sanitize-${kind} collectives)
+    set_tests_properties(collectives_sanitize_${kind} PROPERTIES
+                         LABELS "mpi;collectives;reliability" TIMEOUT 3000
+                         RESOURCE_LOCK sanitize-${kind})
+  endforeach()
+endif()
