@@ -268,7 +268,8 @@ std::string FlightRegistry::dump(std::string_view reason) noexcept {
       QUINTET_CHECK(f.good(), "could not write {}", tmp);
     }
     std::filesystem::rename(tmp, target);
-    log::info("flight recorder: wrote {} ({})", target, reason);
+    // The reason is in the file; whoever failed has printed it already.
+    log::info("flight recorder: wrote {}", target);
     return target;
   } catch (const std::exception& e) {
     log::error("flight recorder: could not dump to {}: {}", path(), e.what());

@@ -158,7 +158,7 @@ case $case in
          --async-save >async_full.jsonl 2>async_full.err; then
       echo "a background save past the file-size limit should fail the run"; exit 1
     fi
-    # (Each rank's own error line; the flight recorder's note of its dump quotes it again.)
+    # (Each rank's own error line, as the trainer prints it.)
     test "$(grep -c '^04_gpt_train: checkpoint: cannot write .*rank_0000[01].qckpt: File too large' \
             async_full.err)" -eq 2 ||
       { cat async_full.err; exit 1; }
@@ -271,7 +271,7 @@ PY
          --resume ck_full >disk_full.jsonl 2>full.err; then
       echo "a save past the file-size limit should fail"; exit 1
     fi
-    # (Each rank's own error line; the flight recorder's note of its dump quotes it again.)
+    # (Each rank's own error line, as the trainer prints it.)
     test "$(grep -c '^04_gpt_train: checkpoint: cannot write .*rank_0000[01].qckpt: File too large' \
             full.err)" -eq 2 ||
       { cat full.err; exit 1; }
