@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -123,21 +124,30 @@ void GptConfig::set_family(ModelFamily f) {
   rope_theta = gpt2 ? GptConfig{}.rope_theta : f == ModelFamily::llama ? 500000.0 : 1000000.0;
   bias = gpt2;
   qk_norm = qwen3;
+  if (!is_moe_family(f)) return;
+  // The MoE shape of the family's published models: Mixtral 8x7B and 8x22B, 8 experts top-2 of
+  // the MLP's width; Qwen3-30B-A3B and 235B-A22B, 128 experts top-8 of moe_intermediate_size =
+  // 3/8 of hidden (768 of 2048, 1536 of 4096). Both dropless, without shared experts or a
+  // balancing bias, every block MoE, softmax over all experts then the top k renormalized
+  // (Qwen3's norm_topk_prob).
+  const bool mixtral = f == ModelFamily::mixtral;
+  expert::RouterConfig& r = moe.router;
+  r.experts = mixtral ? 8 : 128;
+  r.top_k = mixtral ? 2 : 8;
+  r.score = expert::RouterScore::softmax;
+  r.renormalize = true;
+  r.capacity_factor = 0.0f;
+  r.bias_rate = 0.0f;
+  moe.expert_ffn = mixtral ? 0 : std::max<std::int64_t>(1, 3 * hidden / 8);
+  moe.shared_experts = 0;
+  moe.every = 1;
 }
 
 namespace {
-// base with family's structure and, for an MoE family, every MLP an MoE of `experts` experts,
-// softmax top-k routing renormalized over the k.
-GptConfig of_family(GptConfig base, ModelFamily family, int experts = 0, int top_k = 0) {
+// base with family's structure; an MoE family's makes every MLP an MoE.
+GptConfig of_family(GptConfig base, ModelFamily family) {
   base.set_family(family);
-  if (experts > 0) {
-    base.mlp = MlpKind::moe;
-    base.moe.every = 1;
-    base.moe.router.experts = experts;
-    base.moe.router.top_k = top_k;
-    base.moe.router.score = expert::RouterScore::softmax;
-    base.moe.router.renormalize = true;
-  }
+  if (is_moe_family(family)) base.mlp = MlpKind::moe;
   return base;
 }
 }  // namespace
@@ -146,10 +156,10 @@ GptConfig GptConfig::gpt2(const GptConfig& base) { return of_family(base, ModelF
 GptConfig GptConfig::llama(const GptConfig& base) { return of_family(base, ModelFamily::llama); }
 GptConfig GptConfig::qwen3(const GptConfig& base) { return of_family(base, ModelFamily::qwen3); }
 GptConfig GptConfig::mixtral(const GptConfig& base) {
-  return of_family(base, ModelFamily::mixtral, 8, 2);
+  return of_family(base, ModelFamily::mixtral);
 }
 GptConfig GptConfig::qwen3_moe(const GptConfig& base) {
-  return of_family(base, ModelFamily::qwen3_moe, 128, 8);
+  return of_family(base, ModelFamily::qwen3_moe);
 }
 GptConfig GptConfig::gpt2() { return gpt2(GptConfig{}); }
 GptConfig GptConfig::llama() { return llama(GptConfig{}); }

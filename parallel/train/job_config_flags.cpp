@@ -60,13 +60,15 @@ void add_job_flags(CLI::App& app, JobConfig& job) {
   app.add_option("--heads", m.heads, "attention heads")->capture_default_str();
   app.add_option("--vocab", m.vocab, "vocabulary size (>= the dataset's)")->capture_default_str();
   app.add_option("--seq-len", m.seq_len, "tokens per sequence")->capture_default_str();
-  // --arch first: the flags after it (callbacks run in this order, whatever the command line's)
-  // override the structure it sets.
+  // --arch after the sizes (an MoE family's expert width follows --hidden) and before the flags
+  // that override the structure it sets (callbacks run in this order, whatever the command
+  // line's), the MoE flags included.
   app.add_option_function<std::string>(
          "--arch", [&m](const std::string& text) { m.set_family(model::parse_model_family(text)); },
          "model family: gpt2 (LayerNorm, GELU, learned positions, biases), llama (RMSNorm, "
-         "SwiGLU, RoPE, no biases), qwen3 (llama's with QK-norm), mixtral, qwen3-moe (their MoE "
-         "forms, with the MoE trainer); the flags below override it")
+         "SwiGLU, RoPE, no biases), qwen3 (llama's with QK-norm); with the MoE trainer mixtral "
+         "(llama's, 8 experts top-2) and qwen3-moe (qwen3's, 128 experts of 3/8 --hidden, "
+         "top-8); the flags below override it")
       ->default_str(std::string(model::model_family_name(m.family)));
   app.add_option("--kv-heads", m.kv_heads,
                  "key/value heads (grouped-query attention, 1: MQA): a divisor of --heads and a "

@@ -317,17 +317,58 @@ TEST_CASE("model: the families' named constructors set their structure and keep 
          qwen3.eps == 1e-6f && qwen3.norm == nn::NormKind::rmsnorm));
   qwen3.validate(2);
 
-  const GptConfig mixtral = GptConfig::mixtral(sizes);
-  CHECK((mixtral.mlp == model::MlpKind::moe && mixtral.moe.router.experts == 8 &&
-         mixtral.moe.router.top_k == 2 && mixtral.moe.router.renormalize));
+  // The MoE families' shape: softmax over all experts, the top k renormalized, dropless, no
+  // shared experts or balancing bias, every block MoE, whatever moe held before.
+  GptConfig moe_sizes = sizes;
+  moe_sizes.moe.router = {.experts = 6,
+                          .top_k = 1,
+                          .score = expert::RouterScore::sigmoid,
+                          .renormalize = false,
+                          .capacity_factor = 1.5f,
+                          .bias_rate = 0.01f};
+  moe_sizes.moe.expert_ffn = 40;
+  moe_sizes.moe.shared_experts = 1;
+  moe_sizes.moe.every = 2;
+  const auto routed_as_families_do = [](const GptConfig& c) {
+    const expert::RouterConfig& r = c.moe.router;
+    return c.mlp == model::MlpKind::moe && r.score == expert::RouterScore::softmax &&
+           r.renormalize && r.capacity_factor == 0.0f && r.bias_rate == 0.0f &&
+           c.moe.shared_experts == 0 && c.moe.every == 1;
+  };
+  const GptConfig mixtral = GptConfig::mixtral(moe_sizes);
+  CHECK(routed_as_families_do(mixtral));
+  CHECK((mixtral.moe.router.experts == 8 && mixtral.moe.router.top_k == 2));
   CHECK((mixtral.activation == nn::Activation::swiglu && !mixtral.qk_norm && mixtral.rope));
-  CHECK(mixtral.expert_width() == 96);
+  CHECK((mixtral.moe.expert_ffn == 0 && mixtral.expert_width() == 96));  // the MLP's width
+  CHECK((mixtral.hidden == 64 && mixtral.kv_heads == 2 && mixtral.ffn_hidden == 96));
   mixtral.validate(2);
   mixtral.validate_experts(2, 1);
-  const GptConfig qwen3_moe = GptConfig::qwen3_moe(sizes);
-  CHECK((qwen3_moe.mlp == model::MlpKind::moe && qwen3_moe.moe.router.experts == 128 &&
-         qwen3_moe.moe.router.top_k == 8 && qwen3_moe.qk_norm));
+  const GptConfig qwen3_moe = GptConfig::qwen3_moe(moe_sizes);
+  CHECK(routed_as_families_do(qwen3_moe));
+  CHECK((qwen3_moe.moe.router.experts == 128 && qwen3_moe.moe.router.top_k == 8 &&
+         qwen3_moe.qk_norm));
+  CHECK(qwen3_moe.expert_width() == 24);  // its own width, 3/8 of hidden
   qwen3_moe.validate(2);
+  qwen3_moe.validate_experts(2, 1);
+  // Qwen3-30B-A3B's sizes give its moe_intermediate_size, 768; the training's loss coefficients
+  // are left as they were.
+  GptConfig a3b = moe_sizes;
+  a3b.hidden = 2048;
+  a3b.moe.router.aux_loss_coeff = 0.002f;
+  a3b.set_family(ModelFamily::qwen3_moe);
+  CHECK((a3b.moe.expert_ffn == 768 && a3b.moe.router.aux_loss_coeff == 0.002f));
+  CHECK(a3b.mlp == model::MlpKind::dense);  // set_family leaves the MLP kind
+  // Set after, moe overrides the family's shape.
+  GptConfig wider = GptConfig::mixtral(sizes);
+  wider.moe.router.experts = 4;
+  wider.moe.expert_ffn = 32;
+  CHECK(wider.expert_width() == 32);
+  wider.validate(2);
+  wider.validate_experts(2, 2);
+  // A dense family leaves moe as it was.
+  GptConfig dense = moe_sizes;
+  dense.set_family(ModelFamily::llama);
+  CHECK((dense.moe.router.experts == 6 && dense.moe.expert_ffn == 40 && dense.moe.every == 2));
 
   // gpt2 is the default model, and set_family(gpt2) restores every field a family sets.
   const auto same_structure = [](const GptConfig& a, const GptConfig& b) {

@@ -227,8 +227,12 @@ TEST_CASE("job config: every flag --help lists reaches the config", "[train]") {
         for (std::size_t i = 0; i < after.size(); ++i) {
           if (after[i] != before[i]) changed.push_back(after[i].first);
         }
-        CHECK(changed == std::vector<std::string>{"--arch", "--norm", "--activation", "--positions",
-                                                  "--rope-theta", "--qk-norm", "--no-bias"});
+        std::vector<std::string> want = {"--arch",       "--norm",    "--activation", "--positions",
+                                         "--rope-theta", "--qk-norm", "--no-bias"};
+        if (moe) {  // and the MoE shape: 128 experts of their own width, top-8
+          for (const char* f : {"--experts", "--top-k", "--expert-ffn"}) want.emplace_back(f);
+        }
+        CHECK(changed == want);
         continue;
       }
       const auto v = values.find(flag);
@@ -285,6 +289,52 @@ TEST_CASE("job config: --arch sets a family's structure, the flags beside it ove
   CHECK((mixtral.model.mlp == model::MlpKind::moe &&
          mixtral.model.activation == nn::Activation::swiglu && mixtral.model.rope));
   mixtral.validate(1);
+}
+
+TEST_CASE(
+    "job config: the MoE families' --arch sets the MoE shape the API's constructors do, "
+    "the MoE flags beside it override it",
+    "[train]") {
+  const JobConfig preset = JobConfig::moe_preset();
+  // The same model as GptConfig::mixtral / qwen3_moe over the sizes given, --hidden included
+  // wherever it stands (an expert's width in Qwen3-MoE is 3/8 of it).
+  const auto same_moe = [](const model::GptConfig& a, const model::GptConfig& b) {
+    const expert::RouterConfig &ra = a.moe.router, &rb = b.moe.router;
+    return a.mlp == b.mlp && ra.experts == rb.experts && ra.top_k == rb.top_k &&
+           ra.score == rb.score && ra.renormalize == rb.renormalize &&
+           ra.capacity_factor == rb.capacity_factor && ra.bias_rate == rb.bias_rate &&
+           a.moe.expert_ffn == b.moe.expert_ffn && a.moe.shared_experts == b.moe.shared_experts &&
+           a.moe.every == b.moe.every && a.expert_width() == b.expert_width() &&
+           a.qk_norm == b.qk_norm && a.norm == b.norm && a.activation == b.activation &&
+           a.rope == b.rope && a.bias == b.bias;
+  };
+  model::GptConfig sizes = preset.model;
+  sizes.hidden = 64;
+  const JobConfig mixtral = parsed(preset, {"--hidden", "64", "--arch", "mixtral"});
+  CHECK(same_moe(mixtral.model, model::GptConfig::mixtral(sizes)));
+  CHECK((mixtral.model.moe.router.experts == 8 && mixtral.model.moe.router.top_k == 2 &&
+         mixtral.model.expert_width() == 256));
+  const JobConfig qwen3_moe = parsed(preset, {"--arch", "qwen3-moe", "--hidden", "64"});
+  CHECK(same_moe(qwen3_moe.model, model::GptConfig::qwen3_moe(sizes)));
+  CHECK((qwen3_moe.model.moe.router.experts == 128 && qwen3_moe.model.moe.router.top_k == 8 &&
+         qwen3_moe.model.moe.expert_ffn == 24 && qwen3_moe.model.moe.router.renormalize));
+  qwen3_moe.validate(1);
+  // The training's loss coefficients stay the trainer's.
+  CHECK((qwen3_moe.model.moe.router.aux_loss_coeff == preset.model.moe.router.aux_loss_coeff &&
+         qwen3_moe.model.moe.router.z_loss_coeff == preset.model.moe.router.z_loss_coeff));
+  // The MoE flags win wherever they stand, a job file's too.
+  const JobConfig custom = parsed(
+      preset, {"--experts", "16", "--expert-ffn", "40", "--arch", "qwen3-moe", "--top-k", "1",
+               "--shared-experts", "1", "--capacity-factor", "1.5", "--moe-every", "2"});
+  const expert::RouterConfig& r = custom.model.moe.router;
+  CHECK((r.experts == 16 && r.top_k == 1 && !r.renormalize && r.capacity_factor == 1.5f));
+  CHECK((custom.model.moe.expert_ffn == 40 && custom.model.moe.shared_experts == 1 &&
+         custom.model.moe.every == 2 && custom.model.qk_norm));
+  const std::string path =
+      write_file("quintet_job_config_moe_arch.json", R"({"experts": 4, "arch": "mixtral"})");
+  const JobConfig filed = parsed(preset, {"--config", path, "--top-k", "3"});
+  CHECK((filed.model.moe.router.experts == 4 && filed.model.moe.router.top_k == 3));
+  std::filesystem::remove(path);
 }
 
 TEST_CASE("job config: the jobs the trainers refuse, refused before any communication", "[train]") {

@@ -55,8 +55,12 @@ RecomputeKind parse_recompute_kind(std::string_view name);
 //   gpt2       LayerNorm, GELU MLP, learned absolute positions, biases (eps 1e-5)
 //   llama      RMSNorm, SwiGLU MLP, RoPE (theta 500000, Llama 3), no biases (eps 1e-5)
 //   qwen3      llama's, with QK-norm, RoPE theta 1000000, eps 1e-6
-//   mixtral    llama's with RoPE theta 1000000, every MLP an MoE of SwiGLU experts
-//   qwen3_moe  qwen3's, every MLP an MoE of SwiGLU experts
+//   mixtral    llama's with RoPE theta 1000000; its MoE: 8 SwiGLU experts of the MLP's width
+//              (expert_ffn 0: ffn_hidden), top-2
+//   qwen3_moe  qwen3's; its MoE: 128 SwiGLU experts of width 3/8 of hidden (expert_ffn), top-8
+// The MoE families route by a softmax over all experts, then renormalize the top k; dropless,
+// no shared experts, no balancing bias, every block MoE. The auxiliary and z-loss coefficients
+// are the training's, not the family's.
 enum class ModelFamily { gpt2, llama, qwen3, mixtral, qwen3_moe };
 // "gpt2", "llama", "qwen3", "mixtral", "qwen3-moe"; InvalidArgument (listing them) otherwise.
 ModelFamily parse_model_family(std::string_view name);
@@ -109,9 +113,8 @@ struct GptConfig {
   // (set_family), its sizes and layout settings kept, so a C++ user writes
   //   GptConfig::llama({.layers = 16, .hidden = 2048, .heads = 32, .kv_heads = 8,
   //                     .ffn_hidden = 8192, .vocab = 128256, .seq_len = 2048})
-  // mixtral and qwen3_moe also make every MLP an MoE: softmax top-k routing, renormalized over
-  // the k, of 8 experts top-2 (Mixtral 8x7B) and 128 experts top-8 (Qwen3-MoE), each expert of
-  // width expert_width() (ffn_hidden unless moe.expert_ffn); set moe.router after for others.
+  // mixtral and qwen3_moe also make every MLP an MoE (mlp = MlpKind::moe) of their shape (at
+  // ModelFamily, set by set_family); set moe after for another.
   static GptConfig gpt2(const GptConfig& base);
   static GptConfig gpt2();  // over GptConfig{}
   static GptConfig llama(const GptConfig& base);
@@ -123,8 +126,10 @@ struct GptConfig {
   static GptConfig qwen3_moe(const GptConfig& base);
   static GptConfig qwen3_moe();  // over GptConfig{}
   // Sets family and the structure the family fixes (the list at ModelFamily): norm, eps,
-  // activation, learned_positions, rope, rope_theta, bias, qk_norm. Leaves the sizes, the layout
-  // settings and the MLP kind (mlp, moe) as they are.
+  // activation, learned_positions, rope, rope_theta, bias, qk_norm, and for mixtral and qwen3_moe
+  // the MoE shape in moe (router experts, top_k, score, renormalize, capacity_factor, bias_rate;
+  // expert_ffn from hidden, shared_experts, every). Leaves the sizes, the layout settings, the
+  // MLP kind (mlp) and, for the dense families, moe as they are.
   void set_family(ModelFamily f);
 
   // The key/value heads (kv_heads, or heads when 0) and the head dimension (head_dim, or
