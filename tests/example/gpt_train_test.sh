@@ -17,6 +17,9 @@
 #               (ZeRO-1), and a Qwen3-style one (QK-norm) at tp 2: the one-rank loss at each of 20
 #               steps within 1e-4 relative; RoPE at cp 2 (ring) likewise without GQA, which cp
 #               refuses; a checkpoint of another family's settings is refused
+#   combined    a Llama-style model (4 layers) at tp 2 + sp x pp 2 x vpp 2 (interleaved) x dp 2
+#               (ZeRO-1) on 8 ranks with GQA 2 of 4 heads, and at tp 2 x cp 2 x pp 2 x dp 2 on 16
+#               without: the one-rank loss at each of 20 steps within 1e-4 relative
 #   bad_flags   inconsistent flags are refused with a message naming them, ranks started with
 #               different flags too; --lr-schedule wsd gives the library schedule's rates; a job
 #               file (--config) trains as its flags do, and the flags beside it override it
@@ -337,6 +340,19 @@ assert sorted({e['pid'] for e in t['traceEvents']}) == [0, 1, 2, 3], 'ranks'"
       echo "a checkpoint without QK-norm should be refused"; exit 1
     fi
     grep -q "qk_norm = false, this run has qk_norm = true" qk.err || { cat qk.err; exit 1; }
+    ;;
+  combined)
+    # Every dimension at once on a Llama-style model: 4 layers (a layer per interleaved chunk),
+    # 4 microbatches per dp rank at dp 2.
+    llama=(--arch llama --ffn-hidden 160 --layers 4 --global-batch 16)
+    run llama_one 1 --steps 20 "${llama[@]}" --kv-heads 2
+    run llama_tp2_sp_pp2_vpp2_dp2 8 --steps 20 "${llama[@]}" --kv-heads 2 --tp 2 --sp --pp 2 \
+      --vpp 2 --schedule interleaved --dp 2 --zero 1
+    compare llama_one llama_tp2_sp_pp2_vpp2_dp2 1 20 1e-4
+    # Context parallelism takes as many key/value heads as query heads.
+    run llama_mha_one 1 --steps 20 "${llama[@]}"
+    run llama_mha_tp2_cp2_pp2_dp2 16 --steps 20 "${llama[@]}" --tp 2 --cp 2 --pp 2 --dp 2 --zero 1
+    compare llama_mha_one llama_mha_tp2_cp2_pp2_dp2 1 20 1e-4
     ;;
   bad_flags)
     # Inconsistent flags fail on every rank with a message that names them, before training.

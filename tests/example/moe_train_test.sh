@@ -9,6 +9,14 @@
 #   families   a Mixtral-style model (--arch mixtral, GQA 2 of 4 heads) at ep 2 (ZeRO-1) and tp 2 +
 #              sp, a Qwen3-MoE-style one (QK-norm) at ep 2: the one-rank loss at each of 20 steps
 #              within 1e-4 relative; --arch llama (dense) refused, naming it
+#   mixtral    the Mixtral preset's own MoE shape (--arch mixtral: 8 SwiGLU experts of --ffn-hidden's
+#              width, top-2; GQA 2 of 4 heads, 4 layers) at tp 2 x dp 2 with ep 2 (etp 2), pp 2 x
+#              vpp 2 (interleaved), dp 2 with ZeRO-1, and without GQA at cp 2 x dp 2 x ep 2 (ring)
+#              and cp 2 (ulysses): the one-rank loss at each of 20 steps within 1e-4 relative
+#   combined   the same model on 8 ranks: tp 2 + sp x pp 2 x dp 2 with ep 2 (etp 2) and ZeRO-1,
+#              and (without GQA) cp 2 x pp 2 x dp 2 with ep 2: the one-rank loss within 1e-4
+#   mixtral_reshard  its checkpoint saved at tp 2 x dp 2, ep 2 (ZeRO-1) resumed at one rank, pp 2
+#              x dp 2 x ep 2 and ep 4 x dp 4 follows the uninterrupted run within 1e-5
 #   resume     a run with auxiliary-loss-free balancing stopped and saved at step 10, then
 #              resumed, equals the uninterrupted run at steps 11..20 (the bias is in the checkpoint)
 #   gpu        one GPU (skipped without one): 20 bf16 steps follow the CPU run within 2e-2,
@@ -58,6 +66,62 @@ case $case in
       echo "--arch llama should be refused by the MoE trainer"; exit 1
     fi
     grep -q -- "--arch llama: a dense family" dense.err || { cat dense.err; exit 1; }
+    ;;
+  mixtral | combined | mixtral_reshard)
+    # The Mixtral preset's MoE shape, not the other cases' experts: 8 experts of --ffn-hidden's
+    # width, top-2; 4 layers so pp 2 x vpp 2 has a layer per chunk.
+    model=(--device cpu --layers 4 --hidden 64 --heads 4 --vocab 256 --seq-len 32 --micro-batch 2
+           --global-batch 8 --lr 3e-3 --warmup 5 --arch mixtral --ffn-hidden 64
+           --aux-loss-coeff 0.01 --z-loss-coeff 0.001 --data-dir "$work/data" --json --no-progress)
+    gqa=(--kv-heads 2)  # context parallelism takes as many key/value heads as query heads
+    ;;&
+  mixtral)
+    run one 1 --steps 20 "${gqa[@]}"
+    run tp2_dp2_ep2 4 --steps 20 "${gqa[@]}" --tp 2 --dp 2 --ep 2
+    run pp2_vpp2 2 --steps 20 "${gqa[@]}" --pp 2 --vpp 2 --schedule interleaved
+    run dp2_zero1 2 --steps 20 "${gqa[@]}" --dp 2 --zero 1
+    for r in tp2_dp2_ep2 pp2_vpp2 dp2_zero1; do compare one $r 1 20 1e-4; done
+    run mha_one 1 --steps 20
+    run mha_cp2_dp2_ep2 4 --steps 20 --cp 2 --dp 2 --ep 2
+    run mha_cp2_ulysses 2 --steps 20 --cp 2 --cp-kind ulysses
+    for r in mha_cp2_dp2_ep2 mha_cp2_ulysses; do compare mha_one $r 1 20 1e-4; done
+    # The preset's shape reached the model: 8 sequences x 32 tokens x top-2 over 8 experts is a
+    # mean of 64 tokens per expert, and no drops (dropless).
+    python3 - <<'PY'
+import json, sys
+for r in (json.loads(l) for l in open("one.jsonl") if '"step"' in l):
+    if r["tokens_per_expert_mean"] != 64.0 or r["dropped_fraction"] != 0.0:
+        sys.exit(f"step {r['step']}: {r['tokens_per_expert_mean']} tokens per expert, dropped {r['dropped_fraction']}")
+print("8 experts, top-2, dropless")
+PY
+    ;;
+  combined)
+    run one 1 --steps 20 "${gqa[@]}"
+    run tp2_sp_pp2_dp2_ep2 8 --steps 20 "${gqa[@]}" --tp 2 --sp --pp 2 --dp 2 --ep 2 --zero 1
+    compare one tp2_sp_pp2_dp2_ep2 1 20 1e-4
+    run mha_one 1 --steps 20
+    run mha_cp2_pp2_dp2_ep2 8 --steps 20 --cp 2 --pp 2 --dp 2 --ep 2
+    compare mha_one mha_cp2_pp2_dp2_ep2 1 20 1e-4
+    ;;
+  mixtral_reshard)
+    # Saved at tp 2 x dp 2, ep 2 (etp 2, ZeRO-1) at step 4; steps 5..8 resumed at one rank, at pp
+    # 2 x dp 2 x ep 2 and at ep 4 x dp 4 follow the uninterrupted run within 1e-5.
+    tool="$(dirname "$trainer")/../12_checkpoint_tool/12_checkpoint_tool"
+    saved=(--tp 2 --dp 2 --ep 2 --zero 1)
+    run full 4 --steps 8 "${gqa[@]}" "${saved[@]}"
+    run first 4 --steps 8 "${gqa[@]}" "${saved[@]}" --save ckpt --stop-at 4
+    compare full first 1 4 0
+    "$tool" ckpt --verify >tool.out
+    grep -q "verified: 4 shards" tool.out
+    for layout in "one 1" "pp2_dp2_ep2 4 --pp 2 --dp 2 --ep 2" "ep4_dp4 4 --dp 4 --ep 4"; do
+      # shellcheck disable=SC2086
+      set -- $layout
+      name=$1 ranks=$2
+      shift 2
+      rm -rf "ck_$name" && cp -r ckpt "ck_$name"
+      run "$name" "$ranks" --steps 8 "${gqa[@]}" --resume "ck_$name" "$@"
+      compare full "$name" 5 8 1e-5
+    done
     ;;
   layouts)
     run one 1 --steps 20
