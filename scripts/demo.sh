@@ -3,13 +3,14 @@
 #   1. trains the example GPT (examples/04_gpt_train) under mpirun with 4 ranks as tensor
 #      parallel 2 x data parallel 2 on the built-in dataset, and plots its loss against the
 #      dataset's entropy floor (the best loss any model can reach on it);
-#   2. trains the mixture-of-experts GPT (examples/05_moe_train) on the CPU with 8 ranks as
-#      tensor parallel 2 (+ sequence parallel) x pipeline 2 x data parallel 2, its experts spread
-#      over expert parallel 2 (each split over etp = tp 2), ZeRO-1, and plots its loss and the
-#      load of its experts.
-# On CPUs (the default without GPUs) the two take about 5 minutes on 2 cores; with GPUs present
-# the GPT runs a larger model on them (one rank per GPU; tp 2 x dp 2 needs 4, else dp over what is
-# there). QUINTET_DEMO=gpt or moe runs one of them. Extra arguments go to the trainers (e.g.
+#   2. trains a Mixtral-style mixture of experts (examples/05_moe_train --arch mixtral: RoPE,
+#      RMSNorm, grouped-query attention, 8 SwiGLU experts top-2, no biases) on the CPU with 8
+#      ranks as tensor parallel 2 (+ sequence parallel) x pipeline 2 x data parallel 2, its
+#      experts spread over expert parallel 2 (each split over etp = tp 2), ZeRO-1, and plots its
+#      loss and the load of its experts.
+# On CPUs (the default without GPUs) the two take about 5 minutes on 2 cores (the MoE 1); with
+# GPUs present the GPT runs a larger model on them (one rank per GPU; tp 2 x dp 2 needs 4, else dp
+# over what is there). QUINTET_DEMO=gpt or moe runs one of them. Extra arguments go to the trainers (e.g.
 # --steps 500).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -81,9 +82,11 @@ if [ "$which" != moe ]; then
 fi
 if [ "$which" != gpt ]; then
   layout=(--tp 2 --sp --pp 2 --dp 2 --ep 2 --zero 1)
-  config=(--device cpu --layers 4 --hidden 64 --heads 4 --seq-len 64 --micro-batch 2
-          --global-batch 16 --steps 150 --lr 3e-3 --warmup 10 --loader-threads 1 --experts 8
-          --top-k 2 --expert-ffn 128 --aux-loss-coeff 0.01)
+  # --arch mixtral sets the MoE too: 8 experts of --ffn-hidden's width, top-2, softmax routing
+  # renormalized over the two.
+  config=(--device cpu --arch mixtral --layers 4 --hidden 64 --heads 4 --kv-heads 2
+          --ffn-hidden 128 --seq-len 64 --micro-batch 2 --global-batch 16 --steps 150 --lr 3e-3
+          --warmup 10 --loader-threads 1 --aux-loss-coeff 0.01)
   train moe 8 build/examples/05_moe_train/05_moe_train \
-    "05_moe_train (CPU, 8 ranks, ${layout[*]}, 8 experts top-2)" "${layout[@]}" "${config[@]}" "$@"
+    "Mixtral-style MoE (CPU, 8 ranks, ${layout[*]})" "${layout[@]}" "${config[@]}" "$@"
 fi
