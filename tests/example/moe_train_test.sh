@@ -17,6 +17,9 @@
 #              and (without GQA) cp 2 x pp 2 x dp 2 with ep 2: the one-rank loss within 1e-4
 #   mixtral_reshard  its checkpoint saved at tp 2 x dp 2, ep 2 (ZeRO-1) resumed at one rank, pp 2
 #              x dp 2 x ep 2 and ep 4 x dp 4 follows the uninterrupted run within 1e-5
+#   qwen3_moe  the Qwen3-MoE preset's own MoE shape (--arch qwen3-moe: 128 experts of width 3/8 of
+#              --hidden, top-8; QK-norm, GQA 2 of 4 heads) at tp 2 x dp 2 with ep 2 (etp 2) and
+#              ep 4 x dp 4: the one-rank loss at each of 20 steps within 1e-4 relative
 #   resume     a run with auxiliary-loss-free balancing stopped and saved at step 10, then
 #              resumed, equals the uninterrupted run at steps 11..20 (the bias is in the checkpoint)
 #   gpu        one GPU (skipped without one): 20 bf16 steps follow the CPU run within 2e-2,
@@ -122,6 +125,19 @@ PY
       run "$name" "$ranks" --steps 8 "${gqa[@]}" --resume "ck_$name" "$@"
       compare full "$name" 5 8 1e-5
     done
+    ;;
+  qwen3_moe)
+    # The Qwen3-MoE preset's MoE shape, not the other cases' experts: 128 experts of width 24
+    # (3/8 of hidden 64), top-8.
+    model=(--device cpu --layers 2 --hidden 64 --heads 4 --kv-heads 2 --vocab 256 --seq-len 32
+           --micro-batch 2 --global-batch 8 --lr 3e-3 --warmup 5 --arch qwen3-moe
+           --data-dir "$work/data" --json --no-progress)
+    run one 1 --steps 20
+    run tp2_dp2_ep2 4 --steps 20 --tp 2 --dp 2 --ep 2
+    run ep4_dp4 4 --steps 20 --dp 4 --ep 4
+    for r in tp2_dp2_ep2 ep4_dp4; do compare one $r 1 20 1e-4; done
+    # 8 sequences x 32 tokens x top-8 over 128 experts: a mean of 16 tokens per expert.
+    python3 -c "import json,sys; r=[json.loads(l) for l in open('one.jsonl') if '\"step\"' in l]; sys.exit(0 if all(x['tokens_per_expert_mean'] == 16.0 for x in r) else 'not 128 experts top-8')"
     ;;
   layouts)
     run one 1 --steps 20
