@@ -6,13 +6,16 @@
 //   12_checkpoint_tool DIR --verify    also reads every byte: each shard's XXH64 against its
 //                                      trailer and checkpoint.json, each tensor's against its
 //                                      header, and that the pieces of each tensor cover it once
-// Exit status: 0 when it holds a checkpoint (and verifies), 1 when DIR holds none, 2 on an error.
+//   12_checkpoint_tool --help          this usage
+// Exit status: 0 when it holds a checkpoint (and verifies), 1 when DIR holds none, 2 on an error
+// (a bad command line among them). Installed with the library (bin/12_checkpoint_tool).
 #include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
 
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
-#include <cstring>
 #include <string>
 
 #include "quintet/parallel/checkpoint/checkpoint.hpp"
@@ -30,15 +33,33 @@ std::string field(const nlohmann::json& meta, const std::string& key) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2 || argc > 3 || (argc == 3 && std::strcmp(argv[2], "--verify") != 0)) {
-    std::fprintf(stderr, "usage: %s DIR [--verify]\n", argv[0]);
+  CLI::App app{
+      "12_checkpoint_tool: what a checkpoint written by train::Checkpointer holds (step, identity, "
+      "layout, every global tensor and its pieces) and, with --verify, every checksum; no model, "
+      "GPU or MPI needed"};
+  std::string dir;
+  bool verify = false;
+  app.add_option("DIR", dir,
+                 "a checkpoint directory (the one --save wrote; its latest checkpoint is shown)")
+      ->required();
+  app.add_flag("--verify", verify,
+               "also read every byte: each shard's and each tensor's XXH64, and that the pieces of "
+               "each tensor cover it once");
+  app.footer(
+      "Exit status: 0 when DIR holds a checkpoint (and it verifies), 1 when it holds none, 2 on "
+      "an error.");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
     return 2;
   }
-  const bool verify = argc == 3;
   try {
-    const auto info = quintet::latest_checkpoint(argv[1]);
+    const auto info = quintet::latest_checkpoint(dir);
     if (!info) {
-      fmt::print("{}: no checkpoint\n", argv[1]);
+      fmt::print("{}: no checkpoint\n", dir);
       return 1;
     }
     const nlohmann::json meta = nlohmann::json::parse(info->user_json, nullptr, false);

@@ -14,6 +14,23 @@ function(run)
 endfunction()
 run(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${WORK_DIR}/prefix)
 
+# The tools installed beside the library run from the installed tree (their RUNPATH finds the
+# installed libquintet): 12_checkpoint_tool --help prints its usage, 02_layout a layout.
+if(HAS_TOOLS)
+  foreach(check "12_checkpoint_tool;--help;Usage: .*DIR.*--verify"
+                "02_layout;--world;4;--tp;2;world 4: tp 2, cp 1")
+    list(POP_BACK check expected)
+    list(POP_FRONT check tool)
+    execute_process(COMMAND ${WORK_DIR}/prefix/bin/${tool} ${check} RESULT_VARIABLE rc
+                    OUTPUT_VARIABLE out ERROR_VARIABLE err)
+    if(NOT rc EQUAL 0 OR NOT "${out}" MATCHES "${expected}")
+      message(FATAL_ERROR "installed bin/${tool} ${check}: exit ${rc}, output\n${out}${err}\n"
+                          "expected exit 0 and output matching '${expected}'")
+    endif()
+    message("installed bin/${tool} ${check}: as expected")
+  endforeach()
+endif()
+
 file(READ ${SOURCE_DIR}/docs/trainer.md page)
 string(FIND "${page}" "```cpp\n" begin)
 if(begin EQUAL -1)
