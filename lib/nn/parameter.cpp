@@ -26,6 +26,10 @@ Parameter::Parameter(std::string local_name, Shape shape, ParameterInit init,
                 "the rank of shape {}",
                 local_name_, shape_str(attrs_.full_shape), shape_str(attrs_.shard_start),
                 shape_str(shape_));
+  QUINTET_CHECK(
+      attrs_.tp_replicas >= 1 && (attrs_.tp_replicas == 1 || attrs_.shard_axis == Axis::tp),
+      "Parameter {}: tp_replicas = {} must be >= 1, and more than 1 only for a tp shard",
+      local_name_, attrs_.tp_replicas);
 }
 
 void Parameter::set_tied(TiedRole role) {

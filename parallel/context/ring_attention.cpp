@@ -19,15 +19,22 @@ std::int64_t chunk_start(int owner, int j, int cp, std::int64_t c) {
   return (j == 0 ? owner : 2 * cp - 1 - owner) * c;
 }
 
-// Checks q, k, v [B, H, 2c, D] of one shape and dtype; returns c.
+// Checks q [B, H, 2c, D] and k, v [B, Hkv, 2c, D] (H a multiple of Hkv) of one dtype; returns c.
 std::int64_t check_local(const char* op, const Tensor& q, const Tensor& k, const Tensor& v) {
   QUINTET_CHECK(q.defined() && q.dim() == 4,
                 "{}: q must be [batch, heads, local seq, head_dim], found {}", op,
                 q.defined() ? shape_str(q.shape()) : std::string("undefined"));
-  QUINTET_CHECK(k.defined() && v.defined() && k.shape() == q.shape() && v.shape() == q.shape() &&
-                    k.dtype() == q.dtype() && v.dtype() == q.dtype(),
-                "{}: k and v must have q's shape {} and dtype (self-attention of one sequence)", op,
-                shape_str(q.shape()));
+  const Shape kv_shape{q.size(0), k.defined() && k.dim() == 4 ? k.size(1) : 0, q.size(2),
+                       q.size(3)};
+  QUINTET_CHECK(k.defined() && v.defined() && k.shape() == kv_shape && v.shape() == kv_shape &&
+                    kv_shape[1] > 0 && q.size(1) % kv_shape[1] == 0 && k.dtype() == q.dtype() &&
+                    v.dtype() == q.dtype(),
+                "{}: k and v must be [batch, kv heads, local seq, head_dim] with q's sizes {} but "
+                "kv heads dividing its heads, and q's dtype (self-attention of one sequence); "
+                "found k {}, v {}",
+                op, shape_str(q.shape()),
+                k.defined() ? shape_str(k.shape()) : std::string("undefined"),
+                v.defined() ? shape_str(v.shape()) : std::string("undefined"));
   QUINTET_CHECK(q.size(2) % 2 == 0,
                 "{}: the local sequence of {} tokens is not two chunks; split the sequence with "
                 "cp_split (2 * cp chunks)",
@@ -259,14 +266,31 @@ nn::AttentionGrads ring_attention_backward(Communicator& cp, const Tensor& dout,
 
 namespace {
 
-// Checks the heads split over cp (before any communication); returns H / cp.
-std::int64_t ulysses_heads(const char* op, const Tensor& q, int cp) {
-  QUINTET_CHECK(q.size(1) % cp == 0,
-                "{}: all-to-all attention splits the {} local heads (after tensor parallelism) "
-                "over cp {}, which does not divide them; use ring attention or a head count "
-                "divisible by cp",
-                op, q.size(1), cp);
-  return q.size(1) / cp;
+// How many times each K/V head is repeated before the exchange (1: split as they are).
+std::int64_t kv_repeats(std::int64_t kv_heads, int cp) {
+  return kv_heads % cp == 0 ? 1 : cp / kv_heads;
+}
+
+// k [B, Hkv, L, D] with each head repeated r times in place: [B, Hkv * r, L, D].
+Tensor repeat_heads(const Tensor& k, std::int64_t r, const Stream& stream) {
+  if (r == 1) return k;
+  const std::int64_t b = k.size(0), h = k.size(1), l = k.size(2), d = k.size(3);
+  Tensor out = Tensor::empty({b, h, r, l, d}, k.dtype(), k.device(), stream);
+  const Tensor one = k.contiguous(stream).view({b, h, 1, l, d});
+  for (std::int64_t j = 0; j < r; ++j) out.narrow(2, j, 1).copy_(one, stream);
+  return out.view({b, h * r, l, d});
+}
+
+// The inverse's gradient: [B, Hkv * r, L, D] summed over each head's r repeats.
+Tensor sum_repeats(const Tensor& g, std::int64_t r, const Stream& stream) {
+  if (r == 1) return g;
+  const std::int64_t b = g.size(0), h = g.size(1) / r, l = g.size(2), d = g.size(3);
+  const Tensor groups = g.contiguous(stream).view({b, h, r, l, d});
+  Tensor out = groups.narrow(2, 0, 1).contiguous(stream);
+  for (std::int64_t j = 1; j < r; ++j) {
+    nn::add_(out, groups.narrow(2, j, 1).contiguous(stream), 1.0f, stream);
+  }
+  return out.view({b, h, l, d});
 }
 
 // [B, H, 2c, D] in the cp layout -> [B, H/cp, S, D] (this rank's heads, the whole sequence).
@@ -306,15 +330,33 @@ Tensor to_sequence(Communicator& cp, const Tensor& y, const Stream& stream) {
 
 }  // namespace
 
+void check_ulysses_heads(const char* where, std::int64_t heads, std::int64_t kv_heads, int cp,
+                         const std::string& from) {
+  const std::string numbers = from.empty() ? std::string() : " (" + from + ")";
+  QUINTET_CHECK(cp >= 1 && heads > 0 && heads % cp == 0,
+                "{}: all-to-all attention splits the {} local query heads{} (after tensor "
+                "parallelism) over cp {}, which does not divide them; use ring attention or a "
+                "head count divisible by cp",
+                where, heads, numbers, cp);
+  QUINTET_CHECK(kv_heads > 0 && heads % kv_heads == 0 && (kv_heads % cp == 0 || cp % kv_heads == 0),
+                "{}: all-to-all attention splits the {} local key/value heads{} over cp {} with "
+                "their query heads: cp must divide them, or be a multiple of them (each then "
+                "repeated to every rank that reads it); neither holds, so use ring attention or "
+                "another kv_heads",
+                where, kv_heads, numbers, cp);
+}
+
 UlyssesOutput ulysses_attention_forward(Communicator& cp, const Tensor& q, const Tensor& k,
                                         const Tensor& v, const CpAttentionOptions& options,
                                         const Stream& stream) {
   check_local("ulysses_attention_forward", q, k, v);
-  ulysses_heads("ulysses_attention_forward", q, cp.size());
+  check_ulysses_heads("ulysses_attention_forward", q.size(1), k.size(1), cp.size());
+  const std::int64_t r_kv = kv_repeats(k.size(1), cp.size());
   UlyssesOutput r;
+  r.saved.kv_heads = k.size(1);
   r.saved.q = to_heads(cp, q, stream);
-  r.saved.k = to_heads(cp, k, stream);
-  r.saved.v = to_heads(cp, v, stream);
+  r.saved.k = to_heads(cp, repeat_heads(k, r_kv, stream), stream);
+  r.saved.v = to_heads(cp, repeat_heads(v, r_kv, stream), stream);
   nn::AttentionOptions o;
   o.causal = options.causal;
   o.scale = options.scale;
@@ -337,11 +379,19 @@ nn::AttentionGrads ulysses_attention_backward(Communicator& cp, const Tensor& do
   nn::AttentionOptions o;
   o.causal = options.causal;
   o.scale = options.scale;
+  const std::int64_t kv_heads = saved.kv_heads > 0 ? saved.kv_heads : dout.size(1);
+  QUINTET_CHECK(saved.k.defined() &&
+                    saved.k.size(1) * cp.size() == kv_heads * kv_repeats(kv_heads, cp.size()),
+                "ulysses_attention_backward: the saved k {} does not hold {} key/value heads "
+                "split over cp {}",
+                saved.k.defined() ? shape_str(saved.k.shape()) : std::string("undefined"), kv_heads,
+                cp.size());
+  const std::int64_t r_kv = kv_repeats(kv_heads, cp.size());
   const Tensor dfull = to_heads(cp, dout, stream);
   const nn::AttentionGrads g =
       nn::attention_backward(dfull, saved.q, saved.k, saved.v, saved.out, saved.lse, o, stream);
-  return {to_sequence(cp, g.dq, stream), to_sequence(cp, g.dk, stream),
-          to_sequence(cp, g.dv, stream)};
+  return {to_sequence(cp, g.dq, stream), sum_repeats(to_sequence(cp, g.dk, stream), r_kv, stream),
+          sum_repeats(to_sequence(cp, g.dv, stream), r_kv, stream)};
 }
 
 }  // namespace quintet::context

@@ -13,14 +13,16 @@ namespace quintet {
 namespace {
 
 // Whether a parameter replicated over tp (etp for experts) is counted on this rank: everywhere
-// when it is sharded there, else on tp (etp) rank 0 only.
+// when it is sharded there (a shard held by tp_replicas ranks: on the first of them), else on tp
+// (etp) rank 0 only.
 bool counted_over_tp(const nn::Parameter& p, const Mesh& mesh) {
   const nn::ParameterAttributes& a = p.attributes();
   if (a.is_expert) {
     const bool sharded = a.shard_axis == Axis::tp || a.shard_axis == Axis::etp;
     return sharded || mesh.rank(Axis::etp) == 0;
   }
-  return a.shard_axis == Axis::tp || mesh.rank(Axis::tp) == 0;
+  if (a.shard_axis == Axis::tp) return mesh.rank(Axis::tp) % a.tp_replicas == 0;
+  return mesh.rank(Axis::tp) == 0;
 }
 
 }  // namespace

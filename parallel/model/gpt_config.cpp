@@ -223,19 +223,15 @@ void GptConfig::validate_block(int tp, int cp) const {
                 head_size(), rope_theta);
   QUINTET_CHECK(tp >= 1, "GptConfig: the tensor-parallel size tp = {} must be >= 1", tp);
   check_divides("heads", heads, tp);
-  QUINTET_CHECK(kv_head_count() % tp == 0,
-                "GptConfig: kv_heads = {} is not divisible by tp = {}; each tp rank holds the "
-                "key/value heads its query heads read, and replicating them (kv_heads < tp) is "
-                "not supported; use kv_heads a multiple of tp",
+  QUINTET_CHECK(kv_head_count() % tp == 0 || tp % kv_head_count() == 0,
+                "GptConfig: kv_heads = {} and tp = {}: each tp rank holds the key/value heads its "
+                "query heads read, split over tp when kv_heads is a multiple of tp and replicated "
+                "over tp / kv_heads ranks when tp is a multiple of kv_heads; use such a pair",
                 kv_head_count(), tp);
   check_divides("the MLP width (ffn_hidden)", mlp_width(), tp);
   QUINTET_CHECK(cp >= 1, "GptConfig: the context-parallel size cp = {} must be >= 1", cp);
   if (cp > 1) {
     context::check_cp_sequence(seq_len, cp);
-    QUINTET_CHECK(kv_head_count() == heads,
-                  "GptConfig: grouped-query attention (kv_heads = {} < heads = {}) with context "
-                  "parallelism (cp = {}) is not supported yet; use cp = 1 or kv_heads = heads",
-                  kv_head_count(), heads, cp);
     QUINTET_CHECK(!sequence_parallel || (seq_len / cp) % tp == 0,
                   "GptConfig: with sequence parallelism each cp rank's {} tokens (seq_len {} / cp "
                   "{}) split over tp {}, which does not divide them",
@@ -246,6 +242,13 @@ void GptConfig::validate_block(int tp, int cp) const {
                   "x cp, and heads = {} is not divisible by tp {} x cp {}; use ring attention or "
                   "another head count",
                   heads, tp, cp);
+    if (context_parallel == context::ContextParallelKind::all_to_all) {
+      // The key/value heads of each tp rank (one when replicated), split or repeated over cp.
+      const std::int64_t local_kv = std::max<std::int64_t>(kv_head_count() / tp, 1);
+      context::check_ulysses_heads(
+          "GptConfig", heads / tp, local_kv, cp,
+          fmt::format("heads {}, kv_heads {}, tp {}", heads, kv_head_count(), tp));
+    }
   }
   QUINTET_CHECK(tp_overlap_chunks >= 1, "GptConfig: tp_overlap_chunks = {} must be >= 1",
                 tp_overlap_chunks);

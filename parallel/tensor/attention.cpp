@@ -28,10 +28,11 @@ std::int64_t checked_kv_heads(std::int64_t heads, std::int64_t kv_heads, int tp)
                 "serves heads / kv_heads query heads)",
                 kv_heads, heads);
   check_divisible("ParallelAttention: heads", heads, tp);
-  QUINTET_CHECK(kv % tp == 0,
-                "ParallelAttention: kv_heads = {} is not divisible by tp = {}; each tp rank holds "
-                "the key/value heads of its query heads, and replicating key/value heads over tp "
-                "(kv_heads < tp) is not supported; use kv_heads a multiple of tp",
+  QUINTET_CHECK(kv % tp == 0 || tp % kv == 0,
+                "ParallelAttention: kv_heads = {} and tp = {}: each tp rank holds the key/value "
+                "heads of its query heads, split over tp when kv_heads is a multiple of tp and "
+                "replicated over tp / kv_heads ranks when tp is a multiple of kv_heads; neither "
+                "holds here",
                 kv, tp);
   return kv;
 }
@@ -57,18 +58,13 @@ ParallelAttention::ParallelAttention(Communicator& tp, std::int64_t dim, std::in
       use_rope_(options.rope) {
   const std::int64_t kv_heads = checked_kv_heads(heads, options.kv_heads, tp.size());
   local_heads_ = heads / tp.size();
-  local_kv_heads_ = kv_heads / tp.size();
-  QUINTET_CHECK(cp_ == nullptr || cp_kind_ != context::ContextParallelKind::all_to_all ||
-                    local_heads_ % cp_->size() == 0,
-                "ParallelAttention: all-to-all context parallelism splits the {} heads of each "
-                "tp rank (heads {} / tp {}) over cp {}, which does not divide them; use ring "
-                "attention or a head count divisible by tp x cp",
-                local_heads_, heads, tp.size(), cp_ == nullptr ? 1 : cp_->size());
-  QUINTET_CHECK(cp_ == nullptr || kv_heads == heads,
-                "ParallelAttention: grouped-query attention (kv_heads = {} < heads = {}) with "
-                "context parallelism (cp = {}) is not supported yet; use cp = 1 or kv_heads = "
-                "heads",
-                kv_heads, heads, cp_ == nullptr ? 1 : cp_->size());
+  kv_replicas_ = kv_heads < tp.size() ? static_cast<int>(tp.size() / kv_heads) : 1;
+  local_kv_heads_ = kv_heads * kv_replicas_ / tp.size();
+  if (cp_ != nullptr && cp_kind_ == context::ContextParallelKind::all_to_all) {
+    context::check_ulysses_heads(
+        "ParallelAttention", local_heads_, local_kv_heads_, cp_->size(),
+        fmt::format("heads {}, kv_heads {}, tp {}", heads, kv_heads, tp.size()));
+  }
   QUINTET_CHECK(max_seq_len > 0, "ParallelAttention: max_seq_len = {} must be > 0", max_seq_len);
   QUINTET_CHECK(!options.rope || (head_dim_ % 2 == 0 && options.rope_theta > 0.0),
                 "ParallelAttention: RoPE needs an even head_dim (got {}) and rope_theta > 0 (got "
@@ -93,6 +89,7 @@ ParallelAttention::ParallelAttention(Communicator& tp, std::int64_t dim, std::in
     q_ = &add_module("q", std::make_unique<ColumnParallelLinear>(tp, dim, attn, column));
     ColumnParallelOptions kv = column;
     kv.fused_parts = 2;
+    kv.replicas = kv_replicas_;
     kv_ = &add_module(
         "kv", std::make_unique<ColumnParallelLinear>(tp, dim, 2 * kv_heads * head_dim_, kv));
   }
@@ -115,6 +112,16 @@ Tensor ParallelAttention::positions(std::int64_t seq, const Tensor& x, const Str
   const std::vector<std::int64_t> p =
       context::cp_positions(seq * cp_->size(), cp_->size(), cp_->rank());
   return Tensor::from_vector<std::int64_t>(p, {seq}).to(x.device(), stream);
+}
+
+Tensor ParallelAttention::sum_over_replicas(const Tensor& dkv, const Stream& st) const {
+  const std::int64_t groups = tp_size_ / kv_replicas_, n = dkv.numel();
+  Tensor slots = Tensor::empty({groups, n}, dkv.dtype(), dkv.device(), st);
+  slots.fill_(0.0, st);
+  Tensor mine = slots.narrow(0, tp_->rank() / kv_replicas_, 1).view(dkv.shape());
+  mine.copy_(dkv, st);
+  tp_->all_reduce(slots, ReduceOp::sum, st).wait(st);
+  return mine;
 }
 
 Tensor ParallelAttention::forward(nn::Context& ctx, const Tensor& x) {
@@ -213,7 +220,8 @@ Tensor ParallelAttention::backward(nn::Context& ctx, const Tensor& dy) {
     const nn::AttentionGrads r =
         cp_kind_ == context::ContextParallelKind::ring
             ? context::ring_attention_backward(*cp_, dout_bhsd, q, k, v, out, lse, {}, st)
-            : context::ulysses_attention_backward(*cp_, dout_bhsd, {q, k, v, out, lse}, {}, st);
+            : context::ulysses_attention_backward(*cp_, dout_bhsd,
+                                                  {q, k, v, out, lse, local_kv_heads_}, {}, st);
     Tensor(gq).copy_(bhsd(r.dq), st);
     Tensor(gk).copy_(bhsd(r.dk), st);
     Tensor(g.v).copy_(bhsd(r.dv), st);
@@ -228,9 +236,14 @@ Tensor ParallelAttention::backward(nn::Context& ctx, const Tensor& dy) {
     Tensor(g.q).copy_(q_norm_->backward(ctx, gq), st);
   }
   if (!grouped()) return qkv_->backward(ctx, dqkv.view({b, s, 3 * h * hd}));
+  // Replicated key/value heads: each replica holds its query heads' part of its head's gradient.
+  // Summed over the replicas (one all-reduce over tp, each group's sum in its own slot), every
+  // replica takes the whole weight gradient, and the first adds the input gradient (reduced over
+  // tp below) once.
+  if (kv_replicas_ > 1) dkv = sum_over_replicas(dkv, st);
   const Tensor dx_kv = kv_->backward(ctx, dkv.view({b, s, 2 * hkv * hd}));
   const Tensor dx = q_->backward(ctx, dq.view({b, s, h * hd}));
-  nn::add_(dx, dx_kv, 1.0f, st);
+  if (tp_->rank() % kv_replicas_ == 0) nn::add_(dx, dx_kv, 1.0f, st);
   return sp_ ? tp_detail::start_reduce_scatter_sequence(dx, *tp_, st).finish(st)
              : tp_detail::start_all_reduce(dx, *tp_, st).finish(st);
 }

@@ -39,24 +39,36 @@ ColumnParallelLinear::ColumnParallelLinear(Communicator& tp, std::int64_t in, st
                 "ColumnParallelLinear({}, {}, fused_parts = {}): sizes must be > 0 and out a "
                 "multiple of fused_parts",
                 in, out, fused_parts);
+  const int replicas = options.replicas;
+  QUINTET_CHECK(
+      replicas >= 1 && n % replicas == 0 && (replicas == 1 || !enter_region_),
+      "ColumnParallelLinear: replicas = {} must be >= 1 and divide tp = {}, and more than "
+      "1 only with enter_region = false (the caller sums the replicas' gradients)",
+      replicas, n);
   const std::int64_t part = out / fused_parts;
+  const int blocks = n / replicas, block = r / replicas;
   check_divisible(fused_parts == 1 ? "ColumnParallelLinear: out"
                                    : "ColumnParallelLinear: out / "
                                      "fused_parts",
-                  part, n);
-  const std::int64_t lpart = part / n;
+                  part, replicas == 1 ? n : 1);
+  QUINTET_CHECK(part % blocks == 0,
+                "ColumnParallelLinear: out / fused_parts = {} does not split into tp {} / replicas "
+                "{} = {} blocks",
+                part, n, replicas, blocks);
+  const std::int64_t lpart = part / blocks;
   local_out_ = lpart * fused_parts;
-  nn::ParameterAttributes b_attrs;
+  nn::ParameterAttributes w_attrs, b_attrs;
   if (fused_parts == 1) {
-    weight_ = &add_parameter("weight", {lpart, in}, nn::ParameterInit::normal(init_std),
-                             shard_attrs(0, {out, in}, {r * lpart, 0}));
-    b_attrs = shard_attrs(0, {out}, {r * lpart});
+    w_attrs = shard_attrs(0, {out, in}, {block * lpart, 0});
+    b_attrs = shard_attrs(0, {out}, {block * lpart});
   } else {
-    weight_ =
-        &add_parameter("weight", {fused_parts, lpart, in}, nn::ParameterInit::normal(init_std),
-                       shard_attrs(1, {fused_parts, part, in}, {0, r * lpart, 0}));
-    b_attrs = shard_attrs(1, {fused_parts, part}, {0, r * lpart});
+    w_attrs = shard_attrs(1, {fused_parts, part, in}, {0, block * lpart, 0});
+    b_attrs = shard_attrs(1, {fused_parts, part}, {0, block * lpart});
   }
+  w_attrs.tp_replicas = b_attrs.tp_replicas = replicas;
+  weight_ =
+      &add_parameter("weight", fused_parts == 1 ? Shape{lpart, in} : Shape{fused_parts, lpart, in},
+                     nn::ParameterInit::normal(init_std), w_attrs);
   if (options.bias) {
     b_attrs.weight_decay = false;
     bias_ = &add_parameter("bias", fused_parts == 1 ? Shape{lpart} : Shape{fused_parts, lpart},

@@ -75,15 +75,17 @@ std::pair<Shape, Shape> box_of(const nn::Parameter& p) {
 }
 
 // Whether this rank writes p's pieces: one rank of each group that holds the same box (the
-// replicas over dp and cp, and over tp for a tensor tp does not split; for an expert weight, its
-// replicas over edp). The second copy of a tied weight is never written: it equals its owner.
+// replicas over dp and cp, and over tp for a tensor tp does not split or a shard held by
+// tp_replicas ranks; for an expert weight, its replicas over edp). The second copy of a tied
+// weight is never written: it equals its owner.
 bool writes(const nn::Parameter& p, const Mesh& mesh) {
   const nn::ParameterAttributes& a = p.attributes();
   if (a.tied == nn::TiedRole::copy) return false;
   if (a.is_expert) return mesh.rank(Axis::edp) == 0;
   const bool split = !a.full_shape.empty() && a.full_shape != p.shape();
+  const int tp = mesh.rank(Axis::tp);
   return mesh.rank(Axis::dp) == 0 && mesh.rank(Axis::cp) == 0 &&
-         (split || mesh.rank(Axis::tp) == 0);
+         (split ? tp % a.tp_replicas == 0 : tp == 0);
 }
 
 // The global names of a stage's MoE balancing biases: the router weight's name with

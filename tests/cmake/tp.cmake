@@ -9,4 +9,4 @@ if(QUINTET_HAS_NCCL)
 endif()
 # Overlap chunks: the chunked layers against the unchunked ones (odd tp included).
 quintet_mpi_test(NAME tp_overlap_test COMPONENT tp RANKS 1 2 3 4 SOURCES mpi/tp_overlap_test.cpp)
-quintet_mpi_test(NAME tp_attention_variants_test COMPONENT tp RANKS 1 2 3 SOURCES mpi/tp_attention_variants_test.cpp)
+quintet_mpi_test(NAME tp_attention_variants_test COMPONENT tp RANKS 1 2 3 4 SOURCES mpi/tp_attention_variants_test.cpp)

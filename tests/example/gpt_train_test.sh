@@ -13,13 +13,15 @@
 #               steps 11..20; asynchronous saves (--async-save) write byte-identical checkpoints,
 #               and one that fails to write fails the next step on every rank; --keep-last 2
 #               leaves the newest two checkpoints (synchronous and background saves)
-#   families    a Llama-style model (--arch llama, GQA 2 of 4 heads) at tp 2 (+sp), pp 2 and dp 2
-#               (ZeRO-1), and a Qwen3-style one (QK-norm) at tp 2: the one-rank loss at each of 20
-#               steps within 1e-4 relative; RoPE at cp 2 (ring) likewise without GQA, which cp
-#               refuses; a checkpoint of another family's settings is refused
+#   families    a Llama-style model (--arch llama, GQA 2 of 4 heads) at tp 2 (+sp), pp 2, dp 2
+#               (ZeRO-1), cp 2 (ring and Ulysses) and tp 4 + sp (key/value heads replicated), MQA
+#               (1 key/value head) at tp 2 + sp and tp 2 x cp 2 (Ulysses), and a Qwen3-style one
+#               (QK-norm) at tp 2: the one-rank loss at each of 20 steps within 1e-4 relative;
+#               an MQA checkpoint saved at tp 2 resumed at one rank and tp 4 likewise; RoPE at
+#               cp 2 (ring) without GQA too; a checkpoint of another family's settings is refused
 #   combined    a Llama-style model (4 layers) at tp 2 + sp x pp 2 x vpp 2 (interleaved) x dp 2
-#               (ZeRO-1) on 8 ranks with GQA 2 of 4 heads, and at tp 2 x cp 2 x pp 2 x dp 2 on 16
-#               without: the one-rank loss at each of 20 steps within 1e-4 relative
+#               (ZeRO-1) on 8 ranks, and at tp 2 x cp 2 x pp 2 x dp 2 on 16, with GQA 2 of 4
+#               heads: the one-rank loss at each of 20 steps within 1e-4 relative
 #   bad_flags   inconsistent flags are refused with a message naming them, ranks started with
 #               different flags too; --lr-schedule wsd gives the library schedule's rates; a job
 #               file (--config) trains as its flags do, and the flags beside it override it
@@ -321,13 +323,43 @@ assert sorted({e['pid'] for e in t['traceEvents']}) == [0, 1, 2, 3], 'ranks'"
     run llama_pp2 2 --steps 20 "${llama[@]}" --pp 2
     run llama_dp2_zero1 2 --steps 20 "${llama[@]}" --dp 2 --zero 1
     for r in llama_tp2_sp llama_pp2 llama_dp2_zero1; do compare llama_one $r 1 20 1e-4; done
-    # Grouped-query attention under cp is refused (not supported yet); RoPE under cp 2 (ring),
-    # each rank's chunks at their true positions, with as many key/value heads as query heads.
-    if run llama_gqa_cp2 2 --steps 20 "${llama[@]}" --cp 2 2>gqa_cp.err; then
-      echo "GQA with cp should be refused"; exit 1
-    fi
-    grep -q "grouped-query attention (kv_heads = 2 < heads = 4) with context parallelism" \
-      gqa_cp.err || { cat gqa_cp.err; exit 1; }
+    # Grouped-query attention under cp 2, ring and Ulysses (the 2 key/value heads split over cp),
+    # and with the key/value heads replicated over tp 4 (+sp: 2 key/value heads for 4 ranks).
+    run llama_gqa_cp2 2 --steps 20 "${llama[@]}" --cp 2
+    run llama_gqa_cp2_ulysses 2 --steps 20 "${llama[@]}" --cp 2 --cp-kind ulysses
+    run llama_tp4_sp 4 --steps 20 "${llama[@]}" --tp 4 --sp
+    for r in llama_gqa_cp2 llama_gqa_cp2_ulysses llama_tp4_sp; do compare llama_one $r 1 20 1e-4; done
+    # One key/value head (MQA): replicated over tp 2 (+sp), and at tp 2 x cp 2 Ulysses also
+    # repeated over cp. A checkpoint saved at tp 2 (the head's box written once) resumes at one
+    # rank and at tp 4 (every replica filled), continuing the one-rank run.
+    mqa=(--arch llama --kv-heads 1 --ffn-hidden 160)
+    run mqa_one 1 --steps 20 "${mqa[@]}"
+    run mqa_tp2_sp 2 --steps 20 "${mqa[@]}" --tp 2 --sp --save ck_mqa --stop-at 10
+    run mqa_tp2_cp2 4 --steps 20 "${mqa[@]}" --tp 2 --cp 2 --cp-kind ulysses
+    compare mqa_one mqa_tp2_sp 1 10 1e-4
+    compare mqa_one mqa_tp2_cp2 1 20 1e-4
+    # The gradient norm counts each replicated key/value head once (as one rank does).
+    python3 - mqa_one mqa_tp2_sp llama_one llama_tp4_sp <<'EOF'
+import json, sys
+def norms(name):
+    recs = [json.loads(l) for l in open(name + ".jsonl") if l.startswith("{") and '"step"' in l]
+    return {r["step"]: r["grad_norm"] for r in recs if "grad_norm" in r}
+for one, other in zip(sys.argv[1::2], sys.argv[2::2]):
+    a, b = norms(one), norms(other)
+    steps = sorted(set(a) & set(b))
+    assert steps, f"no gradient norms to compare in {one} and {other}"
+    for s in steps:
+        assert abs(a[s] - b[s]) <= 1e-4 * abs(a[s]), f"{other} step {s}: grad_norm {b[s]} vs {a[s]}"
+EOF
+    for layout in "mqa_resume_one 1" "mqa_resume_tp4 4 --tp 4"; do
+      # shellcheck disable=SC2086
+      set -- $layout
+      rm -rf "ck_$1" && cp -r ck_mqa "ck_$1"
+      run "$1" "$2" --steps 20 "${mqa[@]}" --resume "ck_$1" "${@:3}"
+      compare mqa_one "$1" 11 20 1e-4
+    done
+    # RoPE under cp 2 (ring), each rank's chunks at their true positions, with as many key/value
+    # heads as query heads.
     run llama_mha_one 1 --steps 20 --arch llama
     run llama_mha_cp2 2 --steps 20 --arch llama --cp 2
     compare llama_mha_one llama_mha_cp2 1 20 1e-4
@@ -349,10 +381,10 @@ assert sorted({e['pid'] for e in t['traceEvents']}) == [0, 1, 2, 3], 'ranks'"
     run llama_tp2_sp_pp2_vpp2_dp2 8 --steps 20 "${llama[@]}" --kv-heads 2 --tp 2 --sp --pp 2 \
       --vpp 2 --schedule interleaved --dp 2 --zero 1
     compare llama_one llama_tp2_sp_pp2_vpp2_dp2 1 20 1e-4
-    # Context parallelism takes as many key/value heads as query heads.
-    run llama_mha_one 1 --steps 20 "${llama[@]}"
-    run llama_mha_tp2_cp2_pp2_dp2 16 --steps 20 "${llama[@]}" --tp 2 --cp 2 --pp 2 --dp 2 --zero 1
-    compare llama_mha_one llama_mha_tp2_cp2_pp2_dp2 1 20 1e-4
+    # With context parallelism too (the key/value heads passed around the cp ring).
+    run llama_tp2_cp2_pp2_dp2 16 --steps 20 "${llama[@]}" --kv-heads 2 --tp 2 --cp 2 --pp 2 \
+      --dp 2 --zero 1
+    compare llama_one llama_tp2_cp2_pp2_dp2 1 20 1e-4
     ;;
   bad_flags)
     # Inconsistent flags fail on every rank with a message that names them, before training.

@@ -1,5 +1,6 @@
-// ParallelAttention's variants under mpirun, tp = every rank of the job (1, 2, 3): grouped-query
-// attention (q and fused kv projections), a head_dim apart from dim / heads, QK-norm and RoPE;
+// ParallelAttention's variants under mpirun, tp = every rank of the job (1 to 4): grouped-query
+// attention (q and fused kv projections; kv_heads 1 and 2 below tp replicate each key/value head
+// over tp / kv_heads ranks), a head_dim apart from dim / heads, QK-norm and RoPE;
 // with and without sequence parallelism and biases. On one rank, the layer's output equals the
 // nn ops composed here (projections, RMSNorm, RoPE, grouped-query attention, projection) and its
 // gradients equal finite differences (f64). Under tp, each rank's output, input gradient and
@@ -106,12 +107,17 @@ TEST_CASE("tp attention with GQA, head_dim, QK-norm and RoPE equals the one-rank
       {"grouped-query, head_dim 6, QK-norm, RoPE", kKvHeads, 6, true, true},
       {"multi-head, QK-norm, RoPE", 0, 0, true, true},
       {"grouped-query (group of 4), RoPE", 3, 0, false, true},
+      {"multi-query (kv_heads 1), RoPE", 1, 0, false, true},
+      {"grouped-query (kv_heads 2), QK-norm", 2, 0, true, false},
   };
   const bool sp = GENERATE(false, true);
   const bool bias = GENERATE(false, true);
   std::uint64_t seed = 300;
   for (const Variant& v : variants) {
-    if (v.kv_heads > 0 && v.kv_heads % tp.size() != 0) continue;  // refused, tested below
+    const int n = tp.size();
+    // kv_heads < tp: each key/value head replicated over tp / kv_heads ranks.
+    const int replicas = v.kv_heads > 0 && v.kv_heads < n ? n / static_cast<int>(v.kv_heads) : 1;
+    if (v.kv_heads > 0 && v.kv_heads % n != 0 && n % v.kv_heads != 0) continue;  // refused below
     INFO("tp = " << tp.size() << ", " << v.name << ", sequence_parallel = " << sp
                  << ", bias = " << bias);
     auto options = [&](bool seq_par) {
@@ -138,6 +144,8 @@ TEST_CASE("tp attention with GQA, head_dim, QK-norm and RoPE equals the one-rank
         INFO(p->name());
         const bool norm = p->name().find("_norm.") != std::string::npos;
         CHECK(p->attributes().reduce_over_tp == norm);
+        const bool kv = p->name().rfind("kv.", 0) == 0;
+        CHECK(p->attributes().tp_replicas == (kv ? replicas : 1));
       }
       const Tensor x = Tensor::randn({kB, kS, kD}, seed + 1);
       nn::Context my_ctx(kCpu), ref_ctx(kCpu);
@@ -158,39 +166,53 @@ TEST_CASE("tp attention with GQA, head_dim, QK-norm and RoPE equals the one-rank
   }
 }
 
-TEST_CASE("cp attention with QK-norm and RoPE: each rank's chunks at their true positions",
+TEST_CASE("cp attention with GQA, QK-norm and RoPE: each rank's chunks at their true positions",
           "[tp][attention]") {
   World world = cpu_world();
   Communicator& cp = world.comm();  // cp = every rank, tp = 1
   const std::unique_ptr<Communicator> one = cp.split(cp.rank(), 0, "one_rank");
   const int n = cp.size(), r = cp.rank();
-  for (const auto kind :
-       {context::ContextParallelKind::ring, context::ContextParallelKind::all_to_all}) {
-    INFO("cp = " << n << (kind == context::ContextParallelKind::ring ? ", ring" : ", all-to-all"));
-    ParallelAttentionOptions o{.init_std = 0.3f,
-                               .proj_init_std = 0.2f,
-                               .cp_kind = kind,
-                               .qk_norm = true,
-                               .rope = true,
-                               .rope_theta = 20.0};
-    ParallelAttention ref(*one, kD, kHeads, kS, o);
-    o.cp = &cp;
-    ParallelAttention mine(*one, kD, kHeads, kS, o);
-    agreed(cp, [&] {
-      nn::ParameterStore my_store(mine, DType::f32, kCpu, 61);
-      nn::ParameterStore ref_store(ref, DType::f32, kCpu, 61);
-      const Tensor x = Tensor::randn({kB, kS, kD}, 62), dy = Tensor::randn({kB, kS, kD}, 63);
-      nn::Context my_ctx(kCpu), ref_ctx(kCpu);
-      const Tensor y_ref = ref.forward(ref_ctx, x);
-      const Tensor dx_ref = ref.backward(ref_ctx, dy);
-      const Tensor y = mine.forward(my_ctx, context::cp_split(x, 1, n, r));
-      const Tensor dx = mine.backward(my_ctx, context::cp_split(dy, 1, n, r));
-      require_close(y, context::cp_split(y_ref, 1, n, r), "output");
-      require_close(dx, context::cp_split(dx_ref, 1, n, r), "input gradient");
-      for (nn::Parameter* p : my_store.parameters()) cp.all_reduce(p->grad()).wait();  // as dp
-      require_params_match(mine, ref, *one, true);
-    });
-  }
+  const std::int64_t seq = 6 * n;  // 2 * cp chunks of 3 tokens
+  // Key/value heads: as many as the query heads, 2 (all-to-all: split over cp 2, repeated over
+  // cp 4, refused at cp 3) and 1.
+  for (const std::int64_t kv : {kHeads, std::int64_t{2}, std::int64_t{1}})
+    for (const auto kind :
+         {context::ContextParallelKind::ring, context::ContextParallelKind::all_to_all}) {
+      const bool ring = kind == context::ContextParallelKind::ring;
+      INFO("cp = " << n << (ring ? ", ring" : ", all-to-all") << ", kv_heads " << kv);
+      ParallelAttentionOptions o{.init_std = 0.3f,
+                                 .proj_init_std = 0.2f,
+                                 .cp_kind = kind,
+                                 .kv_heads = kv,
+                                 .qk_norm = true,
+                                 .rope = true,
+                                 .rope_theta = 20.0};
+      ParallelAttention ref(*one, kD, kHeads, seq, o);
+      o.cp = &cp;
+      if (!ring && kv % n != 0 && n % kv != 0) {
+        REQUIRE_THROWS_QUINTET(
+            ParallelAttention(*one, kD, kHeads, seq, o), InvalidArgument,
+            fmt::format("splits the {} local key/value heads (heads {}, kv_heads "
+                        "{}, tp 1) over cp {}",
+                        kv, kHeads, kv, n));
+        continue;
+      }
+      ParallelAttention mine(*one, kD, kHeads, seq, o);
+      agreed(cp, [&] {
+        nn::ParameterStore my_store(mine, DType::f32, kCpu, 61);
+        nn::ParameterStore ref_store(ref, DType::f32, kCpu, 61);
+        const Tensor x = Tensor::randn({kB, seq, kD}, 62), dy = Tensor::randn({kB, seq, kD}, 63);
+        nn::Context my_ctx(kCpu), ref_ctx(kCpu);
+        const Tensor y_ref = ref.forward(ref_ctx, x);
+        const Tensor dx_ref = ref.backward(ref_ctx, dy);
+        const Tensor y = mine.forward(my_ctx, context::cp_split(x, 1, n, r));
+        const Tensor dx = mine.backward(my_ctx, context::cp_split(dy, 1, n, r));
+        require_close(y, context::cp_split(y_ref, 1, n, r), "output");
+        require_close(dx, context::cp_split(dx_ref, 1, n, r), "input gradient");
+        for (nn::Parameter* p : my_store.parameters()) cp.all_reduce(p->grad()).wait();  // as dp
+        require_params_match(mine, ref, *one, true);
+      });
+    }
 }
 
 TEST_CASE("grouped-query attention refuses head counts before communicating", "[tp][attention]") {
@@ -202,9 +224,11 @@ TEST_CASE("grouped-query attention refuses head counts before communicating", "[
                            "kv_heads = 5 must divide heads = 12");
     REQUIRE_THROWS_QUINTET(ParallelAttention(tp, 24, 12, 16, {.head_dim = 3, .rope = true}),
                            InvalidArgument, "RoPE needs an even head_dim (got 3)");
-    if (n > 1) {
-      REQUIRE_THROWS_QUINTET(ParallelAttention(tp, 24, 12, 16, {.kv_heads = 1}), InvalidArgument,
-                             fmt::format("kv_heads = 1 is not divisible by tp = {}", n));
+    for (const std::int64_t kv : {2, 3, 4, 6}) {  // one neither split nor replicated over tp
+      if (kv % n == 0 || n % kv == 0) continue;
+      REQUIRE_THROWS_QUINTET(ParallelAttention(tp, 24, 12, 16, {.kv_heads = kv}), InvalidArgument,
+                             fmt::format("kv_heads = {} and tp = {}: each tp rank holds", kv, n));
+      break;
     }
     model::GptConfig c{.hidden = 24, .heads = 12, .kv_heads = 5};
     REQUIRE_THROWS_QUINTET(c.validate(1), InvalidArgument, "kv_heads = 5 does not divide heads");
@@ -221,11 +245,23 @@ TEST_CASE("grouped-query attention refuses head counts before communicating", "[
     REQUIRE_THROWS_QUINTET(c.validate(1), InvalidArgument, "which must be even (head dim = 5)");
     c.head_dim = 0;
     c.seq_len = 16;
-    REQUIRE_THROWS_QUINTET(c.validate(1, 2), InvalidArgument,
-                           "grouped-query attention (kv_heads = 4 < heads = 12) with context");
-    REQUIRE_THROWS_QUINTET(c.validate(6), InvalidArgument,
-                           "kv_heads = 4 is not divisible by tp = 6");
+    c.validate(1, 2);  // grouped-query attention with context parallelism (ring)
+    REQUIRE_THROWS_QUINTET(c.validate(6), InvalidArgument, "kv_heads = 4 and tp = 6");
     c.validate(2);  // 12 heads, 4 kv heads, RoPE, no position table: a Llama-style attention
+    c.validate(4);
+    c.kv_heads = 2;
+    c.validate(4);  // each key/value head replicated over 2 tp ranks
+    c.kv_heads = 4;
+    c.context_parallel = context::ContextParallelKind::all_to_all;
+    c.seq_len = 24;
+    c.validate(1, 2);  // 4 key/value heads split over cp 2
+    c.validate(2, 2);  // 2 per tp rank, split over cp 2
+    c.kv_heads = 2;
+    c.validate(4, 3);  // one per tp rank (replicated over 2), repeated over cp 3
+    c.kv_heads = 4;
+    REQUIRE_THROWS_QUINTET(c.validate(1, 3), InvalidArgument,
+                           "splits the 4 local key/value heads (heads 12, kv_heads 4, tp 1) over "
+                           "cp 3");
   }
   tp.barrier().wait();
 }

@@ -406,16 +406,24 @@ TEST_CASE("job config: the jobs the trainers refuse, refused before any communic
   refused(gpt, 1, {"--activation", "relu"}, "use gelu or swiglu");
   refused(gpt, 1, {"--positions", "none"}, "use learned or rope");
   refused(gpt, 1, {"--arch", "llama", "--kv-heads", "3"}, "kv_heads = 3 does not divide heads = 4");
-  refused(gpt, 2, {"--arch", "llama", "--kv-heads", "1", "--tp", "2"},
-          "kv_heads = 1 is not divisible by tp = 2");
+  refused(gpt, 3,
+          {"--arch", "llama", "--heads", "6", "--hidden", "96", "--kv-heads", "2", "--tp", "3"},
+          "kv_heads = 2 and tp = 3: each tp rank holds the key/value heads");
   refused(gpt, 1, {"--arch", "llama", "--hidden", "60"},
           "which must be even (head dim = 15), with rope_theta > 0");
   refused(gpt, 1, {"--positions", "rope", "--head-dim", "9"}, "which must be even (head dim = 9)");
   refused(gpt, 1, {"--arch", "llama", "--rope-theta", "0"}, "with rope_theta > 0 (got 0)");
-  refused(gpt, 2, {"--arch", "llama", "--kv-heads", "2", "--cp", "2"},
-          "grouped-query attention (kv_heads = 2 < heads = 4) with context parallelism");
+  refused(gpt, 3,
+          {"--arch", "llama", "--heads", "6", "--hidden", "96", "--kv-heads", "2", "--cp", "3",
+           "--cp-kind", "ulysses", "--seq-len", "24"},
+          "splits the 2 local key/value heads (heads 6, kv_heads 2, tp 1) over cp 3");
   refused(gpt, 1, {"--kv-heads", "-1"}, "kv_heads = -1 and head_dim = 0 must be > 0");
   refused(gpt, 1, {"--ffn-hidden", "-2"}, "ffn_hidden = -2 must be > 0");
+  // Key/value heads replicated over tp (kv_heads < tp), and grouped-query attention under cp.
+  parsed(gpt, {"--arch", "llama", "--kv-heads", "1", "--tp", "2"}).validate(2);
+  parsed(gpt, {"--arch", "llama", "--kv-heads", "2", "--cp", "2"}).validate(2);
+  parsed(gpt, {"--arch", "llama", "--kv-heads", "1", "--cp", "2", "--cp-kind", "ulysses"})
+      .validate(2);
   // The library accepts uneven cuts of the layers over the pipeline chunks, so the job does too.
   parsed(gpt, {"--layers", "3", "--pp", "2"}).validate(2);
 

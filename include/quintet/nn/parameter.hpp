@@ -55,6 +55,11 @@ struct ParameterAttributes {
   // random init draws exactly that slice of the unsharded draw. Empty = not a shard.
   Shape full_shape;
   Shape shard_start;
+  // A tp shard held whole by this many consecutive tp ranks (key/value heads replicated when
+  // kv_heads < tp): the same box, the same values and, summed by the layer, the same gradient on
+  // each. The first of them (tp rank % tp_replicas == 0) counts it in the gradient norm and writes
+  // it to checkpoints.
+  int tp_replicas = 1;
 };
 
 class Parameter {

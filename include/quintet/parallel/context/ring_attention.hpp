@@ -20,11 +20,19 @@
 // attention runs, and a second all-to-all trades back. H (the local heads, after tp) must divide
 // by cp.
 //
+// Grouped-query attention: k and v may have fewer heads Hkv than q (H a multiple of Hkv; q head i
+// reads K/V head i / (H / Hkv)). Ring attention passes the Hkv heads around the ring as they are.
+// All-to-all splits them over cp with the query heads: Hkv / cp to each rank when cp divides Hkv;
+// when Hkv < cp (cp a multiple of Hkv), each K/V head is repeated cp / Hkv times before the
+// exchange, so every rank gets the one head its H / cp query heads read, and backward sums the
+// repeats' gradients. Other head counts are refused (check_ulysses_heads).
+//
 // The results equal one attention over the whole sequence up to f32 rounding (the merge sums in
 // another order). Collective over cp, on stream.
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -68,16 +76,24 @@ nn::AttentionGrads ring_attention_backward(Communicator& cp, const Tensor& dout,
                                            const Tensor& lse, const CpAttentionOptions& options,
                                            const Stream& stream = Stream());
 
+// Throws InvalidArgument unless all-to-all attention can split heads query heads and kv_heads
+// K/V heads over cp (above), naming the numbers; `where` says who asks and `from` where the head
+// counts come from (as "heads 8, kv_heads 2, tp 2"; may be empty).
+void check_ulysses_heads(const char* where, std::int64_t heads, std::int64_t kv_heads, int cp,
+                         const std::string& from = {});
+
 // What the Ulysses forward keeps for its backward: the head-split, whole-sequence q, k, v, out and
-// lse ([B, H/cp, S, D]).
+// lse ([B, H/cp, S, D]; k and v [B, max(Hkv/cp, 1), S, D]), and Hkv, k's and v's heads before
+// the split (0: as many as q's).
 struct UlyssesSaved {
   Tensor q, k, v, out, lse;
+  std::int64_t kv_heads = 0;
 };
 struct UlyssesOutput {
   Tensor out;  // [B, H, 2c, D] in the cp layout
   UlyssesSaved saved;
 };
-// Throws InvalidArgument (before any communication) unless the heads divide by cp.
+// Throws InvalidArgument (before any communication) unless check_ulysses_heads passes.
 UlyssesOutput ulysses_attention_forward(Communicator& cp, const Tensor& q, const Tensor& k,
                                         const Tensor& v, const CpAttentionOptions& options,
                                         const Stream& stream = Stream());

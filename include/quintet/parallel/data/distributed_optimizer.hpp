@@ -15,9 +15,10 @@
 // compute it: each element is counted once over dp/cp/edp (stage 0: on group rank 0 only; ZeRO:
 // each rank counts its shard) and once over tp/etp for parameters replicated there (counted on
 // tp or etp rank 0; a parameter with attributes().shard_axis == tp (expert: tp or etp) is
-// sharded and counted everywhere), then summed over Axis::tp_dp_cp and Axis::pp. A weight tied
-// across chunks (nn::TiedRole) is counted on its owner's chunk only. Clipping scales the
-// update by max_grad_norm / (norm + 1e-6) when norm > max_grad_norm, as nn::AdamW does.
+// sharded and counted everywhere, a shard held by tp_replicas ranks on the first of them), then
+// summed over Axis::tp_dp_cp and Axis::pp. A weight tied across chunks (nn::TiedRole) is counted on
+// its owner's chunk only. Clipping scales the update by max_grad_norm / (norm + 1e-6) when norm >
+// max_grad_norm, as nn::AdamW does.
 //
 // The DataParallel (and its store and mesh) must outlive the optimizer. Same thread as the
 // DataParallel. Not copyable or movable.

@@ -145,15 +145,16 @@ struct GptConfig {
   // The init std of the two output projections of each block.
   float output_init_std() const;
   // Throws InvalidArgument, naming the field and how to fix it, unless every size is positive,
-  // hidden divides by heads (or head_dim is set), kv_heads divides heads, heads, kv_heads, vocab
-  // and the MLP width divide by tp, the model has exactly one kind of position information
-  // (learned_positions or rope, whose head_dim is even), and grouped-query attention is not
-  // asked for with cp > 1 (not supported yet). Called by every
+  // hidden divides by heads (or head_dim is set), kv_heads divides heads, heads, vocab and the
+  // MLP width divide by tp, kv_heads divides by tp or divides tp (then each key/value head is
+  // replicated over tp / kv_heads ranks), and the model has exactly one kind of position
+  // information (learned_positions or rope, whose head_dim is even). Called by every
   // builder before any layer is made, so a bad config fails before any communication. (With
   // sequence parallelism the sequence of each batch must divide by tp; the layers check it in
   // forward, before their collectives.)
   // With cp > 1: seq_len splits into 2 * cp chunks, the cp rank's 2 chunks split over tp with
-  // sequence parallelism, and all-to-all attention's heads divide by tp x cp.
+  // sequence parallelism, and all-to-all attention's heads divide by tp x cp and each tp rank's
+  // key/value heads split or repeat over cp (context::check_ulysses_heads).
   // With mlp = dense, moe must be left at its defaults (MoE settings on a dense model are
   // refused, naming them, rather than silently ignored). A dense family (llama, qwen3) with
   // mlp = moe, or an MoE family (mixtral, qwen3_moe) with mlp = dense, is refused naming both.

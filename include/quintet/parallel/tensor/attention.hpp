@@ -25,10 +25,12 @@ struct ParallelAttentionOptions {
   Communicator* cp = nullptr;
   context::ContextParallelKind cp_kind = context::ContextParallelKind::ring;
   // Grouped-query attention: kv_heads key/value heads (0: as many as query heads), each serving
-  // heads / kv_heads query heads (MQA at 1). kv_heads must divide heads, and tp must divide
-  // kv_heads: each tp rank holds the key/value heads its query heads read (replicating key/value
-  // heads over tp when kv_heads < tp is not built; such a layer is refused). Not yet with context
-  // parallelism (refused).
+  // heads / kv_heads query heads (MQA at 1). kv_heads must divide heads, and each tp rank holds
+  // the key/value heads its query heads read: kv_heads / tp of them when tp divides kv_heads;
+  // when kv_heads < tp (tp a multiple of kv_heads), one head, replicated over the tp / kv_heads
+  // consecutive tp ranks whose query heads use it (see the class comment). Other pairs are
+  // refused. With context parallelism: ring attention passes the fewer K/V heads around the
+  // ring; all-to-all splits them over cp with the query heads (ring_attention.hpp).
   std::int64_t kv_heads = 0;
   std::int64_t head_dim = 0;  // 0: dim / heads
   // QK-norm (Qwen3): an RMSNorm over head_dim of each head's q and of each head's k, one weight
@@ -49,6 +51,14 @@ struct ParallelAttentionOptions {
 // [2, kv_heads * head_dim / tp, dim]) sharing one entry into the tp region. heads/tp local query
 // heads, kv_heads/tp local key/value heads, proj = RowParallelLinear (A/tp -> dim).
 // x [B, S(/tp), dim] -> same shape.
+// Key/value heads replicated (kv_heads < tp): tp rank r holds key/value head r / (tp / kv_heads)
+// ("kv.weight" [2, head_dim, dim], its box in the global [2, kv_heads * head_dim, dim] declared by
+// full_shape and shard_start, tp_replicas = tp / kv_heads). Its replicas start equal (the same
+// slice of the init draw) and stay equal: backward sums their output gradients over the ranks
+// that share the head (one all-reduce over tp of a [tp / replicas, B·S·2·head_dim] buffer, each
+// group's sum in its slot), so each holds the whole weight gradient, and the first replica alone
+// adds its input gradient. Checkpoints write the box once (its first replica) and fill every
+// replica on restore; the gradient norm counts it once.
 class ParallelAttention : public nn::Module {
  public:
   ParallelAttention(Communicator& tp, std::int64_t dim, std::int64_t heads,
@@ -64,9 +74,12 @@ class ParallelAttention : public nn::Module {
   bool grouped() const { return qkv_ == nullptr; }
   // The global positions of this rank's tokens (undefined: 0 .. seq - 1), on x's device.
   Tensor positions(std::int64_t seq, const Tensor& x, const Stream& stream) const;
+  // The key/value output gradient summed over the tp ranks that share this rank's heads.
+  Tensor sum_over_replicas(const Tensor& dkv, const Stream& stream) const;
 
   Communicator* tp_;
   std::int64_t tp_size_, dim_, local_heads_, local_kv_heads_, head_dim_, max_seq_len_;
+  int kv_replicas_ = 1;  // tp ranks holding each key/value head (> 1 when kv_heads < tp)
   bool sp_;
   Communicator* cp_;  // null or one rank: no context parallelism
   context::ContextParallelKind cp_kind_;

@@ -19,6 +19,11 @@ struct ColumnParallelOptions {
   bool sequence_parallel = false;  // x is [B, S/tp, in], gathered on entry
   std::int64_t fused_parts = 1;    // equal blocks of out split separately (a fused QKV: 3)
   bool enter_region = true;        // false: x is already in the region (the caller reduces dx)
+  // > 1: out (each fused part) is split into tp / replicas blocks, and rank r holds block
+  // r / replicas, shared by `replicas` consecutive tp ranks (key/value heads replicated when
+  // kv_heads < tp). Needs enter_region = false: the caller sums the replicas' output gradients
+  // (so each holds the whole weight gradient) and counts their dx once.
+  int replicas = 1;
   // > 1: the layer's communication is cut into this many chunks along the sequence, each
   // overlapping another chunk's GEMM (with SP the all-gather forward, and dx's all-reduce or
   // reduce-scatter backward); the sequence (seq/tp with SP) must be a multiple. See below.

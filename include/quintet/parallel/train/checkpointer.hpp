@@ -16,7 +16,9 @@
 // f32, every element whatever the ZeRO stage: DistributedOptimizer::full_state) are saved as the
 // box the rank holds of the global tensor (ParameterAttributes::full_shape and shard_start), by
 // one rank of the group that holds the same box (dp and cp replicas; tp replicas of an unsplit
-// tensor; edp replicas of an expert weight); the second copy of a tied weight is not saved. MoE
+// tensor, or of a shard held by several tp ranks (ParameterAttributes::tp_replicas: key/value
+// heads replicated over tp); edp replicas of an expert weight); the second copy of a tied weight
+// is not saved. MoE
 // balancing biases are saved as "<block>.mlp.balance_bias". Rank 0 writes the step, the optimizer
 // step, the loader position (the global sample index: the same stream at any dp), the layout it
 // ran at (for the record), and the run's identity: the model config, the global batch, the init
