@@ -431,6 +431,12 @@ EOF
     expect_error 4 "heads = 6 is not divisible by tp 1 x cp 4" --steps 1 --cp 4 --cp-kind ulysses \
       --heads 6 --hidden 96
     expect_error 2 'unknown context-parallel kind "spiral"' --steps 1 --cp 2 --cp-kind spiral
+    # Key/value heads neither split over tp nor replicated, nor split or repeated over Ulysses cp.
+    expect_error 3 "kv_heads = 2 and tp = 3: each tp rank holds" --steps 1 --arch llama \
+      --heads 6 --hidden 96 --kv-heads 2 --tp 3
+    expect_error 3 "splits the 2 local key/value heads (heads 6, kv_heads 2, tp 1) over cp 3" \
+      --steps 1 --arch llama --heads 6 --hidden 96 --kv-heads 2 --cp 3 --cp-kind ulysses \
+      --seq-len 24
     expect_error 2 "--tp 1 x --cp 2 x --dp 2 x --pp 1 = 4 ranks, but the job has 2" --steps 1 \
       --cp 2 --dp 2
     expect_error 1 "unknown learning-rate schedule 'step'" --steps 1 --lr-schedule step
