@@ -1,6 +1,7 @@
 // Tensor parallelism on two GPUs (NCCL): the library GPT (quintet/parallel/model/gpt.hpp:
 // vocab-parallel embedding, position embedding, 2 blocks, norm, column-parallel LM head,
-// vocab-parallel loss) in bf16 at tp = 2, with and without sequence parallelism, against the same
+// vocab-parallel loss) in bf16 at tp = 2, with and without sequence parallelism, multi-head and
+// with one key/value head (replicated over tp: cuDNN's or the GEMM path's GQA), against the same
 // model at tp = 1 on each rank's GPU (a one-rank communicator, same seed). bf16 tolerances: the
 // loss within 1e-2 relative and every parameter gradient within 5e-2 in relative L2 norm (||got -
 // want|| / ||want||; the row-parallel partial sums are rounded to bf16 before the reduction, which
@@ -52,11 +53,14 @@ TEST_CASE("gpu tp=2 GPT equals tp=1 in bf16", "[tp][gpu]") {
   Communicator& tp = world.comm();
   std::unique_ptr<Communicator> solo = tp.split(tp.rank(), 0, "solo");
   const bool sp = GENERATE(false, true);
-  INFO("sequence_parallel = " << sp);
+  // Multi-head, and one key/value head (MQA) replicated over both tp ranks.
+  const std::int64_t kv_heads = GENERATE(std::int64_t{0}, std::int64_t{1});
+  INFO("sequence_parallel = " << sp << ", kv_heads = " << kv_heads);
   constexpr std::int64_t kB = 4, kS = 64, kVocab = 512;
   model::GptConfig c{.layers = 2,
                      .hidden = 128,
                      .heads = 8,
+                     .kv_heads = kv_heads,
                      .ffn_hidden = 512,
                      .vocab = kVocab,
                      .seq_len = kS,
