@@ -21,6 +21,7 @@
 #include "quintet/data/synthetic.hpp"  // the built-in dataset and its entropy floor
 #include "quintet/parallel/mesh.hpp"
 #include "quintet/parallel/train/checkpointer.hpp"    // save and resume in one call
+#include "quintet/parallel/train/hf_checkpoint.hpp"   // --init-from-hf
 #include "quintet/parallel/train/training_model.hpp"  // this rank's stages, one step
 #include "trace_session.hpp"
 #include "trainer_state.hpp"
@@ -114,6 +115,7 @@ int run(const char* program, quintet::train::JobConfig job, quintet::World& worl
   quintet::Communicator& ckpt_comm = world.has_cpu_comm() ? world.cpu_comm() : world.comm();
   const quintet::train::JobConfig::Checkpoint& ck = job.checkpoint;
   std::int64_t start = 0;
+  bool resumed = false;
   const std::string& resume = ck.resume.empty() ? ck.resume_if_exists : ck.resume;
   if (!resume.empty()) {
     const auto step = checkpointer(job, resume, ckpt_comm).restore(model, loader);
@@ -124,8 +126,16 @@ int run(const char* program, quintet::train::JobConfig job, quintet::World& worl
         std::filesystem::exists(ck.resume) ? "it holds no checkpoint" : "no such directory");
     if (step) {
       start = *step;
+      resumed = true;
       if (world.rank() == 0) quintet::log::info("resumed from {} at step {}", resume, start);
     }
+  }
+  // --init-from-hf (its config.json made the model already, parse_job_args): the weights, each
+  // rank reading its own shards; a resumed run has its own.
+  if (!resumed && !ck.init_from_hf.empty()) {
+    quintet::train::load_hf_weights(quintet::train::read_hf_config(ck.init_from_hf), model,
+                                    ckpt_comm);
+    if (world.rank() == 0) quintet::log::info("initialized from {}", ck.init_from_hf);
   }
   std::optional<quintet::train::Checkpointer> saver;
   if (!ck.save.empty()) saver.emplace(checkpointer(job, ck.save, ckpt_comm));

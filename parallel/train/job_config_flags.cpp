@@ -10,6 +10,7 @@
 #include "parallel/train/internal/job_flags.hpp"
 #include "quintet/collectives/bootstrap.hpp"  // detect_launch: this rank, before init
 #include "quintet/core/error.hpp"
+#include "quintet/parallel/train/hf_checkpoint.hpp"  // --init-from-hf
 
 namespace quintet::train {
 
@@ -209,6 +210,11 @@ void add_job_flags(CLI::App& app, JobConfig& job) {
                  "resume from the latest checkpoint in this directory when there is one, else "
                  "start fresh")
       ->capture_default_str();
+  app.add_option("--init-from-hf", ck.init_from_hf,
+                 "start from a Hugging Face model directory (config.json and safetensors: Llama, "
+                 "Qwen3, Mixtral, Qwen3-MoE): the model is config.json's, flags that contradict "
+                 "it are refused; not with --resume")
+      ->capture_default_str();
   app.add_option("--exit-during-save", ck.exit_during_save,
                  "testing: exit midway through the save of this step")
       ->capture_default_str()
@@ -311,6 +317,12 @@ std::optional<int> parse_job_args(const RuntimeConfig& runtime, std::string_view
   };
   try {
     app.parse(static_cast<int>(args.size()), args.data());
+    // --init-from-hf: the model is config.json's; a model flag given must agree with it.
+    if (!job->checkpoint.init_from_hf.empty()) {
+      apply_hf_config(
+          read_hf_config(job->checkpoint.init_from_hf), job,
+          [&app](std::string_view flag) { return app.count("--" + std::string(flag)) > 0; });
+    }
   } catch (const CLI::ParseError& e) {
     if (first_rank()) (void)app.exit(e);
     return e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success) ? 0 : 2;

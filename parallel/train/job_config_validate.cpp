@@ -94,6 +94,11 @@ void JobConfig::validate(int world) const {
                   p.cp > 1 ? fmt::format(" / --cp {}", p.cp) : std::string(),
                   m.sequence_parallel ? fmt::format(" / --tp {}", p.tp) : std::string(), local);
   }
+  QUINTET_CHECK(checkpoint.resume.empty() || checkpoint.init_from_hf.empty(),
+                "--resume {} and --init-from-hf {}: a resumed run has its weights already; give "
+                "one of them (--resume-if-exists starts from --init-from-hf when there is no "
+                "checkpoint)",
+                checkpoint.resume, checkpoint.init_from_hf);
   QUINTET_CHECK(checkpoint.resume.empty() || checkpoint.resume_if_exists.empty(),
                 "--resume {} and --resume-if-exists {}: give one of them", checkpoint.resume,
                 checkpoint.resume_if_exists);

@@ -22,3 +22,33 @@ if(QUINTET_TEST_PYTHON3)
   set_tests_properties(data_safetensors_python_test PROPERTIES LABELS "unit;python;data"
                        TIMEOUT 120)
 endif()
+
+# Hugging Face import: tiny checkpoints in the Hub's layout and their loss, from a NumPy (float64)
+# reference of the Llama / Qwen3 / Mixtral / Qwen3-MoE forward (python/hf_reference.py), loaded
+# with --init-from-hf at several layouts (python/hf_import_tool) and compared; and malformed
+# checkpoints refused. Needs a python3 with NumPy (a pyenv python3 first on PATH may lack it).
+set(QUINTET_NUMPY_PYTHON3 "")
+foreach(candidate IN ITEMS "${QUINTET_TEST_PYTHON3}" /usr/bin/python3)
+  if(NOT QUINTET_NUMPY_PYTHON3 AND candidate AND EXISTS "${candidate}")
+    execute_process(COMMAND "${candidate}" -c "import numpy" RESULT_VARIABLE rc
+                    OUTPUT_QUIET ERROR_QUIET)
+    if(rc EQUAL 0)
+      set(QUINTET_NUMPY_PYTHON3 "${candidate}")
+    endif()
+  endif()
+endforeach()
+add_executable(hf_import_tool python/hf_import_tool.cpp)
+target_link_libraries(hf_import_tool PRIVATE quintet::quintet)
+if(QUINTET_NUMPY_PYTHON3)
+  foreach(case dense moe malformed)
+    add_test(NAME train_hf_import_${case}
+             COMMAND ${QUINTET_NUMPY_PYTHON3} ${CMAKE_CURRENT_SOURCE_DIR}/python/hf_import_test.py
+                     ${case} $<TARGET_FILE:hf_import_tool> ${MPIEXEC_EXECUTABLE}
+                     ${QUINTET_MPIRUN_FLAGS})
+    set_tests_properties(train_hf_import_${case} PROPERTIES LABELS "mpi;python;train"
+                         TIMEOUT 600 ENVIRONMENT "OMPI_MCA_rmaps_base_oversubscribe=1")
+    quintet_mpi_processors(4 train_hf_import_${case})
+  endforeach()
+else()
+  message(STATUS "Quintet tests: train_hf_import_* skipped (no python3 that imports numpy)")
+endif()

@@ -53,6 +53,23 @@ std::string write_file(const std::string& name, const std::string& text) {
   return path;
 }
 
+// A Hugging Face model directory holding config.json only (what parse_job_args reads).
+std::string hf_dir(const std::string& name, const std::string& config) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / name;
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "config.json") << config;
+  return dir.string();
+}
+
+const char* kLlamaConfig = R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+  "hidden_size": 24, "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
+  "head_dim": 6, "intermediate_size": 40, "vocab_size": 320, "rms_norm_eps": 1e-05,
+  "rope_theta": 500000.0, "tie_word_embeddings": true, "max_position_embeddings": 4096})";
+const char* kMixtralConfig = R"({"architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+  "hidden_size": 24, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+  "intermediate_size": 20, "vocab_size": 320, "num_local_experts": 4, "num_experts_per_tok": 1,
+  "router_jitter_noise": 0.0, "sliding_window": null})";
+
 }  // namespace
 
 TEST_CASE("job config: a job file, overridden by the flags given beside it", "[train]") {
@@ -235,6 +252,15 @@ TEST_CASE("job config: every flag --help lists reaches the config", "[train]") {
         CHECK(changed == want);
         continue;
       }
+      if (flag == "--init-from-hf") {  // the model becomes config.json's (tested below)
+        const bool moe = defaults.model.mlp == model::MlpKind::moe;
+        const std::string dir = hf_dir(moe ? "quintet_hf_mixtral" : "quintet_hf_llama",
+                                       moe ? kMixtralConfig : kLlamaConfig);
+        const JobConfig job = parsed(defaults, {flag, dir});
+        CHECK(job.checkpoint.init_from_hf == dir);
+        CHECK(job.model.hidden == 24);
+        continue;
+      }
       const auto v = values.find(flag);
       REQUIRE(v != values.end());
       std::vector<std::string> args = {flag};
@@ -254,6 +280,53 @@ TEST_CASE("job config: every flag --help lists reaches the config", "[train]") {
   // The MoE trainer's --top-k decides the renormalization of the router's weights.
   CHECK_FALSE(parsed(JobConfig::moe_preset(), {"--top-k", "1"}).model.moe.router.renormalize);
   CHECK(parsed(JobConfig::moe_preset(), {"--top-k", "3"}).model.moe.router.renormalize);
+}
+
+TEST_CASE("job config: --init-from-hf takes the model from config.json, refusing contradictions",
+          "[train]") {
+  const std::string llama = hf_dir("quintet_hf_llama", kLlamaConfig);
+  const JobConfig job = parsed(JobConfig{}, {"--init-from-hf", llama, "--seq-len", "64"});
+  const model::GptConfig& m = job.model;
+  CHECK(m.family == model::ModelFamily::llama);
+  CHECK((m.layers == 3 && m.hidden == 24 && m.heads == 4 && m.kv_heads == 2 && m.head_dim == 6));
+  CHECK((m.ffn_hidden == 40 && m.vocab == 320 && m.tied_embeddings && !m.bias && m.rope));
+  CHECK((m.eps == 1e-5f && m.rope_theta == 500000.0 && m.seq_len == 64));
+  CHECK(m.norm == nn::NormKind::rmsnorm);
+  CHECK(m.activation == nn::Activation::swiglu);
+  // Flags that agree with config.json are fine; those that do not are refused.
+  CHECK(parsed(JobConfig{},
+               {"--init-from-hf", llama, "--hidden", "24", "--arch", "llama", "--no-bias"})
+            .model.hidden == 24);
+  for (const std::vector<std::string> flags : {std::vector<std::string>{"--hidden", "32"},
+                                               {"--arch", "qwen3"},
+                                               {"--kv-heads", "4"},
+                                               {"--qk-norm"},
+                                               {"--seq-len", "8192"},
+                                               {"--tied-embeddings=false"}}) {
+    INFO(flags.front());
+    JobConfig bad;
+    std::vector<std::string> args{"--init-from-hf", llama};
+    args.insert(args.end(), flags.begin(), flags.end());
+    CHECK(parse(&bad, args) == 2);
+  }
+  // An MoE model needs the MoE trainer's job, and the reverse.
+  const std::string mixtral = hf_dir("quintet_hf_mixtral", kMixtralConfig);
+  JobConfig dense;
+  CHECK(parse(&dense, {"--init-from-hf", mixtral}) == 2);
+  JobConfig moe = JobConfig::moe_preset();
+  CHECK(parse(&moe, {"--init-from-hf", llama}) == 2);
+  const JobConfig mx = parsed(JobConfig::moe_preset(), {"--init-from-hf", mixtral});
+  CHECK((mx.model.moe.router.experts == 4 && mx.model.moe.router.top_k == 1));
+  CHECK(mx.model.moe.router.renormalize);  // Mixtral renormalizes, even over one expert
+  CHECK(mx.model.family == model::ModelFamily::mixtral);
+  CHECK(mx.model.eps == 1e-5f);
+  CHECK(mx.model.rope_theta == 1e6);  // MixtralConfig's default
+  // No directory, no --resume beside it.
+  JobConfig missing;
+  CHECK(parse(&missing, {"--init-from-hf", "/no/such/hf/model"}) == 2);
+  const JobConfig both = parsed(JobConfig{}, {"--init-from-hf", llama, "--resume", "ckpt",
+                                              "--seq-len", "64", "--vocab", "320"});
+  REQUIRE_THROWS_QUINTET(both.validate(1), InvalidArgument, "give one of them");
 }
 
 TEST_CASE("job config: --arch sets a family's structure, the flags beside it override it",

@@ -95,6 +95,10 @@ struct JobConfig {
     int keep_last = 0;             // > 0: only the newest N checkpoints stay (0: every one)
     std::string resume;            // must hold a checkpoint
     std::string resume_if_exists;  // resumes when it holds one, else starts fresh
+    // A Hugging Face model directory (hf_checkpoint.hpp): parse_job_args sets the model from its
+    // config.json, the trainer loads its weights (not with resume; with resume_if_exists, only
+    // when there is no checkpoint to resume).
+    std::string init_from_hf;
     // Testing: exit (status 3) in the middle of the save of this step, after its shard is written
     // and before the commit; -1: never.
     std::int64_t exit_during_save = -1;
