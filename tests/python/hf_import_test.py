@@ -5,7 +5,7 @@
 
 dense, moe: hf_reference.py writes tiny checkpoints in the Hub layout with the expected loss of
 a fixed batch; hf_import_tool loads each with --init-from-hf at several layouts (1 rank, tp x pp
-with sp, cp, dp with ZeRO-1; MoE: ep x tp) and its first-step loss must be the reference's within
+with sp, tp with replicated key/value heads, cp (ring and Ulysses), dp with ZeRO-1; MoE: ep x tp) and its first-step loss must be the reference's within
 1e-5 relative (f32). malformed: broken checkpoints and contradicting flags are refused with a
 message naming what is wrong (and no rank hangs).
 """
@@ -32,9 +32,11 @@ LAYOUTS = {
         ("llama_gqa", 1, []),
         ("llama_gqa", 4, ["--tp", "2", "--pp", "2", "--sp"]),
         ("llama_gqa", 2, ["--dp", "2", "--zero", "1"]),
+        ("llama_gqa", 4, ["--tp", "4"]),  # each of the 2 key/value heads on 2 tp ranks
+        ("llama_gqa", 2, ["--cp", "2"]),
         ("qwen3_tied_bf16", 1, []),
         ("qwen3_tied_bf16", 4, ["--tp", "2", "--pp", "2"]),
-        ("qwen3_tied_bf16", 2, ["--cp", "2"]),
+        ("qwen3_tied_bf16", 2, ["--cp", "2", "--cp-kind", "ulysses"]),
     ],
     "moe": [
         ("mixtral", 1, []),

@@ -267,7 +267,7 @@ CASES = {
     # odd-ish sizes, untied, F32.
     "llama_gqa": (base_config("LlamaForCausalLM", "llama", hidden_size=24, num_hidden_layers=2,
                               num_attention_heads=4, num_key_value_heads=2, head_dim=6,
-                              intermediate_size=44, vocab_size=50, rms_norm_eps=1e-5,
+                              intermediate_size=44, vocab_size=52, rms_norm_eps=1e-5,
                               rope_theta=500000.0, tie_word_embeddings=False,
                               attention_bias=True, mlp_bias=False, rope_scaling=None),
                   "F32", 1, None, False),
