@@ -8,6 +8,8 @@ a fixed batch; hf_import_tool loads each with --init-from-hf at several layouts 
 with sp, tp with replicated key/value heads, cp (ring and Ulysses), dp with ZeRO-1; MoE: ep x tp) and its first-step loss must be the reference's within
 1e-5 relative (f32). malformed: broken checkpoints and contradicting flags are refused with a
 message naming what is wrong (and no rank hangs).
+With QUINTET_HF_REFERENCE_DIR set, the dense and moe cases found there (made by transformers:
+scripts/hf/make_transformers_reference.py) are used instead of hf_reference.py's.
 """
 
 import json
@@ -69,6 +71,11 @@ def check_losses(runner, which, work):
     for case, ranks, flags in LAYOUTS[which]:
         if case not in made:
             made[case] = ref.write_case(work, case)
+            # The same case made by transformers (scripts/hf/make_transformers_reference.py).
+            given = os.path.join(os.environ.get("QUINTET_HF_REFERENCE_DIR", ""), case)
+            if os.environ.get("QUINTET_HF_REFERENCE_DIR") and os.path.isdir(given):
+                shutil.rmtree(made[case])
+                made[case] = shutil.copytree(given, made[case])
             with open(os.path.join(made[case], "expected.json")) as f:
                 expected = json.load(f)
             # The reference's loss is far from chance: it depends on the weights.

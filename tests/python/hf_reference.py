@@ -15,6 +15,8 @@ always). Weights are drawn large enough that the loss depends on every one of th
 transposed or swapped tensor changes it far beyond the tests' tolerance). BF16 cases store the
 weights rounded to nearest even, and the reference computes with the rounded values.
 
+scripts/hf/make_transformers_reference.py writes the same format with transformers itself.
+
     python3 hf_reference.py OUTDIR        # every case into OUTDIR/<case>/
 """
 
