@@ -21,6 +21,7 @@ std::unique_ptr<nn::Module> make_attention(const GptConfig& c, const ModelGroups
       return std::make_unique<ParallelAttention>(
           *g.tp, c.hidden, c.heads, c.seq_len,
           ParallelAttentionOptions{.bias = c.bias,
+                                   .proj_bias = c.proj_bias,
                                    .init_std = c.init_std,
                                    .proj_init_std = c.output_init_std(),
                                    .sequence_parallel = c.sequence_parallel,

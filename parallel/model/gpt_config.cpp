@@ -123,6 +123,7 @@ void GptConfig::set_family(ModelFamily f) {
   rope = !gpt2;
   rope_theta = gpt2 ? GptConfig{}.rope_theta : f == ModelFamily::llama ? 500000.0 : 1000000.0;
   bias = gpt2;
+  proj_bias = true;
   qk_norm = qwen3;
   if (!is_moe_family(f)) return;
   // The MoE shape of the family's published models: Mixtral 8x7B and 8x22B, 8 experts top-2 of
@@ -307,7 +308,7 @@ std::int64_t block_params(const GptConfig& c, bool active) {
   // q, k, v and the output projection (and the QK-norm weights).
   const std::int64_t a = c.heads * c.head_size(), kv = c.kv_head_count() * c.head_size();
   const std::int64_t attn =
-      2 * d * a + 2 * d * kv + (c.bias ? a + 2 * kv + d : 0) + (c.qk_norm ? 2 * c.head_size() : 0);
+      2 * d * a + 2 * d * kv + (c.bias ? a + 2 * kv + (c.proj_bias ? d : 0) : 0) + (c.qk_norm ? 2 * c.head_size() : 0);
   std::int64_t total = 0;
   for (std::int64_t l = 0; l < c.layers; ++l) {
     const std::int64_t mlp =

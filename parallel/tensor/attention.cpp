@@ -101,7 +101,7 @@ ParallelAttention::ParallelAttention(Communicator& tp, std::int64_t dim, std::in
   }
   proj_ = &add_module("proj", std::make_unique<RowParallelLinear>(
                                   tp, attn, dim,
-                                  RowParallelOptions{.bias = options.bias,
+                                  RowParallelOptions{.bias = options.bias && options.proj_bias,
                                                      .init_std = options.proj_init_std,
                                                      .sequence_parallel = options.sequence_parallel,
                                                      .overlap_chunks = options.overlap_chunks}));

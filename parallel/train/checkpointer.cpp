@@ -135,7 +135,8 @@ std::string run_identity(const TrainingModel& model, const data::DataLoader& loa
          (m.kv_heads == 0 && m.head_dim == 0 && !m.rope && !m.qk_norm
               ? std::string()  // as before these fields existed, so older checkpoints resume
               : fmt::format(";kv_heads={};head_dim={};rope={};rope_theta={};qk_norm={}",
-                            m.kv_head_count(), m.head_size(), m.rope, m.rope_theta, m.qk_norm));
+                            m.kv_head_count(), m.head_size(), m.rope, m.rope_theta, m.qk_norm)) +
+         (m.bias && !m.proj_bias ? ";proj_bias=0" : "");  // (only when off: older ones resume)
 }
 
 // The layout a checkpoint was saved at (recorded for the record and the inspection tool, not

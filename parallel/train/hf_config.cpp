@@ -85,10 +85,11 @@ Json read_json(const std::string& path) {
 struct Architecture {
   const char* cls;
   const char* model_type;
-  model::ModelFamily family;
+  model::ModelFamily family;  // Qwen2 is Llama's structure with biases on q, k and v
 };
 constexpr Architecture kArchitectures[] = {
     {"LlamaForCausalLM", "llama", model::ModelFamily::llama},
+    {"Qwen2ForCausalLM", "qwen2", model::ModelFamily::llama},
     {"Qwen3ForCausalLM", "qwen3", model::ModelFamily::qwen3},
     {"MixtralForCausalLM", "mixtral", model::ModelFamily::mixtral},
     {"Qwen3MoeForCausalLM", "qwen3_moe", model::ModelFamily::qwen3_moe},
@@ -136,14 +137,10 @@ HfModel read_hf_config(const std::string& dir) {
     if (hf.architecture.empty() ? hf.model_type == a.model_type : hf.architecture == a.cls)
       arch = &a;
   }
-  QUINTET_CHECK(hf.architecture != "Qwen2ForCausalLM" && hf.model_type != "qwen2",
-                "{}: Qwen2 (biases on q_proj, k_proj and v_proj but none on o_proj) is not a "
-                "model Quintet builds: its attention biases are on all four projections or none",
-                path);
   QUINTET_CHECK(arch != nullptr,
                 "{}: architecture \"{}\" (model_type \"{}\") is not one Quintet imports; it "
-                "reads LlamaForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM and "
-                "Qwen3MoeForCausalLM",
+                "reads LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM "
+                "and Qwen3MoeForCausalLM",
                 path, hf.architecture, hf.model_type);
   if (hf.architecture.empty()) hf.architecture = arch->cls;
   QUINTET_CHECK(hf.model_type.empty() || hf.model_type == arch->model_type,
@@ -152,6 +149,7 @@ HfModel read_hf_config(const std::string& dir) {
   hf.model_type = arch->model_type;
   const model::ModelFamily family = arch->family;
   const bool qwen = family == model::ModelFamily::qwen3 || family == model::ModelFamily::qwen3_moe;
+  const bool qwen2 = hf.model_type == "qwen2";
   const bool mixtral = family == model::ModelFamily::mixtral;
 
   model::GptConfig m;
@@ -175,13 +173,17 @@ HfModel read_hf_config(const std::string& dir) {
   m.rope_theta = rope_theta(c, mixtral ? 1e6 : 10000.0);
   m.tied_embeddings = c.flag("tie_word_embeddings", false);
   m.bias = c.flag("attention_bias", false);
+  if (qwen2) {  // q, k and v always have biases, o_proj never (no attention_bias key)
+    m.bias = true;
+    m.proj_bias = false;
+  }
   hf.max_position_embeddings = c.positive("max_position_embeddings", 0);
   c.refuse_if(c.text("hidden_act", "silu") != "silu", "hidden_act",
               "Quintet's SwiGLU gates with silu");
   c.refuse_if(c.flag("mlp_bias", false), "mlp_bias", "Quintet's SwiGLU MLP has no biases");
   // Sliding-window attention: Qwen3's use_sliding_window, transformers 5's layer_types; Mixtral's
   // sliding_window (a window no shorter than the sequence changes nothing: apply_hf_config).
-  if (qwen) {
+  if (qwen || qwen2) {
     c.refuse_if(c.flag("use_sliding_window", false), "use_sliding_window",
                 "Quintet's attention is causal over the whole sequence");
   } else if (c.has("sliding_window")) {
@@ -253,6 +255,7 @@ void apply_hf_config(const HfModel& hf, JobConfig* job,
   m.rope_theta = h.rope_theta;
   m.tied_embeddings = h.tied_embeddings;
   m.bias = h.bias;
+  m.proj_bias = h.proj_bias;
   if (moe) {
     m.moe.router.experts = h.moe.router.experts;
     m.moe.router.top_k = h.moe.router.top_k;

@@ -33,6 +33,7 @@ void check_model_is(const HfModel& hf, const model::GptConfig& m) {
   check("vocab_size", m.vocab, h.vocab);
   check("tie_word_embeddings", m.tied_embeddings, h.tied_embeddings);
   check("attention_bias", m.bias, h.bias);
+  check("o_proj bias", m.bias && m.proj_bias, h.bias && h.proj_bias);
   check("qk_norm", m.qk_norm, h.qk_norm);
   check("rms_norm_eps", m.eps, h.eps);
   check("rope_theta", m.rope_theta, h.rope_theta);

@@ -138,7 +138,7 @@ std::vector<std::string> hf_parameter_names(const model::GptConfig& m) {
       out.push_back(b + "attn.k_norm.weight");
     }
     out.push_back(b + "attn.proj.weight");
-    if (m.bias) out.push_back(b + "attn.proj.bias");
+    if (m.bias && m.proj_bias) out.push_back(b + "attn.proj.bias");
     out.push_back(b + "norm2.weight");
     if (m.is_moe_block(l)) {
       out.push_back(b + "mlp.router.weight");

@@ -210,10 +210,11 @@ void add_job_flags(CLI::App& app, JobConfig& job) {
                  "resume from the latest checkpoint in this directory when there is one, else "
                  "start fresh")
       ->capture_default_str();
-  app.add_option("--init-from-hf", ck.init_from_hf,
-                 "start from a Hugging Face model directory (config.json and safetensors: Llama, "
-                 "Qwen3, Mixtral, Qwen3-MoE): the model is config.json's, flags that contradict "
-                 "it are refused; not with --resume")
+  app.add_option(
+         "--init-from-hf", ck.init_from_hf,
+         "start from a Hugging Face model directory (config.json and safetensors: Llama, "
+         "Qwen2, Qwen3, Mixtral, Qwen3-MoE): the model is config.json's, flags that contradict "
+         "it are refused; not with --resume")
       ->capture_default_str();
   app.add_option("--exit-during-save", ck.exit_during_save,
                  "testing: exit midway through the save of this step")

@@ -36,6 +36,8 @@ LAYOUTS = {
         ("llama_gqa", 2, ["--dp", "2", "--zero", "1"]),
         ("llama_gqa", 4, ["--tp", "4"]),  # each of the 2 key/value heads on 2 tp ranks
         ("llama_gqa", 2, ["--cp", "2"]),
+        ("qwen2", 1, []),
+        ("qwen2", 2, ["--tp", "2", "--sp"]),
         ("qwen3_tied_bf16", 1, []),
         ("qwen3_tied_bf16", 4, ["--tp", "2", "--pp", "2"]),
         ("qwen3_tied_bf16", 2, ["--cp", "2", "--cp-kind", "ulysses"]),
@@ -144,8 +146,7 @@ def check_malformed(runner, work):
                 architectures=["GPT2LMHeadModel"], model_type="gpt2")
     edit_config(case("rope_scaling", r"\"rope_scaling\".*no scaling"),
                 rope_scaling={"rope_type": "llama3", "factor": 8.0})
-    edit_config(case("qwen2", r"Qwen2.*not a model Quintet builds"),
-                architectures=["Qwen2ForCausalLM"], model_type="qwen2")
+    edit_config(case("gelu", r"\"hidden_act\" is \"gelu\""), hidden_act="gelu")
     edit_config(case("no_hidden", r"config\.json: no \"hidden_size\""), hidden_size=None)
     edit_config(case("shape", r"model\.layers\.0\.mlp\.gate_proj\.weight.*\[40, 24\].*\[44, 24\]"
                      r"|model\.layers\.0\.mlp\.gate_proj\.weight.*\[44, 24\].*\[40, 24\]"),

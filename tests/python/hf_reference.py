@@ -114,9 +114,13 @@ def linear(x, w, b=None):
     return y if b is None else y + b
 
 
+def head_dim(c):
+    return c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+
+
 def attention(c, w, p, x):
     B, S, _ = x.shape
-    H, K, D = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
+    H, K, D = c["num_attention_heads"], c["num_key_value_heads"], head_dim(c)
     get = lambda n: w.get(p + n)
     q = linear(x, get("q_proj.weight"), get("q_proj.bias")).reshape(B, S, H, D)
     k = linear(x, get("k_proj.weight"), get("k_proj.bias")).reshape(B, S, K, D)
@@ -204,12 +208,14 @@ def forward_loss(c, w, tokens, expert_names=None, fused=False):
 
 def random_weights(c, rng, expert_names=None, fused=False):
     """The model's tensors, in save_pretrained's order, float64 (before rounding)."""
-    d, H, K, D = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
+    d, H, K, D = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"], head_dim(c)
     out = []
     mat = lambda rows, cols: rng.normal(0.0, 1.0 / np.sqrt(cols), (rows, cols))
     gain = lambda n: 1.0 + 0.3 * rng.normal(size=n)
     out.append(("model.embed_tokens.weight", rng.normal(0.0, 1.0, (c["vocab_size"], d))))
-    bias = c.get("attention_bias", False)
+    # Qwen2: biases on q, k and v always, never on o; the others: attention_bias, all four.
+    qkv_bias = c.get("attention_bias", False) or c["model_type"] == "qwen2"
+    o_bias = c.get("attention_bias", False)
     for layer in range(c["num_hidden_layers"]):
         p = "model.layers.%d." % layer
         a = p + "self_attn."
@@ -217,10 +223,11 @@ def random_weights(c, rng, expert_names=None, fused=False):
         out.append((a + "k_proj.weight", mat(K * D, d)))
         out.append((a + "v_proj.weight", mat(K * D, d)))
         out.append((a + "o_proj.weight", mat(d, H * D)))
-        if bias:
+        if qkv_bias:
             out.append((a + "q_proj.bias", 0.3 * rng.normal(size=H * D)))
             out.append((a + "k_proj.bias", 0.3 * rng.normal(size=K * D)))
             out.append((a + "v_proj.bias", 0.3 * rng.normal(size=K * D)))
+        if o_bias:
             out.append((a + "o_proj.bias", 0.3 * rng.normal(size=d)))
         if c["model_type"] in ("qwen3", "qwen3_moe"):
             out.append((a + "q_norm.weight", gain(D)))
@@ -273,6 +280,13 @@ CASES = {
                               rope_theta=500000.0, tie_word_embeddings=False,
                               attention_bias=True, mlp_bias=False, rope_scaling=None),
                   "F32", 1, None, False),
+    # Qwen2: biases on q, k and v but not o (GQA: q apart, k and v fused in Quintet), tied, F32.
+    "qwen2": (base_config("Qwen2ForCausalLM", "qwen2", hidden_size=24, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, intermediate_size=28,
+                          vocab_size=46, rms_norm_eps=1e-6, rope_theta=1000000.0,
+                          tie_word_embeddings=True, use_sliding_window=False,
+                          sliding_window=None, max_window_layers=2),
+              "F32", 1, None, False),
     # Qwen3: QK-norm, head_dim apart from hidden / heads, q/k/v fused in Quintet, biases, tied,
     # BF16, two files with the index.
     "qwen3_tied_bf16": (base_config("Qwen3ForCausalLM", "qwen3", hidden_size=20,

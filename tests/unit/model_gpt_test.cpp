@@ -6,6 +6,7 @@
 // deferred W (zero-bubble pipelines) equals the whole one; a tied table cut across chunks is an
 // owner and a copy whose gradients sum to the one-chunk model's; the parameter counts equal the
 // parameters built; and the bad inputs are refused with a message that names them.
+#include <algorithm>
 #include <map>
 #include <string>
 #include <vector>
@@ -211,6 +212,7 @@ TEST_CASE("model: parameter counts equal the parameters built", "[model]") {
   c.activation = GENERATE(nn::Activation::gelu, nn::Activation::swiglu);
   c.norm = GENERATE(nn::NormKind::layernorm, nn::NormKind::rmsnorm);
   c.bias = GENERATE(true, false);
+  c.proj_bias = GENERATE(true, false);  // Qwen2: biases on q, k, v only
   c.tied_embeddings = GENERATE(false, true);
   c.learned_positions = GENERATE(true, false);
   c.rope = !c.learned_positions;
@@ -228,6 +230,10 @@ TEST_CASE("model: parameter counts equal the parameters built", "[model]") {
     if (name == "wte.weight" || name == "wpe.weight") embeddings += p->numel();
   }
   CHECK(c.total_params() == total);
+  const auto params = m->named_parameters();
+  CHECK(std::count_if(params.begin(), params.end(), [](const auto& p) {
+          return p.first == "block0.attn.proj.bias";
+        }) == (c.bias && c.proj_bias ? 1 : 0));
   // The LM head is counted in the 6 N FLOPs even when it shares the table.
   CHECK(c.non_embedding_params() ==
         total - embeddings + (c.tied_embeddings ? c.vocab * c.hidden : 0));

@@ -84,6 +84,7 @@ struct GptConfig {
   nn::NormKind norm = nn::NormKind::layernorm;
   nn::Activation activation = nn::Activation::gelu;  // GELU MLP has biases, SwiGLU none
   bool bias = true;                                  // biases of the attention projections
+  bool proj_bias = true;  // with bias: the output projection's too (false: q, k, v only, Qwen2)
   bool tied_embeddings = false;   // the LM head reuses the token embedding's table
   bool learned_positions = true;  // a learned absolute position embedding after the tokens
   bool rope = false;              // rotary positions on q and k instead (learned_positions off)
@@ -126,10 +127,10 @@ struct GptConfig {
   static GptConfig qwen3_moe(const GptConfig& base);
   static GptConfig qwen3_moe();  // over GptConfig{}
   // Sets family and the structure the family fixes (the list at ModelFamily): norm, eps,
-  // activation, learned_positions, rope, rope_theta, bias, qk_norm, and for mixtral and qwen3_moe
-  // the MoE shape in moe (router experts, top_k, score, renormalize, capacity_factor, bias_rate;
-  // expert_ffn from hidden, shared_experts, every). Leaves the sizes, the layout settings, the
-  // MLP kind (mlp) and, for the dense families, moe as they are.
+  // activation, learned_positions, rope, rope_theta, bias (proj_bias on), qk_norm, and for mixtral
+  // and qwen3_moe the MoE shape in moe (router experts, top_k, score, renormalize, capacity_factor,
+  // bias_rate; expert_ffn from hidden, shared_experts, every). Leaves the sizes, the layout
+  // settings, the MLP kind (mlp) and, for the dense families, moe as they are.
   void set_family(ModelFamily f);
 
   // The key/value heads (kv_heads, or heads when 0) and the head dimension (head_dim, or

@@ -15,6 +15,7 @@ namespace quintet {
 
 struct ParallelAttentionOptions {
   bool bias = true;                // of the qkv and output projections
+  bool proj_bias = true;           // with bias: the output projection's too (Qwen2: q, k, v only)
   float init_std = 0.02f;          // qkv
   float proj_init_std = 0.02f;     // the output projection (GPT-2: init_std / sqrt(2 * layers))
   bool sequence_parallel = false;  // x and the output are [B, S/tp, dim]

@@ -1,7 +1,8 @@
 // Starting a run from a Hugging Face checkpoint (parallel/train/hf_config.cpp, hf_import.cpp):
 // a directory as save_pretrained writes it, config.json beside model.safetensors (or its shards
-// and model.safetensors.index.json), of a Llama (LlamaForCausalLM), Qwen3 (Qwen3ForCausalLM),
-// Mixtral (MixtralForCausalLM) or Qwen3-MoE (Qwen3MoeForCausalLM) model.
+// and model.safetensors.index.json), of a Llama (LlamaForCausalLM), Qwen2 (Qwen2ForCausalLM: the
+// llama family with biases on q, k and v only, GptConfig::proj_bias off), Qwen3
+// (Qwen3ForCausalLM), Mixtral (MixtralForCausalLM) or Qwen3-MoE (Qwen3MoeForCausalLM) model.
 //
 //   train::JobConfig job = ...;                                  // flags, job file
 //   const train::HfModel hf = train::read_hf_config(dir);        // config.json
@@ -22,7 +23,7 @@
 // Refused, naming the key and the file, for what Quintet cannot run as Hugging Face does: an
 // unknown architecture, hidden_act other than silu, rope scaling (rope_type other than
 // default), mlp_bias, sliding-window attention, router jitter noise, Qwen3-MoE dense layers
-// (decoder_sparse_step != 1, mlp_only_layers), Qwen2's q/k/v biases without an o_proj bias.
+// (decoder_sparse_step != 1, mlp_only_layers).
 // The sequence length stays the job's (at most max_position_embeddings).
 //
 // Loading: each rank reads from the safetensors files (memory-mapped, data/safetensors.hpp) only
@@ -53,7 +54,7 @@ struct HfModel {
   std::string dir;
   std::string config_path;   // dir/config.json
   std::string architecture;  // "LlamaForCausalLM", ... (from architectures, else model_type)
-  std::string model_type;    // "llama", "qwen3", "mixtral", "qwen3_moe"
+  std::string model_type;    // "llama", "qwen2", "qwen3", "mixtral", "qwen3_moe"
   // The model: the family's structure and config.json's sizes over GptConfig's defaults (its
   // layout settings, seq_len and dtype are not config.json's: apply_hf_config keeps the job's).
   model::GptConfig model;

@@ -2,8 +2,9 @@
 // (parallel/train/hf_names.cpp), for import (hf_checkpoint.hpp) and export alike: each of our
 // global parameters (its name and global shape, as Parameter::name() and
 // ParameterAttributes::full_shape give them) is cut into boxes, each box equal to a box of one
-// Hugging Face tensor. Import reads each box a rank holds from its tensor; export writes each
-// tensor from the boxes that make it up. The boxes of a parameter tile it exactly.
+// Hugging Face tensor (Llama, Qwen2, Qwen3, Mixtral, Qwen3-MoE). Import reads each box a rank holds
+// from its tensor; export writes each tensor from the boxes that make it up. The boxes of a
+// parameter tile it exactly.
 //
 //   ours (GptChunk names)                  Hugging Face (model.layers.N. omitted below)
 //   wte.weight [V, d]                      model.embed_tokens.weight
