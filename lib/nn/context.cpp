@@ -6,6 +6,7 @@
 namespace quintet::nn {
 
 void Context::save(const Module& module, std::vector<Tensor> tensors) {
+  if (forward_only_) return;  // no backward will take them
   saved_[&module].push_back(std::move(tensors));
 }
 

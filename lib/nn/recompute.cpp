@@ -14,6 +14,7 @@ Tensor Recompute::forward(Context& ctx, const Tensor& x) {
   Context scratch(ctx.stream());
   scratch.set_loss_scale(ctx.loss_scale());
   scratch.set_recomputing(ctx.recomputing());
+  scratch.set_forward_only(ctx.forward_only());
   Tensor y = inner_->forward(scratch, x);
   ctx.save(*this, {x});
   return y;

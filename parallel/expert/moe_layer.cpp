@@ -223,10 +223,10 @@ Tensor MoELayer::forward(nn::Context& ctx, const Tensor& x) {
     }
     all_reduce_sum(st.counts, groups_.cp, s);
     all_reduce_sum(st.prob_sum, groups_.cp, s);
-    if (!ctx.recomputing()) accumulate_aux_loss(st, seq_tokens, rc, sums_.narrow(0, 0, 1), s);
+    if (ctx.counts_statistics()) accumulate_aux_loss(st, seq_tokens, rc, sums_.narrow(0, 0, 1), s);
     aux_counts = st.counts;
   }
-  if (rc.z_loss_coeff > 0.0f && !ctx.recomputing()) {
+  if (rc.z_loss_coeff > 0.0f && ctx.counts_statistics()) {
     accumulate_z_loss(logits, rc, sums_.narrow(0, 1, 1), s);
   }
 
@@ -321,7 +321,7 @@ Tensor MoELayer::forward(nn::Context& ctx, const Tensor& x) {
   ctx.save(*this, std::move(saved));
   if (shared_ != nullptr) y = nn::add(y, shared_->forward(ctx, x), s);
 
-  if (!ctx.recomputing()) {
+  if (ctx.counts_statistics()) {
     std::int64_t n_send = 0;
     for (const ExchangePlan& plan : plans) {
       for (std::int64_t e = 0; e < E; ++e) load_[e] += static_cast<double>(plan.send[e]);

@@ -25,6 +25,28 @@ bool is_backward(ActionKind k) { return k == ActionKind::backward || k == Action
 bool marks_gradients(ActionKind k) {
   return k == ActionKind::backward || k == ActionKind::weight_grad;
 }
+// Microbatch data, fetched in increasing order when a first or last stage first needs it.
+class Fetcher {
+ public:
+  explicit Fetcher(const std::function<MicrobatchData(int)>& data) : data_(data) {}
+  const MicrobatchData& operator()(int mb) {
+    while (next_ <= mb) {
+      fetched_.emplace(next_, data_(next_));
+      ++next_;
+    }
+    return fetched_.at(mb);
+  }
+  // Forgets the microbatches before mb (their forwards are done).
+  void drop_before(int mb) {
+    std::erase_if(fetched_, [mb](const auto& f) { return f.first < mb; });
+  }
+
+ private:
+  const std::function<MicrobatchData(int)>& data_;
+  std::map<int, MicrobatchData> fetched_;
+  int next_ = 0;
+};
+
 }  // namespace
 
 // The state of one (stage, microbatch) during a step.
@@ -101,16 +123,7 @@ Tensor PipelineExecutor::run(const std::function<MicrobatchData(int)>& data, flo
     if (sm.sync) sm.sync->begin_step();
   }
 
-  // Microbatch data, fetched in increasing order when a first or last stage first needs it.
-  std::map<int, MicrobatchData> fetched;
-  int next_fetch = 0;
-  auto data_of = [&](int mb) -> const MicrobatchData& {
-    while (next_fetch <= mb) {
-      fetched.emplace(next_fetch, data(next_fetch));
-      ++next_fetch;
-    }
-    return fetched.at(mb);
-  };
+  Fetcher data_of(data);
 
   Tensor loss_sum;
   // The batches issued and not yet seen complete, with their send buffers, which stay alive until
@@ -228,6 +241,76 @@ Tensor PipelineExecutor::run(const std::function<MicrobatchData(int)>& data, flo
   for (Issued& b : issued) b.work.wait(stream);
   issued.clear();
   stats_.step_ms = now_ms();
+  return loss_sum;
+}
+
+Tensor PipelineExecutor::forward(int microbatches, const std::function<MicrobatchData(int)>& data,
+                                 const Stream& stream) {
+  QUINTET_CHECK(microbatches >= 1, "PipelineExecutor::forward: {} microbatches; give at least one",
+                microbatches);
+  const int pp = schedule_.pp, last_stage = schedule_.num_stages() - 1;
+  const auto peer = [this](int stage) {
+    return schedule_.stage_rank[static_cast<std::size_t>(stage)];
+  };
+  Fetcher data_of(data);
+  std::map<std::pair<int, int>, Tensor> handed;  // (stage, microbatch): from a stage on this rank
+  std::deque<std::pair<Work, Tensor>> sends;     // issued, with their buffers
+  Tensor loss_sum;
+  // Blocks (group, stage) in order; each block's receives are posted before its first forward.
+  for (int g0 = 0; g0 < microbatches; g0 += pp) {
+    const int g1 = std::min(microbatches, g0 + pp);
+    data_of.drop_before(g0);
+    for (int s = 0; s <= last_stage; ++s) {
+      if (!local_stage(s)) continue;
+      const StageModule& sm = stage_module(s);
+      const bool receives = s > 0 && !local_stage(s - 1);
+      std::vector<std::pair<Work, Tensor>> received;
+      for (int m = g0; receives && m < g1; ++m) {
+        Tensor x = Tensor::empty(config_.activation_shape, config_.activation_dtype,
+                                 stream.device(), stream);
+        received.emplace_back(pp_->p2p({P2POp::recv(x, peer(s - 1))}, stream), x);
+      }
+      for (int m = g0; m < g1; ++m) {
+        Tensor x;
+        if (s == 0) {
+          x = data_of(m).tokens;
+        } else if (receives) {
+          auto& [work, buffer] = received[static_cast<std::size_t>(m - g0)];
+          work.wait(stream);
+          x = std::move(buffer);
+        } else {
+          x = std::move(handed.at({s, m}));
+          handed.erase({s, m});
+        }
+        nn::Context ctx(stream);
+        ctx.set_forward_only(true);
+        if (s == last_stage) {
+          ctx.set_targets(data_of(m).targets);
+          const Tensor loss = sm.chunk->forward(ctx, x);
+          if (!loss_sum.defined()) {
+            loss_sum = Tensor::empty({}, DType::f32, stream.device(), stream);
+            loss_sum.fill_(0.0, stream);
+          }
+          nn::add_(loss_sum, loss, 1.0f, stream);
+          continue;
+        }
+        Tensor y = sm.chunk->forward(ctx, x);
+        if (local_stage(s + 1)) {
+          handed[{s + 1, m}] = std::move(y);
+          continue;
+        }
+        // At most 2 pp sends in flight (their buffers held): a first stage runs ahead no further.
+        std::erase_if(sends, [](const auto& w) { return w.first.is_completed(); });
+        while (static_cast<int>(sends.size()) >= 2 * pp) {
+          sends.front().first.wait(stream);
+          sends.pop_front();
+        }
+        Work w = pp_->p2p({P2POp::send(y, peer(s + 1))}, stream);
+        sends.emplace_back(std::move(w), std::move(y));
+      }
+    }
+  }
+  for (auto& w : sends) w.first.wait(stream);
   return loss_sum;
 }
 

@@ -192,6 +192,19 @@ void add_job_flags(CLI::App& app, JobConfig& job) {
       ->capture_default_str();
   app.add_option("--loader-threads", job.data.loader_threads, "data loader threads per rank")
       ->capture_default_str();
+  JobConfig::Validation& v = job.validation;
+  app.add_option("--val-data", v.data,
+                 "validation token shards (glob), or builtin: the built-in dataset's; its loss "
+                 "(val_loss) is reported after the last step")
+      ->capture_default_str();
+  app.add_option("--val-every", v.every, "with --val-data: also evaluate every N steps")
+      ->capture_default_str();
+  app.add_option("--val-batches", v.batches,
+                 "global batches per evaluation, from the first window (0: every window there "
+                 "is, once)")
+      ->capture_default_str();
+  add_switch(app, "--eval-only", &v.eval_only,
+             "evaluate the model restored by --resume on --val-data, and exit");
   JobConfig::Checkpoint& ck = job.checkpoint;
   app.add_option("--save", ck.save, "checkpoint directory")->capture_default_str();
   add_switch(app, "--async-save", &ck.async_save,

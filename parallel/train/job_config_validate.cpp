@@ -49,6 +49,31 @@ void validate_experts(const JobConfig& c, int world) {
                 "--moe-chunks {}: expected 1 .. 64", c.model.moe.overlap_chunks);
 }
 
+// The built-in dataset's tokens fit the vocabulary (`other`: how to give other data).
+void check_builtin_vocab(std::int64_t vocab, const char* other) {
+  const int builtin = data::SyntheticConfig{}.vocab_size;
+  QUINTET_CHECK(vocab >= builtin,
+                "--vocab {}: the built-in dataset has {} tokens; use --vocab >= {} (or {})", vocab,
+                builtin, builtin, other);
+}
+
+// --val-data, --val-every, --val-batches and --eval-only.
+void validate_validation(const JobConfig& c) {
+  const JobConfig::Validation& v = c.validation;
+  QUINTET_CHECK(v.every >= 0 && v.batches >= 0, "--val-every {} --val-batches {}: expected >= 0",
+                v.every, v.batches);
+  QUINTET_CHECK(!v.data.empty() || (v.every == 0 && v.batches == 0 && !v.eval_only),
+                "{} needs --val-data GLOB (the validation shards, or builtin)",
+                v.eval_only   ? std::string("--eval-only")
+                : v.every > 0 ? fmt::format("--val-every {}", v.every)
+                              : fmt::format("--val-batches {}", v.batches));
+  QUINTET_CHECK(!v.eval_only || !c.checkpoint.resume.empty(),
+                "--eval-only evaluates a trained model: give it with --resume DIR");
+  if (v.data == "builtin") check_builtin_vocab(c.model.vocab, "other --val-data");
+  QUINTET_CHECK(!v.eval_only || c.checkpoint.save.empty(),
+                "--eval-only writes nothing: drop --save {}", c.checkpoint.save);
+}
+
 }  // namespace
 
 void JobConfig::validate(int world) const {
@@ -132,12 +157,8 @@ void JobConfig::validate(int world) const {
                 "--keep-last {} needs --save DIR", checkpoint.keep_last);
   QUINTET_CHECK(data.loader_threads >= 1, "--loader-threads {}: expected >= 1",
                 data.loader_threads);
-  if (data.shards.empty()) {
-    const int builtin = data::SyntheticConfig{}.vocab_size;
-    QUINTET_CHECK(m.vocab >= builtin,
-                  "--vocab {}: the built-in dataset has {} tokens; use --vocab >= {} (or --data)",
-                  m.vocab, builtin, builtin);
-  }
+  if (data.shards.empty()) check_builtin_vocab(m.vocab, "--data");
+  validate_validation(*this);
   QUINTET_CHECK(observe.trace_steps.empty() || !observe.trace.empty(),
                 "--trace-steps {} needs --trace DIR", observe.trace_steps);
   (void)traced_steps(0, t.steps);  // a malformed --trace-steps, named

@@ -1,9 +1,12 @@
 // This rank's share of the GPT for training (see training_model.hpp).
 #include "quintet/parallel/train/training_model.hpp"
 
+#include <limits>
+
 #include "quintet/core/error.hpp"
 #include "quintet/parallel/context/ring_attention.hpp"
 #include "quintet/parallel/data/loader_for_mesh.hpp"
+#include "quintet/parallel/train/evaluate.hpp"
 
 namespace quintet::train {
 
@@ -133,26 +136,48 @@ data::LoaderConfig TrainingModel::loader_config(data::LoaderConfig base) const {
   return loader_config_for(mesh_, base);
 }
 
-StepStats TrainingModel::step(data::DataLoader& loader) {
+void TrainingModel::check_loader(const data::DataLoader& loader, const char* who) const {
   const data::LoaderConfig& lc = loader.config();
   QUINTET_CHECK(lc.batch_size == config_.micro_batch && lc.seq_len == config_.model.seq_len,
-                "TrainingModel::step: the loader makes [{}, {}] batches, the model takes "
+                "TrainingModel::{}: the loader makes [{}, {}] batches, the model takes "
                 "microbatches of [{}, {}] (micro_batch, seq_len); build the loader from "
                 "model.loader_config()",
-                lc.batch_size, lc.seq_len, config_.micro_batch, config_.model.seq_len);
+                who, lc.batch_size, lc.seq_len, config_.micro_batch, config_.model.seq_len);
   QUINTET_CHECK(lc.dp_rank == mesh_.rank(Axis::dp) && lc.dp_size == mesh_.size(Axis::dp),
-                "TrainingModel::step: the loader reads for data-parallel rank {} of {}, but this "
+                "TrainingModel::{}: the loader reads for data-parallel rank {} of {}, but this "
                 "rank is rank {} of {} on the mesh's dp axis, so the ranks of one replica would "
                 "train on different data; build the loader from model.loader_config()",
-                lc.dp_rank, lc.dp_size, mesh_.rank(Axis::dp), mesh_.size(Axis::dp));
+                who, lc.dp_rank, lc.dp_size, mesh_.rank(Axis::dp), mesh_.size(Axis::dp));
   QUINTET_CHECK(lc.device == stream_.device(),
-                "TrainingModel::step: the loader delivers to {}, the model runs on {}",
+                "TrainingModel::{}: the loader delivers to {}, the model runs on {}", who,
                 lc.device.str(), stream_.device().str());
+}
+
+pipeline::MicrobatchData TrainingModel::next_microbatch(data::DataLoader& loader) {
+  data::Batch batch = loader.next(stream_);
+  batch.wait(stream_);
+  if (config_.check_batches) check_same_batch(mesh_.comm(Axis::tp), batch.tokens, stream_);
+  return local_part({batch.tokens, batch.targets});
+}
+
+StepStats TrainingModel::step(data::DataLoader& loader) {
+  check_loader(loader, "step");
   return step([&loader, this](int) {
     data::Batch batch = loader.next(stream_);
     batch.wait(stream_);
     return pipeline::MicrobatchData{batch.tokens, batch.targets};
   });
+}
+
+double TrainingModel::evaluate(data::DataLoader& loader, std::int64_t batches) {
+  check_loader(loader, "evaluate");
+  const std::int64_t microbatches = batches * config_.microbatches;
+  QUINTET_CHECK(batches >= 1 && microbatches <= std::numeric_limits<int>::max(),
+                "TrainingModel::evaluate: {} batches; expected 1 .. {}", batches,
+                std::numeric_limits<int>::max() / config_.microbatches);
+  return train::evaluate(
+      *executor_, mesh_, static_cast<int>(microbatches),
+      [&loader, this](int) { return next_microbatch(loader); }, stream_);
 }
 
 pipeline::MicrobatchData TrainingModel::local_part(pipeline::MicrobatchData d) const {

@@ -2,7 +2,8 @@
 // training step of the library GPT cut into pp * vpp stages, under every schedule, combined with
 // tp (with and without sequence parallelism) and dp (ZeRO 0 and 1), equals the whole model on one
 // rank over the same global batch: the loss, every gradient after the data-parallel reduction,
-// and (with ZeRO-1) the parameters after an optimizer step. Which layouts run depends on the job's
+// and (with ZeRO-1) the parameters after an optimizer step; and its forward-only evaluation
+// (train::evaluate) the whole model's mean loss. Which layouts run depends on the job's
 // size (2, 3, 4 or 8 ranks). Bad inputs are refused before any communication.
 #include <fmt/format.h>
 
@@ -17,6 +18,7 @@
 #include "quintet/parallel/model/gpt.hpp"
 #include "quintet/parallel/pipeline/executor.hpp"
 #include "quintet/parallel/pipeline/simulator.hpp"
+#include "quintet/parallel/train/evaluate.hpp"
 #include "quintet/parallel/train/step.hpp"
 #include "tp_support.hpp"
 
@@ -163,6 +165,26 @@ void run_case(const Case& c, Communicator& world) {
     ref->backward(ctx, Tensor());
   }
 
+  // Evaluation first (it changes nothing): train::evaluate over micro + 1 microbatches per replica
+  // (not the schedule's count) equals the whole model's mean forward loss over the same ones.
+  const int eval_micro = c.micro + 1;
+  double ref_eval = 0.0;
+  for (int g = 0; g < c.dp * eval_micro; ++g) {
+    const pipeline::MicrobatchData d = microbatch(config, 1000 + g);
+    nn::Context ctx(kCpu);
+    ctx.set_forward_only(true);
+    ctx.set_targets(d.targets);
+    ref_eval += ref->forward(ctx, d.tokens).item() / (c.dp * eval_micro);
+  }
+  int eval_fetched = 0;
+  const double eval = train::evaluate(
+      executor, mesh, eval_micro,
+      [&](int m) {
+        CHECK(m == eval_fetched++);
+        return microbatch(config, 1000 + dp_rank * eval_micro + m);
+      },
+      kCpu);
+
   int fetched = 0;
   auto data = [&](int m) {
     CHECK(m == fetched++);  // in increasing order, once each
@@ -183,6 +205,7 @@ void run_case(const Case& c, Communicator& world) {
   }
   agreed(world, [&] {
     const bool last = schedule.stage_rank.back() == pp_rank;
+    CHECK(std::abs(eval - ref_eval) <= 1e-5 * std::abs(ref_eval));
     if (c.zero > 0) {  // on every rank
       CHECK(std::abs(step_loss - ref_loss) <= 1e-5 * std::abs(ref_loss));
     } else {

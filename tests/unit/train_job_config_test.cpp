@@ -1,5 +1,6 @@
 // train::JobConfig: a job file and the flags that override it, every flag of --help reaching the
-// config, and the jobs the trainers refuse, refused by validate() with a message naming the flag.
+// config, the jobs the trainers refuse, refused by validate() with a message naming the flag, and
+// the validation windows an evaluation reads (validation_batches).
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -12,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "quintet/parallel/train/evaluate.hpp"
 #include "quintet/parallel/train/job_config.hpp"
 #include "support/catch.hpp"
 
@@ -183,6 +185,10 @@ TEST_CASE("job config: every flag --help lists reaches the config", "[train]") {
                                                      {"--data-dir", "elsewhere"},
                                                      {"--synthetic-order", "1"},
                                                      {"--loader-threads", "3"},
+                                                     {"--val-data", "val/*.bin"},
+                                                     {"--val-every", "5"},
+                                                     {"--val-batches", "4"},
+                                                     {"--eval-only", ""},
                                                      {"--save", "ckpt"},
                                                      {"--async-save", ""},
                                                      {"--save-every", "10"},
@@ -468,6 +474,21 @@ TEST_CASE("job config: the jobs the trainers refuse, refused before any communic
   refused(gpt, 1, {"--trace-steps", "1:2"}, "--trace-steps 1:2 needs --trace DIR");
   refused(gpt, 1, {"--trace", "t", "--trace-steps", "3:1"}, "--trace-steps 3:1: expected A:B");
   refused(gpt, 1, {"--vocab", "100"}, "--vocab 100: the built-in dataset has 256 tokens");
+  // Validation.
+  refused(gpt, 1, {"--val-every", "5"}, "--val-every 5 needs --val-data GLOB");
+  refused(gpt, 1, {"--val-batches", "3"}, "--val-batches 3 needs --val-data GLOB");
+  refused(gpt, 1, {"--eval-only", "--resume", "r"}, "--eval-only needs --val-data GLOB");
+  refused(gpt, 1, {"--val-data", "v", "--val-batches", "-1"},
+          "--val-every 0 --val-batches -1: expected >= 0");
+  refused(gpt, 1, {"--val-data", "v", "--eval-only"},
+          "--eval-only evaluates a trained model: give it with --resume DIR");
+  refused(gpt, 1, {"--val-data", "v", "--eval-only", "--resume-if-exists", "r"},
+          "--eval-only evaluates a trained model");
+  refused(gpt, 1, {"--val-data", "v", "--eval-only", "--resume", "r", "--save", "s"},
+          "--eval-only writes nothing: drop --save s");
+  refused(gpt, 1, {"--data", "d", "--val-data", "builtin", "--vocab", "100"},
+          "--vocab 100: the built-in dataset has 256 tokens; use --vocab >= 256 (or other "
+          "--val-data)");
   refused(gpt, 1, {"--lr", "0.001", "--min-lr", "0.01"}, "need lr > 0 and 0 <= min-lr <= lr");
   refused(gpt, 1, {"--loader-threads", "0"}, "--loader-threads 0: expected >= 1");
   // Model families and the flags of their structure.
@@ -544,4 +565,16 @@ TEST_CASE("job config: what the library builds from a job", "[train]") {
   const JobConfig traced = parsed(JobConfig{}, {"--trace", "t", "--trace-steps", "3:9"});
   CHECK(traced.traced_steps(0, 5) == std::pair<std::int64_t, std::int64_t>{3, 5});
   CHECK(job.traced_steps(0, 5).first > job.traced_steps(0, 5).second);  // no trace
+}
+
+TEST_CASE("validation: whole global batches of the data, or as many as asked", "[train]") {
+  CHECK(train::validation_batches(70, 12, 0) == 5);  // the 10 windows after batch 5 left out
+  CHECK(train::validation_batches(72, 12, 0) == 6);
+  CHECK(train::validation_batches(70, 12, 2) == 2);
+  CHECK(train::validation_batches(70, 12, 5) == 5);
+  REQUIRE_THROWS_QUINTET(train::validation_batches(70, 12, 6), InvalidArgument,
+                         "--val-batches 6: global batches of 12 windows, and the validation data "
+                         "holds 70 windows, 5 whole batches; ask for at most 5");
+  REQUIRE_THROWS_QUINTET(train::validation_batches(11, 12, 0), InvalidArgument,
+                         "holds 11 windows, fewer than one global batch of 12");
 }

@@ -25,7 +25,7 @@ class Context {
 
   const Stream& stream() const { return *stream_; }
   // Saves tensors for module's backward (a stack per module: a module called twice in one
-  // forward gets its saves back last-in, first-out).
+  // forward gets its saves back last-in, first-out); nothing on a forward-only context.
   void save(const Module& module, std::vector<Tensor> tensors);
   // Takes back the most recent save of module; throws InvalidArgument when there is none
   // (backward without a forward on this context).
@@ -48,6 +48,13 @@ class Context {
   // the first forward, and per-step statistics must not count it again.
   void set_recomputing(bool on) { recomputing_ = on; }
   bool recomputing() const { return recomputing_; }
+  // Whether this forward is an evaluation with no backward to follow (train::evaluate): save()
+  // keeps nothing, and per-step statistics must not count it.
+  void set_forward_only(bool on) { forward_only_ = on; }
+  bool forward_only() const { return forward_only_; }
+  // Whether a layer's per-step statistics (an MoE layer's expert load, aux and z losses) count
+  // this forward: neither a recomputation nor an evaluation.
+  bool counts_statistics() const { return !recomputing_ && !forward_only_; }
 
   // Weight-gradient deferral, for zero-bubble schedules that split a backward into its
   // input-gradient part (I, now) and its weight-gradient part (W, later): while on, every
@@ -69,6 +76,7 @@ class Context {
   float loss_scale_ = 1.0f;
   bool defer_ = false;
   bool recomputing_ = false;
+  bool forward_only_ = false;
   std::vector<std::function<void()>> deferred_;
   std::unordered_map<const Module*, std::vector<std::vector<Tensor>>> saved_;
 };

@@ -33,11 +33,12 @@
 // balance_bias() and set_balance_bias() (checkpoints save it).
 //
 // Statistics: every forward adds this microbatch's expert load, drops, aux loss and z loss to the
-// layer's step counters (not when recomputing); finish_step() sums them over the ranks of the
-// pipeline stage, updates the balancing bias from the step's load, and starts a new step. When an
-// expert has received no token for router.idle_warning_steps consecutive steps, finish_step warns
-// once (log::warn on the stage's first rank, naming the layer and the idle experts): routing has
-// collapsed, and the balancing settings are what to change.
+// layer's step counters (not when recomputing or evaluating: nn::Context::counts_statistics);
+// finish_step() sums them over the ranks of the pipeline stage, updates the balancing bias from
+// the step's load, and starts a new step. When an expert has received no token for
+// router.idle_warning_steps consecutive steps, finish_step warns once (log::warn on the stage's
+// first rank, naming the layer and the idle experts): routing has collapsed, and the balancing
+// settings are what to change.
 //
 // Devices: CPU tensors (f32 or f64) or CUDA tensors (bf16 or f32). On a GPU the router, the
 // permutation, the combine and the load-balancing terms are kernels (cuda/moe_kernels.cu) and the

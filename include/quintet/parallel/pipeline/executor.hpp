@@ -98,6 +98,22 @@ class PipelineExecutor {
   Tensor run(const std::function<MicrobatchData(int microbatch)>& data, float loss_scale,
              const Stream& stream);
 
+  // The forward passes alone, for evaluation (train::evaluate): `microbatches` (any number >= 1,
+  // not the schedule's) through this rank's stages, each on a forward-only nn::Context (nothing
+  // saved, no per-step statistics), no gradient sync begun. Every rank walks one global order of
+  // blocks, (group of pp microbatches, stage), so the ranks of a pipeline work on a group
+  // together: a block's receives are posted (one p2p each) before its first forward, which waits
+  // for its own alone, and each output is sent (one p2p) without waiting, at most 2 pp sends in
+  // flight. Every rank thus posts its transfers in the blocks' order, which is the same at both
+  // ends of each, so none waits on a transfer its peer has not posted (deadlock-free for any
+  // placement, interleaved and V included). data(m) as in run(), once per microbatch in
+  // increasing order, on the ranks of the first and the last stage. Returns the sum over the
+  // microbatches of the loss (a scalar f32 on stream's device) on the rank holding the last
+  // stage, an undefined tensor on the others. Every rank of the pipeline must call it with the
+  // same microbatches.
+  Tensor forward(int microbatches, const std::function<MicrobatchData(int microbatch)>& data,
+                 const Stream& stream);
+
   const Schedule& schedule() const { return schedule_; }
   const std::vector<StageModule>& stages() const { return stages_; }
   const ExecutorStats& last_step_stats() const { return stats_; }

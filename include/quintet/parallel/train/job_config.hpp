@@ -88,6 +88,18 @@ struct JobConfig {
     int loader_threads = 2;
   } data;
 
+  // Validation (train::Validation, evaluate.hpp): the loss of held-out windows, forward only.
+  struct Validation {
+    // Token shards (a glob, as --data), or "builtin": the built-in dataset's validation shard;
+    // empty: no validation.
+    std::string data;
+    std::int64_t every = 0;    // > 0: evaluate every N steps (and after the last); 0: the last only
+    std::int64_t batches = 0;  // global batches per evaluation (in window order); 0: all there are
+    // Evaluate the model once it is initialised (restored with --resume) and exit, training
+    // nothing and writing nothing.
+    bool eval_only = false;
+  } validation;
+
   struct Checkpoint {
     std::string save;              // directory; empty: no checkpoints
     std::int64_t save_every = 0;   // > 0: every N steps (and at the end)

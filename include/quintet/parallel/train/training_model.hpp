@@ -128,6 +128,12 @@ class TrainingModel {
   // sequences [micro_batch, seq_len], of which each cp rank keeps its part.
   StepStats step(const std::function<pipeline::MicrobatchData(int)>& data);
 
+  // The mean cross-entropy of `batches` global batches from loader (each microbatches
+  // microbatches per replica, as a step reads), by the forward passes alone (train::evaluate,
+  // evaluate.hpp): no gradient, no optimizer step, no MoE statistic; nothing of the model
+  // changes. The same on every rank. The loader's checks are step()'s; collective over the mesh.
+  double evaluate(data::DataLoader& loader, std::int64_t batches);
+
   // The learning rate of the next step (e.g. from an nn::LrSchedule), for every stage.
   void set_lr(float lr);
   // Steps taken (restored ones included).
@@ -143,6 +149,11 @@ class TrainingModel {
  private:
   // This cp rank's chunks of d's sequences (d itself without context parallelism).
   pipeline::MicrobatchData local_part(pipeline::MicrobatchData d) const;
+  // Throws InvalidArgument unless loader reads this model's batches for this rank's replica.
+  void check_loader(const data::DataLoader& loader, const char* who) const;
+  // loader's next batch, on the stream, this cp rank's part of it (tp ranks checked alike with
+  // check_batches).
+  pipeline::MicrobatchData next_microbatch(data::DataLoader& loader);
 
   TrainingConfig config_;
   ModelCommunicators comms_;
