@@ -170,6 +170,22 @@ void Reporter::saved(std::int64_t step, bool async, double ms, double waited_ms)
   std::fflush(stdout);
 }
 
+void Reporter::validation(std::int64_t step, const quintet::train::Validation::Result& r) const {
+  if (!active_) return;
+  if (json_) {
+    fmt::print(
+        "{}\n",
+        nlohmann::json{
+            {"val_step", step}, {"val_loss", r.loss}, {"val_windows", r.windows}, {"val_ms", r.ms}}
+            .dump());
+  } else {
+    if (progress_) std::fputs("\r\033[K", stderr);
+    fmt::print("step {:5d}/{} | val_loss {:.4f} over {} windows | {:.1f} ms\n", step, total_,
+               r.loss, r.windows, r.ms);
+  }
+  std::fflush(stdout);
+}
+
 void Reporter::checked_collectives(std::int64_t operations) const {
   if (!active_) return;
   if (json_) {

@@ -35,7 +35,8 @@
 #include <string>
 #include <vector>
 
-#include "quintet/parallel/train/step.hpp"  // StepStats
+#include "quintet/parallel/train/evaluate.hpp"  // Validation::Result
+#include "quintet/parallel/train/step.hpp"      // StepStats
 
 namespace gpt {
 
@@ -101,6 +102,9 @@ class Reporter {
   // A checkpoint save after step: how long the trainer was held by it (async: the snapshot
   // only) and, before it, by the previous background save still writing.
   void saved(std::int64_t step, bool async, double ms, double waited_ms) const;
+  // The validation loss after step (0: before any): a line, or {"val_step", "val_loss",
+  // "val_windows", "val_ms"}.
+  void validation(std::int64_t step, const quintet::train::Validation::Result& r) const;
   // The peak memory before the first step (start-up: GPU allocator peak or resident set), for
   // the whole run's peak in the summary.
   void set_start_peak(std::int64_t bytes) { start_peak_ = bytes; }

@@ -21,6 +21,7 @@
 #include "quintet/data/synthetic.hpp"  // the built-in dataset and its entropy floor
 #include "quintet/parallel/mesh.hpp"
 #include "quintet/parallel/train/checkpointer.hpp"    // save and resume in one call
+#include "quintet/parallel/train/evaluate.hpp"        // the data, the validation loss
 #include "quintet/parallel/train/hf_checkpoint.hpp"   // --init-from-hf
 #include "quintet/parallel/train/training_model.hpp"  // this rank's stages, one step
 #include "trace_session.hpp"
@@ -35,22 +36,6 @@ using Clock = std::chrono::steady_clock;
 
 double ms_since(Clock::time_point t) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
-}
-
-// The token shards of the job: --data, or the built-in dataset (made once in --data-dir or the
-// machine's default place, by whichever rank gets there first, one folder per dataset
-// configuration so they never clash).
-quintet::data::TokenDataset open_dataset(const quintet::train::JobConfig& job,
-                                         const quintet::RuntimeConfig& runtime) {
-  std::string spec = job.data.shards;
-  if (spec.empty()) {
-    quintet::data::SyntheticConfig synthetic;
-    synthetic.order = job.data.synthetic_order;
-    const auto made = quintet::data::ensure_synthetic_dataset(
-        job.builtin_dataset_dir(runtime) + "/" + synthetic.describe(), synthetic);
-    spec = fmt::format("{}", fmt::join(made.train, ","));
-  }
-  return quintet::data::TokenDataset::open(spec);
 }
 
 void print_header(const char* program, const quintet::train::JobConfig& job,
@@ -96,9 +81,13 @@ int run(const char* program, quintet::train::JobConfig job, quintet::World& worl
   const bool gpu = device.is_cuda();
   job.model.dtype = gpu ? quintet::DType::bf16 : quintet::DType::f32;
   quintet::Stream stream = gpu ? quintet::Stream::create(device) : quintet::Stream();
+  // The data first: a --data or --val-data with nothing to read is refused before the mesh.
+  quintet::data::TokenDataset dataset = quintet::train::open_training_data(job, world.config());
+  std::optional<quintet::data::TokenDataset> val_data;
+  if (!job.validation.data.empty()) {
+    val_data = quintet::train::open_validation_data(job, world.config());
+  }
   quintet::Mesh mesh(quintet::Layout(job.parallel, world.size()), world.comm());
-
-  quintet::data::TokenDataset dataset = open_dataset(job, world.config());
   const std::optional<double> floor = quintet::data::entropy_floor_nats(dataset);
   // This rank's share of the model: its pipeline stages (each a chunk of the library GPT with its
   // parameters, data parallelism and AdamW) and the executor that runs them; it measures each
@@ -137,6 +126,12 @@ int run(const char* program, quintet::train::JobConfig job, quintet::World& worl
                                     ckpt_comm);
     if (world.rank() == 0) quintet::log::info("initialized from {}", ck.init_from_hf);
   }
+  // --val-data: its windows, read ahead from now on.
+  std::optional<quintet::train::Validation> validation;
+  if (val_data) {
+    validation.emplace(std::move(*val_data), model, job.validation.batches,
+                       job.data.loader_threads);
+  }
   std::optional<quintet::train::Checkpointer> saver;
   if (!ck.save.empty()) saver.emplace(checkpointer(job, ck.save, ckpt_comm));
   // The pinned buffers of --async-save now, not at the first save (seconds for a large model).
@@ -145,6 +140,10 @@ int run(const char* program, quintet::train::JobConfig job, quintet::World& worl
   const quintet::train::JobConfig::Observe& out = job.observe;
   if (world.rank() == 0 && !out.json) print_header(program, job, model, device);
   Reporter reporter(world.rank() == 0, out.json, out.progress, job.training.steps);
+  if (job.validation.eval_only) {  // the model as restored, evaluated; nothing else
+    reporter.validation(start, validation->run(model));
+    return 0;
+  }
   // 6 N + attention per token, N the parameters a token runs through (MoE: its top-k experts).
   const quintet::model::GptConfig& m = model.config().model;
   const double fpt =
@@ -187,6 +186,10 @@ int run(const char* program, quintet::train::JobConfig job, quintet::World& worl
     reporter.step(rec);
 
     const bool last = step + 1 == end;
+    const std::int64_t every = job.validation.every;
+    if (validation && (last || (every > 0 && (step + 1) % every == 0))) {
+      reporter.validation(step + 1, validation->run(model));
+    }
     if (saver && ((ck.save_every > 0 && (step + 1) % ck.save_every == 0) || last)) {
       const auto s0 = Clock::now();
       saver->wait();  // the previous background save, if still writing

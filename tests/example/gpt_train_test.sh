@@ -33,6 +33,12 @@
 #               pp 2 x vpp 2 and pp 4 continues the uninterrupted run within 1e-5; truncated,
 #               corrupt and other-model checkpoints are refused, naming them; 12_checkpoint_tool
 #               lists and verifies it
+#   val         --val-data: the same val_loss (within 1e-5) at one rank, tp 2 (+sp), pp 2 x vpp 2,
+#               cp 2 and dp 2 (ZeRO-1), over every window of the data once (the remainder of a
+#               global batch left out) or --val-batches of them; evaluating leaves the training
+#               losses unchanged bit for bit; --eval-only after --resume (at two layouts) prints
+#               the val_loss the run printed at that step and leaves the checkpoint directory
+#               byte for byte; bad settings refused, naming them
 #   killed      a save killed midway (--exit-during-save, and SIGKILL at each point of a save:
 #               mid-shard, before the commit, after the metadata, after the rename) is never
 #               loaded: resuming starts from the previous checkpoint and continues the
@@ -478,6 +484,74 @@ want = [5e-4, 1e-3, 1e-3, 1e-3, 5.5e-4, 1e-4]
 if len(lr) != 6 or any(abs(a - b) > 1e-9 for a, b in zip(lr, want)):
     sys.exit(f"wsd learning rates {lr}, expected {want}")
 PY
+    ;;
+  val)
+    # A validation file of 70 windows of 32 tokens (llm.c's format): 5 whole global batches of
+    # 12, the 10 windows after them left out.
+    python3 - <<'PY'
+import array, struct
+n = 70 * 32 + 1
+tokens = array.array("H", [(i * 31 + (i // 7) * 3) % 256 for i in range(n)])
+with open("val.bin", "wb") as f:
+    f.write(struct.pack("<256i", 20240520, 1, n, *([0] * 253)))
+    f.write(tokens.tobytes())
+PY
+    windows() {  # windows RUN N: every evaluation of RUN covered N windows
+      python3 -c "import json,sys; r=[json.loads(l) for l in open('$1.jsonl') if '\"val_loss\"' in l]; sys.exit(0 if r and all(x['val_windows'] == $2 for x in r) else f'$1: {r}')"
+    }
+    # Every window once, after steps 5 and 10, at one rank and at tp 2 (+sp), pp 2 x vpp 2, cp 2
+    # and dp 2 (ZeRO-1): the same val_loss within 1e-5; evaluating changes nothing of the
+    # training (the losses bit for bit).
+    val=(--layers 4 --steps 10 --val-data val.bin --val-every 5)
+    run val_one 1 "${val[@]}" --save ck
+    windows val_one 60
+    run plain_one 1 --layers 4 --steps 10
+    compare plain_one val_one 1 10 0
+    run val_tp2_sp 2 "${val[@]}" --tp 2 --sp
+    run val_pp2_vpp2 2 "${val[@]}" --pp 2 --vpp 2 --schedule interleaved
+    run val_cp2 2 "${val[@]}" --cp 2
+    run val_dp2_zero1 2 "${val[@]}" --dp 2 --zero 1
+    for r in val_tp2_sp val_pp2_vpp2 val_cp2 val_dp2_zero1; do
+      python3 "$here/compare_val.py" val_one $r 1e-5
+    done
+    # --val-data builtin: the built-in dataset's validation shard, --val-batches 2 of it.
+    run builtin 1 --steps 2 --val-data builtin --val-batches 2
+    windows builtin 24
+    # --eval-only after --resume, at one rank and at tp 2: the val_loss the run printed after
+    # step 10, no training step, and the checkpoint directory as it was, byte for byte.
+    digest() { (cd ck && find . -printf '%p %s %T@\n' | sort && find . -type f -print0 |
+                sort -z | xargs -0 sha256sum) | sha256sum; }
+    before=$(digest)
+    run eval_one 1 "${val[@]}" --resume ck --eval-only
+    run eval_tp2 2 "${val[@]}" --resume ck --eval-only --tp 2
+    test "$(digest)" = "$before" || { echo "--eval-only changed the checkpoint directory"; exit 1; }
+    for r in eval_one eval_tp2; do
+      python3 "$here/compare_val.py" val_one $r 1e-5
+      if grep -q '"loss"' $r.jsonl; then echo "$r trained"; exit 1; fi
+    done
+    # The text output has the line.
+    text_model=()
+    for a in "${model[@]}"; do [[ $a == --json ]] || text_model+=("$a"); done
+    "$trainer" "${text_model[@]}" "${val[@]}" --resume ck --eval-only >eval.out
+    grep -q "^step    10/10 | val_loss [0-9.]* over 60 windows" eval.out || { cat eval.out; exit 1; }
+    # Bad settings are refused before training, naming them.
+    refused() {  # refused MESSAGE FLAGS...
+      local want=$1
+      shift
+      if run bad 1 --steps 2 "$@" 2>bad.err; then echo "expected a refusal: $*"; exit 1; fi
+      grep -qF -- "$want" bad.err || { echo "no '$want' in:"; cat bad.err; exit 1; }
+    }
+    refused "--val-every 5 needs --val-data" --val-every 5
+    refused "--val-batches 2 needs --val-data" --val-batches 2
+    refused "--eval-only needs --val-data" --eval-only --resume ck
+    refused "--eval-only evaluates a trained model: give it with --resume" --eval-only \
+      --val-data val.bin
+    refused "--eval-only writes nothing: drop --save" --eval-only --val-data val.bin \
+      --resume ck --save ck2
+    refused "--val-every -1 --val-batches 0: expected >= 0" --val-every -1 --val-data val.bin
+    refused "data spec 'nothing_*.bin' matches no file" --val-data 'nothing_*.bin'
+    refused "--val-batches 6: global batches of 12 windows" --val-data val.bin --val-batches 6
+    refused "holds 2 windows, fewer than one global batch of 12" --val-data val.bin --seq-len 1024
     ;;
   *)
     echo "unknown case $case"; exit 2 ;;

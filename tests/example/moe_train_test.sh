@@ -22,6 +22,9 @@
 #              ep 4 x dp 4: the one-rank loss at each of 20 steps within 1e-4 relative
 #   resume     a run with auxiliary-loss-free balancing stopped and saved at step 10, then
 #              resumed, equals the uninterrupted run at steps 11..20 (the bias is in the checkpoint)
+#   val        --val-data at ep 2 x dp 2 equals one rank within 1e-5, with the balancing bias
+#              moving; evaluating leaves every step's losses and MoE telemetry unchanged;
+#              --eval-only after --resume gives the run's val_loss at that step
 #   gpu        one GPU (skipped without one): 20 bf16 steps follow the CPU run within 2e-2,
 #              with the telemetry
 #   reshard    a checkpoint of ep 2 x dp 4 resumed at ep 1, tp 2 x ep 2 (etp 2) and ep 4 follows the
@@ -181,6 +184,29 @@ PY
     run first 2 --steps 20 --stop-at 10 --save ckpt "${bias[@]}"
     run resumed 2 --steps 20 --resume ckpt "${bias[@]}"
     compare full resumed 11 20 1e-6
+    ;;
+  val)
+    # The validation loss of an MoE model with its balancing bias moving (aux-loss-free) and the
+    # aux and z losses on: the same at ep 2 x dp 2 as at one rank within 1e-5; evaluating moves
+    # no bias and counts nothing (the losses and the MoE telemetry of every step as without it,
+    # bit for bit); --eval-only after --resume prints the val_loss the run printed at that step.
+    val=(--steps 8 --val-data builtin --val-every 4 --val-batches 4 --aux-free-bias-rate 0.01)
+    run val_one 1 "${val[@]}" --save ck
+    run val_ep2 2 "${val[@]}" --dp 2 --ep 2
+    python3 "$here/compare_val.py" val_one val_ep2 1e-5
+    run plain_one 1 --steps 8 --aux-free-bias-rate 0.01
+    python3 - <<'PY'
+import json, sys
+def steps(path):
+    keep = ("loss", "grad_norm", "aux_loss", "z_loss", "tokens_per_expert_min",
+            "tokens_per_expert_max", "dropped_fraction")
+    return [{k: r[k] for k in keep} for r in map(json.loads, open(path)) if "step" in r]
+a, b = steps("plain_one.jsonl"), steps("val_one.jsonl")
+if len(a) != 8 or a != b:
+    sys.exit(f"evaluating changed the training:\n{a}\n{b}")
+PY
+    run eval_ep2 2 "${val[@]}" --dp 2 --ep 2 --resume ck --eval-only
+    python3 "$here/compare_val.py" val_one eval_ep2 1e-5
     ;;
   gpu)
     if ! nvidia-smi -L >/dev/null 2>&1; then
