@@ -204,7 +204,7 @@ void add_job_flags(CLI::App& app, JobConfig& job) {
                  "is, once)")
       ->capture_default_str();
   add_switch(app, "--eval-only", &v.eval_only,
-             "evaluate the model restored by --resume on --val-data, and exit");
+             "evaluate the model of --resume or --init-from-hf on --val-data, and exit");
   JobConfig::Checkpoint& ck = job.checkpoint;
   app.add_option("--save", ck.save, "checkpoint directory")->capture_default_str();
   add_switch(app, "--async-save", &ck.async_save,

@@ -67,8 +67,9 @@ void validate_validation(const JobConfig& c) {
                 v.eval_only   ? std::string("--eval-only")
                 : v.every > 0 ? fmt::format("--val-every {}", v.every)
                               : fmt::format("--val-batches {}", v.batches));
-  QUINTET_CHECK(!v.eval_only || !c.checkpoint.resume.empty(),
-                "--eval-only evaluates a trained model: give it with --resume DIR");
+  QUINTET_CHECK(!v.eval_only || !c.checkpoint.resume.empty() || !c.checkpoint.init_from_hf.empty(),
+                "--eval-only evaluates a trained model: give it with --resume DIR or "
+                "--init-from-hf DIR");
   if (v.data == "builtin") check_builtin_vocab(c.model.vocab, "other --val-data");
   QUINTET_CHECK(!v.eval_only || c.checkpoint.save.empty(),
                 "--eval-only writes nothing: drop --save {}", c.checkpoint.save);

@@ -38,7 +38,8 @@
 #               global batch left out) or --val-batches of them; evaluating leaves the training
 #               losses unchanged bit for bit; --eval-only after --resume (at two layouts) prints
 #               the val_loss the run printed at that step and leaves the checkpoint directory
-#               byte for byte; bad settings refused, naming them
+#               byte for byte; --eval-only after --init-from-hf gives the NumPy reference's loss
+#               of a tiny Llama (1 rank, tp 2 + sp); bad settings refused, naming them
 #   killed      a save killed midway (--exit-during-save, and SIGKILL at each point of a save:
 #               mid-shard, before the commit, after the metadata, after the rename) is never
 #               loaded: resuming starts from the previous checkpoint and continues the
@@ -529,6 +530,46 @@ PY
       python3 "$here/compare_val.py" val_one $r 1e-5
       if grep -q '"loss"' $r.jsonl; then echo "$r trained"; exit 1; fi
     done
+    # --eval-only after --init-from-hf: a tiny Llama in the Hub's layout (hf_reference.py) on the
+    # 4 windows of its reference batch (a file each) gives the NumPy reference's loss within 1e-5,
+    # at one rank and at tp 2 + sp. (Its config.json sets the model: no model flags here.)
+    # (A python3 with NumPy: the first on PATH, else the system's; a pyenv one may lack it.)
+    np_python=""
+    for p in python3 /usr/bin/python3; do
+      if [ -z "$np_python" ] && "$p" -c "import numpy" 2>/dev/null; then np_python=$p; fi
+    done
+    if [ -n "$np_python" ]; then
+      "$np_python" - "$here/../python" <<'PY'
+import os, struct, sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+import hf_reference as ref
+d = ref.write_case("hf", "llama_gqa")
+rows = np.fromfile(os.path.join(d, "tokens.bin"), dtype=np.int32).reshape(ref.ROWS, -1)
+for i, row in enumerate(rows):
+    with open(f"hf_val_{i}.bin", "wb") as f:
+        f.write(struct.pack("<256i", 20240520, 1, row.size, *([0] * 253)))
+        f.write(row.astype(np.uint16).tobytes())
+PY
+      hf=(--device cpu --json --no-progress --init-from-hf hf/llama_gqa --eval-only
+          --val-data 'hf_val_*.bin' --data 'hf_val_*.bin' --seq-len 8 --micro-batch 2
+          --global-batch 4)
+      for r in "hf_one 1" "hf_tp2_sp 2 --tp 2 --sp"; do
+        set -- $r
+        "$mpiexec" "${mpi_flags[@]}" -np "$2" "$trainer" "${hf[@]}" "${@:3}" >"$1.jsonl"
+        python3 - "$1" <<'PY'
+import json, sys
+want = json.load(open("hf/llama_gqa/expected.json"))["loss"]
+got = [json.loads(l) for l in open(sys.argv[1] + ".jsonl") if '"val_loss"' in l]
+if len(got) != 1 or got[0]["val_windows"] != 4 or got[0]["val_step"] != 0 or \
+        abs(got[0]["val_loss"] - want) > 1e-5 * want:
+    sys.exit(f"{sys.argv[1]}: {got}, the reference's loss {want}")
+print(f"{sys.argv[1]}: val_loss {got[0]['val_loss']} == the reference's {want}")
+PY
+      done
+    else
+      echo "(no NumPy: --init-from-hf --eval-only not checked against hf_reference.py)"
+    fi
     # The text output has the line.
     text_model=()
     for a in "${model[@]}"; do [[ $a == --json ]] || text_model+=("$a"); done

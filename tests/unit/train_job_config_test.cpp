@@ -481,7 +481,7 @@ TEST_CASE("job config: the jobs the trainers refuse, refused before any communic
   refused(gpt, 1, {"--val-data", "v", "--val-batches", "-1"},
           "--val-every 0 --val-batches -1: expected >= 0");
   refused(gpt, 1, {"--val-data", "v", "--eval-only"},
-          "--eval-only evaluates a trained model: give it with --resume DIR");
+          "--eval-only evaluates a trained model: give it with --resume DIR or --init-from-hf DIR");
   refused(gpt, 1, {"--val-data", "v", "--eval-only", "--resume-if-exists", "r"},
           "--eval-only evaluates a trained model");
   refused(gpt, 1, {"--val-data", "v", "--eval-only", "--resume", "r", "--save", "s"},

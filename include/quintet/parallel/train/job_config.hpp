@@ -95,8 +95,8 @@ struct JobConfig {
     std::string data;
     std::int64_t every = 0;    // > 0: evaluate every N steps (and after the last); 0: the last only
     std::int64_t batches = 0;  // global batches per evaluation (in window order); 0: all there are
-    // Evaluate the model once it is initialised (restored with --resume) and exit, training
-    // nothing and writing nothing.
+    // Evaluate the model once it is initialised (restored with --resume, or read with
+    // --init-from-hf) and exit, training nothing and writing nothing.
     bool eval_only = false;
   } validation;
 
