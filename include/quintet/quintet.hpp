@@ -74,6 +74,7 @@
 #include "quintet/parallel/tensor/regions.hpp"
 #include "quintet/parallel/tensor/vocab.hpp"
 #include "quintet/parallel/train/checkpointer.hpp"
+#include "quintet/parallel/train/evaluate.hpp"
 #include "quintet/parallel/train/hf_checkpoint.hpp"
 #include "quintet/parallel/train/hf_names.hpp"
 #include "quintet/parallel/train/job_config.hpp"
