@@ -49,6 +49,16 @@ if(QUINTET_NUMPY_PYTHON3)
                          TIMEOUT 600 ENVIRONMENT "OMPI_MCA_rmaps_base_oversubscribe=1")
     quintet_mpi_processors(4 train_hf_import_${case})
   endforeach()
+  # Both trainers' --init-from-hf (examples/, built with them).
+  if(QUINTET_BUILD_EXAMPLES AND TARGET CLI11::CLI11 AND TARGET nlohmann_json::nlohmann_json)
+    add_test(NAME train_hf_import_trainers
+             COMMAND ${QUINTET_NUMPY_PYTHON3} ${CMAKE_CURRENT_SOURCE_DIR}/python/hf_import_test.py
+                     trainers $<TARGET_FILE:hf_import_tool> ${MPIEXEC_EXECUTABLE}
+                     ${QUINTET_MPIRUN_FLAGS})
+    set_tests_properties(train_hf_import_trainers PROPERTIES LABELS "mpi;python;train;example"
+                         TIMEOUT 600 ENVIRONMENT "OMPI_MCA_rmaps_base_oversubscribe=1;QUINTET_GPT_TRAIN=$<TARGET_FILE:04_gpt_train>;QUINTET_MOE_TRAIN=$<TARGET_FILE:05_moe_train>")
+    quintet_mpi_processors(4 train_hf_import_trainers)
+  endif()
 else()
   message(STATUS "Quintet tests: train_hf_import_* skipped (no python3 that imports numpy)")
 endif()

@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """Quintet's Hugging Face import against a NumPy reference (hf_reference.py).
 
-    hf_import_test.py dense|moe|malformed HF_IMPORT_TOOL MPIEXEC [MPIEXEC FLAGS...]
+    hf_import_test.py dense|moe|malformed|trainers HF_IMPORT_TOOL MPIEXEC [MPIEXEC FLAGS...]
 
 dense, moe: hf_reference.py writes tiny checkpoints in the Hub layout with the expected loss of
 a fixed batch; hf_import_tool loads each with --init-from-hf at several layouts (1 rank, tp x pp
 with sp, tp with replicated key/value heads, cp (ring and Ulysses), dp with ZeRO-1; MoE: ep x tp) and its first-step loss must be the reference's within
-1e-5 relative (f32). malformed: broken checkpoints and contradicting flags are refused with a
+1e-5 relative (f32), and a second step at learning rate 0 the same loss (the optimizer's master
+weights are the imported ones). trainers: 04_gpt_train and 05_moe_train ($QUINTET_GPT_TRAIN,
+$QUINTET_MOE_TRAIN) with --init-from-hf give the same losses at 1 and 4 ranks. malformed: broken checkpoints and contradicting flags are refused with a
 message naming what is wrong (and no rank hangs).
 With QUINTET_HF_REFERENCE_DIR set, the dense and moe cases found there (made by transformers:
 scripts/hf/make_transformers_reference.py) are used instead of hf_reference.py's.
@@ -87,11 +89,60 @@ def check_losses(runner, which, work):
         if rc != 0 or not m:
             sys.exit("FAIL: %s\n%s" % (cmd, out))
         loss = float(m.group(1))
+        # After a step at learning rate 0 the weights are the master copy's: the same loss.
+        loss2 = float(re.search(r"^loss2 (\S+)$", out, re.M).group(1))
+        if loss2 != loss:
+            sys.exit("FAIL: %s: loss %r after a step at lr 0, %r before: the optimizer's master "
+                     "weights are not the imported ones" % (cmd, loss2, loss))
         rel = abs(loss - expected["loss"]) / expected["loss"]
         print("%-16s np%d %-32s loss %.9f reference %.9f rel %.1e" %
               (case, ranks, " ".join(flags), loss, expected["loss"], rel))
         if rel > 1e-5:
             sys.exit("FAIL: %s: loss %r, reference %r" % (cmd, loss, expected["loss"]))
+
+
+# ---- the trainers ------------------------------------------------------------------------------
+
+
+def trainer_losses(runner, trainer, ranks, flags, work, name):
+    cmd = [runner.mpiexec] + runner.mpi_flags + ["-np", str(ranks), trainer, "--device", "cpu",
+                                                 "--seq-len", str(ref.SEQ_LEN), "--micro-batch",
+                                                 "2", "--global-batch", "4", "--steps", "3",
+                                                 "--json", "--no-progress", "--data-dir",
+                                                 os.path.join(work, "data")] + flags
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=240)
+    if p.returncode != 0 or "initialized from" not in p.stderr + p.stdout:
+        sys.exit("FAIL: %s (exit %d)\n%s%s" % (" ".join(cmd), p.returncode, p.stdout, p.stderr))
+    losses = [json.loads(l)["loss"] for l in p.stdout.splitlines()
+              if l.startswith("{") and '"step"' in l]
+    print("%-20s np%d %-30s losses %s" % (name, ranks, " ".join(flags[2:]),
+                                           " ".join("%.6f" % x for x in losses)))
+    if len(losses) != 3:
+        sys.exit("FAIL: %s: %d steps" % (" ".join(cmd), len(losses)))
+    return losses
+
+
+def check_trainers(runner, work, dense_trainer, moe_trainer):
+    """--init-from-hf in both trainers (the built-in dataset's 256 tokens): 3 steps at 1 rank and
+    at 4 ranks agree (the loader gives every layout the same batches), and --resume-if-exists
+    over an empty directory starts from the Hugging Face weights."""
+    for case, trainer, layout in (("llama_gqa", dense_trainer, ["--tp", "2", "--pp", "2"]),
+                                  ("mixtral", moe_trainer, ["--tp", "2", "--dp", "2", "--ep", "2",
+                                                            "--zero", "1"])):
+        c, dtype, shards, experts, fused = ref.CASES[case]
+        ref.CASES[case + "_256"] = (dict(c, vocab_size=256), dtype, shards, experts, fused)
+        d = ref.write_case(work, case + "_256")
+        one = trainer_losses(runner, trainer, 1, ["--init-from-hf", d], work, case)
+        four = trainer_losses(runner, trainer, 4, ["--init-from-hf", d] + layout, work, case)
+        again = trainer_losses(runner, trainer, 1, ["--init-from-hf", d, "--resume-if-exists",
+                                                    os.path.join(work, "none_" + case)], work,
+                               case + " (resume-if-exists)")
+        for a, b in zip(one, four):
+            if abs(a - b) > 1e-5 * abs(a):
+                sys.exit("FAIL: %s: losses at 1 rank %s, at 4 ranks %s" % (case, one, four))
+        if again != one:
+            sys.exit("FAIL: %s: --resume-if-exists without a checkpoint: %s, not %s" %
+                     (case, again, one))
 
 
 # ---- malformed checkpoints --------------------------------------------------------------------
@@ -180,13 +231,16 @@ def check_malformed(runner, work):
 
 
 def main():
-    if len(sys.argv) < 4 or sys.argv[1] not in ("dense", "moe", "malformed"):
+    if len(sys.argv) < 4 or sys.argv[1] not in ("dense", "moe", "malformed", "trainers"):
         sys.exit(__doc__)
     runner = Runner(sys.argv[2], sys.argv[3], sys.argv[4:])
     work = tempfile.mkdtemp(prefix="hf_import_test_")
     try:
         if sys.argv[1] == "malformed":
             check_malformed(runner, work)
+        elif sys.argv[1] == "trainers":
+            check_trainers(runner, work, os.environ["QUINTET_GPT_TRAIN"],
+                           os.environ["QUINTET_MOE_TRAIN"])
         else:
             check_losses(runner, sys.argv[1], work)
     finally:

@@ -6,7 +6,8 @@
 // TOKENS holds global_batch rows of seq_len + 1 int32 tokens; row i's inputs are its first
 // seq_len tokens and its targets the last seq_len. dp replica r takes rows (r * accumulation + m)
 // * micro_batch ... for its microbatch m. Rank 0 prints "loss <value>" (the mean cross-entropy
-// over the global batch, train::StepStats::loss); errors exit 2 with the message on stderr.
+// over the global batch, train::StepStats::loss) and "loss2 <value>", the loss of a second step on
+// the same batch after a first at learning rate 0; errors exit 2 with the message on stderr.
 #include <fmt/format.h>
 
 #include <cstdio>
@@ -50,7 +51,7 @@ int run(const std::vector<std::string>& argv_in) {
     const std::vector<std::int32_t> rows =
         read_tokens(argv_in[2], job.training.global_batch * (S + 1));
     const std::int64_t first = mesh.rank(Axis::dp) * job.accumulation();
-    const train::StepStats r = model.step([&](int m) {
+    const auto batch = [&](int m) {
       std::vector<std::int32_t> tokens, targets;
       for (std::int64_t b = 0; b < B; ++b) {
         const std::int32_t* row = rows.data() + ((first + m) * B + b) * (S + 1);
@@ -59,8 +60,14 @@ int run(const std::vector<std::string>& argv_in) {
       }
       return pipeline::MicrobatchData{Tensor::from_vector<std::int32_t>(tokens, {B, S}),
                                       Tensor::from_vector<std::int32_t>(targets, {B, S})};
-    });
-    if (world.rank() == 0) fmt::print("loss {:.12e}\n", r.loss);
+    };
+    // Two steps on the same batch at learning rate 0: AdamW leaves the master weights as they
+    // are and rounds the values from them, so the second loss equals the first only if the
+    // import set the optimizer's master copy to the values.
+    model.set_lr(0.0f);
+    const double loss = model.step(batch).loss;
+    const double loss2 = model.step(batch).loss;
+    if (world.rank() == 0) fmt::print("loss {:.12e}\nloss2 {:.12e}\n", loss, loss2);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "hf_import_tool: %s\n", e.what());
