@@ -73,6 +73,7 @@
 #include "quintet/parallel/tensor/norm.hpp"
 #include "quintet/parallel/tensor/regions.hpp"
 #include "quintet/parallel/tensor/vocab.hpp"
+#include "quintet/parallel/train/bound_by.hpp"
 #include "quintet/parallel/train/checkpointer.hpp"
 #include "quintet/parallel/train/evaluate.hpp"
 #include "quintet/parallel/train/hf_checkpoint.hpp"

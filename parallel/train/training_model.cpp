@@ -1,6 +1,10 @@
 // This rank's share of the GPT for training (see training_model.hpp).
 #include "quintet/parallel/train/training_model.hpp"
 
+#include <time.h>
+
+#include <algorithm>
+#include <chrono>
 #include <limits>
 
 #include "quintet/core/error.hpp"
@@ -48,6 +52,19 @@ void validate(const TrainingConfig& c, const ModelCommunicators& comms, const Me
                 "the mesh's (or a wrapper of it)",
                 comms.pp == nullptr ? 0 : comms.pp->size(), mesh.size(Axis::pp));
   c.data_parallel.validate();
+}
+
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
+
+// CPU time of the calling thread, in milliseconds.
+double thread_cpu_ms() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) * 1e-6;
 }
 
 // A non-owning stream on the same device and queue as s.
@@ -125,6 +142,10 @@ TrainingModel::TrainingModel(const TrainingConfig& config, Mesh& mesh, const Str
       std::move(schedule), pp, std::move(modules),
       pipeline::ExecutorConfig{{config_.micro_batch, seq, config_.model.hidden},
                                config_.model.dtype});
+  if (stream_.device().is_cuda()) {
+    span_start_ = Event(stream_.device(), true);
+    span_end_ = Event(stream_.device(), true);
+  }
 }
 
 TrainingModel::~TrainingModel() = default;
@@ -162,11 +183,33 @@ pipeline::MicrobatchData TrainingModel::next_microbatch(data::DataLoader& loader
 
 StepStats TrainingModel::step(data::DataLoader& loader) {
   check_loader(loader, "step");
-  return step([&loader, this](int) {
+  // Input time: the host blocked in next(), and on a GPU the stream's wait for the batch's copy
+  // (timing events around it, read once the step has synchronised the stream).
+  const bool gpu = stream_.device().is_cuda();
+  double blocked_ms = 0.0;
+  std::size_t marks = 0;
+  StepStats r = step([&](int) {
+    const auto t0 = Clock::now();
     data::Batch batch = loader.next(stream_);
+    blocked_ms += ms_since(t0);
+    if (!gpu) return pipeline::MicrobatchData{batch.tokens, batch.targets};
+    if (marks == input_marks_.size()) {
+      input_marks_.emplace_back(Event(stream_.device(), true), Event(stream_.device(), true));
+    }
+    auto& [before, after] = input_marks_[marks++];
+    before.record(stream_);
     batch.wait(stream_);
+    after.record(stream_);
     return pipeline::MicrobatchData{batch.tokens, batch.targets};
   });
+  double copy_wait_ms = 0.0;
+  for (std::size_t i = 0; i < marks; ++i) {
+    input_marks_[i].second.synchronize();
+    copy_wait_ms += input_marks_[i].second.elapsed_ms(input_marks_[i].first);
+  }
+  r.time.input_ms = blocked_ms + copy_wait_ms;
+  r.time.busy_ms = std::max(0.0, r.time.busy_ms - copy_wait_ms);  // the span held the wait
+  return r;
 }
 
 double TrainingModel::evaluate(data::DataLoader& loader, std::int64_t batches) {
@@ -193,6 +236,10 @@ StepStats TrainingModel::step(const std::function<pipeline::MicrobatchData(int)>
   for (auto* t : {&timed_tp_, &timed_cp_, &timed_ep_, &timed_pp_}) {
     if (*t) (*t)->reset();  // the window is this step
   }
+  const bool gpu = stream_.device().is_cuda();
+  const auto t0 = Clock::now();
+  const double cpu0 = thread_cpu_ms();
+  if (gpu) span_start_.record(stream_);
   // data gives whole sequences; each cp rank keeps its chunks of them.
   StepStats r = train::step(
       *executor_, stages_, mesh_,
@@ -211,6 +258,21 @@ StepStats TrainingModel::step(const std::function<pipeline::MicrobatchData(int)>
   take(timed_cp_, r.cp);
   take(timed_ep_, r.ep);
   take(timed_pp_, r.pp);
+  // The step's time (bound_by.hpp): on a GPU the stream's span from before its first work to after
+  // its last, its measured waits taken out; on the CPU the thread's CPU time.
+  if (gpu) {
+    span_end_.record(stream_);
+    span_end_.synchronize();  // at once: the step has synchronised the stream for the loss
+    const double span = span_end_.elapsed_ms(span_start_);
+    const double waits =
+        r.dp.exposed_ms + r.tp.exposed_ms + r.cp.exposed_ms + r.ep.exposed_ms + r.pp.exposed_ms;
+    r.time.wall_ms = ms_since(t0);
+    r.time.busy_ms = std::max(0.0, span - waits);
+    r.time.host_ms = std::max(0.0, r.time.wall_ms - span);
+  } else {
+    r.time.busy_ms = thread_cpu_ms() - cpu0;
+    r.time.wall_ms = ms_since(t0);
+  }
   return r;
 }
 

@@ -1,2 +1,4 @@
 # train: the job config (train::JobConfig: its flags, job file and checks); no MPI.
 quintet_unit_test(NAME train_job_config_test COMPONENT train SOURCES unit/train_job_config_test.cpp)
+# The bound-by verdict (train::bound_by): a pure function of a step's measured times.
+quintet_unit_test(NAME train_bound_by_test COMPONENT train SOURCES unit/train_bound_by_test.cpp)

@@ -67,6 +67,14 @@ struct StepStats {
   // (DataParallelStats::peak_gradient_bytes; ZeRO-2: the shards and the buckets in flight).
   std::int64_t peak_gradient_bytes = 0;
   expert::MoESummary moe;  // the whole model's MoE telemetry (layers = 0 for a dense model)
+  // Where the step's time went on this rank, in milliseconds (filled by TrainingModel::step, not
+  // by step() below; bound_by.hpp makes the verdict of them and the exposed times above).
+  struct Time {
+    double wall_ms = 0.0;   // host clock, the whole step
+    double busy_ms = 0.0;   // CPU: the thread's CPU time; GPU: the stream's span less its waits
+    double input_ms = 0.0;  // blocked in the loader's next(); GPU: + the stream's wait for copies
+    double host_ms = 0.0;   // GPU: wall_ms outside the stream's span; CPU: 0
+  } time;
 };
 
 // What finalize_gradients leaves in flight: every MoE layer of this rank's stages and their step

@@ -23,7 +23,8 @@
 // schedule over the step's microbatches with each stage's gradient reduction overlapped, the
 // gradients finished (data parallelism, tied embeddings, MoE counters), one global gradient norm
 // and the clipped (ZeRO-sharded) AdamW update, and the loss of the global batch on every rank; it
-// returns one StepStats (loss, gradient norm, communication per axis, MoE summary). The parts
+// returns one StepStats (loss, gradient norm, communication per axis, MoE summary, and the step's
+// time: wall, busy, input, host; StepStats::time, for the verdict of bound_by.hpp). The parts
 // stay reachable (stages(), executor()) for trainers that want to drive them themselves.
 //
 // Every check happens in the constructor, before any communication: the model config against tp,
@@ -36,6 +37,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "quintet/collectives/communicator.hpp"
@@ -164,6 +166,10 @@ class TrainingModel {
   std::unique_ptr<pipeline::PipelineExecutor> executor_;
   // measure_communication: the timing wrappers of tp, cp, ep and pp (axes of more than one rank).
   std::optional<TimedCommunicator> timed_tp_, timed_cp_, timed_ep_, timed_pp_;
+  // GPU: timing events of the step's span on the stream, and around each batch's copy wait
+  // (StepStats::time).
+  Event span_start_, span_end_;
+  std::vector<std::pair<Event, Event>> input_marks_;
 };
 
 }  // namespace quintet::train
