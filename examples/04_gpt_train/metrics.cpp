@@ -33,6 +33,7 @@ StepRecord step_record(std::int64_t step, const quintet::train::StepStats& r, do
   rec.ms = ms;
   rec.tokens_per_s = static_cast<double>(tokens_per_step) / (ms / 1000.0);
   rec.grad_mem_bytes = r.peak_gradient_bytes;
+  rec.times = quintet::train::step_times(r);
   rec.comm_ms = r.dp.comm_ms;
   rec.tp_comm_ms = r.tp.exposed_ms;
   rec.tp_ops = r.tp.ops;
@@ -75,6 +76,14 @@ std::string mem_str(std::int64_t bytes) {
                               : fmt::format("{:.1f} MiB", bytes / double(1LL << 20));
 }
 
+nlohmann::json bound_json(const quintet::train::BoundBy& v) {
+  nlohmann::json parts = nlohmann::json::array();
+  for (const auto& p : v.parts) {
+    parts.push_back({{"name", p.name}, {"ms", p.ms}, {"pct", 100 * p.fraction}});
+  }
+  return {{"bound", v.bound().name}, {"step_ms", v.step_ms}, {"parts", parts}};
+}
+
 double median(std::vector<double> v) {
   if (v.empty()) return 0.0;
   std::sort(v.begin(), v.end());
@@ -105,7 +114,8 @@ void Reporter::step(const StepRecord& r) {
                      {"cp_comm_ms", r.cp_comm_ms},
                      {"ep_comm_ms", r.ep_comm_ms},
                      {"peak_mem_bytes", r.peak_mem_bytes},
-                     {"grad_mem_bytes", r.grad_mem_bytes}};
+                     {"grad_mem_bytes", r.grad_mem_bytes},
+                     {"bound_by", bound_json(quintet::train::bound_by(r.times))}};
     for (std::size_t k = 0; k < kCommKinds.size(); ++k) {
       j["comm"][kCommKinds[k]] = {{"comm_ms", r.comm[k].comm_ms},
                                   {"exposed_ms", r.comm[k].exposed_ms},
@@ -218,7 +228,9 @@ void Reporter::summary(std::int64_t skip) const {
   std::size_t first = static_cast<std::size_t>(std::max<std::int64_t>(skip, 0));
   if (first >= records_.size()) first = 0;
   std::vector<double> ms, tps, mfu, exposed, comm, tp_comm, cp_comm, ep_comm;
+  quintet::train::StepTimes times;  // summed: the verdict of the measured steps together
   for (std::size_t i = first; i < records_.size(); ++i) {
+    times += records_[i].times;
     ms.push_back(records_[i].ms);
     tps.push_back(records_[i].tokens_per_s);
     if (records_[i].mfu) mfu.push_back(*records_[i].mfu);
@@ -261,7 +273,8 @@ void Reporter::summary(std::int64_t skip) const {
         {"median_ep_comm_ms", median(ep_comm)},
         {"peak_mem_bytes", steady_peak},
         {"run_peak_mem_bytes", run_peak},
-        {"grad_mem_bytes", last.grad_mem_bytes}};
+        {"grad_mem_bytes", last.grad_mem_bytes},
+        {"bound_by", bound_json(quintet::train::bound_by(times))}};
     for (std::size_t k = 0; k < kCommKinds.size(); ++k) {
       j["median_comm"][kCommKinds[k]] = {{"comm_ms", median(kind[k][0])},
                                          {"exposed_ms", median(kind[k][1])},
@@ -285,6 +298,7 @@ void Reporter::summary(std::int64_t skip) const {
     fmt::print("  {:<34} {:>10.2f} {:>10.2f} {:>10.2f}\n", kCommKinds[k], median(kind[k][0]),
                median(kind[k][1]), median(kind[k][2]));
   }
+  fmt::print("{}\n", quintet::train::bound_by(times).str(measured));
 }
 
 }  // namespace gpt

@@ -24,6 +24,10 @@
 //                     larger value is the two clocks' skew and is cut there); and hidden_ms =
 //                     comm_ms - exposed_ms, the part that ran under compute.
 //
+// bound_by: what the step's time went to (quintet/parallel/train/bound_by.hpp): compute, exposed
+// communication per kind, input, host, other, largest first, adding up to the step. In every JSON
+// step record and, over the measured steps, at the end (a line, or the summary's "bound_by").
+//
 // MoE telemetry (05_moe_train): tokens per expert (kept assignments in the step, over every expert
 // of every MoE block: min, mean, max), the fraction of assignments dropped by the capacity, and
 // the aux and z losses (summed over the blocks, coefficients included; not in `loss`).
@@ -35,6 +39,7 @@
 #include <string>
 #include <vector>
 
+#include "quintet/parallel/train/bound_by.hpp"  // StepTimes, the verdict
 #include "quintet/parallel/train/evaluate.hpp"  // Validation::Result
 #include "quintet/parallel/train/step.hpp"      // StepStats
 
@@ -77,6 +82,7 @@ struct StepRecord {
   std::optional<MoeRecord> moe;     // 05_moe_train
   std::int64_t peak_mem_bytes = 0;  // peak device memory (GPU) or resident set (CPU)
   std::int64_t grad_mem_bytes = 0;  // the most gradient storage held at once (ZeRO-2: shards)
+  quintet::train::StepTimes times;  // the bound-by verdict's figures
 };
 
 // The record of optimizer step `step` (1-based) from what it did (StepStats) and the time the

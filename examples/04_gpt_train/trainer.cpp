@@ -97,6 +97,7 @@ int run(const char* program, quintet::train::JobConfig job, quintet::World& worl
   // replica reads the same batches).
   quintet::data::LoaderConfig lc;
   lc.threads = job.data.loader_threads;
+  lc.read_delay_ms = job.data.loader_delay_ms;  // tests only
   lc.seed = job.training.seed;
   quintet::data::DataLoader loader(std::move(dataset), model.loader_config(lc));
 

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <thread>
 
 #include "quintet/core/error.hpp"
 #include "quintet/core/trace.hpp"
@@ -35,6 +37,8 @@ LoaderConfig checked(LoaderConfig c) {
                 c.threads);
   QUINTET_CHECK(c.queue_depth >= 0, "DataLoader: queue_depth {} must be >= 0 (0 = automatic)",
                 c.queue_depth);
+  QUINTET_CHECK(std::isfinite(c.read_delay_ms) && c.read_delay_ms >= 0.0,
+                "DataLoader: read_delay_ms {} must be a finite time >= 0", c.read_delay_ms);
   if (c.queue_depth == 0) c.queue_depth = std::max(4, 2 * c.threads);
   check_device(c.device);
   return c;
@@ -139,6 +143,9 @@ void DataLoader::worker_loop() {
 }
 
 DataLoader::HostBatch DataLoader::fill(std::uint64_t n) const {
+  if (config_.read_delay_ms > 0.0) {  // a slow disk, simulated (tests and diagnosis)
+    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(config_.read_delay_ms));
+  }
   HostBatch b;
   b.index = n;
   b.samples = sampler_.batch(n);

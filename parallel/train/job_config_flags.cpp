@@ -192,6 +192,9 @@ void add_job_flags(CLI::App& app, JobConfig& job) {
       ->capture_default_str();
   app.add_option("--loader-threads", job.data.loader_threads, "data loader threads per rank")
       ->capture_default_str();
+  app.add_option("--loader-delay-ms", job.data.loader_delay_ms,
+                 "tests and diagnosis: each batch's read takes this many ms longer (a slow disk)")
+      ->capture_default_str();
   JobConfig::Validation& v = job.validation;
   app.add_option("--val-data", v.data,
                  "validation token shards (glob), or builtin: the built-in dataset's; its loss "

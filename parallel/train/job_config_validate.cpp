@@ -4,6 +4,8 @@
 // job the library accepts is never refused here under another rule.
 #include <fmt/format.h>
 
+#include <cmath>
+
 #include "quintet/core/error.hpp"
 #include "quintet/data/synthetic.hpp"
 #include "quintet/parallel/model/chunk_spec.hpp"
@@ -158,6 +160,8 @@ void JobConfig::validate(int world) const {
                 "--keep-last {} needs --save DIR", checkpoint.keep_last);
   QUINTET_CHECK(data.loader_threads >= 1, "--loader-threads {}: expected >= 1",
                 data.loader_threads);
+  QUINTET_CHECK(std::isfinite(data.loader_delay_ms) && data.loader_delay_ms >= 0.0,
+                "--loader-delay-ms {}: expected a time >= 0", data.loader_delay_ms);
   if (data.shards.empty()) check_builtin_vocab(m.vocab, "--data");
   validate_validation(*this);
   QUINTET_CHECK(observe.trace_steps.empty() || !observe.trace.empty(),

@@ -44,6 +44,11 @@
 #               mid-shard, before the commit, after the metadata, after the rename) is never
 #               loaded: resuming starts from the previous checkpoint and continues the
 #               uninterrupted run's losses; a save past a file-size limit fails on every rank
+#   bound_by    the bound-by verdict (every JSON record and the summary: check_bound_by.py) adds
+#               up to the step time within 2% at tp 2 x dp 2, with exposed tp and dp parts; a run
+#               whose one loader thread reads each batch 40 ms late (--loader-delay-ms) is
+#               input-bound, in the JSON summary and the text run's last line; a negative delay
+#               is refused
 # Usage: gpt_train_test.sh TRAINER MPIEXEC WORKDIR CASE [mpirun flags...]
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -593,6 +598,18 @@ PY
     refused "data spec 'nothing_*.bin' matches no file" --val-data 'nothing_*.bin'
     refused "--val-batches 6: global batches of 12 windows" --val-data val.bin --val-batches 6
     refused "holds 2 windows, fewer than one global batch of 12" --val-data val.bin --seq-len 1024
+    ;;
+  bound_by)
+    run tp2_dp2 4 --steps 6 --tp 2 --dp 2
+    python3 "$here/check_bound_by.py" tp2_dp2.jsonl --nonzero "exposed tp" "exposed dp" compute
+    slow=(--global-batch 4 --loader-threads 1 --loader-delay-ms 40)
+    run slow 1 --steps 6 "${slow[@]}"
+    python3 "$here/check_bound_by.py" slow.jsonl --bound input
+    "$mpiexec" "${mpi_flags[@]}" -np 1 "$trainer" "${model[@]}" --steps 6 "${slow[@]}" \
+      --json=false >slow.txt
+    tail -n 1 slow.txt | grep -E '^bound by: input [0-9]+%, ' || { cat slow.txt; exit 1; }
+    if run bad 1 --steps 1 --loader-delay-ms -1 2>bad.err; then exit 1; fi
+    grep -q -- "--loader-delay-ms -1: expected a time >= 0" bad.err || { cat bad.err; exit 1; }
     ;;
   *)
     echo "unknown case $case"; exit 2 ;;

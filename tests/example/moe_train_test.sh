@@ -33,6 +33,8 @@
 #              the per-kind figures adding up, the losses unchanged
 #   bad_flags  experts not divisible by ep, top-k above the experts, etp x ep that does not fit
 #              the ranks, an unknown router, --moe-chunks 0: refused with a message naming them
+#   bound_by   the bound-by verdict at pp 2 x ep 2 (its JSON records and summary,
+#              check_bound_by.py) adds up to the step time within 2%, with exposed ep and pp parts
 # Usage: moe_train_test.sh TRAINER MPIEXEC WORKDIR CASE [mpirun flags...]
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -282,6 +284,10 @@ PY
       --dp 2 --ep 2 --etp 2
     expect_error 1 'unknown router score "relu"' --steps 1 --router relu
     expect_error 1 "--moe-chunks 0: expected 1 .. 64" --steps 1 --moe-chunks 0
+    ;;
+  bound_by)
+    run pp2_ep2 4 --steps 6 --pp 2 --dp 2 --ep 2
+    python3 "$here/check_bound_by.py" pp2_ep2.jsonl --nonzero "exposed ep" "exposed pp" compute
     ;;
 esac
 echo "moe_train_test $case: PASS"

@@ -1,8 +1,9 @@
 // DataLoader on the CPU: batches equal windows read one token at a time in the sampler's order,
 // whatever the thread count; resume equals the uninterrupted run; worker errors reach next();
-// the destructor stops cleanly at any point.
+// the destructor stops cleanly at any point; read_delay_ms slows each read.
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <random>
 #include <string>
@@ -213,6 +214,22 @@ TEST_CASE("bad loader arguments are rejected before any thread starts") {
   c = config(2);
   c.start.sample_index = 308;
   REQUIRE_THROWS_QUINTET(DataLoader(dataset(), c), InvalidArgument, "start sample_index 308");
+  c = config(2);
+  c.read_delay_ms = -1.0;
+  REQUIRE_THROWS_QUINTET(DataLoader(dataset(), c), InvalidArgument,
+                         "read_delay_ms -1 must be a finite time >= 0");
+}
+
+TEST_CASE("read_delay_ms makes each batch's read that much slower (a slow disk)") {
+  LoaderConfig c = config(1);
+  c.read_delay_ms = 30.0;
+  const auto t0 = std::chrono::steady_clock::now();
+  DataLoader loader(dataset(), c);
+  for (int i = 0; i < 3; ++i) loader.next();
+  // One worker: the third batch cannot be out before three reads of 30 ms each (a lower bound
+  // only, so a slow machine cannot fail it); next() waited for most of it.
+  CHECK(std::chrono::steady_clock::now() - t0 >= std::chrono::milliseconds(90));
+  CHECK(loader.stats().wait_seconds > 0.0);
 }
 
 TEST_CASE("loaders are destroyed cleanly before, during and after use") {

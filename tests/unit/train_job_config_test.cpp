@@ -189,6 +189,7 @@ TEST_CASE("job config: every flag --help lists reaches the config", "[train]") {
                                                      {"--val-every", "5"},
                                                      {"--val-batches", "4"},
                                                      {"--eval-only", ""},
+                                                     {"--loader-delay-ms", "40"},
                                                      {"--save", "ckpt"},
                                                      {"--async-save", ""},
                                                      {"--save-every", "10"},
@@ -491,6 +492,7 @@ TEST_CASE("job config: the jobs the trainers refuse, refused before any communic
           "--val-data)");
   refused(gpt, 1, {"--lr", "0.001", "--min-lr", "0.01"}, "need lr > 0 and 0 <= min-lr <= lr");
   refused(gpt, 1, {"--loader-threads", "0"}, "--loader-threads 0: expected >= 1");
+  refused(gpt, 1, {"--loader-delay-ms", "-5"}, "--loader-delay-ms -5: expected a time >= 0");
   // Model families and the flags of their structure.
   refused(gpt, 1, {"--arch", "mixtral"},
           "--arch mixtral: a mixture-of-experts family, and this trainer's model is dense");

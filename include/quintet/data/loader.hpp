@@ -61,6 +61,9 @@ struct LoaderConfig {
   int dp_size = 1;
   bool shuffle = true;  // false: every epoch in window order (evaluation)
   SamplerState start;   // where batch 0 starts (a saved DataLoader::state() to resume)
+  // Tests and diagnosis: each batch's read takes this many milliseconds longer (a worker sleeps
+  // before reading it), a slow disk simulated; >= 0. 0 in training.
+  double read_delay_ms = 0.0;
 
   // The Sampler configuration these fields describe.
   SamplerConfig sampler_config() const {

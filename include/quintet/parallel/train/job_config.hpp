@@ -86,6 +86,8 @@ struct JobConfig {
     std::string dir;
     int synthetic_order = 2;  // built-in dataset: tokens of context that pick the successors
     int loader_threads = 2;
+    // Tests and diagnosis (--loader-delay-ms): data::LoaderConfig::read_delay_ms, a slow disk.
+    double loader_delay_ms = 0.0;
   } data;
 
   // Validation (train::Validation, evaluate.hpp): the loss of held-out windows, forward only.
