@@ -187,10 +187,7 @@ int run(const char* program, quintet::train::JobConfig job, quintet::World& worl
     reporter.step(rec);
 
     const bool last = step + 1 == end;
-    const std::int64_t every = job.validation.every;
-    if (validation && (last || (every > 0 && (step + 1) % every == 0))) {
-      reporter.validation(step + 1, validation->run(model));
-    }
+    if (job.evaluates_after(step + 1)) reporter.validation(step + 1, validation->run(model));
     if (saver && ((ck.save_every > 0 && (step + 1) % ck.save_every == 0) || last)) {
       const auto s0 = Clock::now();
       saver->wait();  // the previous background save, if still writing

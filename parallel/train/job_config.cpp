@@ -31,6 +31,11 @@ std::int64_t JobConfig::last_step() const {
   return training.stop_at > 0 ? training.stop_at : training.steps;
 }
 
+bool JobConfig::evaluates_after(std::int64_t step) const {
+  if (validation.data.empty()) return false;
+  return step == last_step() || (validation.every > 0 && step % validation.every == 0);
+}
+
 model::GptConfig JobConfig::gpt_config() const {
   model::GptConfig m = model;
   m.tp_overlap_chunks = tp_overlap ? tp_overlap_chunks : 1;

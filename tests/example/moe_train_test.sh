@@ -22,7 +22,8 @@
 #              ep 4 x dp 4: the one-rank loss at each of 20 steps within 1e-4 relative
 #   resume     a run with auxiliary-loss-free balancing stopped and saved at step 10, then
 #              resumed, equals the uninterrupted run at steps 11..20 (the bias is in the checkpoint)
-#   val        --val-data at ep 2 x dp 2 equals one rank within 1e-5, with the balancing bias
+#   val        --val-data at ep 2 x dp 2 and tp 2 + sp x ep 2 (etp 2) equals one rank within 1e-5,
+#              with the balancing bias
 #              moving; evaluating leaves every step's losses and MoE telemetry unchanged;
 #              --eval-only after --resume gives the run's val_loss at that step
 #   gpu        one GPU (skipped without one): 20 bf16 steps follow the CPU run within 2e-2,
@@ -195,7 +196,8 @@ PY
     val=(--steps 8 --val-data builtin --val-every 4 --val-batches 4 --aux-free-bias-rate 0.01)
     run val_one 1 "${val[@]}" --save ck
     run val_ep2 2 "${val[@]}" --dp 2 --ep 2
-    python3 "$here/compare_val.py" val_one val_ep2 1e-5
+    run val_tp2_sp_ep2 4 "${val[@]}" --tp 2 --sp --dp 2 --ep 2
+    for r in val_ep2 val_tp2_sp_ep2; do python3 "$here/compare_val.py" val_one $r 1e-5; done
     run plain_one 1 --steps 8 --aux-free-bias-rate 0.01
     python3 - <<'PY'
 import json, sys

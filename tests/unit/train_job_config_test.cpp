@@ -569,6 +569,25 @@ TEST_CASE("job config: what the library builds from a job", "[train]") {
   CHECK(job.traced_steps(0, 5).first > job.traced_steps(0, 5).second);  // no trace
 }
 
+TEST_CASE("validation: after every --val-every steps and the last, with --val-data", "[train]") {
+  JobConfig job;
+  job.training.steps = 10;
+  CHECK_FALSE(job.evaluates_after(10));  // no validation data
+  job.validation.data = "val.bin";
+  const auto after = [&job] {
+    std::vector<std::int64_t> out;
+    for (std::int64_t s = 1; s <= job.last_step(); ++s) {
+      if (job.evaluates_after(s)) out.push_back(s);
+    }
+    return out;
+  };
+  CHECK(after() == std::vector<std::int64_t>{10});
+  job.validation.every = 4;
+  CHECK(after() == std::vector<std::int64_t>{4, 8, 10});
+  job.training.stop_at = 6;  // a run cut at step 6 evaluates there
+  CHECK(after() == std::vector<std::int64_t>{4, 6});
+}
+
 TEST_CASE("validation: whole global batches of the data, or as many as asked", "[train]") {
   CHECK(train::validation_batches(70, 12, 0) == 5);  // the 10 windows after batch 5 left out
   CHECK(train::validation_batches(72, 12, 0) == 6);

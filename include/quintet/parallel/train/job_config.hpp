@@ -144,6 +144,9 @@ struct JobConfig {
   std::int64_t tokens_per_step() const { return training.global_batch * model.seq_len; }
   // The step after which the run stops: stop_at, or steps.
   std::int64_t last_step() const;
+  // Whether the validation loss is evaluated after step (1-based): with validation data, after
+  // every validation.every-th step and after the last.
+  bool evaluates_after(std::int64_t step) const;
 
   // Throws InvalidArgument, before any communication, unless this job fits `world` ranks: the
   // library's own rules (Layout, GptConfig::validate and validate_experts, split_into_chunks,
