@@ -212,10 +212,11 @@ Tensor MoELayer::forward(nn::Context& ctx, const Tensor& x) {
   const Tensor logits =
       nn::linear_forward(xf, nn::cast(router_->use(s), DType::f32, s), Tensor(), s);
   const Routing r = route(logits, rc.bias_rate > 0.0f ? device_bias(dev, s) : Tensor(), rc, s);
-  // The aux loss's per-sequence statistics, summed over the ranks holding parts of a sequence.
+  // The aux loss's per-sequence statistics, summed over the ranks holding parts of a sequence
+  // (an evaluation, with no backward and nothing counted, needs none).
   Tensor aux_counts;
   const std::int64_t seq_tokens = x.size(1) * (sp ? tpn : 1) * size_of(groups_.cp);
-  if (rc.aux_loss_coeff > 0.0f) {
+  if (rc.aux_loss_coeff > 0.0f && !ctx.forward_only()) {
     AuxStats st = aux_stats(r, B, s);
     if (sp) {
       all_reduce_sum(st.counts, &tp, s);

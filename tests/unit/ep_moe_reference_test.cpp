@@ -7,7 +7,8 @@
 // which is what the layer's backward differentiates. Softmax and sigmoid scores, GELU and SwiGLU
 // experts, top-1 to top-3, with and without renormalisation, dropless and with the capacity
 // dropping, with a balancing bias that changes the selection, and with dy = 0 (the router's
-// gradient from the losses alone); the layer at f64 and at f32.
+// gradient from the losses alone); the layer at f64 and at f32. A forward-only evaluation before
+// the step gives the same output and counts nothing in the step's statistics.
 #include <cmath>
 #include <map>
 #include <memory>
@@ -123,6 +124,13 @@ void run_case(const Case& c, DType dtype, double tol) {
                               : draw({kB, kS, kD}, seed++, dtype, 1.0);
   constexpr float kLossScale = 0.5f;
 
+  // An evaluation first (a forward-only context): the same output, nothing saved and nothing
+  // counted, so the step's statistics below are the training forward's alone.
+  nn::Context eval(kCpu);
+  eval.set_forward_only(true);
+  const Tensor y_eval = layer.forward(eval, x);
+  CHECK(eval.pending() == 0);
+
   nn::Context ctx(kCpu);
   ctx.set_loss_scale(kLossScale);
   const Tensor y = layer.forward(ctx, x);
@@ -133,6 +141,7 @@ void run_case(const Case& c, DType dtype, double tol) {
   const std::vector<double> dyv = dy.to_vector<double>();
   const moe_ref::Result want = moe_ref::forward(rc, p, xv, kB);
   require_close(y, want.y, tol, "output");
+  require_close(y_eval, want.y, tol, "output of the evaluation");
   if (rc.capacity_factor > 0.0) {
     REQUIRE(want.dropped > 0);  // the case exercises the capacity
   } else {
