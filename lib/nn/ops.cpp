@@ -12,6 +12,7 @@
 #include "quintet/nn/ops.hpp"
 
 #include <cmath>
+#include <numbers>
 #include <vector>
 
 #include "nn/cpu/cpu_ops.hpp"
@@ -297,6 +298,18 @@ Tensor softmax_backward(const Tensor& dy, const Tensor& y, const Stream& stream)
 
 // ---- RoPE -----------------------------------------------------------------------------------
 
+void check_rope_scaling(const RopeScaling& s, const char* what) {
+  if (s.factor == 0.0) return;
+  QUINTET_CHECK(s.factor > 0.0 && std::isfinite(s.factor) && s.low_freq_factor > 0.0 &&
+                    std::isfinite(s.high_freq_factor) && s.high_freq_factor > s.low_freq_factor &&
+                    s.original_max_position_embeddings > 0,
+                "{}: Llama 3 RoPE scaling factor = {}, low_freq_factor = {}, high_freq_factor = "
+                "{}, original_max_position_embeddings = {}: expected factor > 0, 0 < "
+                "low_freq_factor < high_freq_factor and a length > 0",
+                what, s.factor, s.low_freq_factor, s.high_freq_factor,
+                s.original_max_position_embeddings);
+}
+
 namespace {
 // Checks x (named name) [B, S, H, D] (D even), the positions and the options; returns inv_freq [D /
 // 2].
@@ -323,10 +336,21 @@ std::vector<double> check_rope(const OpChecker& c, const char* name, const Tenso
                   c.op(), shape_str(positions.shape()), x.size(1), x.size(0), x.size(1), name,
                   shape_str(x.shape()));
   }
+  check_rope_scaling(options.scaling, c.op());
+  const RopeScaling& s = options.scaling;
   std::vector<double> inv_freq(static_cast<std::size_t>(d / 2));
   for (std::size_t i = 0; i < inv_freq.size(); ++i) {
-    inv_freq[i] =
-        1.0 / std::pow(options.theta, static_cast<double>(2 * i) / static_cast<double>(d));
+    double f = 1.0 / std::pow(options.theta, static_cast<double>(2 * i) / static_cast<double>(d));
+    if (s.factor > 0.0) {  // Llama 3's scaling (ops.hpp), in Hugging Face's order of operations
+      const double L = static_cast<double>(s.original_max_position_embeddings);
+      const double wavelen = 2.0 * std::numbers::pi / f;
+      const double scaled = wavelen > L / s.low_freq_factor ? f / s.factor : f;
+      const double smooth =
+          (L / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+      const bool medium = !(wavelen < L / s.high_freq_factor) && !(wavelen > L / s.low_freq_factor);
+      f = medium ? (1.0 - smooth) * scaled / s.factor + smooth * scaled : scaled;
+    }
+    inv_freq[i] = f;
   }
   return inv_freq;
 }

@@ -33,7 +33,8 @@ std::unique_ptr<nn::Module> make_attention(const GptConfig& c, const ModelGroups
                                    .qk_norm = c.qk_norm,
                                    .qk_norm_eps = c.eps,
                                    .rope = c.rope,
-                                   .rope_theta = c.rope_theta});
+                                   .rope_theta = c.rope_theta,
+                                   .rope_scaling = c.rope_scaling});
   }
   QUINTET_THROW(InvalidArgument, "GptConfig: unknown attention kind {}",
                 static_cast<int>(c.attention));

@@ -122,6 +122,7 @@ void GptConfig::set_family(ModelFamily f) {
   learned_positions = gpt2;
   rope = !gpt2;
   rope_theta = gpt2 ? GptConfig{}.rope_theta : f == ModelFamily::llama ? 500000.0 : 1000000.0;
+  rope_scaling = {};
   bias = gpt2;
   proj_bias = true;
   qk_norm = qwen3;
@@ -222,6 +223,9 @@ void GptConfig::validate_block(int tp, int cp) const {
                 "GptConfig: RoPE rotates pairs of the head dimension, which must be even (head "
                 "dim = {}), with rope_theta > 0 (got {})",
                 head_size(), rope_theta);
+  QUINTET_CHECK(rope || rope_scaling.factor == 0.0,
+                "GptConfig: rope_scaling (factor {}) without RoPE; set rope", rope_scaling.factor);
+  nn::check_rope_scaling(rope_scaling, "GptConfig");
   QUINTET_CHECK(tp >= 1, "GptConfig: the tensor-parallel size tp = {} must be >= 1", tp);
   check_divides("heads", heads, tp);
   QUINTET_CHECK(kv_head_count() % tp == 0 || tp % kv_head_count() == 0,
@@ -307,8 +311,9 @@ std::int64_t block_params(const GptConfig& c, bool active) {
   const std::int64_t norm_params = c.norm == nn::NormKind::layernorm ? 2 * d : d;
   // q, k, v and the output projection (and the QK-norm weights).
   const std::int64_t a = c.heads * c.head_size(), kv = c.kv_head_count() * c.head_size();
-  const std::int64_t attn =
-      2 * d * a + 2 * d * kv + (c.bias ? a + 2 * kv + (c.proj_bias ? d : 0) : 0) + (c.qk_norm ? 2 * c.head_size() : 0);
+  const std::int64_t attn = 2 * d * a + 2 * d * kv +
+                            (c.bias ? a + 2 * kv + (c.proj_bias ? d : 0) : 0) +
+                            (c.qk_norm ? 2 * c.head_size() : 0);
   std::int64_t total = 0;
   for (std::int64_t l = 0; l < c.layers; ++l) {
     const std::int64_t mlp =

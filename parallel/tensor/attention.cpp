@@ -70,7 +70,9 @@ ParallelAttention::ParallelAttention(Communicator& tp, std::int64_t dim, std::in
                 "ParallelAttention: RoPE needs an even head_dim (got {}) and rope_theta > 0 (got "
                 "{})",
                 head_dim_, options.rope_theta);
+  nn::check_rope_scaling(options.rope_scaling, "ParallelAttention");
   rope_.theta = options.rope_theta;
+  rope_.scaling = options.rope_scaling;
   const std::int64_t attn = heads * head_dim_;
   if (kv_heads == heads) {
     qkv_ =

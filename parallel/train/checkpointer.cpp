@@ -136,7 +136,12 @@ std::string run_identity(const TrainingModel& model, const data::DataLoader& loa
               ? std::string()  // as before these fields existed, so older checkpoints resume
               : fmt::format(";kv_heads={};head_dim={};rope={};rope_theta={};qk_norm={}",
                             m.kv_head_count(), m.head_size(), m.rope, m.rope_theta, m.qk_norm)) +
-         (m.bias && !m.proj_bias ? ";proj_bias=0" : "");  // (only when off: older ones resume)
+         (m.bias && !m.proj_bias ? ";proj_bias=0" : "") +  // (only when off: older ones resume)
+         (m.rope_scaling.factor == 0.0
+              ? std::string()
+              : fmt::format(";rope_scaling=llama3,{},{},{},{}", m.rope_scaling.factor,
+                            m.rope_scaling.low_freq_factor, m.rope_scaling.high_freq_factor,
+                            m.rope_scaling.original_max_position_embeddings));
 }
 
 // The layout a checkpoint was saved at (recorded for the record and the inspection tool, not

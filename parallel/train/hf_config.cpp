@@ -95,18 +95,31 @@ constexpr Architecture kArchitectures[] = {
     {"Qwen3MoeForCausalLM", "qwen3_moe", model::ModelFamily::qwen3_moe},
 };
 
-// The rope settings: rope_theta at the top (transformers 4) or in rope_parameters (5); any
-// scaling but "default" is refused.
-double rope_theta(const ConfigReader& c, double fallback) {
+// The rope settings: rope_theta at the top (transformers 4) or in rope_parameters (5), and the
+// scaling of rope_scaling / rope_parameters: "default" (none) or "llama3"; others are refused.
+double read_rope(const ConfigReader& c, double fallback, nn::RopeScaling* scaling) {
   double theta = c.number("rope_theta", fallback);
   for (const char* key : {"rope_scaling", "rope_parameters"}) {
     if (!c.has(key)) continue;
     const Json& r = c.at(key);
     c.refuse_if(!r.is_object(), key, "expected an object or null");
-    const std::string type =
-        r.contains("rope_type") ? r["rope_type"].dump() : r.value("type", Json("default")).dump();
-    c.refuse_if(type != "\"default\"", key,
-                "Quintet's RoPE has no scaling (rope_type other than \"default\")");
+    const Json type = r.contains("rope_type") ? r["rope_type"] : r.value("type", Json("default"));
+    c.refuse_if(type != "default" && type != "llama3", key,
+                "Quintet's RoPE scales frequencies as Llama 3 does (rope_type \"llama3\") or not "
+                "at all (\"default\"), not otherwise");
+    if (type == "llama3") {
+      const auto number = [&](const char* field) {
+        c.refuse_if(!r.contains(field) || !r[field].is_number(), key,
+                    fmt::format("its {} must be a number", field));
+        return r[field].get<double>();
+      };
+      scaling->factor = number("factor");
+      scaling->low_freq_factor = number("low_freq_factor");
+      scaling->high_freq_factor = number("high_freq_factor");
+      scaling->original_max_position_embeddings =
+          static_cast<std::int64_t>(number("original_max_position_embeddings"));
+      nn::check_rope_scaling(*scaling, c.path().c_str());
+    }
     if (r.contains("rope_theta") && !c.has("rope_theta")) {
       c.refuse_if(!r["rope_theta"].is_number() || r["rope_theta"].get<double>() <= 0, key,
                   "its rope_theta must be a number > 0");
@@ -170,7 +183,7 @@ HfModel read_hf_config(const std::string& dir) {
   }
   m.vocab = c.positive("vocab_size");
   m.eps = static_cast<float>(c.number("rms_norm_eps", mixtral ? 1e-5 : 1e-6));
-  m.rope_theta = rope_theta(c, mixtral ? 1e6 : 10000.0);
+  m.rope_theta = read_rope(c, mixtral ? 1e6 : 10000.0, &m.rope_scaling);
   m.tied_embeddings = c.flag("tie_word_embeddings", false);
   m.bias = c.flag("attention_bias", false);
   if (qwen2) {  // q, k and v always have biases, o_proj never (no attention_bias key)
@@ -253,6 +266,7 @@ void apply_hf_config(const HfModel& hf, JobConfig* job,
   m.vocab = h.vocab;
   m.eps = h.eps;
   m.rope_theta = h.rope_theta;
+  m.rope_scaling = h.rope_scaling;
   m.tied_embeddings = h.tied_embeddings;
   m.bias = h.bias;
   m.proj_bias = h.proj_bias;

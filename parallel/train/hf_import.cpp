@@ -37,6 +37,14 @@ void check_model_is(const HfModel& hf, const model::GptConfig& m) {
   check("qk_norm", m.qk_norm, h.qk_norm);
   check("rms_norm_eps", m.eps, h.eps);
   check("rope_theta", m.rope_theta, h.rope_theta);
+  check("rope_scaling factor", m.rope_scaling.factor, h.rope_scaling.factor);
+  check("rope_scaling low_freq_factor", m.rope_scaling.low_freq_factor,
+        h.rope_scaling.low_freq_factor);
+  check("rope_scaling high_freq_factor", m.rope_scaling.high_freq_factor,
+        h.rope_scaling.high_freq_factor);
+  check("rope_scaling original_max_position_embeddings",
+        m.rope_scaling.original_max_position_embeddings,
+        h.rope_scaling.original_max_position_embeddings);
   check("norm", static_cast<int>(m.norm), static_cast<int>(h.norm));
   check("activation", static_cast<int>(m.activation), static_cast<int>(h.activation));
   check("rope", m.rope, h.rope);

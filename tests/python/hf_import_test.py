@@ -38,6 +38,8 @@ LAYOUTS = {
         ("llama_gqa", 2, ["--dp", "2", "--zero", "1"]),
         ("llama_gqa", 4, ["--tp", "4"]),  # each of the 2 key/value heads on 2 tp ranks
         ("llama_gqa", 2, ["--cp", "2"]),
+        ("llama31", 1, []),
+        ("llama31", 2, ["--cp", "2"]),
         ("qwen2", 1, []),
         ("qwen2", 2, ["--tp", "2", "--sp"]),
         ("qwen3_tied_bf16", 1, []),
@@ -195,7 +197,9 @@ def check_malformed(runner, work):
         f.write('{"architectures": ["LlamaForCausalLM"], ')
     edit_config(case("unknown_arch", r"architecture \"GPT2LMHeadModel\".*not one Quintet imports"),
                 architectures=["GPT2LMHeadModel"], model_type="gpt2")
-    edit_config(case("rope_scaling", r"\"rope_scaling\".*no scaling"),
+    edit_config(case("rope_scaling", r"\"rope_scaling\".*as Llama 3 does"),
+                rope_scaling={"rope_type": "yarn", "factor": 4.0})
+    edit_config(case("llama3_no_factor", r"\"rope_scaling\".*its low_freq_factor must be a number"),
                 rope_scaling={"rope_type": "llama3", "factor": 8.0})
     edit_config(case("gelu", r"\"hidden_act\" is \"gelu\""), hidden_act="gelu")
     edit_config(case("no_hidden", r"config\.json: no \"hidden_size\""), hidden_size=None)

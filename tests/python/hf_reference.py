@@ -93,10 +93,19 @@ def rms_norm(x, w, eps):
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
 
 
-def rope(x, theta):
-    """x [B, S, H, D], rotate-half convention, token s at position s."""
+def rope(x, theta, scaling=None):
+    """x [B, S, H, D], rotate-half convention, token s at position s; scaling: config.json's
+    rope_scaling of rope_type "llama3" (transformers' _compute_llama3_parameters) or None."""
     d = x.shape[-1]
     inv_freq = 1.0 / theta ** (np.arange(0, d, 2, dtype=np.float64) / d)
+    if scaling and scaling.get("rope_type") == "llama3":
+        factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+        old = scaling["original_max_position_embeddings"]
+        wavelen = 2 * np.pi / inv_freq
+        scaled = np.where(wavelen > old / low, inv_freq / factor, inv_freq)
+        smooth = (old / wavelen - low) / (high - low)
+        medium = ~(wavelen < old / high) & ~(wavelen > old / low)
+        inv_freq = np.where(medium, (1 - smooth) * scaled / factor + smooth * scaled, scaled)
     angle = np.arange(x.shape[1], dtype=np.float64)[:, None] * inv_freq[None, :]  # [S, D/2]
     cos = np.concatenate([np.cos(angle)] * 2, axis=-1)[None, :, None, :]
     sin = np.concatenate([np.sin(angle)] * 2, axis=-1)[None, :, None, :]
@@ -128,7 +137,8 @@ def attention(c, w, p, x):
     if p + "q_norm.weight" in w:
         q = rms_norm(q, w[p + "q_norm.weight"], c["rms_norm_eps"])
         k = rms_norm(k, w[p + "k_norm.weight"], c["rms_norm_eps"])
-    q, k = rope(q, c["rope_theta"]), rope(k, c["rope_theta"])
+    scaling = c.get("rope_scaling")
+    q, k = rope(q, c["rope_theta"], scaling), rope(k, c["rope_theta"], scaling)
     group = H // K
     k, v = np.repeat(k, group, axis=2), np.repeat(v, group, axis=2)
     scores = np.einsum("bshd,bthd->bhst", q, k) / np.sqrt(D)
@@ -280,6 +290,17 @@ CASES = {
                               rope_theta=500000.0, tie_word_embeddings=False,
                               attention_bias=True, mlp_bias=False, rope_scaling=None),
                   "F32", 1, None, False),
+    # Llama 3.1's RoPE scaling (rope_type llama3: every band of frequencies, kept, interpolated
+    # and divided, at this head_dim and original length), MHA, untied, BF16.
+    "llama31": (base_config("LlamaForCausalLM", "llama", hidden_size=24, num_hidden_layers=2,
+                            num_attention_heads=2, num_key_value_heads=2, head_dim=12,
+                            intermediate_size=32, vocab_size=40, rms_norm_eps=1e-5,
+                            rope_theta=500000.0, tie_word_embeddings=False,
+                            attention_bias=False, mlp_bias=False,
+                            rope_scaling={"rope_type": "llama3", "factor": 8.0,
+                                          "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                          "original_max_position_embeddings": 1024}),
+                "BF16", 1, None, False),
     # Qwen2: biases on q, k and v but not o (GQA: q apart, k and v fused in Quintet), tied, F32.
     "qwen2": (base_config("Qwen2ForCausalLM", "qwen2", hidden_size=24, num_hidden_layers=2,
                           num_attention_heads=4, num_key_value_heads=2, intermediate_size=28,

@@ -1,8 +1,11 @@
 // CPU RoPE: forward against the textbook rotate-half formula evaluated here in double, backward
 // against central finite differences (f64) and as the inverse rotation; positions from an offset,
 // from [S] and [B, S] tensors (i32 and i64, out of order as zigzag context-parallel chunks are),
-// odd sequence lengths, in place on the strided heads of a fused qkv projection; bad input.
+// odd sequence lengths, in place on the strided heads of a fused qkv projection; Llama 3's
+// frequency scaling against its three bands computed by hand; bad input.
+#include <algorithm>
 #include <cmath>
+#include <numbers>
 #include <vector>
 
 #include "quintet/nn/ops.hpp"
@@ -21,14 +24,16 @@ const Stream kCpu;
 
 // y[b, s, h, :] of x [B, S, H, D] rotated by pos(b, s) * theta^(-2i/D), pairs (i, i + D/2), in
 // double straight from the definition.
-Tensor reference(const Tensor& x, double theta, const std::vector<std::vector<double>>& pos) {
+Tensor reference(const Tensor& x, double theta, const std::vector<std::vector<double>>& pos,
+                 const std::vector<double>& inv_freq = {}) {
   const std::int64_t B = x.size(0), S = x.size(1), H = x.size(2), D = x.size(3), half = D / 2;
   Tensor y = Tensor::zeros(x.shape(), DType::f64);
   for (std::int64_t b = 0; b < B; ++b)
     for (std::int64_t s = 0; s < S; ++s)
       for (std::int64_t h = 0; h < H; ++h)
         for (std::int64_t i = 0; i < half; ++i) {
-          const double angle = pos[b][s] / std::pow(theta, 2.0 * i / D);
+          const double angle =
+              inv_freq.empty() ? pos[b][s] / std::pow(theta, 2.0 * i / D) : pos[b][s] * inv_freq[i];
           const double lo = x.at<double>({b, s, h, i}), hi = x.at<double>({b, s, h, i + half});
           y.at<double>({b, s, h, i}) = lo * std::cos(angle) - hi * std::sin(angle);
           y.at<double>({b, s, h, i + half}) = hi * std::cos(angle) + lo * std::sin(angle);
@@ -67,6 +72,40 @@ TEST_CASE("rope forward equals the rotate-half formula, with offsets", "[nn][rop
   REQUIRE(y.at<double>({0, 1, 0, 0}) == Approx(std::cos(1.0)).epsilon(1e-15));
   REQUIRE(y.at<double>({0, 1, 0, 1}) == Approx(std::sin(1.0)).epsilon(1e-15));
   REQUIRE(y.at<double>({0, 0, 0, 0}) == 1.0);  // position 0: unrotated
+}
+
+TEST_CASE("rope with Llama 3's frequency scaling", "[nn][rope]") {
+  // D = 12, theta 500000: wavelengths 2 pi / f_i of 6.3, 56, 499, 4443, 39582 and 352632. With
+  // an original length of 1024 and frequency factors 1 and 4, the first two (< 256) are kept,
+  // the third (between 256 and 1024) interpolated, the last three (> 1024) divided by 8.
+  const std::int64_t B = 1, S = 40, H = 2, D = 12;
+  RopeOptions o;
+  o.theta = 500000.0;
+  o.scaling = {.factor = 8.0,
+               .low_freq_factor = 1.0,
+               .high_freq_factor = 4.0,
+               .original_max_position_embeddings = 1024};
+  std::vector<double> f(D / 2);
+  for (std::int64_t i = 0; i < D / 2; ++i) f[i] = std::pow(o.theta, -2.0 * i / D);
+  const double s = (1024.0 * f[2] / (2.0 * std::numbers::pi) - 1.0) / 3.0;
+  REQUIRE((s > 0.0 && s < 1.0));
+  const std::vector<double> want_freq = {f[0],       f[1],       (1.0 - s) * f[2] / 8.0 + s * f[2],
+                                         f[3] / 8.0, f[4] / 8.0, f[5] / 8.0};
+  const Tensor x = randn64({B, S, H, D}, 7);
+  const Tensor want = reference(x, o.theta, offset_positions(B, S, 0.0), want_freq);
+  require_close(rope_forward(x, Tensor(), o, kCpu), want, 1e-13, "f64");
+  // Unscaled differs (the test can tell).
+  const auto plain =
+                 rope_forward(x, Tensor(), RopeOptions{.theta = o.theta}, kCpu).to_vector<double>(),
+             scaled = want.to_vector<double>();
+  double most = 0.0;
+  for (std::size_t i = 0; i < plain.size(); ++i)
+    most = std::max(most, std::abs(plain[i] - scaled[i]));
+  REQUIRE(most > 0.1);
+  RopeOptions bad = o;
+  bad.scaling.high_freq_factor = 0.5;
+  REQUIRE_THROWS_QUINTET(rope_forward(x, Tensor(), bad, kCpu), InvalidArgument,
+                         "low_freq_factor < high_freq_factor");
 }
 
 TEST_CASE("rope takes each token's position from a tensor", "[nn][rope]") {

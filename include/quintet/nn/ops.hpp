@@ -111,10 +111,26 @@ Tensor softmax_backward(const Tensor& dy, const Tensor& y, const Stream& stream)
 // positions[s], shared by every row) when a positions tensor is given (i32 or i64, on the device
 // of x), else p = s. So a rank that holds chunks of a sequence out of order (context parallelism
 // with zigzag chunks, sequence-parallel shards) gives each token its true position.
+//
+// Llama 3's frequency scaling (Hugging Face's rope_type "llama3", Llama 3.1 and later), when
+// factor > 0: with L = original_max_position_embeddings and wavelength w_i = 2 pi / inv_freq_i,
+// inv_freq_i is kept when w_i < L / high_freq_factor, divided by factor when w_i > L /
+// low_freq_factor, and in between (1 - s) inv_freq_i / factor + s inv_freq_i with
+// s = (L / w_i - low_freq_factor) / (high_freq_factor - low_freq_factor).
+struct RopeScaling {
+  double factor = 0.0;  // 0: no scaling; else > 0
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;  // > low_freq_factor
+  std::int64_t original_max_position_embeddings = 8192;
+};
 struct RopeOptions {
   double theta = 10000.0;            // the base, > 0 (rope_theta of the model's config)
   std::int64_t position_offset = 0;  // added to every token's position
+  RopeScaling scaling;               // Llama 3's, when scaling.factor > 0
 };
+// Throws InvalidArgument, naming the field, for a scaling that is on with a factor, frequency
+// factors or length out of range (what = the caller, for the message).
+void check_rope_scaling(const RopeScaling& scaling, const char* what);
 // x [B, S, H, D] (T, any strides: e.g. the q and k heads of a fused qkv projection), D even and
 // > 0; positions [S] or [B, S] (i32/i64) or undefined. Returns the rotated x, contiguous.
 Tensor rope_forward(const Tensor& x, const Tensor& positions, const RopeOptions& options,

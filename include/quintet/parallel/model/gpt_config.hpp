@@ -89,6 +89,7 @@ struct GptConfig {
   bool learned_positions = true;  // a learned absolute position embedding after the tokens
   bool rope = false;              // rotary positions on q and k instead (learned_positions off)
   double rope_theta = 10000.0;    // RoPE's base
+  nn::RopeScaling rope_scaling;   // Llama 3's frequency scaling (Llama 3.1 on), when factor > 0
   bool qk_norm = false;           // an RMSNorm (eps) over head_dim on each head's q and k
   float init_std = 0.02f;
   float proj_init_std = 0.0f;      // output projections; 0 = init_std / sqrt(2 * layers)

@@ -43,6 +43,7 @@ struct ParallelAttentionOptions {
   // under context parallelism the positions of this cp rank's chunks (context::cp_positions).
   bool rope = false;
   double rope_theta = 10000.0;
+  nn::RopeScaling rope_scaling;  // Llama 3's frequency scaling, when its factor > 0
 };
 
 // Causal self-attention with heads split over tp. With as many key/value heads as query heads: qkv

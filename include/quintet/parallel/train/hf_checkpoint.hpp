@@ -17,14 +17,15 @@
 // What config.json sets (GptConfig): the family's structure (set_family: RMSNorm, SwiGLU, RoPE,
 // QK-norm for Qwen3), hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads,
 // head_dim, intermediate_size (Mixtral: each expert's), vocab_size, rope_theta (or transformers
-// 5's rope_parameters), rms_norm_eps (every norm's eps, QK-norm's included, as Hugging Face
+// 5's rope_parameters), Llama 3.1's RoPE scaling (rope_type llama3: GptConfig::rope_scaling),
+// rms_norm_eps (every norm's eps, QK-norm's included, as Hugging Face
 // does), tie_word_embeddings, attention_bias; for MoE num_local_experts / num_experts,
 // num_experts_per_tok, moe_intermediate_size and norm_topk_prob (Mixtral always renormalizes).
 // Refused, naming the key and the file, for what Quintet cannot run as Hugging Face does: an
-// unknown architecture, hidden_act other than silu, rope scaling (rope_type other than
-// default), mlp_bias, sliding-window attention, router jitter noise, Qwen3-MoE dense layers
-// (decoder_sparse_step != 1, mlp_only_layers).
-// The sequence length stays the job's (at most max_position_embeddings).
+// unknown architecture, hidden_act other than silu, another rope scaling (rope_type
+// other than default and llama3), mlp_bias, sliding-window attention, router jitter noise,
+// Qwen3-MoE dense layers (decoder_sparse_step != 1, mlp_only_layers). The sequence length stays the
+// job's (at most max_position_embeddings).
 //
 // Loading: each rank reads from the safetensors files (memory-mapped, data/safetensors.hpp) only
 // the boxes of the tensors its parameters hold (tp, pp with vpp, ep, etp shards; cp and dp
