@@ -6,9 +6,16 @@
 //   12_checkpoint_tool DIR --verify    also reads every byte: each shard's XXH64 against its
 //                                      trailer and checkpoint.json, each tensor's against its
 //                                      header, and that the pieces of each tensor cover it once
+//   12_checkpoint_tool --to-hf DIR OUT [--export-dtype f32|bf16] [--tokenizer-from HFDIR]
+//                      [--max-shard-bytes N]
+//                                      DIR's latest checkpoint as a Hugging Face model directory
+//                                      OUT (config.json, model*.safetensors; docs/huggingface.md):
+//                                      the master weights, f32 (default) or rounded to bf16; the
+//                                      tokenizer files of HFDIR copied beside them
 //   12_checkpoint_tool --help          this usage
-// Exit status: 0 when it holds a checkpoint (and verifies), 1 when DIR holds none, 2 on an error
-// (a bad command line among them). Installed with the library (bin/12_checkpoint_tool).
+// Exit status: 0 when it holds a checkpoint (and verifies, or is exported), 1 when DIR holds none,
+// 2 on an error (a bad command line among them). Installed with the library
+// (bin/12_checkpoint_tool).
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
@@ -17,9 +24,11 @@
 
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "quintet/parallel/checkpoint/checkpoint.hpp"
 #include "quintet/parallel/checkpoint/global_index.hpp"
+#include "quintet/parallel/train/hf_export.hpp"
 
 namespace {
 
@@ -39,12 +48,31 @@ int main(int argc, char** argv) {
       "GPU or MPI needed"};
   std::string dir;
   bool verify = false;
+  std::vector<std::string> to_hf;
+  std::string export_dtype = "f32";
+  quintet::train::HfExportOptions options;
   app.add_option("DIR", dir,
-                 "a checkpoint directory (the one --save wrote; its latest checkpoint is shown)")
-      ->required();
+                 "a checkpoint directory (the one --save wrote; its latest checkpoint is shown)");
   app.add_flag("--verify", verify,
                "also read every byte: each shard's and each tensor's XXH64, and that the pieces of "
                "each tensor cover it once");
+  app.add_option("--to-hf", to_hf,
+                 "CHECKPOINT OUT: export CHECKPOINT's latest checkpoint as a Hugging Face model "
+                 "directory OUT (which must not exist), written atomically")
+      ->expected(2)
+      ->type_name("CHECKPOINT OUT");
+  app.add_option("--export-dtype", export_dtype,
+                 "with --to-hf: f32 (the master weights, lossless) or bf16 (rounded to nearest "
+                 "even)")
+      ->capture_default_str();
+  app.add_option("--tokenizer-from", options.tokenizer_dir,
+                 "with --to-hf: a Hugging Face model directory whose tokenizer.json, "
+                 "tokenizer_config.json and special_tokens_map.json (and config.json's bos/eos "
+                 "ids) the export takes");
+  app.add_option("--max-shard-bytes", options.max_shard_bytes,
+                 "with --to-hf: the largest safetensors file; more files get "
+                 "model.safetensors.index.json")
+      ->capture_default_str();
   app.footer(
       "Exit status: 0 when DIR holds a checkpoint (and it verifies), 1 when it holds none, 2 on "
       "an error.");
@@ -56,7 +84,25 @@ int main(int argc, char** argv) {
     app.exit(e);
     return 2;
   }
+  if (to_hf.empty() == dir.empty()) {
+    std::fprintf(stderr, "%s\nRun with --help for more information.\n",
+                 dir.empty() ? "DIR (or --to-hf CHECKPOINT OUT) is required"
+                             : "--to-hf takes its own CHECKPOINT: give DIR or --to-hf, not both");
+    return 2;
+  }
   try {
+    if (!to_hf.empty()) {
+      options.dtype = quintet::train::parse_hf_export_dtype(export_dtype);
+      const auto info = quintet::latest_checkpoint(to_hf[0]);
+      if (!info) {
+        fmt::print("{}: no checkpoint\n", to_hf[0]);
+        return 1;
+      }
+      quintet::train::export_hf_checkpoint(*info, to_hf[1], options);
+      fmt::print("exported {} (step {}) to {} ({})\n", info->path, info->step, to_hf[1],
+                 export_dtype);
+      return 0;
+    }
     const auto info = quintet::latest_checkpoint(dir);
     if (!info) {
       fmt::print("{}: no checkpoint\n", dir);

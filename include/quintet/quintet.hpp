@@ -77,6 +77,7 @@
 #include "quintet/parallel/train/checkpointer.hpp"
 #include "quintet/parallel/train/evaluate.hpp"
 #include "quintet/parallel/train/hf_checkpoint.hpp"
+#include "quintet/parallel/train/hf_export.hpp"
 #include "quintet/parallel/train/hf_names.hpp"
 #include "quintet/parallel/train/job_config.hpp"
 #include "quintet/parallel/train/step.hpp"

@@ -32,6 +32,7 @@ constexpr const char* kIdentity = "trainer_identity";
 constexpr const char* kUser = "user";
 constexpr const char* kOptimizerStep = "trainer_optimizer_step";
 constexpr const char* kLayout = "trainer_layout";
+constexpr const char* kModel = "trainer_model";
 
 // The Checkpointer's metadata of a checkpoint; InvalidArgument when it was not saved by one.
 nlohmann::ordered_json checkpointer_metadata(const CheckpointInfo& info) {
@@ -144,6 +145,41 @@ std::string run_identity(const TrainingModel& model, const data::DataLoader& loa
                             m.rope_scaling.original_max_position_embeddings));
 }
 
+// The model's structure and sizes (checkpoint_model reads them back).
+nlohmann::ordered_json model_record(const model::GptConfig& m) {
+  const expert::RouterConfig& r = m.moe.router;
+  return {{"family", model::model_family_name(m.family)},
+          {"layers", m.layers},
+          {"hidden", m.hidden},
+          {"heads", m.heads},
+          {"kv_heads", m.kv_head_count()},
+          {"head_dim", m.head_size()},
+          {"ffn_hidden", m.mlp_width()},
+          {"vocab", m.vocab},
+          {"seq_len", m.seq_len},
+          {"norm", m.norm == nn::NormKind::rmsnorm ? "rmsnorm" : "layernorm"},
+          {"activation", m.activation == nn::Activation::swiglu ? "swiglu" : "gelu"},
+          {"bias", m.bias},
+          {"tied_embeddings", m.tied_embeddings},
+          {"learned_positions", m.learned_positions},
+          {"rope", m.rope},
+          {"rope_theta", m.rope_theta},
+          {"qk_norm", m.qk_norm},
+          {"eps", m.eps},
+          {"init_std", m.init_std},
+          {"dtype", dtype_name(m.dtype)},
+          {"moe", m.mlp == model::MlpKind::moe},
+          {"experts", r.experts},
+          {"top_k", r.top_k},
+          {"router", r.score == expert::RouterScore::softmax ? "softmax" : "sigmoid"},
+          {"renormalize", r.renormalize},
+          {"aux_loss_coeff", r.aux_loss_coeff},
+          {"bias_rate", r.bias_rate},
+          {"expert_ffn", m.expert_width()},
+          {"shared_experts", m.moe.shared_experts},
+          {"moe_every", m.moe.every}};
+}
+
 // The layout a checkpoint was saved at (recorded for the record and the inspection tool, not
 // checked: a restore may use another).
 std::string run_layout(const TrainingModel& model) {
@@ -155,6 +191,77 @@ std::string run_layout(const TrainingModel& model) {
       mesh.size(Axis::tp), mesh.size(Axis::cp), mesh.size(Axis::pp), mesh.size(Axis::dp),
       mesh.size(Axis::ep), mesh.size(Axis::etp), c.vpp, c.data_parallel.zero_stage, c.micro_batch,
       c.model.sequence_parallel);
+}
+
+std::string checkpoint_model_json(const model::GptConfig& model) {
+  return model_record(model).dump();
+}
+
+model::GptConfig checkpoint_model(const CheckpointInfo& checkpoint) {
+  const nlohmann::ordered_json meta = checkpointer_metadata(checkpoint);
+  QUINTET_CHECK(meta.contains(kModel) && meta[kModel].is_object(),
+                "{} has no {} in its metadata: it was saved before checkpoints recorded their "
+                "model; resume it and save again",
+                checkpoint.path, kModel);
+  const nlohmann::ordered_json& j = meta[kModel];
+  model::GptConfig m;
+  try {
+    m.family = model::parse_model_family(j.at("family").get<std::string>());
+    m.layers = j.at("layers").get<std::int64_t>();
+    m.hidden = j.at("hidden").get<std::int64_t>();
+    m.heads = j.at("heads").get<std::int64_t>();
+    m.kv_heads = j.at("kv_heads").get<std::int64_t>();
+    m.head_dim = j.at("head_dim").get<std::int64_t>();
+    m.ffn_hidden = j.at("ffn_hidden").get<std::int64_t>();
+    m.vocab = j.at("vocab").get<std::int64_t>();
+    m.seq_len = j.at("seq_len").get<std::int64_t>();
+    m.norm = model::parse_norm_kind(j.at("norm").get<std::string>());
+    m.activation = model::parse_activation(j.at("activation").get<std::string>());
+    m.bias = j.at("bias").get<bool>();
+    m.tied_embeddings = j.at("tied_embeddings").get<bool>();
+    m.learned_positions = j.at("learned_positions").get<bool>();
+    m.rope = j.at("rope").get<bool>();
+    m.rope_theta = j.at("rope_theta").get<double>();
+    m.qk_norm = j.at("qk_norm").get<bool>();
+    m.eps = j.at("eps").get<float>();
+    m.init_std = j.at("init_std").get<float>();
+    m.dtype = parse_dtype(j.at("dtype").get<std::string>());
+    m.mlp = j.at("moe").get<bool>() ? model::MlpKind::moe : model::MlpKind::dense;
+    expert::RouterConfig& r = m.moe.router;
+    r.experts = j.at("experts").get<std::int64_t>();
+    r.top_k = j.at("top_k").get<int>();
+    r.score = expert::parse_router_score(j.at("router").get<std::string>());
+    r.renormalize = j.at("renormalize").get<bool>();
+    r.aux_loss_coeff = j.at("aux_loss_coeff").get<float>();
+    r.bias_rate = j.at("bias_rate").get<float>();
+    m.moe.expert_ffn = j.at("expert_ffn").get<std::int64_t>();
+    m.moe.shared_experts = j.at("shared_experts").get<int>();
+    m.moe.every = j.at("moe_every").get<int>();
+  } catch (const nlohmann::json::exception& e) {
+    QUINTET_THROW(InvalidArgument, "{}: its {} is malformed ({})", checkpoint.path, kModel,
+                  e.what());
+  }
+  return m;
+}
+
+std::vector<NamedTensor> master_weight_pieces(TrainingModel& model) {
+  const Stream& stream = model.stream();
+  std::vector<NamedTensor> tensors;
+  for (TrainingStage& s : model.stages()) {
+    s.optimizer->wait_for_parameters(stream);
+    Tensor master;
+    for (auto& [field, buffer] : s.optimizer->full_state(stream)) {
+      if (field == "master") master = buffer;
+    }
+    QUINTET_CHECK(master.defined(), "master_weight_pieces: the optimizer has no master weights");
+    for (const nn::Parameter* p : s.store->parameters()) {
+      if (!writes(*p, model.mesh())) continue;
+      const auto [start, global] = box_of(*p);
+      tensors.push_back({encode_piece_name({"master", p->name(), start, global}),
+                         master.narrow(0, p->offset(), p->numel()).view(p->shape())});
+    }
+  }
+  return tensors;
 }
 
 Checkpointer::Checkpointer(std::string dir, Communicator& world, std::string extra_identity)
@@ -233,6 +340,7 @@ std::pair<std::vector<NamedTensor>, std::string> Checkpointer::snapshot(
                                     {kSample, position.sample_index},
                                     {kIdentity, identity(model, loader)},
                                     {kLayout, run_layout(model)},
+                                    {kModel, model_record(model.config().model)},
                                     {kUser, std::move(user)}};
   return {std::move(tensors), meta.dump()};
 }

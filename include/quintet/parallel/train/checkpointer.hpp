@@ -44,6 +44,23 @@
 
 namespace quintet::train {
 
+// The model a checkpoint holds: a Checkpointer records its structure and sizes (GptConfig's, not
+// its layout settings) in the metadata as "trainer_model", so that a tool without a job
+// (12_checkpoint_tool --to-hf) can rebuild the config. Local. Throws InvalidArgument for a
+// checkpoint not saved by a Checkpointer (the keys "trainer_identity" and "trainer_step" of its
+// metadata), or saved before the model was recorded.
+model::GptConfig checkpoint_model(const CheckpointInfo& checkpoint);
+// The record of model that a save writes there (a JSON object), for programs that write
+// checkpoints of their own.
+std::string checkpoint_model_json(const model::GptConfig& model);
+
+// This rank's pieces (global_index.hpp) of the master weights, field "master" (f32), as a save
+// writes them: the box of each parameter this rank saves (one rank of each group holding the same
+// box), views of the optimizer's full state (ZeRO: gathered, a collective over each stage's
+// data-parallel groups). What a Hugging Face export of a running model writes first
+// (hf_export.hpp).
+std::vector<NamedTensor> master_weight_pieces(TrainingModel& model);
+
 class Checkpointer {
  public:
   // dir holds the checkpoints (checkpoint.hpp's layout); world is the whole job (every rank takes
