@@ -23,6 +23,7 @@
 #include "quintet/parallel/train/checkpointer.hpp"    // save and resume in one call
 #include "quintet/parallel/train/evaluate.hpp"        // the data, the validation loss
 #include "quintet/parallel/train/hf_checkpoint.hpp"   // --init-from-hf
+#include "quintet/parallel/train/hf_export.hpp"       // --export-hf
 #include "quintet/parallel/train/training_model.hpp"  // this rank's stages, one step
 #include "trace_session.hpp"
 #include "trainer_state.hpp"
@@ -200,6 +201,15 @@ int run(const char* program, quintet::train::JobConfig job, quintet::World& worl
         saver->save(step + 1, model, loader, run_metadata(job), exit_during_save(job, step + 1));
       }
       reporter.saved(step + 1, ck.async_save, ms_since(s1), waited);
+    }
+    // --export-hf (at the end) and --export-hf-every: the model as a Hugging Face directory,
+    // each rank writing its own pieces and its share of the files.
+    if (job.exports_hf_at(step + 1)) {
+      const auto e0 = Clock::now();
+      const std::string dir = job.hf_export_dir(step + 1);
+      quintet::train::export_hf(dir, model, ckpt_comm, hf_export_options(job));
+      if (world.rank() == 0)
+        quintet::log::info("exported step {} to {} ({:.0f} ms)", step + 1, dir, ms_since(e0));
     }
   }
   if (saver) saver->wait();  // the last background save, committed before the summary

@@ -32,6 +32,13 @@ quintet::train::Checkpointer checkpointer(const quintet::train::JobConfig& job,
   return saver;
 }
 
+quintet::train::HfExportOptions hf_export_options(const quintet::train::JobConfig& job) {
+  quintet::train::HfExportOptions o;
+  o.dtype = quintet::train::parse_hf_export_dtype(job.checkpoint.export_dtype);
+  o.tokenizer_dir = job.checkpoint.init_from_hf;
+  return o;
+}
+
 std::string run_metadata(const quintet::train::JobConfig& job) {
   return nlohmann::json{{"lr", job.training.lr}, {"steps", job.training.steps}}.dump();
 }

@@ -10,6 +10,7 @@
 #include "quintet/collectives/communicator.hpp"
 #include "quintet/core/runtime_config.hpp"
 #include "quintet/parallel/train/checkpointer.hpp"
+#include "quintet/parallel/train/hf_export.hpp"
 #include "quintet/parallel/train/job_config.hpp"
 
 namespace gpt {
@@ -18,6 +19,10 @@ namespace gpt {
 // checkpoint of another model, layout, batch, seed or dataset, naming the field.
 quintet::train::Checkpointer checkpointer(const quintet::train::JobConfig& job,
                                           const std::string& dir, quintet::Communicator& world);
+
+// --export-hf's options: --export-dtype, and the tokenizer files (and token ids) of
+// --init-from-hf's directory when the run started from one.
+quintet::train::HfExportOptions hf_export_options(const quintet::train::JobConfig& job);
 
 // What a checkpoint records beyond the library's part (a JSON object: the run's lr and steps).
 std::string run_metadata(const quintet::train::JobConfig& job);

@@ -3,8 +3,10 @@
 
 #include <algorithm>
 #include <exception>
+#include <filesystem>
 
 #include "quintet/core/error.hpp"
+#include "quintet/parallel/checkpoint/checkpoint.hpp"  // checkpoint_name
 
 namespace quintet::train {
 
@@ -34,6 +36,16 @@ std::int64_t JobConfig::last_step() const {
 bool JobConfig::evaluates_after(std::int64_t step) const {
   if (validation.data.empty()) return false;
   return step == last_step() || (validation.every > 0 && step % validation.every == 0);
+}
+
+bool JobConfig::exports_hf_at(std::int64_t step) const {
+  const std::int64_t every = checkpoint.export_hf_every;
+  return !checkpoint.export_hf.empty() && (step == last_step() || (every > 0 && step % every == 0));
+}
+
+std::string JobConfig::hf_export_dir(std::int64_t step) const {
+  if (checkpoint.export_hf_every == 0) return checkpoint.export_hf;
+  return (std::filesystem::path(checkpoint.export_hf) / checkpoint_name(step)).string();
 }
 
 model::GptConfig JobConfig::gpt_config() const {

@@ -232,6 +232,18 @@ void add_job_flags(CLI::App& app, JobConfig& job) {
          "Qwen2, Qwen3, Mixtral, Qwen3-MoE): the model is config.json's, flags that contradict "
          "it are refused; not with --resume")
       ->capture_default_str();
+  app.add_option("--export-hf", ck.export_hf,
+                 "at the end of the run, write the model as a Hugging Face directory (config."
+                 "json, safetensors) that transformers and vLLM load; Llama, Qwen3, Mixtral and "
+                 "Qwen3-MoE models (--arch); it must not exist")
+      ->capture_default_str();
+  app.add_option("--export-hf-every", ck.export_hf_every,
+                 "also export every N steps: each export into --export-hf's DIR/step_NNNNNN")
+      ->capture_default_str();
+  app.add_option("--export-dtype", ck.export_dtype,
+                 "the exported weights: f32 (the master weights, lossless) or bf16 (rounded to "
+                 "nearest even)")
+      ->capture_default_str();
   app.add_option("--exit-during-save", ck.exit_during_save,
                  "testing: exit midway through the save of this step")
       ->capture_default_str()

@@ -5,10 +5,12 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <filesystem>
 
 #include "quintet/core/error.hpp"
 #include "quintet/data/synthetic.hpp"
 #include "quintet/parallel/model/chunk_spec.hpp"
+#include "quintet/parallel/train/hf_export.hpp"
 #include "quintet/parallel/train/job_config.hpp"
 
 namespace quintet::train {
@@ -158,6 +160,25 @@ void JobConfig::validate(int world) const {
                 checkpoint.keep_last);
   QUINTET_CHECK(checkpoint.keep_last == 0 || !checkpoint.save.empty(),
                 "--keep-last {} needs --save DIR", checkpoint.keep_last);
+  QUINTET_CHECK(checkpoint.export_hf_every >= 0, "--export-hf-every {}: expected >= 0",
+                checkpoint.export_hf_every);
+  QUINTET_CHECK(checkpoint.export_hf_every == 0 || !checkpoint.export_hf.empty(),
+                "--export-hf-every {} needs --export-hf DIR", checkpoint.export_hf_every);
+  const DType export_dtype = parse_hf_export_dtype(checkpoint.export_dtype);
+  if (!checkpoint.export_hf.empty()) {
+    // The model has a Hugging Face layout and the directory is free: refused now, not after
+    // training. With --export-hf-every, DIR holds one directory per export.
+    HfExportOptions o;
+    o.dtype = export_dtype;
+    if (checkpoint.export_hf_every == 0) {
+      check_hf_export(m, checkpoint.export_hf, o);
+    } else {
+      hf_architecture(m);
+      QUINTET_CHECK(!std::filesystem::exists(checkpoint.export_hf) ||
+                        std::filesystem::is_directory(checkpoint.export_hf),
+                    "--export-hf {}: exists and is not a directory", checkpoint.export_hf);
+    }
+  }
   QUINTET_CHECK(data.loader_threads >= 1, "--loader-threads {}: expected >= 1",
                 data.loader_threads);
   QUINTET_CHECK(std::isfinite(data.loader_delay_ms) && data.loader_delay_ms >= 0.0,

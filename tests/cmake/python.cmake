@@ -62,3 +62,22 @@ if(QUINTET_NUMPY_PYTHON3)
 else()
   message(STATUS "Quintet tests: train_hf_import_* skipped (no python3 that imports numpy)")
 endif()
+
+# Hugging Face export: Llama, Qwen3, Mixtral and Qwen3-MoE models trained two steps at a parallel
+# layout, exported by the trainers (--export-hf) and by 12_checkpoint_tool --to-hf (the same
+# bytes), their names, shapes and config.json against transformers' (python/hf_export_test.py),
+# bf16 against NumPy's rounding, export -> import at another layout -> export bit-exact
+# (python/hf_export_tool), and bad inputs refused leaving nothing.
+add_executable(hf_export_tool python/hf_export_tool.cpp)
+target_link_libraries(hf_export_tool PRIVATE quintet::quintet)
+if(QUINTET_NUMPY_PYTHON3 AND QUINTET_BUILD_EXAMPLES AND TARGET CLI11::CLI11
+   AND TARGET nlohmann_json::nlohmann_json)
+  add_test(NAME train_hf_export
+           COMMAND ${QUINTET_NUMPY_PYTHON3} ${CMAKE_CURRENT_SOURCE_DIR}/python/hf_export_test.py
+                   $<TARGET_FILE:04_gpt_train> $<TARGET_FILE:05_moe_train>
+                   $<TARGET_FILE:12_checkpoint_tool> $<TARGET_FILE:hf_export_tool>
+                   ${MPIEXEC_EXECUTABLE} ${QUINTET_MPIRUN_FLAGS})
+  set_tests_properties(train_hf_export PROPERTIES LABELS "mpi;python;train;checkpoint"
+                       TIMEOUT 600 ENVIRONMENT "OMPI_MCA_rmaps_base_oversubscribe=1")
+  quintet_mpi_processors(2 train_hf_export)
+endif()

@@ -196,6 +196,9 @@ TEST_CASE("job config: every flag --help lists reaches the config", "[train]") {
                                                      {"--keep-last", "3"},
                                                      {"--resume", "r"},
                                                      {"--resume-if-exists", "r2"},
+                                                     {"--export-hf", "hf_out"},
+                                                     {"--export-hf-every", "10"},
+                                                     {"--export-dtype", "bf16"},
                                                      {"--bucket-mb", "5"},
                                                      {"--no-overlap", ""},
                                                      {"--check-batches", ""},
@@ -493,6 +496,18 @@ TEST_CASE("job config: the jobs the trainers refuse, refused before any communic
   refused(gpt, 1, {"--lr", "0.001", "--min-lr", "0.01"}, "need lr > 0 and 0 <= min-lr <= lr");
   refused(gpt, 1, {"--loader-threads", "0"}, "--loader-threads 0: expected >= 1");
   refused(gpt, 1, {"--loader-delay-ms", "-5"}, "--loader-delay-ms -5: expected a time >= 0");
+  // Hugging Face export: refused before training, not after it.
+  refused(gpt, 1, {"--export-hf", "hf_out"},
+          "no Hugging Face layout here: its norms are LayerNorm");
+  refused(gpt, 1, {"--arch", "llama", "--export-hf", "hf_out", "--export-dtype", "fp8"},
+          "--export-dtype fp8: expected f32");
+  refused(gpt, 1, {"--arch", "llama", "--export-hf-every", "5"},
+          "--export-hf-every 5 needs --export-hf DIR");
+  refused(gpt, 1, {"--arch", "llama", "--export-hf", "hf_out", "--export-hf-every", "-1"},
+          "--export-hf-every -1: expected >= 0");
+  refused(gpt, 1, {"--arch", "llama", "--export-hf", "/"}, "/ exists already (as a directory)");
+  refused(gpt, 1, {"--arch", "llama", "--export-hf", "/no/such/parent/hf"},
+          "parent /no/such/parent is not a directory");
   // Model families and the flags of their structure.
   refused(gpt, 1, {"--arch", "mixtral"},
           "--arch mixtral: a mixture-of-experts family, and this trainer's model is dense");

@@ -116,6 +116,12 @@ struct JobConfig {
     // Testing: exit (status 3) in the middle of the save of this step, after its shard is written
     // and before the commit; -1: never.
     std::int64_t exit_during_save = -1;
+    // Hugging Face export (hf_export.hpp): the model as a Hub directory at the end of the run,
+    // into export_hf; with export_hf_every N also every N steps, each into
+    // export_hf/step_NNNNNN (the end's too). export_dtype: f32 (the master weights) or bf16.
+    std::string export_hf;
+    std::int64_t export_hf_every = 0;
+    std::string export_dtype = "f32";
   } checkpoint;
 
   struct Observe {
@@ -147,6 +153,10 @@ struct JobConfig {
   // Whether the validation loss is evaluated after step (1-based): with validation data, after
   // every validation.every-th step and after the last.
   bool evaluates_after(std::int64_t step) const;
+  // Whether the run exports to Hugging Face after `step` (--export-hf at the last step, and every
+  // --export-hf-every steps), and where to (hf_export_dir).
+  bool exports_hf_at(std::int64_t step) const;
+  std::string hf_export_dir(std::int64_t step) const;
 
   // Throws InvalidArgument, before any communication, unless this job fits `world` ranks: the
   // library's own rules (Layout, GptConfig::validate and validate_experts, split_into_chunks,

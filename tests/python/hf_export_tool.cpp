@@ -1,0 +1,69 @@
+// A Hugging Face directory imported and exported again at any layout, without a step (for
+// tests/python/hf_export_test.py: export -> import -> export must give the same bytes):
+//
+//   mpirun -np N hf_export_tool dense|moe[:MAX_SHARD_BYTES] --init-from-hf DIR --export-hf OUT
+//                               [job flags...]
+//
+// Builds the model of DIR's config.json at the job's layout, loads its weights (each rank its own
+// boxes) and exports them to OUT (each rank its pieces and its share of the files: files of at
+// most MAX_SHARD_BYTES, so that there are several, when given). Errors exit 2
+// with the message on stderr.
+#include <cstdio>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "quintet/collectives/bootstrap.hpp"
+#include "quintet/parallel/mesh.hpp"
+#include "quintet/parallel/train/hf_checkpoint.hpp"
+#include "quintet/parallel/train/hf_export.hpp"
+#include "quintet/parallel/train/training_model.hpp"
+
+namespace {
+
+int run(int argc, char** argv) {
+  using namespace quintet;
+  std::vector<const char*> args{argv[0]};
+  for (int i = 2; i < argc; ++i) args.push_back(argv[i]);
+  const RuntimeConfig runtime =
+      RuntimeConfig::from_args(static_cast<int>(args.size()), args.data());
+  const std::string kind = argv[1];
+  const std::size_t colon = kind.find(':');
+  const bool moe = kind.substr(0, colon) == "moe";
+  train::JobConfig job = moe ? train::JobConfig::moe_preset() : train::JobConfig();
+  if (auto exit = train::parse_job_args(runtime, "hf_export_tool", &job)) return *exit;
+  World world = init(runtime);
+  try {
+    job.validate(world.size());
+    Stream stream;
+    Mesh mesh(Layout(job.parallel, world.size()), world.comm());
+    train::TrainingModel model(job, mesh, stream);
+    train::load_hf_weights(train::read_hf_config(job.checkpoint.init_from_hf), model, world.comm());
+    train::HfExportOptions options;
+    options.dtype = train::parse_hf_export_dtype(job.checkpoint.export_dtype);
+    options.tokenizer_dir = job.checkpoint.init_from_hf;
+    if (colon != std::string::npos) options.max_shard_bytes = std::stoull(kind.substr(colon + 1));
+    train::export_hf(job.checkpoint.export_hf, model, world.comm(), options);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "hf_export_tool: %s\n", e.what());
+    world.fail(e, 2);
+    return 2;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    if (argc < 2) {
+      std::fprintf(stderr, "usage: %s dense|moe --init-from-hf DIR --export-hf OUT [job flags]\n",
+                   argv[0]);
+      return 2;
+    }
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "hf_export_tool: %s\n", e.what());
+    return 2;
+  }
+}
