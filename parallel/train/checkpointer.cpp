@@ -160,6 +160,7 @@ nlohmann::ordered_json model_record(const model::GptConfig& m) {
           {"norm", m.norm == nn::NormKind::rmsnorm ? "rmsnorm" : "layernorm"},
           {"activation", m.activation == nn::Activation::swiglu ? "swiglu" : "gelu"},
           {"bias", m.bias},
+          {"proj_bias", m.proj_bias},
           {"tied_embeddings", m.tied_embeddings},
           {"learned_positions", m.learned_positions},
           {"rope", m.rope},
@@ -218,6 +219,7 @@ model::GptConfig checkpoint_model(const CheckpointInfo& checkpoint) {
     m.norm = model::parse_norm_kind(j.at("norm").get<std::string>());
     m.activation = model::parse_activation(j.at("activation").get<std::string>());
     m.bias = j.at("bias").get<bool>();
+    m.proj_bias = j.at("proj_bias").get<bool>();
     m.tied_embeddings = j.at("tied_embeddings").get<bool>();
     m.learned_positions = j.at("learned_positions").get<bool>();
     m.rope = j.at("rope").get<bool>();

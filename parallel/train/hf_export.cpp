@@ -39,15 +39,17 @@ void write_text(const fs::path& path, const std::string& text) {
   if (!out.good()) QUINTET_THROW(System, "Hugging Face export: cannot write {}", path.string());
 }
 
-// bos_token_id / eos_token_id: the options', else those of tokenizer_dir's config.json (the
-// model the run started from), else none.
-void token_ids(const HfExportOptions& o, Json* config) {
+// The config.json of tokenizer_dir (the model the run started from), or null.
+nlohmann::json source_config(const HfExportOptions& o) {
+  const fs::path source = fs::path(o.tokenizer_dir) / "config.json";
+  if (o.tokenizer_dir.empty() || !fs::is_regular_file(source)) return nullptr;
+  return nlohmann::json::parse(read_text(source), nullptr, false);
+}
+
+// bos_token_id / eos_token_id: the options', else those of the source model, else none.
+void token_ids(const HfExportOptions& o, const nlohmann::json& from, Json* config) {
   std::int64_t ids[2] = {o.bos_token_id, o.eos_token_id};
   const char* keys[2] = {"bos_token_id", "eos_token_id"};
-  const fs::path source = fs::path(o.tokenizer_dir) / "config.json";
-  nlohmann::json from;
-  if (!o.tokenizer_dir.empty() && fs::is_regular_file(source))
-    from = nlohmann::json::parse(read_text(source), nullptr, false);
   for (int i = 0; i < 2; ++i) {
     if (ids[i] >= 0) {
       (*config)[keys[i]] = ids[i];
@@ -84,13 +86,23 @@ HfArchitecture hf_architecture(const model::GptConfig& m) {
   const auto refuse = [&](std::string_view why) {
     QUINTET_THROW(InvalidArgument,
                   "Hugging Face export: this {} model has no Hugging Face layout here: {}; "
-                  "Quintet exports Llama, Qwen3, Mixtral and Qwen3-MoE models (--arch llama, "
-                  "qwen3, mixtral, qwen3-moe)",
+                  "Quintet exports Llama, Qwen2, Qwen3, Mixtral and Qwen3-MoE models (--arch "
+                  "llama, qwen3, mixtral, qwen3-moe; Qwen2 from --init-from-hf)",
                   model::model_family_name(m.family), why);
   };
   if (m.norm != nn::NormKind::rmsnorm) refuse("its norms are LayerNorm, not RMSNorm");
   if (m.activation != nn::Activation::swiglu) refuse("its MLP is GELU, not SwiGLU");
   if (!m.rope || m.learned_positions) refuse("it has learned positions, not RoPE");
+  const bool qkv_bias_only = m.bias && !m.proj_bias;  // Qwen2's attention
+  if (qkv_bias_only && (m.qk_norm || m.mlp == model::MlpKind::moe))
+    refuse(
+        "its attention has biases on q, k and v but not on the output projection, which only "
+        "Qwen2 has");
+  if (qkv_bias_only) {
+    if (m.head_size() * m.heads != m.hidden)
+      refuse("Qwen2's heads are hidden / heads wide, and head_dim is not");
+    return {"Qwen2ForCausalLM", "qwen2", {}};
+  }
   if (m.mlp != model::MlpKind::moe)
     return m.qk_norm ? HfArchitecture{"Qwen3ForCausalLM", "qwen3", {}}
                      : HfArchitecture{"LlamaForCausalLM", "llama", {}};
@@ -113,7 +125,8 @@ HfArchitecture hf_architecture(const model::GptConfig& m) {
 std::string hf_config_json(const model::GptConfig& m, const HfExportOptions& o) {
   const HfArchitecture arch = hf_architecture(m);
   const bool moe = m.mlp == model::MlpKind::moe;
-  const bool qwen = arch.model_type == "qwen3" || arch.model_type == "qwen3_moe";
+  const bool qwen =
+      arch.model_type == "qwen2" || arch.model_type == "qwen3" || arch.model_type == "qwen3_moe";
   Json c;
   c["architectures"] = {arch.cls};
   c["model_type"] = arch.model_type;
@@ -125,8 +138,17 @@ std::string hf_config_json(const model::GptConfig& m, const HfExportOptions& o) 
   c["num_key_value_heads"] = m.kv_head_count();
   c["head_dim"] = m.head_size();
   c["hidden_act"] = "silu";
-  c["max_position_embeddings"] =
-      o.max_position_embeddings > 0 ? o.max_position_embeddings : m.seq_len;
+  // The options', else the source model's (the run trained on sequences no longer), else the
+  // run's sequence length.
+  const nlohmann::json from = source_config(o);
+  if (o.max_position_embeddings > 0) {
+    c["max_position_embeddings"] = o.max_position_embeddings;
+  } else if (from.is_object() && from.contains("max_position_embeddings") &&
+             from["max_position_embeddings"].is_number_integer()) {
+    c["max_position_embeddings"] = from["max_position_embeddings"];
+  } else {
+    c["max_position_embeddings"] = m.seq_len;
+  }
   c["rms_norm_eps"] = decimal(m.eps);
   c["rope_theta"] = m.rope_theta;
   c["rope_scaling"] = nullptr;
@@ -134,7 +156,8 @@ std::string hf_config_json(const model::GptConfig& m, const HfExportOptions& o) 
   c["attention_dropout"] = 0.0;
   c["initializer_range"] = decimal(m.init_std);
   c["use_cache"] = true;
-  if (arch.model_type != "mixtral") c["attention_bias"] = m.bias;
+  // Mixtral's attention has no biases, Qwen2's always has them on q, k and v (no key for either).
+  if (arch.model_type != "mixtral" && arch.model_type != "qwen2") c["attention_bias"] = m.bias;
   if (arch.model_type == "llama") {
     c["intermediate_size"] = m.mlp_width();
     c["mlp_bias"] = false;
@@ -145,7 +168,8 @@ std::string hf_config_json(const model::GptConfig& m, const HfExportOptions& o) 
     c["sliding_window"] = nullptr;
     c["max_window_layers"] = m.layers;
   }
-  if (arch.model_type == "qwen3") c["intermediate_size"] = m.mlp_width();
+  if (arch.model_type == "qwen2" || arch.model_type == "qwen3")
+    c["intermediate_size"] = m.mlp_width();
   if (moe) {
     const expert::RouterConfig& r = m.moe.router;
     c["num_experts_per_tok"] = r.top_k;
@@ -165,7 +189,7 @@ std::string hf_config_json(const model::GptConfig& m, const HfExportOptions& o) 
       c["mlp_only_layers"] = Json::array();
     }
   }
-  token_ids(o, &c);
+  token_ids(o, from, &c);
   return c.dump(2) + "\n";
 }
 

@@ -14,6 +14,10 @@ Mixtral one and a Qwen3-MoE one, each trained two steps at a parallel layout:
   at most --max-shard-bytes with model.safetensors.index.json;
 - export -> import at another layout -> export (hf_export_tool, its files shared out between the
   ranks) gives the same bytes again;
+- hf_reference.py's checkpoints in the Hub layout (Llama with every attention bias, Qwen2's q/k/v
+  biases, Qwen3 in BF16, Mixtral), imported at tp 2, pp 2 or ep 2 and exported, hold the same
+  tensors, bit for bit, and the same config.json values (the Qwen2 case is the only Qwen2 model
+  Quintet builds: from --init-from-hf);
 - bad inputs are refused with their message and leave nothing: OUT an existing file, an unknown
   --export-dtype, a GPT-2 model (no Hugging Face layout), in the tool and in the trainer (before
   training).
@@ -28,6 +32,9 @@ import sys
 import tempfile
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import hf_reference as ref  # noqa: E402
 
 MODEL = ["--device", "cpu", "--layers", "2", "--hidden", "32", "--heads", "4", "--vocab", "256",
          "--seq-len", "16", "--micro-batch", "2", "--global-batch", "4", "--steps", "2",
@@ -254,6 +261,33 @@ def run_cases(r, work):
         same_export(exported, again)
         print("ok %s: %d tensors, trained at %s, imported and exported again at %s" % (
             name, len(f32), " ".join(flags[-4:]), " ".join(other_layout) or "1 rank"))
+
+    # The reference's checkpoints, as transformers writes them: import -> export gives them back.
+    for case, kind, layout in [("llama_gqa", "dense", ["--pp", "2"]),
+                               ("qwen2", "dense", ["--tp", "2"]),
+                               ("qwen3_tied_bf16", "dense", ["--tp", "2"]),
+                               ("mixtral", "moe", ["--dp", "2", "--ep", "2"])]:
+        source = ref.write_case(os.path.join(work, "reference"), case)
+        config = json.load(open(os.path.join(source, "config.json")))
+        dtype = "bf16" if config["torch_dtype"] == "bfloat16" else "f32"
+        out = os.path.join(work, "reference", case + "_exported")
+        r.mpi(2, r.roundtrip,
+              [kind, "--init-from-hf", source, "--export-hf", out, "--export-dtype", dtype,
+               "--device", "cpu", "--seq-len", "8", "--micro-batch", "2", "--global-batch",
+               "4", "--data", os.path.join(source, "tokens.bin")] + layout)  # (not read)
+        want, got = read_export(source), read_export(out)
+        if sorted(want) != sorted(got):
+            fail("%s: exported %s, the reference holds %s" % (case, sorted(got), sorted(want)))
+        for n in want:
+            if want[n] != got[n]:
+                fail("%s: %s differs from the reference's" % (case, n))
+        exported = json.load(open(os.path.join(out, "config.json")))
+        for k, v in config.items():
+            if exported.get(k, "absent") != v:
+                fail("%s: config.json's %s is %s, the reference's %s" % (
+                    case, k, exported.get(k, "absent"), v))
+        print("ok reference %s: %d tensors and the config back from %s" % (
+            case, len(want), " ".join(layout)))
 
     # Refused, with nothing written.
     w = os.path.join(work, "refused")

@@ -57,6 +57,17 @@ GptConfig llama_gqa() {
   m.kv_heads = 2;
   return m;
 }
+GptConfig qwen2() {  // biases on q, k and v, none on the output projection
+  GptConfig m = llama_gqa();
+  m.bias = true;
+  m.proj_bias = false;
+  return m;
+}
+GptConfig llama_biases() {  // attention_bias: all four projections
+  GptConfig m = sized(GptConfig::llama());
+  m.bias = true;
+  return m;
+}
 GptConfig qwen3_tied() {
   GptConfig m = sized(GptConfig::qwen3());
   m.head_dim = 8;
@@ -138,6 +149,15 @@ std::vector<Expect> expectations(const GptConfig& m) {
     for (int i = 0; i < 3; ++i)
       e.push_back({a + std::string(1, "qkv"[i]) + "_proj.weight", "block1.attn.qkv.weight", i});
   }
+  if (m.bias && m.kv_head_count() != m.heads) {
+    e.push_back({a + "q_proj.bias", "block1.attn.q.bias"});
+    e.push_back({a + "k_proj.bias", "block1.attn.kv.bias", 0});
+    e.push_back({a + "v_proj.bias", "block1.attn.kv.bias", 1});
+  } else if (m.bias) {
+    for (int i = 0; i < 3; ++i)
+      e.push_back({a + std::string(1, "qkv"[i]) + "_proj.bias", "block1.attn.qkv.bias", i});
+  }
+  if (m.bias && m.proj_bias) e.push_back({a + "o_proj.bias", "block1.attn.proj.bias"});
   if (m.qk_norm) {
     e.push_back({a + "q_norm.weight", "block1.attn.q_norm.weight"});
     e.push_back({a + "k_norm.weight", "block1.attn.k_norm.weight"});
@@ -187,10 +207,11 @@ void check_export(const std::string& dir, const GptConfig& m,
 
 }  // namespace
 
-TEST_CASE("export: Llama, Qwen3, Mixtral and Qwen3-MoE under the Hub's names, split in files") {
+TEST_CASE("export: Llama, Qwen2, Qwen3, Mixtral and Qwen3-MoE under the Hub's names, in files") {
   const TempDir tmp("names");
   int n = 0;
-  for (const GptConfig& m : {llama_gqa(), qwen3_tied(), mixtral(), qwen3_moe()}) {
+  for (const GptConfig& m :
+       {llama_gqa(), llama_biases(), qwen2(), qwen3_tied(), mixtral(), qwen3_moe()}) {
     const train::HfArchitecture arch = train::hf_architecture(m);
     INFO(arch.cls);
     const auto params = parameters(m);
@@ -227,6 +248,12 @@ TEST_CASE("export: Llama, Qwen3, Mixtral and Qwen3-MoE under the Hub's names, sp
     REQUIRE(c["rope_theta"] == m.rope_theta);
     REQUIRE(c["rms_norm_eps"] == std::stod(fmt::format("{}", m.eps)));
     REQUIRE(c["hidden_act"] == "silu");
+    // Qwen2 has q/k/v biases without a key for them, Mixtral no biases and no key.
+    if (arch.model_type == "qwen2" || arch.model_type == "mixtral") {
+      REQUIRE(!c.contains("attention_bias"));
+    } else {
+      REQUIRE(c["attention_bias"] == m.bias);
+    }
     if (m.mlp == model::MlpKind::moe) {
       REQUIRE(c["num_experts_per_tok"] == m.moe.router.top_k);
       REQUIRE(c[arch.model_type == "mixtral" ? "num_local_experts" : "num_experts"] == 4);
@@ -268,7 +295,8 @@ TEST_CASE("export: the tokenizer files and token ids of the model the run starte
   fs::create_directories(from);
   std::ofstream(from + "/tokenizer.json") << "{\"version\": \"1.0\"}";
   std::ofstream(from + "/special_tokens_map.json") << "{}";
-  std::ofstream(from + "/config.json") << "{\"bos_token_id\": 1, \"eos_token_id\": [2, 3]}";
+  std::ofstream(from + "/config.json")
+      << "{\"bos_token_id\": 1, \"eos_token_id\": [2, 3], \"max_position_embeddings\": 64}";
   const GptConfig m = llama_gqa();
   const auto params = parameters(m);
   train::HfExportOptions o;
@@ -280,12 +308,14 @@ TEST_CASE("export: the tokenizer files and token ids of the model the run starte
   const nlohmann::json c = read_json(tmp / "out/config.json");
   REQUIRE(c["bos_token_id"] == 1);
   REQUIRE(c["eos_token_id"] == nlohmann::json::array({2, 3}));
+  REQUIRE(c["max_position_embeddings"] == 64);  // the source's, not the run's seq_len (8)
   o.tokenizer_dir.clear();
   o.eos_token_id = 7;
   train::export_hf(tmp / "ids", m, o, source_of(params));
   const nlohmann::json ids = read_json(tmp / "ids/config.json");
   REQUIRE(ids["eos_token_id"] == 7);
   REQUIRE(!ids.contains("bos_token_id"));
+  REQUIRE(ids["max_position_embeddings"] == 8);
 }
 
 TEST_CASE("export: bad inputs refused before anything is written; a failure leaves nothing") {
@@ -310,6 +340,11 @@ TEST_CASE("export: bad inputs refused before anything is written; a failure leav
   GptConfig gpt2 = sized(GptConfig::gpt2());
   REQUIRE_THROWS_QUINTET(train::check_hf_export(gpt2, tmp / "gpt2", o), InvalidArgument,
                          "no Hugging Face layout here: its norms are LayerNorm");
+  GptConfig qwen3_qkv_bias = qwen3_tied();
+  qwen3_qkv_bias.bias = true;
+  qwen3_qkv_bias.proj_bias = false;
+  REQUIRE_THROWS_QUINTET(train::check_hf_export(qwen3_qkv_bias, tmp / "q", o), InvalidArgument,
+                         "which only Qwen2 has");
   GptConfig shared = qwen3_moe();
   shared.moe.shared_experts = 1;
   REQUIRE_THROWS_QUINTET(train::check_hf_export(shared, tmp / "shared", o), InvalidArgument,
@@ -334,7 +369,7 @@ TEST_CASE("export: bad inputs refused before anything is written; a failure leav
 TEST_CASE("export: a checkpoint's pieces, master weights and model record") {
   const TempDir tmp("checkpoint");
   auto comm = make_self_communicator(Device::cpu(), "hf_export_test");
-  for (const GptConfig& m : {mixtral(), qwen3_tied()}) {
+  for (const GptConfig& m : {mixtral(), qwen3_tied(), qwen2()}) {
     const auto params = parameters(m);
     // Each parameter saved as two pieces along its first dimension (as tp 2 saves a split one),
     // its master weights in f32 and its values in bf16; the master weights are exported.

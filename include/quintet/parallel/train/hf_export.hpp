@@ -12,9 +12,10 @@
 // Names and shapes are hf_names.hpp's, with the per-expert names every transformers version loads
 // (Mixtral: block_sparse_moe.experts.E.{w1,w3,w2}; Qwen3-MoE: mlp.experts.E.{gate,up,down}_proj).
 // The architecture comes from the model's structure: Llama (LlamaForCausalLM; attention biases
-// as attention_bias), Qwen3 (QK-norm), Mixtral (MoE), Qwen3-MoE (MoE with QK-norm). A model of
-// another structure (GPT-2's LayerNorm, GELU, learned positions; shared experts, dense layers
-// between MoE ones, a sigmoid router) has no Hugging Face layout here and is refused.
+// as attention_bias), Qwen2 (biases on q, k and v only: GptConfig::proj_bias off), Qwen3
+// (QK-norm), Mixtral (MoE), Qwen3-MoE (MoE with QK-norm). A model of another structure (GPT-2's
+// LayerNorm, GELU, learned positions; shared experts, dense layers between MoE ones, a sigmoid
+// router) has no Hugging Face layout here and is refused.
 //
 // The directory is written atomically: into DIR.partial (removed first, when an earlier export
 // was cut short), renamed to DIR when every file is complete, so a failed export leaves nothing
@@ -44,10 +45,13 @@
 namespace quintet::train {
 
 struct HfExportOptions {
-  DType dtype = DType::f32;                           // f32 or bf16 (parse_hf_export_dtype)
-  std::uint64_t max_shard_bytes = 5'000'000'000;      // transformers' "5GB"
-  std::string tokenizer_dir;                          // "" or a directory holding tokenizer files
-  std::int64_t max_position_embeddings = 0;           // 0: the model's seq_len
+  DType dtype = DType::f32;                       // f32 or bf16 (parse_hf_export_dtype)
+  std::uint64_t max_shard_bytes = 5'000'000'000;  // transformers' "5GB"
+  // "" or the source model's directory (--init-from-hf's): its tokenizer files are copied, its
+  // config.json's max_position_embeddings and bos/eos ids taken.
+  std::string tokenizer_dir;
+  // 0: the source model's if there is one, else the model's seq_len.
+  std::int64_t max_position_embeddings = 0;
   std::int64_t bos_token_id = -1, eos_token_id = -1;  // written when >= 0
 };
 
