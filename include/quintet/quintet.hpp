@@ -33,7 +33,7 @@
 #include "quintet/data/token_file.hpp"
 #include "quintet/nn/context.hpp"
 #include "quintet/nn/gradient_sync.hpp"
-#include "quintet/nn/layers.hpp"
+#include "quintet/nn/layer_kinds.hpp"
 #include "quintet/nn/lr_schedule.hpp"
 #include "quintet/nn/module.hpp"
 #include "quintet/nn/ops.hpp"

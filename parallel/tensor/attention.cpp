@@ -1,6 +1,6 @@
-// Causal self-attention with heads split over tp: the math of nn::CausalSelfAttention
-// (lib/nn/attention_layer.cpp) on this rank's heads, with grouped-query attention, QK-norm and
-// RoPE as options (attention.hpp).
+// Causal self-attention with heads split over tp: the math of the tests' single-rank
+// nn::CausalSelfAttention (tests/support/nn_attention_layer.cpp) on this rank's heads, with
+// grouped-query attention, QK-norm and RoPE as options (attention.hpp).
 #include "quintet/parallel/tensor/attention.hpp"
 
 #include "parallel/tensor/internal/regions.hpp"

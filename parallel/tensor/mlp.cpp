@@ -1,5 +1,5 @@
-// The MLP split along its hidden size: the math of nn::MLP (lib/nn/layers.cpp) on this rank's
-// hidden features.
+// The MLP split along its hidden size: the math of the tests' single-rank nn::MLP
+// (tests/support/nn_layers.cpp) on this rank's hidden features.
 #include "quintet/parallel/tensor/mlp.hpp"
 
 #include "parallel/tensor/internal/regions.hpp"

@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "gpu/nn_gpu_compare.hpp"
-#include "quintet/nn/layers.hpp"
-#include "quintet/nn/optimizer.hpp"
 #include "quintet/nn/parameter.hpp"
+#include "support/nn_adamw.hpp"
+#include "support/nn_layers.hpp"
 
 using namespace quintet;
 using namespace nn_gpu_test;

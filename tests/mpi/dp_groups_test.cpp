@@ -13,9 +13,9 @@
 
 #include "quintet/collectives/bootstrap.hpp"
 #include "quintet/nn/module.hpp"
-#include "quintet/nn/optimizer.hpp"
 #include "quintet/parallel/data/distributed_optimizer.hpp"
 #include "support/catch.hpp"
+#include "support/nn_adamw.hpp"
 
 using namespace quintet;
 

@@ -13,13 +13,13 @@
 #include <vector>
 
 #include "quintet/collectives/mpi.hpp"
-#include "quintet/nn/optimizer.hpp"
 #include "quintet/parallel/data/distributed_optimizer.hpp"
 #include "quintet/parallel/model/gpt.hpp"
 #include "quintet/parallel/pipeline/executor.hpp"
 #include "quintet/parallel/pipeline/simulator.hpp"
 #include "quintet/parallel/train/evaluate.hpp"
 #include "quintet/parallel/train/step.hpp"
+#include "support/nn_adamw.hpp"
 #include "tp_support.hpp"
 
 using namespace quintet;

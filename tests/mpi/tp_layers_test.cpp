@@ -5,7 +5,6 @@
 // are rejected before any communication. f32, tolerance tp_support.hpp's kAbsTol/kRelTol.
 #include <map>
 
-#include "quintet/nn/layers.hpp"
 #include "quintet/parallel/model/block.hpp"
 #include "quintet/parallel/tensor/attention.hpp"
 #include "quintet/parallel/tensor/linear.hpp"
@@ -13,6 +12,7 @@
 #include "quintet/parallel/tensor/norm.hpp"
 #include "quintet/parallel/tensor/regions.hpp"
 #include "quintet/parallel/tensor/vocab.hpp"
+#include "support/nn_layers.hpp"
 #include "tp_support.hpp"
 
 using namespace quintet;

@@ -4,9 +4,9 @@
 // would: it sums the reduce_over_tp gradients over tp, then averages every gradient over dp.
 // Clipping is off: the norm of one rank's shards is not the global norm. f32; outputs within
 // tp_support.hpp's tolerance, parameters within kParamTol after each step.
-#include "quintet/nn/layers.hpp"
-#include "quintet/nn/optimizer.hpp"
 #include "quintet/parallel/model/block.hpp"
+#include "support/nn_adamw.hpp"
+#include "support/nn_layers.hpp"
 #include "tp_support.hpp"
 
 using namespace quintet;

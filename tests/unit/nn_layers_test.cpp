@@ -4,9 +4,9 @@
 #include <cmath>
 #include <map>
 
-#include "quintet/nn/layers.hpp"
-#include "quintet/nn/optimizer.hpp"
 #include "support/catch.hpp"
+#include "support/nn_adamw.hpp"
+#include "support/nn_layers.hpp"
 #include "unit/nn_gradcheck.hpp"
 
 using namespace quintet;

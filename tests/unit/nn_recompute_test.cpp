@@ -5,9 +5,9 @@
 #include <map>
 #include <memory>
 
-#include "quintet/nn/layers.hpp"
 #include "quintet/nn/recompute.hpp"
 #include "support/catch.hpp"
+#include "support/nn_layers.hpp"
 #include "unit/nn_gradcheck.hpp"
 
 using namespace quintet;

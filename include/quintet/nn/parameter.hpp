@@ -192,7 +192,7 @@ class ParameterStore {
   // called on the thread running the forward, with the forward's stream.
   void set_before_use_hook(std::function<void(Parameter&, const Stream&)> hook);
   // Set by DataParallel: the gradients are reduced across ranks (and, under ZeRO, sharded), so
-  // only a distributed optimizer may step this store (nn::AdamW refuses it).
+  // only a distributed optimizer may step this store (the tests' single-rank nn::AdamW refuses it).
   void mark_data_parallel() { data_parallel_ = true; }
   bool data_parallel() const { return data_parallel_; }
 

@@ -18,7 +18,7 @@
 // sharded and counted everywhere, a shard held by tp_replicas ranks on the first of them), then
 // summed over Axis::tp_dp_cp and Axis::pp. A weight tied across chunks (nn::TiedRole) is counted on
 // its owner's chunk only. Clipping scales the update by max_grad_norm / (norm + 1e-6) when norm >
-// max_grad_norm, as nn::AdamW does.
+// max_grad_norm, as the tests' single-rank nn::AdamW does.
 //
 // The DataParallel (and its store and mesh) must outlive the optimizer. Same thread as the
 // DataParallel. Not copyable or movable.

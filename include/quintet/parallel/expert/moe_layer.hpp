@@ -52,7 +52,7 @@
 #include <vector>
 
 #include "quintet/collectives/communicator.hpp"
-#include "quintet/nn/layers.hpp"
+#include "quintet/nn/layer_kinds.hpp"
 #include "quintet/nn/module.hpp"
 #include "quintet/parallel/expert/router.hpp"
 #include "quintet/parallel/tensor/mlp.hpp"

@@ -6,8 +6,8 @@
 // norm1.*, attn.*, norm2.*, mlp.* (with the tensor-parallel slots: attn.qkv.weight [3, d/tp, d],
 // attn.qkv.bias, attn.proj.*, mlp.fc.*, [mlp.up.weight], mlp.proj.*; an MoE block's
 // mlp.router.weight, mlp.experts.*, [mlp.shared.*]). With tp = 1 and no sequence parallelism a
-// block equals nn::TransformerBlock of the same sizes and seed. The norms' parameters carry
-// reduce_over_tp = sequence_parallel.
+// block equals the tests' single-rank nn::TransformerBlock of the same sizes and seed. The norms'
+// parameters carry reduce_over_tp = sequence_parallel.
 #pragma once
 
 #include <memory>

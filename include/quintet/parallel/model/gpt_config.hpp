@@ -13,7 +13,7 @@
 #include <string_view>
 
 #include "quintet/core/dtype.hpp"
-#include "quintet/nn/layers.hpp"
+#include "quintet/nn/layer_kinds.hpp"
 #include "quintet/parallel/context/ring_attention.hpp"
 #include "quintet/parallel/expert/router.hpp"
 

@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "quintet/collectives/communicator.hpp"
-#include "quintet/nn/layers.hpp"
+#include "quintet/nn/layer_kinds.hpp"
 #include "quintet/nn/module.hpp"
 #include "quintet/parallel/tensor/linear.hpp"
 
@@ -21,7 +21,7 @@ struct ParallelMLPOptions {
   int overlap_chunks = 1;
 };
 
-// nn::MLP split along hidden: GELU: fc (column) -> gelu -> proj (row), with biases. SwiGLU: gate
+// An MLP split along hidden: GELU: fc (column) -> gelu -> proj (row), with biases. SwiGLU: gate
 // "fc" and "up" (column, no bias, sharing one entry into the tp region) -> silu(gate) * up ->
 // proj (row, no bias). x [B, S(/tp), dim] -> same shape.
 class ParallelMLP : public nn::Module {

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "quintet/nn/layers.hpp"
+#include "quintet/nn/layer_kinds.hpp"
 #include "quintet/nn/module.hpp"
 #include "quintet/nn/ops.hpp"
 
@@ -33,7 +33,7 @@ class ParallelNorm : public nn::Module {
   virtual Tensor backward_add(nn::Context& ctx, const Tensor& dy, const Tensor& dresidual) = 0;
 };
 
-// nn::LayerNorm over the last dim (weight, bias [dim], replicated) whose parameters carry
+// LayerNorm over the last dim (weight, bias [dim], replicated) whose parameters carry
 // reduce_over_tp = sequence_parallel.
 class ParallelLayerNorm : public ParallelNorm {
  public:
@@ -49,7 +49,7 @@ class ParallelLayerNorm : public ParallelNorm {
   nn::Parameter* bias_;
 };
 
-// nn::RMSNorm over the last dim (weight [dim], replicated), reduce_over_tp = sequence_parallel.
+// RMSNorm over the last dim (weight [dim], replicated), reduce_over_tp = sequence_parallel.
 class ParallelRMSNorm : public ParallelNorm {
  public:
   explicit ParallelRMSNorm(std::int64_t dim, const ParallelNormOptions& options = {});

@@ -1,6 +1,6 @@
 // CausalSelfAttention: the fused qkv projection, the split into heads, the attention op and the
 // output projection.
-#include "quintet/nn/layers.hpp"
+#include "support/nn_layers.hpp"
 
 namespace quintet::nn {
 

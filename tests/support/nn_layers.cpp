@@ -1,5 +1,5 @@
 // Linear, norms, MLP, Embedding and the transformer block (attention is in attention_layer.cpp).
-#include "quintet/nn/layers.hpp"
+#include "support/nn_layers.hpp"
 
 namespace quintet::nn {
 

@@ -1,5 +1,9 @@
-// The layers of a GPT-style transformer, made of the ops of ops.hpp: Linear, LayerNorm, RMSNorm,
-// MLP (GELU or SwiGLU), causal self-attention, Embedding and a pre-norm transformer block.
+// The single-rank layers of a GPT-style transformer, made of the ops of quintet/nn/ops.hpp:
+// Linear, LayerNorm, RMSNorm, MLP (GELU or SwiGLU), causal self-attention, Embedding and a
+// pre-norm transformer block. Test support, not library: the tests build them as the unsharded
+// reference the parallel layers (parallel/tensor, parallel/model) must equal, and to exercise the
+// nn ops, modules and gradient protocol through a small model. Sources: nn_layers.cpp,
+// nn_attention_layer.cpp.
 //
 // Shapes: activations are [batch, seq, dim] (Linear, norms and MLP accept any [..., dim]).
 // Parameters are declared at construction and get memory from a ParameterStore (parameter.hpp);
@@ -11,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "quintet/nn/layer_kinds.hpp"
 #include "quintet/nn/module.hpp"
 #include "quintet/nn/ops.hpp"
 
@@ -60,9 +65,6 @@ class RMSNorm : public Module {
   float eps_;
   Parameter* weight_;
 };
-
-enum class Activation { gelu, swiglu };
-enum class NormKind { layernorm, rmsnorm };
 
 // GELU: fc (dim -> hidden) -> gelu -> proj (hidden -> dim), with biases.
 // SwiGLU: gate, up (dim -> hidden, no bias) -> silu(gate) * up -> proj (hidden -> dim, no bias).
