@@ -165,6 +165,9 @@ nlohmann::ordered_json model_record(const model::GptConfig& m) {
           {"learned_positions", m.learned_positions},
           {"rope", m.rope},
           {"rope_theta", m.rope_theta},
+          {"rope_scaling",
+           {m.rope_scaling.factor, m.rope_scaling.low_freq_factor, m.rope_scaling.high_freq_factor,
+            m.rope_scaling.original_max_position_embeddings}},
           {"qk_norm", m.qk_norm},
           {"eps", m.eps},
           {"init_std", m.init_std},
@@ -224,6 +227,9 @@ model::GptConfig checkpoint_model(const CheckpointInfo& checkpoint) {
     m.learned_positions = j.at("learned_positions").get<bool>();
     m.rope = j.at("rope").get<bool>();
     m.rope_theta = j.at("rope_theta").get<double>();
+    const nlohmann::ordered_json& rs = j.at("rope_scaling");  // [factor, low, high, original]
+    m.rope_scaling = {rs.at(0).get<double>(), rs.at(1).get<double>(), rs.at(2).get<double>(),
+                      rs.at(3).get<std::int64_t>()};
     m.qk_norm = j.at("qk_norm").get<bool>();
     m.eps = j.at("eps").get<float>();
     m.init_std = j.at("init_std").get<float>();

@@ -151,7 +151,17 @@ std::string hf_config_json(const model::GptConfig& m, const HfExportOptions& o) 
   }
   c["rms_norm_eps"] = decimal(m.eps);
   c["rope_theta"] = m.rope_theta;
-  c["rope_scaling"] = nullptr;
+  // Llama 3's frequency scaling (rope_type llama3), as Llama 3.1 and later write it; else none.
+  const nn::RopeScaling& rs = m.rope_scaling;
+  if (rs.factor > 0) {
+    c["rope_scaling"] = {{"rope_type", "llama3"},
+                         {"factor", rs.factor},
+                         {"low_freq_factor", rs.low_freq_factor},
+                         {"high_freq_factor", rs.high_freq_factor},
+                         {"original_max_position_embeddings", rs.original_max_position_embeddings}};
+  } else {
+    c["rope_scaling"] = nullptr;
+  }
   c["tie_word_embeddings"] = m.tied_embeddings;
   c["attention_dropout"] = 0.0;
   c["initializer_range"] = decimal(m.init_std);

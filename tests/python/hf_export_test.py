@@ -14,8 +14,8 @@ Mixtral one and a Qwen3-MoE one, each trained two steps at a parallel layout:
   at most --max-shard-bytes with model.safetensors.index.json;
 - export -> import at another layout -> export (hf_export_tool, its files shared out between the
   ranks) gives the same bytes again;
-- hf_reference.py's checkpoints in the Hub layout (Llama with every attention bias, Qwen2's q/k/v
-  biases, Qwen3 in BF16, Mixtral), imported at tp 2, pp 2 or ep 2 and exported, hold the same
+- hf_reference.py's checkpoints in the Hub layout (Llama with every attention bias, Llama 3.1's
+  RoPE scaling, Qwen2's q/k/v biases, Qwen3 in BF16, Mixtral), imported at tp 2, pp 2 or ep 2 and exported, hold the same
   tensors, bit for bit, and the same config.json values (the Qwen2 case is the only Qwen2 model
   Quintet builds: from --init-from-hf);
 - bad inputs are refused with their message and leave nothing: OUT an existing file, an unknown
@@ -264,6 +264,7 @@ def run_cases(r, work):
 
     # The reference's checkpoints, as transformers writes them: import -> export gives them back.
     for case, kind, layout in [("llama_gqa", "dense", ["--pp", "2"]),
+                               ("llama31", "dense", ["--tp", "2"]),
                                ("qwen2", "dense", ["--tp", "2"]),
                                ("qwen3_tied_bf16", "dense", ["--tp", "2"]),
                                ("mixtral", "moe", ["--dp", "2", "--ep", "2"])]:

@@ -68,6 +68,11 @@ GptConfig llama_biases() {  // attention_bias: all four projections
   m.bias = true;
   return m;
 }
+GptConfig llama31() {  // Llama 3.1's RoPE scaling
+  GptConfig m = llama_gqa();
+  m.rope_scaling = {8.0, 1.0, 4.0, 8192};
+  return m;
+}
 GptConfig qwen3_tied() {
   GptConfig m = sized(GptConfig::qwen3());
   m.head_dim = 8;
@@ -211,7 +216,7 @@ TEST_CASE("export: Llama, Qwen2, Qwen3, Mixtral and Qwen3-MoE under the Hub's na
   const TempDir tmp("names");
   int n = 0;
   for (const GptConfig& m :
-       {llama_gqa(), llama_biases(), qwen2(), qwen3_tied(), mixtral(), qwen3_moe()}) {
+       {llama_gqa(), llama31(), llama_biases(), qwen2(), qwen3_tied(), mixtral(), qwen3_moe()}) {
     const train::HfArchitecture arch = train::hf_architecture(m);
     INFO(arch.cls);
     const auto params = parameters(m);
@@ -248,6 +253,15 @@ TEST_CASE("export: Llama, Qwen2, Qwen3, Mixtral and Qwen3-MoE under the Hub's na
     REQUIRE(c["rope_theta"] == m.rope_theta);
     REQUIRE(c["rms_norm_eps"] == std::stod(fmt::format("{}", m.eps)));
     REQUIRE(c["hidden_act"] == "silu");
+    if (m.rope_scaling.factor > 0) {
+      REQUIRE(c["rope_scaling"] == nlohmann::json{{"rope_type", "llama3"},
+                                                  {"factor", 8.0},
+                                                  {"low_freq_factor", 1.0},
+                                                  {"high_freq_factor", 4.0},
+                                                  {"original_max_position_embeddings", 8192}});
+    } else {
+      REQUIRE(c["rope_scaling"].is_null());
+    }
     // Qwen2 has q/k/v biases without a key for them, Mixtral no biases and no key.
     if (arch.model_type == "qwen2" || arch.model_type == "mixtral") {
       REQUIRE(!c.contains("attention_bias"));
@@ -369,7 +383,8 @@ TEST_CASE("export: bad inputs refused before anything is written; a failure leav
 TEST_CASE("export: a checkpoint's pieces, master weights and model record") {
   const TempDir tmp("checkpoint");
   auto comm = make_self_communicator(Device::cpu(), "hf_export_test");
-  for (const GptConfig& m : {mixtral(), qwen3_tied(), qwen2()}) {
+  int cases = 0;
+  for (const GptConfig& m : {mixtral(), qwen3_tied(), qwen2(), llama31()}) {
     const auto params = parameters(m);
     // Each parameter saved as two pieces along its first dimension (as tp 2 saves a split one),
     // its master weights in f32 and its values in bf16; the master weights are exported.
@@ -386,7 +401,7 @@ TEST_CASE("export: a checkpoint's pieces, master weights and model record") {
             {encode_piece_name({"value", name, start, t.shape()}), part.to(DType::bf16)});
       }
     }
-    const std::string ck = tmp / std::string(model::model_family_name(m.family));
+    const std::string ck = tmp / ("ck" + std::to_string(cases++));
     const std::string user =
         fmt::format(R"({{"trainer_step": 3, "trainer_identity": "test", "trainer_model": {}}})",
                     train::checkpoint_model_json(m));
