@@ -207,6 +207,9 @@ int run(const char* program, quintet::train::JobConfig job, quintet::World& worl
     if (job.exports_hf_at(step + 1)) {
       const auto e0 = Clock::now();
       const std::string dir = job.hf_export_dir(step + 1);
+      std::error_code ec;  // --export-hf-every: DIR holds one directory per export (made here;
+      // a failure shows as export_hf's refusal of the parent, on every rank alike)
+      if (ck.export_hf_every > 0) std::filesystem::create_directories(ck.export_hf, ec);
       quintet::train::export_hf(dir, model, ckpt_comm, hf_export_options(job));
       if (world.rank() == 0)
         quintet::log::info("exported step {} to {} ({:.0f} ms)", step + 1, dir, ms_since(e0));

@@ -6,7 +6,8 @@
 For a Llama model (grouped-query attention, untied), a Qwen3 one (QK-norm, tied embeddings), a
 Mixtral one and a Qwen3-MoE one, each trained two steps at a parallel layout:
 - the trainer's --export-hf (every rank writing its pieces and its share of the files) and
-  12_checkpoint_tool --to-hf of the run's checkpoint give the same bytes;
+  12_checkpoint_tool --to-hf of the run's checkpoint give the same bytes; --export-hf-every 1
+  exports each step into DIR/step_NNNNNN;
 - the tensor names and shapes are the ones transformers' model class of that architecture has in
   its state dict (written out below from the config, not from Quintet's mapping), per expert for
   the MoE ones; config.json holds the keys transformers' config class reads, with the run's sizes;
@@ -261,6 +262,22 @@ def run_cases(r, work):
         same_export(exported, again)
         print("ok %s: %d tensors, trained at %s, imported and exported again at %s" % (
             name, len(f32), " ".join(flags[-4:]), " ".join(other_layout) or "1 rank"))
+
+    # --export-hf-every 1: DIR/step_000001 and DIR/step_000002, the last the checkpoint's; a tied
+    # table across pp 2 (its second copy, on the last stage, is not written twice).
+    w = os.path.join(work, "every")
+    ck, every = os.path.join(w, "ck"), os.path.join(w, "every")
+    r.mpi(2, r.gpt, MODEL + data + ["--arch", "qwen3", "--head-dim", "16", "--ffn-hidden", "40",
+                                    "--tied-embeddings", "--pp", "2", "--save", ck,
+                                    "--export-hf", every, "--export-hf-every", "1"])
+    if sorted(os.listdir(every)) != ["step_000001", "step_000002"]:
+        fail("--export-hf-every 1: %s holds %s" % (every, sorted(os.listdir(every))))
+    check_layout("qwen3", os.path.join(every, "step_000001"), "F32")
+    r.run([r.tool, "--to-hf", ck, os.path.join(w, "tool")])
+    same_export(os.path.join(every, "step_000002"), os.path.join(w, "tool"))
+    if read_export(os.path.join(every, "step_000001")) == read_export(os.path.join(w, "tool")):
+        fail("--export-hf-every 1: step 1's export equals step 2's")
+    print("ok --export-hf-every 1: step_000001 and step_000002 (tied, pp 2)")
 
     # The reference's checkpoints, as transformers writes them: import -> export gives them back.
     for case, kind, layout in [("llama_gqa", "dense", ["--pp", "2"]),
