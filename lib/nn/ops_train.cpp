@@ -4,6 +4,7 @@
 
 #include "nn/op_checks.hpp"
 #include "nn/op_dispatch.hpp"
+#include "nn/vocab_parallel_impl.hpp"
 #include "quintet/nn/ops.hpp"
 
 namespace quintet::nn {
@@ -66,18 +67,25 @@ void check_logits_targets(const OpChecker& c, const Tensor& logits, const Tensor
 }
 }  // namespace
 
+// The cross-entropy of the whole vocabulary is that of a vocabulary split over one shard, [0, V):
+// the kernels of vocab_parallel_ops.hpp (nn/vocab_parallel_impl.hpp), one implementation of each.
 CrossEntropyOutput cross_entropy_forward(const Tensor& logits, const Tensor& targets,
                                          std::int64_t ignore_index, const Stream& stream) {
   const OpChecker c("cross_entropy_forward", stream);
   check_logits_targets(c, logits, targets);
   const Tensor l2 = detail::as_rows(logits, stream);
+  const std::int64_t rows = l2.size(0), vocab = l2.size(1);
   const Tensor tc = targets.contiguous(stream).view({targets.numel()});
   const DType a = accum_dtype(logits.dtype());
+  const Tensor partials = Tensor::empty({1, 3, rows}, a, c.device(), stream);
+  QUINTET_NN_DISPATCH_ARGS(c, vocab_parallel_ce_partials,
+                           (c.op(), l2, tc, 0, vocab, ignore_index, partials),
+                           (l2, tc, 0, vocab, ignore_index, partials, stream));
   CrossEntropyOutput o{Tensor::empty({}, a, c.device(), stream),
-                       Tensor::empty({l2.size(0)}, a, c.device(), stream),
+                       Tensor::empty({rows}, a, c.device(), stream),
                        Tensor::empty({}, a, c.device(), stream)};
-  QUINTET_NN_DISPATCH(c, stream, cross_entropy_forward, l2, tc, ignore_index, o.loss, o.lse,
-                      o.valid_count);
+  QUINTET_NN_DISPATCH(c, stream, vocab_parallel_ce_combine, partials, tc, vocab, ignore_index,
+                      o.loss, o.lse, o.valid_count);
   return o;
 }
 
@@ -100,7 +108,8 @@ Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const
   const Tensor tc = targets.contiguous(stream).view({targets.numel()});
   const Tensor lc = lse.contiguous(stream), vc = valid_count.contiguous(stream);
   Tensor dl = Tensor::empty(l2.shape(), logits.dtype(), c.device(), stream);
-  QUINTET_NN_DISPATCH(c, stream, cross_entropy_backward, l2, tc, lc, vc, dloss, ignore_index, dl);
+  QUINTET_NN_DISPATCH(c, stream, vocab_parallel_ce_backward, l2, tc, lc, vc, dloss, 0, l2.size(1),
+                      ignore_index, dl);
   return dl.view(logits.shape());
 }
 

@@ -20,8 +20,9 @@ void vocab_parallel_embedding_forward(const Tensor& ids, const Tensor& table,
 // dy [N, D], ids [N]; accumulate dtable [V_local, D].
 void vocab_parallel_embedding_backward(const Tensor& dy, const Tensor& ids, const Tensor& dtable,
                                        std::int64_t vocab_start);
-// logits [N, V_local], targets [N] -> partials [3, N].
-void vocab_parallel_ce_partials(const Tensor& logits, const Tensor& targets,
+// logits [N, V_local], targets [N] -> partials [3, N] (or [1, 3, N]). Throws InvalidArgument,
+// naming op, on a target outside [0, vocab_size) that is not ignore_index.
+void vocab_parallel_ce_partials(const char* op, const Tensor& logits, const Tensor& targets,
                                 std::int64_t vocab_start, std::int64_t vocab_size,
                                 std::int64_t ignore_index, const Tensor& partials);
 // gathered [R, 3, N], targets [N] -> loss [], lse [N], valid_count [].

@@ -76,8 +76,9 @@ Tensor vocab_parallel_ce_partials(const Tensor& logits_shard, const Tensor& targ
   const Tensor l2 = detail::as_rows(logits_shard, stream);
   const Tensor tc = targets.contiguous(stream).view({targets.numel()});
   Tensor partials = Tensor::empty({3, l2.size(0)}, accum_dtype(t), c.device(), stream);
-  QUINTET_NN_DISPATCH(c, stream, vocab_parallel_ce_partials, l2, tc, vocab_start, vocab_size,
-                      ignore_index, partials);
+  QUINTET_NN_DISPATCH_ARGS(c, vocab_parallel_ce_partials,
+                           (c.op(), l2, tc, vocab_start, vocab_size, ignore_index, partials),
+                           (l2, tc, vocab_start, vocab_size, ignore_index, partials, stream));
   return partials;
 }
 

@@ -250,7 +250,8 @@ struct CrossEntropyOutput {
 };
 // logits [..., V] (T), targets [...] i32 or i64 (N = numel of targets). A target equal to
 // ignore_index is skipped; any other target outside [0, V) throws on the CPU, and on a GPU counts
-// as ignored.
+// as ignored. Computed as the vocabulary-parallel cross-entropy (vocab_parallel_ops.hpp) of one
+// shard holding the whole vocabulary: the same kernels, so the two agree.
 CrossEntropyOutput cross_entropy_forward(const Tensor& logits, const Tensor& targets,
                                          std::int64_t ignore_index, const Stream& stream);
 // dlogits = dloss * (softmax(logits) - onehot(target)) / max(valid_count, 1), zero rows for

@@ -50,12 +50,6 @@ void attention_merge_(const Tensor& out, const Tensor& lse, const Tensor& out_b,
 // Throws InvalidArgument (before writing anything) on an id outside [0, V).
 void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& y);
 void embedding_backward(const Tensor& dy, const Tensor& ids, const Tensor& dtable);
-// Throws InvalidArgument on a target outside [0, V) that is not ignore_index.
-void cross_entropy_forward(const Tensor& logits, const Tensor& targets, std::int64_t ignore_index,
-                           const Tensor& loss, const Tensor& lse, const Tensor& valid_count);
-void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
-                            const Tensor& valid_count, float dloss, std::int64_t ignore_index,
-                            const Tensor& dlogits);
 
 void adamw_step(const Tensor& master, const Tensor& grad, const Tensor& exp_avg,
                 const Tensor& exp_avg_sq, const AdamWHyper& hyper, std::int64_t step,

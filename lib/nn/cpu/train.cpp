@@ -1,8 +1,7 @@
-// CPU training ops: embedding gather/scatter-add, cross-entropy fused with the vocabulary
-// softmax, the AdamW update, element-wise arithmetic and sums of squares.
+// CPU training ops: embedding gather/scatter-add, the AdamW update, element-wise arithmetic and
+// sums of squares (the cross-entropy is vocab_parallel.cpp's, over one shard).
 #include <algorithm>
 #include <cmath>
-#include <limits>
 
 #include "nn/cpu/cpu_common.hpp"
 #include "nn/cpu/cpu_ops.hpp"
@@ -45,60 +44,6 @@ void embedding_backward(const Tensor& dy, const Tensor& ids, const Tensor& dtabl
       T* row = dtable.data<T>() + id_at(ids, i) * d;
       const T* g = dy.data<T>() + i * d;
       for (std::int64_t j = 0; j < d; ++j) row[j] += g[j];
-    }
-  });
-}
-
-void cross_entropy_forward(const Tensor& logits, const Tensor& targets, std::int64_t ignore_index,
-                           const Tensor& loss, const Tensor& lse, const Tensor& valid_count) {
-  const std::int64_t n = logits.size(0), vocab = logits.size(1);
-  for (std::int64_t i = 0; i < n; ++i) {
-    const std::int64_t t = id_at(targets, i);
-    QUINTET_CHECK(t == ignore_index || (t >= 0 && t < vocab),
-                  "cross_entropy_forward: targets[{}] = {} is outside the vocabulary [0, {}) and "
-                  "is not the ignore index {}",
-                  i, t, vocab, ignore_index);
-  }
-  dispatch_real(logits.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    double total = 0.0;
-    std::int64_t count = 0;
-    for (std::int64_t i = 0; i < n; ++i) {
-      const T* row = logits.data<T>() + i * vocab;
-      const T mx = *std::max_element(row, row + vocab);
-      double sum = 0.0;
-      for (std::int64_t j = 0; j < vocab; ++j) sum += std::exp(double(row[j]) - mx);
-      const double l = double(mx) + std::log(sum);
-      lse.data<T>()[i] = T(l);
-      const std::int64_t t = id_at(targets, i);
-      if (t == ignore_index) continue;
-      total += l - row[t];
-      ++count;
-    }
-    loss.data<T>()[0] = count > 0 ? T(total / double(count)) : T(0);
-    valid_count.data<T>()[0] = T(count);
-  });
-}
-
-void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
-                            const Tensor& valid_count, float dloss, std::int64_t ignore_index,
-                            const Tensor& dlogits) {
-  const std::int64_t n = logits.size(0), vocab = logits.size(1);
-  dispatch_real(logits.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    const double count = std::max<double>(valid_count.data<T>()[0], 1.0);
-    const double g = double(dloss) / count;
-    for (std::int64_t i = 0; i < n; ++i) {
-      const T* row = logits.data<T>() + i * vocab;
-      T* drow = dlogits.data<T>() + i * vocab;
-      const std::int64_t t = id_at(targets, i);
-      if (t == ignore_index || t < 0 || t >= vocab) {
-        std::fill_n(drow, vocab, T(0));
-        continue;
-      }
-      const double l = lse.data<T>()[i];
-      for (std::int64_t j = 0; j < vocab; ++j) drow[j] = T(g * std::exp(double(row[j]) - l));
-      drow[t] -= T(g);
     }
   });
 }

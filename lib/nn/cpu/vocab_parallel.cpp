@@ -1,6 +1,6 @@
 // CPU implementations of the vocabulary-parallel ops (quintet/nn/vocab_parallel_ops.hpp): the
-// masked embedding of one table shard and the cross-entropy of a split vocabulary, computed in
-// double per row like cross_entropy_forward in train.cpp.
+// masked embedding of one table shard and the cross-entropy of a split vocabulary (also the
+// whole vocabulary's, as one shard: cross_entropy_forward), computed in double per row.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -58,16 +58,16 @@ void vocab_parallel_embedding_backward(const Tensor& dy, const Tensor& ids, cons
   });
 }
 
-void vocab_parallel_ce_partials(const Tensor& logits, const Tensor& targets,
+void vocab_parallel_ce_partials(const char* op, const Tensor& logits, const Tensor& targets,
                                 std::int64_t vocab_start, std::int64_t vocab_size,
                                 std::int64_t ignore_index, const Tensor& partials) {
   const std::int64_t n = logits.size(0), local = logits.size(1);
   for (std::int64_t i = 0; i < n; ++i) {
     const std::int64_t t = id_of(targets, i);
     QUINTET_CHECK(t == ignore_index || (t >= 0 && t < vocab_size),
-                  "vocab_parallel_ce_partials: targets[{}] = {} is outside the vocabulary [0, {}) "
-                  "and is not the ignore index {}",
-                  i, t, vocab_size, ignore_index);
+                  "{}: targets[{}] = {} is outside the vocabulary [0, {}) and is not the ignore "
+                  "index {}",
+                  op, i, t, vocab_size, ignore_index);
   }
   dispatch_real(logits.dtype(), [&](auto tag) {
     using T = decltype(tag);

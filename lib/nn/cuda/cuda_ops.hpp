@@ -99,15 +99,6 @@ void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& y,
 void embedding_backward(const Tensor& dy, const Tensor& ids, const Tensor& dtable,
                         const Stream& stream);
 
-// logits [N, V], targets [N] i32/i64 -> loss [] f32, lse [N] f32, valid_count [] f32.
-void cross_entropy_forward(const Tensor& logits, const Tensor& targets, std::int64_t ignore_index,
-                           const Tensor& loss, const Tensor& lse, const Tensor& valid_count,
-                           const Stream& stream);
-// -> dlogits [N, V] (T).
-void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
-                            const Tensor& valid_count, float dloss, std::int64_t ignore_index,
-                            const Tensor& dlogits, const Stream& stream);
-
 // All f32 of one shape except param (any float dtype, or undefined); step >= 1.
 void adamw_step(const Tensor& master, const Tensor& grad, const Tensor& exp_avg,
                 const Tensor& exp_avg_sq, const AdamWHyper& hyper, std::int64_t step,

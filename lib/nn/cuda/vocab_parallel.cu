@@ -1,5 +1,6 @@
 // The vocabulary-parallel ops on the GPU (quintet/nn/vocab_parallel_ops.hpp): masked embedding
-// lookup and scatter-add into one table shard, and the split-vocabulary cross-entropy. The
+// lookup and scatter-add into one table shard, and the split-vocabulary cross-entropy (also the
+// whole vocabulary's, as one shard: cross_entropy_forward in lib/nn/ops_train.cpp). The
 // partials kernel runs one block per token row (max, then sum of exp, in f32); the combine runs
 // one thread per row and adds the loss and count with atomics; nothing synchronises the host.
 #include "nn/cuda/kernel_common.cuh"
