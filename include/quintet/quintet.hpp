@@ -32,6 +32,7 @@
 #include "quintet/data/token_dataset.hpp"
 #include "quintet/data/token_file.hpp"
 #include "quintet/nn/context.hpp"
+#include "quintet/nn/fp8.hpp"
 #include "quintet/nn/gradient_sync.hpp"
 #include "quintet/nn/layer_kinds.hpp"
 #include "quintet/nn/lr_schedule.hpp"

@@ -5,3 +5,4 @@ quintet_unit_test(NAME nn_lr_schedule_test COMPONENT nn SOURCES unit/nn_lr_sched
 quintet_unit_test(NAME nn_recompute_test COMPONENT nn SOURCES unit/nn_recompute_test.cpp)
 quintet_unit_test(NAME nn_rope_test COMPONENT nn SOURCES unit/nn_rope_test.cpp)
 quintet_unit_test(NAME nn_gqa_attention_test COMPONENT nn SOURCES unit/nn_gqa_attention_test.cpp)
+quintet_unit_test(NAME nn_fp8_test COMPONENT nn SOURCES unit/nn_fp8_test.cpp)

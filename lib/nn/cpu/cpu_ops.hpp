@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "quintet/core/tensor.hpp"
+#include "quintet/nn/fp8.hpp"
 #include "quintet/nn/ops.hpp"
 
 namespace quintet::nn::cpu_ops {
@@ -60,5 +61,10 @@ void add_(const Tensor& dst, const Tensor& src, float alpha);
 void scale(const Tensor& x, float alpha, const Tensor& out);
 // Returns sum(x²) of one tensor of any float dtype, accumulated in double.
 double sum_of_squares(const Tensor& x);
+
+// FP8 casts (quintet/nn/fp8.hpp): x f32 or bf16, q u8, both contiguous of one shape.
+float fp8_amax(const Tensor& x);
+void fp8_quantize(const Tensor& x, float scale, Fp8Format format, const Tensor& q);
+void fp8_dequantize(const Tensor& q, float scale, Fp8Format format, const Tensor& x);
 
 }  // namespace quintet::nn::cpu_ops

@@ -1,0 +1,126 @@
+// FP8 (OCP 8-bit floating point) casts and per-tensor scaling, for training the linear layers in
+// FP8 ("hybrid" recipe: activations and weights in E4M3, output gradients in E5M2).
+//
+// Formats (OCP "OFP8" v1.0):
+//   - E4M3: 1 sign, 4 exponent (bias 7), 3 mantissa bits; largest finite 448 (S.1111.110), no
+//     infinity, NaN is S.1111.111; smallest subnormal 2^-9.
+//   - E5M2: 1 sign, 5 exponent (bias 15), 2 mantissa bits; largest finite 57344 (S.11110.11),
+//     IEEE-like infinity (S.11111.00) and NaN (S.11111.{01,10,11}); smallest subnormal 2^-16.
+// An FP8 tensor is stored as u8 holding the bit patterns.
+//
+// Casting float -> FP8 (fp8_encode, fp8_quantize) rounds to nearest even and SATURATES: every
+// value of magnitude >= the largest finite value, infinities included, becomes the signed largest
+// finite value (as Transformer Engine's casts and PTX's cvt.rn.satfinite do; so an E5M2 result is
+// never infinite). NaN becomes the canonical NaN 0x7F (S.1111.111 with S = 0) in both formats.
+// Subnormals are produced and kept; -0 stays -0 (0x80).
+//
+// Scaling: a tensor x is quantised as q = fp8(x * scale) and dequantised as x' = float(q) *
+// (1 / scale), the f32 reciprocal, as a GEMM's scale_inv epilogue applies it. The scale of a
+// tensor comes from an amax (the largest |x|): scale = fp8_max / amax / 2^margin
+// (fp8_scale_from_amax).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "quintet/core/stream.hpp"
+#include "quintet/core/tensor.hpp"
+
+namespace quintet::nn {
+
+enum class Fp8Format : std::uint8_t { e4m3, e5m2 };
+
+// "e4m3" / "e5m2".
+const char* fp8_format_name(Fp8Format format);
+// The largest finite value: 448 (E4M3) or 57344 (E5M2).
+float fp8_max(Fp8Format format);
+
+// One value: f rounded to nearest even and saturated as described above; its bit pattern.
+std::uint8_t fp8_encode(float f, Fp8Format format);
+// The value of a bit pattern (NaN for the NaN patterns, +-inf for E5M2's infinities).
+float fp8_decode(std::uint8_t bits, Fp8Format format);
+
+// ---- tensor casts (CPU; a CUDA tensor is refused with InvalidArgument) ------------------------
+// The largest |x| of x (f32 or bf16, any shape; 0 for an empty tensor). NaN when x holds a NaN,
+// inf when it holds an infinity (and no NaN): the scaling below refuses those.
+float fp8_amax(const Tensor& x, const Stream& stream);
+// q = fp8(x * scale), x f32 or bf16 (x * scale computed in f32), scale finite and > 0. Returns a
+// u8 tensor of x's shape.
+Tensor fp8_quantize(const Tensor& x, float scale, Fp8Format format, const Stream& stream);
+// x' = float(q) * (1 / scale) in f32, q u8; returns dtype `out` (f32 or bf16, rounded to
+// nearest even) of q's shape.
+Tensor fp8_dequantize(const Tensor& q, float scale, Fp8Format format, DType out,
+                      const Stream& stream);
+// dequantize(quantize(x)): the value x has once it went through FP8 with this scale, in x's
+// dtype. What the CPU emulation of an FP8 GEMM multiplies.
+Tensor fp8_round_trip(const Tensor& x, float scale, Fp8Format format, const Stream& stream);
+
+// ---- scaling ---------------------------------------------------------------------------------
+// How a tensor's scale is chosen.
+//   - current: from the amax of the very tensor being quantised (one more pass over it).
+//   - delayed (Transformer Engine's DelayedScaling, amax_compute_algo "max"): from the largest
+//     amax of the last `amax_history` steps; this step's amax enters the history when the step
+//     ends (Fp8TensorScale::end_step), so a step's scale is known before its tensors are.
+enum class Fp8Scaling : std::uint8_t { current, delayed };
+const char* fp8_scaling_name(Fp8Scaling scaling);
+// "current" / "delayed"; anything else throws InvalidArgument naming the accepted values.
+Fp8Scaling parse_fp8_scaling(const std::string& name);
+
+struct Fp8Recipe {
+  Fp8Scaling scaling = Fp8Scaling::current;
+  int amax_history = 16;  // delayed scaling: steps of history, >= 1
+  int margin = 0;         // scale = fp8_max / amax / 2^margin, >= 0
+};
+// Throws InvalidArgument naming the field for amax_history < 1, margin < 0 or > 64.
+void check_fp8_recipe(const Fp8Recipe& recipe);
+
+// fp8_max(format) / amax / 2^margin in f32, as Transformer Engine computes it:
+//   - amax == 0 (an all-zero tensor, or no history yet): `previous` (1 for a fresh tensor), as
+//     any scale quantises zeros exactly;
+//   - a scale that overflows f32 (a tiny amax) is the largest finite f32;
+//   - a NaN or infinite amax throws InvalidArgument naming `what`: the tensor holds a non-finite
+//     value and no scale represents it (the run has diverged; FP8 does not hide that).
+float fp8_scale_from_amax(float amax, Fp8Format format, int margin, float previous,
+                          const std::string& what);
+
+// The scaling state of one tensor role (x, w or dy) of one layer: the amax history and the scale
+// delayed scaling uses. Current scaling keeps no state across steps.
+class Fp8TensorScale {
+ public:
+  Fp8TensorScale() = default;
+  Fp8TensorScale(Fp8Format format, const Fp8Recipe& recipe, std::string what);
+
+  Fp8Format format() const { return format_; }
+  const Fp8Recipe& recipe() const { return recipe_; }
+  const std::string& what() const { return what_; }
+
+  // The scale to quantise a tensor whose amax is `amax` (already reduced over the ranks that
+  // share the tensor): current scaling computes it from amax; delayed scaling returns the scale
+  // fixed at the last end_step, whatever amax is. Either way amax is recorded into this step's
+  // slot (the max over every tensor of the step, e.g. all microbatches).
+  float scale(float amax);
+  // This step's recorded amax (0 when nothing was recorded); what a communicator reduces (max)
+  // before end_step when the ranks must agree.
+  float step_amax() const { return step_amax_; }
+  void set_step_amax(float amax) { step_amax_ = amax; }
+  // Delayed scaling: pushes this step's amax into the history (dropping the oldest), computes the
+  // next step's scale from the history's max, and clears the step's slot. Current: clears it.
+  void end_step();
+
+  // The history, newest first (amax_history values), and the delayed scale: the state a
+  // checkpoint saves. set_state validates the length and that values are finite and >= 0.
+  const std::vector<float>& history() const { return history_; }
+  float delayed_scale() const { return scale_; }
+  void set_state(const std::vector<float>& history, float scale);
+
+ private:
+  Fp8Format format_ = Fp8Format::e4m3;
+  Fp8Recipe recipe_;
+  std::string what_;
+  std::vector<float> history_;  // newest first
+  float scale_ = 1.0f;          // delayed scaling's scale for the current step
+  float step_amax_ = 0.0f;
+};
+
+}  // namespace quintet::nn

@@ -1,0 +1,257 @@
+// FP8 casts and scaling (quintet/nn/fp8.hpp): E4M3 and E5M2 encodings against a table derived by
+// hand from the OCP FP8 formats (subnormals, ties to even, the largest value, saturation of
+// larger values and infinities, NaN, -0), every pattern decoding and re-encoding to itself, the
+// tensor casts with a scale, amax and the scale on edge inputs (zeros, tiny, inf, NaN), delayed
+// scaling's history, and bad input.
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "quintet/nn/fp8.hpp"
+#include "support/catch.hpp"
+
+using namespace quintet;
+using namespace quintet::nn;
+
+namespace {
+const Stream kCpu;
+const float kInf = std::numeric_limits<float>::infinity();
+const float kNan = std::numeric_limits<float>::quiet_NaN();
+
+struct Row {
+  float value;
+  std::uint8_t bits;
+};
+}  // namespace
+
+TEST_CASE("E4M3 encoding: rounding to nearest even, subnormals, saturation, NaN", "[fp8]") {
+  const Row table[] = {
+      {0.0f, 0x00},
+      {-0.0f, 0x80},
+      {1.0f, 0x38},                     // 0.0111.000
+      {-2.5f, 0xc2},                    // 1.1000.010
+      {0.1f, 0x1d},                     // 1.6 * 2^-4 -> mantissa 4.8 -> 5
+      {1.0625f, 0x38},                  // tie between 1 (m0) and 1.125 (m1): even
+      {1.1875f, 0x3a},                  // tie between 1.125 (m1) and 1.25 (m2): even
+      {17.0f, 0x58},                    // tie between 16 and 18
+      {19.0f, 0x5a},                    // tie between 18 and 20
+      {240.0f, 0x77},                   // 1.875 * 2^7
+      {416.0f, 0x7d},                   // 1.625 * 2^8
+      {432.0f, 0x7e},                   // tie between 416 (m5) and 448 (m6)
+      {448.0f, 0x7e},                   // the largest finite
+      {-448.0f, 0xfe},                  //
+      {449.0f, 0x7e},                   // beyond the largest: saturated
+      {464.0f, 0x7e},                   // (the tie with 480, which does not exist)
+      {1.0e6f, 0x7e},                   //
+      {-1.0e30f, 0xfe},                 //
+      {kInf, 0x7e},                     // infinity saturates too
+      {-kInf, 0xfe},                    //
+      {kNan, 0x7f},                     // canonical NaN S.1111.111
+      {-kNan, 0x7f},                    //
+      {std::ldexp(1.0f, -6), 0x08},     // smallest normal
+      {std::ldexp(1.0f, -9), 0x01},     // smallest subnormal
+      {std::ldexp(1.0f, -10), 0x00},    // half of it: tie to even 0
+      {std::ldexp(1.001f, -10), 0x01},  // above the tie
+      {std::ldexp(3.0f, -10), 0x02},    // 1.5 units: tie to even 2
+      {std::ldexp(7.0f, -9), 0x07},     // largest subnormal
+      {std::ldexp(7.5f, -9), 0x08},     // tie between 7 and 8 units: the smallest normal
+      {-std::ldexp(5.0f, -9), 0x85},    //
+      {std::ldexp(1.0f, -30), 0x00},    // underflow to 0
+      {-std::ldexp(1.0f, -30), 0x80},   // to -0
+      {std::numeric_limits<float>::denorm_min(), 0x00},
+  };
+  for (const Row& r : table) {
+    INFO("value " << r.value);
+    CHECK(static_cast<int>(fp8_encode(r.value, Fp8Format::e4m3)) == static_cast<int>(r.bits));
+  }
+}
+
+TEST_CASE("E5M2 encoding: rounding to nearest even, subnormals, saturation, NaN", "[fp8]") {
+  const Row table[] = {
+      {0.0f, 0x00},
+      {-0.0f, 0x80},
+      {1.0f, 0x3c},                    // 0.01111.00
+      {0.1f, 0x2e},                    // 1.6 * 2^-4 -> mantissa 2.4 -> 2
+      {1.125f, 0x3c},                  // tie between 1 and 1.25: even
+      {1.375f, 0x3e},                  // tie between 1.25 and 1.5: even
+      {49152.0f, 0x7a},                // 1.5 * 2^15
+      {57344.0f, 0x7b},                // the largest finite
+      {61440.0f, 0x7b},                // the tie with 65536 (infinity's place): saturated
+      {1.0e9f, 0x7b},                  //
+      {-1.0e9f, 0xfb},                 //
+      {kInf, 0x7b},                    // saturating casts give no infinity
+      {-kInf, 0xfb},                   //
+      {kNan, 0x7f},                    //
+      {std::ldexp(1.0f, -14), 0x04},   // smallest normal
+      {std::ldexp(1.0f, -16), 0x01},   // smallest subnormal
+      {std::ldexp(1.0f, -17), 0x00},   // tie to even 0
+      {std::ldexp(3.0f, -17), 0x02},   // 1.5 units: tie to even 2
+      {std::ldexp(3.5f, -16), 0x04},   // tie between 3 and 4 units: the smallest normal
+      {-std::ldexp(3.0f, -16), 0x83},  //
+  };
+  for (const Row& r : table) {
+    INFO("value " << r.value);
+    CHECK(static_cast<int>(fp8_encode(r.value, Fp8Format::e5m2)) == static_cast<int>(r.bits));
+  }
+}
+
+TEST_CASE("FP8 decoding: special patterns and every pattern re-encoding to itself", "[fp8]") {
+  CHECK(fp8_max(Fp8Format::e4m3) == 448.0f);
+  CHECK(fp8_max(Fp8Format::e5m2) == 57344.0f);
+  CHECK(fp8_decode(0x7e, Fp8Format::e4m3) == 448.0f);
+  CHECK(fp8_decode(0xfe, Fp8Format::e4m3) == -448.0f);
+  CHECK(std::isnan(fp8_decode(0x7f, Fp8Format::e4m3)));
+  CHECK(std::isnan(fp8_decode(0xff, Fp8Format::e4m3)));
+  CHECK(fp8_decode(0x01, Fp8Format::e4m3) == std::ldexp(1.0f, -9));
+  CHECK(fp8_decode(0x08, Fp8Format::e4m3) == std::ldexp(1.0f, -6));
+  CHECK(fp8_decode(0x77, Fp8Format::e4m3) == 240.0f);  // S.1110.111: a number in E4M3
+  CHECK(std::signbit(fp8_decode(0x80, Fp8Format::e4m3)));
+  CHECK(fp8_decode(0x7b, Fp8Format::e5m2) == 57344.0f);
+  CHECK(fp8_decode(0x7c, Fp8Format::e5m2) == kInf);
+  CHECK(fp8_decode(0xfc, Fp8Format::e5m2) == -kInf);
+  for (const int b : {0x7d, 0x7e, 0x7f, 0xfd, 0xfe, 0xff})
+    CHECK(std::isnan(fp8_decode(static_cast<std::uint8_t>(b), Fp8Format::e5m2)));
+  CHECK(fp8_decode(0x01, Fp8Format::e5m2) == std::ldexp(1.0f, -16));
+  CHECK(fp8_decode(0x04, Fp8Format::e5m2) == std::ldexp(1.0f, -14));
+
+  for (const Fp8Format f : {Fp8Format::e4m3, Fp8Format::e5m2}) {
+    int finite = 0;
+    float previous = -1.0f;
+    for (int b = 0; b < 0x80; ++b) {
+      const float v = fp8_decode(static_cast<std::uint8_t>(b), f);
+      if (!std::isfinite(v)) continue;
+      ++finite;
+      INFO(fp8_format_name(f) << " pattern " << b);
+      CHECK(v > previous);  // the positive patterns are ordered
+      previous = v;
+      CHECK(fp8_encode(v, f) == b);
+      CHECK(fp8_encode(-v, f) == (b | 0x80));
+    }
+    CHECK(finite == (f == Fp8Format::e4m3 ? 127 : 124));
+  }
+}
+
+TEST_CASE("FP8 tensor casts with a scale, f32 and bf16", "[fp8]") {
+  const Tensor x = Tensor::from_vector<float>({1.0f, 2.0f, -0.5f, 0.0f, 3.0f}, {5});
+  const Tensor q = fp8_quantize(x, 224.0f, Fp8Format::e4m3, kCpu);
+  REQUIRE(q.dtype() == DType::u8);
+  REQUIRE(q.shape() == x.shape());
+  // 224 = 1.75 * 2^7 (0x76), 448 (0x7e), -112 (1.1101.110), 0, 672 saturated to 448.
+  const std::vector<std::uint8_t> want = {0x76, 0x7e, 0xee, 0x00, 0x7e};
+  for (std::int64_t i = 0; i < 5; ++i) CHECK(q.data<std::uint8_t>()[i] == want[i]);
+  const Tensor back = fp8_dequantize(q, 224.0f, Fp8Format::e4m3, DType::f32, kCpu);
+  const float inv = 1.0f / 224.0f;
+  CHECK(back.data<float>()[0] == 224.0f * inv);
+  CHECK(back.data<float>()[2] == -112.0f * inv);
+  CHECK(back.data<float>()[4] == 448.0f * inv);  // 3 saturated to 2
+
+  const Tensor xb = x.to(DType::bf16);
+  const Tensor qb = fp8_quantize(xb, 224.0f, Fp8Format::e4m3, kCpu);
+  for (std::int64_t i = 0; i < 5; ++i) CHECK(qb.data<std::uint8_t>()[i] == want[i]);
+  const Tensor rt = fp8_round_trip(xb, 224.0f, Fp8Format::e4m3, kCpu);
+  REQUIRE(rt.dtype() == DType::bf16);
+  CHECK(from_bf16(rt.data<BFloat16>()[1]) == 2.0f);
+
+  // The scale is applied before rounding: 0.3 * 10 = 3 is exact in E5M2, 0.3 alone is not.
+  const Tensor y = Tensor::from_vector<float>({0.3f}, {1});
+  CHECK(fp8_round_trip(y, 10.0f, Fp8Format::e5m2, kCpu).data<float>()[0] == 3.0f * 0.1f);
+}
+
+TEST_CASE("FP8 amax and scale on edge inputs", "[fp8]") {
+  CHECK(fp8_amax(Tensor::zeros({4, 3}), kCpu) == 0.0f);
+  CHECK(fp8_amax(Tensor::empty({0}), kCpu) == 0.0f);
+  CHECK(fp8_amax(Tensor::from_vector<float>({1.0f, -3.0f, 2.0f}, {3}), kCpu) == 3.0f);
+  CHECK(fp8_amax(Tensor::from_vector<float>({1.0f, -kInf}, {2}), kCpu) == kInf);
+  CHECK(std::isnan(fp8_amax(Tensor::from_vector<float>({kNan, kInf, 1.0f}, {3}), kCpu)));
+  CHECK(std::isnan(fp8_amax(Tensor::from_vector<float>({kInf, kNan}, {2}), kCpu)));
+  CHECK(fp8_amax(Tensor::from_vector<float>({-2.5f}, {1}).to(DType::bf16), kCpu) == 2.5f);
+
+  CHECK(fp8_scale_from_amax(448.0f, Fp8Format::e4m3, 0, 1.0f, "x") == 1.0f);
+  CHECK(fp8_scale_from_amax(2.0f, Fp8Format::e4m3, 0, 1.0f, "x") == 224.0f);
+  CHECK(fp8_scale_from_amax(2.0f, Fp8Format::e4m3, 2, 1.0f, "x") == 56.0f);
+  CHECK(fp8_scale_from_amax(1.0f, Fp8Format::e5m2, 0, 1.0f, "dy") == 57344.0f);
+  // All zeros: the previous scale (1 for a fresh tensor); a tiny amax: the largest f32.
+  CHECK(fp8_scale_from_amax(0.0f, Fp8Format::e4m3, 0, 1.0f, "x") == 1.0f);
+  CHECK(fp8_scale_from_amax(0.0f, Fp8Format::e4m3, 0, 8.0f, "x") == 8.0f);
+  CHECK(fp8_scale_from_amax(1e-40f, Fp8Format::e4m3, 0, 1.0f, "x") == FLT_MAX);
+  REQUIRE_THROWS_QUINTET(fp8_scale_from_amax(kInf, Fp8Format::e4m3, 0, 1.0f, "layer 3 x"),
+                         InvalidArgument, "layer 3 x: its amax is inf");
+  REQUIRE_THROWS_QUINTET(fp8_scale_from_amax(kNan, Fp8Format::e5m2, 0, 1.0f, "dy"), InvalidArgument,
+                         "non-finite");
+}
+
+TEST_CASE("FP8 scaling: current and delayed with an amax history", "[fp8]") {
+  Fp8TensorScale current(Fp8Format::e4m3, {Fp8Scaling::current, 4, 0}, "x");
+  CHECK(current.scale(2.0f) == 224.0f);
+  CHECK(current.scale(4.0f) == 112.0f);
+  CHECK(current.scale(0.0f) == 1.0f);
+  CHECK(current.step_amax() == 4.0f);
+  current.end_step();
+  CHECK(current.step_amax() == 0.0f);
+  CHECK(current.history().empty());
+  REQUIRE_THROWS_QUINTET(current.scale(kNan), InvalidArgument, "FP8 scaling of x");
+
+  Fp8TensorScale delayed(Fp8Format::e4m3, {Fp8Scaling::delayed, 3, 0}, "w");
+  CHECK(delayed.scale(2.0f) == 1.0f);  // no history yet
+  delayed.end_step();
+  CHECK(delayed.history() == std::vector<float>{2.0f, 0.0f, 0.0f});
+  CHECK(delayed.delayed_scale() == 224.0f);
+  CHECK(delayed.scale(4.0f) == 224.0f);  // this step's amax counts from the next step on
+  CHECK(delayed.scale(1.0f) == 224.0f);
+  delayed.end_step();  // the step's max over its tensors (microbatches) enters the history
+  CHECK(delayed.history() == std::vector<float>{4.0f, 2.0f, 0.0f});
+  CHECK(delayed.delayed_scale() == 112.0f);
+  for (int s = 0; s < 2; ++s) {
+    CHECK(delayed.scale(1.0f) == 112.0f);
+    delayed.end_step();
+  }
+  CHECK(delayed.history() == std::vector<float>{1.0f, 1.0f, 4.0f});
+  delayed.scale(1.0f);
+  delayed.end_step();  // 4 leaves the history
+  CHECK(delayed.delayed_scale() == 448.0f);
+  REQUIRE_THROWS_QUINTET(delayed.scale(kInf), InvalidArgument, "FP8 scaling of w");
+
+  // A history of zeros keeps the scale.
+  Fp8TensorScale zeros(Fp8Format::e5m2, {Fp8Scaling::delayed, 1, 0}, "dy");
+  zeros.scale(0.0f);
+  zeros.end_step();
+  CHECK(zeros.delayed_scale() == 1.0f);
+
+  // Saving and restoring the state continues the same way.
+  Fp8TensorScale restored(Fp8Format::e4m3, {Fp8Scaling::delayed, 3, 0}, "w");
+  restored.set_state(delayed.history(), delayed.delayed_scale());
+  restored.scale(8.0f);
+  delayed.scale(8.0f);
+  restored.end_step();
+  delayed.end_step();
+  CHECK(restored.history() == delayed.history());
+  CHECK(restored.delayed_scale() == delayed.delayed_scale());
+  REQUIRE_THROWS_QUINTET(restored.set_state({1.0f}, 1.0f), InvalidArgument, "--fp8-amax-history");
+  REQUIRE_THROWS_QUINTET(restored.set_state({1.0f, kNan, 0.0f}, 1.0f), InvalidArgument,
+                         "must be finite");
+  REQUIRE_THROWS_QUINTET(restored.set_state({1.0f, 1.0f, 0.0f}, 0.0f), InvalidArgument, "scale 0");
+}
+
+TEST_CASE("FP8 bad input", "[fp8]") {
+  const Tensor x = Tensor::full({3}, 1.0);
+  REQUIRE_THROWS_QUINTET(fp8_quantize(x, 0.0f, Fp8Format::e4m3, kCpu), InvalidArgument,
+                         "scale = 0");
+  REQUIRE_THROWS_QUINTET(fp8_quantize(x, kInf, Fp8Format::e4m3, kCpu), InvalidArgument,
+                         "must be a finite number");
+  REQUIRE_THROWS_QUINTET(fp8_quantize(x.to(DType::f64), 1.0f, Fp8Format::e4m3, kCpu),
+                         InvalidArgument, "expected f32 or bf16");
+  REQUIRE_THROWS_QUINTET(fp8_dequantize(x, 1.0f, Fp8Format::e4m3, DType::f32, kCpu),
+                         InvalidArgument, "expected u8");
+  REQUIRE_THROWS_QUINTET(
+      fp8_dequantize(Tensor::zeros({3}, DType::u8), 1.0f, Fp8Format::e4m3, DType::f64, kCpu),
+      InvalidArgument, "expected f32 or bf16");
+  REQUIRE_THROWS_QUINTET(Fp8TensorScale(Fp8Format::e4m3, {Fp8Scaling::delayed, 0, 0}, "x"),
+                         InvalidArgument, "amax_history = 0");
+  REQUIRE_THROWS_QUINTET(check_fp8_recipe({Fp8Scaling::current, 1, -1}), InvalidArgument,
+                         "margin = -1");
+  CHECK(parse_fp8_scaling("delayed") == Fp8Scaling::delayed);
+  REQUIRE_THROWS_QUINTET(parse_fp8_scaling("tensorwise"), InvalidArgument,
+                         "expected current or delayed");
+}
