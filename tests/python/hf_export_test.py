@@ -19,6 +19,7 @@ Mixtral one and a Qwen3-MoE one, each trained two steps at a parallel layout:
   RoPE scaling, Qwen2's q/k/v biases, Qwen3 in BF16, Mixtral), imported at tp 2, pp 2 or ep 2 and exported, hold the same
   tensors, bit for bit, and the same config.json values (the Qwen2 case is the only Qwen2 model
   Quintet builds: from --init-from-hf);
+- an export that fails midway (a file-size limit) fails on every rank and leaves nothing;
 - bad inputs are refused with their message and leave nothing: OUT an existing file, an unknown
   --export-dtype, a GPT-2 model (no Hugging Face layout), in the tool and in the trainer (before
   training).
@@ -59,13 +60,14 @@ def fail(message):
 
 
 class Runner:
-    def __init__(self, argv):
+    def __init__(self, argv, work):
         self.gpt, self.moe, self.tool, self.roundtrip, self.mpiexec = argv[:5]
         self.mpi_flags = argv[5:]
+        self.work = work  # the programs' working directory (a failure's flight recorder dumps)
 
     def run(self, cmd, expect_ok=True):
         p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           timeout=240)
+                           timeout=240, cwd=self.work)
         if expect_ok and p.returncode != 0:
             fail("exit %d: %s\n%s" % (p.returncode, " ".join(cmd), p.stdout))
         if not expect_ok and p.returncode == 0:
@@ -223,8 +225,8 @@ def bf16_of(raw_f32):
 
 
 def main():
-    r = Runner(sys.argv[1:])
     work = tempfile.mkdtemp(prefix="quintet_hf_export_")
+    r = Runner(sys.argv[1:], work)
     try:
         run_cases(r, work)
     finally:
@@ -306,6 +308,22 @@ def run_cases(r, work):
                     case, k, exported.get(k, "absent"), v))
         print("ok reference %s: %d tensors and the config back from %s" % (
             case, len(want), " ".join(layout)))
+
+    # A write that fails midway (a 4 KiB file-size limit: every rank's pieces are larger) fails
+    # on every rank and leaves neither DIR nor DIR.partial.
+    source = os.path.join(work, "reference", "llama_gqa")
+    failed = os.path.join(work, "reference", "failed")
+    # (The limit is set in each rank: mpirun's own files would hit it in mpirun.)
+    out = r.mpi(2, "bash", ["-c", 'ulimit -f 4; exec "$0" "$@"', r.roundtrip, "dense:6000",
+                            "--init-from-hf", source, "--export-hf", failed, "--device", "cpu",
+                            "--seq-len", "8", "--micro-batch", "2", "--global-batch", "4",
+                            "--data", os.path.join(source, "tokens.bin"), "--pp", "2"],
+                expect_ok=False)
+    if out.count("File too large [System") != 2:
+        fail("an export past a file-size limit should fail on both ranks:\n" + out)
+    if os.path.exists(failed) or os.path.exists(failed + ".partial"):
+        fail("a failed export left %s or %s.partial behind" % (failed, failed))
+    print("ok a failed export (file-size limit) fails on every rank and leaves nothing")
 
     # Refused, with nothing written.
     w = os.path.join(work, "refused")
