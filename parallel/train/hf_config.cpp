@@ -214,10 +214,6 @@ HfModel read_hf_config(const std::string& dir) {
     m.moe.router.renormalize = true;
     c.refuse_if(c.has("router_jitter_noise") && c.at("router_jitter_noise") != 0,
                 "router_jitter_noise", "Quintet's router adds no noise (0 only)");
-    hf.naming = {.moe_module = "block_sparse_moe",
-                 .expert_gate = "w1",
-                 .expert_up = "w3",
-                 .expert_down = "w2"};
   } else if (family == model::ModelFamily::qwen3_moe) {
     m.ffn_hidden = c.positive("intermediate_size", 0);  // its dense layers' (none here)
     m.moe.expert_ffn = c.positive("moe_intermediate_size");
@@ -239,6 +235,7 @@ HfModel read_hf_config(const std::string& dir) {
     m.moe.router.score = expert::RouterScore::softmax;
   }
   hf.model = m;
+  hf.naming = hf_naming(family);
   return hf;
 }
 

@@ -114,12 +114,7 @@ HfArchitecture hf_architecture(const model::GptConfig& m) {
   if (m.qk_norm) return {"Qwen3MoeForCausalLM", "qwen3_moe", {}};
   if (m.bias) refuse("Mixtral's attention has no biases");
   if (!r.renormalize) refuse("Mixtral renormalizes the top-k weights, and this router does not");
-  return {"MixtralForCausalLM",
-          "mixtral",
-          {.moe_module = "block_sparse_moe",
-           .expert_gate = "w1",
-           .expert_up = "w3",
-           .expert_down = "w2"}};
+  return {"MixtralForCausalLM", "mixtral", hf_naming(model::ModelFamily::mixtral)};
 }
 
 std::string hf_config_json(const model::GptConfig& m, const HfExportOptions& o) {

@@ -95,6 +95,14 @@ HfParameter block_parameter(const model::GptConfig& m, const HfNaming& n, std::i
 
 }  // namespace
 
+HfNaming hf_naming(model::ModelFamily family) {
+  if (family != model::ModelFamily::mixtral) return {};
+  return {.moe_module = "block_sparse_moe",
+          .expert_gate = "w1",
+          .expert_up = "w3",
+          .expert_down = "w2"};
+}
+
 HfParameter hf_parameter(const model::GptConfig& m, const HfNaming& n, std::string_view name) {
   const Shape table{m.vocab, m.hidden};
   if (name == "wte.weight") return single("model.embed_tokens.weight", table);

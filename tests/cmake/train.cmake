@@ -4,3 +4,5 @@ quintet_unit_test(NAME train_job_config_test COMPONENT train SOURCES unit/train_
 quintet_unit_test(NAME train_bound_by_test COMPONENT train SOURCES unit/train_bound_by_test.cpp)
 # Hugging Face export: names, shapes, files, config.json, bf16, from a checkpoint's pieces, refusals.
 quintet_unit_test(NAME train_hf_export_test COMPONENT train SOURCES unit/train_hf_export_test.cpp)
+# The Hugging Face name mapping (train/hf_names.hpp): pieces and tensors cover each other.
+quintet_unit_test(NAME train_hf_names_test COMPONENT train SOURCES unit/train_hf_names_test.cpp)

@@ -53,6 +53,10 @@ struct HfNaming {
   bool fused_experts = false;
 };
 
+// The names every transformers version loads for a family: Mixtral's block_sparse_moe with w1,
+// w3, w2; Qwen3-MoE's mlp with gate_proj, up_proj, down_proj; one 2-D tensor per expert.
+HfNaming hf_naming(model::ModelFamily family);
+
 // One box of our global parameter that is one box of a Hugging Face tensor, of equal sizes.
 // When hf_shape has one dimension fewer than ours, our leading dimension is a stack of Hugging
 // Face tensors: the box has size 1 there and our dimensions 1.. are the tensor's 0.. .
