@@ -42,6 +42,7 @@ LAYOUTS = {
         ("llama31", 2, ["--cp", "2"]),
         ("qwen2", 1, []),
         ("qwen2", 2, ["--tp", "2", "--sp"]),
+        ("qwen2", 2, ["--pp", "2", "--vpp", "2", "--schedule", "interleaved"]),
         ("qwen3_tied_bf16", 1, []),
         ("qwen3_tied_bf16", 4, ["--tp", "2", "--pp", "2"]),
         ("qwen3_tied_bf16", 2, ["--cp", "2", "--cp-kind", "ulysses"]),
@@ -49,6 +50,7 @@ LAYOUTS = {
     "moe": [
         ("mixtral", 1, []),
         ("mixtral", 4, ["--tp", "2", "--dp", "2", "--ep", "2"]),
+        ("mixtral", 4, ["--tp", "2", "--sp", "--dp", "2", "--ep", "2", "--etp", "1"]),
         ("qwen3_moe_fused", 1, []),
         ("qwen3_moe_fused", 4, ["--tp", "2", "--dp", "2", "--ep", "2", "--zero", "1"]),
     ],

@@ -301,12 +301,13 @@ CASES = {
                                           "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                           "original_max_position_embeddings": 1024}),
                 "BF16", 1, None, False),
-    # Qwen2: biases on q, k and v but not o (GQA: q apart, k and v fused in Quintet), tied, F32.
-    "qwen2": (base_config("Qwen2ForCausalLM", "qwen2", hidden_size=24, num_hidden_layers=2,
+    # Qwen2: biases on q, k and v but not o (GQA: q apart, k and v fused in Quintet), tied, F32,
+    # 4 layers (for pp 2 x vpp 2).
+    "qwen2": (base_config("Qwen2ForCausalLM", "qwen2", hidden_size=24, num_hidden_layers=4,
                           num_attention_heads=4, num_key_value_heads=2, intermediate_size=28,
                           vocab_size=46, rms_norm_eps=1e-6, rope_theta=1000000.0,
                           tie_word_embeddings=True, use_sliding_window=False,
-                          sliding_window=None, max_window_layers=2),
+                          sliding_window=None, max_window_layers=4),
               "F32", 1, None, False),
     # Qwen3: QK-norm, head_dim apart from hidden / heads, q/k/v fused in Quintet, biases, tied,
     # BF16, two files with the index.
