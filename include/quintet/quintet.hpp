@@ -69,6 +69,7 @@
 #include "quintet/parallel/pipeline/schedule.hpp"
 #include "quintet/parallel/pipeline/simulator.hpp"
 #include "quintet/parallel/tensor/attention.hpp"
+#include "quintet/parallel/tensor/fp8.hpp"
 #include "quintet/parallel/tensor/linear.hpp"
 #include "quintet/parallel/tensor/mlp.hpp"
 #include "quintet/parallel/tensor/norm.hpp"

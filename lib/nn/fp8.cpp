@@ -84,6 +84,14 @@ Fp8Scaling parse_fp8_scaling(const std::string& name) {
   QUINTET_THROW(InvalidArgument, "FP8 scaling '{}': expected current or delayed", name);
 }
 
+const char* fp8_mode_name(Fp8Mode mode) { return mode == Fp8Mode::off ? "off" : "hybrid"; }
+
+Fp8Mode parse_fp8_mode(const std::string& name) {
+  if (name == "off") return Fp8Mode::off;
+  if (name == "hybrid") return Fp8Mode::hybrid;
+  QUINTET_THROW(InvalidArgument, "FP8 mode '{}': expected off or hybrid", name);
+}
+
 void check_fp8_recipe(const Fp8Recipe& recipe) {
   QUINTET_CHECK(recipe.amax_history >= 1, "Fp8Recipe: amax_history = {} must be >= 1",
                 recipe.amax_history);
@@ -110,11 +118,11 @@ Fp8TensorScale::Fp8TensorScale(Fp8Format format, const Fp8Recipe& recipe, std::s
     history_.assign(static_cast<std::size_t>(recipe.amax_history), 0.0f);
 }
 
-float Fp8TensorScale::scale(float amax) {
+float Fp8TensorScale::scale(float amax, bool record) {
   // Checked here too for delayed scaling, whose scale does not depend on amax: a non-finite
   // tensor is refused at once, not one step later.
   const float now = fp8_scale_from_amax(amax, format_, recipe_.margin, 1.0f, what_);
-  step_amax_ = std::max(step_amax_, amax);
+  if (record) step_amax_ = std::max(step_amax_, amax);
   return recipe_.scaling == Fp8Scaling::current ? now : scale_;
 }
 

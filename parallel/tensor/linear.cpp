@@ -74,6 +74,11 @@ ColumnParallelLinear::ColumnParallelLinear(Communicator& tp, std::int64_t in, st
     bias_ = &add_parameter("bias", fused_parts == 1 ? Shape{lpart} : Shape{fused_parts, lpart},
                            nn::ParameterInit::zeros(), b_attrs);
   }
+  if (options.fp8.mode == nn::Fp8Mode::hybrid) {
+    fp8_ = Fp8Linear(add_fp8_scale("fp8_x", nn::Fp8Format::e4m3, options.fp8),
+                     add_fp8_scale("fp8_w", nn::Fp8Format::e4m3, options.fp8),
+                     add_fp8_scale("fp8_dy", nn::Fp8Format::e5m2, options.fp8));
+  }
 }
 
 ColumnParallelLinear::ColumnParallelLinear(Communicator& tp, nn::Parameter& shared_weight,
@@ -95,28 +100,30 @@ Tensor ColumnParallelLinear::forward(nn::Context& ctx, const Tensor& x) {
   // Checked here also without SP (whose chunks are dx's, in backward): before any communication.
   if (enter_region_ && chunked_here()) tp_detail::check_chunks("ColumnParallelLinear", x, chunks_);
   const bool chunked = enter_region_ && sp_ && chunked_here();
+  // With FP8, x and w as the FP8 GEMM sees them (x rounded before the gather, element-wise).
+  const Fp8Linear::Inputs in =
+      fp8_.forward(x, weight_->use(s).view({local_out_, in_}), *tp_, ctx.counts_statistics(), s);
+  const Tensor& w = in.w;
+  const Tensor b = bias_ ? bias_->use(s).view({local_out_}) : Tensor();
   if (!chunked) {
-    const Tensor xin = enter_region_ && sp_ ? gather_sequence(x, *tp_, s) : x;
-    const Tensor w = weight_->use(s).view({local_out_, in_});
-    const Tensor b = bias_ ? bias_->use(s).view({local_out_}) : Tensor();
+    const Tensor xin = enter_region_ && sp_ ? gather_sequence(in.x, *tp_, s) : in.x;
     const Tensor y = nn::linear_forward(xin, w, b, s);
     ctx.save(*this, {xin});
     return y;
   }
-  const Tensor w = weight_->use(s).view({local_out_, in_});
-  const Tensor b = bias_ ? bias_->use(s).view({local_out_}) : Tensor();
   Tensor xin;
   const Tensor y = tp_detail::gather_then_map(
-      x, *tp_, chunks_, [&](const Tensor& rows) { return nn::linear_forward(rows, w, b, s); }, s,
+      in.x, *tp_, chunks_, [&](const Tensor& rows) { return nn::linear_forward(rows, w, b, s); }, s,
       &xin);
   ctx.save(*this, {xin});
   return y;
 }
 
-Tensor ColumnParallelLinear::backward(nn::Context& ctx, const Tensor& dy) {
+Tensor ColumnParallelLinear::backward(nn::Context& ctx, const Tensor& dy_in) {
   const Stream& s = ctx.stream();
   const Tensor xin = ctx.take(*this).at(0);
-  const Tensor w = weight_->data().view({local_out_, in_});
+  const Tensor dy = fp8_.output_grad(dy_in, *tp_, s);  // dy_in itself without FP8
+  const Tensor w = fp8_.weight(weight_->data().view({local_out_, in_}), s);
   // dx leaves the region (all-reduce, or reduce-scatter with SP) while the weight gradient runs;
   // in chunks, also while the later chunks' dx GEMMs run.
   ChunkedPending reduced;
@@ -163,6 +170,11 @@ RowParallelLinear::RowParallelLinear(Communicator& tp, std::int64_t in, std::int
     a.weight_decay = false;
     bias_ = &add_parameter("bias", {out}, nn::ParameterInit::zeros(), a);
   }
+  if (options.fp8.mode == nn::Fp8Mode::hybrid) {
+    fp8_ = Fp8Linear(add_fp8_scale("fp8_x", nn::Fp8Format::e4m3, options.fp8),
+                     add_fp8_scale("fp8_w", nn::Fp8Format::e4m3, options.fp8),
+                     add_fp8_scale("fp8_dy", nn::Fp8Format::e5m2, options.fp8));
+  }
 }
 
 Tensor RowParallelLinear::forward(nn::Context& ctx, const Tensor& x) {
@@ -182,25 +194,29 @@ Tensor RowParallelLinear::forward(nn::Context& ctx, const Tensor& x) {
   // The bias is added once, by tp rank 0, so the reduction sums it in exactly once.
   const Tensor b = bias_ && tp_->rank() == 0 ? bias_->use(s) : Tensor();
   if (bias_ && tp_->rank() != 0) bias_->use(s);  // same before-use hooks on every rank
-  const Tensor w = weight_->use(s);
-  ctx.save(*this, {x});
+  // With FP8, x and w as the FP8 GEMM sees them.
+  const Fp8Linear::Inputs in = fp8_.forward(x, weight_->use(s), *tp_, ctx.counts_statistics(), s);
+  const Tensor& w = in.w;
+  ctx.save(*this, {in.x});
   if (chunked) {
     const auto rows_out = [&](const Tensor& rows) { return nn::linear_forward(rows, w, b, s); };
-    return (sp_ ? tp_detail::map_then_reduce_scatter(x, *tp_, chunks_, rows_out, s)
-                : tp_detail::map_then_all_reduce(x, *tp_, chunks_, rows_out, s))
+    return (sp_ ? tp_detail::map_then_reduce_scatter(in.x, *tp_, chunks_, rows_out, s)
+                : tp_detail::map_then_all_reduce(in.x, *tp_, chunks_, rows_out, s))
         .finish(s);
   }
-  const Tensor partial = nn::linear_forward(x, w, b, s);
+  const Tensor partial = nn::linear_forward(in.x, w, b, s);
   return sp_ ? tp_detail::start_reduce_scatter_sequence(partial, *tp_, s).finish(s)
              : tp_detail::start_all_reduce(partial, *tp_, s).finish(s);
 }
 
-Tensor RowParallelLinear::backward(nn::Context& ctx, const Tensor& dy) {
+Tensor RowParallelLinear::backward(nn::Context& ctx, const Tensor& dy_in) {
   const Stream& s = ctx.stream();
   const Tensor x = ctx.take(*this).at(0);
+  // With FP8, dy and w as the FP8 GEMMs see them (dy rounded before the gather, element-wise).
+  const Tensor dy = fp8_.output_grad(dy_in, *tp_, s);
+  const Tensor w = fp8_.weight(weight_->data(), s);
   Tensor dy_full = dy, dx;
   if (sp_ && chunked_here()) {  // dy arrives in chunks, each chunk's dx GEMM under the next's
-    const Tensor w = weight_->data();
     dx = tp_detail::gather_then_map(
         dy, *tp_, chunks_,
         [&](const Tensor& rows) { return nn::linear_backward_input(rows, w, s); }, s, &dy_full);
@@ -213,7 +229,7 @@ Tensor RowParallelLinear::backward(nn::Context& ctx, const Tensor& dy) {
         nn::linear_backward_weight(dy_full, x, g[0], g[1], st);
       },
       nn::GradTiming::deferrable);
-  return dx.defined() ? dx : nn::linear_backward_input(dy_full, weight_->data(), s);
+  return dx.defined() ? dx : nn::linear_backward_input(dy_full, w, s);
 }
 
 }  // namespace quintet

@@ -10,3 +10,4 @@ endif()
 # Overlap chunks: the chunked layers against the unchunked ones (odd tp included).
 quintet_mpi_test(NAME tp_overlap_test COMPONENT tp RANKS 1 2 3 4 SOURCES mpi/tp_overlap_test.cpp)
 quintet_mpi_test(NAME tp_attention_variants_test COMPONENT tp RANKS 1 2 3 4 SOURCES mpi/tp_attention_variants_test.cpp)
+quintet_mpi_test(NAME tp_fp8_test COMPONENT tp RANKS 1 2 3 SOURCES mpi/tp_fp8_test.cpp)

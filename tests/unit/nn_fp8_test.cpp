@@ -183,7 +183,7 @@ TEST_CASE("FP8 amax and scale on edge inputs", "[fp8]") {
 }
 
 TEST_CASE("FP8 scaling: current and delayed with an amax history", "[fp8]") {
-  Fp8TensorScale current(Fp8Format::e4m3, {Fp8Scaling::current, 4, 0}, "x");
+  Fp8TensorScale current(Fp8Format::e4m3, {Fp8Mode::hybrid, Fp8Scaling::current, 4, 0}, "x");
   CHECK(current.scale(2.0f) == 224.0f);
   CHECK(current.scale(4.0f) == 112.0f);
   CHECK(current.scale(0.0f) == 1.0f);
@@ -193,7 +193,7 @@ TEST_CASE("FP8 scaling: current and delayed with an amax history", "[fp8]") {
   CHECK(current.history().empty());
   REQUIRE_THROWS_QUINTET(current.scale(kNan), InvalidArgument, "FP8 scaling of x");
 
-  Fp8TensorScale delayed(Fp8Format::e4m3, {Fp8Scaling::delayed, 3, 0}, "w");
+  Fp8TensorScale delayed(Fp8Format::e4m3, {Fp8Mode::hybrid, Fp8Scaling::delayed, 3, 0}, "w");
   CHECK(delayed.scale(2.0f) == 1.0f);  // no history yet
   delayed.end_step();
   CHECK(delayed.history() == std::vector<float>{2.0f, 0.0f, 0.0f});
@@ -214,13 +214,13 @@ TEST_CASE("FP8 scaling: current and delayed with an amax history", "[fp8]") {
   REQUIRE_THROWS_QUINTET(delayed.scale(kInf), InvalidArgument, "FP8 scaling of w");
 
   // A history of zeros keeps the scale.
-  Fp8TensorScale zeros(Fp8Format::e5m2, {Fp8Scaling::delayed, 1, 0}, "dy");
+  Fp8TensorScale zeros(Fp8Format::e5m2, {Fp8Mode::hybrid, Fp8Scaling::delayed, 1, 0}, "dy");
   zeros.scale(0.0f);
   zeros.end_step();
   CHECK(zeros.delayed_scale() == 1.0f);
 
   // Saving and restoring the state continues the same way.
-  Fp8TensorScale restored(Fp8Format::e4m3, {Fp8Scaling::delayed, 3, 0}, "w");
+  Fp8TensorScale restored(Fp8Format::e4m3, {Fp8Mode::hybrid, Fp8Scaling::delayed, 3, 0}, "w");
   restored.set_state(delayed.history(), delayed.delayed_scale());
   restored.scale(8.0f);
   delayed.scale(8.0f);
@@ -247,10 +247,13 @@ TEST_CASE("FP8 bad input", "[fp8]") {
   REQUIRE_THROWS_QUINTET(
       fp8_dequantize(Tensor::zeros({3}, DType::u8), 1.0f, Fp8Format::e4m3, DType::f64, kCpu),
       InvalidArgument, "expected f32 or bf16");
-  REQUIRE_THROWS_QUINTET(Fp8TensorScale(Fp8Format::e4m3, {Fp8Scaling::delayed, 0, 0}, "x"),
-                         InvalidArgument, "amax_history = 0");
-  REQUIRE_THROWS_QUINTET(check_fp8_recipe({Fp8Scaling::current, 1, -1}), InvalidArgument,
-                         "margin = -1");
+  REQUIRE_THROWS_QUINTET(
+      Fp8TensorScale(Fp8Format::e4m3, {Fp8Mode::hybrid, Fp8Scaling::delayed, 0, 0}, "x"),
+      InvalidArgument, "amax_history = 0");
+  REQUIRE_THROWS_QUINTET(check_fp8_recipe({Fp8Mode::hybrid, Fp8Scaling::current, 1, -1}),
+                         InvalidArgument, "margin = -1");
+  CHECK(parse_fp8_mode("hybrid") == Fp8Mode::hybrid);
+  REQUIRE_THROWS_QUINTET(parse_fp8_mode("on"), InvalidArgument, "expected off or hybrid");
   CHECK(parse_fp8_scaling("delayed") == Fp8Scaling::delayed);
   REQUIRE_THROWS_QUINTET(parse_fp8_scaling("tensorwise"), InvalidArgument,
                          "expected current or delayed");

@@ -67,7 +67,14 @@ const char* fp8_scaling_name(Fp8Scaling scaling);
 // "current" / "delayed"; anything else throws InvalidArgument naming the accepted values.
 Fp8Scaling parse_fp8_scaling(const std::string& name);
 
+// Which GEMMs run in FP8: off, or hybrid (the linear layers' x and w in E4M3, dy in E5M2).
+enum class Fp8Mode : std::uint8_t { off, hybrid };
+const char* fp8_mode_name(Fp8Mode mode);
+// "off" / "hybrid"; anything else throws InvalidArgument naming the accepted values.
+Fp8Mode parse_fp8_mode(const std::string& name);
+
 struct Fp8Recipe {
+  Fp8Mode mode = Fp8Mode::off;
   Fp8Scaling scaling = Fp8Scaling::current;
   int amax_history = 16;  // delayed scaling: steps of history, >= 1
   int margin = 0;         // scale = fp8_max / amax / 2^margin, >= 0
@@ -97,9 +104,10 @@ class Fp8TensorScale {
 
   // The scale to quantise a tensor whose amax is `amax` (already reduced over the ranks that
   // share the tensor): current scaling computes it from amax; delayed scaling returns the scale
-  // fixed at the last end_step, whatever amax is. Either way amax is recorded into this step's
-  // slot (the max over every tensor of the step, e.g. all microbatches).
-  float scale(float amax);
+  // fixed at the last end_step, whatever amax is. Either way, with record, amax is recorded into
+  // this step's slot (the max over every tensor of the step, e.g. all microbatches); an
+  // evaluation's forward or a recomputation records nothing.
+  float scale(float amax, bool record = true);
   // This step's recorded amax (0 when nothing was recorded); what a communicator reduces (max)
   // before end_step when the ranks must agree.
   float step_amax() const { return step_amax_; }

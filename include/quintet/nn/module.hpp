@@ -16,6 +16,7 @@
 #include "quintet/core/stream.hpp"
 #include "quintet/core/tensor.hpp"
 #include "quintet/nn/context.hpp"
+#include "quintet/nn/fp8.hpp"
 #include "quintet/nn/parameter.hpp"
 
 namespace quintet::nn {
@@ -34,25 +35,31 @@ class Module {
   // ("attn.qkv.weight"), in registration (forward) order.
   std::vector<std::pair<std::string, Parameter*>> named_parameters() const;
   std::vector<Parameter*> parameters() const;
+  // The FP8 scaling state of this module and its children (FP8 layers, fp8.hpp), dotted names as
+  // named_parameters' ("blocks.0.mlp.fc.fp8_x"), in registration order; empty without FP8.
+  std::vector<std::pair<std::string, Fp8TensorScale*>> named_fp8_scales() const;
 
  protected:
   // Declares a parameter owned by this module (memory comes from a ParameterStore).
   Parameter& add_parameter(const std::string& name, const Shape& shape, ParameterInit init,
                            ParameterAttributes attrs = {});
+  // Declares the FP8 scaling state of one of this module's tensor roles.
+  Fp8TensorScale& add_fp8_scale(const std::string& name, Fp8Format format, const Fp8Recipe& recipe);
   // Adopts a child module under name; returns it. Under "" the child's parameters keep their own
   // names (a wrapper that adds no level).
   template <class M>
   M& add_module(const std::string& name, std::unique_ptr<M> child) {
     M& ref = *child;
-    entries_.push_back(Entry{name, nullptr, std::move(child)});
+    entries_.push_back(Entry{name, nullptr, std::move(child), nullptr});
     return ref;
   }
 
  private:
   struct Entry {
     std::string name;
-    std::unique_ptr<Parameter> parameter;  // exactly one of the two is set
+    std::unique_ptr<Parameter> parameter;  // exactly one of the three is set
     std::unique_ptr<Module> module;
+    std::unique_ptr<Fp8TensorScale> fp8;
   };
   std::vector<Entry> entries_;
 };

@@ -8,6 +8,7 @@
 #include "quintet/core/tensor.hpp"
 #include "quintet/nn/module.hpp"
 #include "quintet/nn/ops.hpp"
+#include "quintet/parallel/tensor/fp8.hpp"
 
 namespace quintet {
 
@@ -28,6 +29,9 @@ struct ColumnParallelOptions {
   // overlapping another chunk's GEMM (with SP the all-gather forward, and dx's all-reduce or
   // reduce-scatter backward); the sequence (seq/tp with SP) must be a multiple. See below.
   int overlap_chunks = 1;
+  // mode hybrid: the GEMMs in FP8 (emulated on the CPU), with scaling state "fp8_x", "fp8_w"
+  // and "fp8_dy" (fp8.hpp).
+  nn::Fp8Recipe fp8{};
 };
 
 // A column-parallel layer over a borrowed weight (a tied LM head).
@@ -43,6 +47,7 @@ struct RowParallelOptions {
   // > 1: the output's all-reduce (with SP reduce-scatter) and, with SP, dy's all-gather backward
   // are cut into this many chunks along the sequence, overlapping the GEMMs. See below.
   int overlap_chunks = 1;
+  nn::Fp8Recipe fp8{};  // as ColumnParallelOptions::fp8
 };
 
 // Overlap chunks (overlap_chunks = k > 1, tp > 1): chunk j is positions [j*L/k, (j+1)*L/k) of
@@ -98,6 +103,7 @@ class ColumnParallelLinear : public nn::Module {
   nn::GradReady ready_ = nn::GradReady::mark;  // defer: a borrowed weight its owner marks
   nn::Parameter* weight_;
   nn::Parameter* bias_ = nullptr;
+  Fp8Linear fp8_;
 };
 
 // y = x · Wᵀ + b with W [out, in] split along in: rank r holds input features
@@ -122,6 +128,7 @@ class RowParallelLinear : public nn::Module {
   int chunks_ = 1;
   nn::Parameter* weight_;
   nn::Parameter* bias_ = nullptr;
+  Fp8Linear fp8_;
 };
 
 }  // namespace quintet

@@ -1,0 +1,68 @@
+// FP8 linear layers across ranks (parallel/tensor/fp8.cpp): the emulation of one layer's FP8
+// GEMMs and the end of a step's scaling.
+//
+// A tp linear layer built with fp8.mode = hybrid (linear.hpp) keeps the scaling state of its x, w
+// (E4M3) and dy (E5M2) as nn::Fp8TensorScale entries of its module ("fp8_x", "fp8_w", "fp8_dy";
+// nn::Module::named_fp8_scales). Its GEMMs multiply, in f32, the values the tensors take through
+// FP8: forward y = q(x) · q(W)ᵀ, backward dx = q(dy) · q(W), dW += q(dy)ᵀ · q(x), with q() the
+// round trip through the role's format at its scale (nn::fp8_round_trip); the bias gradient is
+// the sum of q(dy), what the GEMMs see. Every amax is the whole tensor's, as one rank holding the
+// unsharded layer computes it:
+//   - current scaling: the amaxes of x and w (forward) and of dy (backward) are reduced (max)
+//     over tp in one all-reduce per call, so a weight split over tp, an input split along its
+//     features or a sequence-parallel chunk gets the scale of the whole tensor;
+//   - delayed scaling: no communication in the step; fp8_end_step below reduces each tensor's
+//     step amax (the max over the step's microbatches) over the given groups before it enters
+//     the history.
+// Each microbatch's tensors are scaled on their own (current scaling), so data parallelism
+// matches one rank running the same microbatches one after the other; context parallelism
+// splits a microbatch's sequence, which these amaxes do not see whole (the trainer refuses
+// --fp8 with cp > 1).
+#pragma once
+
+#include <vector>
+
+#include "quintet/collectives/communicator.hpp"
+#include "quintet/core/stream.hpp"
+#include "quintet/core/tensor.hpp"
+#include "quintet/nn/fp8.hpp"
+
+namespace quintet {
+
+// The FP8 emulation of one linear layer (a tp one, or any other split over `tp`): its inputs
+// rounded through FP8 at the scales of their amaxes, reduced over tp under current scaling.
+class Fp8Linear {
+ public:
+  Fp8Linear() = default;  // off: every call returns its input
+  Fp8Linear(nn::Fp8TensorScale& x, nn::Fp8TensorScale& w, nn::Fp8TensorScale& dy)
+      : x_(&x), w_(&w), dy_(&dy) {}
+  bool on() const { return x_ != nullptr; }
+
+  struct Inputs {
+    Tensor x, w;
+  };
+  // Forward: x and w as the FP8 GEMM sees them; remembers w's scale for backward (the weight
+  // does not change within a step). record: the amaxes count for the step (not in an
+  // evaluation or a recomputation: nn::Context::counts_statistics).
+  Inputs forward(const Tensor& x, const Tensor& w, Communicator& tp, bool record,
+                 const Stream& stream);
+  // Backward: w at the forward's scale.
+  Tensor weight(const Tensor& w, const Stream& stream) const;
+  // Backward: dy as the FP8 GEMMs see it.
+  Tensor output_grad(const Tensor& dy, Communicator& tp, const Stream& stream);
+
+ private:
+  nn::Fp8TensorScale* x_ = nullptr;
+  nn::Fp8TensorScale* w_ = nullptr;
+  nn::Fp8TensorScale* dy_ = nullptr;
+  float w_scale_ = 1.0f;
+};
+
+// Ends the step of every scale: their step amaxes reduced (max) over each communicator of
+// `groups` (one all-reduce of all of them per group, skipped for one rank and for current
+// scaling, which needs none), then Fp8TensorScale::end_step. Every rank of a group must pass the
+// same scales in the same order. Call it after the step's last backward, on every rank.
+void fp8_end_step(const std::vector<nn::Fp8TensorScale*>& scales,
+                  const std::vector<Communicator*>& groups, const Stream& stream);
+
+}  // namespace quintet
