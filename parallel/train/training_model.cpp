@@ -9,7 +9,7 @@
 
 #include "quintet/core/error.hpp"
 #include "quintet/parallel/context/ring_attention.hpp"
-#include "quintet/parallel/data/loader_for_mesh.hpp"
+#include "quintet/parallel/data_parallel/loader_for_mesh.hpp"
 #include "quintet/parallel/train/evaluate.hpp"
 
 namespace quintet::train {

@@ -35,11 +35,11 @@ add_test(NAME umbrella_header_check
 set_tests_properties(umbrella_header_check PROPERTIES LABELS "unit;layering" TIMEOUT 60)
 
 # The pipeline schedules without knowing data parallelism: nothing under parallel/pipeline (its
-# sources and public headers) includes a parallel/data header or names DataParallel, the
+# sources and public headers) includes a parallel/data_parallel header or names DataParallel, the
 # distributed optimizer or ZeRO's parts; it talks to nn::GradientSync, and the end of a step
 # (parallel/train/step.cpp) finishes the reductions.
 set(_pipeline_check ${CMAKE_COMMAND} -DSOURCE_DIR=${PROJECT_SOURCE_DIR}
-    "-DFORBIDDEN_INCLUDES=(^|/)parallel/data/"
+    "-DFORBIDDEN_INCLUDES=(^|/)parallel/data_parallel/"
     "-DFORBIDDEN_WORDS=DataParallel|DataParallelConfig|DistributedOptimizer|zero_stage|owned_grad|reduced_grad"
     "-DWHY=the pipeline must not know data parallelism (it talks to nn::GradientSync)")
 add_test(NAME layering_pipeline_check
@@ -51,4 +51,4 @@ add_test(NAME layering_pipeline_check_can_fail
          COMMAND ${_pipeline_check} "-DFOLDERS=parallel/train|include/quintet/parallel/train"
                  -P ${CMAKE_CURRENT_SOURCE_DIR}/layering/check_no_includes.cmake)
 set_tests_properties(layering_pipeline_check_can_fail PROPERTIES LABELS "unit;layering" TIMEOUT 60
-  PASS_REGULAR_EXPRESSION "include/quintet/parallel/train/step.hpp includes quintet/parallel/data/data_parallel.hpp")
+  PASS_REGULAR_EXPRESSION "include/quintet/parallel/train/step.hpp includes quintet/parallel/data_parallel/data_parallel.hpp")

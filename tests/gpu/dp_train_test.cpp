@@ -10,7 +10,7 @@
 
 #include "mpi/dp_tiny_model.hpp"
 #include "quintet/collectives/bootstrap.hpp"
-#include "quintet/parallel/data/distributed_optimizer.hpp"
+#include "quintet/parallel/data_parallel/distributed_optimizer.hpp"
 #include "support/catch.hpp"
 #include "support/nn_adamw.hpp"
 

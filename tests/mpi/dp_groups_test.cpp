@@ -13,7 +13,7 @@
 
 #include "quintet/collectives/bootstrap.hpp"
 #include "quintet/nn/module.hpp"
-#include "quintet/parallel/data/distributed_optimizer.hpp"
+#include "quintet/parallel/data_parallel/distributed_optimizer.hpp"
 #include "support/catch.hpp"
 #include "support/nn_adamw.hpp"
 

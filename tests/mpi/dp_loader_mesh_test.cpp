@@ -1,12 +1,12 @@
-// The loader configured from the mesh (quintet/parallel/data/loader_for_mesh.hpp) under mpirun:
-// every rank of one data-parallel replica (its tp and pp ranks) gets the same batches from a real
-// DataLoader, and different replicas get different ones; coordinates set by hand that disagree
-// with the mesh are refused; check_same_batch finds tp ranks that hold different tokens.
+// The loader configured from the mesh (quintet/parallel/data_parallel/loader_for_mesh.hpp) under
+// mpirun: every rank of one data-parallel replica (its tp and pp ranks) gets the same batches from
+// a real DataLoader, and different replicas get different ones; coordinates set by hand that
+// disagree with the mesh are refused; check_same_batch finds tp ranks that hold different tokens.
 #include <string>
 #include <vector>
 
 #include "quintet/data/synthetic.hpp"
-#include "quintet/parallel/data/loader_for_mesh.hpp"
+#include "quintet/parallel/data_parallel/loader_for_mesh.hpp"
 #include "tp_support.hpp"  // cpu_world
 
 using namespace quintet;

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "quintet/collectives/mpi.hpp"
-#include "quintet/parallel/data/distributed_optimizer.hpp"
+#include "quintet/parallel/data_parallel/distributed_optimizer.hpp"
 #include "quintet/parallel/model/gpt.hpp"
 #include "quintet/parallel/pipeline/executor.hpp"
 #include "quintet/parallel/pipeline/simulator.hpp"

@@ -34,8 +34,8 @@ AdamW::AdamW(ParameterStore& store, const AdamWConfig& config, const Stream& str
                   "nn::AdamW: parameter {} is {}, so its gradient norm is spread over several "
                   "ranks and clipping by this rank's norm would clip each rank differently (the "
                   "replicas drift apart). Use quintet::DistributedOptimizer over a DataParallel "
-                  "(quintet/parallel/data/distributed_optimizer.hpp), which takes the norm over "
-                  "the whole job, or set max_grad_norm = 0",
+                  "(quintet/parallel/data_parallel/distributed_optimizer.hpp), which takes the "
+                  "norm over the whole job, or set max_grad_norm = 0",
                   p->name(), why);
   }
   // f32 (or f64) values are their own master; bf16 values get an f32 master copy.
@@ -53,7 +53,8 @@ OptimizerStepInfo AdamW::step(const Stream& stream) {
   QUINTET_CHECK(!store_.data_parallel(),
                 "nn::AdamW::step: this store's gradients are reduced by a DataParallel (and "
                 "under ZeRO only partly held here); step it with quintet::DistributedOptimizer "
-                "(quintet/parallel/data/distributed_optimizer.hpp) over that DataParallel");
+                "(quintet/parallel/data_parallel/distributed_optimizer.hpp) over that "
+                "DataParallel");
   const bool gpu = stream.device().is_cuda();
   std::shared_ptr<PendingNorm> pending;
   if (gpu) pending = next_pending_norm(&pending_, stream.device(), "AdamW::step");

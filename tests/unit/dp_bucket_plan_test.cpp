@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "quintet/parallel/data/bucket_plan.hpp"
+#include "quintet/parallel/data_parallel/bucket_plan.hpp"
 #include "quintet/parallel/layout.hpp"
 #include "support/catch.hpp"
 

@@ -55,7 +55,7 @@ struct LoaderConfig {
   Device device = Device::cpu();  // where next() delivers tokens and targets
   // The Sampler's (sampler.hpp): which windows, in which order, for which data-parallel replica.
   // Every rank of one replica (its tp, pp, cp and ep ranks) must read the same batches: take
-  // dp_rank and dp_size from the mesh (quintet/parallel/data/loader_for_mesh.hpp does it).
+  // dp_rank and dp_size from the mesh (quintet/parallel/data_parallel/loader_for_mesh.hpp does it).
   std::uint64_t seed = 0;
   int dp_rank = 0;
   int dp_size = 1;

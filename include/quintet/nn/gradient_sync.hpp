@@ -1,7 +1,7 @@
 // GradientSync: what a schedule tells whoever synchronises a model chunk's gradients across
-// replicas during a step (DataParallel implements it; parallel/data/data_parallel.hpp), so that a
-// schedule (the pipeline executor) can start the reductions early without knowing how they are
-// done: buckets, all-reduce or reduce-scatter, ZeRO shards are the implementation's.
+// replicas during a step (DataParallel implements it; parallel/data_parallel/data_parallel.hpp), so
+// that a schedule (the pipeline executor) can start the reductions early without knowing how they
+// are done: buckets, all-reduce or reduce-scatter, ZeRO shards are the implementation's.
 //
 // The step protocol, on the thread that runs backward:
 //   begin_step()              before the step's first forward: zero the gradients, new counters;

@@ -30,7 +30,7 @@
 #include "quintet/core/runtime_config.hpp"
 #include "quintet/nn/lr_schedule.hpp"
 #include "quintet/nn/optimizer.hpp"
-#include "quintet/parallel/data/data_parallel.hpp"
+#include "quintet/parallel/data_parallel/data_parallel.hpp"
 #include "quintet/parallel/layout.hpp"
 #include "quintet/parallel/model/gpt_config.hpp"
 #include "quintet/parallel/pipeline/schedule.hpp"

@@ -31,7 +31,7 @@
 #include <vector>
 
 #include "quintet/nn/optimizer.hpp"
-#include "quintet/parallel/data/data_parallel.hpp"
+#include "quintet/parallel/data_parallel/data_parallel.hpp"
 
 namespace quintet {
 

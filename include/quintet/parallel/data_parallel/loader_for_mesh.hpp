@@ -1,5 +1,6 @@
-// The data loader's configuration for one rank of a mesh (parallel/data/loader_for_mesh.cpp): its
-// data-parallel replica is the mesh's, so the loader cannot be pointed at the wrong coordinates.
+// The data loader's configuration for one rank of a mesh
+// (parallel/data_parallel/loader_for_mesh.cpp): its data-parallel replica is the mesh's, so the
+// loader cannot be pointed at the wrong coordinates.
 //
 // Every rank of one replica (its tp, pp, cp and ep ranks, which hold parts of one model copy)
 // must read the same batches, and the replicas must read different ones: the sampler's dp_rank and

@@ -1,5 +1,5 @@
 // BucketPlan: the bucket cut, the group of each bucket and its ZeRO shards (see bucket_plan.hpp).
-#include "quintet/parallel/data/bucket_plan.hpp"
+#include "quintet/parallel/data_parallel/bucket_plan.hpp"
 
 #include <algorithm>
 #include <utility>

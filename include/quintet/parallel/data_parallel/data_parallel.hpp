@@ -71,7 +71,7 @@
 #include "quintet/core/stream.hpp"
 #include "quintet/nn/gradient_sync.hpp"
 #include "quintet/nn/parameter.hpp"
-#include "quintet/parallel/data/bucket_plan.hpp"  // GradientBucket, BucketPlan
+#include "quintet/parallel/data_parallel/bucket_plan.hpp"  // GradientBucket, BucketPlan
 #include "quintet/parallel/mesh.hpp"
 
 namespace quintet {
@@ -147,7 +147,7 @@ class DataParallel final : public nn::GradientSync {
   const Mesh& mesh() const;
   const Stream& compute_stream() const;
 
-  struct State;  // implementation, in parallel/data/
+  struct State;  // implementation, in parallel/data_parallel/
 
  private:
   std::shared_ptr<State> state_;

@@ -1,5 +1,5 @@
 // The loader configuration of a mesh's rank (see loader_for_mesh.hpp).
-#include "quintet/parallel/data/loader_for_mesh.hpp"
+#include "quintet/parallel/data_parallel/loader_for_mesh.hpp"
 
 #include <fmt/format.h>
 

@@ -26,8 +26,8 @@
 #include "quintet/collectives/communicator.hpp"
 #include "quintet/core/stream.hpp"
 #include "quintet/nn/parameter.hpp"
-#include "quintet/parallel/data/bucket_plan.hpp"
-#include "quintet/parallel/data/data_parallel.hpp"
+#include "quintet/parallel/data_parallel/bucket_plan.hpp"
+#include "quintet/parallel/data_parallel/data_parallel.hpp"
 #include "quintet/parallel/mesh.hpp"
 #include "quintet/parallel/overlap/overlap_meter.hpp"
 

@@ -19,7 +19,7 @@
 #include "quintet/core/stream.hpp"
 #include "quintet/core/tensor.hpp"
 #include "quintet/nn/parameter.hpp"
-#include "quintet/parallel/data/bucket_plan.hpp"
+#include "quintet/parallel/data_parallel/bucket_plan.hpp"
 
 namespace quintet {
 

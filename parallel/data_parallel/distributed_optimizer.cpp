@@ -1,6 +1,6 @@
 // DistributedOptimizer: AdamW on the elements this rank owns, the global gradient norm over the
 // job, and the per-bucket parameter all-gathers of ZeRO (see distributed_optimizer.hpp).
-#include "quintet/parallel/data/distributed_optimizer.hpp"
+#include "quintet/parallel/data_parallel/distributed_optimizer.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -1,6 +1,6 @@
 // DataParallel: the facade that checks its inputs and the step protocol, and composes the bucket
 // plan, the reducer, ZeRO-2's on-demand gradients and the overlap meter (see data_parallel.hpp).
-#include "quintet/parallel/data/data_parallel.hpp"
+#include "quintet/parallel/data_parallel/data_parallel.hpp"
 
 #include <algorithm>
 #include <memory>
