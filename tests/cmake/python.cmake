@@ -81,3 +81,38 @@ if(QUINTET_NUMPY_PYTHON3 AND QUINTET_BUILD_EXAMPLES AND TARGET CLI11::CLI11
                        TIMEOUT 600 ENVIRONMENT "OMPI_MCA_rmaps_base_oversubscribe=1")
   quintet_mpi_processors(2 train_hf_export)
 endif()
+
+# Hugging Face export loaded by transformers itself (python/hf_transformers_check.py): Llama,
+# Qwen3, Mixtral and Qwen3-MoE models trained a few steps (on the GPU when there is one) and
+# exported in f32 and bf16 (sharded, with the index), what vLLM-style consumers read (config.json's
+# architectures and torch_dtype, the index), and transformers' loss on held-out windows against
+# Quintet's within 1e-4. Needs torch and transformers (the GPU machine: scripts/device_check.sh);
+# elsewhere it exits 77, skipped. train_hf_transformers_quintet runs all but transformers, cheaply,
+# on one CPU rank.
+if(QUINTET_BUILD_EXAMPLES AND TARGET CLI11::CLI11 AND TARGET nlohmann_json::nlohmann_json
+   AND QUINTET_TEST_PYTHON3)
+  set(QUINTET_TRANSFORMERS_PYTHON3 "${QUINTET_TEST_PYTHON3}")
+  foreach(candidate IN ITEMS "${QUINTET_TEST_PYTHON3}" /usr/bin/python3)
+    if(EXISTS "${candidate}")
+      execute_process(COMMAND "${candidate}" -c "import torch, transformers"
+                      RESULT_VARIABLE rc OUTPUT_QUIET ERROR_QUIET)
+      if(rc EQUAL 0)
+        set(QUINTET_TRANSFORMERS_PYTHON3 "${candidate}")
+        break()
+      endif()
+    endif()
+  endforeach()
+  set(_hf_check ${CMAKE_CURRENT_SOURCE_DIR}/python/hf_transformers_check.py
+      $<TARGET_FILE:04_gpt_train> $<TARGET_FILE:05_moe_train> $<TARGET_FILE:12_checkpoint_tool>)
+  add_test(NAME gpu_train_hf_transformers
+           COMMAND ${QUINTET_TRANSFORMERS_PYTHON3} ${_hf_check} ${MPIEXEC_EXECUTABLE}
+                   ${QUINTET_MPIRUN_FLAGS})
+  set_tests_properties(gpu_train_hf_transformers PROPERTIES LABELS "gpu;python;train;example"
+                       SKIP_RETURN_CODE 77 TIMEOUT 300
+                       ENVIRONMENT "OMPI_MCA_rmaps_base_oversubscribe=1")
+  quintet_mpi_processors(2 gpu_train_hf_transformers)
+  add_test(NAME train_hf_transformers_quintet
+           COMMAND ${QUINTET_TEST_PYTHON3} ${_hf_check} --quintet-only)
+  set_tests_properties(train_hf_transformers_quintet PROPERTIES
+                       LABELS "python;train;example" TIMEOUT 120)
+endif()
