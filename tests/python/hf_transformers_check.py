@@ -27,6 +27,7 @@ embeddings), a Mixtral one and a Qwen3-MoE one:
   float64) is Quintet's within 1e-4 relative for both exports: transformers upcasts the bf16
   values exactly as Quintet's import does, so both compute in f32 from the same weights.
 --quintet-only runs everything but the transformers part (no torch needed): the plumbing, in CI.
+QUINTET_HF_CHECK_GPUS=N overrides the GPU count from nvidia-smi (0: train on the CPU too).
 """
 
 import json
