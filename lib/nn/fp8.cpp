@@ -123,7 +123,12 @@ float Fp8TensorScale::scale(float amax, bool record) {
   // tensor is refused at once, not one step later.
   const float now = fp8_scale_from_amax(amax, format_, recipe_.margin, 1.0f, what_);
   if (record) step_amax_ = std::max(step_amax_, amax);
-  return recipe_.scaling == Fp8Scaling::current ? now : scale_;
+  return uses_amax() ? now : scale_;
+}
+
+bool Fp8TensorScale::uses_amax() const {
+  return recipe_.scaling == Fp8Scaling::current ||
+         *std::max_element(history_.begin(), history_.end()) == 0.0f;
 }
 
 void Fp8TensorScale::end_step() {

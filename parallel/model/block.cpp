@@ -34,7 +34,8 @@ std::unique_ptr<nn::Module> make_attention(const GptConfig& c, const ModelGroups
                                    .qk_norm_eps = c.eps,
                                    .rope = c.rope,
                                    .rope_theta = c.rope_theta,
-                                   .rope_scaling = c.rope_scaling});
+                                   .rope_scaling = c.rope_scaling,
+                                   .fp8 = c.fp8});
   }
   QUINTET_THROW(InvalidArgument, "GptConfig: unknown attention kind {}",
                 static_cast<int>(c.attention));
@@ -62,7 +63,8 @@ std::unique_ptr<nn::Module> make_mlp(const GptConfig& c, const ModelGroups& g, s
                              .init_std = c.init_std,
                              .proj_init_std = c.output_init_std(),
                              .sequence_parallel = c.sequence_parallel,
-                             .overlap_chunks = c.tp_overlap_chunks});
+                             .overlap_chunks = c.tp_overlap_chunks,
+                             .fp8 = c.fp8});
   }
   QUINTET_THROW(InvalidArgument, "GptConfig: unknown MLP kind {}", static_cast<int>(c.mlp));
 }

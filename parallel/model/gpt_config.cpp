@@ -194,6 +194,20 @@ void GptConfig::validate_block(int tp, int cp) const {
                   "experts, or leave moe at its defaults for a dense model",
                   changed);
   }
+  if (fp8.mode != nn::Fp8Mode::off) {
+    nn::check_fp8_recipe(fp8);
+    QUINTET_CHECK(dtype == DType::f32,
+                  "GptConfig: fp8 = hybrid with dtype {}: FP8 is emulated on the CPU (f32) for "
+                  "now; the GPU's FP8 GEMMs are not built yet",
+                  dtype_name(dtype));
+    QUINTET_CHECK(cp == 1,
+                  "GptConfig: fp8 = hybrid with cp = {}: each cp rank would scale its chunks of "
+                  "the sequence apart; FP8 takes cp 1 for now",
+                  cp);
+    QUINTET_CHECK(mlp == MlpKind::dense,
+                  "GptConfig: fp8 = hybrid with MoE blocks: the experts' GEMMs have no FP8 path "
+                  "yet; FP8 takes dense models for now");
+  }
   positive("layers", layers);
   positive("hidden", hidden);
   positive("heads", heads);

@@ -82,12 +82,14 @@ ParallelAttention::ParallelAttention(Communicator& tp, std::int64_t dim, std::in
                                                      .init_std = options.init_std,
                                                      .sequence_parallel = options.sequence_parallel,
                                                      .fused_parts = 3,
-                                                     .overlap_chunks = options.overlap_chunks}));
+                                                     .overlap_chunks = options.overlap_chunks,
+                                                     .fp8 = options.fp8}));
   } else {  // q and kv share one entry into the tp region (done here, not by each linear)
     const ColumnParallelOptions column{.bias = options.bias,
                                        .init_std = options.init_std,
                                        .sequence_parallel = options.sequence_parallel,
-                                       .enter_region = false};
+                                       .enter_region = false,
+                                       .fp8 = options.fp8};
     q_ = &add_module("q", std::make_unique<ColumnParallelLinear>(tp, dim, attn, column));
     ColumnParallelOptions kv = column;
     kv.fused_parts = 2;
@@ -106,7 +108,8 @@ ParallelAttention::ParallelAttention(Communicator& tp, std::int64_t dim, std::in
                                   RowParallelOptions{.bias = options.bias && options.proj_bias,
                                                      .init_std = options.proj_init_std,
                                                      .sequence_parallel = options.sequence_parallel,
-                                                     .overlap_chunks = options.overlap_chunks}));
+                                                     .overlap_chunks = options.overlap_chunks,
+                                                     .fp8 = options.fp8}));
 }
 
 Tensor ParallelAttention::positions(std::int64_t seq, const Tensor& x, const Stream& stream) const {

@@ -40,7 +40,7 @@ Fp8Linear::Inputs Fp8Linear::forward(const Tensor& x, const Tensor& w, Communica
                                      bool record, const Stream& stream) {
   if (!on()) return {x, w};
   std::vector<float> amax{nn::fp8_amax(x, stream), nn::fp8_amax(w, stream)};
-  if (current(*x_)) amax = max_over(std::move(amax), tp, stream);
+  if (x_->uses_amax() || w_->uses_amax()) amax = max_over(std::move(amax), tp, stream);
   const float sx = x_->scale(amax[0], record);
   w_scale_ = w_->scale(amax[1], record);
   return {nn::fp8_round_trip(x, sx, x_->format(), stream), weight(w, stream)};
@@ -53,7 +53,7 @@ Tensor Fp8Linear::weight(const Tensor& w, const Stream& stream) const {
 Tensor Fp8Linear::output_grad(const Tensor& dy, Communicator& tp, const Stream& stream) {
   if (!on()) return dy;
   std::vector<float> amax{nn::fp8_amax(dy, stream)};
-  if (current(*dy_)) amax = max_over(std::move(amax), tp, stream);
+  if (dy_->uses_amax()) amax = max_over(std::move(amax), tp, stream);
   return nn::fp8_round_trip(dy, dy_->scale(amax[0]), dy_->format(), stream);
 }
 

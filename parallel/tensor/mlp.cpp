@@ -18,7 +18,8 @@ ParallelMLP::ParallelMLP(Communicator& tp, std::int64_t dim, std::int64_t hidden
                                      .init_std = options.init_std,
                                      .sequence_parallel = options.sequence_parallel,
                                      .enter_region = gelu,
-                                     .overlap_chunks = gelu ? options.overlap_chunks : 1};
+                                     .overlap_chunks = gelu ? options.overlap_chunks : 1,
+                                     .fp8 = options.fp8};
   fc_ = &add_module("fc", std::make_unique<ColumnParallelLinear>(tp, dim, hidden, column));
   if (!gelu) {
     up_ = &add_module("up", std::make_unique<ColumnParallelLinear>(tp, dim, hidden, column));
@@ -28,7 +29,8 @@ ParallelMLP::ParallelMLP(Communicator& tp, std::int64_t dim, std::int64_t hidden
                                   RowParallelOptions{.bias = gelu,
                                                      .init_std = options.proj_init_std,
                                                      .sequence_parallel = options.sequence_parallel,
-                                                     .overlap_chunks = options.overlap_chunks}));
+                                                     .overlap_chunks = options.overlap_chunks,
+                                                     .fp8 = options.fp8}));
 }
 
 Tensor ParallelMLP::forward(nn::Context& ctx, const Tensor& x) {

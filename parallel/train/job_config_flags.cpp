@@ -105,6 +105,15 @@ void add_job_flags(CLI::App& app, JobConfig& job) {
            name_of(m.recompute, {"none", "attention", "full"}, model::parse_recompute_kind),
            "activation recompute: none, attention (each block's attention) or full (each whole "
            "block): less memory for one more forward");
+  add_kind(app, "--fp8", &m.fp8.mode, nn::parse_fp8_mode, nn::fp8_mode_name(m.fp8.mode),
+           "FP8 training: off, or hybrid (the blocks' linear layers with x and w in E4M3, the "
+           "output gradient in E5M2; emulated on the CPU)");
+  add_kind(app, "--fp8-scaling", &m.fp8.scaling, nn::parse_fp8_scaling,
+           nn::fp8_scaling_name(m.fp8.scaling),
+           "with --fp8: current (each tensor's own amax) or delayed (the amax history's max)");
+  app.add_option("--fp8-amax-history", m.fp8.amax_history,
+                 "with --fp8-scaling delayed: steps of amax history")
+      ->capture_default_str();
   add_switch(app, "--tied-embeddings", &m.tied_embeddings,
              "the LM head reuses the token embedding's table (across pipeline stages too)");
   app.add_option("--micro-batch", t.micro_batch, "sequences per rank per forward")

@@ -113,6 +113,17 @@ void JobConfig::validate(int world) const {
                 "--seq-len {} is not divisible by --tp {}: sequence parallelism splits the "
                 "sequence evenly; choose a multiple of {}",
                 m.seq_len, p.tp, p.tp);
+  if (m.fp8.mode != nn::Fp8Mode::off) {
+    QUINTET_CHECK(m.fp8.amax_history >= 1, "--fp8-amax-history {}: expected a count >= 1",
+                  m.fp8.amax_history);
+    QUINTET_CHECK(p.cp == 1,
+                  "--fp8 hybrid with --cp {}: each cp rank would scale its chunks of a sequence "
+                  "apart; FP8 takes --cp 1 for now",
+                  p.cp);
+    QUINTET_CHECK(m.mlp == model::MlpKind::dense,
+                  "--fp8 hybrid with MoE: the experts' GEMMs have no FP8 path yet; FP8 takes "
+                  "dense models for now");
+  }
   QUINTET_CHECK(tp_overlap_chunks >= 1, "--tp-overlap-chunks {}: expected a count >= 1",
                 tp_overlap_chunks);
   if (tp_overlap && p.tp > 1 && m.seq_len % p.cp == 0) {

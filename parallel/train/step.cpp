@@ -8,6 +8,7 @@
 #include "quintet/core/error.hpp"
 #include "quintet/core/trace.hpp"
 #include "quintet/nn/ops.hpp"
+#include "quintet/parallel/tensor/fp8.hpp"
 
 namespace quintet::train {
 
@@ -147,6 +148,16 @@ StepStats step(pipeline::PipelineExecutor& executor, std::span<TrainingStage> st
 
   // 2. The gradients finished: data parallelism, tied embeddings, MoE counters.
   const PendingMoE moe = finalize_gradients(executor, stages, mesh, stream);
+  // FP8 scaling's step ends: delayed scaling's amaxes, the max over the step's microbatches,
+  // reduced over the stage's ranks (one unsharded rank would have seen all of those tensors)
+  // into the histories that scale the next step.
+  {
+    std::vector<nn::Fp8TensorScale*> fp8;
+    for (TrainingStage& s : stages) {
+      for (auto& [name, f] : s.chunk->named_fp8_scales()) fp8.push_back(f);
+    }
+    if (!fp8.empty()) fp8_end_step(fp8, {&mesh.comm(Axis::tp_dp_cp)}, stream);
+  }
 
   // 3. The global norm, clipping, the (sharded) AdamW update.
   {

@@ -49,6 +49,10 @@
 #               whose one loader thread reads each batch 40 ms late (--loader-delay-ms) is
 #               input-bound, in the JSON summary and the text run's last line; a negative delay
 #               is refused
+#   fp8         --fp8 hybrid (current and delayed scaling): tp 2 + sp x pp 2 and tp 2 x pp 2 give
+#               the one-rank losses at each of 20 steps within 1e-4, step 1's gradient norm
+#               within 5e-4 (f32's is 1e-3 away), tp 2 x dp 2 (ZeRO-1) dp 2's; FP8's losses
+#               within 3% of f32's; bad FP8 flags refused, naming them
 # Usage: gpt_train_test.sh TRAINER MPIEXEC WORKDIR CASE [mpirun flags...]
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -610,6 +614,56 @@ PY
     tail -n 1 slow.txt | grep -E '^bound by: input [0-9]+%, ' || { cat slow.txt; exit 1; }
     if run bad 1 --steps 1 --loader-delay-ms -1 2>bad.err; then exit 1; fi
     grep -q -- "--loader-delay-ms -1: expected a time >= 0" bad.err || { cat bad.err; exit 1; }
+    ;;
+  fp8)
+    # The blocks' linear layers in FP8 (emulated: E4M3/E5M2 rounding, f32 GEMMs), current and
+    # delayed scaling. Every layout's amaxes are the whole tensors' (tp_fp8_test checks the
+    # scales exactly), so the layouts give the one-rank losses within the f32 layouts' 1e-4:
+    # a sum the shards add in another order can round to the neighbouring FP8 value (an E5M2
+    # step is 25%), which moves step 1's gradient norm by up to ~2e-4, where FP8 moves it from
+    # f32's by more than 1e-3. FP8 trains as f32 does.
+    # first_norms A B [C]: step 1's gradient norm of A is B's within 5e-4 (and not C's +-1e-3)
+    first_norms() {
+      python3 - "$@" <<'PY'
+import json, sys
+def norm(name):
+    for line in open(name + ".jsonl"):
+        record = json.loads(line) if line.startswith("{") else {}
+        if record.get("step") == 1:
+            return record["grad_norm"]
+    sys.exit(f"{name}: no step 1")
+a, b = norm(sys.argv[1]), norm(sys.argv[2])
+if abs(a - b) > 5e-4 * abs(a):
+    sys.exit(f"step 1 gradient norm: {sys.argv[2]} {b!r} vs {sys.argv[1]} {a!r}")
+if len(sys.argv) > 3 and abs(a - norm(sys.argv[3])) < 1e-3 * abs(a):
+    sys.exit(f"step 1 gradient norm of {sys.argv[1]} {a!r} is f32's ({sys.argv[3]}): no FP8?")
+PY
+    }
+    run plain 1 --steps 20
+    run fp8_one 1 --steps 20 --fp8 hybrid
+    run fp8_tp2_sp_pp2 4 --steps 20 --fp8 hybrid --tp 2 --sp --pp 2
+    compare fp8_one fp8_tp2_sp_pp2 1 20 1e-4
+    first_norms fp8_one fp8_tp2_sp_pp2 plain
+    compare plain fp8_one 1 20 0.03
+    delayed=(--fp8 hybrid --fp8-scaling delayed --fp8-amax-history 4)
+    run delayed_one 1 --steps 20 "${delayed[@]}"
+    run delayed_tp2_pp2 4 --steps 20 "${delayed[@]}" --tp 2 --pp 2
+    compare delayed_one delayed_tp2_pp2 1 20 1e-4
+    first_norms delayed_one delayed_tp2_pp2
+    # Data parallelism puts other sequences in a microbatch (the sampler strides over the
+    # replicas), so its amaxes are another run's than one rank's: dp 2 is compared with dp 2.
+    run delayed_dp2 2 --steps 20 "${delayed[@]}" --dp 2
+    run delayed_tp2_dp2 4 --steps 20 "${delayed[@]}" --tp 2 --dp 2 --zero 1
+    compare delayed_dp2 delayed_tp2_dp2 1 20 1e-4
+    first_norms delayed_dp2 delayed_tp2_dp2
+    compare plain delayed_one 1 20 0.03
+    refused() {  # refused MESSAGE FLAGS...: the run fails before training, naming the flags
+      if run bad 1 --steps 1 "${@:2}" 2>bad.err; then echo "accepted: ${*:2}"; exit 1; fi
+      grep -q -- "$1" bad.err || { cat bad.err; exit 1; }
+    }
+    refused "FP8 mode 'on': expected off or hybrid" --fp8 on
+    refused "expected current or delayed" --fp8 hybrid --fp8-scaling tensorwise
+    refused "--fp8-amax-history 0: expected a count >= 1" --fp8 hybrid --fp8-amax-history 0
     ;;
   *)
     echo "unknown case $case"; exit 2 ;;

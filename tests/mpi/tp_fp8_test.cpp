@@ -2,8 +2,9 @@
 // input gradient and weight and bias gradients equal a direct f32 computation on the unsharded
 // tensors rounded through FP8 (x and W in E4M3, dy in E5M2) at the scales of their whole
 // tensors' amaxes, with and without sequence parallelism and bias; current scaling (amaxes
-// reduced over tp in the call) and delayed scaling (scale 1 at first, then the scales of the
-// previous step's amaxes reduced over tp by fp8_end_step); and not equal to the f32 layer.
+// reduced over tp in the call) and delayed scaling (the tensors' own amaxes at first, then the
+// scales of the previous step's amaxes reduced over tp by fp8_end_step); and not equal to the
+// f32 layer.
 #include <algorithm>
 #include <cmath>
 #include <memory>
@@ -111,8 +112,8 @@ TEST_CASE("FP8 tp linear layers equal f32 GEMMs on FP8-rounded inputs", "[tp][fp
                   ady = nn::fp8_amax(dy, kCpu);
       float sx = e4 / ax, sw = e4 / aw, sdy = e5 / ady;
       if (scaling == nn::Fp8Scaling::delayed) {
-        sx = sw = sdy = 1.0f;  // no history at step 0
-        if (step == 1) {       // the previous step's amaxes (history of 2: the max of both)
+        // Step 0 has no history: the tensors' own amaxes, as current scaling.
+        if (step == 1) {  // the previous step's amaxes (history of 2: the max of both)
           const Tensor x0 = nn::scale(Tensor::randn({kB, kS, in}, 40), 3.0f, kCpu);
           const Tensor dy0 = nn::scale(Tensor::randn({kB, kS, out}, 50), 1e-3f, kCpu);
           sx = e4 / nn::fp8_amax(x0, kCpu);

@@ -194,10 +194,12 @@ TEST_CASE("FP8 scaling: current and delayed with an amax history", "[fp8]") {
   REQUIRE_THROWS_QUINTET(current.scale(kNan), InvalidArgument, "FP8 scaling of x");
 
   Fp8TensorScale delayed(Fp8Format::e4m3, {Fp8Mode::hybrid, Fp8Scaling::delayed, 3, 0}, "w");
-  CHECK(delayed.scale(2.0f) == 1.0f);  // no history yet
+  CHECK(delayed.uses_amax());
+  CHECK(delayed.scale(2.0f) == 224.0f);  // no history yet: its own amax's scale
   delayed.end_step();
   CHECK(delayed.history() == std::vector<float>{2.0f, 0.0f, 0.0f});
   CHECK(delayed.delayed_scale() == 224.0f);
+  CHECK_FALSE(delayed.uses_amax());
   CHECK(delayed.scale(4.0f) == 224.0f);  // this step's amax counts from the next step on
   CHECK(delayed.scale(1.0f) == 224.0f);
   delayed.end_step();  // the step's max over its tensors (microbatches) enters the history
@@ -218,6 +220,8 @@ TEST_CASE("FP8 scaling: current and delayed with an amax history", "[fp8]") {
   zeros.scale(0.0f);
   zeros.end_step();
   CHECK(zeros.delayed_scale() == 1.0f);
+  CHECK(zeros.uses_amax());
+  CHECK(zeros.scale(4.0f) == 14336.0f);
 
   // Saving and restoring the state continues the same way.
   Fp8TensorScale restored(Fp8Format::e4m3, {Fp8Mode::hybrid, Fp8Scaling::delayed, 3, 0}, "w");

@@ -158,6 +158,9 @@ TEST_CASE("job config: every flag --help lists reaches the config", "[train]") {
                                                      {"--qk-norm", ""},
                                                      {"--no-bias", ""},
                                                      {"--recompute", "full"},
+                                                     {"--fp8", "hybrid"},
+                                                     {"--fp8-scaling", "delayed"},
+                                                     {"--fp8-amax-history", "8"},
                                                      {"--tied-embeddings", ""},
                                                      {"--micro-batch", "2"},
                                                      {"--global-batch", "32"},
@@ -450,6 +453,11 @@ TEST_CASE("job config: the jobs the trainers refuse, refused before any communic
   refused(gpt, 2, {"--tp", "2", "--sp", "--tp-overlap", "--tp-overlap-chunks", "3"},
           "--tp-overlap-chunks 3 does not divide each rank's sequence of 16 tokens");
   refused(gpt, 1, {"--tp-overlap-chunks", "0"}, "--tp-overlap-chunks 0: expected a count >= 1");
+  refused(gpt, 1, {"--fp8", "hybrid", "--fp8-amax-history", "0"},
+          "--fp8-amax-history 0: expected a count >= 1");
+  refused(gpt, 2, {"--fp8", "hybrid", "--cp", "2"}, "--fp8 hybrid with --cp 2");
+  refused(gpt, 1, {"--fp8", "on"}, "expected off or hybrid");
+  refused(JobConfig::moe_preset(), 1, {"--fp8", "hybrid"}, "--fp8 hybrid with MoE");
   refused(gpt, 1, {"--bucket-mb", "0"}, "--bucket-mb 0: expected a size in MiB");
   refused(gpt, 2, {"--pp", "4", "--layers", "4"},
           "--tp 1 x --dp 1 x --pp 4 = 4 ranks, but the job has 2");

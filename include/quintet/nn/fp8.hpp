@@ -61,7 +61,11 @@ Tensor fp8_round_trip(const Tensor& x, float scale, Fp8Format format, const Stre
 //   - current: from the amax of the very tensor being quantised (one more pass over it).
 //   - delayed (Transformer Engine's DelayedScaling, amax_compute_algo "max"): from the largest
 //     amax of the last `amax_history` steps; this step's amax enters the history when the step
-//     ends (Fp8TensorScale::end_step), so a step's scale is known before its tensors are.
+//     ends (Fp8TensorScale::end_step), so a step's scale is known before its tensors are. Until
+//     a tensor has a history (its first step, or while every amax so far was 0) it is scaled by
+//     its own amax, as current scaling does (Transformer Engine starts from scale 1 instead,
+//     which rounds small weights to E4M3's subnormals and makes the first step depend on how
+//     the loss is divided among microbatches and replicas).
 enum class Fp8Scaling : std::uint8_t { current, delayed };
 const char* fp8_scaling_name(Fp8Scaling scaling);
 // "current" / "delayed"; anything else throws InvalidArgument naming the accepted values.
@@ -103,14 +107,17 @@ class Fp8TensorScale {
   const std::string& what() const { return what_; }
 
   // The scale to quantise a tensor whose amax is `amax` (already reduced over the ranks that
-  // share the tensor): current scaling computes it from amax; delayed scaling returns the scale
-  // fixed at the last end_step, whatever amax is. Either way, with record, amax is recorded into
-  // this step's slot (the max over every tensor of the step, e.g. all microbatches); an
-  // evaluation's forward or a recomputation records nothing.
+  // share the tensor, when uses_amax()): current scaling computes it from amax; delayed scaling
+  // returns the scale fixed at the last end_step, whatever amax is, once there is a history. Either
+  // way, with record, amax is recorded into this step's slot (the max over every tensor of the
+  // step, e.g. all microbatches); an evaluation's forward or a recomputation records nothing.
   float scale(float amax, bool record = true);
   // This step's recorded amax (0 when nothing was recorded); what a communicator reduces (max)
   // before end_step when the ranks must agree.
   float step_amax() const { return step_amax_; }
+  // Whether scale() depends on the amax it is given: current scaling, or delayed scaling before
+  // the tensor has a history. The same on every rank whose histories are reduced together.
+  bool uses_amax() const;
   void set_step_amax(float amax) { step_amax_ = amax; }
   // Delayed scaling: pushes this step's amax into the history (dropping the oldest), computes the
   // next step's scale from the history's max, and clears the step's slot. Current: clears it.

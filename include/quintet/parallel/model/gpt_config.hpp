@@ -13,6 +13,7 @@
 #include <string_view>
 
 #include "quintet/core/dtype.hpp"
+#include "quintet/nn/fp8.hpp"
 #include "quintet/nn/layer_kinds.hpp"
 #include "quintet/parallel/context/ring_attention.hpp"
 #include "quintet/parallel/expert/router.hpp"
@@ -107,6 +108,10 @@ struct GptConfig {
   // then holds 2 chunks of every sequence (context/ring_attention.hpp's layout).
   context::ContextParallelKind context_parallel = context::ContextParallelKind::ring;
   MoEConfig moe;  // used when mlp == MlpKind::moe
+  // FP8 training (mode hybrid): every block's tp linear layers (attention projections, dense
+  // MLP) in FP8 (tensor/fp8.hpp), emulated on the CPU: f32 only, no context parallelism (its
+  // sequence chunks would be scaled apart) and no MoE blocks yet; the LM head stays f32.
+  nn::Fp8Recipe fp8;
   // The family the structure came from (the named constructors, set_family, --arch): a label
   // the fields above override; validate() holds its MLP kind to mlp (gpt2 takes either).
   ModelFamily family = ModelFamily::gpt2;

@@ -44,6 +44,9 @@ struct ParallelAttentionOptions {
   bool rope = false;
   double rope_theta = 10000.0;
   nn::RopeScaling rope_scaling;  // Llama 3's frequency scaling, when its factor > 0
+  // mode hybrid: the projections (qkv or q and kv, and the output's) in FP8 (linear.hpp); the
+  // attention itself stays in the compute dtype.
+  nn::Fp8Recipe fp8{};
 };
 
 // Causal self-attention with heads split over tp. With as many key/value heads as query heads: qkv

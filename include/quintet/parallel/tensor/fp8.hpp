@@ -11,9 +11,12 @@
 //   - current scaling: the amaxes of x and w (forward) and of dy (backward) are reduced (max)
 //     over tp in one all-reduce per call, so a weight split over tp, an input split along its
 //     features or a sequence-parallel chunk gets the scale of the whole tensor;
-//   - delayed scaling: no communication in the step; fp8_end_step below reduces each tensor's
-//     step amax (the max over the step's microbatches) over the given groups before it enters
-//     the history.
+//   - delayed scaling: no communication in the step (but in the first, whose tensors have no
+//     history yet and are scaled as current scaling does); fp8_end_step below reduces each
+//     tensor's step amax (the max over the step's microbatches) over the given groups before
+//     it enters the history.
+// Scales follow amaxes exactly, so the gradient's division among microbatches and data-parallel
+// replicas (a power of 2 apart from one rank's) changes no rounding.
 // Each microbatch's tensors are scaled on their own (current scaling), so data parallelism
 // matches one rank running the same microbatches one after the other; context parallelism
 // splits a microbatch's sequence, which these amaxes do not see whole (the trainer refuses

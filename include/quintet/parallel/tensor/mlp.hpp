@@ -19,6 +19,7 @@ struct ParallelMLPOptions {
   // The tp communication in chunks under the GEMMs (linear.hpp): fc's and proj's. SwiGLU's gate
   // and up share one entry into the region, done here unchunked; its proj is chunked.
   int overlap_chunks = 1;
+  nn::Fp8Recipe fp8{};  // mode hybrid: fc, up and proj in FP8 (linear.hpp)
 };
 
 // An MLP split along hidden: GELU: fc (column) -> gelu -> proj (row), with biases. SwiGLU: gate
