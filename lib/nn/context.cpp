@@ -6,19 +6,34 @@
 namespace quintet::nn {
 
 void Context::save(const Module& module, std::vector<Tensor> tensors) {
-  if (forward_only_) return;  // no backward will take them
-  saved_[&module].push_back(std::move(tensors));
+  push(module, std::any(std::move(tensors)));
 }
 
 std::vector<Tensor> Context::take(const Module& module) {
+  return take_handle<std::vector<Tensor>>(module);
+}
+
+void Context::push(const Module& module, std::any saved) {
+  if (forward_only_) return;  // no backward will take it
+  saved_[&module].push_back(std::move(saved));
+}
+
+std::any Context::pop(const Module& module) {
   auto it = saved_.find(&module);
   QUINTET_CHECK(it != saved_.end() && !it->second.empty(),
                 "Context::take: nothing saved for this module; call its forward on the same "
                 "Context (one per microbatch) before its backward, once per forward");
-  std::vector<Tensor> out = std::move(it->second.back());
+  std::any out = std::move(it->second.back());
   it->second.pop_back();
   if (it->second.empty()) saved_.erase(it);
   return out;
+}
+
+void Context::wrong_type(const std::any& saved, const std::type_info& wanted) {
+  QUINTET_THROW(InvalidArgument,
+                "Context::take: the module saved a {} and its backward takes a {}; a forward and "
+                "a backward of different kinds of save on one Context",
+                saved.type().name(), wanted.name());
 }
 
 std::size_t Context::pending() const {

@@ -294,3 +294,24 @@ TEST_CASE("layers and contexts reject bad use with a quintet::Error", "[nn][laye
   REQUIRE_THROWS_QUINTET(ParameterStore(lin, DType::bf16, kCpu, 1), InvalidArgument,
                          "f32 (or f64)");
 }
+
+TEST_CASE("a context keeps typed handles on the module's stack of saves", "[nn][layers]") {
+  struct Handle {
+    Tensor a;
+    std::int64_t n = 0;
+  };
+  Linear lin(2, 2);
+  Context ctx(kCpu);
+  const Tensor t = Tensor::randn({2}, 1);
+  ctx.save(lin, {t});
+  ctx.save_handle(lin, Handle{t, 7});
+  REQUIRE(ctx.pending() == 2);
+  const Handle h = ctx.take_handle<Handle>(lin);  // last in, first out
+  CHECK(h.n == 7);
+  CHECK(h.a.data<float>() == t.data<float>());
+  // The tensors saved first, taken back as a handle of another type: refused, and gone.
+  REQUIRE_THROWS_QUINTET(ctx.take_handle<Handle>(lin), InvalidArgument, "its backward takes a");
+  REQUIRE(ctx.pending() == 0);
+  ctx.save_handle(lin, Handle{t, 1});
+  REQUIRE_THROWS_QUINTET(ctx.take(lin), InvalidArgument, "its backward takes a");
+}

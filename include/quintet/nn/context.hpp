@@ -3,7 +3,9 @@
 // model. One Context per microbatch in flight.
 #pragma once
 
+#include <any>
 #include <functional>
+#include <typeinfo>
 #include <unordered_map>
 #include <vector>
 
@@ -30,6 +32,20 @@ class Context {
   // Takes back the most recent save of module; throws InvalidArgument when there is none
   // (backward without a forward on this context).
   std::vector<Tensor> take(const Module& module);
+  // The same for a typed handle (a struct of named tensors and values): saved on the same stack
+  // (nothing on a forward-only context), taken back as the type it was saved as (InvalidArgument
+  // for another).
+  template <class T>
+  void save_handle(const Module& module, T handle) {
+    push(module, std::any(std::move(handle)));
+  }
+  template <class T>
+  T take_handle(const Module& module) {
+    std::any saved = pop(module);
+    T* handle = std::any_cast<T>(&saved);
+    if (handle == nullptr) wrong_type(saved, typeid(T));
+    return std::move(*handle);
+  }
   // Number of saves not yet taken (0 after a full backward).
   std::size_t pending() const;
   void clear() { saved_.clear(); }
@@ -78,7 +94,11 @@ class Context {
   bool recomputing_ = false;
   bool forward_only_ = false;
   std::vector<std::function<void()>> deferred_;
-  std::unordered_map<const Module*, std::vector<std::vector<Tensor>>> saved_;
+  std::unordered_map<const Module*, std::vector<std::any>> saved_;
+
+  void push(const Module& module, std::any saved);
+  std::any pop(const Module& module);
+  [[noreturn]] static void wrong_type(const std::any& saved, const std::type_info& wanted);
 };
 
 }  // namespace quintet::nn

@@ -8,6 +8,7 @@
 // after its forward and in reverse order of the forwards on the same Context).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -20,6 +21,12 @@
 #include "quintet/nn/parameter.hpp"
 
 namespace quintet::nn {
+
+// Declares a parameter on a module (Module::add_parameter), for the parts a module composes that
+// are not modules of their own (an MoE layer's router and experts): their parameters keep the
+// module's names and registration order.
+using AddParameter = std::function<Parameter&(const std::string& name, const Shape& shape,
+                                              ParameterInit init, ParameterAttributes attrs)>;
 
 class Module {
  public:
@@ -45,6 +52,13 @@ class Module {
                            ParameterAttributes attrs = {});
   // Declares the FP8 scaling state of one of this module's tensor roles.
   Fp8TensorScale& add_fp8_scale(const std::string& name, Fp8Format format, const Fp8Recipe& recipe);
+  // add_parameter of this module, for such parts (valid while the module lives).
+  AddParameter parameter_adder() {
+    return [this](const std::string& name, const Shape& shape, ParameterInit init,
+                  ParameterAttributes attrs) -> Parameter& {
+      return add_parameter(name, shape, std::move(init), std::move(attrs));
+    };
+  }
   // Adopts a child module under name; returns it. Under "" the child's parameters keep their own
   // names (a wrapper that adds no level).
   template <class M>
