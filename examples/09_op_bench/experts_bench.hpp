@@ -1,5 +1,5 @@
 // The experts mode of 09_op_bench: the expert GEMMs of a mixture-of-experts layer, a loop of our
-// per-expert linear ops (what parallel/expert/moe_layer.cpp runs) against one
+// per-expert linear ops (what parallel/expert/experts.cpp runs) against one
 // cublasGemmGroupedBatchedEx per product (grouped_gemm.hpp), on one GPU, in the same run.
 //
 // The layer: E experts, expert e on rows_e rows (contiguous blocks of one [sum rows, d] tensor),

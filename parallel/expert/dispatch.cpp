@@ -78,29 +78,6 @@ std::int64_t ExchangePlan::expert_rows(std::int64_t le) const {
   return r;
 }
 
-Tensor ExchangePlan::encode() const {
-  std::vector<std::int64_t> all = send;
-  all.insert(all.end(), gathered.begin(), gathered.end());
-  return Tensor::from_vector(all, {static_cast<std::int64_t>(all.size())});
-}
-
-ExchangePlan ExchangePlan::decode(const Tensor& t, int ep, int etp, int etp_rank,
-                                  std::int64_t local_experts) {
-  ExchangePlan p;
-  p.ep = ep;
-  p.etp = etp;
-  p.etp_rank = etp_rank;
-  p.local_experts = local_experts;
-  const std::vector<std::int64_t> all = t.to_vector<std::int64_t>();
-  const std::size_t n = static_cast<std::size_t>(ep * local_experts);
-  QUINTET_CHECK(all.size() == n * static_cast<std::size_t>(1 + etp),
-                "MoE exchange plan: {} counts saved for ep {} x etp {} x {} local experts",
-                all.size(), ep, etp, local_experts);
-  p.send.assign(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(n));
-  p.gathered.assign(all.begin() + static_cast<std::ptrdiff_t>(n), all.end());
-  return p;
-}
-
 ExchangePlan plan_exchange(const Tensor& send_counts, std::int64_t local_experts, Communicator* ep,
                            Communicator* etp, const Stream& stream) {
   return plan_exchange(send_counts, 1, local_experts, ep, etp, stream).front();

@@ -1,7 +1,8 @@
-// The token exchange of the MoE layer (parallel/expert/dispatch.cpp), for MoE layers of one's own
-// too: device-generic (narrowed copies and the communicators' all_to_all / all_to_all_v), with the
-// permutation and combine of permute.hpp on either side. Collective over ep (and etp): every rank
-// of them calls each function, also with no rows to send or receive.
+// The token exchange of the MoE layer (parallel/expert/dispatch.cpp; its TokenDispatcher drives it,
+// token_dispatcher.hpp), for MoE layers of one's own too: device-generic (narrowed copies and the
+// communicators' all_to_all / all_to_all_v), with the permutation and combine of permute.hpp on
+// either side. Collective over ep (and etp): every rank of them calls each function, also with no
+// rows to send or receive.
 //
 // Row orders. This rank sends its dispatched rows sorted by global expert, so the rows for ep rank
 // q's local expert le form block (q, le). After the ep exchange a rank holds, per source ep rank q
@@ -34,11 +35,6 @@ struct ExchangePlan {
   std::int64_t rows_from(int s) const;              // rows of etp source s
   std::int64_t gathered_rows() const;               // all of them
   std::int64_t expert_rows(std::int64_t le) const;  // rows local expert le runs
-
-  // As one i64 CPU tensor (saved for backward) and back.
-  Tensor encode() const;
-  static ExchangePlan decode(const Tensor& t, int ep, int etp, int etp_rank,
-                             std::int64_t local_experts);
 };
 
 // Exchanges the counts: send_counts [ep * E_l] i64 (on the tokens' device), rows for ep rank q's

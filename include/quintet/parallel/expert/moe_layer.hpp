@@ -1,36 +1,35 @@
-// The mixture-of-experts layer (parallel/expert/moe_layer.cpp, with the token exchange in
-// parallel/expert/dispatch.cpp and the permutation and combine in parallel/expert/permute.cpp): the
-// MLP slot of a transformer block, with its experts spread over the expert-parallel (ep) group and
-// each expert optionally split over the expert-tensor-parallel (etp) group.
+// The mixture-of-experts layer (parallel/expert/moe_layer.cpp): the MLP slot of a transformer
+// block, with its experts spread over the expert-parallel (ep) group and each expert optionally
+// split over the expert-tensor-parallel (etp) group. Three parts, as Megatron-Core's moe_layer /
+// token_dispatcher / experts, each in its own file:
+//   Router           (router.hpp)            scores, top-k, capacity, balancing, step statistics
+//   TokenDispatcher  (token_dispatcher.hpp)  permutation, count exchange, chunked all-to-all,
+//                                            un-permutation and combine
+//   Experts          (experts.hpp)           the expert MLPs, GELU or SwiGLU
+// and an optional dense shared MLP.
 //
 // x [B, S', d] -> y [B, S', d] (S' = S, or S/tp with sequence parallelism, or a cp rank's share):
-//   1. router: logits = x · router.weightᵀ in f32, then top-k, weights and capacity (router.hpp);
-//   2. the tokens this rank dispatches (all of x; without sequence parallelism and tp > 1 each tp
-//      rank takes its 1/tp of the B*S' tokens, which must divide) are permuted by expert, stably
-//      (by expert, then token, then choice), the counts are exchanged over ep with all_to_all,
-//      the rows are moved with all_to_all_v over ep, and with etp > 1 all-gathered over etp;
-//      With overlap_chunks > 1 this rank's tokens go in chunks, each exchanged while the previous
-//      one's experts run (one count exchange for all of them);
-//   3. each local expert runs as one GEMM per expert over its rows: GELU (fc, proj) or SwiGLU
-//      (fc = gate, up, proj) MLPs of width expert_ffn (etp splits fc and up by rows, proj by
-//      columns), without biases;
-//   4. the results go back the same way (reduce-scattered over etp, all_to_all_v over ep), are
-//      unpermuted and summed per token weighted by the router's weights; without sequence
-//      parallelism the tp ranks all-gather their shares, so y is the same on every tp rank;
+//   1. the Router routes every token of x (logits in f32, top-k, weights, capacity);
+//   2. the TokenDispatcher takes the tokens this rank dispatches (all of x; without sequence
+//      parallelism and tp > 1 each tp rank takes its 1/tp of the B*S' tokens, which must divide)
+//      to the ep (and etp) ranks of their experts, in overlap_chunks chunks;
+//   3. the Experts run on each chunk's rows, one GEMM chain per local expert: GELU (fc, proj) or
+//      SwiGLU (fc = gate, up, proj) MLPs of width expert_ffn, without biases;
+//   4. the TokenDispatcher brings the results back and sums them per token weighted by the
+//      router's weights; without sequence parallelism the tp ranks all-gather their shares, so y
+//      is the same on every tp rank;
 //   5. with shared experts, a dense tensor-parallel MLP of width shared_experts * expert_ffn
 //      (ParallelMLP, "shared.*") that every token goes through is added.
-// Backward mirrors it and adds the aux-loss and z-loss gradients (router.hpp) into the router's,
-// scaled by ctx.loss_scale() (the aux loss over each whole sequence: its statistics are summed
-// over tp with sequence parallelism and over cp; the z loss over the tokens).
-// Experts and whole ranks that receive no tokens are ordinary cases: their GEMMs are skipped and
-// their collectives still run, so every rank of ep and etp makes the same calls.
+// Forward saves one typed handle (the router's, the dispatcher's and each chunk's experts'
+// activations, by name); backward mirrors forward and adds the aux-loss and z-loss gradients
+// into the router's, scaled by ctx.loss_scale(). Experts and whole ranks that receive no tokens
+// are ordinary cases: their GEMMs are skipped and their collectives still run, so every rank of ep
+// and etp makes the same calls.
 //
-// Parameters: router.weight [E, d] (dense; replicated over tp, reduce_over_tp with sequence
-// parallelism), experts.fc.weight [E/ep, F/etp, d], experts.up.weight (SwiGLU), experts.proj.weight
-// [E/ep, d, F/etp]: expert parameters (is_expert), whose gradients data parallelism reduces over
-// edp, each the exact slice (experts, then rows or columns) of the [E, F, d] / [E, d, F] draw, so
-// every layout holds the same model. The auxiliary-loss-free bias is state, not a parameter:
-// balance_bias() and set_balance_bias() (checkpoints save it).
+// Parameters, in this order: router.weight [E, d] (Router), experts.fc.weight, experts.up.weight
+// (SwiGLU), experts.proj.weight (Experts: expert parameters, whose gradients data parallelism
+// reduces over edp), shared.* (the shared MLP). The auxiliary-loss-free bias is state, not a
+// parameter: balance_bias() and set_balance_bias() (checkpoints save it).
 //
 // Statistics: every forward adds this microbatch's expert load, drops, aux loss and z loss to the
 // layer's step counters (not when recomputing or evaluating: nn::Context::counts_statistics);
@@ -49,12 +48,15 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "quintet/collectives/communicator.hpp"
 #include "quintet/nn/layer_kinds.hpp"
 #include "quintet/nn/module.hpp"
+#include "quintet/parallel/expert/experts.hpp"
 #include "quintet/parallel/expert/router.hpp"
+#include "quintet/parallel/expert/token_dispatcher.hpp"
 #include "quintet/parallel/tensor/mlp.hpp"
 
 namespace quintet::expert {
@@ -86,19 +88,6 @@ struct MoEOptions {
   int overlap_chunks = 1;
 };
 
-// A step's statistics of one or more MoE layers, summed over the ranks that ran them.
-struct MoEStats {
-  std::vector<double> load;  // kept assignments per expert (layers concatenated)
-  double assignments = 0.0;  // routed assignments (tokens x k), dropped included
-  double dropped = 0.0;      // assignments dropped by the capacity
-  double aux_loss = 0.0;     // mean over microbatches and ranks (coefficient included)
-  double z_loss = 0.0;       // the same
-  double min_load() const;
-  double mean_load() const;
-  double max_load() const;
-  double dropped_fraction() const { return assignments > 0 ? dropped / assignments : 0.0; }
-};
-
 class MoELayer : public nn::Module {
  public:
   // Throws InvalidArgument (before any communication) for a bad router config, experts not
@@ -108,10 +97,14 @@ class MoELayer : public nn::Module {
   Tensor backward(nn::Context& ctx, const Tensor& dy) override;
 
   const MoEOptions& options() const { return options_; }
-  std::int64_t local_experts() const { return local_experts_; }
+  std::int64_t local_experts() const { return experts_->local_experts(); }
+  // The three parts.
+  const Router& router() const { return *router_; }
+  const TokenDispatcher& dispatcher() const { return *dispatcher_; }
+  const Experts& experts() const { return *experts_; }
   // The balancing bias [E] f32 (zero without bias_rate), the same on every rank.
-  const Tensor& balance_bias() const { return bias_; }
-  void set_balance_bias(const std::vector<float>& values);
+  const Tensor& balance_bias() const { return router_->balance_bias(); }
+  void set_balance_bias(const std::vector<float>& values) { router_->set_balance_bias(values); }
 
   // Sums this step's counters over `stage` (every rank of the pipeline stage: Axis::tp_dp_cp of
   // the dense layout, collective; on stream, the host waits), updates the balancing bias when
@@ -122,47 +115,26 @@ class MoELayer : public nn::Module {
 
   // The end of a step in two halves, for reducing many layers' counters at once:
   // counters_size() values, [load (E), assignments, dropped, aux sum, z sum, microbatches].
-  std::int64_t counters_size() const { return options_.router.experts + 5; }
+  std::int64_t counters_size() const { return router_->counters_size(); }
   // Ends this step's counting: appends the counters to host with the aux and z sums as 0, and
   // returns those sums ([2] f64 on the layer's device, to be put at offsets E + 2 and E + 3;
   // undefined when no forward counted them). The next step counts from zero. No host
   // synchronisation.
-  Tensor take_counters(std::vector<double>& host);
+  Tensor take_counters(std::vector<double>& host) { return router_->take_counters(host); }
   // From the counters summed over stage (counters_size() values, in take_counters' order): the
   // step's statistics; moves the balancing bias when bias_rate > 0 (its device copy on stream)
   // and warns about idle experts (on the stage's rank 0). Local.
-  MoEStats finish_step(const double* summed, const Communicator& stage, const Stream& stream);
+  MoEStats finish_step(const double* summed, const Communicator& stage, const Stream& stream) {
+    return router_->finish_step(summed, stage, stream);
+  }
 
  private:
-  MoEGroups groups_;
   std::int64_t dim_;
   MoEOptions options_;
-  std::int64_t local_experts_;
-  std::int64_t first_expert_;
-  nn::Parameter* router_;
-  nn::Parameter* fc_;
-  nn::Parameter* up_ = nullptr;
-  nn::Parameter* proj_;
+  std::optional<Router> router_;
+  std::optional<Experts> experts_;
+  std::optional<TokenDispatcher> dispatcher_;
   ParallelMLP* shared_ = nullptr;
-  Tensor bias_;         // [E] f32 on the CPU: the master copy
-  Tensor bias_device_;  // its copy on the GPU the layer runs on (undefined until needed)
-  // This step's counters: load per expert, assignments, dropped and microbatches on the host; the
-  // sums of the aux and z losses [2] f64 on the layer's device.
-  std::vector<double> load_;
-  double assignments_ = 0.0, dropped_ = 0.0, microbatches_ = 0.0;
-  Tensor sums_;
-  // Consecutive finished steps in which each expert received no token, and whether the layer has
-  // warned about it.
-  std::vector<std::int64_t> idle_steps_;
-  bool warned_idle_ = false;
-
-  void check_idle_experts(const MoEStats& step, const Communicator& stage);
-
-  const Tensor& device_bias(const Device& device, const Stream& stream);
-  // The chunks of this layer's exchanges: overlap_chunks with ep > 1, else 1.
-  int chunks() const {
-    return groups_.ep != nullptr && groups_.ep->size() > 1 ? options_.overlap_chunks : 1;
-  }
 };
 
 // The step counters of every layer in layers (take_counters) in one f64 tensor on stream's device,

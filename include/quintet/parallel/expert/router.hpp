@@ -1,6 +1,10 @@
-// The router of a mixture-of-experts layer (parallel/expert/router.cpp): which experts each token
-// goes to, with which combine weights, and the load-balancing terms. Pure functions on f32 tensors
-// (T tokens, E experts, k experts per token); the MoE layer (moe_layer.hpp) calls them.
+// The router of a mixture-of-experts layer: which experts each token goes to, with which combine
+// weights, and the load-balancing terms. Two levels:
+//   - pure functions on f32 tensors (T tokens, E experts, k experts per token), in
+//     parallel/expert/router.cpp: route, the aux and z losses, their gradients, the bias update;
+//   - class Router (parallel/expert/router_layer.cpp, at the end of this header), the MoE layer's
+//     routing part, composed by MoELayer (moe_layer.hpp) with its TokenDispatcher and Experts: it
+//     owns the router's weight, the balancing bias and the step's statistics, and calls them.
 // Device-generic: CPU tensors are computed in place, CUDA tensors by kernels queued on `stream`
 // (parallel/expert/cuda/moe_kernels.cu) without a host synchronisation, except where a function
 // returns a host value (expert_load, aux_loss, z_loss: those wait).
@@ -30,8 +34,10 @@
 #include <string_view>
 #include <vector>
 
+#include "quintet/collectives/communicator.hpp"
 #include "quintet/core/stream.hpp"
 #include "quintet/core/tensor.hpp"
+#include "quintet/nn/module.hpp"
 
 namespace quintet::expert {
 
@@ -119,5 +125,94 @@ void add_z_loss_grad(const Tensor& logits, const RouterConfig& config, float sca
 // One step of auxiliary-loss-free balancing: bias_e += rate * sign(mean(load) - load_e), with
 // load the kept assignments per expert over the step (summed over every rank). bias [E] f32 CPU.
 void update_balance_bias(const Tensor& bias, const std::vector<double>& load, float rate);
+
+// A step's statistics of one or more MoE layers, summed over the ranks that ran them.
+struct MoEStats {
+  std::vector<double> load;  // kept assignments per expert (layers concatenated)
+  double assignments = 0.0;  // routed assignments (tokens x k), dropped included
+  double dropped = 0.0;      // assignments dropped by the capacity
+  double aux_loss = 0.0;     // mean over microbatches and ranks (coefficient included)
+  double z_loss = 0.0;       // the same
+  double min_load() const;
+  double mean_load() const;
+  double max_load() const;
+  double dropped_fraction() const { return assignments > 0 ? dropped / assignments : 0.0; }
+};
+
+// One forward's routing, for its backward.
+struct RouterHandle {
+  Tensor x;                     // [T, d]: the layer's input rows
+  Tensor logits;                // [T, E] f32
+  Routing routing;              // scores, experts, weights, kept of the T tokens
+  Tensor aux_counts;            // [sequences, E] f32: the aux loss's counts (undefined without)
+  std::int64_t seq_tokens = 0;  // tokens of a whole sequence (over sp's tp ranks and cp)
+};
+
+// The MoE layer's routing part. Forward: logits = x · weightᵀ in f32, route() with the balancing
+// bias when bias_rate > 0, the aux loss's per-sequence statistics summed over the ranks holding
+// parts of a sequence (tp with sequence parallelism, cp), and this microbatch's aux and z losses
+// added to the step's sums (not when recomputing or evaluating: nn::Context::counts_statistics;
+// an evaluation, nn::Context::forward_only, skips the aux statistics' all-reduces). Backward: from
+// d(weights), through the renormalisation and the scores, plus the aux-loss and z-loss gradients
+// scaled by ctx.loss_scale() (the aux loss over each whole sequence; the z loss over the tokens):
+// the weight's gradient (accumulated) and the router's part of d(x).
+//
+// Statistics: count() adds a microbatch's load and drops to the step's counters;
+// take_counters() / finish_step() (MoELayer's, see moe_layer.hpp) end a step: the balancing bias
+// moves by the step's load, and an expert idle for idle_warning_steps steps is warned about once
+// (log::warn on the stage's first rank, naming the layer and the idle experts).
+class Router {
+ public:
+  // Declares "router.weight" [E, d] through add (dense; replicated over tp, reduce_over_tp with
+  // sequence parallelism). tp is required (one rank for none), cp may be null. The config is the
+  // owner's to check (MoELayer's constructor).
+  Router(const nn::AddParameter& add, Communicator& tp, Communicator* cp, std::int64_t dim,
+         const RouterConfig& config, bool sequence_parallel, float init_std);
+
+  const RouterConfig& config() const { return config_; }
+  nn::Parameter* weight() const { return weight_; }
+  // The balancing bias [E] f32 (zero without bias_rate), the same on every rank.
+  const Tensor& balance_bias() const { return bias_; }
+  void set_balance_bias(const std::vector<float>& values);
+
+  // x [T, d] of `sequences` sequences (their tokens on this rank) -> the routing of its tokens.
+  RouterHandle forward(nn::Context& ctx, const Tensor& x, std::int64_t sequences);
+  // d(weights) [T, k] f32 of the forward that filled h -> the router's part of d(x), [T, d] f32;
+  // accumulates the weight's gradient.
+  Tensor backward(nn::Context& ctx, const RouterHandle& h, const Tensor& dweights);
+
+  // Adds a microbatch to the step's counters: kept assignments per expert (E values), the
+  // routed assignments and the dropped ones.
+  void count(const std::vector<std::int64_t>& load, std::int64_t assignments, std::int64_t dropped);
+  // counters_size() values, [load (E), assignments, dropped, aux sum, z sum, microbatches].
+  std::int64_t counters_size() const { return config_.experts + 5; }
+  // Appends the counters to host with the aux and z sums as 0 and returns those sums ([2] f64 on
+  // the device, undefined when no forward counted them); the next step counts from zero.
+  Tensor take_counters(std::vector<double>& host);
+  // From the counters summed over stage: the step's statistics; moves the balancing bias and
+  // warns about idle experts (on the stage's rank 0).
+  MoEStats finish_step(const double* summed, const Communicator& stage, const Stream& stream);
+
+ private:
+  Communicator* tp_;
+  Communicator* cp_;
+  RouterConfig config_;
+  bool sequence_parallel_;
+  nn::Parameter* weight_;
+  Tensor bias_;         // [E] f32 on the CPU: the master copy
+  Tensor bias_device_;  // its copy on the GPU the layer runs on (undefined until needed)
+  // This step's counters: load per expert, assignments, dropped and microbatches on the host; the
+  // sums of the aux and z losses [2] f64 on the layer's device.
+  std::vector<double> load_;
+  double assignments_ = 0.0, dropped_ = 0.0, microbatches_ = 0.0;
+  Tensor sums_;
+  // Consecutive finished steps in which each expert received no token, and whether the layer has
+  // warned about it.
+  std::vector<std::int64_t> idle_steps_;
+  bool warned_idle_ = false;
+
+  const Tensor& device_bias(const Device& device, const Stream& stream);
+  void check_idle_experts(const MoEStats& step, const Communicator& stage);
+};
 
 }  // namespace quintet::expert

@@ -1,0 +1,107 @@
+// The token dispatcher of an MoE layer (parallel/expert/token_dispatcher.cpp): takes the routed
+// tokens of a rank to the ranks that hold their experts and brings the experts' outputs back,
+// combined per token by the router's weights. MoELayer (moe_layer.hpp) composes it with its
+// Router (router.hpp) and its Experts (experts.hpp); the pieces it drives are permute.hpp (the
+// permutation and the weighted combine) and dispatch.hpp (the count exchange and the rows'
+// all-to-all over ep, all-gather / reduce-scatter over etp).
+//
+// Forward, for the T tokens x [T, d] of the layer on this rank and their routing [T, k]:
+//   1. the tokens this rank dispatches: all T, or without sequence parallelism and tp > 1 its
+//      1/tp of them (T must divide: check_tokens);
+//   2. in `chunks` near-equal consecutive chunks of those, each chunk's kept assignments permuted
+//      by expert (then token, then choice), one count exchange for every chunk (the host waits
+//      for it: the counts size the row exchange), the sorted rows gathered;
+//   3. chunk by chunk: chunk c + 1's rows travel while chunk c's experts run (the caller's
+//      ExpertsForward, on the rows in expert-major order), and chunk c's results travel back
+//      during chunk c + 1's;
+//   4. back on this rank: the weighted sum per token (un-permutation and combine), and without
+//      sequence parallelism an all-gather over tp, so y is the same on every tp rank.
+// What backward needs is returned in a DispatchHandle. backward mirrors forward: the combine's
+// backward (d(rows) and d(weights)), the gradients' exchange chunk by chunk around the caller's
+// ExpertsBackward, the un-permutation (each token sums its rows' gradients), the all-gathers.
+// Collective over tp (when it splits the tokens), ep and etp: every rank calls forward and
+// backward, also with no rows to send or receive. Not thread-safe; the communicators must outlive
+// the dispatcher.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "quintet/collectives/communicator.hpp"
+#include "quintet/core/stream.hpp"
+#include "quintet/core/tensor.hpp"
+#include "quintet/parallel/expert/dispatch.hpp"
+#include "quintet/parallel/expert/router.hpp"
+
+namespace quintet::expert {
+
+// One forward's dispatch, for its backward.
+struct DispatchHandle {
+  std::int64_t tokens = 0;            // T: the layer's tokens on this rank
+  std::int64_t first = 0, count = 0;  // the tokens this rank dispatches: [first, first + count)
+  Tensor weights;                     // [count, k] f32: their combine weights
+  struct Chunk {
+    std::int64_t first = 0, count = 0;  // its tokens, among the dispatched ones
+    ExchangePlan plan;                  // its exchange's row counts
+    Tensor slot;      // [count, k] i32: each assignment's sorted row (-1: dropped)
+    Tensor returned;  // [plan.send_rows(), d]: the experts' outputs, sorted
+  };
+  std::vector<Chunk> chunks;
+
+  // Kept assignments per expert [E] (the sent rows, summed over the chunks).
+  std::vector<std::int64_t> load() const;
+  std::int64_t sent_rows() const;
+};
+
+// The experts' part of a chunk: rows [n, d] in expert-major order, counts[le] rows for local
+// expert le -> their outputs [n, d] (forward); their gradients -> the rows' (backward).
+using ExpertsForward =
+    std::function<Tensor(int chunk, const Tensor& rows, std::vector<std::int64_t> counts)>;
+using ExpertsBackward = std::function<Tensor(int chunk, const Tensor& drows, const Stream& stream)>;
+// Runs body (the experts' backward over every chunk) with the experts' weight gradients at hand:
+// the caller's nn::accumulate_gradients around it.
+using ExpertGradientScope = std::function<void(const std::function<void(const Stream&)>& body)>;
+
+// The gradients backward returns.
+struct DispatchGrads {
+  Tensor dx;        // [T, d]
+  Tensor dweights;  // [T, k] f32: of the combine weights
+};
+
+struct TokenDispatcherConfig {
+  std::int64_t experts = 1;        // E
+  std::int64_t local_experts = 1;  // E / ep
+  bool sequence_parallel = false;
+  int chunks = 1;  // the exchanges' chunks (1 without an ep exchange)
+};
+
+class TokenDispatcher {
+ public:
+  // tp is required (a one-rank one for none); ep and etp may be null (one rank).
+  TokenDispatcher(Communicator& tp, Communicator* ep, Communicator* etp,
+                  const TokenDispatcherConfig& config);
+
+  const TokenDispatcherConfig& config() const { return config_; }
+  // Throws InvalidArgument when this rank's share of batch x seq tokens is not whole (without
+  // sequence parallelism the tp ranks split them). Local: call it before any communication.
+  void check_tokens(std::int64_t batch, std::int64_t seq) const;
+
+  // x [T, d] and its routing (experts, weights, kept [T, k]) -> y [T, d]; fills handle.
+  Tensor forward(const Tensor& x, const Routing& routing, const ExpertsForward& experts,
+                 DispatchHandle& handle, const Stream& stream) const;
+  // dy [T, d] of the forward that filled handle -> d(x) through the experts, d(weights).
+  DispatchGrads backward(const Tensor& dy, const DispatchHandle& handle,
+                         const ExpertsBackward& experts, const ExpertGradientScope& scope,
+                         const Stream& stream) const;
+
+ private:
+  Communicator* tp_;
+  Communicator* ep_;
+  Communicator* etp_;
+  TokenDispatcherConfig config_;
+
+  bool splits_tokens() const;
+};
+
+}  // namespace quintet::expert

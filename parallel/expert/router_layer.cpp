@@ -1,0 +1,190 @@
+// The MoE layer's routing part (class Router of quintet/parallel/expert/router.hpp): the router's
+// weight, the balancing bias, the step's statistics, around router.cpp's functions.
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <numeric>
+#include <string>
+#include <utility>
+
+#include "quintet/core/log.hpp"
+#include "quintet/nn/ops.hpp"
+#include "quintet/parallel/expert/router.hpp"
+
+namespace quintet::expert {
+
+namespace {
+
+int size_of(Communicator* c) { return c != nullptr ? c->size() : 1; }
+
+void all_reduce_sum(const Tensor& t, Communicator* c, const Stream& s) {
+  if (size_of(c) > 1) c->all_reduce(t, t, ReduceOp::sum, s).wait(s);
+}
+
+}  // namespace
+
+double MoEStats::min_load() const {
+  return load.empty() ? 0.0 : *std::min_element(load.begin(), load.end());
+}
+double MoEStats::max_load() const {
+  return load.empty() ? 0.0 : *std::max_element(load.begin(), load.end());
+}
+double MoEStats::mean_load() const {
+  return load.empty()
+             ? 0.0
+             : std::accumulate(load.begin(), load.end(), 0.0) / static_cast<double>(load.size());
+}
+
+Router::Router(const nn::AddParameter& add, Communicator& tp, Communicator* cp, std::int64_t dim,
+               const RouterConfig& config, bool sequence_parallel, float init_std)
+    : tp_(&tp), cp_(cp), config_(config), sequence_parallel_(sequence_parallel) {
+  nn::ParameterAttributes attrs;
+  attrs.reduce_over_tp = sequence_parallel;
+  weight_ =
+      &add("router.weight", {config.experts, dim}, nn::ParameterInit::normal(init_std), attrs);
+  bias_ = Tensor::zeros({config.experts}, DType::f32);
+  load_.assign(static_cast<std::size_t>(config.experts), 0.0);
+  idle_steps_.assign(static_cast<std::size_t>(config.experts), 0);
+}
+
+void Router::set_balance_bias(const std::vector<float>& values) {
+  QUINTET_CHECK(static_cast<std::int64_t>(values.size()) == config_.experts,
+                "MoELayer::set_balance_bias: {} values for {} experts", values.size(),
+                config_.experts);
+  bias_ = Tensor::from_vector(values, {config_.experts});
+  bias_device_ = Tensor();  // uploaded again by the next forward on a GPU
+}
+
+const Tensor& Router::device_bias(const Device& device, const Stream& stream) {
+  if (device.is_cpu()) return bias_;
+  if (!bias_device_.defined() || bias_device_.device() != device) {
+    bias_device_ = bias_.to(device, stream);
+  }
+  return bias_device_;
+}
+
+RouterHandle Router::forward(nn::Context& ctx, const Tensor& x, std::int64_t sequences) {
+  const Stream& s = ctx.stream();
+  const RouterConfig& rc = config_;
+  const Device dev = x.device();
+  if (!sums_.defined() || sums_.device() != dev) {
+    sums_ = Tensor::empty({2}, DType::f64, dev, s);
+    sums_.fill_(0.0, s);
+  }
+  RouterHandle h;
+  h.x = x;
+  const Tensor xf = nn::cast(x, DType::f32, s);
+  h.logits = nn::linear_forward(xf, nn::cast(weight_->use(s), DType::f32, s), Tensor(), s);
+  h.routing = route(h.logits, rc.bias_rate > 0.0f ? device_bias(dev, s) : Tensor(), rc, s);
+  // The aux loss's per-sequence statistics, summed over the ranks holding parts of a sequence
+  // (an evaluation, with no backward and nothing counted, needs none).
+  h.seq_tokens = x.size(0) / sequences * (sequence_parallel_ ? tp_->size() : 1) * size_of(cp_);
+  if (rc.aux_loss_coeff > 0.0f && !ctx.forward_only()) {
+    AuxStats st = aux_stats(h.routing, sequences, s);
+    if (sequence_parallel_) {
+      all_reduce_sum(st.counts, tp_, s);
+      all_reduce_sum(st.prob_sum, tp_, s);
+    }
+    all_reduce_sum(st.counts, cp_, s);
+    all_reduce_sum(st.prob_sum, cp_, s);
+    if (ctx.counts_statistics())
+      accumulate_aux_loss(st, h.seq_tokens, rc, sums_.narrow(0, 0, 1), s);
+    h.aux_counts = st.counts;
+  }
+  if (rc.z_loss_coeff > 0.0f && ctx.counts_statistics()) {
+    accumulate_z_loss(h.logits, rc, sums_.narrow(0, 1, 1), s);
+  }
+  return h;
+}
+
+Tensor Router::backward(nn::Context& ctx, const RouterHandle& h, const Tensor& dweights) {
+  const Stream& s = ctx.stream();
+  const RouterConfig& rc = config_;
+  Tensor dprobs = weights_backward(h.routing, dweights, rc, s);
+  if (rc.aux_loss_coeff > 0.0f) {
+    // The aux loss spans each whole sequence; data parallelism averages the router's gradient
+    // over cp, so each cp rank's part counts cp times.
+    const AuxStats st{h.aux_counts, Tensor()};
+    add_aux_loss_grad(st, h.seq_tokens, rc, ctx.loss_scale() * static_cast<float>(size_of(cp_)),
+                      dprobs, s);
+  }
+  Tensor dlogits = scores_backward(h.routing.probs, dprobs, rc.score, s);
+  if (rc.z_loss_coeff > 0.0f) {
+    const double tokens = static_cast<double>(h.x.size(0)) * (sequence_parallel_ ? tp_->size() : 1);
+    add_z_loss_grad(h.logits, rc, static_cast<float>(ctx.loss_scale() / tokens), dlogits, s);
+  }
+  // The weight's gradient in its gradient's dtype: f32 (bf16 and f32 layers), f64 (f64 layers).
+  const DType gdt = nn::accum_dtype(h.x.dtype());
+  const Tensor xg = nn::cast(h.x, gdt, s), dlogits_g = nn::cast(dlogits, gdt, s);
+  nn::accumulate_gradients(
+      ctx, {weight_},
+      [&](const std::vector<Tensor>& g, const Stream& st) {
+        nn::linear_backward_weight(dlogits_g, xg, g[0], Tensor(), st);
+      },
+      nn::GradTiming::now);
+  return nn::linear_backward_input(dlogits, nn::cast(weight_->data(), DType::f32, s), s);
+}
+
+void Router::count(const std::vector<std::int64_t>& load, std::int64_t assignments,
+                   std::int64_t dropped) {
+  for (std::size_t e = 0; e < load.size(); ++e) load_[e] += static_cast<double>(load[e]);
+  assignments_ += static_cast<double>(assignments);
+  dropped_ += static_cast<double>(dropped);
+  microbatches_ += 1.0;
+}
+
+Tensor Router::take_counters(std::vector<double>& host) {
+  host.insert(host.end(), load_.begin(), load_.end());
+  host.insert(host.end(), {assignments_, dropped_, 0.0, 0.0, microbatches_});
+  std::fill(load_.begin(), load_.end(), 0.0);
+  assignments_ = dropped_ = microbatches_ = 0.0;
+  return std::exchange(sums_, Tensor());  // the next forward starts a zeroed one
+}
+
+MoEStats Router::finish_step(const double* summed, const Communicator& stage,
+                             const Stream& stream) {
+  const std::int64_t E = config_.experts;
+  MoEStats out;
+  out.load.assign(summed, summed + E);
+  out.assignments = summed[E];
+  out.dropped = summed[E + 1];
+  const double mbs = summed[E + 4];
+  out.aux_loss = mbs > 0 ? summed[E + 2] / mbs : 0.0;
+  out.z_loss = mbs > 0 ? summed[E + 3] / mbs : 0.0;
+  if (config_.bias_rate > 0.0f) {
+    update_balance_bias(bias_, out.load, config_.bias_rate);
+    // The next step's routing reads the new bias; uploading it here keeps forward free of copies.
+    if (bias_device_.defined()) bias_device_ = bias_.to(bias_device_.device(), stream);
+  }
+  check_idle_experts(out, stage);
+  return out;
+}
+
+void Router::check_idle_experts(const MoEStats& step, const Communicator& stage) {
+  const RouterConfig& rc = config_;
+  std::vector<std::int64_t> idle;
+  for (std::size_t e = 0; e < idle_steps_.size(); ++e) {
+    idle_steps_[e] = step.load[e] == 0.0 ? idle_steps_[e] + 1 : 0;
+    if (rc.idle_warning_steps > 0 && idle_steps_[e] >= rc.idle_warning_steps) {
+      idle.push_back(static_cast<std::int64_t>(e));
+    }
+  }
+  if (idle.empty() || warned_idle_) return;
+  warned_idle_ = true;  // on every rank of the stage: they all hold the same load
+  if (stage.rank() != 0) return;
+  // The layer's name from its weight's (the store names it, e.g. "block0.mlp.router.weight").
+  std::string name = weight_->name();
+  const std::string suffix = "router.weight";
+  name = name.size() > suffix.size() ? name.substr(0, name.size() - suffix.size() - 1) : "";
+  log::warn(
+      "MoE layer{}{}: expert{} {} received no token in the last {} steps (this step's tokens "
+      "per expert: min {}, mean {}, max {}): routing has collapsed onto the other experts, which "
+      "then learn alone. Turn on or raise load balancing: RouterConfig aux_loss_coeff (now {}, "
+      "--aux-loss-coeff) or bias_rate (now {}, --aux-free-bias-rate). Said once per layer; "
+      "RouterConfig::idle_warning_steps sets after how many steps (0: never).",
+      name.empty() ? "" : " ", name, idle.size() > 1 ? "s" : "", fmt::join(idle, ", "),
+      rc.idle_warning_steps, step.min_load(), step.mean_load(), step.max_load(), rc.aux_loss_coeff,
+      rc.bias_rate);
+}
+
+}  // namespace quintet::expert

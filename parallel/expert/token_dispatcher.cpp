@@ -1,0 +1,194 @@
+// The MoE token dispatcher (quintet/parallel/expert/token_dispatcher.hpp): permutation, count
+// exchange, the chunked row exchange around the experts, un-permutation and combine.
+#include "quintet/parallel/expert/token_dispatcher.hpp"
+
+#include <utility>
+
+#include "quintet/core/error.hpp"
+#include "quintet/nn/ops.hpp"
+#include "quintet/parallel/expert/permute.hpp"
+#include "quintet/parallel/overlap/chunk_pipeline.hpp"
+
+namespace quintet::expert {
+
+namespace {
+
+// [n, cols] on this tp rank -> [tp * n, cols], the ranks' blocks in order.
+Tensor all_gather_rows(const Tensor& part, Communicator& tp, const Stream& s) {
+  if (tp.size() == 1) return part;
+  Shape shape = part.shape();
+  shape[0] *= tp.size();
+  Tensor out = Tensor::empty(shape, part.dtype(), part.device(), s);
+  tp.all_gather(part.contiguous(s), out, s).wait(s);
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::int64_t> DispatchHandle::load() const {
+  std::vector<std::int64_t> out;
+  for (const Chunk& c : chunks) {
+    if (out.empty()) out.assign(c.plan.send.size(), 0);
+    for (std::size_t e = 0; e < out.size(); ++e) out[e] += c.plan.send[e];
+  }
+  return out;
+}
+
+std::int64_t DispatchHandle::sent_rows() const {
+  std::int64_t n = 0;
+  for (const Chunk& c : chunks) n += c.plan.send_rows();
+  return n;
+}
+
+TokenDispatcher::TokenDispatcher(Communicator& tp, Communicator* ep, Communicator* etp,
+                                 const TokenDispatcherConfig& config)
+    : tp_(&tp), ep_(ep), etp_(etp), config_(config) {}
+
+bool TokenDispatcher::splits_tokens() const {
+  return !config_.sequence_parallel && tp_->size() > 1;
+}
+
+void TokenDispatcher::check_tokens(std::int64_t batch, std::int64_t seq) const {
+  const int tpn = tp_->size();
+  QUINTET_CHECK(!splits_tokens() || (batch * seq) % tpn == 0,
+                "MoELayer: without sequence parallelism each of the tp = {} ranks dispatches 1/tp "
+                "of the batch's tokens, and {} tokens (batch {} x seq {}) do not divide; use "
+                "sequence parallelism or a batch whose tokens divide by tp",
+                tpn, batch * seq, batch, seq);
+}
+
+Tensor TokenDispatcher::forward(const Tensor& x, const Routing& r, const ExpertsForward& experts,
+                                DispatchHandle& h, const Stream& s) const {
+  const std::int64_t E = config_.experts, T = x.size(0), d = x.size(1);
+  const int tpn = tp_->size(), C = config_.chunks;
+  const Device dev = x.device();
+  h.tokens = T;
+  h.first = splits_tokens() ? tp_->rank() * (T / tpn) : 0;
+  h.count = splits_tokens() ? T / tpn : T;
+  h.weights = r.weights.narrow(0, h.first, h.count);
+  h.chunks.assign(static_cast<std::size_t>(C), DispatchHandle::Chunk{});
+  const Tensor experts_own = r.experts.narrow(0, h.first, h.count);
+  const Tensor kept_own = r.kept.narrow(0, h.first, h.count);
+  const Tensor x_own = x.narrow(0, h.first, h.count);
+
+  // Per chunk, its kept assignments permuted by expert (then token, then choice); one count
+  // exchange for all chunks (the host waits for it).
+  std::vector<Permutation> perms;
+  Tensor counts = Tensor::empty({C * E}, DType::i64, dev, s);
+  for (int c = 0; c < C; ++c) {
+    DispatchHandle::Chunk& ch = h.chunks[static_cast<std::size_t>(c)];
+    ch.first = h.count * c / C;
+    ch.count = h.count * (c + 1) / C - ch.first;
+    perms.push_back(permute(experts_own.narrow(0, ch.first, ch.count).contiguous(s),
+                            kept_own.narrow(0, ch.first, ch.count).contiguous(s), E, s));
+    counts.narrow(0, c * E, E).copy_(perms.back().counts, s);
+    ch.slot = perms.back().slot;
+  }
+  const std::vector<ExchangePlan> plans =
+      plan_exchange(counts, C, config_.local_experts, ep_, etp_, s);
+  std::vector<Tensor> sorted;
+  for (int c = 0; c < C; ++c) {
+    DispatchHandle::Chunk& ch = h.chunks[static_cast<std::size_t>(c)];
+    ch.plan = plans[static_cast<std::size_t>(c)];
+    sorted.push_back(ch.count == 0
+                         ? Tensor::empty({0, d}, x.dtype(), dev, s)
+                         : nn::embedding_forward(perms[c].rows_of.narrow(0, 0, ch.plan.send_rows()),
+                                                 x_own.narrow(0, ch.first, ch.count), s));
+  }
+
+  // Chunk by chunk: chunk c + 1's rows travel while chunk c's experts run, and chunk c's
+  // results travel back during chunk c + 1's.
+  std::vector<PendingRows> coming(static_cast<std::size_t>(C)), back(coming.size());
+  std::vector<Tensor> outputs(coming.size());
+  Tensor out_own = Tensor::empty({h.count, d}, x.dtype(), dev, s);
+  ChunkStages stages;  // lookahead 1: chunk c + 1's dispatch is issued before chunk c's experts
+  stages.bring = [&](int c) {
+    const auto i = static_cast<std::size_t>(c);
+    coming[i] = start_dispatch(sorted[i], h.chunks[i].plan, ep_, s);
+    return coming[i].work;
+  };
+  stages.compute = [&](int c) {
+    const auto i = static_cast<std::size_t>(c);
+    const ExchangePlan& plan = h.chunks[i].plan;
+    const Tensor rows = finish_dispatch(coming[i], plan, etp_, s);
+    std::vector<std::int64_t> per_expert;
+    for (std::int64_t le = 0; le < config_.local_experts; ++le) {
+      per_expert.push_back(plan.expert_rows(le));
+    }
+    outputs[i] = experts(c, rows, std::move(per_expert));
+  };
+  stages.send = [&](int c) {
+    const auto i = static_cast<std::size_t>(c);
+    back[i] = start_return(outputs[i], h.chunks[i].plan, ep_, etp_, s);
+    return back[i].work;
+  };
+  // Back on the tokens' ranks: the weighted sum per token.
+  stages.arrived = [&](int c, const Stream& on) {
+    DispatchHandle::Chunk& ch = h.chunks[static_cast<std::size_t>(c)];
+    ch.returned = finish_return(back[static_cast<std::size_t>(c)], on);
+    out_own.narrow(0, ch.first, ch.count)
+        .copy_(combine_rows(ch.returned, ch.slot,
+                            h.weights.narrow(0, ch.first, ch.count).contiguous(on), on),
+               on);
+  };
+  ChunkPipeline::run(C, stages, s).finish(s);
+  return splits_tokens() ? all_gather_rows(out_own, *tp_, s) : out_own;
+}
+
+DispatchGrads TokenDispatcher::backward(const Tensor& dy, const DispatchHandle& h,
+                                        const ExpertsBackward& experts,
+                                        const ExpertGradientScope& scope, const Stream& s) const {
+  const std::int64_t d = dy.size(1), k = h.weights.size(1);
+  const int C = static_cast<int>(h.chunks.size());
+  // The combine's backward per chunk: d(sorted outputs) and d(weights) of this rank's tokens.
+  const Tensor dy_own = dy.narrow(0, h.first, h.count);
+  Tensor dw_own = Tensor::empty({h.count, k}, DType::f32, dy.device(), s);
+  std::vector<Tensor> drows;
+  for (const DispatchHandle::Chunk& ch : h.chunks) {
+    CombineGrads cg =
+        combine_rows_backward(dy_own.narrow(0, ch.first, ch.count).contiguous(s), ch.returned,
+                              ch.slot, h.weights.narrow(0, ch.first, ch.count).contiguous(s), s);
+    dw_own.narrow(0, ch.first, ch.count).copy_(cg.dweights, s);
+    drows.push_back(std::move(cg.drows));
+  }
+
+  // The experts' backward on the rows they ran, chunk by chunk as in forward: the gradients of
+  // chunk c + 1 travel while chunk c's run.
+  std::vector<PendingRows> coming(static_cast<std::size_t>(C)), back(coming.size());
+  std::vector<Tensor> dinputs(coming.size());
+  Tensor dx_own = Tensor::empty({h.count, d}, dy.dtype(), dy.device(), s);
+  SentChunks returned;
+  scope([&](const Stream& st) {
+    ChunkStages stages;
+    stages.bring = [&](int c) {
+      const auto i = static_cast<std::size_t>(c);
+      coming[i] = start_dispatch(drows[i], h.chunks[i].plan, ep_, st);
+      return coming[i].work;
+    };
+    stages.compute = [&](int c) {
+      const auto i = static_cast<std::size_t>(c);
+      dinputs[i] = experts(c, finish_dispatch(coming[i], h.chunks[i].plan, etp_, st), st);
+    };
+    stages.send = [&](int c) {
+      const auto i = static_cast<std::size_t>(c);
+      back[i] = start_return(dinputs[i], h.chunks[i].plan, ep_, etp_, st);
+      return back[i].work;
+    };
+    // Un-permute: each token sums the gradients of its sorted rows.
+    stages.arrived = [&](int c, const Stream& on) {
+      const DispatchHandle::Chunk& ch = h.chunks[static_cast<std::size_t>(c)];
+      dx_own.narrow(0, ch.first, ch.count)
+          .copy_(combine_rows(finish_return(back[static_cast<std::size_t>(c)], on), ch.slot,
+                              Tensor(), on),
+                 on);
+    };
+    returned = ChunkPipeline::run(C, stages, st);
+  });
+  returned.finish(s);
+  DispatchGrads g;
+  g.dx = splits_tokens() ? all_gather_rows(dx_own, *tp_, s) : dx_own;
+  g.dweights = splits_tokens() ? all_gather_rows(dw_own, *tp_, s) : dw_own;
+  return g;
+}
+
+}  // namespace quintet::expert
