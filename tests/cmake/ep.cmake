@@ -6,5 +6,9 @@ quintet_unit_test(NAME ep_moe_reference_test COMPONENT ep SOURCES unit/ep_moe_re
 # The MoE traps: balancing on by default, the warning about idle experts.
 quintet_unit_test(NAME ep_moe_traps_test COMPONENT ep SOURCES unit/ep_moe_traps_test.cpp)
 quintet_mpi_test(NAME ep_moe_test COMPONENT ep RANKS 1 2 3 4 SOURCES mpi/ep_moe_test.cpp)
+# The MoE layer's three parts at ep 1..4, etp 2 and tp 2 (+sp) against the per-token f64
+# reference and its finite differences (dropless, capacity, skewed routing).
+quintet_mpi_test(NAME ep_moe_reference_layouts_test COMPONENT ep RANKS 1 2 3 4
+                 SOURCES mpi/ep_moe_reference_layouts_test.cpp)
 # The router and the MoE layer on one GPU against the CPU ones (f32 and bf16).
 quintet_gpu_test(NAME gpu_ep_moe_test COMPONENT ep SOURCES gpu/ep_moe_gpu_test.cpp)

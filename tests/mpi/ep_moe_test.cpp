@@ -24,6 +24,7 @@ using namespace quintet::expert;
 using tp_test::agreed;
 using tp_test::chunk;
 using tp_test::cpu_world;
+using tp_test::data_parallel_grad;
 using tp_test::require_close;
 using tp_test::shard_of;
 
@@ -39,17 +40,6 @@ struct Case {
   MoEOptions options;
   bool skew = false;  // the balancing bias sends every token to experts 0 and 1
 };
-
-Tensor grad_as_data_parallel_sees_it(const nn::Parameter& p, Mesh& mesh) {
-  Tensor g = p.grad().clone();
-  if (p.attributes().is_expert) {
-    mesh.comm(Axis::edp).all_reduce(g).wait();
-  } else {
-    if (p.attributes().reduce_over_tp) mesh.comm(Axis::tp).all_reduce(g).wait();
-    mesh.comm(Axis::dp).all_reduce(g).wait();
-  }
-  return g;
-}
 
 void run_case(World& world, const Case& c) {
   INFO("case " << c.name << " at " << world.size() << " ranks");
@@ -88,7 +78,7 @@ void run_case(World& world, const Case& c) {
   const Tensor dx = mine.backward(ctx, local(draw(200 + shard)));
   std::vector<std::pair<std::string, Tensor>> grads;
   for (const auto& [name, p] : mine.named_parameters()) {
-    grads.emplace_back(name, grad_as_data_parallel_sees_it(*p, mesh));
+    grads.emplace_back(name, data_parallel_grad(*p, mesh));
   }
   StderrCapture capture;
   const MoEStats stats = mine.finish_step(mesh.comm(Axis::tp_dp_cp));

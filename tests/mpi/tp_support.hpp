@@ -91,6 +91,19 @@ inline Tensor full_grad(const nn::Parameter& p, Communicator& tp) {
   return g;
 }
 
+// The gradient of p as data parallelism sees it on a mesh: expert parameters' summed over edp,
+// dense ones' over dp (and over tp when partial).
+inline Tensor data_parallel_grad(const nn::Parameter& p, Mesh& mesh) {
+  Tensor g = p.grad().clone();
+  if (p.attributes().is_expert) {
+    mesh.comm(Axis::edp).all_reduce(g).wait();
+  } else {
+    if (p.attributes().reduce_over_tp) mesh.comm(Axis::tp).all_reduce(g).wait();
+    mesh.comm(Axis::dp).all_reduce(g).wait();
+  }
+  return g;
+}
+
 // Every parameter of `sharded` has a parameter of the same name in `reference` whose matching
 // slice equals its values (same init) or, with grads = true, its gradient.
 // Values are compared within value_tol (absolute and relative; 0: exactly).

@@ -17,14 +17,13 @@
 
 #include "quintet/collectives/mpi.hpp"
 #include "quintet/nn/context.hpp"
-#include "quintet/nn/ops.hpp"
-#include "quintet/parallel/expert/moe_layer.hpp"
-#include "support/catch.hpp"
-#include "support/moe_reference.hpp"
-#include "unit/nn_gradcheck.hpp"
+#include "support/moe_reference_check.hpp"
 
 using namespace quintet;
 using namespace quintet::expert;
+using moe_ref::draw;
+using moe_ref::options_of;
+using moe_ref::require_close;
 
 namespace {
 
@@ -50,44 +49,6 @@ moe_ref::Config base(bool sigmoid, bool swiglu, std::int64_t k) {
   c.aux_coeff = 0.3;
   c.z_coeff = 0.05;
   return c;
-}
-
-MoEOptions options_of(const moe_ref::Config& c) {
-  MoEOptions o;
-  o.router = RouterConfig{.experts = c.experts,
-                          .top_k = static_cast<int>(c.top_k),
-                          .score = c.sigmoid ? RouterScore::sigmoid : RouterScore::softmax,
-                          .renormalize = c.renormalize,
-                          .capacity_factor = static_cast<float>(c.capacity_factor),
-                          .aux_loss_coeff = static_cast<float>(c.aux_coeff),
-                          .z_loss_coeff = static_cast<float>(c.z_coeff)};
-  o.expert_ffn = c.ffn;
-  o.activation = c.swiglu ? nn::Activation::swiglu : nn::Activation::gelu;
-  o.shared_experts = static_cast<int>(c.shared_width / c.ffn);
-  return o;
-}
-
-// A fresh normal draw of shape in dtype (the values the layer and the reference both use).
-Tensor draw(const Shape& shape, std::uint64_t seed, DType dtype, double scale) {
-  std::vector<double> v = Tensor::randn(shape, seed, DType::f64).to_vector<double>();
-  for (double& x : v) x *= scale;
-  return nn::cast(Tensor::from_vector(v, shape), dtype, kCpu);
-}
-
-// |actual - expected| <= tol * (|expected| + max |expected|) elementwise: relative to the tensor's
-// scale, so that small entries of a large gradient are not held to a tighter bound than f32
-// routing gives (and exactly zero where all of expected is).
-void require_close(const Tensor& actual, const std::vector<double>& expected, double tol,
-                   const std::string& what) {
-  INFO(what);
-  const std::vector<double> a = actual.to_vector<double>();
-  REQUIRE(a.size() == expected.size());
-  double scale = 0.0;
-  for (double e : expected) scale = std::max(scale, std::abs(e));
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    INFO("element " << i << ": " << a[i] << " vs " << expected[i]);
-    REQUIRE(std::abs(a[i] - expected[i]) <= tol * (std::abs(expected[i]) + scale));
-  }
 }
 
 void run_case(const Case& c, DType dtype, double tol) {
@@ -153,25 +114,10 @@ void run_case(const Case& c, DType dtype, double tol) {
   CHECK(stats.aux_loss == Approx(want.aux).epsilon(tol));
   CHECK(stats.z_loss == Approx(want.z).epsilon(tol));
 
-  // The reference's J, which must route every perturbed input as the unperturbed one (a finite
-  // difference across a change of experts or of drops would not be a derivative).
-  const auto loss = [&] {
-    const moe_ref::Result r = moe_ref::forward(rc, p, xv, kB);
-    REQUIRE(r.expert == want.expert);
-    REQUIRE(r.kept == want.kept);
-    double j = 0.0;
-    for (std::size_t i = 0; i < r.y.size(); ++i) j += r.y[i] * dyv[i];
-    return j + kLossScale * (r.aux + r.z);
-  };
-  // Central differences on the reference's own values, through a tensor over them.
-  const auto numeric_grad = [&](std::vector<double>& v) {
-    const Tensor view = Tensor::from_blob(v.data(), {static_cast<std::int64_t>(v.size())},
-                                          DType::f64, Device::cpu());
-    return nn_test::numeric_grad(loss, view, 1e-6).to_vector<double>();
-  };
-  require_close(dx, numeric_grad(xv), tol, "input gradient");
+  const moe_ref::Loss loss{rc, p, xv, dyv, kB, kLossScale};
+  require_close(dx, loss.grad(xv), tol, "input gradient");
   for (auto& [param, values] : params) {
-    require_close(param->grad(), numeric_grad(*values), tol, "gradient of " + param->name());
+    require_close(param->grad(), loss.grad(*values), tol, "gradient of " + param->name());
   }
 }
 
