@@ -108,6 +108,18 @@ std::vector<std::string> bias_names(const TrainingStage& s) {
 
 constexpr const char* kStateFields[] = {"master", "exp_avg", "exp_avg_sq"};
 
+// Delayed FP8 scaling's state, by the scale's global name ("block0.attn.qkv.fp8_x"): its amax
+// history [amax_history] (newest first) and its scale [1]. Current scaling keeps none.
+constexpr const char* kFp8History = "fp8_amax_history";
+constexpr const char* kFp8Scale = "fp8_scale";
+std::vector<std::pair<std::string, nn::Fp8TensorScale*>> delayed_fp8(const TrainingStage& s) {
+  std::vector<std::pair<std::string, nn::Fp8TensorScale*>> out;
+  for (auto& [name, f] : s.chunk->named_fp8_scales()) {
+    if (f->recipe().scaling == nn::Fp8Scaling::delayed) out.emplace_back(name, f);
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string run_identity(const TrainingModel& model, const data::DataLoader& loader) {
@@ -332,6 +344,15 @@ std::pair<std::vector<NamedTensor>, std::string> Checkpointer::snapshot(
         const Tensor& b = s.chunk->moe_layers()[i]->balance_bias();
         tensors.push_back({encode_piece_name({"value", names[i], {0}, b.shape()}), b});
       }
+      // FP8 delayed scaling's histories: the same on every rank of the stage (reduced each step).
+      for (const auto& [name, f] : delayed_fp8(s)) {
+        const std::vector<float>& h = f->history();
+        const Shape shape{static_cast<std::int64_t>(h.size())};
+        tensors.push_back(
+            {encode_piece_name({kFp8History, name, {0}, shape}), Tensor::from_vector(h, shape)});
+        tensors.push_back({encode_piece_name({kFp8Scale, name, {0}, {1}}),
+                           Tensor::from_vector(std::vector<float>{f->delayed_scale()}, {1})});
+      }
     }
   }
   const data::SamplerState position = loader.state();
@@ -494,6 +515,21 @@ std::optional<std::int64_t> Checkpointer::restore(TrainingModel& model, data::Da
         Tensor b = Tensor::empty(m->balance_bias().shape(), DType::f32);
         index.assemble("value", names[i], b.shape(), {0}, b, stream);
         m->set_balance_bias(b.to_vector<float>());
+      }
+      // FP8 delayed scaling continues from the saved histories; a checkpoint without them (of
+      // a run without delayed scaling) starts them afresh.
+      for (const auto& [name, f] : delayed_fp8(s)) {
+        const auto* pieces = index.find(kFp8History, name);
+        if (pieces == nullptr) continue;
+        const Shape shape{static_cast<std::int64_t>(f->history().size())};
+        QUINTET_CHECK(pieces->front().id.global_shape == shape,
+                      "Checkpointer::restore: {} holds an amax history of {} steps for {}, this "
+                      "run has --fp8-amax-history {}; resume with the same length",
+                      info->path, shape_str(pieces->front().id.global_shape), name, shape[0]);
+        Tensor h = Tensor::empty(shape, DType::f32), scale = Tensor::empty({1}, DType::f32);
+        index.assemble(kFp8History, name, shape, {0}, h, stream);
+        index.assemble(kFp8Scale, name, {1}, {0}, scale, stream);
+        f->set_state(h.to_vector<float>(), scale.to_vector<float>().at(0));
       }
     }
   });

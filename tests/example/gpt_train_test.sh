@@ -52,7 +52,8 @@
 #   fp8         --fp8 hybrid (current and delayed scaling): tp 2 + sp x pp 2 and tp 2 x pp 2 give
 #               the one-rank losses at each of 20 steps within 1e-4, step 1's gradient norm
 #               within 5e-4 (f32's is 1e-3 away), tp 2 x dp 2 (ZeRO-1) dp 2's; FP8's losses
-#               within 3% of f32's; bad FP8 flags refused, naming them
+#               within 3% of f32's; resuming delayed scaling continues bit for bit (at another
+#               layout within 1e-4), another history length refused; bad FP8 flags refused
 # Usage: gpt_train_test.sh TRAINER MPIEXEC WORKDIR CASE [mpirun flags...]
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -657,6 +658,18 @@ PY
     compare delayed_dp2 delayed_tp2_dp2 1 20 1e-4
     first_norms delayed_dp2 delayed_tp2_dp2
     compare plain delayed_one 1 20 0.03
+    # Resuming delayed scaling continues bit for bit (the amax histories are in the checkpoint),
+    # at another layout too (within 1e-4 as above); another history length is refused.
+    run delayed_first 4 --steps 20 "${delayed[@]}" --tp 2 --pp 2 --save ckpt --stop-at 10
+    run delayed_second 4 --steps 20 "${delayed[@]}" --tp 2 --pp 2 --resume ckpt
+    compare delayed_tp2_pp2 delayed_first 1 10 0
+    compare delayed_tp2_pp2 delayed_second 11 20 0
+    run delayed_second_one 1 --steps 20 "${delayed[@]}" --resume ckpt
+    compare delayed_tp2_pp2 delayed_second_one 11 20 1e-4
+    if run bad 1 --steps 20 --fp8 hybrid --fp8-scaling delayed --resume ckpt 2>bad.err; then
+      echo "a history of another length should be refused"; exit 1
+    fi
+    grep -q "holds an amax history of \[4\] steps" bad.err || { cat bad.err; exit 1; }
     refused() {  # refused MESSAGE FLAGS...: the run fails before training, naming the flags
       if run bad 1 --steps 1 "${@:2}" 2>bad.err; then echo "accepted: ${*:2}"; exit 1; fi
       grep -q -- "$1" bad.err || { cat bad.err; exit 1; }
