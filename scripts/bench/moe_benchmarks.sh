@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The MoE measurements of docs/PERFORMANCE.md in one go on a GPU machine: builds what they need,
 # runs the GPU MoE test, then examples/05_moe_train on one GPU beside scripts/bench/moe_torch.py
-# (the same model in PyTorch, grouped bf16 expert GEMMs; eager and torch.compile), the grouped
+# (the same model in PyTorch, grouped bf16 expert GEMMs; eager and torch.compile) twice: GPT-2
+# style with GELU experts, and Mixtral style ($MIXTRAL: SwiGLU experts, RMSNorm, RoPE, GQA with 4
+# key/value heads, no biases; --arch mixtral, the same sizes and experts), the grouped
 # expert GEMM against a per-expert cuBLASLt loop (09_op_bench --experts-only), and the CPU token
 # exchange against raw MPI on all cores (10_moe_dispatch_bench). Each run is bounded in time; logs
 # go to $OUT (else build/bench/).
-#   MODEL="--layers 12 ..." MICRO=16 STEPS=12 SKIP="torch" TARGETS=05_moe_train \
+#   MODEL="--layers 12 ..." MICRO=16 STEPS=12 SKIP="torch torch_mixtral" TARGETS=05_moe_train \
 #     scripts/bench/moe_benchmarks.sh      (SKIP: run names to leave out; TARGETS: what to build)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -14,6 +16,7 @@ mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 model=${MODEL:---layers 12 --hidden 1024 --heads 16 --vocab 50304 --seq-len 1024}
 moe=${MOE:---experts 8 --top-k 2 --expert-ffn 2816}
+mixtral=${MIXTRAL:---arch mixtral --kv-heads 4}
 micro=${MICRO:-16}
 steps=${STEPS:-12}
 skip=${SKIP:-}
@@ -33,11 +36,15 @@ targets=${TARGETS:-gpu_ep_moe_test 05_moe_train 09_op_bench 10_moe_dispatch_benc
 # shellcheck disable=SC2086
 run build 400 cmake --build build -j "$(nproc)" --target $targets -- -k
 run gpu_test 150 build/tests/gpu_ep_moe_test
-run moe_1gpu 200 mpirun -np 1 build/examples/05_moe_train/05_moe_train $model $moe \
-  --micro-batch "$micro" --global-batch "$micro" --steps "$steps" --bench --bench-skip 4 \
-  --warmup 2 --json --device cuda --data-dir build/data/synthetic --no-progress
-run torch 300 python3 scripts/bench/moe_torch.py $model $moe --micro-batch "$micro" \
-  --global-batch "$micro" --steps $((steps - 4))
+# --arch before the MoE flags: the family sets the experts' shape, $moe overrides it.
+for arch in gpt2 mixtral; do
+  if [ "$arch" = gpt2 ]; then suffix="" family=""; else suffix="_$arch" family=$mixtral; fi
+  run "moe_1gpu$suffix" 200 mpirun -np 1 build/examples/05_moe_train/05_moe_train $model \
+    $family $moe --micro-batch "$micro" --global-batch "$micro" --steps "$steps" --bench \
+    --bench-skip 4 --warmup 2 --json --device cuda --data-dir build/data/synthetic --no-progress
+  run "torch$suffix" 300 python3 scripts/bench/moe_torch.py $model $family $moe \
+    --micro-batch "$micro" --global-batch "$micro" --steps $((steps - 4))
+done
 run grouped_gemm 120 build/examples/09_op_bench/09_op_bench --experts-only --json
 run grouped_gemm_skew 120 build/examples/09_op_bench/09_op_bench --experts-only --json \
   --expert-skew 1

@@ -21,6 +21,11 @@ l % moe_every == 0, is the library's MoE layer (parallel/expert/moe_layer.hpp, r
            to the LM loss.
   experts  E GELU-tanh MLPs without biases, width F: fc [E, F, d] normal(0, 0.02), proj [E, d, F]
            normal(0, 0.02/sqrt(2 layers)); f32 parameters, bf16 compute.
+--arch mixtral makes it 05_moe_train --arch mixtral's model (GptConfig::mixtral): RMSNorm (eps
+1e-5), no position table but RoPE on q and k (rotate-half, theta --rope-theta 1e6, in f32),
+--kv-heads key/value heads (grouped-query attention: SDPA's enable_gqa, PyTorch >= 2.5, else k and
+v repeated), no biases anywhere, and SwiGLU MLPs: each expert's fc is [E, 2F, d], gate then up in
+one grouped GEMM, silu(gate) * up, then proj (dense blocks alike, width 4d).
 Experts (--expert-impl): "grouped" (default) sorts the T k assignments by expert (stable sort),
 gathers the rows, and runs each of the two GEMMs as ONE bf16 grouped GEMM over all experts
 (torch.nn.functional.grouped_mm, PyTorch >= 2.10, else torch._grouped_mm, 2.8 / 2.9) with the
@@ -42,7 +47,8 @@ MFU (examples/04_gpt_train/metrics.cpp, GptConfig::active_non_embedding_params):
 12 L d S) FLOPs per token over 989 TFLOP/s per GPU, N_active = every weight outside the token and
 position embeddings with only top_k of the E experts counted per MoE block: per block
 4d^2 + 4d (attention) + 4d (2 LayerNorms) + MLP, the MLP E d + top_k 2 d F for MoE blocks (router +
-experts) or 2 d 4d + 4d + d for dense ones; plus 2d (final norm) + d V (head).
+experts) or 2 d 4d + 4d + d for dense ones; plus 2d (final norm) + d V (head). With --arch mixtral:
+2d^2 + 2 d kv hd (attention), 2d (2 RMSNorms), E d + top_k 3 d F (MoE) or 3 d 4d (dense), d + d V.
 One JSON object per mode: {"impl": "pytorch-moe", "mode", "ranks", "tokens_per_s", "ms", "mfu",
 "tflops", "params" (all), "active_params" (N_active), "non_embedding_params", "peak_mem_bytes"
 (timed steps), "run_peak_mem_bytes" (the whole mode), "expert_impl", ...}, or {"impl", "mode", "error"} when that mode failed (e.g. torch.compile).
@@ -80,16 +86,34 @@ def is_moe_block(args, layer):
     return layer % args.moe_every == 0
 
 
+def swiglu(args):
+    return args.arch == "mixtral"
+
+
+def kv_heads(args):
+    return args.kv_heads if args.kv_heads > 0 else args.heads
+
+
 def param_counts(args):
     """(all parameters, non-embedding, active non-embedding) as GptConfig counts them
-    (parallel/model/gpt_config.cpp: layernorm, biased attention, GELU dense MLP with biases)."""
+    (parallel/model/gpt_config.cpp). gpt2: LayerNorm, biased attention, GELU dense MLP with
+    biases; mixtral: RMSNorm, attention with kv_heads key/value heads and no biases, SwiGLU MLPs
+    (3 matrices each) without biases, no position table."""
     d, f, fe = args.hidden, 4 * args.hidden, expert_width(args)
-    norm = 2 * d
-    attn = 4 * d * d + 4 * d
-    dense = 2 * d * f + f + d
+    hd = d // args.heads
+    if swiglu(args):
+        norm = d
+        attn = 2 * d * d + 2 * d * kv_heads(args) * hd
+        dense = 3 * d * f
+        per_expert = 3 * d * fe
+    else:
+        norm = 2 * d
+        attn = 4 * d * d + 4 * d
+        dense = 2 * d * f + f + d
+        per_expert = 2 * d * fe
 
     def moe(experts):
-        return args.experts * d + experts * 2 * d * fe
+        return args.experts * d + experts * per_expert
 
     total = active = 0
     for layer in range(args.layers):
@@ -98,7 +122,8 @@ def param_counts(args):
         active += attn + 2 * norm + (moe(args.top_k) if moe_block else dense)
     total += norm + d * args.vocab
     active += norm + d * args.vocab
-    return total + args.vocab * d + args.seq_len * d, total, active
+    positions = 0 if swiglu(args) else args.seq_len * d
+    return total + args.vocab * d + positions, total, active
 
 
 def build(torch, args, grouped_mm):
@@ -106,14 +131,64 @@ def build(torch, args, grouped_mm):
     F = torch.nn.functional
     d, E, K = args.hidden, args.experts, args.top_k
     FE = expert_width(args)
+    H, KV, hd = args.heads, kv_heads(args), args.hidden // args.heads
     align = args.group_align
     bf16 = torch.bfloat16
+    gated = swiglu(args)
+    # Experts' first GEMM: fc (GELU) or gate and up in one [E, 2F, d] weight (SwiGLU).
+    fc_rows = 2 * FE if gated else FE
+
+    def act(h):
+        # [.., F] or, gated, [.., 2F] (gate then up) -> [.., F]
+        if gated:
+            gate, up = h.chunk(2, dim=-1)
+            return F.silu(gate) * up
+        return F.gelu(h, approximate="tanh")
+
+    def norm():
+        if not gated:
+            return nn.LayerNorm(d)
+        if hasattr(nn, "RMSNorm"):  # PyTorch >= 2.4
+            return nn.RMSNorm(d, eps=1e-5)
+        return RMSNorm()
+
+    class RMSNorm(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(d))
+
+        def forward(self, x):
+            xf = x.float()
+            return (xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + 1e-5)).type_as(x) * \
+                self.weight
+
+    # RoPE (mixtral), rotate-half as nn/ops.hpp: f32 inv_freq, angle f32(pos) * inv_freq.
+    inv_freq = 1.0 / (args.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
+    angles = torch.arange(args.seq_len, dtype=torch.float32)[:, None] * inv_freq  # [S, hd/2]
+    rope_cos = torch.cat([angles.cos(), angles.cos()], dim=-1)  # [S, hd]
+    rope_sin = torch.cat([angles.sin(), angles.sin()], dim=-1)  # [S, hd]
+
+    def rope(x, cos, sin):
+        # x [B, h, S, hd], cos, sin [S, hd] f32 -> x rotated in f32 and rounded once
+        xf = x.float()
+        x1, x2 = xf.chunk(2, dim=-1)
+        return (xf * cos + torch.cat([-x2, x1], dim=-1) * sin).type_as(x)
+
+    def attention(q, k, v):
+        # q [B, H, S, hd], k, v [B, KV, S, hd] -> [B, H, S, hd], causal
+        if KV == H:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        try:  # PyTorch >= 2.5
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        except TypeError:
+            k, v = (z.repeat_interleave(H // KV, dim=1) for z in (k, v))
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
     class MoE(nn.Module):
         def __init__(self):
             super().__init__()
             self.router = nn.Parameter(torch.empty(E, d))  # [E, d]
-            self.fc = nn.Parameter(torch.empty(E, FE, d))  # [E, F, d]
+            self.fc = nn.Parameter(torch.empty(E, fc_rows, d))  # [E, F or 2F (gate, up), d]
             self.proj = nn.Parameter(torch.empty(E, d, FE))  # [E, d, F]
             self.impl = args.expert_impl
 
@@ -147,7 +222,7 @@ def build(torch, args, grouped_mm):
             tok = order // K  # [M] token of each sorted row
             counts = torch.zeros(E, dtype=torch.int64, device=x.device)
             counts.scatter_add_(0, sorted_e, torch.ones_like(sorted_e))  # [E] rows per expert
-            fc = self.fc.to(bf16).transpose(1, 2)  # [E, d, F], column-major per expert
+            fc = self.fc.to(bf16).transpose(1, 2)  # [E, d, F or 2F], column-major per expert
             proj = self.proj.to(bf16).transpose(1, 2)  # [E, F, d], column-major per expert
             if align > 1:
                 padded = (counts + align - 1) // align * align  # [E] rows per expert, padded
@@ -161,7 +236,7 @@ def build(torch, args, grouped_mm):
             else:
                 offs = counts.cumsum(0).to(torch.int32)  # [E], offs[-1] = M
                 xs = x[tok]  # [M, d]
-            hid = F.gelu(grouped_mm(xs, fc, offs), approximate="tanh")  # [rows, F]
+            hid = act(grouped_mm(xs, fc, offs))  # [rows, F]
             y = grouped_mm(hid, proj, offs)  # [rows, d]
             return y[dest] if align > 1 else y  # [M, d]
 
@@ -169,11 +244,11 @@ def build(torch, args, grouped_mm):
             # The same with one GEMM pair per expert; the split sizes cost one host sync.
             tok = order // K  # [M]
             counts = torch.bincount(sorted_e, minlength=E).tolist()  # E ints (host sync)
-            fc = self.fc.to(bf16)  # [E, F, d]
+            fc = self.fc.to(bf16)  # [E, F or 2F, d]
             proj = self.proj.to(bf16)  # [E, d, F]
             ys = []
             for e, xe in enumerate(x[tok].split(counts)):  # xe [n_e, d]
-                he = F.gelu(xe @ fc[e].t(), approximate="tanh")  # [n_e, F]
+                he = act(xe @ fc[e].t())  # [n_e, F]
                 ys.append(he @ proj[e].t())  # [n_e, d]
             return torch.cat(ys)  # [M, d]
 
@@ -196,37 +271,42 @@ def build(torch, args, grouped_mm):
     class Block(nn.Module):
         def __init__(self, moe):
             super().__init__()
-            self.norm1 = nn.LayerNorm(d)
-            self.qkv = nn.Linear(d, 3 * d)
-            self.proj = nn.Linear(d, d)
-            self.norm2 = nn.LayerNorm(d)
+            self.norm1 = norm()
+            self.qkv = nn.Linear(d, (H + 2 * KV) * hd, bias=not gated)
+            self.proj = nn.Linear(H * hd, d, bias=not gated)
+            self.norm2 = norm()
             if moe:
                 self.moe = MoE()
-            else:
+            else:  # dense: GELU with biases, or SwiGLU (gate and up fused) without
                 self.moe = None
-                self.fc = nn.Linear(d, 4 * d)
-                self.fc_proj = nn.Linear(4 * d, d)
+                self.fc = nn.Linear(d, (8 if gated else 4) * d, bias=not gated)
+                self.fc_proj = nn.Linear(4 * d, d, bias=not gated)
 
-        def forward(self, x):
-            # x [B, S, d] -> [B, S, d], MoE loss or None
+        def forward(self, x, cos, sin):
+            # x [B, S, d], cos, sin [S, hd] (RoPE) or None -> [B, S, d], MoE loss or None
             b, t, _ = x.shape
-            h = args.heads
-            q, k, v = self.qkv(self.norm1(x)).split(d, dim=2)  # [B, S, d] each
-            q, k, v = (z.view(b, t, h, d // h).transpose(1, 2) for z in (q, k, v))  # [B, H, S, hd]
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [B, H, S, hd]
-            x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
+            q, k, v = self.qkv(self.norm1(x)).split([H * hd, KV * hd, KV * hd], dim=2)
+            q = q.view(b, t, H, hd).transpose(1, 2)  # [B, H, S, hd]
+            k, v = (z.view(b, t, KV, hd).transpose(1, 2) for z in (k, v))  # [B, KV, S, hd]
+            if gated:
+                q, k = rope(q, cos, sin), rope(k, cos, sin)
+            y = attention(q, k, v)  # [B, H, S, hd]
+            x = x + self.proj(y.transpose(1, 2).reshape(b, t, H * hd))
             if self.moe is not None:
                 y, loss = self.moe(self.norm2(x))
                 return x + y, loss
-            return x + self.fc_proj(F.gelu(self.fc(self.norm2(x)), approximate="tanh")), None
+            return x + self.fc_proj(act(self.fc(self.norm2(x)))), None
 
     class GPT(nn.Module):
         def __init__(self):
             super().__init__()
             self.tok = nn.Embedding(args.vocab, d)
-            self.pos = nn.Embedding(args.seq_len, d)
+            self.pos = None if gated else nn.Embedding(args.seq_len, d)  # RoPE instead
             self.blocks = nn.ModuleList(Block(is_moe_block(args, l)) for l in range(args.layers))
-            self.norm = nn.LayerNorm(d)
+            self.norm = norm()
+            if gated:  # the rotary angles' cosines and sines, [S, hd] f32, moved with the model
+                self.register_buffer("rope_cos", rope_cos, persistent=False)
+                self.register_buffer("rope_sin", rope_sin, persistent=False)
             self.head = nn.Linear(d, args.vocab, bias=False)
             out_std = 0.02 / math.sqrt(2 * args.layers)
             for name, p in self.named_parameters():
@@ -238,11 +318,15 @@ def build(torch, args, grouped_mm):
 
         def forward(self, idx, targets):
             # idx, targets [B, S] -> LM loss + every MoE block's aux and z losses
-            pos = torch.arange(idx.shape[1], device=idx.device)
-            x = self.tok(idx) + self.pos(pos)  # [B, S, d] f32
+            x = self.tok(idx)  # [B, S, d] f32
+            if self.pos is not None:
+                x = x + self.pos(torch.arange(idx.shape[1], device=idx.device))
             moe_loss = None
+            s = idx.shape[1]
+            cos = self.rope_cos[:s] if gated else None
+            sin = self.rope_sin[:s] if gated else None
             for blk in self.blocks:
-                x, loss = blk(x)
+                x, loss = blk(x, cos, sin)
                 if loss is not None:
                     moe_loss = loss if moe_loss is None else moe_loss + loss
             logits = self.head(self.norm(x))  # [B, S, V] bf16
@@ -296,10 +380,11 @@ def run(torch, args, mode, rank, world, device, grouped_mm):
     torch.manual_seed(args.seed)
     model = GPT().to(device)
     params = sum(p.numel() for p in model.parameters())
-    embed = model.tok.weight.numel() + model.pos.weight.numel()
+    embed = model.tok.weight.numel() + (model.pos.weight.numel() if model.pos is not None else 0)
     non_embedding = params - embed
     n_moe = sum(1 for l in range(args.layers) if is_moe_block(args, l))
-    inactive = n_moe * (args.experts - args.top_k) * 2 * args.hidden * expert_width(args)
+    per_expert = (3 if swiglu(args) else 2) * args.hidden * expert_width(args)
+    inactive = n_moe * (args.experts - args.top_k) * per_expert
     active = non_embedding - inactive  # N_active: top_k of the E experts per MoE block
     expected = param_counts(args)
     if (params, non_embedding, active) != expected:
@@ -356,7 +441,7 @@ def run(torch, args, mode, rank, world, device, grouped_mm):
             "peak_mem_bytes": torch.cuda.max_memory_allocated(device) if cuda else 0,
             "run_peak_mem_bytes": max(run_peak, torch.cuda.max_memory_allocated(device))
             if cuda else 0,
-            "expert_impl": args.expert_impl, "torch": torch.__version__}
+            "expert_impl": args.expert_impl, "arch": args.arch, "torch": torch.__version__}
 
 
 def main():
@@ -364,6 +449,12 @@ def main():
     p.add_argument("--layers", type=int, default=12)
     p.add_argument("--hidden", type=int, default=1024)
     p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--arch", choices=["gpt2", "mixtral"], default="gpt2",
+                   help="gpt2: LayerNorm, learned positions, biases, GELU experts; mixtral: "
+                   "RMSNorm, RoPE, grouped-query attention, no biases, SwiGLU experts")
+    p.add_argument("--kv-heads", type=int, default=0,
+                   help="key/value heads with --arch mixtral (0: heads)")
+    p.add_argument("--rope-theta", type=float, default=1e6, help="RoPE's base (--arch mixtral)")
     p.add_argument("--vocab", type=int, default=50304)
     p.add_argument("--seq-len", type=int, default=1024)
     p.add_argument("--micro-batch", type=int, default=16)
@@ -398,6 +489,9 @@ def main():
                     f"moe_every ({args.moe_every}) >= 1")
     if args.hidden % args.heads:
         return fail(f"hidden {args.hidden} is not divisible by heads {args.heads}")
+    if args.heads % kv_heads(args) or (args.kv_heads > 0 and not swiglu(args)):
+        return fail(f"kv heads {args.kv_heads} need --arch mixtral and must divide heads "
+                    f"{args.heads}")
     try:
         import torch
     except ImportError:
