@@ -309,4 +309,30 @@ void DistributedOptimizer::load_full_state(const std::vector<std::pair<std::stri
   step_ = step;
 }
 
+void DistributedOptimizer::restart(const Stream& stream) {
+  exp_avg_.fill_(0.0, stream);
+  exp_avg_sq_.fill_(0.0, stream);
+  step_ = 0;
+}
+
+void DistributedOptimizer::set_master(const nn::Parameter& p, const Tensor& value,
+                                      const Stream& stream) {
+  const nn::ParameterStore& store = dp_.store();
+  const DType acc = nn::accum_dtype(store.dtype());
+  QUINTET_CHECK(value.defined() && value.shape() == p.shape() && value.dtype() == acc,
+                "DistributedOptimizer::set_master: {} is {}, expected {} of {}", p.name(),
+                value.defined() ? value.str() : std::string("undefined"), shape_str(p.shape()),
+                dtype_name(acc));
+  const bool known = std::any_of(store.parameters().begin(), store.parameters().end(),
+                                 [&](const nn::Parameter* q) { return q == &p; });
+  QUINTET_CHECK(known, "DistributedOptimizer::set_master: {} is not in this optimizer's store",
+                p.name());
+  const Tensor flat = value.contiguous().view({p.numel()});
+  for (const Segment& g : segments_) {
+    if (g.param != &p) continue;
+    master_.narrow(0, g.state_offset, g.length)
+        .copy_(flat.narrow(0, g.flat_offset - p.offset(), g.length), stream);
+  }
+}
+
 }  // namespace quintet

@@ -196,16 +196,13 @@ void load_hf_weights(const HfModel& hf, TrainingModel& model, Communicator& worl
       const nn::ParameterStore& store = *s.store;
       s.optimizer->wait_for_parameters(stream);
       const DType acc = nn::accum_dtype(store.dtype());
-      const std::int64_t n = store.data_buffer().numel();
-      std::vector<std::pair<std::string, Tensor>> full;
-      for (const char* field : {"master", "exp_avg", "exp_avg_sq"}) {
-        Tensor t = Tensor::empty({n}, acc, store.device(), stream);
-        t.fill_(0.0, stream);
-        full.emplace_back(field, t);
-      }
+      // One parameter at a time (no buffer the size of the store): its exact value read in the
+      // accumulation dtype, given to the optimizer's master copy, then rounded into p.data().
+      s.optimizer->restart(stream);
       for (const ParameterReads& pr : plans[si]) {
         nn::Parameter& p = *pr.param;
-        const Tensor master = full[0].second.narrow(0, p.offset(), p.numel()).view(p.shape());
+        Tensor master = Tensor::empty(p.shape(), acc, store.device(), stream);
+        master.fill_(0.0, stream);  // what no HF tensor covers (a padded vocabulary's rows)
         for (const Read& r : pr.reads) {
           Tensor dest = master;
           for (std::size_t i = 0; i < r.sizes.size(); ++i)
@@ -213,9 +210,9 @@ void load_hf_weights(const HfModel& hf, TrainingModel& model, Communicator& worl
           const Tensor src = ckpt.read_box(r.hf_name, r.hf_box, acc).view(r.sizes);
           dest.copy_(src.to(store.device(), stream), stream);
         }
+        s.optimizer->set_master(p, master, stream);
         p.data().copy_(master.to(p.data().dtype(), stream), stream);
       }
-      s.optimizer->load_full_state(full, 0, stream);
       for (expert::MoELayer* layer : s.chunk->moe_layers()) {  // balancing starts fresh too
         layer->set_balance_bias(
             std::vector<float>(static_cast<std::size_t>(layer->balance_bias().numel()), 0.0f));

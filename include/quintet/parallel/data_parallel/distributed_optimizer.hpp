@@ -91,6 +91,13 @@ class DistributedOptimizer {
   // InvalidArgument, naming the tensor, for a missing or misshapen one, before changing anything.
   void load_full_state(const std::vector<std::pair<std::string, Tensor>>& full, std::int64_t step,
                        const Stream& stream);
+  // A fresh start from new weights, one parameter at a time, with no buffer the size of the
+  // store (what an import of another format's weights needs): restart() zeroes both moments and
+  // the step count; set_master(p, value) then takes this rank's elements of p from value (p's
+  // shape, accum dtype: the exact weights, e.g. before rounding to a bf16 p.data()). Local;
+  // throws InvalidArgument for a parameter not in the store or a misshapen value.
+  void restart(const Stream& stream);
+  void set_master(const nn::Parameter& p, const Tensor& value, const Stream& stream);
 
  private:
   // A run of elements of one parameter that this rank updates.
