@@ -19,7 +19,10 @@
 // tensor, or of a shard held by several tp ranks (ParameterAttributes::tp_replicas: key/value
 // heads replicated over tp); edp replicas of an expert weight); the second copy of a tied weight
 // is not saved. MoE
-// balancing biases are saved as "<block>.mlp.balance_bias". Rank 0 writes the step, the optimizer
+// balancing biases are saved as "<block>.mlp.balance_bias", FP8 delayed scaling's amax histories
+// and scales (nn::Fp8TensorScale) under the fields "fp8_amax_history" and "fp8_scale" by the
+// scale's name ("block0.attn.qkv.fp8_x"; restored when the checkpoint has them, a history of
+// another length refused). Rank 0 writes the step, the optimizer
 // step, the loader position (the global sample index: the same stream at any dp), the layout it
 // ran at (for the record), and the run's identity: the model config, the global batch, the init
 // seed and the loader's sampling. A restore refuses, naming the field, a checkpoint whose
