@@ -1,10 +1,10 @@
 // Attention through cuDNN (AttentionKernel::cudnn, lib/nn/cudnn/attention_cudnn.cpp) against the
 // CPU op: forward (out, log-sum-exp) and backward (dq, dk, dv) in bf16, causal and full, head_dim
-// 64 and 128, odd lengths and diagonal offsets; the block form ring attention uses (query block x
-// key block with offsets, merged with the log-sum-exp); and calls cuDNN does not take (head_dim
-// 40, f32, a causal block whose first queries see no key), which `automatic` runs on our own
-// kernels and an explicit `cudnn` rejects; the heads of a fused qkv projection read and written in
-// place. Without cuDNN in the build, `cudnn` must be rejected.
+// 64 and 128, odd lengths and diagonal offsets, and a GPT-sized block; the block form ring
+// attention uses (query block x key block with offsets, merged with the log-sum-exp); and calls
+// cuDNN does not take (head_dim 40, f32, a causal block whose first queries see no key), which
+// `automatic` runs on our own kernels and an explicit `cudnn` rejects; the heads of a fused qkv
+// projection read and written in place. Without cuDNN in the build, `cudnn` must be rejected.
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -78,6 +78,9 @@ TEST_CASE("attention through cuDNN equals the CPU's: masks, head dims, odd lengt
       {1, 2, 77, 130, 64, true, 300, 250},
       // Every query sees every key: the causal block is a full one.
       {1, 2, 100, 60, 128, true, 70, 0},
+      // GPT size (a 1024-token causal block of 4 heads of 64), against the CPU op computing in
+      // f32 there too, not only against our own GPU kernels.
+      {2, 4, 1024, 1024, 64, true, 0, 0},
   };
   std::uint64_t seed = 5000;
   for (const Case& c : cases)
