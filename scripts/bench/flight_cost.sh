@@ -18,7 +18,7 @@
 #
 # Options: --device cpu|cuda (trainer; default cpu), --rounds N (5), --size N (recorder on: 2048),
 # --ranks N (trainer ranks: 4 on cpu, 1 on cuda), --layout "..." (default "--tp 2 --dp 2" on cpu,
-# "" on cuda), --steps N (30), --train "..." (model flags), --bench-ranks N (4),
+# "--dp RANKS" on cuda), --steps N (30), --train "..." (model flags), --bench-ranks N (4),
 # --bytes "8 512 32K" (bench sizes), --build DIR (build).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
@@ -44,7 +44,7 @@ case $device in
   cpu) : "${ranks:=4}"; [ "$layout" = unset ] && layout="--tp 2 --dp 2"
        [ -n "$train" ] || train="--layers 2 --hidden 64 --heads 4 --vocab 256 --seq-len 32 \
 --micro-batch 2 --global-batch 12" ;;
-  cuda) : "${ranks:=1}"; [ "$layout" = unset ] && layout=""
+  cuda) : "${ranks:=1}"; [ "$layout" = unset ] && layout="--dp $ranks"
         [ -n "$train" ] || train="--layers 12 --hidden 768 --heads 12 --vocab 50304 --seq-len 1024 \
 --micro-batch 8 --global-batch $((8 * ranks))" ;;
   *) echo "flight_cost.sh: --device cpu|cuda, not $device" >&2; exit 2 ;;
