@@ -56,10 +56,15 @@ void print_header(const char* program, const quintet::train::JobConfig& job,
   if (m.mlp != quintet::model::MlpKind::moe) return;
   const quintet::expert::RouterConfig& r = m.moe.router;
   fmt::print(
-      "  MoE: {} experts, top-{}, {} router, every {} block(s), expert width {}, {} shared, "
+      "  MoE: {} experts, top-{}, {} router, every {} block(s){}, expert width {}, {} shared, "
       "capacity {} | ep {} x etp {} | {} active non-embedding params per token\n",
       r.experts, r.top_k, r.score == quintet::expert::RouterScore::softmax ? "softmax" : "sigmoid",
-      m.moe.every, m.expert_width(), m.moe.shared_experts,
+      m.moe.every,
+      m.moe.dense_layers.empty()
+          ? std::string()
+          : fmt::format(" but {} (dense, width {})",
+                        quintet::model::layer_list_text(m.moe.dense_layers), m.mlp_width()),
+      m.expert_width(), m.moe.shared_experts,
       r.capacity_factor > 0 ? fmt::format("{}", r.capacity_factor) : std::string("dropless"), p.ep,
       model.mesh().size(Axis::etp), m.active_non_embedding_params());
 }

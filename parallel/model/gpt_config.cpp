@@ -5,6 +5,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -21,7 +22,44 @@ float GptConfig::output_init_std() const {
 }
 
 bool GptConfig::is_moe_block(std::int64_t l) const {
-  return mlp == MlpKind::moe && moe.every >= 1 && l % moe.every == 0;
+  return mlp == MlpKind::moe && moe.every >= 1 && l % moe.every == 0 &&
+         std::find(moe.dense_layers.begin(), moe.dense_layers.end(), l) == moe.dense_layers.end();
+}
+
+std::vector<std::int64_t> parse_layer_list(std::string_view text) {
+  std::vector<std::int64_t> out;
+  const auto bad = [text](std::string_view why) {
+    QUINTET_THROW(InvalidArgument,
+                  "layer list \"{}\": {}; expected ascending block indices separated by commas, "
+                  "with ranges A-B, as \"0,1,5\" or \"0-2,5\"",
+                  text, why);
+  };
+  const auto number = [&bad](std::string_view s) {
+    std::int64_t v = -1;
+    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    if (s.empty() || ec != std::errc() || end != s.data() + s.size() || v < 0)
+      bad(fmt::format("\"{}\" is not a block index (0 or more)", s));
+    return v;
+  };
+  std::size_t at = 0;
+  while (!text.empty() && at <= text.size()) {
+    const std::size_t comma = std::min(text.find(',', at), text.size());
+    const std::string_view item = text.substr(at, comma - at);
+    const std::size_t dash = item.find('-');
+    const std::int64_t first = number(item.substr(0, dash));
+    const std::int64_t last =
+        dash == std::string_view::npos ? first : number(item.substr(dash + 1));
+    if (last < first) bad(fmt::format("the range {} ends below its start", item));
+    if (!out.empty() && first <= out.back())
+      bad(fmt::format("{} does not come after {}", first, out.back()));
+    for (std::int64_t l = first; l <= last; ++l) out.push_back(l);
+    at = comma + 1;
+  }
+  return out;
+}
+
+std::string layer_list_text(const std::vector<std::int64_t>& layers) {
+  return fmt::format("{}", fmt::join(layers, ","));
 }
 
 std::int64_t GptConfig::expert_width() const {
@@ -58,6 +96,7 @@ std::string changed_moe_settings(const MoEConfig& m) {
   note(m.expert_ffn != d.expert_ffn, "expert_ffn", m.expert_ffn);
   note(m.shared_experts != d.shared_experts, "shared_experts", m.shared_experts);
   note(m.every != d.every, "every", m.every);
+  note(m.dense_layers != d.dense_layers, "dense_layers", layer_list_text(m.dense_layers));
   note(m.overlap_chunks != d.overlap_chunks, "overlap_chunks", m.overlap_chunks);
   return fmt::format("{}", fmt::join(out, ", "));
 }
@@ -143,6 +182,7 @@ void GptConfig::set_family(ModelFamily f) {
   moe.expert_ffn = mixtral ? 0 : std::max<std::int64_t>(1, 3 * hidden / 8);
   moe.shared_experts = 0;
   moe.every = 1;
+  moe.dense_layers.clear();
 }
 
 namespace {
@@ -293,6 +333,26 @@ void GptConfig::validate_experts(int ep, int etp) const {
   }
   moe.router.validate();
   QUINTET_CHECK(moe.every >= 1, "GptConfig: moe.every = {} must be >= 1", moe.every);
+  for (std::size_t i = 0; i < moe.dense_layers.size(); ++i) {
+    const std::int64_t l = moe.dense_layers[i];
+    QUINTET_CHECK(l >= 0 && l < layers,
+                  "GptConfig: moe.dense_layers holds block {}, and the model's blocks are 0 .. {}",
+                  l, layers - 1);
+    QUINTET_CHECK(i == 0 || l > moe.dense_layers[i - 1],
+                  "GptConfig: moe.dense_layers [{}] is not ascending (each block once)",
+                  layer_list_text(moe.dense_layers));
+    QUINTET_CHECK(l % moe.every == 0,
+                  "GptConfig: moe.dense_layers holds block {}, which is dense already (moe.every "
+                  "= {} makes MoE only the blocks l % {} == 0); drop it from the list",
+                  l, moe.every, moe.every);
+  }
+  std::int64_t moe_blocks = 0;
+  for (std::int64_t l = 0; l < layers; ++l) moe_blocks += is_moe_block(l) ? 1 : 0;
+  QUINTET_CHECK(moe_blocks > 0,
+                "GptConfig: mlp = moe, and no block is MoE (moe.every = {}, moe.dense_layers [{}] "
+                "of {} blocks): the MoE settings would be ignored; leave a block MoE, or train a "
+                "dense model (mlp = dense)",
+                moe.every, layer_list_text(moe.dense_layers), layers);
   QUINTET_CHECK(moe.expert_ffn >= 0 && moe.shared_experts >= 0,
                 "GptConfig: moe.expert_ffn = {} and moe.shared_experts = {} must be >= 0",
                 moe.expert_ffn, moe.shared_experts);

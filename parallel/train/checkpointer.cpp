@@ -145,6 +145,9 @@ std::string run_identity(const TrainingModel& model, const data::DataLoader& loa
                             m.moe.router.experts, m.moe.router.top_k, m.expert_width(), m.moe.every,
                             m.moe.shared_experts, static_cast<int>(m.moe.router.score),
                             m.moe.router.capacity_factor)) +
+         (m.moe.dense_layers.empty()  // (only when some: older checkpoints resume)
+              ? std::string()
+              : ";dense_layers=" + model::layer_list_text(m.moe.dense_layers)) +
          (m.kv_heads == 0 && m.head_dim == 0 && !m.rope && !m.qk_norm
               ? std::string()  // as before these fields existed, so older checkpoints resume
               : fmt::format(";kv_heads={};head_dim={};rope={};rope_theta={};qk_norm={}",
@@ -193,7 +196,8 @@ nlohmann::ordered_json model_record(const model::GptConfig& m) {
           {"bias_rate", r.bias_rate},
           {"expert_ffn", m.expert_width()},
           {"shared_experts", m.moe.shared_experts},
-          {"moe_every", m.moe.every}};
+          {"moe_every", m.moe.every},
+          {"dense_layers", m.moe.dense_layers}};
 }
 
 // The layout a checkpoint was saved at (recorded for the record and the inspection tool, not
@@ -257,6 +261,8 @@ model::GptConfig checkpoint_model(const CheckpointInfo& checkpoint) {
     m.moe.expert_ffn = j.at("expert_ffn").get<std::int64_t>();
     m.moe.shared_experts = j.at("shared_experts").get<int>();
     m.moe.every = j.at("moe_every").get<int>();
+    if (j.contains("dense_layers"))  // (checkpoints saved before it have none)
+      m.moe.dense_layers = j.at("dense_layers").get<std::vector<std::int64_t>>();
   } catch (const nlohmann::json::exception& e) {
     QUINTET_THROW(InvalidArgument, "{}: its {} is malformed ({})", checkpoint.path, kModel,
                   e.what());

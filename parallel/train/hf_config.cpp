@@ -274,6 +274,7 @@ void apply_hf_config(const HfModel& hf, JobConfig* job,
     m.moe.router.score = h.moe.router.score;
     m.moe.expert_ffn = h.moe.expert_ffn;
     m.moe.every = 1;
+    m.moe.dense_layers.clear();
   }
   // A flag given on the command line (or in the job file) must agree with config.json.
   struct Setting {
@@ -313,6 +314,8 @@ void apply_hf_config(const HfModel& hf, JobConfig* job,
     settings.push_back(
         {"expert-ffn", "moe_intermediate_size", str(was.expert_width()), str(m.expert_width())});
     settings.push_back({"moe-every", "decoder_sparse_step", str(was.moe.every), "1"});
+    settings.push_back(
+        {"dense-layers", "mlp_only_layers", model::layer_list_text(was.moe.dense_layers), ""});
   }
   for (const Setting& s : settings) {
     QUINTET_CHECK(!given || !given(s.flag) || s.job == s.file,

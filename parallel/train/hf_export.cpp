@@ -107,7 +107,8 @@ HfArchitecture hf_architecture(const model::GptConfig& m) {
     return m.qk_norm ? HfArchitecture{"Qwen3ForCausalLM", "qwen3", {}}
                      : HfArchitecture{"LlamaForCausalLM", "llama", {}};
   const expert::RouterConfig& r = m.moe.router;
-  if (m.moe.every != 1) refuse("it has dense blocks between its MoE blocks (--moe-every)");
+  if (m.moe.every != 1 || !m.moe.dense_layers.empty())
+    refuse("it has dense blocks between its MoE blocks (--moe-every, --dense-layers)");
   if (m.moe.shared_experts != 0) refuse("it has shared experts");
   if (r.score != expert::RouterScore::softmax) refuse("its router scores by a sigmoid");
   if (r.bias_rate != 0) refuse("its router selects with a balancing bias (--aux-free-bias-rate)");

@@ -310,6 +310,12 @@ void add_job_flags(CLI::App& app, JobConfig& job) {
         ->capture_default_str();
     app.add_option("--moe-every", m.moe.every, "every N-th block is MoE (from block 0)")
         ->capture_default_str();
+    app.add_option_function<std::string>(
+           "--dense-layers",
+           [&m](const std::string& text) { m.moe.dense_layers = model::parse_layer_list(text); },
+           "blocks that keep the dense MLP (--ffn-hidden wide) among those --moe-every makes "
+           "MoE: ascending indices and ranges, as 0-2,5 (DeepSeek's first 3 dense)")
+        ->default_str(model::layer_list_text(m.moe.dense_layers));
     app.add_option("--moe-chunks", m.moe.overlap_chunks,
                    "token chunks per MoE exchange: chunk c+1 travels while chunk c's experts "
                    "compute (1: no overlap)")

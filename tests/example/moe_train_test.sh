@@ -20,6 +20,13 @@
 #   qwen3_moe  the Qwen3-MoE preset's own MoE shape (--arch qwen3-moe: 128 experts of width 3/8 of
 #              --hidden, top-8; QK-norm, GQA 2 of 4 heads) at tp 2 x dp 2 with ep 2 (etp 2) and
 #              ep 4 x dp 4: the one-rank loss at each of 20 steps within 1e-4 relative
+#   mixed      dense blocks among the MoE ones (--dense-layers 0,2 of 4 blocks; the dense MLP 48
+#              wide, the experts 16): pp 3 (odd; its middle stage holds one dense block and no
+#              MoE layer), pp 2 x dp 2 x ep 2 (each stage a dense and an MoE block), tp 2 x dp 2 x
+#              ep 2 (etp 2), ep 3 (odd) and cp 2 x dp 2 x ep 2: the one-rank loss at each of 8
+#              steps within 1e-4; its checkpoint (pp 2 x dp 2 x ep 2, step 4) holds each block's
+#              own MLP and, resumed at one rank and at ep 3, follows the uninterrupted run within
+#              1e-5
 #   resume     a run with auxiliary-loss-free balancing stopped and saved at step 10, then
 #              resumed, equals the uninterrupted run at steps 11..20 (the bias is in the checkpoint)
 #   val        --val-data at ep 2 x dp 2 and tp 2 + sp x ep 2 (etp 2) equals one rank within 1e-5,
@@ -145,6 +152,40 @@ PY
     for r in tp2_dp2_ep2 ep4_dp4; do compare one $r 1 20 1e-4; done
     # 8 sequences x 32 tokens x top-8 over 128 experts: a mean of 16 tokens per expert.
     python3 -c "import json,sys; r=[json.loads(l) for l in open('one.jsonl') if '\"step\"' in l]; sys.exit(0 if all(x['tokens_per_expert_mean'] == 16.0 for x in r) else 'not 128 experts top-8')"
+    ;;
+  mixed)
+    # Blocks 0 and 2 dense (--ffn-hidden 48), 1 and 3 MoE (6 experts of width 16, top-2); 12
+    # sequences so dp 2 and dp 3 both divide the batch.
+    tool="$(dirname "$trainer")/../12_checkpoint_tool/12_checkpoint_tool"
+    mixed=(--steps 8 --layers 4 --dense-layers 0,2 --ffn-hidden 48 --expert-ffn 16 --experts 6
+           --global-batch 12)
+    run one 1 "${mixed[@]}"
+    run pp3 3 "${mixed[@]}" --pp 3
+    run pp2_dp2_ep2 4 "${mixed[@]}" --pp 2 --dp 2 --ep 2
+    run tp2_dp2_ep2 4 "${mixed[@]}" --tp 2 --dp 2 --ep 2
+    run ep3 3 "${mixed[@]}" --dp 3 --ep 3
+    run cp2_dp2_ep2 4 "${mixed[@]}" --cp 2 --dp 2 --ep 2
+    for r in pp3 pp2_dp2_ep2 tp2_dp2_ep2 ep3 cp2_dp2_ep2; do compare one $r 1 8 1e-4; done
+    run first 4 "${mixed[@]}" --pp 2 --dp 2 --ep 2 --save ckpt --stop-at 4
+    compare pp2_dp2_ep2 first 1 4 0
+    "$tool" ckpt --verify >tool.out
+    for want in "block0.mlp.fc.weight +\[48, 32\] +f32 +1" "block2.mlp.proj.weight +\[32, 48\] +f32 +1" \
+                "block1.mlp.experts.fc.weight +\[6, 16, 32\] +f32 +2" \
+                "block3.mlp.router.weight +\[6, 32\] +f32 +1"; do
+      grep -Eq "^value +$want\$" tool.out || { echo "no '$want' in:"; cat tool.out; exit 1; }
+    done
+    if grep -Eq "^value +block(0|2).mlp.router|^value +block(1|3).mlp.fc" tool.out; then
+      echo "a dense block with a router, or an MoE block with a dense MLP:"; cat tool.out; exit 1
+    fi
+    for layout in "one_resumed 1" "ep3_resumed 3 --dp 3 --ep 3"; do
+      # shellcheck disable=SC2086
+      set -- $layout
+      name=$1 ranks=$2
+      shift 2
+      rm -rf "ck_$name" && cp -r ckpt "ck_$name"
+      run "$name" "$ranks" "${mixed[@]}" --resume "ck_$name" "$@"
+      compare pp2_dp2_ep2 "$name" 5 8 1e-5
+    done
     ;;
   layouts)
     run one 1 --steps 20

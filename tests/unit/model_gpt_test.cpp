@@ -5,7 +5,9 @@
 // head is a copy of the table, with the two gradients summed; a backward split into I and a
 // deferred W (zero-bubble pipelines) equals the whole one; a tied table cut across chunks is an
 // owner and a copy whose gradients sum to the one-chunk model's; the parameter counts equal the
-// parameters built; and the bad inputs are refused with a message that names them.
+// parameters built; an MoE model with dense blocks (moe.dense_layers) holds each block's own MLP
+// and computes the same cut into chunks across the dense/MoE boundaries; and the bad inputs are
+// refused with a message that names them.
 #include <algorithm>
 #include <map>
 #include <string>
@@ -293,6 +295,110 @@ TEST_CASE("model: MoE settings or an ep layout on a dense model are refused, nam
   moe.validate_experts(2, 1);
   small_config().validate(1);
   small_config().validate_experts(1, 1);
+}
+
+TEST_CASE("model: an MoE model's dense blocks, whole and cut across the dense/MoE boundaries",
+          "[model]") {
+  auto solo = make_self_communicator(Device::cpu(), "tp");
+  const model::ModelGroups groups{solo.get()};
+  model::GptConfig c = small_config();  // 4 blocks, dense MLP 24 wide
+  c.activation = nn::Activation::swiglu;
+  c.mlp = model::MlpKind::moe;
+  c.moe.router.experts = 4;
+  c.moe.router.top_k = 2;
+  c.moe.expert_ffn = 8;
+  c.moe.dense_layers = model::parse_layer_list("0,2");
+  c.validate(1);
+  c.validate_experts(1, 1);
+  CHECK((!c.is_moe_block(0) && c.is_moe_block(1) && !c.is_moe_block(2) && c.is_moe_block(3)));
+  auto whole = model::build_gpt_chunk(c, groups, model::ChunkSpec::whole(c));
+  const auto want = by_name(*whole);
+  // Dense blocks hold the dense MLP at its own width, MoE blocks the router and the experts.
+  CHECK(want.at("block0.mlp.fc.weight")->shape() == Shape{24, 16});
+  CHECK(want.at("block2.mlp.proj.weight")->shape() == Shape{16, 24});
+  CHECK(want.at("block1.mlp.experts.fc.weight")->shape() == Shape{4, 8, 16});
+  CHECK(want.at("block3.mlp.router.weight")->shape() == Shape{4, 16});
+  CHECK((want.count("block0.mlp.router.weight") == 0 && want.count("block1.mlp.fc.weight") == 0));
+  std::int64_t total = 0;
+  for (auto& [name, p] : want) total += p->numel();
+  CHECK(c.total_params() == total);
+
+  // Cut into 2 chunks (a dense and an MoE block each) and 3 (an MoE block alone): the same
+  // parameters and the one-chunk model's loss and gradients, bit for bit.
+  nn::ParameterStore whole_store(*whole, DType::f32, kCpu, 5);
+  const int n = GENERATE(2, 3);
+  INFO(n << " chunks");
+  std::vector<std::unique_ptr<model::GptChunk>> chunks;
+  std::vector<std::unique_ptr<nn::ParameterStore>> stores;
+  for (const model::ChunkSpec& s : model::split_into_chunks(c, n)) {
+    chunks.push_back(model::build_gpt_chunk(c, groups, s));
+    stores.push_back(std::make_unique<nn::ParameterStore>(*chunks.back(), DType::f32, kCpu, 5));
+  }
+  std::size_t moe_layers = 0;
+  for (auto& chunk : chunks) moe_layers += chunk->moe_layers().size();
+  CHECK(moe_layers == 2);
+  std::map<std::string, nn::Parameter*> got;
+  for (auto& chunk : chunks) {
+    for (auto& [name, p] : by_name(*chunk)) REQUIRE(got.emplace(name, p).second);
+  }
+  REQUIRE(got.size() == want.size());
+  for (auto& [name, p] : want) CHECK(host(got.at(name)->data()) == host(p->data()));
+  const Batch b = make_batch(c, 3);
+  std::vector<std::unique_ptr<model::GptChunk>> one;
+  one.push_back(std::move(whole));
+  const Tensor want_loss = run_chunks(one, b, 1.0f);
+  const Tensor got_loss = run_chunks(chunks, b, 1.0f);
+  CHECK(got_loss.item() == want_loss.item());
+  for (auto& [name, p] : want) {
+    INFO("gradient of " << name);
+    CHECK(host(got.at(name)->grad()) == host(p->grad()));
+  }
+}
+
+TEST_CASE("model: dense-block lists, read and refused", "[model]") {
+  CHECK(model::parse_layer_list("").empty());
+  CHECK(model::parse_layer_list("0-2,5,7-8") == std::vector<std::int64_t>{0, 1, 2, 5, 7, 8});
+  CHECK(model::layer_list_text({0, 1, 2, 5}) == "0,1,2,5");
+  CHECK(model::parse_layer_list(model::layer_list_text({3, 9})) == std::vector<std::int64_t>{3, 9});
+  REQUIRE_THROWS_QUINTET(model::parse_layer_list("1,a"), InvalidArgument,
+                         "\"a\" is not a block index");
+  REQUIRE_THROWS_QUINTET(model::parse_layer_list("0,"), InvalidArgument,
+                         "\"\" is not a block index");
+  REQUIRE_THROWS_QUINTET(model::parse_layer_list("3,1"), InvalidArgument,
+                         "1 does not come after 3");
+  REQUIRE_THROWS_QUINTET(model::parse_layer_list("0-2,2"), InvalidArgument,
+                         "2 does not come after 2");
+  REQUIRE_THROWS_QUINTET(model::parse_layer_list("4-2"), InvalidArgument,
+                         "the range 4-2 ends below its start");
+  REQUIRE_THROWS_QUINTET(model::parse_layer_list("-1"), InvalidArgument, "is not a block index");
+
+  model::GptConfig c = small_config();  // 4 blocks
+  c.mlp = model::MlpKind::moe;
+  c.moe.dense_layers = {0, 4};
+  REQUIRE_THROWS_QUINTET(c.validate_experts(1, 1), InvalidArgument,
+                         "moe.dense_layers holds block 4, and the model's blocks are 0 .. 3");
+  c.moe.dense_layers = {2, 1};
+  REQUIRE_THROWS_QUINTET(c.validate_experts(1, 1), InvalidArgument,
+                         "moe.dense_layers [2,1] is not ascending");
+  c.moe.every = 2;
+  c.moe.dense_layers = {1};
+  REQUIRE_THROWS_QUINTET(c.validate_experts(1, 1), InvalidArgument,
+                         "holds block 1, which is dense already (moe.every = 2");
+  c.moe.dense_layers = {0, 2};
+  REQUIRE_THROWS_QUINTET(c.validate_experts(1, 1), InvalidArgument,
+                         "mlp = moe, and no block is MoE (moe.every = 2, moe.dense_layers [0,2] of "
+                         "4 blocks)");
+  c.moe.dense_layers = {2};
+  c.validate_experts(1, 1);  // block 0 is MoE
+  CHECK((c.is_moe_block(0) && !c.is_moe_block(1) && !c.is_moe_block(2) && !c.is_moe_block(3)));
+  // On a dense model the list is an MoE setting that would be ignored.
+  model::GptConfig dense = small_config();
+  dense.moe.dense_layers = {1};
+  REQUIRE_THROWS_QUINTET(dense.validate(1), InvalidArgument,
+                         "moe.dense_layers = 1 set, but mlp = dense builds no MoE layer");
+  // An MoE family's structure makes every block MoE again.
+  c.set_family(model::ModelFamily::qwen3_moe);
+  CHECK((c.moe.every == 1 && c.moe.dense_layers.empty()));
 }
 
 TEST_CASE("model: the families' named constructors set their structure and keep the sizes",

@@ -219,6 +219,7 @@ TEST_CASE("job config: every flag --help lists reaches the config", "[train]") {
                                                      {"--shared-experts", "1"},
                                                      {"--expert-ffn", "256"},
                                                      {"--moe-every", "2"},
+                                                     {"--dense-layers", "1"},
                                                      {"--moe-chunks", "4"},
                                                      {"--trace", "traces"},
                                                      {"--trace-steps", "1:2"}};
@@ -560,6 +561,16 @@ TEST_CASE("job config: the jobs the trainers refuse, refused before any communic
   refused(moe, 1, {"--arch", "llama"},
           "--arch llama: a dense family, and this trainer's model is a mixture of experts");
   parsed(moe, {"--dp", "2", "--ep", "2"}).validate(2);
+  // Dense blocks among the MoE ones: inside the model, among those --moe-every makes MoE, and
+  // one MoE block left; --init-from-hf's checks are in the test above.
+  refused(moe, 1, {"--dense-layers", "2"},
+          "moe.dense_layers holds block 2, and the model's blocks are 0 .. 1");
+  refused(moe, 1, {"--dense-layers", "0-1"}, "mlp = moe, and no block is MoE");
+  refused(moe, 1, {"--moe-every", "2", "--dense-layers", "1"}, "which is dense already");
+  refused(moe, 1, {"--dense-layers", "1,0"}, "0 does not come after 1");
+  const JobConfig mixed = parsed(moe, {"--dense-layers", "0", "--dp", "2", "--ep", "2"});
+  mixed.validate(2);
+  CHECK((!mixed.model.is_moe_block(0) && mixed.model.is_moe_block(1)));
 
   // A dense job (whose flags have no --ep nor MoE settings) built by hand with either is refused.
   JobConfig dense_ep;

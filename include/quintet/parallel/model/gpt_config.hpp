@@ -10,7 +10,9 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <string_view>
+#include <vector>
 
 #include "quintet/core/dtype.hpp"
 #include "quintet/nn/fp8.hpp"
@@ -38,6 +40,11 @@ struct MoEConfig {
   std::int64_t expert_ffn = 0;  // each expert's width; 0 = the dense MLP width (mlp_width())
   int shared_experts = 0;       // a dense MLP of shared_experts * expert_ffn every token takes
   int every = 1;                // block l is MoE when l % every == 0 (the others dense)
+  // Blocks (global indices, ascending) that hold the dense MLP (GptConfig::mlp_width() wide)
+  // although `every` picks them: DeepSeek's first k dense blocks are {0, .., k-1}, and with
+  // every = 1 any pattern is a list (Qwen3-MoE's mlp_only_layers and decoder_sparse_step,
+  // hf_checkpoint.hpp). Each must be a block `every` picks, and one MoE block at least remains.
+  std::vector<std::int64_t> dense_layers;
   int overlap_chunks = 1;  // MoEOptions::overlap_chunks: exchange chunks overlapped with compute
 };
 
@@ -51,6 +58,13 @@ enum class RecomputeKind {
 // "none", "attention", "full"; InvalidArgument (listing them) for anything else.
 RecomputeKind parse_recompute_kind(std::string_view name);
 
+// A list of block indices as the flags and job files write it: "0,1,5" or with ranges "0-2,5"
+// (ascending); "" is none. InvalidArgument, naming the text, for anything else (a negative or
+// descending entry, a range whose end is below its start, a stray character).
+std::vector<std::int64_t> parse_layer_list(std::string_view text);
+// The list as parse_layer_list reads it back, each index once: "0,1,5" ("" for none).
+std::string layer_list_text(const std::vector<std::int64_t>& layers);
+
 // The model families GptConfig's named constructors build (and the trainers' --arch): each fixes
 // the block's structure as the family's published models have it, not its sizes.
 //   gpt2       LayerNorm, GELU MLP, learned absolute positions, biases (eps 1e-5)
@@ -60,7 +74,8 @@ RecomputeKind parse_recompute_kind(std::string_view name);
 //              (expert_ffn 0: ffn_hidden), top-2
 //   qwen3_moe  qwen3's; its MoE: 128 SwiGLU experts of width 3/8 of hidden (expert_ffn), top-8
 // The MoE families route by a softmax over all experts, then renormalize the top k; dropless,
-// no shared experts, no balancing bias, every block MoE. The auxiliary and z-loss coefficients
+// no shared experts, no balancing bias, every block MoE (moe.every 1, no moe.dense_layers). The
+// auxiliary and z-loss coefficients
 // are the training's, not the family's.
 enum class ModelFamily { gpt2, llama, qwen3, mixtral, qwen3_moe };
 // "gpt2", "llama", "qwen3", "mixtral", "qwen3-moe"; InvalidArgument (listing them) otherwise.
@@ -135,8 +150,8 @@ struct GptConfig {
   // Sets family and the structure the family fixes (the list at ModelFamily): norm, eps,
   // activation, learned_positions, rope, rope_theta, bias (proj_bias on), qk_norm, and for mixtral
   // and qwen3_moe the MoE shape in moe (router experts, top_k, score, renormalize, capacity_factor,
-  // bias_rate; expert_ffn from hidden, shared_experts, every). Leaves the sizes, the layout
-  // settings, the MLP kind (mlp) and, for the dense families, moe as they are.
+  // bias_rate; expert_ffn from hidden, shared_experts, every, dense_layers). Leaves the sizes, the
+  // layout settings, the MLP kind (mlp) and, for the dense families, moe as they are.
   void set_family(ModelFamily f);
 
   // The key/value heads (kv_heads, or heads when 0) and the head dimension (head_dim, or
@@ -145,7 +160,8 @@ struct GptConfig {
   std::int64_t head_size() const { return head_dim > 0 ? head_dim : hidden / heads; }
   // The MLP width (ffn_hidden, or 4 * hidden when 0).
   std::int64_t mlp_width() const;
-  // Whether block l (global index) holds an MoE MLP.
+  // Whether block l (global index) holds an MoE MLP: mlp = moe, l % moe.every == 0 and l not in
+  // moe.dense_layers. The other blocks of an MoE model hold the dense MLP of mlp_width().
   bool is_moe_block(std::int64_t l) const;
   // An expert's width (moe.expert_ffn, or mlp_width() when 0).
   std::int64_t expert_width() const;
@@ -168,9 +184,10 @@ struct GptConfig {
   void validate(int tp, int cp = 1) const;
   // The part of validate() a transformer block needs (everything but the vocabulary).
   void validate_block(int tp, int cp = 1) const;
-  // With mlp = moe: the router config (RouterConfig::validate), moe.every >= 1, the experts
-  // divisible by ep and the expert width by etp (InvalidArgument naming both numbers). With
-  // mlp = dense: ep = 1 (an expert-parallel layout for a dense model is refused).
+  // With mlp = moe: the router config (RouterConfig::validate), moe.every >= 1, moe.dense_layers
+  // ascending, each a block below `layers` that `every` makes MoE, at least one MoE block left,
+  // the experts divisible by ep and the expert width by etp (InvalidArgument naming the
+  // numbers). With mlp = dense: ep = 1 (an expert-parallel layout for a dense model is refused).
   void validate_experts(int ep, int etp) const;
 
   // Parameters of the whole, unsharded model (a tied table counted once), and the N of the
