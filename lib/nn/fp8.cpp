@@ -1,5 +1,5 @@
-// The FP8 casts' argument checks and dispatch, and per-tensor scaling (quintet/nn/fp8.hpp). The
-// casts run on the CPU (lib/nn/cpu/fp8.cpp).
+// The FP8 ops' argument checks and dispatch, and per-tensor scaling (quintet/nn/fp8.hpp). The
+// kernels: lib/nn/cpu/fp8.cpp and lib/nn/cuda/fp8.cu.
 #include "quintet/nn/fp8.hpp"
 
 #include <algorithm>
@@ -20,11 +20,6 @@ const char* fp8_format_name(Fp8Format format) {
 }
 
 namespace {
-// The FP8 casts have a CPU implementation only (the GPU path is cuBLASLt's, issue #45).
-void cpu_only(const OpChecker& c) {
-  QUINTET_CHECK(!c.on_cuda(), "{}: the FP8 casts run on the CPU only; {} is a GPU", c.op(),
-                c.device().str());
-}
 void check_castable(const OpChecker& c, const char* name, const Tensor& x) {
   c.on_device(name, x);
   QUINTET_CHECK(x.dtype() == DType::f32 || x.dtype() == DType::bf16,
@@ -34,42 +29,155 @@ void check_scale(const OpChecker& c, float scale) {
   QUINTET_CHECK(std::isfinite(scale) && scale > 0.0f, "{}: scale = {} must be a finite number > 0",
                 c.op(), scale);
 }
+// A scale tensor: f32 [2] on the stream's device.
+void check_scale_tensor(const OpChecker& c, const char* name, const Tensor& t) {
+  c.on_device(name, t);
+  QUINTET_CHECK(t.dtype() == DType::f32 && t.shape() == Shape{2} && t.is_contiguous(),
+                "{}: {} is {} {}, expected a contiguous f32 [2] scale tensor {{scale, 1 / scale}}",
+                c.op(), name, dtype_name(t.dtype()), shape_str(t.shape()));
+}
+void check_amax_tensor(const OpChecker& c, const Tensor& t) {
+  c.on_device("amax", t);
+  QUINTET_CHECK(t.dtype() == DType::f32 && t.numel() == 1 && t.is_contiguous(),
+                "{}: amax is {} {}, expected one contiguous f32 value", c.op(),
+                dtype_name(t.dtype()), shape_str(t.shape()));
+}
+// An FP8 operand of the GEMM: u8 [rows, k], contiguous, with its scale tensor.
+void check_operand(const OpChecker& c, const char* name, const Fp8Tensor& q) {
+  c.on_device(name, q.data);
+  QUINTET_CHECK(q.data.dtype() == DType::u8 && q.data.dim() == 2 && q.data.is_contiguous(),
+                "{}: {} is {} {}, expected a contiguous u8 [rows, k] FP8 tensor", c.op(), name,
+                dtype_name(q.data.dtype()), shape_str(q.data.shape()));
+  check_scale_tensor(c, name, q.scale);
+}
 }  // namespace
 
 float fp8_amax(const Tensor& x, const Stream& stream) {
   const OpChecker c("fp8_amax", stream);
-  cpu_only(c);
   check_castable(c, "x", x);
-  return cpu_ops::fp8_amax(x.contiguous(stream));
+  if (!c.on_cuda()) return cpu_ops::fp8_amax(x.contiguous(stream));
+  Tensor amax = Tensor::empty({1}, DType::f32, c.device(), stream);
+  amax.fill_(0.0, stream);
+  fp8_amax_into(x, amax, stream);
+  const Tensor host = amax.to(Device::cpu(), stream);
+  stream.synchronize();
+  return host.data<float>()[0];
 }
 
 Tensor fp8_quantize(const Tensor& x, float scale, Fp8Format format, const Stream& stream) {
   const OpChecker c("fp8_quantize", stream);
-  cpu_only(c);
   check_castable(c, "x", x);
   check_scale(c, scale);
-  Tensor q = Tensor::empty(x.shape(), DType::u8, c.device(), stream);
-  cpu_ops::fp8_quantize(x.contiguous(stream), scale, format, q);
-  return q;
+  return fp8_cast(x, fp8_scale_tensor(scale, c.device(), stream), format, false, Tensor(), stream)
+      .data;
 }
 
 Tensor fp8_dequantize(const Tensor& q, float scale, Fp8Format format, DType out,
                       const Stream& stream) {
   const OpChecker c("fp8_dequantize", stream);
-  cpu_only(c);
-  c.on_device("q", q);
-  QUINTET_CHECK(q.dtype() == DType::u8, "fp8_dequantize: q has dtype {}, expected u8",
-                dtype_name(q.dtype()));
-  QUINTET_CHECK(out == DType::f32 || out == DType::bf16,
-                "fp8_dequantize: out = {}, expected f32 or bf16", dtype_name(out));
   check_scale(c, scale);
-  Tensor x = Tensor::empty(q.shape(), out, c.device(), stream);
-  cpu_ops::fp8_dequantize(q.contiguous(stream), scale, format, x);
-  return x;
+  return fp8_dequantize(Fp8Tensor{q, Tensor(), fp8_scale_tensor(scale, c.device(), stream), format},
+                        out, stream);
 }
 
 Tensor fp8_round_trip(const Tensor& x, float scale, Fp8Format format, const Stream& stream) {
   return fp8_dequantize(fp8_quantize(x, scale, format, stream), scale, format, x.dtype(), stream);
+}
+
+Tensor fp8_scale_tensor(float scale, const Device& device, const Stream& stream) {
+  const OpChecker c("fp8_scale_tensor", stream);
+  check_scale(c, scale);
+  QUINTET_CHECK(device == c.device(), "fp8_scale_tensor: device {} but the stream is on {}",
+                device.str(), c.device().str());
+  if (!c.on_cuda()) return Tensor::from_vector<float>({scale, 1.0f / scale}, {2});
+  // Two fills on the stream (a copy from pageable host memory would wait for it); float to
+  // double and back is exact.
+  Tensor t = Tensor::empty({2}, DType::f32, device, stream);
+  t.narrow(0, 0, 1).fill_(scale, stream);
+  t.narrow(0, 1, 1).fill_(1.0f / scale, stream);
+  return t;
+}
+
+void fp8_amax_into(const Tensor& x, const Tensor& amax, const Stream& stream) {
+  const OpChecker c("fp8_amax_into", stream);
+  check_castable(c, "x", x);
+  check_amax_tensor(c, amax);
+  const Tensor xc = x.contiguous(stream);
+  QUINTET_NN_DISPATCH(c, stream, fp8_cast, xc, Tensor(), Fp8Format::e4m3, Tensor(), Tensor(), amax);
+}
+
+Fp8Tensor fp8_cast(const Tensor& x, const Tensor& scale_t, Fp8Format format, bool transposed,
+                   const Tensor& amax, const Stream& stream) {
+  const OpChecker c("fp8_cast", stream);
+  check_castable(c, "x", x);
+  check_scale_tensor(c, "scale", scale_t);
+  if (amax.defined()) check_amax_tensor(c, amax);
+  QUINTET_CHECK(!transposed || x.dim() >= 1,
+                "fp8_cast: a transposed copy of a 0-dimensional tensor");
+  const Tensor xc = x.contiguous(stream);
+  Fp8Tensor q;
+  q.format = format;
+  q.scale = scale_t;
+  q.data = Tensor::empty(x.shape(), DType::u8, c.device(), stream);
+  if (transposed) {
+    const std::int64_t cols = x.size(x.dim() - 1), rows = cols == 0 ? 0 : x.numel() / cols;
+    q.transposed = Tensor::empty({cols, rows}, DType::u8, c.device(), stream);
+  }
+  QUINTET_NN_DISPATCH(c, stream, fp8_cast, xc, scale_t, format, q.data, q.transposed, amax);
+  return q;
+}
+
+Tensor fp8_dequantize(const Fp8Tensor& q, DType out, const Stream& stream) {
+  const OpChecker c("fp8_dequantize", stream);
+  c.on_device("q", q.data);
+  QUINTET_CHECK(q.data.dtype() == DType::u8, "fp8_dequantize: q has dtype {}, expected u8",
+                dtype_name(q.data.dtype()));
+  QUINTET_CHECK(out == DType::f32 || out == DType::bf16,
+                "fp8_dequantize: out = {}, expected f32 or bf16", dtype_name(out));
+  check_scale_tensor(c, "scale", q.scale);
+  Tensor x = Tensor::empty(q.data.shape(), out, c.device(), stream);
+  const Tensor qc = q.data.contiguous(stream);
+  QUINTET_NN_DISPATCH_ARGS(c, fp8_dequantize, (qc, q.scale.data<float>()[1], q.format, x),
+                           (qc, q.scale, q.format, x, stream));
+  return x;
+}
+
+void fp8_gemm(const Fp8Tensor& a, const Fp8Tensor& b, const Tensor& bias, const Tensor& y,
+              bool accumulate, bool fast_accum, const Stream& stream) {
+  const OpChecker c("fp8_gemm", stream);
+  check_operand(c, "a", a);
+  check_operand(c, "b", b);
+  const std::int64_t n = a.data.size(0), k = a.data.size(1), m = b.data.size(0);
+  QUINTET_CHECK(b.data.size(1) == k, "fp8_gemm: a is {} and b is {}; expected [n, k] and [m, k]",
+                shape_str(a.data.shape()), shape_str(b.data.shape()));
+  QUINTET_CHECK(a.format == Fp8Format::e4m3 || b.format == Fp8Format::e4m3,
+                "fp8_gemm: a and b are both E5M2; FP8 GEMMs take E4M3 by E4M3 or E5M2");
+  const DType t = c.compute("y", y);
+  QUINTET_CHECK(c.on_cuda() || t == DType::f32, "fp8_gemm: y has dtype {}; on the CPU, f32",
+                dtype_name(t));
+  c.shape("y", y, {n, m});
+  QUINTET_CHECK(y.is_contiguous(), "fp8_gemm: y must be contiguous (it is written in place)");
+  QUINTET_CHECK(!accumulate || t == DType::f32,
+                "fp8_gemm: accumulate into y of dtype {}; accumulation is into f32", dtype_name(t));
+  if (bias.defined()) {
+    c.compute_as("bias", bias, t);
+    c.shape("bias", bias, {m});
+  }
+  const Tensor bc = bias.defined() ? bias.contiguous(stream) : Tensor();
+  QUINTET_NN_DISPATCH(c, stream, fp8_gemm, a.data, a.scale, a.format, b.data, b.scale, b.format, bc,
+                      y, accumulate, fast_accum);
+}
+
+void fp8_column_sum(const Fp8Tensor& q, const Tensor& db, const Stream& stream) {
+  const OpChecker c("fp8_column_sum", stream);
+  c.on_device("q", q.data);
+  QUINTET_CHECK(q.data.dtype() == DType::u8 && q.data.dim() >= 1,
+                "fp8_column_sum: q is {} {}, expected a u8 [rows, cols] FP8 tensor",
+                dtype_name(q.data.dtype()), shape_str(q.data.shape()));
+  check_scale_tensor(c, "scale", q.scale);
+  c.accumulator("db", db, DType::f32, {q.data.size(q.data.dim() - 1)});
+  const Tensor qc = q.data.contiguous(stream);
+  QUINTET_NN_DISPATCH(c, stream, fp8_column_sum, qc, q.scale, q.format, db);
 }
 
 // ---- scaling ---------------------------------------------------------------------------------
@@ -141,6 +249,31 @@ void Fp8TensorScale::end_step() {
   step_amax_ = 0.0f;
 }
 
+Tensor Fp8TensorScale::scale_on_device(const Tensor& amax, bool record, const Stream& stream) {
+  const OpChecker c("Fp8TensorScale::scale_on_device", stream);
+  check_amax_tensor(c, amax);
+  if (!device_.defined() || device_.device() != c.device()) {
+    // {scale_, step_amax_}, filled on the stream (the first use, or after set_state).
+    device_ = Tensor::empty({2}, DType::f32, c.device(), stream);
+    device_.narrow(0, 0, 1).fill_(scale_, stream);
+    device_.narrow(0, 1, 1).fill_(step_amax_, stream);
+  }
+  Tensor out = Tensor::empty({2}, DType::f32, c.device(), stream);
+  QUINTET_NN_DISPATCH(c, stream, fp8_scale, amax, device_, out, format_, recipe_.margin,
+                      uses_amax(), record);
+  return out;
+}
+
+void Fp8TensorScale::end_device_step(float step_amax, const Stream& stream) {
+  fp8_scale_from_amax(step_amax, format_, recipe_.margin, 1.0f, what_);  // refuses a non-finite
+  step_amax_ = step_amax;
+  end_step();
+  if (device_.defined()) {
+    device_.narrow(0, 0, 1).fill_(scale_, stream);
+    device_.narrow(0, 1, 1).fill_(0.0, stream);
+  }
+}
+
 void Fp8TensorScale::set_state(const std::vector<float>& history, float scale) {
   QUINTET_CHECK(history.size() == history_.size(),
                 "FP8 scaling of {}: an amax history of {} values, expected {} (--fp8-amax-history)",
@@ -153,6 +286,7 @@ void Fp8TensorScale::set_state(const std::vector<float>& history, float scale) {
   history_ = history;
   scale_ = scale;
   step_amax_ = 0.0f;
+  device_ = Tensor();  // rebuilt from these values at the next scale_on_device
 }
 
 }  // namespace quintet::nn

@@ -9,3 +9,6 @@ quintet_gpu_test(NAME gpu_nn_train_ops_test COMPONENT nn SOURCES gpu/nn_train_op
 # RoPE and grouped-query attention on the GPU against the CPU ops.
 quintet_gpu_test(NAME gpu_nn_rope_test COMPONENT nn SOURCES gpu/nn_rope_test.cpp)
 quintet_gpu_test(NAME gpu_nn_gqa_attention_test COMPONENT nn SOURCES gpu/nn_gqa_attention_test.cpp)
+# FP8: the casts bit for bit against the CPU's, the scale kernel, the FP8 GEMM against the CPU
+# emulation within one ULP.
+quintet_gpu_test(NAME gpu_nn_fp8_test COMPONENT nn SOURCES gpu/nn_fp8_test.cpp)

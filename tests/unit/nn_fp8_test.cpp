@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "quintet/nn/fp8.hpp"
+#include "quintet/nn/ops.hpp"
 #include "support/catch.hpp"
 
 using namespace quintet;
@@ -261,4 +262,97 @@ TEST_CASE("FP8 bad input", "[fp8]") {
   CHECK(parse_fp8_scaling("delayed") == Fp8Scaling::delayed);
   REQUIRE_THROWS_QUINTET(parse_fp8_scaling("tensorwise"), InvalidArgument,
                          "expected current or delayed");
+}
+
+TEST_CASE("FP8 casts with a scale tensor: the data, transpose and amax of one pass", "[fp8]") {
+  // [3, 4] with a NaN-free spread of magnitudes; scale 3.5 (not a power of two).
+  const std::vector<float> v = {0.5f, -1.25f,  100.0f, 0.0f,  -0.0f, 1e-4f,
+                                7.0f, -300.0f, 2.0f,   -3.0f, 0.03f, 1.0f};
+  const Tensor x = Tensor::from_vector<float>(v, {3, 4});
+  const Tensor scale = fp8_scale_tensor(3.5f, Device::cpu(), kCpu);
+  CHECK(scale.to_vector<float>() == std::vector<float>{3.5f, 1.0f / 3.5f});
+  Tensor amax = Tensor::from_vector<float>({2.0f}, {1});
+  for (const Fp8Format f : {Fp8Format::e4m3, Fp8Format::e5m2}) {
+    const Fp8Tensor q = fp8_cast(x, scale, f, true, amax, kCpu);
+    const Tensor want = fp8_quantize(x, 3.5f, f, kCpu);
+    CHECK(q.data.to_vector<std::uint8_t>() == want.to_vector<std::uint8_t>());
+    REQUIRE(q.transposed.shape() == Shape{4, 3});
+    for (std::int64_t r = 0; r < 3; ++r) {
+      for (std::int64_t c = 0; c < 4; ++c) {
+        CHECK(q.transposed.data<std::uint8_t>()[c * 3 + r] == want.data<std::uint8_t>()[r * 4 + c]);
+      }
+    }
+    CHECK(amax.data<float>()[0] == 300.0f);  // max'ed with the 2 it held
+    const Tensor back = fp8_dequantize(q, DType::f32, kCpu);
+    CHECK(back.to_vector<float>() ==
+          fp8_dequantize(want, 3.5f, f, DType::f32, kCpu).to_vector<float>());
+  }
+  Tensor nan_amax = Tensor::from_vector<float>({0.0f}, {1});
+  fp8_amax_into(Tensor::from_vector<float>({1.0f, kNan, kInf}, {3}), nan_amax, kCpu);
+  CHECK(std::isnan(nan_amax.data<float>()[0]));
+  fp8_amax_into(Tensor::from_vector<float>({1.0f}, {1}), nan_amax, kCpu);
+  CHECK(std::isnan(nan_amax.data<float>()[0]));  // a NaN stays
+}
+
+TEST_CASE(
+    "FP8 scale on the device form equals scale(), and a non-finite amax is refused at the "
+    "step's end",
+    "[fp8]") {
+  for (const Fp8Scaling scaling : {Fp8Scaling::current, Fp8Scaling::delayed}) {
+    Fp8TensorScale host(Fp8Format::e4m3, {Fp8Mode::hybrid, scaling, 2, 1}, "x");
+    Fp8TensorScale dev(Fp8Format::e4m3, {Fp8Mode::hybrid, scaling, 2, 1}, "x");
+    for (const float a : {3.0f, 0.0f, 5.0f, 1e-40f, 2.0f}) {
+      const float want = host.scale(a);
+      const Tensor s = dev.scale_on_device(Tensor::from_vector<float>({a}, {1}), true, kCpu);
+      CHECK(s.to_vector<float>() == std::vector<float>{want, 1.0f / want});
+      REQUIRE(dev.on_device());
+      dev.end_device_step(dev.device_state().data<float>()[1], kCpu);
+      host.end_step();
+      CHECK(dev.history() == host.history());
+      CHECK(dev.delayed_scale() == host.delayed_scale());
+    }
+  }
+  Fp8TensorScale dy(Fp8Format::e5m2, {Fp8Mode::hybrid, Fp8Scaling::current, 1, 0}, "block0 dy");
+  dy.scale_on_device(Tensor::from_vector<float>({kNan}, {1}), true, kCpu);
+  dy.scale_on_device(Tensor::from_vector<float>({1.0f}, {1}), true, kCpu);
+  CHECK(std::isnan(dy.device_state().data<float>()[1]));
+  REQUIRE_THROWS_QUINTET(dy.end_device_step(dy.device_state().data<float>()[1], kCpu),
+                         InvalidArgument, "FP8 scaling of block0 dy");
+}
+
+TEST_CASE("FP8 GEMM on the CPU: the linear op on the dequantised operands", "[fp8]") {
+  const Tensor x = Tensor::randn({5, 8}, 11), w = Tensor::randn({6, 8}, 12);
+  const Tensor b = Tensor::randn({6}, 13);
+  const Fp8Tensor qx = fp8_cast(x, fp8_scale_tensor(50.0f, Device::cpu(), kCpu), Fp8Format::e4m3,
+                                false, Tensor(), kCpu);
+  const Fp8Tensor qw = fp8_cast(w, fp8_scale_tensor(0.75f, Device::cpu(), kCpu), Fp8Format::e5m2,
+                                false, Tensor(), kCpu);
+  Tensor y = Tensor::empty({5, 6});
+  fp8_gemm(qx, qw, b, y, false, false, kCpu);
+  const Tensor want = linear_forward(fp8_round_trip(x, 50.0f, Fp8Format::e4m3, kCpu),
+                                     fp8_round_trip(w, 0.75f, Fp8Format::e5m2, kCpu), b, kCpu);
+  CHECK(y.to_vector<float>() == want.to_vector<float>());
+  fp8_gemm(qx, qw, Tensor(), y, true, false, kCpu);  // y += the product without bias
+  const Tensor again =
+      linear_forward(fp8_round_trip(x, 50.0f, Fp8Format::e4m3, kCpu),
+                     fp8_round_trip(w, 0.75f, Fp8Format::e5m2, kCpu), Tensor(), kCpu);
+  for (std::int64_t i = 0; i < 30; ++i) {
+    CHECK(y.data<float>()[i] == want.data<float>()[i] + again.data<float>()[i]);
+  }
+  Tensor db = Tensor::zeros({8});
+  fp8_column_sum(qx, db, kCpu);
+  const Tensor xr = fp8_round_trip(x, 50.0f, Fp8Format::e4m3, kCpu);
+  for (std::int64_t c = 0; c < 8; ++c) {
+    float sum = 0.0f;
+    for (std::int64_t r = 0; r < 5; ++r) sum += xr.data<float>()[r * 8 + c];
+    CHECK(db.data<float>()[c] == sum);
+  }
+  REQUIRE_THROWS_QUINTET(fp8_gemm(qw, qw, Tensor(), Tensor::empty({6, 6}), false, false, kCpu),
+                         InvalidArgument, "both E5M2");
+  REQUIRE_THROWS_QUINTET(fp8_gemm(qx, qw, Tensor(), Tensor::empty({5, 5}), false, false, kCpu),
+                         InvalidArgument, "y has shape");
+  REQUIRE_THROWS_QUINTET(fp8_gemm(qx, qx, Tensor(), Tensor::empty({5, 6}), false, false, kCpu),
+                         InvalidArgument, "y has shape");
+  REQUIRE_THROWS_QUINTET(fp8_cast(x, Tensor::zeros({3}), Fp8Format::e4m3, false, Tensor(), kCpu),
+                         InvalidArgument, "scale tensor");
 }

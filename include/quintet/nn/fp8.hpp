@@ -41,7 +41,7 @@ std::uint8_t fp8_encode(float f, Fp8Format format);
 // The value of a bit pattern (NaN for the NaN patterns, +-inf for E5M2's infinities).
 float fp8_decode(std::uint8_t bits, Fp8Format format);
 
-// ---- tensor casts (CPU; a CUDA tensor is refused with InvalidArgument) ------------------------
+// ---- tensor casts with a host scale (CPU or GPU; on a GPU fp8_amax waits for the stream) -------
 // The largest |x| of x (f32 or bf16, any shape; 0 for an empty tensor). NaN when x holds a NaN,
 // inf when it holds an infinity (and no NaN): the scaling below refuses those.
 float fp8_amax(const Tensor& x, const Stream& stream);
@@ -55,6 +55,58 @@ Tensor fp8_dequantize(const Tensor& q, float scale, Fp8Format format, DType out,
 // dequantize(quantize(x)): the value x has once it went through FP8 with this scale, in x's
 // dtype. What the CPU emulation of an FP8 GEMM multiplies.
 Tensor fp8_round_trip(const Tensor& x, float scale, Fp8Format format, const Stream& stream);
+
+// ---- casts with the scale in a tensor (CPU or GPU; nothing waits for the GPU) ------------------
+// A scale tensor is f32 [2] on the data's device: {scale, 1 / scale} (the f32 reciprocal), what
+// the casts multiply by and what an FP8 GEMM's epilogue multiplies by (cuBLASLt reads the second).
+//
+// The scale tensor {scale, 1 / scale} for a host scale (finite, > 0), filled on stream.
+Tensor fp8_scale_tensor(float scale, const Device& device, const Stream& stream);
+// amax (f32 [1] holding a value >= 0, or NaN) becomes max(amax, the largest |x|) with fp8_amax's
+// NaN and infinity rules; on a GPU an atomic max on the float's bits, no host wait.
+void fp8_amax_into(const Tensor& x, const Tensor& amax, const Stream& stream);
+
+// An FP8 tensor as the GEMMs read it: data = fp8(x * scale) of x [rows, cols], and optionally its
+// transpose [cols, rows] (Hopper's FP8 GEMM reads both operands with the reduced dimension
+// contiguous, so a backward GEMM needs the transpose of what the forward read).
+struct Fp8Tensor {
+  Tensor data;        // u8 [rows, cols]
+  Tensor transposed;  // u8 [cols, rows], or undefined
+  Tensor scale;       // f32 [2] {scale, 1 / scale}
+  Fp8Format format = Fp8Format::e4m3;
+};
+// Casts x (f32 or bf16, viewed as [rows, cols] with cols its last dimension, rows the rest) at
+// the scale of scale_t in one pass: the data (bit for bit fp8_quantize's), with `transposed` its
+// transpose too, and with amax defined (as fp8_amax_into) x's amax max'ed into it.
+Fp8Tensor fp8_cast(const Tensor& x, const Tensor& scale_t, Fp8Format format, bool transposed,
+                   const Tensor& amax, const Stream& stream);
+// float(q) * (1 / scale) of q.data in dtype out (f32 or bf16), of q.data's shape: bit for bit
+// fp8_dequantize's.
+Tensor fp8_dequantize(const Fp8Tensor& q, DType out, const Stream& stream);
+
+// ---- the FP8 GEMM ------------------------------------------------------------------------------
+// The one FP8 matrix product of the linear layers (and the MoE experts), in "NT" row-major form:
+//   y [n, m] = (1/scale_a) (1/scale_b) · a [n, k] · b [m, k]ᵀ  (+ bias [m])  (+ y with accumulate)
+// with a and b FP8 u8 tensors (Fp8Tensor::data, any two formats but not both E5M2), both with k
+// contiguous. Every GEMM of a linear layer y = x Wᵀ has this form:
+//   forward  y  = q(x)  · q(W)ᵀ                a = x [rows, in],     b = W [out, in]
+//   dgrad    dx = q(dy) · q(Wᵀ)ᵀ               a = dy [rows, out],   b = Wᵀ [in, out]
+//   wgrad    dW += q(dyᵀ) · q(xᵀ)ᵀ (accumulate) a = dyᵀ [out, rows], b = xᵀ [in, rows]
+// (the transposes come from fp8_cast). y: f32 or bf16 (f32 on the CPU), contiguous; bias
+// undefined or [m] of y's dtype; accumulate: y += the product (y f32). The products are summed
+// in f32.
+//   - GPU: cuBLASLt's FP8 matmul ("TN" as cuBLAS counts it: A = b transposed, B = a) with
+//     CUBLASLT_MATMUL_DESC_A/B_SCALE_POINTER the inverse scales read from the scale tensors (no
+//     host wait), fast_accum (CUBLASLT_MATMUL_DESC_FAST_ACCUM; forward only, the backward keeps
+//     it off) as asked. Where cuBLASLt has no FP8 algorithm (k, m or n not a multiple of 16, a
+//     GPU before sm_89), the operands are dequantised to f32 and multiplied in f32: the same
+//     result up to the summation order.
+//   - CPU: the exact emulation: both dequantised to f32 (fp8_dequantize) and multiplied in f32.
+void fp8_gemm(const Fp8Tensor& a, const Fp8Tensor& b, const Tensor& bias, const Tensor& y,
+              bool accumulate, bool fast_accum, const Stream& stream);
+// db [cols] f32 += the column sums of q's dequantised values (the bias gradient of a layer whose
+// output gradient went through FP8: the sum of what the GEMMs read).
+void fp8_column_sum(const Fp8Tensor& q, const Tensor& db, const Stream& stream);
 
 // ---- scaling ---------------------------------------------------------------------------------
 // How a tensor's scale is chosen.
@@ -129,6 +181,23 @@ class Fp8TensorScale {
   float delayed_scale() const { return scale_; }
   void set_state(const std::vector<float>& history, float scale);
 
+  // ---- the device form (the GPU path of the FP8 linear layers; no call waits for the GPU) ----
+  // scale() on a device: amax is f32 [1] on the stream's device (already reduced as for
+  // scale()); returns the scale tensor {s, 1 / s} there with s the value scale() would return,
+  // computed by a kernel, and with record max's amax into the device's step slot. A non-finite
+  // amax is not refused here (that would wait for the GPU): it enters the step slot and
+  // end_device_step refuses it, naming the tensor, at the end of the step.
+  Tensor scale_on_device(const Tensor& amax, bool record, const Stream& stream);
+  // Whether scale_on_device has been used (the step amax is then the device's).
+  bool on_device() const { return device_.defined(); }
+  // The device state, f32 [2] {the delayed scale of this step, this step's amax}: what
+  // end_device_step reads and resets (undefined before scale_on_device).
+  const Tensor& device_state() const { return device_; }
+  // end_step() for a scale on a device, given its step amax read back from the device (and
+  // reduced as for end_step): refuses a non-finite amax naming the tensor, then end_step(), and
+  // resets the device state to {delayed_scale(), 0} on stream.
+  void end_device_step(float step_amax, const Stream& stream);
+
  private:
   Fp8Format format_ = Fp8Format::e4m3;
   Fp8Recipe recipe_;
@@ -136,6 +205,7 @@ class Fp8TensorScale {
   std::vector<float> history_;  // newest first
   float scale_ = 1.0f;          // delayed scaling's scale for the current step
   float step_amax_ = 0.0f;
+  Tensor device_;  // f32 [2] on the GPU: {scale_, step amax}
 };
 
 }  // namespace quintet::nn

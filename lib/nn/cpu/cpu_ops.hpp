@@ -62,9 +62,18 @@ void scale(const Tensor& x, float alpha, const Tensor& out);
 // Returns sum(x²) of one tensor of any float dtype, accumulated in double.
 double sum_of_squares(const Tensor& x);
 
-// FP8 casts (quintet/nn/fp8.hpp): x f32 or bf16, q u8, both contiguous of one shape.
+// FP8 (quintet/nn/fp8.hpp): x f32 or bf16, q u8, both contiguous of one shape; scale tensors
+// f32 [2] {scale, 1 / scale}; the arguments as cuda_ops' (lib/nn/cuda/cuda_ops.hpp).
 float fp8_amax(const Tensor& x);
-void fp8_quantize(const Tensor& x, float scale, Fp8Format format, const Tensor& q);
-void fp8_dequantize(const Tensor& q, float scale, Fp8Format format, const Tensor& x);
+void fp8_cast(const Tensor& x, const Tensor& scale, Fp8Format format, const Tensor& q,
+              const Tensor& qt, const Tensor& amax);
+// x = float(q) * scale_inv.
+void fp8_dequantize(const Tensor& q, float scale_inv, Fp8Format format, const Tensor& x);
+void fp8_column_sum(const Tensor& q, const Tensor& scale, Fp8Format format, const Tensor& db);
+void fp8_scale(const Tensor& amax, const Tensor& state, const Tensor& out, Fp8Format format,
+               int margin, bool use_amax, bool record);
+void fp8_gemm(const Tensor& a, const Tensor& a_scale, Fp8Format a_format, const Tensor& b,
+              const Tensor& b_scale, Fp8Format b_format, const Tensor& bias, const Tensor& y,
+              bool accumulate, bool fast_accum);
 
 }  // namespace quintet::nn::cpu_ops

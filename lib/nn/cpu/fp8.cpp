@@ -1,4 +1,5 @@
 // CPU FP8 casts (quintet/nn/fp8.hpp): the scalar encode/decode and the element-wise tensor loops.
+#include <cfloat>
 #include <cmath>
 #include <cstring>
 
@@ -95,13 +96,70 @@ float fp8_amax(const Tensor& x) {
   return nan ? std::nanf("") : amax;
 }
 
-void fp8_quantize(const Tensor& x, float scale, Fp8Format format, const Tensor& q) {
+void fp8_cast(const Tensor& x, const Tensor& scale, Fp8Format format, const Tensor& q,
+              const Tensor& qt, const Tensor& amax) {
+  if (amax.defined()) {
+    float& a = *amax.data<float>();
+    const float here = fp8_amax(x);
+    a = std::isnan(a) || std::isnan(here) ? a + here : std::fmax(a, here);
+  }
+  if (!q.defined()) return;
+  const float s = scale.data<float>()[0];
   std::uint8_t* out = q.data<std::uint8_t>();
-  for_each_value(x, [&](std::int64_t i, float v) { out[i] = fp8_encode(v * scale, format); });
+  for_each_value(x, [&](std::int64_t i, float v) { out[i] = fp8_encode(v * s, format); });
+  if (!qt.defined()) return;
+  const std::int64_t cols = x.size(x.dim() - 1), rows = cols == 0 ? 0 : x.numel() / cols;
+  std::uint8_t* t = qt.data<std::uint8_t>();
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t c = 0; c < cols; ++c) t[c * rows + r] = out[r * cols + c];
+  }
 }
 
-void fp8_dequantize(const Tensor& q, float scale, Fp8Format format, const Tensor& x) {
-  const float scale_inv = 1.0f / scale;
+void fp8_column_sum(const Tensor& q, const Tensor& scale, Fp8Format format, const Tensor& db) {
+  const float inv = scale.data<float>()[1];
+  const std::int64_t cols = q.size(q.dim() - 1), rows = cols == 0 ? 0 : q.numel() / cols;
+  const std::uint8_t* in = q.data<std::uint8_t>();
+  float* out = db.data<float>();
+  for (std::int64_t c = 0; c < cols; ++c) {
+    float sum = 0.0f;
+    for (std::int64_t r = 0; r < rows; ++r) sum += fp8_decode(in[r * cols + c], format) * inv;
+    out[c] += sum;
+  }
+}
+
+void fp8_scale(const Tensor& amax, const Tensor& state, const Tensor& out, Fp8Format format,
+               int margin, bool use_amax, bool record) {
+  const float a = amax.data<float>()[0];
+  float* st = state.data<float>();
+  float now = 1.0f;
+  if (std::isfinite(a) && a > 0.0f) {
+    const float s = std::ldexp(fp8_max(format) / a, -margin);
+    now = std::isfinite(s) ? s : FLT_MAX;
+  }
+  if (record) st[1] = std::isnan(a) || std::isnan(st[1]) ? a + st[1] : std::fmax(st[1], a);
+  const float s = use_amax ? now : st[0];
+  float* o = out.data<float>();
+  o[0] = s;
+  o[1] = 1.0f / s;
+}
+
+void fp8_gemm(const Tensor& a, const Tensor& a_scale, Fp8Format a_format, const Tensor& b,
+              const Tensor& b_scale, Fp8Format b_format, const Tensor& bias, const Tensor& y,
+              bool accumulate, bool /*fast_accum*/) {
+  const Tensor ad = Tensor::empty(a.shape(), DType::f32);
+  const Tensor bd = Tensor::empty(b.shape(), DType::f32);
+  fp8_dequantize(a, a_scale.data<float>()[1], a_format, ad);
+  fp8_dequantize(b, b_scale.data<float>()[1], b_format, bd);
+  if (!accumulate) {
+    linear_forward(ad, bd, bias, y);
+    return;
+  }
+  const Tensor tmp = Tensor::empty(y.shape(), DType::f32);
+  linear_forward(ad, bd, bias, tmp);
+  add_(y, tmp, 1.0f);
+}
+
+void fp8_dequantize(const Tensor& q, float scale_inv, Fp8Format format, const Tensor& x) {
   const std::uint8_t* in = q.data<std::uint8_t>();
   const std::int64_t n = q.numel();
   if (x.dtype() == DType::bf16) {

@@ -21,7 +21,9 @@ namespace {
 // because cuBLASLt's fast kernels need aligned pointers and odd shapes need other kernels.
 using AlgoKey = std::tuple<int, bool, bool, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
                            std::int64_t, std::int64_t, int, int, bool, bool, bool, unsigned,
-                           unsigned, unsigned>;
+                           unsigned, unsigned, int, bool, bool>;
+
+bool is_fp8(cudaDataType_t t) { return t == CUDA_R_8F_E4M3 || t == CUDA_R_8F_E5M2; }
 
 // Process-wide, never destroyed (like the handles it is used with). An entry without a value: no
 // algorithm exists for that problem.
@@ -67,10 +69,11 @@ void lt_matmul(const LtMatmul& mm, const Stream& stream) {
   if (try_lt_matmul(mm, stream)) return;
   QUINTET_THROW(Cuda,
                 "cuBLASLt found no algorithm for m={} n={} k={} (lda={} ldb={} ldd={}, transa={} "
-                "transb={}, A/B type {}, D type {}, alignments {}/{}/{} bytes)",
+                "transb={}, A/B type {}/{}, D type {}, alignments {}/{}/{} bytes)",
                 mm.m, mm.n, mm.k, mm.lda, mm.ldb, mm.ldd, mm.trans_a, mm.trans_b,
-                static_cast<int>(mm.ab_type), static_cast<int>(mm.d_type), alignment_of(mm.a),
-                alignment_of(mm.b), alignment_of(mm.d));
+                static_cast<int>(mm.ab_type), static_cast<int>(mm.b_type.value_or(mm.ab_type)),
+                static_cast<int>(mm.d_type), alignment_of(mm.a), alignment_of(mm.b),
+                alignment_of(mm.d));
 }
 
 bool try_lt_matmul(const LtMatmul& mm, const Stream& stream) {
@@ -88,6 +91,21 @@ bool try_lt_matmul(const LtMatmul& mm, const Stream& stream) {
       cublasLtMatmulDescSetAttribute(desc.h, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
   QUINTET_CUBLAS_CHECK(
       cublasLtMatmulDescSetAttribute(desc.h, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+  const cudaDataType_t b_type = mm.b_type.value_or(mm.ab_type);
+  const bool fp8 = is_fp8(mm.ab_type) || is_fp8(b_type);
+  if (fp8) {
+    const std::int8_t fast = mm.fast_accum ? 1 : 0;
+    QUINTET_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.h, CUBLASLT_MATMUL_DESC_FAST_ACCUM,
+                                                        &fast, sizeof fast));
+  }
+  if (mm.a_scale != nullptr) {
+    QUINTET_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+        desc.h, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &mm.a_scale, sizeof mm.a_scale));
+  }
+  if (mm.b_scale != nullptr) {
+    QUINTET_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+        desc.h, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &mm.b_scale, sizeof mm.b_scale));
+  }
   if (mm.bias != nullptr) {
     const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
     QUINTET_CUBLAS_CHECK(
@@ -112,7 +130,7 @@ bool try_lt_matmul(const LtMatmul& mm, const Stream& stream) {
   Layout la, lb, ld;
   QUINTET_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la.h, mm.ab_type, mm.trans_a ? mm.k : mm.m,
                                                   mm.trans_a ? mm.m : mm.k, mm.lda));
-  QUINTET_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb.h, mm.ab_type, mm.trans_b ? mm.n : mm.k,
+  QUINTET_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb.h, b_type, mm.trans_b ? mm.n : mm.k,
                                                   mm.trans_b ? mm.k : mm.n, mm.ldb));
   QUINTET_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld.h, mm.d_type, mm.m, mm.n, mm.ldd));
 
@@ -135,7 +153,10 @@ bool try_lt_matmul(const LtMatmul& mm, const Stream& stream) {
                     mm.bias_grad != nullptr,
                     align_a,
                     align_b,
-                    align_d};
+                    align_d,
+                    b_type,
+                    mm.a_scale != nullptr || mm.b_scale != nullptr,
+                    mm.fast_accum};
   std::optional<cublasLtMatmulAlgo_t> algo;
   bool cached = false;
   {
@@ -164,10 +185,12 @@ bool try_lt_matmul(const LtMatmul& mm, const Stream& stream) {
     cublasLtMatmulHeuristicResult_t result;
     std::memset(&result, 0, sizeof result);
     int found = 0;
-    // An unsupported epilogue may be refused here rather than by finding nothing.
+    // An unsupported epilogue may be refused here rather than by finding nothing; so may an FP8
+    // problem cuBLASLt does not take (a type combination, a GPU before sm_89), which the caller
+    // then computes otherwise.
     const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle, desc.h, la.h, lb.h, ld.h,
                                                                  ld.h, pref.h, 1, &result, &found);
-    if (status != CUBLAS_STATUS_NOT_SUPPORTED) QUINTET_CUBLAS_CHECK(status);
+    if (status != CUBLAS_STATUS_NOT_SUPPORTED && !fp8) QUINTET_CUBLAS_CHECK(status);
     if (status == CUBLAS_STATUS_SUCCESS && found > 0) algo = result.algo;
     std::lock_guard<std::mutex> lock(cache.mutex);
     cache.algos.emplace(key, algo);

@@ -8,6 +8,7 @@
 #include <cublasLt.h>
 
 #include <cstdint>
+#include <optional>
 
 #include "quintet/core/stream.hpp"
 
@@ -20,6 +21,10 @@ namespace quintet::nn::cuda_ops::detail {
 // values overwritten with the sums of op(B) over k, each column's (CUBLASLT_EPILOGUE_BGRADB: the
 // bias gradient of a weight-gradient product, read from B as the product reads it). Runs on
 // stream; device current.
+// FP8 (ab_type CUDA_R_8F_E4M3 or _E5M2): cuBLASLt's FP8 kernels take only trans_a and !trans_b
+// ("TN"); b_type is B's type when it differs from A's (E4M3 by E5M2), a_scale and b_scale device
+// f32 multipliers of A and B (CUBLASLT_MATMUL_DESC_A/B_SCALE_POINTER: the inverse scales), and
+// fast_accum CUBLASLT_MATMUL_DESC_FAST_ACCUM (off: the products are accumulated in full f32).
 struct LtMatmul {
   bool trans_a = false;
   bool trans_b = false;
@@ -36,6 +41,10 @@ struct LtMatmul {
   float beta = 0.0f;
   const void* bias = nullptr;
   void* bias_grad = nullptr;
+  std::optional<cudaDataType_t> b_type;  // B's type when not ab_type
+  const float* a_scale = nullptr;
+  const float* b_scale = nullptr;
+  bool fast_accum = false;
 };
 
 // Queues the multiply on stream; throws Cuda when cuBLASLt fails or finds no algorithm.

@@ -24,6 +24,7 @@
 #include "quintet/core/config.hpp"
 #include "quintet/core/stream.hpp"
 #include "quintet/core/tensor.hpp"
+#include "quintet/nn/fp8.hpp"
 #include "quintet/nn/ops.hpp"
 
 // 1 once lib/nn/cuda/*.cu implement every function below (see OWNERSHIP).
@@ -120,6 +121,26 @@ void scale(const Tensor& x, float alpha, const Tensor& out, const Stream& stream
 // accumulate sum(x²) in f32 into out (a scalar f32 tensor) over every x (contiguous, any float
 // dtypes), in launches of up to 64 tensors of one dtype.
 void sum_of_squares(const std::vector<Tensor>& xs, const Tensor& out, const Stream& stream);
+
+// FP8 (fp8.hpp; lib/nn/cuda/fp8.cu). scale tensors f32 [2] {scale, 1 / scale}; x f32 or bf16
+// viewed as [rows, cols] (cols its last dimension). fp8_cast: q u8 of x's shape (undefined: the
+// amax only, scale then undefined too), qt u8 [cols, rows] or undefined (only with q), amax f32
+// [1] or undefined, max'ed with x's amax.
+void fp8_cast(const Tensor& x, const Tensor& scale, Fp8Format format, const Tensor& q,
+              const Tensor& qt, const Tensor& amax, const Stream& stream);
+// x (f32 or bf16, q's shape) = float(q) * scale[1].
+void fp8_dequantize(const Tensor& q, const Tensor& scale, Fp8Format format, const Tensor& x,
+                    const Stream& stream);
+// db [cols] f32 += column sums of float(q) * scale[1], q [rows, cols].
+void fp8_column_sum(const Tensor& q, const Tensor& scale, Fp8Format format, const Tensor& db,
+                    const Stream& stream);
+// out (a scale tensor) from amax f32 [1] and state f32 [2] (Fp8TensorScale::scale_on_device).
+void fp8_scale(const Tensor& amax, const Tensor& state, const Tensor& out, Fp8Format format,
+               int margin, bool use_amax, bool record, const Stream& stream);
+// y [n, m] (=, or += with accumulate) a [n, k] · b [m, k]ᵀ with the inverse scales (+ bias [m]).
+void fp8_gemm(const Tensor& a, const Tensor& a_scale, Fp8Format a_format, const Tensor& b,
+              const Tensor& b_scale, Fp8Format b_format, const Tensor& bias, const Tensor& y,
+              bool accumulate, bool fast_accum, const Stream& stream);
 
 }  // namespace quintet::nn::cuda_ops
 #endif  // QUINTET_HAS_CUDA

@@ -1,0 +1,323 @@
+// FP8 on the GPU (quintet/nn/fp8.hpp): the casts (with the amax and the transpose in the same
+// pass), the dequantisation, the scale kernel of Fp8TensorScale::scale_on_device, the bias
+// gradient of an FP8 output gradient, and the FP8 GEMM through the linear op's cuBLASLt matmul.
+//
+// The scalar encode and decode are the CPU's (lib/nn/cpu/fp8.cpp) line for line, in f32 bit
+// arithmetic, so a cast is bit for bit the CPU's: round to nearest even, saturation to the
+// largest finite value, NaN to 0x7f, subnormals kept. (nvcc's defaults keep subnormals and IEEE
+// division; the build does not use --use_fast_math.)
+#include <cfloat>
+
+#include "nn/cuda/cublaslt.hpp"
+#include "nn/cuda/cuda_ops.hpp"
+#include "nn/cuda/kernel_common.cuh"
+
+namespace quintet::nn::cuda_ops {
+
+using namespace detail;
+
+namespace {
+
+// The layout of a format, as lib/nn/cpu/fp8.cpp's.
+template <bool E4M3>
+struct Fp8Bits {
+  static constexpr int bias = E4M3 ? 7 : 15;
+  static constexpr int mantissa = E4M3 ? 3 : 2;
+  static constexpr unsigned max_bits = E4M3 ? 0x7eu : 0x7bu;
+  static constexpr float max_value = E4M3 ? 448.0f : 57344.0f;
+  static constexpr float min_normal = E4M3 ? 0x1p-6f : 0x1p-14f;  // 2^(1 - bias)
+  static constexpr float unit_inv = E4M3 ? 0x1p9f : 0x1p16f;      // 2^(bias - 1 + mantissa)
+  static constexpr float unit = E4M3 ? 0x1p-9f : 0x1p-16f;        // the smallest subnormal
+};
+
+template <bool E4M3>
+__device__ __forceinline__ std::uint8_t encode(float f) {
+  using L = Fp8Bits<E4M3>;
+  if (isnan(f)) return 0x7f;
+  const unsigned bits = __float_as_uint(f);
+  const unsigned sign = (bits >> 24) & 0x80u;
+  const float a = fabsf(f);
+  if (a >= L::max_value) return static_cast<std::uint8_t>(sign | L::max_bits);
+  if (a < L::min_normal) {
+    const float units = a * L::unit_inv;  // exact: a power of two, the result below 2^mantissa
+    float whole = floorf(units);
+    const float rest = units - whole;
+    if (rest > 0.5f || (rest == 0.5f && fmodf(whole, 2.0f) != 0.0f)) whole += 1.0f;
+    return static_cast<std::uint8_t>(sign | static_cast<unsigned>(whole));
+  }
+  constexpr int shift = 23 - L::mantissa;
+  const unsigned rebiased = __float_as_uint(a) - (static_cast<unsigned>(127 - L::bias) << 23);
+  const unsigned rounded =
+      (rebiased + (1u << (shift - 1)) - 1u + ((rebiased >> shift) & 1u)) >> shift;
+  return static_cast<std::uint8_t>(sign | rounded);
+}
+
+template <bool E4M3>
+__device__ __forceinline__ float decode(std::uint8_t bits) {
+  using L = Fp8Bits<E4M3>;
+  const bool negative = (bits & 0x80u) != 0;
+  const int exponent_field = (bits & 0x7f) >> L::mantissa;
+  const int mantissa = bits & ((1 << L::mantissa) - 1);
+  constexpr int all_ones = (1 << (7 - L::mantissa)) - 1;
+  float value;
+  if (E4M3 && exponent_field == all_ones && mantissa == 7) {
+    value = __uint_as_float(0x7fc00000u);
+  } else if (!E4M3 && exponent_field == all_ones) {
+    value = mantissa == 0 ? __uint_as_float(0x7f800000u) : __uint_as_float(0x7fc00000u);
+  } else if (exponent_field == 0) {
+    value = static_cast<float>(mantissa) * L::unit;  // exact
+  } else {
+    value = ldexpf(static_cast<float>(mantissa + (1 << L::mantissa)),
+                   exponent_field - L::bias - L::mantissa);
+  }
+  return negative ? -value : value;
+}
+
+constexpr int kTile = 32;     // the cast's tile: 32 x 32 elements
+constexpr int kTileRows = 8;  // threads per tile column (blockDim 32 x 8, 4 rows per thread)
+
+// One pass over x [rows, cols]: q = fp8(x * scale[0]) (q may be null: amax only), qt [cols, rows]
+// its transpose (null: none), amax (null: none) max'ed with the largest |x| as unsigned bits of
+// the float (|x|'s bits order as the values do, NaN above infinity: the CPU's NaN rule). A block
+// per 32 x 32 tile; grid.y strides over the tile rows.
+template <class T, bool E4M3>
+__global__ void __launch_bounds__(kTile* kTileRows)
+    cast_kernel(const T* __restrict__ x, std::int64_t rows, std::int64_t cols,
+                const float* __restrict__ scale, std::uint8_t* __restrict__ q,
+                std::uint8_t* __restrict__ qt, unsigned* amax) {
+  __shared__ std::uint8_t tile[kTile][kTile + 4];
+  __shared__ unsigned warp_max_bits[kTileRows];
+  const float s = scale != nullptr ? scale[0] : 1.0f;
+  const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * kTile + threadIdx.x;
+  unsigned max_bits = 0;
+  for (std::int64_t tr = blockIdx.y; tr * kTile < rows; tr += gridDim.y) {
+    const std::int64_t r0 = tr * kTile;
+    for (int j = threadIdx.y; j < kTile; j += kTileRows) {
+      const std::int64_t r = r0 + j;
+      if (r < rows && c < cols) {
+        const float v = to_float(x[r * cols + c]);
+        max_bits = max(max_bits, __float_as_uint(fabsf(v)));
+        if (q != nullptr) {
+          const std::uint8_t code = encode<E4M3>(v * s);
+          q[r * cols + c] = code;
+          tile[j][threadIdx.x] = code;
+        }
+      }
+    }
+    if (qt != nullptr) {
+      __syncthreads();
+      // qt[c', r'] = q[r', c'] with c' along the tile's rows, r' along its columns (coalesced).
+      const std::int64_t rt = r0 + threadIdx.x;
+      for (int j = threadIdx.y; j < kTile; j += kTileRows) {
+        const std::int64_t ct = static_cast<std::int64_t>(blockIdx.x) * kTile + j;
+        if (rt < rows && ct < cols) qt[ct * rows + rt] = tile[threadIdx.x][j];
+      }
+      __syncthreads();  // the tile is rewritten by the next tile row
+    }
+  }
+  if (amax == nullptr) return;
+  max_bits = __reduce_max_sync(0xffffffffu, max_bits);
+  if (threadIdx.x == 0) warp_max_bits[threadIdx.y] = max_bits;
+  __syncthreads();
+  if (threadIdx.x == 0 && threadIdx.y == 0) {
+    unsigned m = 0;
+    for (int w = 0; w < kTileRows; ++w) m = max(m, warp_max_bits[w]);
+    atomicMax(amax, m);
+  }
+}
+
+template <class T, bool E4M3>
+__global__ void dequantize_kernel(const std::uint8_t* q, const float* scale, T* x, std::int64_t n) {
+  const float inv = scale[1];
+  for (std::int64_t i = global_index(); i < n; i += global_stride()) {
+    x[i] = from_float<T>(decode<E4M3>(q[i]) * inv);
+  }
+}
+
+// db[c] += sum over rows of decode(q[r, c]) * scale[1]; as linear.cu's column sum.
+template <bool E4M3>
+__global__ void column_sum_kernel(const std::uint8_t* q, const float* scale, float* db,
+                                  std::int64_t rows, std::int64_t cols, std::int64_t chunk) {
+  const std::int64_t c = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= cols) return;
+  const float inv = scale[1];
+  const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.y) * chunk;
+  const std::int64_t r1 = r0 + chunk < rows ? r0 + chunk : rows;
+  float sum = 0.0f;
+  for (std::int64_t r = r0; r < r1; ++r) sum += decode<E4M3>(q[r * cols + c]) * inv;
+  atomicAdd(db + c, sum);
+}
+
+// Fp8TensorScale::scale on the device (lib/nn/fp8.cpp's fp8_scale_from_amax and scale(), with a
+// non-finite amax recorded instead of thrown). One thread.
+__global__ void scale_kernel(const float* amax, float* state, float* out, float fp8_max, int margin,
+                             bool use_amax, bool record) {
+  const float a = amax[0];
+  float now = 1.0f;  // an all-zero tensor (or a non-finite one, refused at the step's end)
+  if (isfinite(a) && a > 0.0f) {
+    const float s = ldexpf(__fdiv_rn(fp8_max, a), -margin);
+    now = isfinite(s) ? s : FLT_MAX;
+  }
+  if (record) state[1] = isnan(a) || isnan(state[1]) ? a + state[1] : fmaxf(state[1], a);
+  const float s = use_amax ? now : state[0];
+  out[0] = s;
+  out[1] = __fdiv_rn(1.0f, s);
+}
+
+// y = T(tmp + b) (b null: none), or y += tmp (accumulate, y f32): the fallback GEMM's epilogue.
+template <class T>
+__global__ void store_kernel(const float* tmp, const T* b, T* y, std::int64_t rows,
+                             std::int64_t cols, bool accumulate) {
+  const std::int64_t n = rows * cols;
+  for (std::int64_t i = global_index(); i < n; i += global_stride()) {
+    float v = tmp[i];
+    if (accumulate) v += to_float(y[i]);
+    if (b != nullptr) v += to_float(b[i % cols]);
+    y[i] = from_float<T>(v);
+  }
+}
+
+template <class F>
+void dispatch_format(Fp8Format format, F&& f) {
+  if (format == Fp8Format::e4m3) {
+    f(std::true_type{});
+  } else {
+    f(std::false_type{});
+  }
+}
+
+cudaDataType_t fp8_type(Fp8Format format) {
+  return format == Fp8Format::e4m3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;
+}
+
+// Row-major y [n, m] = a [n, k] · b [m, k]ᵀ, as cuBLAS counts it column-major yᵀ [m, n] =
+// op_T(b as [k, m]) · (a as [k, n]): "TN", the one layout of Hopper's FP8 kernels.
+LtMatmul nt_matmul(std::int64_t n, std::int64_t m, std::int64_t k, const void* a, const void* b,
+                   void* y) {
+  LtMatmul mm;
+  mm.trans_a = true;
+  mm.m = m;
+  mm.n = n;
+  mm.k = k;
+  mm.a = b;
+  mm.lda = k;
+  mm.b = a;
+  mm.ldb = k;
+  mm.d = y;
+  mm.ldd = m;
+  return mm;
+}
+
+// Rows of x viewed as [rows, cols] (cols its last dimension).
+std::int64_t rows_of(const Tensor& x) {
+  const std::int64_t cols = x.dim() == 0 ? 1 : x.size(x.dim() - 1);
+  return cols == 0 ? 0 : x.numel() / cols;
+}
+
+}  // namespace
+
+void fp8_cast(const Tensor& x, const Tensor& scale, Fp8Format format, const Tensor& q,
+              const Tensor& qt, const Tensor& amax, const Stream& stream) {
+  const std::int64_t cols = x.dim() == 0 ? 1 : x.size(x.dim() - 1), rows = rows_of(x);
+  if (rows == 0 || cols == 0) return;
+  const std::int64_t tile_rows = (rows + kTile - 1) / kTile;
+  const dim3 grid(static_cast<unsigned>((cols + kTile - 1) / kTile),
+                  static_cast<unsigned>(std::min<std::int64_t>(tile_rows, 65535)));
+  const dim3 block(kTile, kTileRows);
+  dispatch_compute(x.dtype(), "fp8_cast", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    dispatch_format(format, [&](auto e4m3) {
+      cast_kernel<T, decltype(e4m3)::value><<<grid, block, 0, stream.handle()>>>(
+          ptr<T>(x), rows, cols, scale.defined() ? ptr<float>(scale) : nullptr,
+          q.defined() ? ptr<std::uint8_t>(q) : nullptr,
+          qt.defined() ? ptr<std::uint8_t>(qt) : nullptr,
+          amax.defined() ? static_cast<unsigned*>(amax.data_ptr()) : nullptr);
+      check_launch();
+    });
+  });
+}
+
+void fp8_dequantize(const Tensor& q, const Tensor& scale, Fp8Format format, const Tensor& x,
+                    const Stream& stream) {
+  const std::int64_t n = q.numel();
+  if (n == 0) return;
+  dispatch_compute(x.dtype(), "fp8_dequantize", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    dispatch_format(format, [&](auto e4m3) {
+      dequantize_kernel<T, decltype(e4m3)::value><<<grid_for(n), kThreads, 0, stream.handle()>>>(
+          ptr<std::uint8_t>(q), ptr<float>(scale), ptr<T>(x), n);
+      check_launch();
+    });
+  });
+}
+
+void fp8_column_sum(const Tensor& q, const Tensor& scale, Fp8Format format, const Tensor& db,
+                    const Stream& stream) {
+  const std::int64_t cols = q.size(q.dim() - 1), rows = rows_of(q);
+  if (rows == 0 || cols == 0) return;
+  const std::int64_t chunk = std::max<std::int64_t>(256, (rows + 65534) / 65535);
+  const dim3 grid(static_cast<unsigned>((cols + kThreads - 1) / kThreads),
+                  static_cast<unsigned>((rows + chunk - 1) / chunk));
+  dispatch_format(format, [&](auto e4m3) {
+    column_sum_kernel<decltype(e4m3)::value><<<grid, kThreads, 0, stream.handle()>>>(
+        ptr<std::uint8_t>(q), ptr<float>(scale), ptr<float>(db), rows, cols, chunk);
+    check_launch();
+  });
+}
+
+void fp8_scale(const Tensor& amax, const Tensor& state, const Tensor& out, Fp8Format format,
+               int margin, bool use_amax, bool record, const Stream& stream) {
+  scale_kernel<<<1, 1, 0, stream.handle()>>>(ptr<float>(amax), ptr<float>(state), ptr<float>(out),
+                                             fp8_max(format), margin, use_amax, record);
+  check_launch();
+}
+
+void fp8_gemm(const Tensor& a, const Tensor& a_scale, Fp8Format a_format, const Tensor& b,
+              const Tensor& b_scale, Fp8Format b_format, const Tensor& bias, const Tensor& y,
+              bool accumulate, bool fast_accum, const Stream& stream) {
+  const std::int64_t n = a.size(0), k = a.size(1), m = b.size(0);
+  if (n == 0 || m == 0) return;
+  if (k == 0) {  // an empty product: y = bias (or 0), or y unchanged
+    if (accumulate) return;
+    Tensor zeros = Tensor::empty({n, m}, DType::f32, y.device(), stream);
+    zeros.fill_(0.0, stream);
+    dispatch_compute(y.dtype(), "fp8_gemm", [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      store_kernel<T><<<grid_for(n * m), kThreads, 0, stream.handle()>>>(
+          ptr<float>(zeros), bias.defined() ? ptr<T>(bias) : nullptr, ptr<T>(y), n, m, false);
+      check_launch();
+    });
+    return;
+  }
+  LtMatmul mm = nt_matmul(n, m, k, a.data_ptr(), b.data_ptr(), y.data_ptr());
+  mm.ab_type = fp8_type(b_format);
+  mm.b_type = fp8_type(a_format);
+  mm.d_type = y.dtype() == DType::bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  mm.beta = accumulate ? 1.0f : 0.0f;
+  mm.bias = bias.defined() ? bias.data_ptr() : nullptr;
+  mm.a_scale = static_cast<const float*>(b_scale.data_ptr()) + 1;
+  mm.b_scale = static_cast<const float*>(a_scale.data_ptr()) + 1;
+  mm.fast_accum = fast_accum;
+  // cuBLASLt's FP8 kernels need every dimension a multiple of 16 (and 16-byte-aligned data,
+  // which its heuristic checks); otherwise, or where it has no FP8 algorithm, the fallback.
+  if (m % 16 == 0 && n % 16 == 0 && k % 16 == 0 && try_lt_matmul(mm, stream)) return;
+
+  // Fallback: both operands dequantised to f32, an f32 product into a scratch, then the bias or
+  // the accumulation added in f32 and y written in its dtype.
+  const Tensor ad = Tensor::empty({n, k}, DType::f32, y.device(), stream);
+  const Tensor bd = Tensor::empty({m, k}, DType::f32, y.device(), stream);
+  fp8_dequantize(a, a_scale, a_format, ad, stream);
+  fp8_dequantize(b, b_scale, b_format, bd, stream);
+  const Tensor tmp = Tensor::empty({n, m}, DType::f32, y.device(), stream);
+  LtMatmul f = nt_matmul(n, m, k, ad.data_ptr(), bd.data_ptr(), tmp.data_ptr());
+  f.ab_type = f.d_type = CUDA_R_32F;
+  lt_matmul(f, stream);
+  dispatch_compute(y.dtype(), "fp8_gemm", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    store_kernel<T><<<grid_for(n * m), kThreads, 0, stream.handle()>>>(
+        ptr<float>(tmp), bias.defined() ? ptr<T>(bias) : nullptr, ptr<T>(y), n, m, accumulate);
+    check_launch();
+  });
+}
+
+}  // namespace quintet::nn::cuda_ops

@@ -1,0 +1,314 @@
+// FP8 on the GPU against the CPU (quintet/nn/fp8.hpp): the casts bit for bit on edge inputs
+// (zeros, -0, FP8 and f32 subnormals, ties, the largest values, overflow, infinities, NaN) in f32
+// and bf16, with the transpose and the amax of the same pass, at tile-straddling shapes; every
+// pattern dequantised bit for bit; the scale kernel; and the FP8 GEMM (the forward, dgrad and
+// wgrad forms, cuBLASLt's FP8 kernels at multiples of 16 and the f32 fallback elsewhere) against
+// the CPU emulation within one ULP of the output.
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "gpu/nn_gpu_compare.hpp"
+#include "quintet/nn/fp8.hpp"
+
+using namespace quintet;
+using namespace quintet::nn;
+using namespace nn_gpu_test;
+
+namespace {
+
+const float kInf = std::numeric_limits<float>::infinity();
+const float kNan = std::numeric_limits<float>::quiet_NaN();
+const Fp8Format kFormats[] = {Fp8Format::e4m3, Fp8Format::e5m2};
+
+// Edge values of both formats (before the scale): signed zeros, FP8 subnormals and the ties
+// between them, the smallest normals, ties between normals, the largest finite values and just
+// above and below, overflow, infinities, NaN, f32 subnormals.
+std::vector<float> edge_values() {
+  std::vector<float> v = {0.0f,
+                          -0.0f,
+                          std::ldexp(1.0f, -9),
+                          std::ldexp(1.0f, -10),  // tie between 0 and E4M3's smallest: to 0
+                          std::ldexp(3.0f, -10),  // tie between 1 and 2 units: to 2
+                          std::ldexp(5.0f, -10),
+                          -std::ldexp(7.0f, -10),
+                          std::ldexp(1.0f, -6),
+                          std::ldexp(15.0f, -10),
+                          std::ldexp(1.0f, -16),
+                          std::ldexp(1.0f, -17),
+                          std::ldexp(3.0f, -17),
+                          std::ldexp(1.0f, -14),
+                          1.0625f,  // tie in E4M3 (1 + 1/16): to 1
+                          1.1875f,  // tie in E4M3: to 1.25
+                          1.125f,   // tie in E5M2: to 1
+                          1.375f,   // tie in E5M2: to 1.5
+                          240.0f,
+                          447.0f,
+                          448.0f,
+                          449.0f,
+                          464.0f,
+                          -500.0f,
+                          57343.0f,
+                          57344.0f,
+                          61440.0f,
+                          -1e6f,
+                          FLT_MAX,
+                          kInf,
+                          -kInf,
+                          kNan,
+                          -kNan,
+                          std::ldexp(1.0f, -130),  // f32 subnormal
+                          -std::ldexp(1.0f, -149),
+                          FLT_MIN,
+                          0.3f,
+                          -2.7f,
+                          100.0f};
+  return v;
+}
+
+// rows x cols values: the edge values and, after them, random ones of spread magnitudes; NaN and
+// infinities only where `finite` is false.
+std::vector<float> cast_input(std::int64_t rows, std::int64_t cols, bool finite,
+                              std::uint64_t seed) {
+  std::vector<float> edges;
+  for (const float e : edge_values()) {
+    if (!finite || std::isfinite(e)) edges.push_back(e);
+  }
+  const std::vector<float> r = Tensor::randn({rows * cols}, seed).to_vector<float>();
+  std::vector<float> v(static_cast<std::size_t>(rows * cols));
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    v[i] = i < edges.size() ? edges[i] : r[i] * std::ldexp(1.0f, static_cast<int>(i % 24) - 12);
+  }
+  return v;
+}
+
+std::vector<std::uint8_t> bytes(const Tensor& t, const Stream& stream) {
+  stream.synchronize();
+  return t.to(Device::cpu()).to_vector<std::uint8_t>();
+}
+
+// The unit in the last place of |v| in a format of `bits` significant bits (normal range).
+double ulp(double v, int bits) {
+  const double a = std::abs(v);
+  if (a == 0.0) return 0.0;
+  return std::ldexp(1.0, std::ilogb(a) - (bits - 1));
+}
+
+}  // namespace
+
+TEST_CASE("FP8 casts on the GPU equal the CPU's bit for bit, with the transpose and amax") {
+  const Device gpu = Device::cuda(0);
+  const Stream s = Stream::create(gpu);
+  const Stream cpu;
+  struct Case {
+    std::int64_t rows, cols;
+    bool finite;
+  };
+  // One tile, tiles cut at both edges, a single row and column, a tall thin one.
+  const Case cases[] = {{32, 32, true}, {37, 45, false}, {1, 70, false},
+                        {70, 1, true},  {129, 97, true}, {4100, 3, false}};
+  std::uint64_t seed = 500;
+  for (const Case& c : cases) {
+    for (const DType t : {DType::f32, DType::bf16}) {
+      for (const Fp8Format f : kFormats) {
+        for (const float scale : {1.0f, 3.7f, 0.01f}) {
+          INFO("[" << c.rows << ", " << c.cols << "] " << dtype_name(t) << " " << fp8_format_name(f)
+                   << " scale " << scale);
+          const Tensor x_cpu = Tensor::from_vector<float>(
+                                   cast_input(c.rows, c.cols, c.finite, ++seed), {c.rows, c.cols})
+                                   .to(t);
+          const Tensor x_gpu = x_cpu.to(gpu, s);
+          Tensor amax = Tensor::empty({1}, DType::f32, gpu, s);
+          amax.fill_(0.0, s);
+          const Fp8Tensor q = fp8_cast(x_gpu, fp8_scale_tensor(scale, gpu, s), f, true, amax, s);
+          const std::vector<std::uint8_t> want =
+              fp8_quantize(x_cpu, scale, f, cpu).to_vector<std::uint8_t>();
+          CHECK(bytes(q.data, s) == want);
+          const std::vector<std::uint8_t> qt = bytes(q.transposed, s);
+          REQUIRE(q.transposed.shape() == Shape{c.cols, c.rows});
+          std::int64_t transpose_wrong = 0;
+          for (std::int64_t r = 0; r < c.rows; ++r) {
+            for (std::int64_t k = 0; k < c.cols; ++k) {
+              transpose_wrong += qt[k * c.rows + r] != want[r * c.cols + k];
+            }
+          }
+          CHECK(transpose_wrong == 0);
+          const float a = amax.to(Device::cpu(), s).to_vector<float>()[0];
+          s.synchronize();
+          const float a_want = fp8_amax(x_cpu, cpu);
+          if (std::isnan(a_want)) {
+            CHECK(std::isnan(a));
+          } else {
+            CHECK(a == a_want);
+          }
+          const float a_host = fp8_amax(x_gpu, s);  // the host form, through the same kernel
+          CHECK((a_host == a_want || (std::isnan(a_want) && std::isnan(a_host))));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("FP8 dequantisation on the GPU equals the CPU's for every pattern") {
+  const Device gpu = Device::cuda(0);
+  const Stream s = Stream::create(gpu);
+  const Stream cpu;
+  std::vector<std::uint8_t> all(256);
+  for (int i = 0; i < 256; ++i) all[i] = static_cast<std::uint8_t>(i);
+  const Tensor q_cpu = Tensor::from_vector<std::uint8_t>(all, {16, 16});
+  for (const Fp8Format f : kFormats) {
+    for (const DType t : {DType::f32, DType::bf16}) {
+      for (const float scale : {1.0f, 3.7f, 1e-3f}) {
+        INFO(fp8_format_name(f) << " " << dtype_name(t) << " scale " << scale);
+        const Tensor got = fp8_dequantize(q_cpu.to(gpu, s), scale, f, t, s);
+        const std::vector<float> g = got.to(DType::f32, s).to(Device::cpu(), s).to_vector<float>();
+        s.synchronize();
+        const std::vector<float> w =
+            fp8_dequantize(q_cpu, scale, f, t, cpu).to(DType::f32).to_vector<float>();
+        for (int i = 0; i < 256; ++i) {
+          INFO("pattern " << i);
+          if (std::isnan(w[i])) {
+            CHECK(std::isnan(g[i]));
+          } else {
+            CHECK(g[i] == w[i]);
+            CHECK(std::signbit(g[i]) == std::signbit(w[i]));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("FP8 scale on the GPU equals the host's, and a NaN amax reaches the step's end") {
+  const Device gpu = Device::cuda(0);
+  const Stream s = Stream::create(gpu);
+  for (const Fp8Scaling scaling : {Fp8Scaling::current, Fp8Scaling::delayed}) {
+    Fp8TensorScale host(Fp8Format::e5m2, {Fp8Mode::hybrid, scaling, 3, 2}, "dy");
+    Fp8TensorScale dev(Fp8Format::e5m2, {Fp8Mode::hybrid, scaling, 3, 2}, "dy");
+    for (const float a : {3.0f, 0.0f, 7e-3f, 1e-40f, 2.0e4f, 0.0f}) {
+      INFO(fp8_scaling_name(scaling) << " amax " << a);
+      const float want = host.scale(a);
+      const Tensor amax = Tensor::from_vector<float>({a}, {1}).to(gpu, s);
+      const std::vector<float> got =
+          dev.scale_on_device(amax, true, s).to(Device::cpu(), s).to_vector<float>();
+      s.synchronize();
+      CHECK(got == std::vector<float>{want, 1.0f / want});
+      const float step = dev.device_state().to(Device::cpu(), s).to_vector<float>()[1];
+      s.synchronize();
+      dev.end_device_step(step, s);
+      host.end_step();
+      CHECK(dev.history() == host.history());
+      CHECK(dev.delayed_scale() == host.delayed_scale());
+    }
+  }
+  Fp8TensorScale x(Fp8Format::e4m3, {Fp8Mode::hybrid, Fp8Scaling::delayed, 2, 0}, "block1 x");
+  x.scale_on_device(Tensor::from_vector<float>({kNan}, {1}).to(gpu, s), true, s);
+  x.scale_on_device(Tensor::from_vector<float>({5.0f}, {1}).to(gpu, s), true, s);
+  const float step = x.device_state().to(Device::cpu(), s).to_vector<float>()[1];
+  s.synchronize();
+  CHECK(std::isnan(step));
+  REQUIRE_THROWS_QUINTET(x.end_device_step(step, s), InvalidArgument, "FP8 scaling of block1 x");
+}
+
+TEST_CASE("FP8 GEMM on the GPU equals the CPU emulation within one ULP of the output") {
+  const Device gpu = Device::cuda(0);
+  const Stream s = Stream::create(gpu);
+  const Stream cpu;
+  struct Case {
+    std::int64_t n, m, k;
+  };
+  // Multiples of 16 (cuBLASLt's FP8 kernels) and not (the f32 fallback).
+  const Case cases[] = {{64, 48, 128}, {256, 128, 512}, {16, 16, 16}, {33, 20, 40}, {5, 7, 3}};
+  std::uint64_t seed = 900;
+  for (const Case& c : cases) {
+    // forward (E4M3 x E4M3, bf16 out + bias, fast accumulation), dgrad (E5M2 x E4M3, bf16 out),
+    // wgrad (E5M2 x E4M3, f32 accumulated), and f32 out with a bias.
+    struct Form {
+      Fp8Format fa, fb;
+      DType out;
+      bool bias, accumulate, fast;
+    };
+    const Form forms[] = {{Fp8Format::e4m3, Fp8Format::e4m3, DType::bf16, true, false, true},
+                          {Fp8Format::e5m2, Fp8Format::e4m3, DType::bf16, false, false, false},
+                          {Fp8Format::e5m2, Fp8Format::e4m3, DType::f32, false, true, false},
+                          {Fp8Format::e4m3, Fp8Format::e5m2, DType::f32, true, false, false}};
+    for (const Form& fm : forms) {
+      INFO("n " << c.n << " m " << c.m << " k " << c.k << " a " << fp8_format_name(fm.fa) << " b "
+                << fp8_format_name(fm.fb) << " out " << dtype_name(fm.out)
+                << (fm.accumulate ? " accumulate" : "") << (fm.fast ? " fast" : ""));
+      const Tensor a_cpu = Tensor::randn({c.n, c.k}, ++seed);
+      const Tensor b_cpu = Tensor::randn({c.m, c.k}, ++seed);
+      const float sa = fp8_scale_from_amax(fp8_amax(a_cpu, cpu), fm.fa, 0, 1.0f, "a");
+      const float sb = fp8_scale_from_amax(fp8_amax(b_cpu, cpu), fm.fb, 0, 1.0f, "b");
+      const Fp8Tensor qa =
+          fp8_cast(a_cpu, fp8_scale_tensor(sa, Device::cpu(), cpu), fm.fa, false, Tensor(), cpu);
+      const Fp8Tensor qb =
+          fp8_cast(b_cpu, fp8_scale_tensor(sb, Device::cpu(), cpu), fm.fb, false, Tensor(), cpu);
+      // The bias in the output dtype; the CPU sees the same (rounded) values.
+      const Tensor bias_cpu =
+          fm.bias ? Tensor::randn({c.m}, ++seed).to(fm.out).to(DType::f32) : Tensor();
+      const Tensor y0 = Tensor::randn({c.n, c.m}, ++seed);  // what accumulate adds to
+      Tensor want = fm.accumulate ? y0.clone() : Tensor::empty({c.n, c.m});
+      fp8_gemm(qa, qb, bias_cpu, want, fm.accumulate, false, cpu);
+
+      const Fp8Tensor ga{qa.data.to(gpu, s), Tensor(), qa.scale.to(gpu, s), fm.fa};
+      const Fp8Tensor gb{qb.data.to(gpu, s), Tensor(), qb.scale.to(gpu, s), fm.fb};
+      Tensor y = fm.accumulate ? y0.to(gpu, s) : Tensor::empty({c.n, c.m}, fm.out, gpu, s);
+      fp8_gemm(ga, gb, fm.bias ? bias_cpu.to(gpu, s).to(fm.out, s) : Tensor(), y, fm.accumulate,
+               fm.fast, s);
+      const std::vector<double> got = values(y, s);
+      const std::vector<double> w = want.to_vector<double>();
+      // The bound per element: one ULP of the output at the result, plus the f32 summation's
+      // reordering (k terms, 2^-24 of their absolute sum each way; fast accumulation keeps fewer
+      // bits in Hopper's accumulator, so 2^-13 there).
+      const std::vector<float> ad = fp8_dequantize(qa, DType::f32, cpu).to_vector<float>();
+      const std::vector<float> bd = fp8_dequantize(qb, DType::f32, cpu).to_vector<float>();
+      const int bits = fm.out == DType::bf16 ? 8 : 24;
+      const double order = fm.fast ? 0x1p-13 : 0x1p-24;
+      std::int64_t bad = 0;
+      double worst = 0.0;
+      for (std::int64_t i = 0; i < c.n; ++i) {
+        for (std::int64_t j = 0; j < c.m; ++j) {
+          double abs_sum = 0.0;
+          for (std::int64_t l = 0; l < c.k; ++l) {
+            abs_sum += std::abs(static_cast<double>(ad[i * c.k + l]) * bd[j * c.k + l]);
+          }
+          const double want_ij = w[i * c.m + j];
+          const double bound =
+              ulp(want_ij, bits) + 2.0 * static_cast<double>(c.k) * order * abs_sum + 1e-30;
+          const double err = std::abs(got[i * c.m + j] - want_ij);
+          worst = std::max(worst, err / bound);
+          bad += !(err <= bound);
+        }
+      }
+      INFO("worst error " << worst << " of its bound");
+      CHECK(bad == 0);
+    }
+  }
+}
+
+TEST_CASE("FP8 bias gradient and bad input on the GPU") {
+  const Device gpu = Device::cuda(0);
+  const Stream s = Stream::create(gpu);
+  const Stream cpu;
+  const Tensor dy = Tensor::randn({300, 24}, 77);
+  const Fp8Tensor q = fp8_cast(dy, fp8_scale_tensor(900.0f, Device::cpu(), cpu), Fp8Format::e5m2,
+                               false, Tensor(), cpu);
+  Tensor want = Tensor::zeros({24});
+  fp8_column_sum(q, want, cpu);
+  Tensor db = Tensor::zeros({24}, DType::f32, gpu);
+  fp8_column_sum(Fp8Tensor{q.data.to(gpu, s), Tensor(), q.scale.to(gpu, s), q.format}, db, s);
+  const std::vector<double> got = values(db, s), w = want.to_vector<double>();
+  for (std::size_t i = 0; i < w.size(); ++i) CHECK(std::abs(got[i] - w[i]) <= 1e-4);
+
+  const Fp8Tensor gq{q.data.to(gpu, s), Tensor(), q.scale, q.format};  // the scale on the CPU
+  REQUIRE_THROWS_QUINTET(
+      fp8_gemm(gq, gq, Tensor(), Tensor::empty({300, 300}, DType::bf16, gpu), false, false, s),
+      InvalidArgument, "is on cpu");
+  const Fp8Tensor g4{q.data.to(gpu, s), Tensor(), q.scale.to(gpu, s), Fp8Format::e4m3};
+  REQUIRE_THROWS_QUINTET(
+      fp8_gemm(g4, g4, Tensor(), Tensor::empty({300, 300}, DType::bf16, gpu), true, false, s),
+      InvalidArgument, "accumulation is into f32");
+}
