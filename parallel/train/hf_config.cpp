@@ -215,15 +215,32 @@ HfModel read_hf_config(const std::string& dir) {
     c.refuse_if(c.has("router_jitter_noise") && c.at("router_jitter_noise") != 0,
                 "router_jitter_noise", "Quintet's router adds no noise (0 only)");
   } else if (family == model::ModelFamily::qwen3_moe) {
-    m.ffn_hidden = c.positive("intermediate_size", 0);  // its dense layers' (none here)
     m.moe.expert_ffn = c.positive("moe_intermediate_size");
     m.moe.router.experts = c.positive("num_experts");
     m.moe.router.renormalize = c.flag("norm_topk_prob", false);
-    c.refuse_if(c.positive("decoder_sparse_step", 1) != 1, "decoder_sparse_step",
-                "Quintet's MoE models here have an MoE MLP in every layer");
-    c.refuse_if(c.has("mlp_only_layers") &&
-                    !(c.at("mlp_only_layers").is_array() && c.at("mlp_only_layers").empty()),
-                "mlp_only_layers", "Quintet's MoE models here have an MoE MLP in every layer");
+    // The dense layers: those mlp_only_layers lists and those decoder_sparse_step skips.
+    HfSparseLayers sparse{c.positive("decoder_sparse_step", 1), {}};
+    if (c.has("mlp_only_layers")) {
+      const Json& only = c.at("mlp_only_layers");
+      c.refuse_if(!only.is_array(), "mlp_only_layers", "expected a list of layer indices");
+      for (const Json& l : only) {
+        c.refuse_if(!l.is_number_integer() || l.get<std::int64_t>() < 0 ||
+                        l.get<std::int64_t>() >= m.layers,
+                    "mlp_only_layers",
+                    fmt::format("each entry must be a layer index, 0 .. {} (num_hidden_layers {})",
+                                m.layers - 1, m.layers));
+        sparse.mlp_only_layers.push_back(l.get<std::int64_t>());
+      }
+    }
+    m.moe.dense_layers = hf_dense_layers(m.layers, sparse);
+    QUINTET_CHECK(static_cast<std::int64_t>(m.moe.dense_layers.size()) < m.layers,
+                  "{}: \"decoder_sparse_step\" {} and \"mlp_only_layers\" {} leave none of the {} "
+                  "layers sparse; Quintet's MoE models hold one MoE layer at least",
+                  path, sparse.decoder_sparse_step,
+                  c.has("mlp_only_layers") ? c.at("mlp_only_layers").dump() : "absent", m.layers);
+    // Its dense layers' MLP width (needed only when there are some).
+    m.ffn_hidden = m.moe.dense_layers.empty() ? c.positive("intermediate_size", 0)
+                                              : c.positive("intermediate_size");
   } else {
     m.ffn_hidden = c.positive("intermediate_size");
   }
@@ -274,7 +291,7 @@ void apply_hf_config(const HfModel& hf, JobConfig* job,
     m.moe.router.score = h.moe.router.score;
     m.moe.expert_ffn = h.moe.expert_ffn;
     m.moe.every = 1;
-    m.moe.dense_layers.clear();
+    m.moe.dense_layers = h.moe.dense_layers;
   }
   // A flag given on the command line (or in the job file) must agree with config.json.
   struct Setting {
@@ -314,8 +331,9 @@ void apply_hf_config(const HfModel& hf, JobConfig* job,
     settings.push_back(
         {"expert-ffn", "moe_intermediate_size", str(was.expert_width()), str(m.expert_width())});
     settings.push_back({"moe-every", "decoder_sparse_step", str(was.moe.every), "1"});
-    settings.push_back(
-        {"dense-layers", "mlp_only_layers", model::layer_list_text(was.moe.dense_layers), ""});
+    settings.push_back({"dense-layers", "mlp_only_layers",
+                        model::layer_list_text(was.moe.dense_layers),
+                        model::layer_list_text(m.moe.dense_layers)});
   }
   for (const Setting& s : settings) {
     QUINTET_CHECK(!given || !given(s.flag) || s.job == s.file,

@@ -107,12 +107,17 @@ HfArchitecture hf_architecture(const model::GptConfig& m) {
     return m.qk_norm ? HfArchitecture{"Qwen3ForCausalLM", "qwen3", {}}
                      : HfArchitecture{"LlamaForCausalLM", "llama", {}};
   const expert::RouterConfig& r = m.moe.router;
-  if (m.moe.every != 1 || !m.moe.dense_layers.empty())
-    refuse("it has dense blocks between its MoE blocks (--moe-every, --dense-layers)");
   if (m.moe.shared_experts != 0) refuse("it has shared experts");
   if (r.score != expert::RouterScore::softmax) refuse("its router scores by a sigmoid");
   if (r.bias_rate != 0) refuse("its router selects with a balancing bias (--aux-free-bias-rate)");
-  if (m.qk_norm) return {"Qwen3MoeForCausalLM", "qwen3_moe", {}};
+  if (m.qk_norm) return {"Qwen3MoeForCausalLM", "qwen3_moe", {}};  // any dense layers
+  for (std::int64_t l = 0; l < m.layers; ++l) {
+    if (!m.is_moe_block(l))
+      refuse(fmt::format(
+          "Mixtral has an MoE block in every layer, and block {} is dense (--moe-every, "
+          "--dense-layers; Qwen3-MoE's QK-norm model, --arch qwen3-moe, takes dense layers)",
+          l));
+  }
   if (m.bias) refuse("Mixtral's attention has no biases");
   if (!r.renormalize) refuse("Mixtral renormalizes the top-k weights, and this router does not");
   return {"MixtralForCausalLM", "mixtral", hf_naming(model::ModelFamily::mixtral)};
@@ -187,12 +192,13 @@ std::string hf_config_json(const model::GptConfig& m, const HfExportOptions& o) 
       c["router_jitter_noise"] = 0.0;
       c["sliding_window"] = nullptr;
     } else {
-      c["intermediate_size"] = m.mlp_width();  // dense layers' (there are none)
+      c["intermediate_size"] = m.mlp_width();  // the dense layers'
       c["moe_intermediate_size"] = m.expert_width();
       c["num_experts"] = r.experts;
       c["norm_topk_prob"] = r.renormalize;
-      c["decoder_sparse_step"] = 1;
-      c["mlp_only_layers"] = Json::array();
+      const HfSparseLayers sparse = hf_sparse_layers(m);
+      c["decoder_sparse_step"] = sparse.decoder_sparse_step;
+      c["mlp_only_layers"] = sparse.mlp_only_layers;
     }
   }
   token_ids(o, from, &c);

@@ -55,20 +55,30 @@ void check_model_is(const HfModel& hf, const model::GptConfig& m) {
     check("norm_topk_prob", m.moe.router.renormalize, h.moe.router.renormalize);
     check("router softmax", m.moe.router.score == expert::RouterScore::softmax, true);
     check("expert width", m.expert_width(), h.expert_width());
-    check("every layer MoE", m.moe.every, 1);
     check("shared experts", m.moe.shared_experts, 0);
-  } else {
-    check("intermediate_size", m.mlp_width(), h.mlp_width());
   }
+  const auto dense_blocks = [](const model::GptConfig& c) {
+    std::vector<std::int64_t> out;
+    for (std::int64_t l = 0; l < c.layers; ++l) {
+      if (!c.is_moe_block(l)) out.push_back(l);
+    }
+    return out;
+  };
+  const std::vector<std::int64_t> dense = dense_blocks(h);
+  check("dense layers (decoder_sparse_step, mlp_only_layers)",
+        model::layer_list_text(dense_blocks(m)), model::layer_list_text(dense));
+  if (!dense.empty()) check("intermediate_size", m.mlp_width(), h.mlp_width());
 }
 
 // How this checkpoint names its MoE blocks: the module (block_sparse_moe or mlp) and whether
-// the experts are transformers 5's fused tensors, by what layer 0 holds.
+// the experts are transformers 5's fused tensors, by what the first MoE layer holds.
 HfNaming naming_of(const HfModel& hf, const data::SafetensorsCheckpoint& ckpt) {
   HfNaming n = hf.naming;
   if (hf.model.mlp != model::MlpKind::moe) return n;
-  for (const std::string module : {hf.naming.moe_module, std::string("mlp")}) {
-    const std::string p = "model.layers.0." + module + ".experts.";
+  std::int64_t first = 0;
+  while (first + 1 < hf.model.layers && !hf.model.is_moe_block(first)) ++first;
+  for (const std::string& module : {hf.naming.moe_module, std::string("mlp")}) {
+    const std::string p = fmt::format("model.layers.{}.{}.experts.", first, module);
     if (ckpt.contains(p + "gate_up_proj")) {
       n.moe_module = module;
       n.fused_experts = true;

@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <charconv>
 #include <unordered_set>
 
@@ -122,6 +123,36 @@ HfParameter hf_parameter(const model::GptConfig& m, const HfNaming& n, std::stri
                 "Hugging Face names: the parameter {} has no Hugging Face counterpart in a {} "
                 "model of {} layers",
                 name, model::model_family_name(m.family), m.layers);
+}
+
+std::vector<std::int64_t> hf_dense_layers(std::int64_t layers, const HfSparseLayers& sparse) {
+  const std::vector<std::int64_t>& only = sparse.mlp_only_layers;
+  std::vector<std::int64_t> out;
+  for (std::int64_t l = 0; l < layers; ++l) {
+    if ((l + 1) % sparse.decoder_sparse_step != 0 ||
+        std::find(only.begin(), only.end(), l) != only.end())
+      out.push_back(l);
+  }
+  return out;
+}
+
+HfSparseLayers hf_sparse_layers(const model::GptConfig& m) {
+  HfSparseLayers best;
+  std::size_t fewest = static_cast<std::size_t>(m.layers) + 1;
+  for (std::int64_t step = 1; step <= m.layers; ++step) {
+    HfSparseLayers s{step, {}};
+    bool holds_all = true;
+    for (std::int64_t l = 0; l < m.layers; ++l) {
+      const bool candidate = (l + 1) % step == 0;
+      holds_all = holds_all && (candidate || !m.is_moe_block(l));
+      if (candidate && !m.is_moe_block(l)) s.mlp_only_layers.push_back(l);
+    }
+    if (holds_all && s.mlp_only_layers.size() < fewest) {
+      fewest = s.mlp_only_layers.size();
+      best = std::move(s);
+    }
+  }
+  return best;
 }
 
 std::vector<std::string> hf_parameter_names(const model::GptConfig& m) {

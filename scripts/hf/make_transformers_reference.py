@@ -7,7 +7,8 @@ reference that writes the same format; this script checks that format, and Quint
 against the real thing.
 
 For each case of hf_reference.CASES (Llama with GQA and every attention bias; Qwen3 with
-QK-norm, tied, BF16, sharded; Mixtral; Qwen3-MoE without renormalization, tied, BF16, sharded)
+QK-norm, tied, BF16, sharded; Mixtral; Qwen3-MoE without renormalization, tied, BF16, sharded;
+Qwen3-MoE with dense layers from decoder_sparse_step and mlp_only_layers)
 it builds the model with transformers from the same config (eager attention, float32), draws
 weights large enough that the loss depends on each of them (as hf_reference.py does), rounds
 them to bfloat16 for the BF16 cases, writes the directory with save_pretrained (the layout and

@@ -4,7 +4,8 @@
     hf_export_test.py GPT_TRAINER MOE_TRAINER CHECKPOINT_TOOL HF_EXPORT_TOOL MPIEXEC [FLAGS...]
 
 For a Llama model (grouped-query attention, untied), a Qwen3 one (QK-norm, tied embeddings), a
-Mixtral one and a Qwen3-MoE one, each trained two steps at a parallel layout:
+Mixtral one and two Qwen3-MoE ones (one with a dense block: decoder_sparse_step 2), each trained
+two steps at a parallel layout:
 - the trainer's --export-hf (every rank writing its pieces and its share of the files) and
   12_checkpoint_tool --to-hf of the run's checkpoint give the same bytes; --export-hf-every 1
   exports each step into DIR/step_NNNNNN;
@@ -16,7 +17,8 @@ Mixtral one and a Qwen3-MoE one, each trained two steps at a parallel layout:
 - export -> import at another layout -> export (hf_export_tool, its files shared out between the
   ranks) gives the same bytes again;
 - hf_reference.py's checkpoints in the Hub layout (Llama with every attention bias, Llama 3.1's
-  RoPE scaling, Qwen2's q/k/v biases, Qwen3 in BF16, Mixtral), imported at tp 2, pp 2 or ep 2 and exported, hold the same
+  RoPE scaling, Qwen2's q/k/v biases, Qwen3 in BF16, Mixtral, Qwen3-MoE with dense layers from
+  decoder_sparse_step and mlp_only_layers), imported at tp 2, pp 2 or ep 2 and exported, hold the same
   tensors, bit for bit, and the same config.json values (the Qwen2 case is the only Qwen2 model
   Quintet builds: from --init-from-hf);
 - an export that fails midway (a file-size limit) fails on every rank and leaves nothing;
@@ -52,6 +54,10 @@ CASES = {
                            "--experts", "4", "--dp", "2", "--ep", "2"], []),
     "qwen3_moe": ("moe", 2, ["--arch", "qwen3-moe", "--experts", "4", "--top-k", "2",
                              "--expert-ffn", "12", "--tp", "2"], ["--dp", "2", "--ep", "2"]),
+    # Block 0 dense (40 wide), block 1 MoE: decoder_sparse_step 2.
+    "qwen3_moe_mixed": ("moe", 2, ["--arch", "qwen3-moe", "--experts", "4", "--top-k", "2",
+                                   "--expert-ffn", "12", "--ffn-hidden", "40", "--dense-layers",
+                                   "0", "--pp", "2"], ["--dp", "2", "--ep", "2"]),
 }
 
 
@@ -119,8 +125,9 @@ def read_export(d):
     return tensors
 
 
-def expected_tensors(arch, c):
-    """The state dict transformers' *ForCausalLM of this architecture has, from config.json."""
+def expected_tensors(c):
+    """The state dict transformers' *ForCausalLM of config.json's architecture has."""
+    arch = c["model_type"]
     d, V, L = c["hidden_size"], c["vocab_size"], c["num_hidden_layers"]
     D = c["head_dim"]
     H, K = c["num_attention_heads"] * D, c["num_key_value_heads"] * D
@@ -138,7 +145,7 @@ def expected_tensors(arch, c):
         if arch in ("qwen3", "qwen3_moe"):
             t[p + "self_attn.q_norm.weight"] = [D]
             t[p + "self_attn.k_norm.weight"] = [D]
-        if arch in ("llama", "qwen3"):
+        if arch in ("llama", "qwen3") or (arch == "qwen3_moe" and not ref.is_sparse(c, l, ())):
             F = c["intermediate_size"]
             t[p + "mlp.gate_proj.weight"] = [F, d]
             t[p + "mlp.up_proj.weight"] = [F, d]
@@ -185,6 +192,8 @@ EXPECTED_CONFIG = {
                       decoder_sparse_step=1, mlp_only_layers=[], attention_bias=False,
                       use_sliding_window=False, output_router_logits=False),
 }
+EXPECTED_CONFIG["qwen3_moe_mixed"] = dict(EXPECTED_CONFIG["qwen3_moe"], decoder_sparse_step=2,
+                                          intermediate_size=40)
 
 
 def check_layout(name, d, dtype):
@@ -195,7 +204,7 @@ def check_layout(name, d, dtype):
         if k not in c or c[k] != v:
             fail("%s/config.json: %s is %s, expected %s" % (d, k, c.get(k, "absent"), v))
     tensors = read_export(d)
-    expected = expected_tensors(name, c)
+    expected = expected_tensors(c)
     if sorted(tensors) != sorted(expected):
         fail("%s: tensors %s, transformers has %s" % (
             d, sorted(set(tensors) ^ set(expected)), "the others"))
@@ -286,7 +295,8 @@ def run_cases(r, work):
                                ("llama31", "dense", ["--tp", "2"]),
                                ("qwen2", "dense", ["--tp", "2"]),
                                ("qwen3_tied_bf16", "dense", ["--tp", "2"]),
-                               ("mixtral", "moe", ["--dp", "2", "--ep", "2"])]:
+                               ("mixtral", "moe", ["--dp", "2", "--ep", "2"]),
+                               ("qwen3_moe_mixed", "moe", ["--pp", "2"])]:
         source = ref.write_case(os.path.join(work, "reference"), case)
         config = json.load(open(os.path.join(source, "config.json")))
         dtype = "bf16" if config["torch_dtype"] == "bfloat16" else "f32"

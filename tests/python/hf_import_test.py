@@ -5,7 +5,8 @@
 
 dense, moe: hf_reference.py writes tiny checkpoints in the Hub layout with the expected loss of
 a fixed batch; hf_import_tool loads each with --init-from-hf at several layouts (1 rank, tp x pp
-with sp, tp with replicated key/value heads, cp (ring and Ulysses), dp with ZeRO-1; MoE: ep x tp) and its first-step loss must be the reference's within
+with sp, tp with replicated key/value heads, cp (ring and Ulysses), dp with ZeRO-1; MoE: ep x tp;
+Qwen3-MoE with dense layers, decoder_sparse_step and mlp_only_layers: pp 3, pp x ep, tp x ep) and its first-step loss must be the reference's within
 1e-5 relative (f32), and a second step at learning rate 0 the same loss (the optimizer's master
 weights are the imported ones). trainers: 04_gpt_train and 05_moe_train ($QUINTET_GPT_TRAIN,
 $QUINTET_MOE_TRAIN) with --init-from-hf give the same losses at 1 and 4 ranks. malformed: broken checkpoints and contradicting flags are refused with a
@@ -53,6 +54,12 @@ LAYOUTS = {
         ("mixtral", 4, ["--tp", "2", "--sp", "--dp", "2", "--ep", "2", "--etp", "1"]),
         ("qwen3_moe_fused", 1, []),
         ("qwen3_moe_fused", 4, ["--tp", "2", "--dp", "2", "--ep", "2", "--zero", "1"]),
+        # Dense layers 0, 2, 3, 4 and MoE 1, 5: pp 3's middle stage holds no MoE layer, pp 2
+        # cuts between dense 2 and 3.
+        ("qwen3_moe_mixed", 1, []),
+        ("qwen3_moe_mixed", 3, ["--pp", "3"]),
+        ("qwen3_moe_mixed", 4, ["--pp", "2", "--dp", "2", "--ep", "2"]),
+        ("qwen3_moe_mixed", 4, ["--tp", "2", "--dp", "2", "--ep", "2"]),
     ],
 }
 
@@ -187,6 +194,7 @@ def edit_tensors(case_dir, fn):
 def check_malformed(runner, work):
     good = ref.write_case(work, "llama_gqa")
     moe = ref.write_case(work, "mixtral")
+    mixed = ref.write_case(work, "qwen3_moe_mixed")
     cases = []
 
     def case(name, pattern, flags=(), ranks=1, kind="dense", base=good):
@@ -225,6 +233,15 @@ def check_malformed(runner, work):
          ["--resume", os.path.join(work, "no_such_checkpoint")])
     case("moe_in_dense", r"an MoE model, and this job is dense", base=moe)
     case("dense_in_moe", r"a dense model, and this job is an MoE", kind="moe")
+    # Qwen3-MoE's dense layers: an mlp_only_layers entry that is no layer, settings that leave
+    # no layer sparse, a --dense-layers that contradicts them.
+    edit_config(case("mlp_only_range", r"\"mlp_only_layers\" is \[6\]: each entry must be a "
+                     r"layer index, 0 \.\. 5", kind="moe", base=mixed), mlp_only_layers=[6])
+    edit_config(case("no_sparse", r"\"decoder_sparse_step\" 7 and \"mlp_only_layers\" \[3\] "
+                     r"leave none of the 6 layers sparse", kind="moe", base=mixed),
+                decoder_sparse_step=7)
+    case("dense_layers", r"--dense-layers 0 contradicts .*\"mlp_only_layers\" makes it 0,2,3,4",
+         ["--dense-layers", "0"], kind="moe", base=mixed)
     case("no_dir", r"config\.json: cannot be read")
     shutil.rmtree(os.path.join(work, "no_dir"))
 

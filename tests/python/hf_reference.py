@@ -11,7 +11,8 @@ inv_freq = 1 / theta^(2i / head_dim); QK-norm (Qwen3) over head_dim before RoPE;
 attention (query head h uses key/value head h // (heads / kv_heads)); causal softmax attention
 scaled by 1 / sqrt(head_dim); SwiGLU down(silu(gate(x)) * up(x)); MoE routing softmax over the
 experts in float, the top k of them, renormalized over the k when norm_topk_prob (Mixtral:
-always). Weights are drawn large enough that the loss depends on every one of them (a
+always); Qwen3-MoE's dense layers (decoder_sparse_step, mlp_only_layers: is_sparse) a SwiGLU MLP
+of intermediate_size. Weights are drawn large enough that the loss depends on every one of them (a
 transposed or swapped tensor changes it far beyond the tests' tolerance). BF16 cases store the
 weights rounded to nearest even, and the reference computes with the rounded values.
 
@@ -188,6 +189,18 @@ def moe(c, w, p, x, names, fused, margins):
     return out.reshape(B, S, dim)
 
 
+def is_sparse(c, layer, expert_names):
+    """Whether the layer holds the MoE block: Mixtral's always; Qwen3-MoE's as transformers'
+    Qwen3MoeDecoderLayer decides, not in mlp_only_layers, num_experts > 0 and
+    (layer + 1) % decoder_sparse_step == 0 (the others a dense MLP of intermediate_size)."""
+    if expert_names is None:
+        return False
+    if c["model_type"] != "qwen3_moe":
+        return True
+    return (layer not in c.get("mlp_only_layers", []) and c["num_experts"] > 0
+            and (layer + 1) % c.get("decoder_sparse_step", 1) == 0)
+
+
 def forward_loss(c, w, tokens, expert_names=None, fused=False):
     """Mean cross-entropy of the causal LM on rows [rows, S + 1]; returns (loss, routing margins)."""
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
@@ -198,7 +211,7 @@ def forward_loss(c, w, tokens, expert_names=None, fused=False):
         p = "model.layers.%d." % layer
         h = x + attention(c, w, p + "self_attn.", rms_norm(x, w[p + "input_layernorm.weight"], eps))
         y = rms_norm(h, w[p + "post_attention_layernorm.weight"], eps)
-        if expert_names is None:
+        if not is_sparse(c, layer, expert_names):
             m = p + "mlp."
             x = h + swiglu(y, w[m + "gate_proj.weight"], w[m + "up_proj.weight"],
                            w[m + "down_proj.weight"])
@@ -244,7 +257,7 @@ def random_weights(c, rng, expert_names=None, fused=False):
             out.append((a + "k_norm.weight", gain(D)))
         out.append((p + "input_layernorm.weight", gain(d)))
         out.append((p + "post_attention_layernorm.weight", gain(d)))
-        if expert_names is None:
+        if not is_sparse(c, layer, expert_names):
             F = c["intermediate_size"]
             out.append((p + "mlp.gate_proj.weight", mat(F, d)))
             out.append((p + "mlp.up_proj.weight", mat(F, d)))
@@ -338,6 +351,19 @@ CASES = {
                                     decoder_sparse_step=1, mlp_only_layers=[],
                                     use_sliding_window=False),
                         "BF16", 2, QWEN3_MOE, True),
+    # Qwen3-MoE with dense layers: decoder_sparse_step 2 makes layers 1, 3 and 5 sparse,
+    # mlp_only_layers takes 3 back, so 1 and 5 are MoE and 0, 2, 3, 4 dense MLPs of
+    # intermediate_size (28; the experts 12); renormalized, per-expert tensors, untied, F32.
+    "qwen3_moe_mixed": (base_config("Qwen3MoeForCausalLM", "qwen3_moe", hidden_size=20,
+                                    num_hidden_layers=6, num_attention_heads=4,
+                                    num_key_value_heads=2, head_dim=8, intermediate_size=28,
+                                    moe_intermediate_size=12, vocab_size=40,
+                                    rms_norm_eps=1e-6, rope_theta=1000000.0,
+                                    tie_word_embeddings=False, num_experts=4,
+                                    num_experts_per_tok=2, norm_topk_prob=True,
+                                    decoder_sparse_step=2, mlp_only_layers=[3],
+                                    use_sliding_window=False),
+                        "F32", 1, QWEN3_MOE, False),
 }
 
 SEQ_LEN = 8

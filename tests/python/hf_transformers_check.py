@@ -6,7 +6,7 @@
 
 Exits 77 (ctest: skipped) when torch or transformers cannot be imported, as in CI; the GPU
 machine has both. For a Llama model (grouped-query attention), a Qwen3 one (QK-norm, tied
-embeddings), a Mixtral one and a Qwen3-MoE one:
+embeddings), a Mixtral one and two Qwen3-MoE ones (one with a dense layer):
 - the trainer trains it a few steps on a token file with a pattern to learn (--device cuda when
   nvidia-smi lists a GPU, else cpu; at 1 rank, and at 2 ranks when MPIEXEC is given: cuda only
   when there are 2 GPUs) and exports it (--export-hf, f32, one file); 12_checkpoint_tool --to-hf
@@ -59,6 +59,10 @@ MODELS = {
     "qwen3_moe": ("moe", "Qwen3MoeForCausalLM",
                   ["--arch", "qwen3-moe", "--experts", "4", "--top-k", "2", "--expert-ffn", "12"]
                   + MOE, ["--tp", "2"]),
+    # Block 0 a dense MLP (decoder_sparse_step 2 in config.json), block 1 MoE.
+    "qwen3_moe_mixed": ("moe", "Qwen3MoeForCausalLM",
+                        ["--arch", "qwen3-moe", "--experts", "4", "--top-k", "2", "--expert-ffn",
+                         "12", "--ffn-hidden", "40", "--dense-layers", "0"] + MOE, ["--pp", "2"]),
 }
 DTYPES = {"F32": "float32", "BF16": "bfloat16"}
 

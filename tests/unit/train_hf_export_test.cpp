@@ -93,6 +93,12 @@ GptConfig qwen3_moe() {
   return m;
 }
 
+GptConfig qwen3_moe_dense_first() {  // block 0 dense (24 wide), block 1 MoE
+  GptConfig m = qwen3_moe();
+  m.moe.dense_layers = {0};
+  return m;
+}
+
 // Every global parameter of m, random.
 std::map<std::string, Tensor> parameters(const GptConfig& m) {
   std::map<std::string, Tensor> out;
@@ -215,8 +221,8 @@ void check_export(const std::string& dir, const GptConfig& m,
 TEST_CASE("export: Llama, Qwen2, Qwen3, Mixtral and Qwen3-MoE under the Hub's names, in files") {
   const TempDir tmp("names");
   int n = 0;
-  for (const GptConfig& m :
-       {llama_gqa(), llama31(), llama_biases(), qwen2(), qwen3_tied(), mixtral(), qwen3_moe()}) {
+  for (const GptConfig& m : {llama_gqa(), llama31(), llama_biases(), qwen2(), qwen3_tied(),
+                             mixtral(), qwen3_moe(), qwen3_moe_dense_first()}) {
     const train::HfArchitecture arch = train::hf_architecture(m);
     INFO(arch.cls);
     const auto params = parameters(m);
@@ -275,6 +281,12 @@ TEST_CASE("export: Llama, Qwen2, Qwen3, Mixtral and Qwen3-MoE under the Hub's na
       if (arch.model_type == "qwen3_moe") {
         REQUIRE(c["moe_intermediate_size"] == 12);
         REQUIRE(c["norm_topk_prob"] == m.moe.router.renormalize);
+        // Every layer sparse, or (block 0 dense) every second one: transformers' layer l is
+        // sparse iff (l + 1) % decoder_sparse_step == 0 and l is not in mlp_only_layers.
+        const bool dense_first = !m.moe.dense_layers.empty();
+        REQUIRE(c["decoder_sparse_step"] == (dense_first ? 2 : 1));
+        REQUIRE(c["mlp_only_layers"] == nlohmann::json::array());
+        REQUIRE(c["intermediate_size"] == 24);
       }
     } else {
       REQUIRE(c["intermediate_size"] == 24);
@@ -363,6 +375,10 @@ TEST_CASE("export: bad inputs refused before anything is written; a failure leav
   shared.moe.shared_experts = 1;
   REQUIRE_THROWS_QUINTET(train::check_hf_export(shared, tmp / "shared", o), InvalidArgument,
                          "shared experts");
+  GptConfig mixtral_dense = mixtral();
+  mixtral_dense.moe.every = 2;
+  REQUIRE_THROWS_QUINTET(train::check_hf_export(mixtral_dense, tmp / "shared", o), InvalidArgument,
+                         "Mixtral has an MoE block in every layer, and block 1 is dense");
 
   // A source that fails in the second file: neither the directory nor its partial one remains.
   train::HfExportOptions split = o;

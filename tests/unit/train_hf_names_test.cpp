@@ -1,7 +1,8 @@
 // The mapping between our parameters and Hugging Face tensors (train/hf_names.hpp), both ways:
 // every parameter of each family's model is tiled exactly by its pieces, each piece a box of one
 // Hugging Face tensor of the same sizes, and every Hugging Face tensor is covered exactly once by
-// the pieces (so an export writes each element once); the names and shapes of a few by hand.
+// the pieces (so an export writes each element once); the names and shapes of a few by hand;
+// Qwen3-MoE's sparse layers (decoder_sparse_step, mlp_only_layers) to dense blocks and back.
 #include <map>
 #include <string>
 #include <vector>
@@ -90,6 +91,60 @@ TEST_CASE("hf names: each family's parameters and Hugging Face tensors cover eac
       }
     }
   }
+}
+
+TEST_CASE("hf names: Qwen3-MoE's dense layers, to moe.dense_layers and back", "[train]") {
+  using Layers = std::vector<std::int64_t>;
+  // transformers' rule: sparse iff not in mlp_only_layers and (l + 1) % step == 0.
+  CHECK(train::hf_dense_layers(6, {2, {3}}) == Layers{0, 2, 3, 4});
+  CHECK(train::hf_dense_layers(6, {1, {}}).empty());
+  CHECK(train::hf_dense_layers(5, {3, {}}) == Layers{0, 1, 3, 4});
+  CHECK(train::hf_dense_layers(4, {1, {0, 1}}) == Layers{0, 1});
+  // Every pattern of 5 blocks with an MoE block (moe.every 1 and a list, or every 2 or 3): the
+  // settings chosen make exactly those blocks sparse, and the usual ones come back as they were.
+  model::GptConfig m = family(model::ModelFamily::qwen3_moe);
+  m.layers = 5;
+  for (const int every : {1, 2, 3}) {
+    for (int mask = 0; mask < 32; ++mask) {
+      m.moe.every = every;
+      m.moe.dense_layers.clear();
+      for (std::int64_t l = 0; l < 5; ++l) {
+        if ((mask >> l & 1) != 0 && l % every == 0) m.moe.dense_layers.push_back(l);
+      }
+      Layers dense;
+      for (std::int64_t l = 0; l < 5; ++l) {
+        if (!m.is_moe_block(l)) dense.push_back(l);
+      }
+      if (dense.size() == 5) continue;
+      INFO("every " << every << " dense " << model::layer_list_text(dense));
+      CHECK(train::hf_dense_layers(5, train::hf_sparse_layers(m)) == dense);
+    }
+  }
+  m.layers = 6;
+  m.moe.every = 1;
+  for (const train::HfSparseLayers& keys :
+       {train::HfSparseLayers{1, {}}, {2, {}}, {2, {3}}, {1, {0, 1, 2}}, {3, {}}, {1, {5}}}) {
+    m.moe.dense_layers = train::hf_dense_layers(6, keys);
+    const train::HfSparseLayers back = train::hf_sparse_layers(m);
+    CHECK(back.decoder_sparse_step == keys.decoder_sparse_step);
+    CHECK(back.mlp_only_layers == keys.mlp_only_layers);
+  }
+  // A dense block of a Qwen3-MoE model is Qwen3MoeMLP, of intermediate_size; the MoE ones mlp.gate
+  // and per-expert mlp.experts.E; the two cover each other.
+  m.moe.dense_layers = {0, 2, 3, 4};
+  const HfNaming n = train::hf_naming(model::ModelFamily::qwen3_moe);
+  const train::HfParameter fc = train::hf_parameter(m, n, "block3.mlp.fc.weight");
+  REQUIRE(fc.pieces.size() == 1);
+  CHECK(fc.pieces[0].hf_name == "model.layers.3.mlp.gate_proj.weight");
+  CHECK(fc.pieces[0].hf_shape == Shape{20, 16});
+  CHECK(train::hf_parameter(m, n, "block5.mlp.router.weight").pieces[0].hf_name ==
+        "model.layers.5.mlp.gate.weight");
+  REQUIRE_THROWS_QUINTET(train::hf_parameter(m, n, "block0.mlp.router.weight"), InvalidArgument,
+                         "no Hugging Face counterpart");
+  const auto covered = cover(m, n);
+  const auto tensors = train::hf_tensors(m, n);
+  REQUIRE(covered.size() == tensors.size());
+  for (const auto& [name, shape] : tensors) CHECK(covered.at(name) == numel(shape));
 }
 
 TEST_CASE("hf names: the Hub's names and shapes", "[train]") {

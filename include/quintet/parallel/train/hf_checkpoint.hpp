@@ -20,12 +20,14 @@
 // 5's rope_parameters), Llama 3.1's RoPE scaling (rope_type llama3: GptConfig::rope_scaling),
 // rms_norm_eps (every norm's eps, QK-norm's included, as Hugging Face
 // does), tie_word_embeddings, attention_bias; for MoE num_local_experts / num_experts,
-// num_experts_per_tok, moe_intermediate_size and norm_topk_prob (Mixtral always renormalizes).
+// num_experts_per_tok, moe_intermediate_size and norm_topk_prob (Mixtral always renormalizes);
+// Qwen3-MoE's dense layers, those decoder_sparse_step skips and those mlp_only_layers lists
+// (hf_dense_layers), become moe.dense_layers (moe.every 1), their MLP intermediate_size wide.
 // Refused, naming the key and the file, for what Quintet cannot run as Hugging Face does: an
 // unknown architecture, hidden_act other than silu, another rope scaling (rope_type
 // other than default and llama3), mlp_bias, sliding-window attention, router jitter noise,
-// Qwen3-MoE dense layers (decoder_sparse_step != 1, mlp_only_layers). The sequence length stays the
-// job's (at most max_position_embeddings).
+// an mlp_only_layers entry that is no layer, Qwen3-MoE settings that leave no layer sparse. The
+// sequence length stays the job's (at most max_position_embeddings).
 //
 // Loading: each rank reads from the safetensors files (memory-mapped, data/safetensors.hpp) only
 // the boxes of the tensors its parameters hold (tp, pp with vpp, ep, etp shards; cp and dp
@@ -70,7 +72,7 @@ struct HfModel {
 HfModel read_hf_config(const std::string& dir);
 
 // Sets job->model from hf: the family, sizes and structure above (and, for an MoE model, the
-// router's experts, top_k, renormalization and the expert width; every block MoE), keeping the
+// router's experts, top_k, renormalization, the expert width and the dense layers), keeping the
 // job's layout settings, sequence length, dtype and the MoE settings config.json has no say on
 // (capacity, balancing losses). given(flag) says whether a model flag was given ("hidden",
 // "kv-heads", "arch", ...: the flag's name without dashes); a given flag whose value differs from

@@ -13,9 +13,11 @@
 // (Mixtral: block_sparse_moe.experts.E.{w1,w3,w2}; Qwen3-MoE: mlp.experts.E.{gate,up,down}_proj).
 // The architecture comes from the model's structure: Llama (LlamaForCausalLM; attention biases
 // as attention_bias), Qwen2 (biases on q, k and v only: GptConfig::proj_bias off), Qwen3
-// (QK-norm), Mixtral (MoE), Qwen3-MoE (MoE with QK-norm). A model of another structure (GPT-2's
-// LayerNorm, GELU, learned positions; shared experts, dense layers between MoE ones, a sigmoid
-// router) has no Hugging Face layout here and is refused.
+// (QK-norm), Mixtral (MoE), Qwen3-MoE (MoE with QK-norm; its dense layers, moe.every and
+// moe.dense_layers, as decoder_sparse_step and mlp_only_layers: hf_sparse_layers, and their MLP
+// as intermediate_size). A model of another structure (GPT-2's LayerNorm, GELU, learned
+// positions; shared experts, Mixtral with dense layers, a sigmoid router) has no Hugging Face
+// layout here and is refused.
 //
 // The directory is written atomically: into DIR.partial (removed first, when an earlier export
 // was cut short), renamed to DIR when every file is complete, so a failed export leaves nothing

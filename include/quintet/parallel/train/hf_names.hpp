@@ -83,6 +83,24 @@ HfParameter hf_parameter(const model::GptConfig& model, const HfNaming& naming,
 std::vector<std::pair<std::string, Shape>> hf_tensors(const model::GptConfig& model,
                                                       const HfNaming& naming);
 
+// Which layers of a Qwen3-MoE model hold the MoE block (transformers' Qwen3MoeDecoderLayer):
+// layer l does when l is not in mlp_only_layers and (l + 1) % decoder_sparse_step == 0; the
+// others hold a dense MLP of intermediate_size (the model's mlp_width(); the experts are
+// moe_intermediate_size wide). Mixtral has an MoE block in every layer.
+struct HfSparseLayers {
+  std::int64_t decoder_sparse_step = 1;
+  std::vector<std::int64_t> mlp_only_layers;  // ascending
+};
+// The dense blocks of a model of `layers` blocks with these settings, ascending: its
+// moe.dense_layers, with moe.every = 1.
+std::vector<std::int64_t> hf_dense_layers(std::int64_t layers, const HfSparseLayers& sparse);
+// The settings that make exactly model's MoE blocks sparse (model.is_moe_block): the step whose
+// layers hold every MoE block and the fewest dense ones (those go to mlp_only_layers), the
+// smallest such step on a tie. Settings read from a config.json come back as they were unless
+// a larger step would list fewer layers (step 1 with [] for every layer sparse; step 2 with []
+// for every other one).
+HfSparseLayers hf_sparse_layers(const model::GptConfig& model);
+
 // The global names of our parameters of the whole model (one copy of a tied table), in the
 // order of hf_tensors' first use of them.
 std::vector<std::string> hf_parameter_names(const model::GptConfig& model);
