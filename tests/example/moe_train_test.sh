@@ -23,10 +23,10 @@
 #   mixed      dense blocks among the MoE ones (--dense-layers 0,2 of 4 blocks; the dense MLP 48
 #              wide, the experts 16): pp 3 (odd; its middle stage holds one dense block and no
 #              MoE layer), pp 2 x dp 2 x ep 2 (each stage a dense and an MoE block), tp 2 x dp 2 x
-#              ep 2 (etp 2), ep 3 (odd) and cp 2 x dp 2 x ep 2: the one-rank loss at each of 8
-#              steps within 1e-4; its checkpoint (pp 2 x dp 2 x ep 2, step 4) holds each block's
-#              own MLP and, resumed at one rank and at ep 3, follows the uninterrupted run within
-#              1e-5
+#              ep 2 (etp 2), ep 3 (odd), cp 2 x dp 2 x ep 2 and pp 2 x vpp 2 (a block per
+#              chunk): the one-rank loss at each of 8 steps within 1e-4; its checkpoint (pp 2
+#              x dp 2 x ep 2, step 4) holds each block's own MLP and, resumed at one rank and at
+#              ep 3, follows the uninterrupted run within 1e-5
 #   resume     a run with auxiliary-loss-free balancing stopped and saved at step 10, then
 #              resumed, equals the uninterrupted run at steps 11..20 (the bias is in the checkpoint)
 #   val        --val-data at ep 2 x dp 2 and tp 2 + sp x ep 2 (etp 2) equals one rank within 1e-5,
@@ -165,7 +165,8 @@ PY
     run tp2_dp2_ep2 4 "${mixed[@]}" --tp 2 --dp 2 --ep 2
     run ep3 3 "${mixed[@]}" --dp 3 --ep 3
     run cp2_dp2_ep2 4 "${mixed[@]}" --cp 2 --dp 2 --ep 2
-    for r in pp3 pp2_dp2_ep2 tp2_dp2_ep2 ep3 cp2_dp2_ep2; do compare one $r 1 8 1e-4; done
+    run pp2_vpp2 2 "${mixed[@]}" --pp 2 --vpp 2 --schedule interleaved
+    for r in pp3 pp2_dp2_ep2 tp2_dp2_ep2 ep3 cp2_dp2_ep2 pp2_vpp2; do compare one $r 1 8 1e-4; done
     run first 4 "${mixed[@]}" --pp 2 --dp 2 --ep 2 --save ckpt --stop-at 4
     compare pp2_dp2_ep2 first 1 4 0
     "$tool" ckpt --verify >tool.out
