@@ -27,6 +27,7 @@
 #include "grouped_gemm.hpp"
 #include "quintet/core/tensor.hpp"
 #include "quintet/nn/ops.hpp"
+#include "timing.hpp"
 
 using namespace quintet;
 
@@ -35,29 +36,6 @@ namespace {
 constexpr double kBf16Tolerance = 1e-2;  // max |diff| / max |loop| for a bf16 result
 constexpr double kF32Tolerance = 1e-3;   // for an f32 dw
 constexpr int kWarmup = 3;
-
-// Median milliseconds per call of fn on stream: `warmup` untimed calls, then `iters` calls, each
-// between its own pair of timing events.
-double median_ms(const Stream& stream, int warmup, int iters, const std::function<void()>& fn) {
-  for (int i = 0; i < warmup; ++i) fn();
-  std::vector<Event> start, stop;
-  start.reserve(iters);
-  stop.reserve(iters);
-  for (int i = 0; i < iters; ++i) {
-    start.emplace_back(stream.device(), true);
-    stop.emplace_back(stream.device(), true);
-  }
-  for (int i = 0; i < iters; ++i) {
-    start[i].record(stream);
-    fn();
-    stop[i].record(stream);
-  }
-  stop.back().synchronize();
-  std::vector<double> ms(iters);
-  for (int i = 0; i < iters; ++i) ms[i] = stop[i].elapsed_ms(start[i]);
-  std::sort(ms.begin(), ms.end());
-  return iters % 2 == 1 ? ms[iters / 2] : 0.5 * (ms[iters / 2 - 1] + ms[iters / 2]);
-}
 
 // max |got - ref| / max |ref| (max |got - ref| when ref is all zero); infinity when got holds a
 // NaN or an infinity.

@@ -19,13 +19,21 @@
 //               expert (what the MoE layer runs) vs one cublasGemmGroupedBatchedEx per product
 //               (experts_bench.hpp, grouped_gemm.hpp), checked against each other first.
 //               FLOPs = 2·rows·N·K summed over the experts; ms are medians.
+//   elementwise - the memory-bound kernels of a Llama-style block (RoPE, RMSNorm with the
+//               residual add, SwiGLU), forward and backward, bf16, at Llama-1B shapes by default
+//               (4096 tokens, hidden 2048, 32 heads of 64, SwiGLU width 8192): GB/s = (inputs
+//               read + outputs written) / time, against a device-to-device cudaMemcpy measured
+//               in the same run and the nominal bandwidth (elementwise_bench.hpp).
 //
 //   09_op_bench [--json] [--iters N] [--linear-reps R] [--skip-linear] [--skip-attention]
 //               [--skip-experts] [--experts-only] [--seq 1024 ...] [--head-dim 64 128]
 //               [--attention-kernel gemm simt cudnn auto] [--tokens 8192] [--hidden 4096]
 //               [--experts-count 8] [--expert-rows R ...] [--expert-tokens 16384]
 //               [--expert-top-k 2] [--expert-hidden 1024] [--expert-ffn 2816] [--expert-skew 0]
-//               [--expert-grouping shape|expert] [--device 0]
+//               [--expert-grouping shape|expert] [--skip-elementwise] [--elementwise-only]
+//               [--ew-tokens 4096] [--ew-seq 2048] [--ew-hidden 2048] [--ew-heads 32]
+//               [--ew-head-dim 64] [--ew-ffn 8192] [--ew-copy-bytes N] [--nominal-gbps 4800]
+//               [--device 0]
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -36,6 +44,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "elementwise_bench.hpp"
 #include "experts_bench.hpp"
 #include "quintet/core/stream.hpp"
 #include "quintet/core/tensor.hpp"
@@ -103,13 +112,15 @@ struct Options {
   int iters = 20;
   int linear_reps = 7;  // linear: repetitions of each ours/raw pair, order alternating
   bool skip_linear = false, skip_attention = false, skip_experts = false, experts_only = false;
+  bool skip_elementwise = false, elementwise_only = false;
   int cp_split = 0;  // > 0: also the context-parallel split cost at this cp
   std::vector<std::int64_t> seqs = {1024, 2048, 4096, 8192};
   std::vector<std::int64_t> head_dims = {64, 128};
   std::vector<std::string> attention_kernels = {"gemm"};
   std::int64_t tokens = 8192, hidden = 4096;
   int device = 0;
-  ExpertBenchOptions experts;  // its json and iters are copied from the above
+  ExpertBenchOptions experts;           // its json and iters are copied from the above
+  ElementwiseBenchOptions elementwise;  // likewise
 };
 
 void bench_linear(const Options& opt, const Stream& s) {
@@ -402,10 +413,38 @@ int main(int argc, char** argv) {
   app.add_option("--expert-grouping", ex.grouping,
                  "experts: cuBLAS groups, one per distinct shape or one per expert")
       ->check(CLI::IsMember({"shape", "expert"}));
+  app.add_flag("--skip-elementwise", opt.skip_elementwise,
+               "do not run the elementwise (RoPE, RMSNorm, SwiGLU) benchmark");
+  app.add_flag("--elementwise-only", opt.elementwise_only, "run the elementwise benchmark alone");
+  ElementwiseBenchOptions& ew = opt.elementwise;
+  app.add_option("--ew-tokens", ew.tokens, "elementwise: tokens (batch x sequence)");
+  app.add_option("--ew-seq", ew.seq, "elementwise: RoPE's sequence length (divides tokens)");
+  app.add_option("--ew-hidden", ew.hidden, "elementwise: RMSNorm's width");
+  app.add_option("--ew-heads", ew.heads, "elementwise: RoPE's heads");
+  app.add_option("--ew-head-dim", ew.head_dim, "elementwise: RoPE's head width (even)");
+  app.add_option("--ew-ffn", ew.ffn, "elementwise: SwiGLU's width");
+  app.add_option("--ew-copy-bytes", ew.copy_bytes,
+                 "elementwise: the bytes of the device-to-device copy that measures the bound");
+  app.add_option("--nominal-gbps", ew.nominal_gbps,
+                 "elementwise: the GPU's nominal memory bandwidth in GB/s (H200: 4800)");
   app.add_option("--device", opt.device, "CUDA device index");
   CLI11_PARSE(app, argc, argv);
   ex.json = opt.json;
   ex.iters = opt.iters;
+  ew.json = opt.json;
+  ew.iters = opt.iters;
+  if (opt.elementwise_only && (opt.skip_elementwise || opt.experts_only)) {
+    std::fprintf(stderr,
+                 "09_op_bench: --elementwise-only contradicts --skip-elementwise and "
+                 "--experts-only\n");
+    return 1;
+  }
+  try {
+    check_elementwise_options(ew);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "09_op_bench: %s\n", e.what());
+    return 1;
+  }
   if (!ex.rows.empty()) {
     if (experts_count->count() > 0 && static_cast<std::size_t>(ex.experts) != ex.rows.size()) {
       std::fprintf(stderr, "09_op_bench: --experts-count %d but --expert-rows has %zu values\n",
@@ -432,10 +471,12 @@ int main(int argc, char** argv) {
     const Device gpu = Device::cuda(opt.device);
     set_current_device(gpu);
     const Stream s = Stream::create(gpu);
-    if (!opt.skip_linear && !opt.experts_only) bench_linear(opt, s);
-    if (!opt.skip_attention && !opt.experts_only) bench_attention(opt, s);
-    if (!opt.skip_experts) bench_experts(opt.experts, s);
-    if (opt.cp_split > 0 && !opt.experts_only) bench_cp_split(opt, s);
+    const bool all = !opt.experts_only && !opt.elementwise_only;
+    if (!opt.skip_linear && all) bench_linear(opt, s);
+    if (!opt.skip_attention && all) bench_attention(opt, s);
+    if (!opt.skip_experts && !opt.elementwise_only) bench_experts(opt.experts, s);
+    if (opt.cp_split > 0 && all) bench_cp_split(opt, s);
+    if (!opt.skip_elementwise && !opt.experts_only) bench_elementwise(ew, s);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "09_op_bench: %s\n", e.what());
     return 1;
