@@ -6,16 +6,26 @@ and MFU with the trainer's formula, so ours/PyTorch comes from one device comman
     python3 scripts/bench/gpt_torch.py --layers 24 --hidden 1024 --heads 16 --seq-len 1024 \
         --micro-batch 8 --global-batch 8
     torchrun --nproc_per_node 2 scripts/bench/gpt_torch.py ... --global-batch 16   # DDP, dp = 2
+    python3 scripts/bench/gpt_torch.py --arch llama --layers 16 --hidden 2048 --heads 32 \
+        --kv-heads 8 --ffn-hidden 8192 --seq-len 2048 --micro-batch 4 --global-batch 4
 
-Model (same as the trainer's): token + position embeddings, `layers` pre-norm blocks
+Model --arch gpt2 (the default; same as the trainer's): token + position embeddings, `layers` pre-norm blocks
 (LayerNorm, causal attention with biased fused QKV and output projections, LayerNorm, GELU-tanh
 MLP of 4 x hidden with biases), final LayerNorm, untied LM head; init normal(0, 0.02), output
-projections 0.02/sqrt(2 layers). bf16 autocast with f32 parameters, fused AdamW, clipping at 1.
+projections 0.02/sqrt(2 layers).
+Model --arch llama (the trainer's --arch llama, GptConfig::llama): RMSNorm (eps 1e-5, nn.RMSNorm),
+no position table but RoPE on q and k (rotate-half, theta --rope-theta 500000, in f32), --kv-heads
+key/value heads (grouped-query attention through SDPA's enable_gqa, PyTorch >= 2.5), no biases,
+SwiGLU MLPs of width --ffn-hidden (gate and up in one GEMM), final RMSNorm, untied LM head, the
+same init. It is moe_torch.py's --arch mixtral model with no MoE block (imported from there, not
+copied); its parameter count is checked against GptConfig's formula and printed to stderr.
+bf16 autocast with f32 parameters, fused AdamW, clipping at 1.
 Random tokens (speed does not depend on them).
+--device cpu runs either on the CPU, as a smoke test only (no timing worth reading, no memory).
 MFU: (6 N + 12 L d T) FLOPs per token, N = non-embedding parameters, over 989 TFLOP/s per GPU.
 One JSON object per mode: {"impl", "mode", "ranks", "tokens_per_s", "ms", "mfu", "tflops",
-"params", "peak_mem_bytes" (the most the timed steps reached), "run_peak_mem_bytes" (the mode's
-whole run: building, warm-up and compile included)}.
+"params", "non_embedding_params", "peak_mem_bytes" (the most the timed steps reached),
+"run_peak_mem_bytes" (the mode's whole run: building, warm-up and compile included), "arch"}.
 """
 import argparse
 import gc
@@ -30,7 +40,21 @@ import time
 PEAK = 989e12
 
 
+def llama_args(args):
+    """moe_torch.py's settings for its SwiGLU model with no MoE block: the trainer's llama."""
+    return argparse.Namespace(
+        arch="llama", layers=args.layers, hidden=args.hidden, heads=args.heads,
+        kv_heads=args.kv_heads, ffn_hidden=args.ffn_hidden, rope_theta=args.rope_theta,
+        vocab=args.vocab, seq_len=args.seq_len, experts=0, top_k=0, moe_every=1, expert_ffn=0,
+        expert_impl="grouped", group_align=0, aux_loss_coeff=0.0, z_loss_coeff=0.0)
+
+
 def build(torch, args):
+    if args.arch == "llama":
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import moe_torch  # noqa: E402 (the script's directory, put on the path above)
+
+        return moe_torch.build(torch, llama_args(args), None)[0]
     nn = torch.nn
     F = torch.nn.functional
 
@@ -82,18 +106,31 @@ def build(torch, args):
 
 def run(torch, args, mode, rank, world, device):
     # The whole run's peak starts here, not with an earlier mode's leftovers.
+    cuda = device.type == "cuda"
     gc.collect()
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats(device)
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
     GPT = build(torch, args)
     torch.manual_seed(args.seed)
     model = GPT().to(device)
     params = sum(p.numel() for p in model.parameters())
-    embed = model.tok.weight.numel() + model.pos.weight.numel()
+    embed = model.tok.weight.numel() + (model.pos.weight.numel() if model.pos is not None else 0)
     non_embedding = params - embed
+    if args.arch == "llama":
+        import moe_torch  # on the path since build()
+
+        expected = moe_torch.param_counts(llama_args(args))[:2]
+        if rank == 0:
+            print(f"gpt_torch: llama {params} params ({non_embedding} non-embedding); "
+                  f"GptConfig's formula: {expected[0]} ({expected[1]})"
+                  + ("" if (params, non_embedding) == expected else " DIFFERENT"),
+                  file=sys.stderr, flush=True)
     if world > 1:
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index])
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1, fused=True)
+    # Fused AdamW on the GPU; the CPU smoke test takes the default (older PyTorch has no fused).
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1,
+                            **({"fused": True} if cuda else {}))
     step_model = torch.compile(model) if mode == "compiled" else model
     accum = args.global_batch // (args.micro_batch * world)
     gen = torch.Generator(device=device).manual_seed(args.seed + rank)
@@ -109,7 +146,7 @@ def run(torch, args, mode, rank, world, device):
             x, y = batch()
             sync = world == 1 or m == accum - 1
             ctx = model.no_sync() if not sync else contextlib.nullcontext()
-            with ctx, torch.autocast("cuda", dtype=torch.bfloat16):
+            with ctx, torch.autocast(device.type, dtype=torch.bfloat16):
                 loss = step_model(x, y) / accum
             loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -119,17 +156,21 @@ def run(torch, args, mode, rank, world, device):
     # the timed steps begin: the most they reach) and the whole run (set-up, warm-up and compile).
     times = []
     run_peak = 0
+    def sync():
+        if cuda:
+            torch.cuda.synchronize(device)
+
     for i in range(args.warmup + args.steps):
-        if i == args.warmup:
+        if i == args.warmup and cuda:
             run_peak = torch.cuda.max_memory_allocated(device)
             torch.cuda.reset_peak_memory_stats(device)
-        torch.cuda.synchronize(device)
+        sync()
         t0 = time.perf_counter()
         step()
-        torch.cuda.synchronize(device)
+        sync()
         if i >= args.warmup:
             times.append(time.perf_counter() - t0)
-    steady_peak = torch.cuda.max_memory_allocated(device)
+    steady_peak = torch.cuda.max_memory_allocated(device) if cuda else 0
     run_peak = max(run_peak, steady_peak)
     ms = statistics.median(times) * 1000
     tokens = args.global_batch * args.seq_len
@@ -140,7 +181,7 @@ def run(torch, args, mode, rank, world, device):
             "ms": round(ms, 3), "mfu": round(tflops * 1e12 / PEAK, 4), "tflops": round(tflops, 2),
             "params": params, "non_embedding_params": non_embedding,
             "peak_mem_bytes": steady_peak, "run_peak_mem_bytes": run_peak,
-            "torch": torch.__version__}
+            "arch": args.arch, "torch": torch.__version__}
 
 
 def main():
@@ -148,6 +189,15 @@ def main():
     p.add_argument("--layers", type=int, default=24)
     p.add_argument("--hidden", type=int, default=1024)
     p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--arch", choices=["gpt2", "llama"], default="gpt2",
+                   help="gpt2: LayerNorm, learned positions, biases, GELU; llama: RMSNorm, RoPE, "
+                   "grouped-query attention, no biases, SwiGLU (the trainer's --arch llama)")
+    p.add_argument("--kv-heads", type=int, default=0,
+                   help="key/value heads with --arch llama (0: heads)")
+    p.add_argument("--ffn-hidden", type=int, default=0,
+                   help="MLP width with --arch llama (0: 4 x hidden)")
+    p.add_argument("--rope-theta", type=float, default=500000.0,
+                   help="RoPE's base with --arch llama (Llama 3's 500000, as the trainer's)")
     p.add_argument("--vocab", type=int, default=50304)
     p.add_argument("--seq-len", type=int, default=1024)
     p.add_argument("--micro-batch", type=int, default=8)
@@ -155,23 +205,43 @@ def main():
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--modes", nargs="+", default=["eager", "compiled"])
+    p.add_argument("--modes", nargs="+", default=["eager", "compiled"],
+                   choices=["eager", "compiled"])
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                   help="cpu: a smoke test only")
     args = p.parse_args()
+    kv = args.kv_heads if args.kv_heads > 0 else args.heads
+    hd = args.hidden // args.heads if args.heads > 0 else 0
+    if args.hidden % args.heads or args.heads % kv or (args.arch == "llama" and hd % 2):
+        print(json.dumps({"impl": "pytorch", "error": f"hidden {args.hidden}, heads {args.heads} "
+                          f"and kv heads {kv}: heads must divide hidden (into an even head dim) "
+                          "and kv heads divide heads"}))
+        return 0
+    if args.arch == "gpt2" and (args.kv_heads > 0 or args.ffn_hidden > 0):
+        print(json.dumps({"impl": "pytorch", "error": "--kv-heads and --ffn-hidden need --arch "
+                          "llama"}))
+        return 0
     try:
         import torch
     except ImportError:
         print(json.dumps({"impl": "pytorch", "error": "torch not installed"}))
         return 0
-    if not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available():
         print(json.dumps({"impl": "pytorch", "error": "no GPU"}))
         return 0
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
-    device = torch.device("cuda", local)
-    torch.cuda.set_device(device)
+    if args.device == "cuda":
+        device = torch.device("cuda", local)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
     if world > 1:
-        torch.distributed.init_process_group("nccl", device_id=device)
+        if device.type == "cuda":
+            torch.distributed.init_process_group("nccl", device_id=device)
+        else:
+            torch.distributed.init_process_group("gloo")
     torch.backends.cuda.matmul.allow_tf32 = True
     for mode in args.modes:
         result = run(torch, args, mode, rank, world, device)

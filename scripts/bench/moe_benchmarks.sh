@@ -11,27 +11,14 @@
 #     scripts/bench/moe_benchmarks.sh      (SKIP: run names to leave out; TARGETS: what to build)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-out=${OUT:-build/bench}
-mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 model=${MODEL:---layers 12 --hidden 1024 --heads 16 --vocab 50304 --seq-len 1024}
 moe=${MOE:---experts 8 --top-k 2 --expert-ffn 2816}
 mixtral=${MIXTRAL:---arch mixtral --kv-heads 4}
 micro=${MICRO:-16}
 steps=${STEPS:-12}
-skip=${SKIP:-}
-run() {  # run NAME SECONDS COMMAND...
-  local name=$1 limit=$2; shift 2
-  case " $skip " in *" $name "*) echo "=== $name skipped"; return ;; esac
-  echo "=== $name: $*"
-  timeout "$limit" "$@" >"$out/$name.log" 2>&1
-  echo "=== $name exit $?"
-  grep -E '"summary"|"impl"|"bench"|"op"|passed|failed|FAILED|error|Error' "$out/$name.log" | tail -n 8
-}
-if [ ! -f build/CMakeCache.txt ]; then
-  cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DQUINTET_BUILD_TESTS=ON \
-    -DQUINTET_BUILD_EXAMPLES=ON >"$out/configure.log" 2>&1
-fi
+# shellcheck source=scripts/bench/bench_common.sh
+. scripts/bench/bench_common.sh
 targets=${TARGETS:-gpu_ep_moe_test 05_moe_train 09_op_bench 10_moe_dispatch_bench}
 # shellcheck disable=SC2086
 run build 400 cmake --build build -j "$(nproc)" --target $targets -- -k

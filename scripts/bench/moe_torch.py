@@ -25,7 +25,8 @@ l % moe_every == 0, is the library's MoE layer (parallel/expert/moe_layer.hpp, r
 1e-5), no position table but RoPE on q and k (rotate-half, theta --rope-theta 1e6, in f32),
 --kv-heads key/value heads (grouped-query attention: SDPA's enable_gqa, PyTorch >= 2.5, else k and
 v repeated), no biases anywhere, and SwiGLU MLPs: each expert's fc is [E, 2F, d], gate then up in
-one grouped GEMM, silu(gate) * up, then proj (dense blocks alike, width 4d).
+one grouped GEMM, silu(gate) * up, then proj (dense blocks alike, width Fd = --ffn-hidden, 4d
+by default; gpt_torch.py --arch llama is this model with no MoE block).
 Experts (--expert-impl): "grouped" (default) sorts the T k assignments by expert (stable sort),
 gathers the rows, and runs each of the two GEMMs as ONE bf16 grouped GEMM over all experts
 (torch.nn.functional.grouped_mm, PyTorch >= 2.10, else torch._grouped_mm, 2.8 / 2.9) with the
@@ -47,8 +48,8 @@ MFU (examples/04_gpt_train/metrics.cpp, GptConfig::active_non_embedding_params):
 12 L d S) FLOPs per token over 989 TFLOP/s per GPU, N_active = every weight outside the token and
 position embeddings with only top_k of the E experts counted per MoE block: per block
 4d^2 + 4d (attention) + 4d (2 LayerNorms) + MLP, the MLP E d + top_k 2 d F for MoE blocks (router +
-experts) or 2 d 4d + 4d + d for dense ones; plus 2d (final norm) + d V (head). With --arch mixtral:
-2d^2 + 2 d kv hd (attention), 2d (2 RMSNorms), E d + top_k 3 d F (MoE) or 3 d 4d (dense), d + d V.
+experts) or 2 d Fd + Fd + d for dense ones; plus 2d (final norm) + d V (head). With --arch mixtral:
+2d^2 + 2 d kv hd (attention), 2d (2 RMSNorms), E d + top_k 3 d F (MoE) or 3 d Fd (dense), d + d V.
 One JSON object per mode: {"impl": "pytorch-moe", "mode", "ranks", "tokens_per_s", "ms", "mfu",
 "tflops", "params" (all), "active_params" (N_active), "non_embedding_params", "peak_mem_bytes"
 (timed steps), "run_peak_mem_bytes" (the whole mode), "expert_impl", ...}, or {"impl", "mode", "error"} when that mode failed (e.g. torch.compile).
@@ -78,16 +79,23 @@ def grouped_mm_api(torch):
     return None, None
 
 
+def dense_width(args):
+    """The dense MLP's width: --ffn-hidden, or 4 x hidden when 0 (GptConfig::mlp_width)."""
+    return args.ffn_hidden if args.ffn_hidden > 0 else 4 * args.hidden
+
+
 def expert_width(args):
-    return args.expert_ffn if args.expert_ffn > 0 else 4 * args.hidden
+    return args.expert_ffn if args.expert_ffn > 0 else dense_width(args)
 
 
 def is_moe_block(args, layer):
-    return layer % args.moe_every == 0
+    # experts == 0: a dense model (gpt_torch.py --arch llama builds its model here).
+    return args.experts > 0 and layer % args.moe_every == 0
 
 
 def swiglu(args):
-    return args.arch == "mixtral"
+    """mixtral and llama: RMSNorm, RoPE, grouped-query attention, SwiGLU, no biases."""
+    return args.arch in ("mixtral", "llama")
 
 
 def kv_heads(args):
@@ -99,7 +107,7 @@ def param_counts(args):
     (parallel/model/gpt_config.cpp). gpt2: LayerNorm, biased attention, GELU dense MLP with
     biases; mixtral: RMSNorm, attention with kv_heads key/value heads and no biases, SwiGLU MLPs
     (3 matrices each) without biases, no position table."""
-    d, f, fe = args.hidden, 4 * args.hidden, expert_width(args)
+    d, f, fe = args.hidden, dense_width(args), expert_width(args)
     hd = d // args.heads
     if swiglu(args):
         norm = d
@@ -130,7 +138,7 @@ def build(torch, args, grouped_mm):
     nn = torch.nn
     F = torch.nn.functional
     d, E, K = args.hidden, args.experts, args.top_k
-    FE = expert_width(args)
+    FE, FD = expert_width(args), dense_width(args)
     H, KV, hd = args.heads, kv_heads(args), args.hidden // args.heads
     align = args.group_align
     bf16 = torch.bfloat16
@@ -279,8 +287,8 @@ def build(torch, args, grouped_mm):
                 self.moe = MoE()
             else:  # dense: GELU with biases, or SwiGLU (gate and up fused) without
                 self.moe = None
-                self.fc = nn.Linear(d, (8 if gated else 4) * d, bias=not gated)
-                self.fc_proj = nn.Linear(4 * d, d, bias=not gated)
+                self.fc = nn.Linear(d, (2 * FD if gated else FD), bias=not gated)
+                self.fc_proj = nn.Linear(FD, d, bias=not gated)
 
         def forward(self, x, cos, sin):
             # x [B, S, d], cos, sin [S, hd] (RoPE) or None -> [B, S, d], MoE loss or None
@@ -467,7 +475,10 @@ def main():
                    choices=["eager", "compiled"])
     p.add_argument("--experts", type=int, default=8, help="experts per MoE block")
     p.add_argument("--top-k", type=int, default=2, help="experts per token (1..8)")
-    p.add_argument("--expert-ffn", type=int, default=0, help="each expert's width (0: 4 x hidden)")
+    p.add_argument("--ffn-hidden", type=int, default=0,
+                   help="the dense MLP's width (0: 4 x hidden)")
+    p.add_argument("--expert-ffn", type=int, default=0,
+                   help="each expert's width (0: --ffn-hidden)")
     p.add_argument("--moe-every", type=int, default=1, help="every N-th block is MoE (from 0)")
     p.add_argument("--aux-loss-coeff", type=float, default=0.01)
     p.add_argument("--z-loss-coeff", type=float, default=0.001)

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# The Llama measurements of docs/PERFORMANCE.md in one go on one GPU: builds what they need, then
+# a Llama-style dense model of about 1 B parameters (16 layers, hidden 2048, 32 heads, 8 key/value
+# heads, SwiGLU width 8192, vocab 50304, seq 2048: 1.18 B parameters, 1.08 B outside the
+# embedding) trained by examples/04_gpt_train --arch llama beside the same model in PyTorch
+# (scripts/bench/gpt_torch.py --arch llama: SDPA with GQA, fused AdamW, bf16 autocast), eager and
+# torch.compile, each in its own process; then the RoPE, RMSNorm and SwiGLU kernels against the
+# memory bandwidth (09_op_bench --elementwise-only). Each run is bounded in time (about 330 s in
+# all after the build); logs go to $OUT (else build/bench/), and a table of ours against PyTorch
+# (tokens/s, MFU, peak memory) ends the output.
+#   MODEL="--layers 16 ..." MICRO=4 STEPS=12 SKIP="torch_llama_eager ops_elementwise" \
+#     TARGETS=04_gpt_train scripts/bench/llama_benchmarks.sh   (SKIP: runs to leave out)
+set -uo pipefail
+cd "$(dirname "$0")/../.." || exit 1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+model=${MODEL:---layers 16 --hidden 2048 --heads 32 --kv-heads 8 --ffn-hidden 8192 --vocab 50304 \
+  --seq-len 2048}
+micro=${MICRO:-4}
+steps=${STEPS:-12}
+# shellcheck source=scripts/bench/bench_common.sh
+. scripts/bench/bench_common.sh
+targets=${TARGETS:-04_gpt_train 09_op_bench}
+# shellcheck disable=SC2086
+run build "${BUILD_LIMIT:-600}" cmake --build build -j "$(nproc)" --target $targets -- -k
+# shellcheck disable=SC2086
+run ours_llama 120 mpirun -np 1 build/examples/04_gpt_train/04_gpt_train --arch llama $model \
+  --micro-batch "$micro" --global-batch "$micro" --steps "$steps" --bench --bench-skip 4 \
+  --warmup 2 --json --device cuda --data-dir build/data/synthetic --no-progress
+for mode in eager compiled; do
+  limit=75
+  [ "$mode" = compiled ] && limit=135
+  # shellcheck disable=SC2086
+  run "torch_llama_$mode" "$limit" python3 scripts/bench/gpt_torch.py --arch llama $model \
+    --micro-batch "$micro" --global-batch "$micro" --steps $((steps - 4)) --modes "$mode"
+done
+run ops_elementwise 60 build/examples/09_op_bench/09_op_bench --elementwise-only --json
+
+# ours / PyTorch: tokens/s and MFU (> 1: ours faster), peak memory of the timed steps (< 1: ours
+# smaller); the goal of issue 42 is >= 1.1 x compiled tokens/s with memory <= eager's.
+python3 - "$out" <<'EOF'
+import json, os, re, sys
+out = sys.argv[1]
+def last_json(name, key):
+    try:
+        lines = open(os.path.join(out, name + ".log")).read().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        if line.startswith("{") and key in line:
+            try:
+                return json.loads(line)
+            except ValueError:
+                pass
+    return None
+def params(name, pattern):
+    try:
+        m = re.search(pattern, open(os.path.join(out, name + ".log")).read())
+    except OSError:
+        return "?"
+    return m.group(1) if m else "?"
+rows = {}
+s = last_json("ours_llama", '"summary"')
+if s:
+    rows["ours"] = (s["median_tokens_per_s"], s["median_mfu"], s["peak_mem_bytes"])
+for mode in ("eager", "compiled"):
+    t = last_json("torch_llama_" + mode, '"impl"')
+    if t and "error" not in t:
+        rows[mode] = (t["tokens_per_s"], t["mfu"], t["peak_mem_bytes"])
+print("params: ours %s, pytorch %s" % (params("ours_llama", r"(\d+) params \("),
+                                        params("torch_llama_eager", r"llama (\d+) params")))
+print("%-9s %12s %8s %12s" % ("run", "tokens/s", "MFU", "peak GiB"))
+for k, (tps, mfu, mem) in rows.items():
+    print("%-9s %12.0f %8s %12.2f" % (k, tps, "-" if mfu is None else "%.3f" % mfu, mem / 2**30))
+if "ours" in rows:
+    o = rows["ours"]
+    for k in ("compiled", "eager"):
+        if k in rows:
+            t = rows[k]
+            mfu = "-" if o[1] is None or not t[1] else "%.3f" % (o[1] / t[1])
+            print("ours / %-8s tokens/s %.3f  MFU %s  peak memory %.3f"
+                  % (k, o[0] / t[0], mfu, o[2] / t[2] if t[2] else float("nan")))
+EOF
