@@ -273,6 +273,8 @@ void Reporter::summary(std::int64_t skip) const {
         {"median_ep_comm_ms", median(ep_comm)},
         {"peak_mem_bytes", steady_peak},
         {"run_peak_mem_bytes", run_peak},
+        {"params", params_},
+        {"non_embedding_params", non_embedding_params_},
         {"grad_mem_bytes", last.grad_mem_bytes},
         {"bound_by", bound_json(quintet::train::bound_by(times))}};
     for (std::size_t k = 0; k < kCommKinds.size(); ++k) {

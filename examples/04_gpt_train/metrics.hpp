@@ -114,6 +114,12 @@ class Reporter {
   // The peak memory before the first step (start-up: GPU allocator peak or resident set), for
   // the whole run's peak in the summary.
   void set_start_peak(std::int64_t bytes) { start_peak_ = bytes; }
+  // The model's parameters (GptConfig::total_params, non_embedding_params), for the JSON
+  // summary: a PyTorch peer of the same model (scripts/bench) is compared on them.
+  void set_params(std::int64_t total, std::int64_t non_embedding) {
+    params_ = total;
+    non_embedding_params_ = non_embedding;
+  }
   // Median figures over records after skip (all records when too few), then a summary line.
   // Peak memory: the most a measured step reached (peak_mem_bytes) and the whole run's.
   void summary(std::int64_t skip) const;
@@ -128,6 +134,7 @@ class Reporter {
   std::int64_t total_;
   std::vector<StepRecord> records_;
   std::int64_t start_peak_ = 0;
+  std::int64_t params_ = 0, non_embedding_params_ = 0;
 };
 
 // Peak resident memory of this process in bytes (CPU runs).

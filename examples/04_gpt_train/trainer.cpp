@@ -153,6 +153,7 @@ int run(const char* program, quintet::train::JobConfig job, quintet::World& worl
   }
   // 6 N + attention per token, N the parameters a token runs through (MoE: its top-k experts).
   const quintet::model::GptConfig& m = model.config().model;
+  reporter.set_params(m.total_params(), m.non_embedding_params());
   const double fpt =
       flops_per_token(m.active_non_embedding_params(), m.layers, m.hidden, m.seq_len);
   const std::int64_t end = job.last_step();

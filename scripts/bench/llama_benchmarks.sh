@@ -38,7 +38,7 @@ run ops_elementwise 60 build/examples/09_op_bench/09_op_bench --elementwise-only
 # ours / PyTorch: tokens/s and MFU (> 1: ours faster), peak memory of the timed steps (< 1: ours
 # smaller); the goal of issue 42 is >= 1.1 x compiled tokens/s with memory <= eager's.
 python3 - "$out" <<'EOF'
-import json, os, re, sys
+import json, os, sys
 out = sys.argv[1]
 def last_json(name, key):
     try:
@@ -52,22 +52,20 @@ def last_json(name, key):
             except ValueError:
                 pass
     return None
-def params(name, pattern):
-    try:
-        m = re.search(pattern, open(os.path.join(out, name + ".log")).read())
-    except OSError:
-        return "?"
-    return m.group(1) if m else "?"
-rows = {}
+rows, counts = {}, {}
 s = last_json("ours_llama", '"summary"')
 if s:
     rows["ours"] = (s["median_tokens_per_s"], s["median_mfu"], s["peak_mem_bytes"])
+    counts["ours"] = (s.get("params"), s.get("non_embedding_params"))
 for mode in ("eager", "compiled"):
     t = last_json("torch_llama_" + mode, '"impl"')
     if t and "error" not in t:
         rows[mode] = (t["tokens_per_s"], t["mfu"], t["peak_mem_bytes"])
-print("params: ours %s, pytorch %s" % (params("ours_llama", r"(\d+) params \("),
-                                        params("torch_llama_eager", r"llama (\d+) params")))
+        counts["pytorch"] = (t["params"], t["non_embedding_params"])
+if counts:
+    same = len(set(counts.values())) == 1
+    print("params (non-embedding): " + ", ".join("%s %s (%s)" % (k, *v) for k, v in counts.items())
+          + ("" if same or len(counts) < 2 else "  DIFFERENT MODELS"))
 print("%-9s %12s %8s %12s" % ("run", "tokens/s", "MFU", "peak GiB"))
 for k, (tps, mfu, mem) in rows.items():
     print("%-9s %12.0f %8s %12.2f" % (k, tps, "-" if mfu is None else "%.3f" % mfu, mem / 2**30))
