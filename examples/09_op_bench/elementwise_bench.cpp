@@ -40,9 +40,10 @@ struct Pass {
 
 void check_elementwise_options(const ElementwiseBenchOptions& o) {
   const std::pair<const char*, std::int64_t> sizes[] = {
-      {"--ew-tokens", o.tokens},        {"--ew-seq", o.seq},           {"--ew-hidden", o.hidden},
-      {"--ew-heads", o.heads},          {"--ew-head-dim", o.head_dim}, {"--ew-ffn", o.ffn},
-      {"--ew-copy-bytes", o.copy_bytes}};
+      {"--ew-tokens", o.tokens},     {"--ew-seq", o.seq},
+      {"--ew-hidden", o.hidden},     {"--ew-heads", o.heads},
+      {"--ew-head-dim", o.head_dim}, {"--ew-ffn", o.ffn},
+      {"--ew-kv-heads", o.kv_heads}, {"--ew-copy-bytes", o.copy_bytes}};
   for (const auto& [name, v] : sizes) {
     if (v <= 0) throw std::invalid_argument(std::string(name) + " must be > 0");
   }
@@ -76,9 +77,13 @@ void bench_elementwise(const ElementwiseBenchOptions& opt, const Stream& s) {
                      B = opt.tokens / opt.seq;
   const double e16 = 2.0, e32 = 4.0;  // bytes per bf16 and f32 element
   std::uint64_t seed = 900;
-  // RoPE: the query heads [B, S, H, D] rotated in place, positions 0..S-1 (no positions tensor,
-  // as at cp 1). Forward and backward each read and write x: 2 * numel bf16.
+  // RoPE in place, positions 0..S-1 (no positions tensor, as at cp 1), on the query heads
+  // [B, S, H, D] and on the key heads: the strided [B, S, KV, D] view of the fused key/value
+  // projection's output [B, S, 2, KV, D] (ParallelAttention's part(kv, 0)). Forward and backward
+  // each read and write the heads: 2 * numel bf16.
   const Tensor q = Tensor::randn({B, opt.seq, H, D}, ++seed, DType::bf16, gpu);
+  const Tensor kv = Tensor::randn({B, opt.seq, 2, opt.kv_heads, D}, ++seed, DType::bf16, gpu);
+  const Tensor k = kv.transpose(0, 2).select(0).transpose(0, 1);
   nn::RopeOptions rope;
   rope.theta = opt.rope_theta;
   // RMSNorm with the residual add, as the block runs it (ParallelRMSNorm::forward_add).
@@ -97,16 +102,23 @@ void bench_elementwise(const ElementwiseBenchOptions& opt, const Stream& s) {
   s.synchronize();
 
   const double td = static_cast<double>(T) * d, tf = static_cast<double>(T) * F;
-  const double qn = static_cast<double>(q.numel());
-  const std::string rope_shape = std::to_string(B) + "x" + std::to_string(opt.seq) + "x" +
-                                 std::to_string(H) + "x" + std::to_string(D);
+  const double qn = static_cast<double>(q.numel()), kn = static_cast<double>(k.numel());
+  const std::string bs = std::to_string(B) + "x" + std::to_string(opt.seq) + "x";
+  const std::string rope_shape = bs + std::to_string(H) + "x" + std::to_string(D);
+  const std::string rope_k_shape = bs + std::to_string(opt.kv_heads) + "x" + std::to_string(D) +
+                                   " of " + bs + "2x" + std::to_string(opt.kv_heads) + "x" +
+                                   std::to_string(D);
   const std::string norm_shape = std::to_string(T) + "x" + std::to_string(d);
   const std::string mlp_shape = std::to_string(T) + "x" + std::to_string(F);
   const std::vector<Pass> passes = {
-      {"rope", "forward", rope_shape, 2 * qn * e16, "x read, x written (in place)",
+      {"rope_q", "forward", rope_shape, 2 * qn * e16, "x read, x written (in place)",
        [&] { nn::rope_forward_(q, Tensor(), rope, s); }},
-      {"rope", "backward", rope_shape, 2 * qn * e16, "dy read, dy written (in place)",
+      {"rope_q", "backward", rope_shape, 2 * qn * e16, "dy read, dy written (in place)",
        [&] { nn::rope_backward_(q, Tensor(), rope, s); }},
+      {"rope_k", "forward", rope_k_shape, 2 * kn * e16, "x read, x written (in place, strided)",
+       [&] { nn::rope_forward_(k, Tensor(), rope, s); }},
+      {"rope_k", "backward", rope_k_shape, 2 * kn * e16, "dy read, dy written (in place, strided)",
+       [&] { nn::rope_backward_(k, Tensor(), rope, s); }},
       {"rmsnorm", "forward", norm_shape, 4 * td * e16 + d * e16 + T * e32,
        "x, residual, gamma read; y, x + residual written (bf16); rstd written (f32)",
        [&] { nn::rmsnorm_forward(x, gamma, 1e-5f, s, res); }},
@@ -138,7 +150,7 @@ void bench_elementwise(const ElementwiseBenchOptions& opt, const Stream& s) {
         "%.0f GB/s: %.3f of it\n",
         copy_gbps, static_cast<long long>(opt.copy_bytes), opt.nominal_gbps,
         copy_gbps / opt.nominal_gbps);
-    std::printf("%-8s %-9s %-16s %10s %10s %9s %9s\n", "op", "pass", "shape", "ms", "GB/s",
+    std::printf("%-8s %-9s %-24s %10s %10s %9s %9s\n", "op", "pass", "shape", "ms", "GB/s",
                 "of copy", "of nom.");
   }
   for (const Pass& p : passes) {
@@ -160,7 +172,7 @@ void bench_elementwise(const ElementwiseBenchOptions& opt, const Stream& s) {
                        {"fraction_of_nominal", gbps / opt.nominal_gbps}};
       std::printf("%s\n", j.dump().c_str());
     } else {
-      std::printf("%-8s %-9s %-16s %10.4f %10.1f %9.3f %9.3f\n", p.op, p.pass, p.shape.c_str(), ms,
+      std::printf("%-8s %-9s %-24s %10.4f %10.1f %9.3f %9.3f\n", p.op, p.pass, p.shape.c_str(), ms,
                   gbps, gbps / copy_gbps, gbps / opt.nominal_gbps);
     }
     std::fflush(stdout);

@@ -2,7 +2,8 @@
 // RMSNorm with the residual add, SwiGLU), forward and backward, against the memory bandwidth,
 // on one GPU, in one run.
 //
-// Each kernel is called as the model calls it (parallel/tensor/attention.cpp, norm.cpp, mlp.cpp)
+// Each kernel is called as the model calls it (RoPE on the query heads and on the strided key
+// heads of the fused key/value projection; parallel/tensor/attention.cpp, norm.cpp, mlp.cpp)
 // on bf16 tensors of the model's shapes. Its achieved bandwidth is bytes / time, the bytes being
 // what the kernel must move at the least: every input read once and every output written once
 // (listed per op in elementwise_bench.cpp; scratch and cache traffic not counted). Two bounds:
@@ -22,6 +23,7 @@ struct ElementwiseBenchOptions {
   std::int64_t seq = 2048;              // RoPE's positions 0..seq-1, tokens / seq sequences
   std::int64_t hidden = 2048;           // RMSNorm's width d
   std::int64_t heads = 32;              // RoPE: query heads
+  std::int64_t kv_heads = 8;            // RoPE: key heads (grouped-query attention)
   std::int64_t head_dim = 64;           // RoPE: each head's width
   std::int64_t ffn = 8192;              // SwiGLU's width F
   std::int64_t copy_bytes = 1LL << 30;  // the memcpy bound's buffer

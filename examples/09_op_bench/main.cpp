@@ -21,9 +21,10 @@
 //               FLOPs = 2·rows·N·K summed over the experts; ms are medians.
 //   elementwise - the memory-bound kernels of a Llama-style block (RoPE, RMSNorm with the
 //               residual add, SwiGLU), forward and backward, bf16, at Llama-1B shapes by default
-//               (4096 tokens, hidden 2048, 32 heads of 64, SwiGLU width 8192): GB/s = (inputs
-//               read + outputs written) / time, against a device-to-device cudaMemcpy measured
-//               in the same run and the nominal bandwidth (elementwise_bench.hpp).
+//               (4096 tokens, hidden 2048, 32 query and 8 key heads of 64, SwiGLU width
+//               8192): GB/s = (inputs read + outputs written) / time, against a
+//               device-to-device cudaMemcpy measured in the same run and the nominal bandwidth
+//               (elementwise_bench.hpp).
 //
 //   09_op_bench [--json] [--iters N] [--linear-reps R] [--skip-linear] [--skip-attention]
 //               [--skip-experts] [--experts-only] [--seq 1024 ...] [--head-dim 64 128]
@@ -32,8 +33,8 @@
 //               [--expert-top-k 2] [--expert-hidden 1024] [--expert-ffn 2816] [--expert-skew 0]
 //               [--expert-grouping shape|expert] [--skip-elementwise] [--elementwise-only]
 //               [--ew-tokens 4096] [--ew-seq 2048] [--ew-hidden 2048] [--ew-heads 32]
-//               [--ew-head-dim 64] [--ew-ffn 8192] [--ew-copy-bytes N] [--nominal-gbps 4800]
-//               [--device 0]
+//               [--ew-kv-heads 8] [--ew-head-dim 64] [--ew-ffn 8192] [--ew-copy-bytes N]
+//               [--nominal-gbps 4800] [--device 0]
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -420,7 +421,8 @@ int main(int argc, char** argv) {
   app.add_option("--ew-tokens", ew.tokens, "elementwise: tokens (batch x sequence)");
   app.add_option("--ew-seq", ew.seq, "elementwise: RoPE's sequence length (divides tokens)");
   app.add_option("--ew-hidden", ew.hidden, "elementwise: RMSNorm's width");
-  app.add_option("--ew-heads", ew.heads, "elementwise: RoPE's heads");
+  app.add_option("--ew-heads", ew.heads, "elementwise: RoPE's query heads");
+  app.add_option("--ew-kv-heads", ew.kv_heads, "elementwise: RoPE's key heads");
   app.add_option("--ew-head-dim", ew.head_dim, "elementwise: RoPE's head width (even)");
   app.add_option("--ew-ffn", ew.ffn, "elementwise: SwiGLU's width");
   app.add_option("--ew-copy-bytes", ew.copy_bytes,
