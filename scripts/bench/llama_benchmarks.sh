@@ -23,17 +23,17 @@ targets=${TARGETS:-04_gpt_train 09_op_bench}
 # shellcheck disable=SC2086
 run build "${BUILD_LIMIT:-600}" cmake --build build -j "$(nproc)" --target $targets -- -k
 # shellcheck disable=SC2086
-run ours_llama 120 mpirun -np 1 build/examples/04_gpt_train/04_gpt_train --arch llama $model \
+run ours_llama 100 mpirun -np 1 build/examples/04_gpt_train/04_gpt_train --arch llama $model \
   --micro-batch "$micro" --global-batch "$micro" --steps "$steps" --bench --bench-skip 4 \
   --warmup 2 --json --device cuda --data-dir build/data/synthetic --no-progress
 for mode in eager compiled; do
-  limit=75
-  [ "$mode" = compiled ] && limit=135
+  limit=50  # compiled: torch.compile's first compilation of 16 blocks, forward and backward
+  [ "$mode" = compiled ] && limit=150
   # shellcheck disable=SC2086
   run "torch_llama_$mode" "$limit" python3 scripts/bench/gpt_torch.py --arch llama $model \
     --micro-batch "$micro" --global-batch "$micro" --steps $((steps - 4)) --modes "$mode"
 done
-run ops_elementwise 60 build/examples/09_op_bench/09_op_bench --elementwise-only --json
+run ops_elementwise 30 build/examples/09_op_bench/09_op_bench --elementwise-only --json
 
 # ours / PyTorch: tokens/s and MFU (> 1: ours faster), peak memory of the timed steps (< 1: ours
 # smaller); the goal of issue 42 is >= 1.1 x compiled tokens/s with memory <= eager's.
