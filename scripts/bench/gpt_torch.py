@@ -9,10 +9,10 @@ and MFU with the trainer's formula, so ours/PyTorch comes from one device comman
     python3 scripts/bench/gpt_torch.py --arch llama --layers 16 --hidden 2048 --heads 32 \
         --kv-heads 8 --ffn-hidden 8192 --seq-len 2048 --micro-batch 4 --global-batch 4
 
-Model --arch gpt2 (the default; same as the trainer's): token + position embeddings, `layers` pre-norm blocks
-(LayerNorm, causal attention with biased fused QKV and output projections, LayerNorm, GELU-tanh
-MLP of 4 x hidden with biases), final LayerNorm, untied LM head; init normal(0, 0.02), output
-projections 0.02/sqrt(2 layers).
+Model --arch gpt2 (the default; same as the trainer's): token + position embeddings, `layers`
+pre-norm blocks (LayerNorm, causal attention with biased fused QKV and output projections,
+LayerNorm, GELU-tanh MLP of 4 x hidden with biases), final LayerNorm, untied LM head; init
+normal(0, 0.02), output projections 0.02/sqrt(2 layers).
 Model --arch llama (the trainer's --arch llama, GptConfig::llama): RMSNorm (eps 1e-5, nn.RMSNorm),
 no position table but RoPE on q and k (rotate-half, theta --rope-theta 500000, in f32), --kv-heads
 key/value heads (grouped-query attention through SDPA's enable_gqa, PyTorch >= 2.5), no biases,
