@@ -81,95 +81,30 @@ std::int64_t RouterConfig::capacity(std::int64_t tokens) const {
   return std::max<std::int64_t>(1, static_cast<std::int64_t>(c));
 }
 
+nn::RouteOptions route_options(const RouterConfig& config) {
+  nn::RouteOptions o;
+  o.top_k = config.top_k;
+  o.score = config.score;
+  o.renormalize = config.renormalize;
+  return o;
+}
+
+Routing apply_capacity(const nn::RouteOutput& routed, const RouterConfig& config,
+                       const Stream& stream) {
+  Routing r{routed.probs, routed.experts, routed.weights, routed.kept,
+            on_gpu(routed.probs) ? -1 : 0};
+  const std::int64_t cap = config.capacity(r.probs.size(0));
+  if (cap > 0)
+    r.dropped = nn::moe_drop_over_capacity_(r.probs, r.experts, cap, r.weights, r.kept, stream);
+  return r;
+}
+
 Routing route(const Tensor& logits, const Tensor& bias, const RouterConfig& config,
               const Stream& stream) {
   config.validate();
-  const std::int64_t E = config.experts;
-  const int k = config.top_k;
-  check_matrix("logits", logits, E, DType::f32);
-  QUINTET_CHECK(
-      !bias.defined() || (bias.device() == logits.device() && bias.dtype() == DType::f32 &&
-                          bias.numel() == E && bias.is_contiguous()),
-      "router: the balancing bias must be a contiguous [{}] f32 tensor on {}, got {}", E,
-      logits.device().str(), bias.str());
-  const std::int64_t T = logits.size(0);
-  Routing r;
-  if (on_gpu(logits)) {
-#if QUINTET_HAS_CUDA
-    const Device dev = logits.device();
-    DeviceGuard guard(dev);
-    r.probs = Tensor::empty({T, E}, DType::f32, dev, stream);
-    r.experts = Tensor::empty({T, k}, DType::i32, dev, stream);
-    r.weights = Tensor::empty({T, k}, DType::f32, dev, stream);
-    r.kept = Tensor::empty({T, k}, DType::u8, dev, stream);
-    cuda::route(logits, bias, k, config.score == RouterScore::softmax, config.renormalize, r.probs,
-                r.experts, r.weights, r.kept, stream);
-    const std::int64_t cap = config.capacity(T);
-    if (cap > 0) cuda::drop_over_capacity(r.probs, r.experts, cap, r.weights, r.kept, stream);
-    r.dropped = -1;  // counted on the device: see the permutation's counts
-    return r;
-#endif
-  }
-  r.probs = Tensor::empty({T, E}, DType::f32);
-  r.experts = Tensor::empty({T, k}, DType::i32);
-  r.weights = Tensor::empty({T, k}, DType::f32);
-  r.kept = Tensor::empty({T, k}, DType::u8);
-  const float* lg = logits.data<float>();
-  const float* b = bias.defined() ? bias.data<float>() : nullptr;
-  float* p = r.probs.data<float>();
-  std::int32_t* ex = r.experts.data<std::int32_t>();
-  float* w = r.weights.data<float>();
-  std::uint8_t* kept = r.kept.data<std::uint8_t>();
-  std::vector<std::int32_t> order(static_cast<std::size_t>(E));
-  std::vector<float> sel(static_cast<std::size_t>(E));
-  for (std::int64_t t = 0; t < T; ++t) {
-    const float* row = lg + t * E;
-    float* prow = p + t * E;
-    if (config.score == RouterScore::softmax) {
-      const double lse = logsumexp(row, E);
-      for (std::int64_t e = 0; e < E; ++e) {
-        prow[e] = static_cast<float>(std::exp(static_cast<double>(row[e]) - lse));
-      }
-    } else {
-      for (std::int64_t e = 0; e < E; ++e) {
-        prow[e] = static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(row[e]))));
-      }
-    }
-    for (std::int64_t e = 0; e < E; ++e) sel[e] = prow[e] + (b != nullptr ? b[e] : 0.0f);
-    std::iota(order.begin(), order.end(), 0);
-    std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                      [&](std::int32_t a, std::int32_t c) {
-                        return sel[a] > sel[c] || (sel[a] == sel[c] && a < c);
-                      });
-    double sum = 0.0;
-    for (int j = 0; j < k; ++j) sum += prow[order[j]];
-    for (int j = 0; j < k; ++j) {
-      ex[t * k + j] = order[j];
-      const float pv = prow[order[j]];
-      w[t * k + j] = config.renormalize ? static_cast<float>(pv / sum) : pv;
-      kept[t * k + j] = 1;
-    }
-  }
-  const std::int64_t cap = config.capacity(T);
-  if (cap > 0) {
-    // Per expert, its assignments by decreasing probability (ties: earlier token first); those
-    // past the capacity are dropped.
-    std::vector<std::vector<std::int64_t>> by_expert(static_cast<std::size_t>(E));
-    for (std::int64_t a = 0; a < T * k; ++a) by_expert[ex[a]].push_back(a);
-    for (std::int64_t e = 0; e < E; ++e) {
-      auto& list = by_expert[e];
-      if (static_cast<std::int64_t>(list.size()) <= cap) continue;
-      std::stable_sort(list.begin(), list.end(), [&](std::int64_t a, std::int64_t c) {
-        return p[(a / k) * E + e] > p[(c / k) * E + e];
-      });
-      for (std::size_t i = static_cast<std::size_t>(cap); i < list.size(); ++i) {
-        kept[list[i]] = 0;
-        w[list[i]] = 0.0f;
-        ++r.dropped;
-      }
-    }
-  }
-  return r;
+  check_matrix("logits", logits, config.experts, DType::f32);
+  return apply_capacity(
+      nn::moe_route_forward(logits, bias, route_options(config), Tensor(), stream), config, stream);
 }
 
 std::vector<std::int64_t> expert_load(const Routing& routing, std::int64_t experts,
@@ -330,6 +265,14 @@ void accumulate_aux_loss(const AuxStats& stats, std::int64_t group_tokens,
   if (G > 0) acc.data<double>()[0] += config.aux_loss_coeff * total / static_cast<double>(G);
 }
 
+double aux_grad_factor(const RouterConfig& config, std::int64_t groups, std::int64_t group_tokens,
+                       float scale) {
+  // dL/dP_ge = coeff * E / G * f_ge, and dP_ge/dprobs[t, e] = 1 / n for t in g.
+  const double n = static_cast<double>(group_tokens);
+  return static_cast<double>(scale) * config.aux_loss_coeff * static_cast<double>(config.experts) /
+         static_cast<double>(groups) / (n * config.top_k * n);
+}
+
 void add_aux_loss_grad(const AuxStats& stats, std::int64_t group_tokens, const RouterConfig& config,
                        float scale, const Tensor& dprobs, const Stream& stream) {
   const std::int64_t G = stats.counts.size(0), E = stats.counts.size(1);
@@ -338,10 +281,7 @@ void add_aux_loss_grad(const AuxStats& stats, std::int64_t group_tokens, const R
   const std::int64_t T = dprobs.size(0);
   QUINTET_CHECK(T % G == 0, "router: {} tokens do not split into the aux loss's {} groups", T, G);
   const std::int64_t local = T / G;
-  const double n = static_cast<double>(group_tokens);
-  // dL/dP_ge = coeff * E / G * f_ge, and dP_ge/dprobs[t, e] = 1 / n for t in g.
-  const double base = static_cast<double>(scale) * config.aux_loss_coeff * static_cast<double>(E) /
-                      static_cast<double>(G) / (n * config.top_k * n);
+  const double base = aux_grad_factor(config, G, group_tokens, scale);
   if (on_gpu(dprobs)) {
 #if QUINTET_HAS_CUDA
     DeviceGuard guard(dev);

@@ -75,12 +75,22 @@ RouterHandle Router::forward(nn::Context& ctx, const Tensor& x, std::int64_t seq
   h.x = x;
   const Tensor xf = nn::cast(x, DType::f32, s);
   h.logits = nn::linear_forward(xf, nn::cast(weight_->use(s), DType::f32, s), Tensor(), s);
-  h.routing = route(h.logits, rc.bias_rate > 0.0f ? device_bias(dev, s) : Tensor(), rc, s);
-  // The aux loss's per-sequence statistics, summed over the ranks holding parts of a sequence
-  // (an evaluation, with no backward and nothing counted, needs none).
+  // One pass: scores, selection, weights, the aux loss's per-sequence statistics (an
+  // evaluation, with no backward and nothing counted, needs none) and the z loss's sum.
   h.seq_tokens = x.size(0) / sequences * (sequence_parallel_ ? tp_->size() : 1) * size_of(cp_);
-  if (rc.aux_loss_coeff > 0.0f && !ctx.forward_only()) {
-    AuxStats st = aux_stats(h.routing, sequences, s);
+  const bool aux = rc.aux_loss_coeff > 0.0f && !ctx.forward_only();
+  const bool z = rc.z_loss_coeff > 0.0f && ctx.counts_statistics() && x.size(0) > 0;
+  nn::RouteOptions o = route_options(rc);
+  o.groups = aux ? sequences : 0;
+  o.z_scale = z ? rc.z_loss_coeff / static_cast<double>(x.size(0)) : 0.0;
+  const nn::RouteOutput routed =
+      nn::moe_route_forward(h.logits, rc.bias_rate > 0.0f ? device_bias(dev, s) : Tensor(), o,
+                            z ? sums_.narrow(0, 1, 1) : Tensor(), s);
+  h.routing = apply_capacity(routed, rc, s);
+  h.lse = routed.lse;
+  // The aux statistics summed over the ranks holding parts of a sequence.
+  if (aux) {
+    const AuxStats st{routed.counts, routed.prob_sum};
     if (sequence_parallel_) {
       all_reduce_sum(st.counts, tp_, s);
       all_reduce_sum(st.prob_sum, tp_, s);
@@ -91,28 +101,27 @@ RouterHandle Router::forward(nn::Context& ctx, const Tensor& x, std::int64_t seq
       accumulate_aux_loss(st, h.seq_tokens, rc, sums_.narrow(0, 0, 1), s);
     h.aux_counts = st.counts;
   }
-  if (rc.z_loss_coeff > 0.0f && ctx.counts_statistics()) {
-    accumulate_z_loss(h.logits, rc, sums_.narrow(0, 1, 1), s);
-  }
   return h;
 }
 
 Tensor Router::backward(nn::Context& ctx, const RouterHandle& h, const Tensor& dweights) {
   const Stream& s = ctx.stream();
   const RouterConfig& rc = config_;
-  Tensor dprobs = weights_backward(h.routing, dweights, rc, s);
-  if (rc.aux_loss_coeff > 0.0f) {
-    // The aux loss spans each whole sequence; data parallelism averages the router's gradient
-    // over cp, so each cp rank's part counts cp times.
-    const AuxStats st{h.aux_counts, Tensor()};
-    add_aux_loss_grad(st, h.seq_tokens, rc, ctx.loss_scale() * static_cast<float>(size_of(cp_)),
-                      dprobs, s);
-  }
-  Tensor dlogits = scores_backward(h.routing.probs, dprobs, rc.score, s);
-  if (rc.z_loss_coeff > 0.0f) {
-    const double tokens = static_cast<double>(h.x.size(0)) * (sequence_parallel_ ? tp_->size() : 1);
-    add_z_loss_grad(h.logits, rc, static_cast<float>(ctx.loss_scale() / tokens), dlogits, s);
-  }
+  // The aux loss spans each whole sequence; data parallelism averages the router's gradient over
+  // cp, so each cp rank's part counts cp times. The z loss is a mean over the tokens.
+  const bool aux = rc.aux_loss_coeff > 0.0f && h.aux_counts.defined();
+  const double aux_scale =
+      aux ? aux_grad_factor(rc, h.aux_counts.size(0), h.seq_tokens,
+                            ctx.loss_scale() * static_cast<float>(size_of(cp_)))
+          : 0.0;
+  const double tokens = static_cast<double>(h.x.size(0)) * (sequence_parallel_ ? tp_->size() : 1);
+  const double z_scale =
+      rc.z_loss_coeff > 0.0f && tokens > 0
+          ? static_cast<double>(static_cast<float>(ctx.loss_scale() / tokens)) * rc.z_loss_coeff
+          : 0.0;
+  const Tensor dlogits = nn::moe_route_backward(
+      dweights, h.logits, h.routing.probs, h.routing.experts, h.routing.kept, h.lse,
+      aux ? h.aux_counts : Tensor(), aux_scale, z_scale, route_options(rc), s);
   // The weight's gradient in its gradient's dtype: f32 (bf16 and f32 layers), f64 (f64 layers).
   const DType gdt = nn::accum_dtype(h.x.dtype());
   const Tensor xg = nn::cast(h.x, gdt, s), dlogits_g = nn::cast(dlogits, gdt, s);

@@ -1,6 +1,9 @@
 # Expert parallelism: the router against references and finite differences (one process), and the
 # MoE layer under mpirun at ep 1..4 (odd included), with etp 2 and tp 2 (+sp), against one rank.
 quintet_unit_test(NAME ep_router_test COMPONENT ep SOURCES unit/ep_router_test.cpp)
+# The fused MoE ops (nn::moe_route_*, moe_permute, moe_unpermute) on the CPU against the router's
+# and the permutation's step-by-step functions and finite differences.
+quintet_unit_test(NAME ep_moe_ops_test COMPONENT ep SOURCES unit/ep_moe_ops_test.cpp)
 # The whole MoE layer on one rank against a per-token f64 reference and its finite differences.
 quintet_unit_test(NAME ep_moe_reference_test COMPONENT ep SOURCES unit/ep_moe_reference_test.cpp)
 # The MoE traps: balancing on by default, the warning about idle experts.
@@ -12,3 +15,6 @@ quintet_mpi_test(NAME ep_moe_reference_layouts_test COMPONENT ep RANKS 1 2 3 4
                  SOURCES mpi/ep_moe_reference_layouts_test.cpp)
 # The router and the MoE layer on one GPU against the CPU ones (f32 and bf16).
 quintet_gpu_test(NAME gpu_ep_moe_test COMPONENT ep SOURCES gpu/ep_moe_gpu_test.cpp)
+# The fused MoE ops' CUDA kernels against the CPU ops (ties, k = E, many experts, empty experts,
+# the capacity, f32 and bf16 rows).
+quintet_gpu_test(NAME gpu_ep_moe_ops_test COMPONENT ep SOURCES gpu/ep_moe_ops_gpu_test.cpp)

@@ -261,6 +261,93 @@ Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const
                               const Tensor& valid_count, float dloss, std::int64_t ignore_index,
                               const Stream& stream);
 
+// ---- mixture-of-experts routing and permutation ---------------------------------------------
+// The router of an MoE layer in one pass over its logits, and the permutation of the tokens' rows
+// into expert order and back (the MoE layer of quintet/parallel/expert composes them). T tokens,
+// E experts, k experts per token (1 <= k <= min(8, E)); assignment a = t k + j is token t's j-th
+// choice.
+//
+// Scores: probs = softmax(logits) over the E experts, or sigmoid(logits) elementwise. Selection:
+// the k experts with the largest probs + bias (bias: the auxiliary-loss-free balancing bias, for
+// selection only), in order of decreasing selection score, ties to the lower expert index.
+// Weights: probs at the selected experts; with renormalize, divided by their sum over the k.
+// Statistics, over `groups` equal groups of consecutive tokens (the aux loss's: the MoE layer uses
+// one per sequence): per group and expert, the selected assignments and the sum of probs; and the
+// sum over tokens of lse² (the z loss's), lse = logsumexp(logits row).
+// On a GPU, one kernel routes a tile of tokens per block (a warp per token: the scores, k rounds
+// of a warp argmax, the weights and the tile's statistics) and a second one sums the tiles'
+// statistics in a fixed order, so a run repeats bit for bit. The CPU computes the scores in f64
+// and rounds them to f32.
+enum class RouteScore { softmax, sigmoid };
+struct RouteOptions {
+  int top_k = 2;
+  RouteScore score = RouteScore::softmax;
+  bool renormalize = true;
+  std::int64_t groups = 0;  // > 0: the aux statistics over that many groups (divides T); 0: none
+  double z_scale = 0.0;     // z_sum += z_scale * sum_t lse_t², when z_sum is defined
+};
+struct RouteOutput {
+  Tensor probs;     // [T, E] f32
+  Tensor experts;   // [T, k] i32
+  Tensor weights;   // [T, k] f32
+  Tensor kept;      // [T, k] u8, all 1 (moe_drop_over_capacity_ clears them)
+  Tensor lse;       // [T] f32: logsumexp of each logits row
+  Tensor counts;    // [groups, E] f32: selected assignments (undefined for groups = 0)
+  Tensor prob_sum;  // [groups, E] f32: sums of probs (undefined for groups = 0)
+};
+// logits [T, E] f32; bias [E] f32 or undefined (none); z_sum [1] f64 or undefined: accumulates
+// z_scale * sum of lse² (no host wait). E <= 4096 on a GPU. NaN logits give an unspecified
+// routing, with every expert index still in [0, E).
+RouteOutput moe_route_forward(const Tensor& logits, const Tensor& bias, const RouteOptions& options,
+                              const Tensor& z_sum, const Stream& stream);
+// The capacity rule: each expert takes at most `capacity` (>= 1) of its assignments, those of the
+// largest probs (ties: the earlier assignment); the others get kept = 0 and weight 0, in place.
+// probs [T, E], experts [T, k], weights and kept [T, k] as moe_route_forward returns them.
+// Returns the assignments dropped on the CPU; -1 on a GPU (count kept = 0 there, e.g. through
+// moe_permute's counts), which would have to wait for the device.
+std::int64_t moe_drop_over_capacity_(const Tensor& probs, const Tensor& experts,
+                                     std::int64_t capacity, const Tensor& weights,
+                                     const Tensor& kept, const Stream& stream);
+// The gradient of the router's logits, [T, E] f32, from the loss
+//   sum_a dweights[a] * weights[a]  (kept assignments only: a dropped weight is 0)
+//   + aux_scale * sum_{t, e} counts[group of t, e] * probs[t, e]  (counts undefined: no term)
+//   + z_scale * sum_t lse_t²
+// (the counts are whole-group statistics, summed over the ranks holding parts of a group; the
+// counts' rows G divide T). logits, probs, experts, kept and lse are the forward's (kept after the
+// capacity). One warp per token on a GPU.
+Tensor moe_route_backward(const Tensor& dweights, const Tensor& logits, const Tensor& probs,
+                          const Tensor& experts, const Tensor& kept, const Tensor& lse,
+                          const Tensor& counts, double aux_scale, double z_scale,
+                          const RouteOptions& options, const Stream& stream);
+
+// The permutation of the kept assignments into expert order (then by assignment: token, then
+// choice), stable and deterministic, fused with the gather of their token rows: sorted row i (i <
+// the kept assignments) is x[source[i] / k], the rows past them are zero.
+struct PermuteOutput {
+  Tensor rows;    // [T k, d] (like x): the token rows in expert order
+  Tensor counts;  // [E] i64: kept assignments per expert
+  Tensor source;  // [T k] i32: the assignment of each sorted row, -1 past the kept ones
+  Tensor slot;    // [T, k] i32: each assignment's sorted row, -1 when dropped
+};
+// x [T, d] (T), experts [T, k] i32 (in [0, num_experts): not checked on a GPU), kept [T, k] u8.
+PermuteOutput moe_permute(const Tensor& x, const Tensor& experts, const Tensor& kept,
+                          std::int64_t num_experts, const Stream& stream);
+// The un-permutation fused with the weighted combine: y [T, d] with y[t] = sum over t's kept
+// assignments of weights[t, j] * rows[slot[t, j]] (weights [T, k] f32, or undefined: 1, which is
+// moe_permute's backward: d(x) from d(rows)), accumulated in f32. rows [R, d] with R above every
+// slot (the first R sorted rows).
+Tensor moe_unpermute(const Tensor& rows, const Tensor& slot, const Tensor& weights,
+                     const Stream& stream);
+struct UnpermuteGrads {
+  Tensor drows;     // [R, d] like rows: weights[a] * dy[t] at sorted row slot[a], 0 on other rows
+  Tensor dweights;  // [T, k] f32: dy[t] . rows[slot[a]], 0 where dropped
+};
+// The backward of moe_unpermute with weights: dy [T, d]; source and slot from moe_permute
+// (R <= T k).
+UnpermuteGrads moe_unpermute_backward(const Tensor& dy, const Tensor& rows, const Tensor& slot,
+                                      const Tensor& source, const Tensor& weights,
+                                      const Stream& stream);
+
 // ---- AdamW (decoupled weight decay, bias correction) -----------------------------------------
 struct AdamWHyper {
   float lr = 1e-3f;

@@ -52,6 +52,27 @@ void attention_merge_(const Tensor& out, const Tensor& lse, const Tensor& out_b,
 void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& y);
 void embedding_backward(const Tensor& dy, const Tensor& ids, const Tensor& dtable);
 
+// Mixture-of-experts routing and permutation (ops.hpp). counts, prob_sum and z_sum may be
+// undefined (not computed). moe_permute throws InvalidArgument for a kept expert outside
+// [0, counts.numel()), moe_unpermute for a slot outside rows, before writing any output.
+void moe_route_forward(const Tensor& logits, const Tensor& bias, const RouteOptions& options,
+                       const Tensor& probs, const Tensor& experts, const Tensor& weights,
+                       const Tensor& kept, const Tensor& lse, const Tensor& counts,
+                       const Tensor& prob_sum, const Tensor& z_sum);
+std::int64_t moe_drop_over_capacity_(const Tensor& probs, const Tensor& experts,
+                                     std::int64_t capacity, const Tensor& weights,
+                                     const Tensor& kept);
+void moe_route_backward(const Tensor& dweights, const Tensor& logits, const Tensor& probs,
+                        const Tensor& experts, const Tensor& kept, const Tensor& lse,
+                        const Tensor& counts, double aux_scale, double z_scale,
+                        const RouteOptions& options, const Tensor& dlogits);
+void moe_permute(const Tensor& x, const Tensor& experts, const Tensor& kept, const Tensor& rows,
+                 const Tensor& counts, const Tensor& source, const Tensor& slot);
+void moe_unpermute(const Tensor& rows, const Tensor& slot, const Tensor& weights, const Tensor& y);
+void moe_unpermute_backward(const Tensor& dy, const Tensor& rows, const Tensor& slot,
+                            const Tensor& source, const Tensor& weights, const Tensor& drows,
+                            const Tensor& dweights);
+
 void adamw_step(const Tensor& master, const Tensor& grad, const Tensor& exp_avg,
                 const Tensor& exp_avg_sq, const AdamWHyper& hyper, std::int64_t step,
                 float grad_scale, const Tensor& param);

@@ -142,5 +142,27 @@ void fp8_gemm(const Tensor& a, const Tensor& a_scale, Fp8Format a_format, const 
               const Tensor& b_scale, Fp8Format b_format, const Tensor& bias, const Tensor& y,
               bool accumulate, bool fast_accum, const Stream& stream);
 
+// Mixture-of-experts routing and permutation (ops.hpp), in lib/nn/cuda/moe.cu. counts, prob_sum
+// and z_sum may be undefined (not computed); the experts indices are not checked (a kept index
+// outside [0, E) is the caller's bug).
+void moe_route_forward(const Tensor& logits, const Tensor& bias, const RouteOptions& options,
+                       const Tensor& probs, const Tensor& experts, const Tensor& weights,
+                       const Tensor& kept, const Tensor& lse, const Tensor& counts,
+                       const Tensor& prob_sum, const Tensor& z_sum, const Stream& stream);
+void moe_drop_over_capacity_(const Tensor& probs, const Tensor& experts, std::int64_t capacity,
+                             const Tensor& weights, const Tensor& kept, const Stream& stream);
+void moe_route_backward(const Tensor& dweights, const Tensor& logits, const Tensor& probs,
+                        const Tensor& experts, const Tensor& kept, const Tensor& lse,
+                        const Tensor& counts, double aux_scale, double z_scale,
+                        const RouteOptions& options, const Tensor& dlogits, const Stream& stream);
+void moe_permute(const Tensor& x, const Tensor& experts, const Tensor& kept, const Tensor& rows,
+                 const Tensor& counts, const Tensor& source, const Tensor& slot,
+                 const Stream& stream);
+void moe_unpermute(const Tensor& rows, const Tensor& slot, const Tensor& weights, const Tensor& y,
+                   const Stream& stream);
+void moe_unpermute_backward(const Tensor& dy, const Tensor& rows, const Tensor& slot,
+                            const Tensor& source, const Tensor& weights, const Tensor& drows,
+                            const Tensor& dweights, const Stream& stream);
+
 }  // namespace quintet::nn::cuda_ops
 #endif  // QUINTET_HAS_CUDA

@@ -84,79 +84,6 @@ __device__ __forceinline__ float row_lse(const float* row, std::int64_t E) {
   return m + logf(s);
 }
 
-__global__ void route_kernel(const float* logits, const float* bias, std::int64_t T, std::int64_t E,
-                             int k, bool softmax, bool renormalize, float* probs,
-                             std::int32_t* experts, float* weights, std::uint8_t* kept) {
-  for (std::int64_t t = index0(); t < T; t += stride()) {
-    const float* row = logits + t * E;
-    float* p = probs + t * E;
-    if (softmax) {
-      const float lse = row_lse(row, E);
-      for (std::int64_t e = 0; e < E; ++e) p[e] = expf(row[e] - lse);
-    } else {
-      for (std::int64_t e = 0; e < E; ++e) p[e] = 1.0f / (1.0f + expf(-row[e]));
-    }
-    // The k largest selection scores, in decreasing order; ties go to the lower expert.
-    float best[8];
-    int idx[8];
-    int filled = 0;
-    for (std::int64_t e = 0; e < E; ++e) {
-      const float s = p[e] + (bias != nullptr ? bias[e] : 0.0f);
-      if (filled == k && !(s > best[k - 1])) continue;
-      int j = filled < k ? filled++ : k - 1;
-      while (j > 0 && s > best[j - 1]) {
-        best[j] = best[j - 1];
-        idx[j] = idx[j - 1];
-        --j;
-      }
-      best[j] = s;
-      idx[j] = static_cast<int>(e);
-    }
-    float sum = 0.0f;
-    for (int j = 0; j < k; ++j) sum += p[idx[j]];
-    for (int j = 0; j < k; ++j) {
-      experts[t * k + j] = idx[j];
-      weights[t * k + j] = renormalize ? p[idx[j]] / sum : p[idx[j]];
-      kept[t * k + j] = 1;
-    }
-  }
-}
-
-// Sort keys of the capacity rule: the expert, then the probability decreasing.
-__global__ void capacity_keys_kernel(const float* probs, const std::int32_t* experts,
-                                     std::int64_t A, std::int64_t E, int k, std::uint64_t* keys,
-                                     std::int32_t* ids) {
-  for (std::int64_t a = index0(); a < A; a += stride()) {
-    const std::int32_t e = experts[a];
-    const float p = probs[(a / k) * E + e];
-    const std::uint32_t bits = __float_as_uint(p);  // p >= 0: the bits order as the values
-    keys[a] = (static_cast<std::uint64_t>(e) << 32) | (0xffffffffu - bits);
-    ids[a] = static_cast<std::int32_t>(a);
-  }
-}
-
-__global__ void capacity_drop_kernel(const std::uint64_t* keys, const std::int32_t* ids,
-                                     std::int64_t A, std::int64_t capacity, float* weights,
-                                     std::uint8_t* kept) {
-  for (std::int64_t i = index0(); i < A; i += stride()) {
-    const std::uint64_t seg = keys[i] >> 32;
-    // The first position of this expert's run of the sorted keys.
-    std::int64_t lo = 0, hi = i;
-    while (lo < hi) {
-      const std::int64_t mid = (lo + hi) / 2;
-      if ((keys[mid] >> 32) < seg) {
-        lo = mid + 1;
-      } else {
-        hi = mid;
-      }
-    }
-    if (i - lo >= capacity) {
-      kept[ids[i]] = 0;
-      weights[ids[i]] = 0.0f;
-    }
-  }
-}
-
 // ---- router backward and load balancing ---------------------------------------------------
 
 __global__ void weights_backward_kernel(const float* probs, const std::int32_t* experts,
@@ -338,51 +265,6 @@ __global__ void combine_backward_kernel(const T* dy, const T* rows, const std::i
 }
 
 }  // namespace
-
-void route(const Tensor& logits, const Tensor& bias, int top_k, bool softmax, bool renormalize,
-           const Tensor& probs, const Tensor& experts, const Tensor& weights, const Tensor& kept,
-           const Stream& stream) {
-  const std::int64_t T = logits.size(0), E = logits.size(1);
-  if (T == 0) return;
-  route_kernel<<<grid_for(T), kThreads, 0, stream.handle()>>>(
-      ptr<const float>(logits), bias.defined() ? ptr<const float>(bias) : nullptr, T, E, top_k,
-      softmax, renormalize, ptr<float>(probs), ptr<std::int32_t>(experts), ptr<float>(weights),
-      ptr<std::uint8_t>(kept));
-  check_launch("route");
-}
-
-void drop_over_capacity(const Tensor& probs, const Tensor& experts, std::int64_t capacity,
-                        const Tensor& weights, const Tensor& kept, const Stream& stream) {
-  const std::int64_t A = experts.numel(), E = probs.size(1);
-  const int k = static_cast<int>(experts.size(1));
-  if (A == 0) return;
-  const Device dev = stream.device();
-  Tensor keys = Tensor::empty({A}, DType::i64, dev, stream);
-  Tensor keys_sorted = Tensor::empty({A}, DType::i64, dev, stream);
-  Tensor ids = Tensor::empty({A}, DType::i32, dev, stream);
-  Tensor ids_sorted = Tensor::empty({A}, DType::i32, dev, stream);
-  capacity_keys_kernel<<<grid_for(A), kThreads, 0, stream.handle()>>>(
-      ptr<const float>(probs), ptr<const std::int32_t>(experts), A, E, k, ptr<std::uint64_t>(keys),
-      ptr<std::int32_t>(ids));
-  check_launch("capacity keys");
-  const int end_bit = 32 + bits_for(static_cast<std::uint64_t>(E));
-  std::size_t bytes = 0;
-  check(cub::DeviceRadixSort::SortPairs(nullptr, bytes, ptr<std::uint64_t>(keys),
-                                        ptr<std::uint64_t>(keys_sorted), ptr<std::int32_t>(ids),
-                                        ptr<std::int32_t>(ids_sorted), static_cast<int>(A), 0,
-                                        end_bit, stream.handle()),
-        "capacity sort (size)");
-  Tensor temp = scratch(bytes, stream);
-  check(cub::DeviceRadixSort::SortPairs(temp.data_ptr(), bytes, ptr<std::uint64_t>(keys),
-                                        ptr<std::uint64_t>(keys_sorted), ptr<std::int32_t>(ids),
-                                        ptr<std::int32_t>(ids_sorted), static_cast<int>(A), 0,
-                                        end_bit, stream.handle()),
-        "capacity sort");
-  capacity_drop_kernel<<<grid_for(A), kThreads, 0, stream.handle()>>>(
-      ptr<const std::uint64_t>(keys_sorted), ptr<const std::int32_t>(ids_sorted), A, capacity,
-      ptr<float>(weights), ptr<std::uint8_t>(kept));
-  check_launch("capacity drop");
-}
 
 void weights_backward(const Tensor& probs, const Tensor& experts, const Tensor& kept,
                       const Tensor& dweights, bool renormalize, const Tensor& dprobs,

@@ -1,9 +1,10 @@
-// Private: the CUDA kernels of the router (router.cpp) and of the MoE layer's permutation and
-// combine (permute.cpp), implemented in parallel/expert/cuda/moe_kernels.cu. Each function queues
-// work on `stream` (its device current) and never synchronises the host. Tensors are contiguous
-// and on stream.device(); shapes and dtypes are checked by the callers. T = bf16 or f32 where a
-// function takes token rows; everything else is f32 (scores), i32 (experts, slots, rows), u8
-// (kept) and i64 (counts). C++17-clean: the .cu file includes it.
+// Private: the CUDA kernels of the router's step-by-step functions (router.cpp; the MoE layer runs
+// the fused nn ops instead) and of the MoE layer's permutation and combine (permute.cpp),
+// implemented in parallel/expert/cuda/moe_kernels.cu. Each function queues work on `stream` (its
+// device current) and never synchronises the host. Tensors are contiguous and on stream.device();
+// shapes and dtypes are checked by the callers. T = bf16 or f32 where a function takes token rows;
+// everything else is f32 (scores), i32 (experts, slots, rows), u8 (kept) and i64 (counts).
+// C++17-clean: the .cu file includes it.
 #pragma once
 
 #include <cstdint>
@@ -14,16 +15,6 @@
 
 #if QUINTET_HAS_CUDA
 namespace quintet::expert::cuda {
-
-// Scores, top-k selection (by probs + bias; bias undefined = none), weights; kept = 1. softmax
-// selects the softmax score, else the sigmoid. As router.hpp's route, without the capacity.
-void route(const Tensor& logits, const Tensor& bias, int top_k, bool softmax, bool renormalize,
-           const Tensor& probs, const Tensor& experts, const Tensor& weights, const Tensor& kept,
-           const Stream& stream);
-// The capacity rule of router.hpp: per expert, the assignments past `capacity` in the order of
-// decreasing probability (ties: earlier assignment first) get kept = 0 and weight 0.
-void drop_over_capacity(const Tensor& probs, const Tensor& experts, std::int64_t capacity,
-                        const Tensor& weights, const Tensor& kept, const Stream& stream);
 
 // d(probs) [T, E] (overwritten) from d(weights) [T, k], as router.hpp's weights_backward.
 void weights_backward(const Tensor& probs, const Tensor& experts, const Tensor& kept,

@@ -6,8 +6,12 @@
 //     routing part, composed by MoELayer (moe_layer.hpp) with its TokenDispatcher and Experts: it
 //     owns the router's weight, the balancing bias and the step's statistics, and calls them.
 // Device-generic: CPU tensors are computed in place, CUDA tensors by kernels queued on `stream`
-// (parallel/expert/cuda/moe_kernels.cu) without a host synchronisation, except where a function
-// returns a host value (expert_load, aux_loss, z_loss: those wait).
+// without a host synchronisation, except where a function returns a host value (expert_load,
+// aux_loss, z_loss: those wait). Routing and its backward run as the fused nn ops
+// (nn::moe_route_forward / moe_route_backward, quintet/nn/ops.hpp: one pass computes the scores,
+// the selection, the weights and the aux and z statistics); weights_backward, scores_backward,
+// aux_stats and the loss gradients below are the same math step by step (the references of the
+// fused ops' tests), in parallel/expert/cuda/moe_kernels.cu on a GPU.
 //
 // Scores: probs = softmax(logits) over the E experts, or sigmoid(logits) elementwise.
 // Selection: the k experts with the largest probs + bias (bias: the auxiliary-loss-free balancing
@@ -38,10 +42,11 @@
 #include "quintet/core/stream.hpp"
 #include "quintet/core/tensor.hpp"
 #include "quintet/nn/module.hpp"
+#include "quintet/nn/ops.hpp"
 
 namespace quintet::expert {
 
-enum class RouterScore { softmax, sigmoid };
+using RouterScore = nn::RouteScore;  // softmax or sigmoid
 // "softmax" or "sigmoid"; InvalidArgument for anything else.
 RouterScore parse_router_score(std::string_view name);
 
@@ -79,6 +84,11 @@ struct Routing {
 // logits [T, E] f32; bias [E] f32 on the same device, or undefined (no bias).
 Routing route(const Tensor& logits, const Tensor& bias, const RouterConfig& config,
               const Stream& stream = Stream());
+// The options of nn::moe_route_forward / moe_route_backward for config (no statistics).
+nn::RouteOptions route_options(const RouterConfig& config);
+// Routing from the fused op's output, with config's capacity applied (nn::moe_drop_over_capacity_).
+Routing apply_capacity(const nn::RouteOutput& routed, const RouterConfig& config,
+                       const Stream& stream = Stream());
 
 // Assignments per expert that were kept: [E] counts of routing (sum = T * k - dropped).
 std::vector<std::int64_t> expert_load(const Routing& routing, std::int64_t experts,
@@ -111,6 +121,10 @@ void accumulate_aux_loss(const AuxStats& stats, std::int64_t group_tokens,
 // groups of T / G consecutive tokens, G = stats' rows), from whole-group statistics.
 void add_aux_loss_grad(const AuxStats& stats, std::int64_t group_tokens, const RouterConfig& config,
                        float scale, const Tensor& dprobs, const Stream& stream = Stream());
+// d(scale * aux loss) / d(probs[t, e]) = aux_grad_factor(...) * counts[group of t, e], for G groups
+// of group_tokens tokens (the aux_scale of nn::moe_route_backward).
+double aux_grad_factor(const RouterConfig& config, std::int64_t groups, std::int64_t group_tokens,
+                       float scale);
 
 // z_loss_coeff * mean over the T rows of logsumexp(logits)^2 (0 for T = 0).
 double z_loss(const Tensor& logits, const RouterConfig& config);
@@ -144,18 +158,22 @@ struct RouterHandle {
   Tensor x;                     // [T, d]: the layer's input rows
   Tensor logits;                // [T, E] f32
   Routing routing;              // scores, experts, weights, kept of the T tokens
+  Tensor lse;                   // [T] f32: logsumexp of each logits row (the z loss's)
   Tensor aux_counts;            // [sequences, E] f32: the aux loss's counts (undefined without)
   std::int64_t seq_tokens = 0;  // tokens of a whole sequence (over sp's tp ranks and cp)
 };
 
-// The MoE layer's routing part. Forward: logits = x · weightᵀ in f32, route() with the balancing
-// bias when bias_rate > 0, the aux loss's per-sequence statistics summed over the ranks holding
+// The MoE layer's routing part. Forward: logits = x · weightᵀ in f32, then one pass of
+// nn::moe_route_forward (route() with the balancing bias when bias_rate > 0, the aux loss's
+// per-sequence statistics and the z loss's sum) and the capacity; the statistics summed over the
+// ranks holding
 // parts of a sequence (tp with sequence parallelism, cp), and this microbatch's aux and z losses
 // added to the step's sums (not when recomputing or evaluating: nn::Context::counts_statistics;
-// an evaluation, nn::Context::forward_only, skips the aux statistics' all-reduces). Backward: from
-// d(weights), through the renormalisation and the scores, plus the aux-loss and z-loss gradients
-// scaled by ctx.loss_scale() (the aux loss over each whole sequence; the z loss over the tokens):
-// the weight's gradient (accumulated) and the router's part of d(x).
+// an evaluation, nn::Context::forward_only, skips the aux statistics' all-reduces). Backward: one
+// nn::moe_route_backward from d(weights), through the renormalisation and the scores, plus the
+// aux-loss and z-loss gradients scaled by ctx.loss_scale() (the aux loss over each whole
+// sequence; the z loss over the tokens): the weight's gradient (accumulated) and the router's part
+// of d(x).
 //
 // Statistics: count() adds a microbatch's load and drops to the step's counters;
 // take_counters() / finish_step() (MoELayer's, see moe_layer.hpp) end a step: the balancing bias

@@ -1,0 +1,379 @@
+// The fused MoE ops of quintet/nn/ops.hpp on the CPU: moe_route_forward against a plain
+// reference (scores, top-k with ties, weights) and against the router's step-by-step statistics
+// (aux_stats, z_loss of quintet/parallel/expert/router.hpp); moe_route_backward equal to the
+// step-by-step gradients and to finite differences of every term; moe_permute / moe_unpermute
+// against the step-by-step permutation, gather and combine, and their gradients (the adjoint and
+// finite differences); bad arguments refused.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "quintet/core/error.hpp"
+#include "quintet/nn/ops.hpp"
+#include "quintet/parallel/expert/permute.hpp"
+#include "quintet/parallel/expert/router.hpp"
+#include "support/catch.hpp"
+
+using namespace quintet;
+using namespace quintet::expert;
+using nn::RouteScore;
+
+namespace {
+
+// Logits with a tie for the top score of token 1 (experts 0 and 2) and for the second of token 3.
+Tensor tied_logits(std::int64_t T, std::int64_t E, std::uint64_t seed) {
+  Tensor l = Tensor::randn({T, E}, seed);
+  if (T > 3 && E > 3) {
+    l.at<float>({1, 0}) = l.at<float>({1, 2}) = 4.0f;
+    l.at<float>({3, 1}) = 6.0f;
+    l.at<float>({3, 2}) = l.at<float>({3, 3}) = 3.0f;
+  }
+  return l;
+}
+
+nn::RouteOptions options(int k, RouteScore score, bool renorm, std::int64_t groups = 0,
+                         double z_scale = 0.0) {
+  nn::RouteOptions o;
+  o.top_k = k;
+  o.score = score;
+  o.renormalize = renorm;
+  o.groups = groups;
+  o.z_scale = z_scale;
+  return o;
+}
+
+// The scores of one row in f64.
+std::vector<double> scores(const Tensor& logits, std::int64_t t, RouteScore score) {
+  const std::int64_t E = logits.size(1);
+  std::vector<double> p(static_cast<std::size_t>(E));
+  for (std::int64_t e = 0; e < E; ++e) p[e] = logits.at<float>({t, e});
+  if (score == RouteScore::softmax) {
+    const double m = *std::max_element(p.begin(), p.end());
+    double s = 0.0;
+    for (double& v : p) s += (v = std::exp(v - m));
+    for (double& v : p) v /= s;
+  } else {
+    for (double& v : p) v = 1.0 / (1.0 + std::exp(-v));
+  }
+  return p;
+}
+
+double lse_of(const Tensor& logits, std::int64_t t) {
+  const std::int64_t E = logits.size(1);
+  double m = -INFINITY, s = 0.0;
+  for (std::int64_t e = 0; e < E; ++e)
+    m = std::max(m, static_cast<double>(logits.at<float>({t, e})));
+  for (std::int64_t e = 0; e < E; ++e) s += std::exp(logits.at<float>({t, e}) - m);
+  return m + std::log(s);
+}
+
+// The scalar loss whose logits gradient moe_route_backward returns (routing recomputed from
+// logits; the counts held fixed, as the aux loss's f carries no gradient).
+double route_loss(const Tensor& logits, const nn::RouteOptions& o, std::int64_t capacity,
+                  const Tensor& c, const Tensor& counts, double aux_scale, double z_scale) {
+  nn::RouteOutput r = nn::moe_route_forward(logits, Tensor(), o, Tensor(), Stream());
+  if (capacity > 0) {
+    nn::moe_drop_over_capacity_(r.probs, r.experts, capacity, r.weights, r.kept, Stream());
+  }
+  const std::int64_t T = logits.size(0), E = logits.size(1);
+  double l = 0.0;
+  for (std::int64_t a = 0; a < c.numel(); ++a) {
+    l += static_cast<double>(r.weights.data<float>()[a]) * c.data<float>()[a];
+  }
+  if (counts.defined()) {
+    const std::int64_t n = T / counts.size(0);
+    for (std::int64_t t = 0; t < T; ++t) {
+      for (std::int64_t e = 0; e < E; ++e) {
+        l += aux_scale * counts.at<float>({t / n, e}) * r.probs.at<float>({t, e});
+      }
+    }
+  }
+  for (std::int64_t t = 0; t < T; ++t) l += z_scale * lse_of(logits, t) * lse_of(logits, t);
+  return l;
+}
+
+}  // namespace
+
+TEST_CASE("moe_route_forward equals a plain reference and the router's statistics", "[ep]") {
+  const std::int64_t T = 12, E = 6, G = 3;
+  const Tensor logits = tied_logits(T, E, 3);
+  const Tensor bias =
+      Tensor::from_vector(std::vector<float>{0.0f, 0.05f, -0.1f, 0.0f, 0.2f, 0.0f}, {E});
+  for (RouteScore score : {RouteScore::softmax, RouteScore::sigmoid}) {
+    for (bool renorm : {false, true}) {
+      for (int k : {1, 2, static_cast<int>(E)}) {
+        for (bool with_bias : {false, true}) {
+          INFO("score " << static_cast<int>(score) << " renormalize " << renorm << " k " << k
+                        << " bias " << with_bias);
+          const double z_scale = 0.25;
+          Tensor z_sum = Tensor::full({1}, 1.5, DType::f64);
+          const nn::RouteOutput r =
+              nn::moe_route_forward(logits, with_bias ? bias : Tensor(),
+                                    options(k, score, renorm, G, z_scale), z_sum, Stream());
+          double z_want = 1.5;
+          for (std::int64_t t = 0; t < T; ++t) {
+            const std::vector<double> p = scores(logits, t, score);
+            std::vector<double> sel = p;
+            if (with_bias) {
+              for (std::int64_t e = 0; e < E; ++e) {
+                sel[e] = static_cast<float>(p[e]) + bias.at<float>({e});
+              }
+            }
+            std::vector<int> order(static_cast<std::size_t>(E));
+            std::iota(order.begin(), order.end(), 0);
+            std::stable_sort(order.begin(), order.end(),
+                             [&](int a, int b) { return sel[a] > sel[b]; });
+            double sum = 0.0;
+            for (int j = 0; j < k; ++j) sum += p[order[j]];
+            for (int j = 0; j < k; ++j) {
+              CHECK(r.experts.at<std::int32_t>({t, j}) == order[j]);
+              const double want = renorm ? p[order[j]] / sum : p[order[j]];
+              CHECK(r.weights.at<float>({t, j}) == Approx(want).epsilon(1e-6));
+              CHECK(r.kept.at<std::uint8_t>({t, j}) == 1);
+            }
+            for (std::int64_t e = 0; e < E; ++e) {
+              CHECK(r.probs.at<float>({t, e}) == Approx(p[e]).epsilon(1e-6));
+            }
+            CHECK(r.lse.at<float>({t}) == Approx(lse_of(logits, t)).epsilon(1e-6));
+            z_want += z_scale * lse_of(logits, t) * lse_of(logits, t);
+          }
+          // Ties go to the lower expert.
+          if (!with_bias) CHECK(r.experts.at<std::int32_t>({1, 0}) == 0);
+          if (!with_bias && k >= 2) CHECK(r.experts.at<std::int32_t>({3, 1}) == 2);
+          // The statistics equal the step-by-step ones (the same sums in the same order).
+          const Routing routing{r.probs, r.experts, r.weights, r.kept, 0};
+          const AuxStats st = aux_stats(routing, G);
+          CHECK(r.counts.to_vector<float>() == st.counts.to_vector<float>());
+          CHECK(r.prob_sum.to_vector<float>() == st.prob_sum.to_vector<float>());
+          CHECK(z_sum.to_vector<double>()[0] == Approx(z_want).epsilon(1e-8));
+          const RouterConfig rc{.experts = E, .top_k = k, .z_loss_coeff = 1.0f};
+          CHECK(z_sum.to_vector<double>()[0] - 1.5 ==
+                Approx(z_scale * static_cast<double>(T) * z_loss(logits, rc)).epsilon(1e-12));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("moe_route_forward: no statistics without groups; the capacity rule", "[ep]") {
+  const Tensor logits = tied_logits(8, 4, 9);
+  const nn::RouteOutput r = nn::moe_route_forward(
+      logits, Tensor(), options(2, RouteScore::softmax, true), Tensor(), Stream());
+  CHECK(!r.counts.defined());
+  CHECK(!r.prob_sum.defined());
+  // k = E with capacity 3 of 8 tokens: each expert keeps its 3 largest probs.
+  nn::RouteOutput all = nn::moe_route_forward(
+      logits, Tensor(), options(4, RouteScore::softmax, false), Tensor(), Stream());
+  const std::int64_t dropped =
+      nn::moe_drop_over_capacity_(all.probs, all.experts, 3, all.weights, all.kept, Stream());
+  CHECK(dropped == 4 * (8 - 3));
+  for (std::int64_t e = 0; e < 4; ++e) {
+    std::vector<float> kept_p, dropped_p;
+    for (std::int64_t a = 0; a < 32; ++a) {
+      if (all.experts.data<std::int32_t>()[a] != e) continue;
+      const float p = all.probs.at<float>({a / 4, e});
+      if (all.kept.data<std::uint8_t>()[a] != 0) {
+        kept_p.push_back(p);
+        CHECK(all.weights.data<float>()[a] == p);
+      } else {
+        dropped_p.push_back(p);
+        CHECK(all.weights.data<float>()[a] == 0.0f);
+      }
+    }
+    REQUIRE(kept_p.size() == 3);
+    CHECK(*std::min_element(kept_p.begin(), kept_p.end()) >=
+          *std::max_element(dropped_p.begin(), dropped_p.end()));
+  }
+}
+
+TEST_CASE("moe_route_backward equals the step-by-step gradients and finite differences", "[ep]") {
+  const std::int64_t T = 8, E = 5, G = 2;
+  const Tensor logits = Tensor::randn({T, E}, 21);
+  for (RouteScore score : {RouteScore::softmax, RouteScore::sigmoid}) {
+    for (bool renorm : {false, true}) {
+      for (int k : {1, 2, 5}) {
+        for (std::int64_t capacity : {0, 3}) {
+          INFO("score " << static_cast<int>(score) << " renormalize " << renorm << " k " << k
+                        << " capacity " << capacity);
+          const nn::RouteOptions o = options(k, score, renorm, G);
+          nn::RouteOutput r = nn::moe_route_forward(logits, Tensor(), o, Tensor(), Stream());
+          if (capacity > 0) {
+            nn::moe_drop_over_capacity_(r.probs, r.experts, capacity, r.weights, r.kept, Stream());
+          }
+          const Tensor c = Tensor::randn({T, k}, 23);
+          const RouterConfig rc{.experts = E,
+                                .top_k = k,
+                                .score = score,
+                                .renormalize = renorm,
+                                .aux_loss_coeff = 1.0f,
+                                .z_loss_coeff = 1.0f};
+          const double aux_scale = aux_grad_factor(rc, G, T / G, 0.5f);
+          const double z_scale = static_cast<double>(0.03f);
+          const Tensor g = nn::moe_route_backward(c, logits, r.probs, r.experts, r.kept, r.lse,
+                                                  r.counts, aux_scale, z_scale, o, Stream());
+          // The router's step-by-step functions give the same bits: the same sums, same order.
+          const Routing routing{r.probs, r.experts, r.weights, r.kept, 0};
+          Tensor dprobs = weights_backward(routing, c, rc);
+          add_aux_loss_grad(AuxStats{r.counts, r.prob_sum}, T / G, rc, 0.5f, dprobs);
+          Tensor want = scores_backward(r.probs, dprobs, score);
+          add_z_loss_grad(logits, rc, 0.03f, want);
+          CHECK(g.to_vector<float>() == want.to_vector<float>());
+          // Finite differences of each term, where the step keeps the selection.
+          const double h = 1e-2;
+          for (std::int64_t t = 0; t < T; ++t) {
+            for (std::int64_t e = 0; e < E; ++e) {
+              Tensor plus = logits.clone(), minus = logits.clone();
+              plus.at<float>({t, e}) += static_cast<float>(h);
+              minus.at<float>({t, e}) -= static_cast<float>(h);
+              nn::RouteOutput rp = nn::moe_route_forward(plus, Tensor(), o, Tensor(), Stream());
+              nn::RouteOutput rm = nn::moe_route_forward(minus, Tensor(), o, Tensor(), Stream());
+              if (capacity > 0) {
+                nn::moe_drop_over_capacity_(rp.probs, rp.experts, capacity, rp.weights, rp.kept,
+                                            Stream());
+                nn::moe_drop_over_capacity_(rm.probs, rm.experts, capacity, rm.weights, rm.kept,
+                                            Stream());
+              }
+              if (rp.experts.to_vector<std::int32_t>() != r.experts.to_vector<std::int32_t>() ||
+                  rm.experts.to_vector<std::int32_t>() != r.experts.to_vector<std::int32_t>() ||
+                  rp.kept.to_vector<std::uint8_t>() != r.kept.to_vector<std::uint8_t>() ||
+                  rm.kept.to_vector<std::uint8_t>() != r.kept.to_vector<std::uint8_t>()) {
+                continue;
+              }
+              const double fd = (route_loss(plus, o, capacity, c, r.counts, aux_scale, z_scale) -
+                                 route_loss(minus, o, capacity, c, r.counts, aux_scale, z_scale)) /
+                                (2 * h);
+              INFO("element " << t << ", " << e);
+              CHECK(g.at<float>({t, e}) == Approx(fd).margin(3e-4).epsilon(3e-3));
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("moe_permute and moe_unpermute equal the step-by-step permutation and combine", "[ep]") {
+  const std::int64_t T = 9, E = 5, k = 2, d = 3;
+  // Expert 3 gets no token; two assignments are dropped.
+  std::vector<std::int32_t> ex = {0, 1, 1, 4, 2, 0, 4, 1, 0, 2, 1, 0, 2, 4, 4, 0, 1, 2};
+  std::vector<std::uint8_t> kp(T * k, 1);
+  kp[5] = 0;
+  kp[12] = 0;
+  const Tensor experts = Tensor::from_vector(ex, {T, k});
+  const Tensor kept = Tensor::from_vector(kp, {T, k});
+  const Tensor weights = Tensor::randn({T, k}, 31);
+  for (DType dt : {DType::f32, DType::f64}) {
+    INFO("dtype " << dtype_name(dt));
+    const Tensor x = Tensor::randn({T, d}, 33).to(dt);
+    const nn::PermuteOutput p = nn::moe_permute(x, experts, kept, E, Stream());
+    const Permutation want = permute(experts, kept, E, Stream());
+    CHECK(p.counts.to_vector<std::int64_t>() == want.counts.to_vector<std::int64_t>());
+    CHECK(p.counts.to_vector<std::int64_t>()[3] == 0);
+    CHECK(p.slot.to_vector<std::int32_t>() == want.slot.to_vector<std::int32_t>());
+    const std::int64_t rows = T * k - 2;
+    const std::vector<double> xv = x.to(DType::f64).to_vector<double>();
+    const std::vector<double> rv = p.rows.to(DType::f64).to_vector<double>();
+    for (std::int64_t i = 0; i < T * k; ++i) {
+      const std::int32_t src = p.source.data<std::int32_t>()[i];
+      CHECK((i < rows ? src / k : -1) == want.rows_of.data<std::int32_t>()[i]);
+      if (i >= rows) CHECK(src == -1);
+      for (std::int64_t c = 0; c < d; ++c) {
+        CHECK(rv[i * d + c] == (src >= 0 ? xv[(src / k) * d + c] : 0.0));
+      }
+    }
+    // The combine and its backward: the same bits as combine_rows / combine_rows_backward.
+    const Tensor sorted = p.rows.narrow(0, 0, rows).contiguous();
+    const Tensor y = nn::moe_unpermute(sorted, p.slot, weights, Stream());
+    CHECK(y.to(DType::f64).to_vector<double>() ==
+          combine_rows(sorted, p.slot, weights, Stream()).to(DType::f64).to_vector<double>());
+    const Tensor dy = Tensor::randn({T, d}, 35).to(dt);
+    const nn::UnpermuteGrads g =
+        nn::moe_unpermute_backward(dy, sorted, p.slot, p.source, weights, Stream());
+    const CombineGrads gw = combine_rows_backward(dy, sorted, p.slot, weights, Stream());
+    CHECK(g.drows.to(DType::f64).to_vector<double>() ==
+          gw.drows.to(DType::f64).to_vector<double>());
+    CHECK(g.dweights.to_vector<float>() == gw.dweights.to_vector<float>());
+    // The permutation's backward is the un-permutation without weights: <P x, r> = <x, P^T r>.
+    const Tensor r = Tensor::randn({T * k, d}, 37).to(dt);
+    const std::vector<double> px = p.rows.to(DType::f64).to_vector<double>();
+    const std::vector<double> rr = r.to(DType::f64).to_vector<double>();
+    const std::vector<double> ptr =
+        nn::moe_unpermute(r, p.slot, Tensor(), Stream()).to(DType::f64).to_vector<double>();
+    double lhs = 0.0, rhs = 0.0;
+    for (std::size_t i = 0; i < px.size(); ++i) lhs += px[i] * rr[i];
+    for (std::size_t i = 0; i < xv.size(); ++i) rhs += xv[i] * ptr[i];
+    CHECK(lhs == Approx(rhs).epsilon(1e-5));
+  }
+}
+
+TEST_CASE("moe_unpermute's gradients equal finite differences (f64)", "[ep]") {
+  const std::int64_t T = 4, E = 3, k = 2, d = 3;
+  const Tensor experts =
+      Tensor::from_vector(std::vector<std::int32_t>{0, 2, 2, 0, 1, 2, 0, 1}, {T, k});
+  std::vector<std::uint8_t> kp(T * k, 1);
+  kp[3] = 0;
+  const Tensor kept = Tensor::from_vector(kp, {T, k});
+  const Tensor x = Tensor::randn({T, d}, 41).to(DType::f64);
+  const nn::PermuteOutput p = nn::moe_permute(x, experts, kept, E, Stream());
+  const Tensor rows = p.rows.narrow(0, 0, T * k - 1).contiguous();
+  const Tensor w = Tensor::randn({T, k}, 43);
+  const Tensor c = Tensor::randn({T, d}, 45).to(DType::f64);
+  auto loss = [&](const Tensor& r, const Tensor& wt) {
+    const std::vector<double> y = nn::moe_unpermute(r, p.slot, wt, Stream()).to_vector<double>();
+    const std::vector<double> cv = c.to_vector<double>();
+    return std::inner_product(y.begin(), y.end(), cv.begin(), 0.0);
+  };
+  const nn::UnpermuteGrads g = nn::moe_unpermute_backward(c, rows, p.slot, p.source, w, Stream());
+  const double h = 1e-3;
+  for (std::int64_t i = 0; i < rows.numel(); ++i) {
+    Tensor a = rows.clone(), b = rows.clone();
+    a.data<double>()[i] += h;
+    b.data<double>()[i] -= h;
+    CHECK(g.drows.data<double>()[i] == Approx((loss(a, w) - loss(b, w)) / (2 * h)).margin(1e-9));
+  }
+  for (std::int64_t i = 0; i < w.numel(); ++i) {
+    Tensor a = w.clone(), b = w.clone();
+    a.data<float>()[i] += 1e-2f;
+    b.data<float>()[i] -= 1e-2f;
+    const double fd = (loss(rows, a) - loss(rows, b)) /
+                      (static_cast<double>(a.data<float>()[i]) - b.data<float>()[i]);
+    CHECK(g.dweights.data<float>()[i] == Approx(fd).margin(1e-5));
+  }
+  CHECK(g.dweights.data<float>()[3] == 0.0f);  // dropped
+}
+
+TEST_CASE("the MoE ops refuse bad arguments", "[ep]") {
+  const Tensor logits = Tensor::randn({6, 4}, 1);
+  REQUIRE_THROWS_QUINTET(
+      nn::moe_route_forward(logits, Tensor(), options(5, RouteScore::softmax, true), Tensor(),
+                            Stream()),
+      InvalidArgument, "top_k = 5");
+  REQUIRE_THROWS_QUINTET(
+      nn::moe_route_forward(logits, Tensor(), options(2, RouteScore::softmax, true, 4), Tensor(),
+                            Stream()),
+      InvalidArgument, "groups = 4");
+  REQUIRE_THROWS_QUINTET(
+      nn::moe_route_forward(logits.to(DType::f64), Tensor(), options(2, RouteScore::softmax, true),
+                            Tensor(), Stream()),
+      InvalidArgument, "logits must be");
+  REQUIRE_THROWS_QUINTET(
+      nn::moe_route_forward(logits, Tensor::zeros({3}), options(2, RouteScore::softmax, true),
+                            Tensor(), Stream()),
+      InvalidArgument, "bias must be");
+  REQUIRE_THROWS_QUINTET(
+      nn::moe_route_forward(logits, Tensor(), options(2, RouteScore::softmax, true),
+                            Tensor::zeros({1}), Stream()),
+      InvalidArgument, "z_sum must be");
+  const Tensor ex = Tensor::from_vector(std::vector<std::int32_t>{0, 4}, {1, 2});
+  const Tensor kept = Tensor::from_vector(std::vector<std::uint8_t>{1, 1}, {1, 2});
+  REQUIRE_THROWS_QUINTET(nn::moe_permute(Tensor::zeros({1, 3}), ex, kept, 4, Stream()),
+                         InvalidArgument, "names expert 4 of 4");
+  const Tensor slot = Tensor::from_vector(std::vector<std::int32_t>{0, 2}, {1, 2});
+  REQUIRE_THROWS_QUINTET(nn::moe_unpermute(Tensor::zeros({2, 3}), slot, Tensor(), Stream()),
+                         InvalidArgument, "row 2 of 2");
+  REQUIRE_THROWS_QUINTET(
+      nn::moe_unpermute_backward(Tensor::zeros({1, 3}), Tensor::zeros({2, 3}), slot,
+                                 Tensor::zeros({2}), Tensor::zeros({1, 2}), Stream()),
+      InvalidArgument, "source must be");
+}
