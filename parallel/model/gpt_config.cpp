@@ -236,10 +236,6 @@ void GptConfig::validate_block(int tp, int cp) const {
   }
   if (fp8.mode != nn::Fp8Mode::off) {
     nn::check_fp8_recipe(fp8);
-    QUINTET_CHECK(dtype == DType::f32,
-                  "GptConfig: fp8 = hybrid with dtype {}: FP8 is emulated on the CPU (f32) for "
-                  "now; the GPU's FP8 GEMMs are not built yet",
-                  dtype_name(dtype));
     QUINTET_CHECK(cp == 1,
                   "GptConfig: fp8 = hybrid with cp = {}: each cp rank would scale its chunks of "
                   "the sequence apart; FP8 takes cp 1 for now",

@@ -15,13 +15,50 @@ std::vector<float> max_over(std::vector<float> amax, Communicator& comm, const S
   return std::vector<float>(t.data<float>(), t.data<float>() + amax.size());
 }
 bool current(const nn::Fp8TensorScale& s) { return s.recipe().scaling == nn::Fp8Scaling::current; }
+
+// The amaxes (f32 [n] on the device) reduced (max) over tp when any of the scales uses them.
+void max_over_device(const Tensor& amax, bool any_uses_amax, Communicator& tp,
+                     const Stream& stream) {
+  if (tp.size() > 1 && any_uses_amax) tp.all_reduce(amax, ReduceOp::max, stream).wait(stream);
+}
+
+// x through FP8 and back at a device scale, in x's dtype.
+Tensor round_trip(const Tensor& x, const Tensor& scale, nn::Fp8Format format,
+                  const Stream& stream) {
+  return nn::fp8_dequantize(nn::fp8_cast(x, scale, format, false, Tensor(), stream), x.dtype(),
+                            stream);
+}
+
+// fp8_end_step of the scales on a device: their step amaxes gathered into one device tensor,
+// reduced over each group (when any is delayed), read back once, then each ended on the host
+// with its device state reset.
+void end_device_step(const std::vector<nn::Fp8TensorScale*>& scales,
+                     const std::vector<Communicator*>& groups, const Stream& stream) {
+  const auto n = static_cast<std::int64_t>(scales.size());
+  const Tensor amax = Tensor::empty({n}, DType::f32, scales[0]->device_state().device(), stream);
+  bool any_delayed = false;
+  for (std::int64_t i = 0; i < n; ++i) {
+    amax.narrow(0, i, 1).copy_(scales[i]->device_state().narrow(0, 1, 1), stream);
+    any_delayed = any_delayed || !current(*scales[i]);
+  }
+  if (any_delayed) {
+    for (Communicator* g : groups) {
+      if (g->size() > 1) g->all_reduce(amax, ReduceOp::max, stream).wait(stream);
+    }
+  }
+  const Tensor host = amax.to(Device::cpu(), stream);
+  stream.synchronize();
+  for (std::int64_t i = 0; i < n; ++i) scales[i]->end_device_step(host.data<float>()[i], stream);
+}
 }  // namespace
 
 void fp8_end_step(const std::vector<nn::Fp8TensorScale*>& scales,
                   const std::vector<Communicator*>& groups, const Stream& stream) {
-  std::vector<nn::Fp8TensorScale*> delayed;
+  std::vector<nn::Fp8TensorScale*> delayed, on_device;
   for (nn::Fp8TensorScale* s : scales) {
-    if (current(*s)) {
+    if (s->on_device()) {
+      on_device.push_back(s);
+    } else if (current(*s)) {
       s->end_step();
     } else {
       delayed.push_back(s);
@@ -34,11 +71,36 @@ void fp8_end_step(const std::vector<nn::Fp8TensorScale*>& scales,
     delayed[i]->set_step_amax(amax[i]);
     delayed[i]->end_step();
   }
+  if (!on_device.empty()) end_device_step(on_device, groups, stream);
+}
+
+Fp8Linear::Scales Fp8Linear::forward_scales(const Tensor& x, const Tensor& w, Communicator& tp,
+                                            bool record, const Stream& stream) {
+  Tensor amax = Tensor::empty({2}, DType::f32, x.device(), stream);
+  amax.fill_(0.0, stream);
+  const Tensor ax = amax.narrow(0, 0, 1), aw = amax.narrow(0, 1, 1);
+  nn::fp8_amax_into(x, ax, stream);
+  nn::fp8_amax_into(w, aw, stream);
+  max_over_device(amax, x_->uses_amax() || w_->uses_amax(), tp, stream);
+  return {x_->scale_on_device(ax, record, stream), w_->scale_on_device(aw, record, stream)};
+}
+
+Tensor Fp8Linear::output_grad_scale(const Tensor& dy, Communicator& tp, const Stream& stream) {
+  Tensor amax = Tensor::empty({1}, DType::f32, dy.device(), stream);
+  amax.fill_(0.0, stream);
+  nn::fp8_amax_into(dy, amax, stream);
+  max_over_device(amax, dy_->uses_amax(), tp, stream);
+  return dy_->scale_on_device(amax, true, stream);
 }
 
 Fp8Linear::Inputs Fp8Linear::forward(const Tensor& x, const Tensor& w, Communicator& tp,
                                      bool record, const Stream& stream) {
   if (!on()) return {x, w};
+  if (on_device(x)) {
+    const Scales s = forward_scales(x, w, tp, record, stream);
+    w_scale_device_ = s.w;
+    return {round_trip(x, s.x, x_->format(), stream), round_trip(w, s.w, w_->format(), stream)};
+  }
   std::vector<float> amax{nn::fp8_amax(x, stream), nn::fp8_amax(w, stream)};
   if (x_->uses_amax() || w_->uses_amax()) amax = max_over(std::move(amax), tp, stream);
   const float sx = x_->scale(amax[0], record);
@@ -47,11 +109,15 @@ Fp8Linear::Inputs Fp8Linear::forward(const Tensor& x, const Tensor& w, Communica
 }
 
 Tensor Fp8Linear::weight(const Tensor& w, const Stream& stream) const {
-  return on() ? nn::fp8_round_trip(w, w_scale_, w_->format(), stream) : w;
+  if (!on()) return w;
+  if (on_device(w)) return round_trip(w, w_scale_device_, w_->format(), stream);
+  return nn::fp8_round_trip(w, w_scale_, w_->format(), stream);
 }
 
 Tensor Fp8Linear::output_grad(const Tensor& dy, Communicator& tp, const Stream& stream) {
   if (!on()) return dy;
+  if (on_device(dy))
+    return round_trip(dy, output_grad_scale(dy, tp, stream), dy_->format(), stream);
   std::vector<float> amax{nn::fp8_amax(dy, stream)};
   if (dy_->uses_amax()) amax = max_over(std::move(amax), tp, stream);
   return nn::fp8_round_trip(dy, dy_->scale(amax[0]), dy_->format(), stream);

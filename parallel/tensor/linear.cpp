@@ -20,6 +20,55 @@ nn::ParameterAttributes shard_attrs(int dim, const Shape& full, const Shape& sta
   return a;
 }
 
+// ---- the FP8 GEMMs on a GPU (Fp8Linear::on_device, no overlap chunks) ----------------------
+// Forward casts x and W once each, with their transposes, and saves for backward what its GEMMs
+// read: {xᵀ, x's scale, Wᵀ, W's scale} (kFp8Saved tensors; the emulation saves one).
+constexpr std::size_t kFp8Saved = 4;
+
+// y [..., out] = q(x) · q(W)ᵀ + b for x [..., in], W [out, in].
+Tensor fp8_forward(const Tensor& x, const Tensor& w, const Tensor& b,
+                   const Fp8Linear::Scales& scales, std::vector<Tensor>& saved, const Stream& s) {
+  const std::int64_t in = w.size(1), out = w.size(0);
+  const Tensor x2 = x.contiguous(s).view({-1, in});
+  const nn::Fp8Tensor qx = nn::fp8_cast(x2, scales.x, nn::Fp8Format::e4m3, true, Tensor(), s);
+  const nn::Fp8Tensor qw = nn::fp8_cast(w, scales.w, nn::Fp8Format::e4m3, true, Tensor(), s);
+  const Tensor y = Tensor::empty({x2.size(0), out}, x.dtype(), x.device(), s);
+  nn::fp8_gemm(qx, qw, b, y, false, false, s);
+  saved = {qx.transposed, qx.scale, qw.transposed, qw.scale};
+  Shape shape = x.shape();
+  shape.back() = out;
+  return y.view(shape);
+}
+
+// Backward: dx = q(dy) · q(Wᵀ)ᵀ now; the weight gradient dW += q(dyᵀ) · q(xᵀ)ᵀ and the bias
+// gradient (the column sums of q(dy)) when the gradient protocol runs them.
+struct Fp8Backward {
+  Tensor dx;
+  nn::Fp8Tensor dy;  // [rows, out] and its transpose
+  nn::Fp8Tensor xt;  // xᵀ [in, rows]
+  void weight_grad(const Tensor& dw, const Tensor& db, const Stream& st) const {
+    nn::fp8_gemm(nn::Fp8Tensor{dy.transposed, Tensor(), dy.scale, dy.format}, xt, Tensor(), dw,
+                 true, false, st);
+    if (db.defined()) nn::fp8_column_sum(dy, db, st);
+  }
+};
+Fp8Backward fp8_backward(const Tensor& dy, const Tensor& dy_scale, const std::vector<Tensor>& saved,
+                         const Stream& s) {
+  const std::int64_t out = dy.size(dy.dim() - 1);
+  const Tensor dy2 = dy.contiguous(s).view({-1, out});
+  Fp8Backward f;
+  f.dy = nn::fp8_cast(dy2, dy_scale, nn::Fp8Format::e5m2, true, Tensor(), s);
+  f.xt = nn::Fp8Tensor{saved[0], Tensor(), saved[1], nn::Fp8Format::e4m3};
+  const nn::Fp8Tensor wt{saved[2], Tensor(), saved[3], nn::Fp8Format::e4m3};
+  const std::int64_t in = wt.data.size(0);
+  const Tensor dx = Tensor::empty({dy2.size(0), in}, dy.dtype(), dy.device(), s);
+  nn::fp8_gemm(f.dy, wt, Tensor(), dx, false, false, s);
+  Shape shape = dy.shape();
+  shape.back() = in;
+  f.dx = dx.view(shape);
+  return f;
+}
+
 }  // namespace
 
 // ---- ColumnParallelLinear ---------------------------------------------------------------------
@@ -100,6 +149,16 @@ Tensor ColumnParallelLinear::forward(nn::Context& ctx, const Tensor& x) {
   // Checked here also without SP (whose chunks are dx's, in backward): before any communication.
   if (enter_region_ && chunked_here()) tp_detail::check_chunks("ColumnParallelLinear", x, chunks_);
   const bool chunked = enter_region_ && sp_ && chunked_here();
+  if (fp8_.on_device(x) && !chunked_here()) {  // the GEMM in FP8 (x cast after the gather)
+    const Tensor w = weight_->use(s).view({local_out_, in_});
+    const Tensor b = bias_ ? bias_->use(s).view({local_out_}) : Tensor();
+    const Fp8Linear::Scales scales = fp8_.forward_scales(x, w, *tp_, ctx.counts_statistics(), s);
+    const Tensor xin = enter_region_ && sp_ ? gather_sequence(x, *tp_, s) : x;
+    std::vector<Tensor> saved;
+    const Tensor y = fp8_forward(xin, w, b, scales, saved, s);
+    ctx.save(*this, std::move(saved));
+    return y;
+  }
   // With FP8, x and w as the FP8 GEMM sees them (x rounded before the gather, element-wise).
   const Fp8Linear::Inputs in =
       fp8_.forward(x, weight_->use(s).view({local_out_, in_}), *tp_, ctx.counts_statistics(), s);
@@ -121,7 +180,25 @@ Tensor ColumnParallelLinear::forward(nn::Context& ctx, const Tensor& x) {
 
 Tensor ColumnParallelLinear::backward(nn::Context& ctx, const Tensor& dy_in) {
   const Stream& s = ctx.stream();
-  const Tensor xin = ctx.take(*this).at(0);
+  const std::vector<Tensor> saved = ctx.take(*this);
+  const Shape w_shape{local_out_, in_};
+  const Shape b_shape{local_out_};
+  if (saved.size() == kFp8Saved) {  // the GEMMs in FP8; dx leaves the region under the wgrad
+    const Fp8Backward f = fp8_backward(dy_in, fp8_.output_grad_scale(dy_in, *tp_, s), saved, s);
+    Pending started{f.dx, Work()};
+    if (enter_region_) {
+      started = sp_ ? tp_detail::start_reduce_scatter_sequence(f.dx, *tp_, s)
+                    : tp_detail::start_all_reduce(f.dx, *tp_, s);
+    }
+    nn::accumulate_gradients(
+        ctx, {weight_, bias_},
+        [f, w_shape, b_shape](const std::vector<Tensor>& g, const Stream& st) {
+          f.weight_grad(g[0].view(w_shape), g[1].defined() ? g[1].view(b_shape) : Tensor(), st);
+        },
+        nn::GradTiming::deferrable, ready_);
+    return started.finish(s);
+  }
+  const Tensor xin = saved.at(0);
   const Tensor dy = fp8_.output_grad(dy_in, *tp_, s);  // dy_in itself without FP8
   const Tensor w = fp8_.weight(weight_->data().view({local_out_, in_}), s);
   // dx leaves the region (all-reduce, or reduce-scatter with SP) while the weight gradient runs;
@@ -141,8 +218,6 @@ Tensor ColumnParallelLinear::backward(nn::Context& ctx, const Tensor& dy_in) {
     reduced.value = started.value;
     reduced.sent.add(0, started.work, {});
   }
-  const Shape w_shape{local_out_, in_};
-  const Shape b_shape{local_out_};
   nn::accumulate_gradients(
       ctx, {weight_, bias_},
       [dy, xin, w_shape, b_shape](const std::vector<Tensor>& g, const Stream& st) {
@@ -194,6 +269,15 @@ Tensor RowParallelLinear::forward(nn::Context& ctx, const Tensor& x) {
   // The bias is added once, by tp rank 0, so the reduction sums it in exactly once.
   const Tensor b = bias_ && tp_->rank() == 0 ? bias_->use(s) : Tensor();
   if (bias_ && tp_->rank() != 0) bias_->use(s);  // same before-use hooks on every rank
+  if (fp8_.on_device(x) && !chunked) {           // the GEMM in FP8
+    const Tensor w = weight_->use(s);
+    const Fp8Linear::Scales scales = fp8_.forward_scales(x, w, *tp_, ctx.counts_statistics(), s);
+    std::vector<Tensor> saved;
+    const Tensor partial = fp8_forward(x, w, b, scales, saved, s);
+    ctx.save(*this, std::move(saved));
+    return sp_ ? tp_detail::start_reduce_scatter_sequence(partial, *tp_, s).finish(s)
+               : tp_detail::start_all_reduce(partial, *tp_, s).finish(s);
+  }
   // With FP8, x and w as the FP8 GEMM sees them.
   const Fp8Linear::Inputs in = fp8_.forward(x, weight_->use(s), *tp_, ctx.counts_statistics(), s);
   const Tensor& w = in.w;
@@ -211,7 +295,18 @@ Tensor RowParallelLinear::forward(nn::Context& ctx, const Tensor& x) {
 
 Tensor RowParallelLinear::backward(nn::Context& ctx, const Tensor& dy_in) {
   const Stream& s = ctx.stream();
-  const Tensor x = ctx.take(*this).at(0);
+  const std::vector<Tensor> saved = ctx.take(*this);
+  if (saved.size() == kFp8Saved) {  // the GEMMs in FP8 (dy cast after the gather)
+    const Tensor scale = fp8_.output_grad_scale(dy_in, *tp_, s);
+    const Fp8Backward f =
+        fp8_backward(sp_ ? gather_sequence(dy_in, *tp_, s) : dy_in, scale, saved, s);
+    nn::accumulate_gradients(
+        ctx, {weight_, bias_},
+        [f](const std::vector<Tensor>& g, const Stream& st) { f.weight_grad(g[0], g[1], st); },
+        nn::GradTiming::deferrable);
+    return f.dx;
+  }
+  const Tensor x = saved.at(0);
   // With FP8, dy and w as the FP8 GEMMs see them (dy rounded before the gather, element-wise).
   const Tensor dy = fp8_.output_grad(dy_in, *tp_, s);
   const Tensor w = fp8_.weight(weight_->data(), s);

@@ -107,7 +107,7 @@ void add_job_flags(CLI::App& app, JobConfig& job) {
            "block): less memory for one more forward");
   add_kind(app, "--fp8", &m.fp8.mode, nn::parse_fp8_mode, nn::fp8_mode_name(m.fp8.mode),
            "FP8 training: off, or hybrid (the blocks' linear layers with x and w in E4M3, the "
-           "output gradient in E5M2; emulated on the CPU)");
+           "output gradient in E5M2; cuBLASLt's FP8 GEMMs on a GPU, emulated on the CPU)");
   add_kind(app, "--fp8-scaling", &m.fp8.scaling, nn::parse_fp8_scaling,
            nn::fp8_scaling_name(m.fp8.scaling),
            "with --fp8: current (each tensor's own amax) or delayed (the amax history's max)");

@@ -11,3 +11,6 @@ endif()
 quintet_mpi_test(NAME tp_overlap_test COMPONENT tp RANKS 1 2 3 4 SOURCES mpi/tp_overlap_test.cpp)
 quintet_mpi_test(NAME tp_attention_variants_test COMPONENT tp RANKS 1 2 3 4 SOURCES mpi/tp_attention_variants_test.cpp)
 quintet_mpi_test(NAME tp_fp8_test COMPONENT tp RANKS 1 2 3 SOURCES mpi/tp_fp8_test.cpp)
+# FP8 tp linear layers on the GPU (cuBLASLt's FP8 GEMMs, scales on the device) against the CPU
+# emulation (skipped without a GPU).
+quintet_gpu_test(NAME gpu_tp_fp8_test COMPONENT tp RANKS 1 SOURCES gpu/tp_fp8_test.cpp)

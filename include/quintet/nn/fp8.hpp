@@ -185,8 +185,9 @@ class Fp8TensorScale {
   // scale() on a device: amax is f32 [1] on the stream's device (already reduced as for
   // scale()); returns the scale tensor {s, 1 / s} there with s the value scale() would return,
   // computed by a kernel, and with record max's amax into the device's step slot. A non-finite
-  // amax is not refused here (that would wait for the GPU): it enters the step slot and
-  // end_device_step refuses it, naming the tensor, at the end of the step.
+  // amax is not refused here (that would wait for the GPU): it enters the step slot as +inf
+  // (which no max-reduction drops) and end_device_step refuses it, naming the tensor, at the end
+  // of the step.
   Tensor scale_on_device(const Tensor& amax, bool record, const Stream& stream);
   // Whether scale_on_device has been used (the step amax is then the device's).
   bool on_device() const { return device_.defined(); }

@@ -136,7 +136,7 @@ void fp8_scale(const Tensor& amax, const Tensor& state, const Tensor& out, Fp8Fo
     const float s = std::ldexp(fp8_max(format) / a, -margin);
     now = std::isfinite(s) ? s : FLT_MAX;
   }
-  if (record) st[1] = std::isnan(a) || std::isnan(st[1]) ? a + st[1] : std::fmax(st[1], a);
+  if (record) st[1] = std::isfinite(a) ? std::fmax(st[1], a) : INFINITY;
   const float s = use_amax ? now : st[0];
   float* o = out.data<float>();
   o[0] = s;

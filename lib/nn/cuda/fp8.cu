@@ -149,7 +149,8 @@ __global__ void column_sum_kernel(const std::uint8_t* q, const float* scale, flo
 }
 
 // Fp8TensorScale::scale on the device (lib/nn/fp8.cpp's fp8_scale_from_amax and scale(), with a
-// non-finite amax recorded instead of thrown). One thread.
+// non-finite amax recorded as +inf instead of thrown: inf survives the max-reductions of the
+// step's end, which may drop a NaN). One thread.
 __global__ void scale_kernel(const float* amax, float* state, float* out, float fp8_max, int margin,
                              bool use_amax, bool record) {
   const float a = amax[0];
@@ -158,7 +159,7 @@ __global__ void scale_kernel(const float* amax, float* state, float* out, float 
     const float s = ldexpf(__fdiv_rn(fp8_max, a), -margin);
     now = isfinite(s) ? s : FLT_MAX;
   }
-  if (record) state[1] = isnan(a) || isnan(state[1]) ? a + state[1] : fmaxf(state[1], a);
+  if (record) state[1] = isfinite(a) ? fmaxf(state[1], a) : INFINITY;
   const float s = use_amax ? now : state[0];
   out[0] = s;
   out[1] = __fdiv_rn(1.0f, s);

@@ -15,6 +15,12 @@
 //     history yet and are scaled as current scaling does); fp8_end_step below reduces each
 //     tensor's step amax (the max over the step's microbatches) over the given groups before
 //     it enters the history.
+// On a GPU the same scaling runs on the device with nothing waiting for it: each amax comes from
+// a kernel (nn::fp8_amax_into) into a device tensor, is all-reduced there, and the scale is
+// computed by nn::Fp8TensorScale::scale_on_device; fp8_end_step reads the step's amaxes back once
+// per step (the one host wait), refuses a non-finite one naming its tensor, and ends the step on
+// the host. The tp linear layers then run their GEMMs in FP8 (nn::fp8_gemm, linear.cpp); with
+// overlap chunks they multiply the round-tripped values in bf16 as the CPU emulation does.
 // Scales follow amaxes exactly, so the gradient's division among microbatches and data-parallel
 // replicas (a power of 2 apart from one rank's) changes no rounding.
 // Each microbatch's tensors are scaled on their own (current scaling), so data parallelism
@@ -54,11 +60,24 @@ class Fp8Linear {
   // Backward: dy as the FP8 GEMMs see it.
   Tensor output_grad(const Tensor& dy, Communicator& tp, const Stream& stream);
 
+  // ---- on a GPU: the scales as device tensors (nn::fp8_scale_tensor's form), no host wait ----
+  // Whether the layer's GEMMs run in FP8 on the device for a tensor on x's device.
+  bool on_device(const Tensor& x) const { return on() && x.device().is_cuda(); }
+  struct Scales {
+    Tensor x, w;
+  };
+  // Forward: the scales of x and w, their amaxes reduced (max) over tp as forward() does.
+  Scales forward_scales(const Tensor& x, const Tensor& w, Communicator& tp, bool record,
+                        const Stream& stream);
+  // Backward: the scale of dy, its amax reduced over tp as output_grad() does.
+  Tensor output_grad_scale(const Tensor& dy, Communicator& tp, const Stream& stream);
+
  private:
   nn::Fp8TensorScale* x_ = nullptr;
   nn::Fp8TensorScale* w_ = nullptr;
   nn::Fp8TensorScale* dy_ = nullptr;
   float w_scale_ = 1.0f;
+  Tensor w_scale_device_;  // on a GPU: the forward's scale of w
 };
 
 // Ends the step of every scale: their step amaxes reduced (max) over each communicator of
