@@ -72,6 +72,27 @@ MoESummary summarize(const std::vector<MoEStats>& layers, Communicator& pp, cons
   return out;
 }
 
+ExpertsFp8 MoELayer::experts_fp8(const MoEOptions& options, Communicator* stage) {
+  ExpertsFp8 out;
+  if (options.fp8.mode == nn::Fp8Mode::off) return out;
+  const nn::Fp8Recipe& r = options.fp8;
+  const auto scale = [&](const std::string& name, nn::Fp8Format format) -> nn::Fp8TensorScale& {
+    return add_fp8_scale(name, format, r);
+  };
+  nn::Fp8TensorScale& x = scale("experts.fc.fp8_x", nn::Fp8Format::e4m3);
+  out.fc = Fp8Linear(x, scale("experts.fc.fp8_w", nn::Fp8Format::e4m3),
+                     scale("experts.fc.fp8_dy", nn::Fp8Format::e5m2));
+  if (options.activation == nn::Activation::swiglu) {
+    out.up = Fp8Linear(x, scale("experts.up.fp8_w", nn::Fp8Format::e4m3),
+                       scale("experts.up.fp8_dy", nn::Fp8Format::e5m2));
+  }
+  out.proj = Fp8Linear(scale("experts.proj.fp8_x", nn::Fp8Format::e4m3),
+                       scale("experts.proj.fp8_w", nn::Fp8Format::e4m3),
+                       scale("experts.proj.fp8_dy", nn::Fp8Format::e5m2));
+  out.stage = stage;
+  return out;
+}
+
 MoELayer::MoELayer(const MoEGroups& groups, std::int64_t dim, const MoEOptions& options)
     : dim_(dim), options_(options) {
   QUINTET_CHECK(groups.tp != nullptr,
@@ -94,19 +115,28 @@ MoELayer::MoELayer(const MoEGroups& groups, std::int64_t dim, const MoEOptions& 
                 "MoELayer: expert_ffn = {} is not divisible by the expert-tensor-parallel size "
                 "etp = {}",
                 F, etp);
+  if (options.fp8.mode != nn::Fp8Mode::off) {
+    nn::check_fp8_recipe(options.fp8);
+    QUINTET_CHECK(groups.stage != nullptr,
+                  "MoELayer: fp8 = {} needs the stage communicator (MoEGroups::stage, the ranks "
+                  "of the pipeline stage), over which the experts' FP8 amaxes are reduced",
+                  nn::fp8_mode_name(options.fp8.mode));
+  }
   const nn::AddParameter add = parameter_adder();
   router_.emplace(add, *groups.tp, groups.cp, dim, options.router, options.sequence_parallel,
                   options.init_std);
-  experts_.emplace(add, ExpertsConfig{.experts = E,
-                                      .dim = dim,
-                                      .ffn = F,
-                                      .activation = options.activation,
-                                      .init_std = options.init_std,
-                                      .proj_init_std = options.proj_init_std,
-                                      .ep = ep,
-                                      .ep_rank = rank_of(groups.ep),
-                                      .etp = etp,
-                                      .etp_rank = rank_of(groups.etp)});
+  experts_.emplace(add,
+                   ExpertsConfig{.experts = E,
+                                 .dim = dim,
+                                 .ffn = F,
+                                 .activation = options.activation,
+                                 .init_std = options.init_std,
+                                 .proj_init_std = options.proj_init_std,
+                                 .ep = ep,
+                                 .ep_rank = rank_of(groups.ep),
+                                 .etp = etp,
+                                 .etp_rank = rank_of(groups.etp)},
+                   experts_fp8(options, groups.stage));
   // The chunks of the exchanges: overlap_chunks with an ep exchange, else 1.
   dispatcher_.emplace(*groups.tp, groups.ep, groups.etp,
                       TokenDispatcherConfig{.experts = E,
@@ -114,13 +144,14 @@ MoELayer::MoELayer(const MoEGroups& groups, std::int64_t dim, const MoEOptions& 
                                             .sequence_parallel = options.sequence_parallel,
                                             .chunks = ep > 1 ? options.overlap_chunks : 1});
   if (options.shared_experts > 0) {
-    shared_ = &add_module("shared",
-                          std::make_unique<ParallelMLP>(
-                              *groups.tp, dim, options.shared_experts * F,
-                              ParallelMLPOptions{.activation = options.activation,
-                                                 .init_std = options.init_std,
-                                                 .proj_init_std = options.proj_init_std,
-                                                 .sequence_parallel = options.sequence_parallel}));
+    shared_ =
+        &add_module("shared", std::make_unique<ParallelMLP>(
+                                  *groups.tp, dim, options.shared_experts * F,
+                                  ParallelMLPOptions{.activation = options.activation,
+                                                     .init_std = options.init_std,
+                                                     .proj_init_std = options.proj_init_std,
+                                                     .sequence_parallel = options.sequence_parallel,
+                                                     .fp8 = options.fp8}));
   }
 }
 
@@ -130,6 +161,10 @@ Tensor MoELayer::forward(nn::Context& ctx, const Tensor& x) {
   QUINTET_CHECK(x.defined() && x.dim() == 3 && x.size(2) == d,
                 "MoELayer: expected x [batch, seq, {}], got {}", d,
                 x.defined() ? shape_str(x.shape()) : std::string("an undefined tensor"));
+  QUINTET_CHECK(options_.fp8.mode == nn::Fp8Mode::off || x.device().is_cpu(),
+                "MoELayer: fp8 = {} on {}: the experts' FP8 GEMMs are emulated on the CPU only; "
+                "the GPU's FP8 grouped GEMM is not built yet (train with --fp8 off on a GPU)",
+                nn::fp8_mode_name(options_.fp8.mode), x.device().str());
   const std::int64_t B = x.size(0), T = B * x.size(1);
   dispatcher_->check_tokens(B, x.size(1));
   const Tensor x2 = x.contiguous(s).view({T, d});
@@ -139,7 +174,7 @@ Tensor MoELayer::forward(nn::Context& ctx, const Tensor& x) {
   saved.experts.resize(static_cast<std::size_t>(dispatcher_->config().chunks));
   const auto run_experts = [&](int c, const Tensor& rows, std::vector<std::int64_t> counts) {
     return experts_->forward(w, rows, std::move(counts), saved.experts[static_cast<std::size_t>(c)],
-                             s);
+                             ctx.counts_statistics(), s);
   };
   Tensor y = dispatcher_->forward(x2, saved.router.routing, run_experts, saved.dispatch, s)
                  .view(x.shape());

@@ -44,7 +44,7 @@ std::unique_ptr<nn::Module> make_attention(const GptConfig& c, const ModelGroups
 std::unique_ptr<nn::Module> make_mlp(const GptConfig& c, const ModelGroups& g, std::int64_t layer) {
   if (c.is_moe_block(layer)) {
     return std::make_unique<expert::MoELayer>(
-        expert::MoEGroups{g.tp, g.cp, g.ep, g.etp}, c.hidden,
+        expert::MoEGroups{g.tp, g.cp, g.ep, g.etp, g.stage}, c.hidden,
         expert::MoEOptions{.router = c.moe.router,
                            .expert_ffn = c.expert_width(),
                            .activation = c.activation,
@@ -52,7 +52,8 @@ std::unique_ptr<nn::Module> make_mlp(const GptConfig& c, const ModelGroups& g, s
                            .init_std = c.init_std,
                            .proj_init_std = c.output_init_std(),
                            .sequence_parallel = c.sequence_parallel,
-                           .overlap_chunks = c.moe.overlap_chunks});
+                           .overlap_chunks = c.moe.overlap_chunks,
+                           .fp8 = c.fp8});
   }
   switch (c.mlp) {
     case MlpKind::moe:  // a dense block of an MoE model

@@ -240,9 +240,6 @@ void GptConfig::validate_block(int tp, int cp) const {
                   "GptConfig: fp8 = hybrid with cp = {}: each cp rank would scale its chunks of "
                   "the sequence apart; FP8 takes cp 1 for now",
                   cp);
-    QUINTET_CHECK(mlp == MlpKind::dense,
-                  "GptConfig: fp8 = hybrid with MoE blocks: the experts' GEMMs have no FP8 path "
-                  "yet; FP8 takes dense models for now");
   }
   positive("layers", layers);
   positive("hidden", hidden);

@@ -120,9 +120,6 @@ void JobConfig::validate(int world) const {
                   "--fp8 hybrid with --cp {}: each cp rank would scale its chunks of a sequence "
                   "apart; FP8 takes --cp 1 for now",
                   p.cp);
-    QUINTET_CHECK(m.mlp == model::MlpKind::dense,
-                  "--fp8 hybrid with MoE: the experts' GEMMs have no FP8 path yet; FP8 takes "
-                  "dense models for now");
   }
   QUINTET_CHECK(tp_overlap_chunks >= 1, "--tp-overlap-chunks {}: expected a count >= 1",
                 tp_overlap_chunks);

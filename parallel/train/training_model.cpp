@@ -119,7 +119,8 @@ TrainingModel::TrainingModel(const TrainingConfig& config, Mesh& mesh, const Str
   Communicator& cp = comm_of(comms_.cp, Axis::cp, timed_cp_);
   Communicator& ep = comm_of(comms_.ep, Axis::ep, timed_ep_);
   Communicator& pp = comm_of(comms_.pp, Axis::pp, timed_pp_);
-  const model::ModelGroups groups{&tp, &cp, &ep, &mesh_.comm(Axis::etp)};
+  const model::ModelGroups groups{&tp, &cp, &ep, &mesh_.comm(Axis::etp),
+                                  &mesh_.comm(Axis::tp_dp_cp)};
   std::vector<pipeline::StageModule> modules;
   for (int s : schedule.stages_of(mesh_.rank(Axis::pp))) {
     TrainingStage st;

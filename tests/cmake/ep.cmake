@@ -18,3 +18,6 @@ quintet_gpu_test(NAME gpu_ep_moe_test COMPONENT ep SOURCES gpu/ep_moe_gpu_test.c
 # The fused MoE ops' CUDA kernels against the CPU ops (ties, k = E, many experts, empty experts,
 # the capacity, f32 and bf16 rows).
 quintet_gpu_test(NAME gpu_ep_moe_ops_test COMPONENT ep SOURCES gpu/ep_moe_ops_gpu_test.cpp)
+# The FP8 experts (per-tensor scales over the stage) at dp-1 layouts against one rank's FP8
+# layer, current and delayed scaling; ep 2 against ep 1 at dp 2; bad FP8 settings refused.
+quintet_mpi_test(NAME ep_fp8_test COMPONENT ep RANKS 2 4 SOURCES mpi/ep_fp8_test.cpp)

@@ -42,6 +42,12 @@
 #              the per-kind figures adding up, the losses unchanged
 #   bad_flags  experts not divisible by ep, top-k above the experts, etp x ep that does not fit
 #              the ranks, an unknown router, --moe-chunks 0: refused with a message naming them
+#   fp8        --fp8 hybrid with MoE blocks (the experts' GEMMs with per-tensor scales over the
+#              stage, one exchange chunk): tp 2 x ep 2 (etp 1) and tp 2 + sp (etp 2) give the
+#              one-rank losses (steps 1-2 within 1e-6, 1-20 within 5e-4) and step 1's gradient
+#              norm (1e-5; f32's is 1e-3 away), FP8's losses within 3% of f32's; delayed scaling
+#              at dp 2 x ep 2 gives dp 2's (ep 1) as closely; resuming it continues bit for bit
+#              at its layout and within 5e-4 at ep 1
 #   bound_by   the bound-by verdict at pp 2 x ep 2 (its JSON records and summary,
 #              check_bound_by.py) adds up to the step time within 2%, with exposed ep and pp parts
 # Usage: moe_train_test.sh TRAINER MPIEXEC WORKDIR CASE [mpirun flags...]
@@ -223,6 +229,56 @@ PY
     # Capacity: with factor 0.5 some assignments are dropped, and the run still learns.
     run capacity 2 --steps 20 --dp 2 --ep 2 --capacity-factor 0.5 --shared-experts 1
     python3 -c "import json,sys; r=[json.loads(l) for l in open('capacity.jsonl') if '\"step\"' in l]; sys.exit(0 if all(x['dropped_fraction'] > 0 for x in r) and r[-1]['loss'] < r[0]['loss'] else 'no drops at capacity 0.5, or no learning')"
+    ;;
+  fp8)
+    # Every amax is reduced over the stage, so a dp-1 layout gives one rank's scales and any
+    # two layouts of one dp give each other's; the scales are per exchange chunk, so one chunk.
+    # Steps 1 and 2 agree within 1e-6 (step 1's gradient norm within 1e-5, where FP8 moves it
+    # from f32's by more than 1e-3); later a sum in another order moves an FP8 rounding (an
+    # E5M2 step is 25%), which this small model's 20 steps carry to ~2e-4: within 5e-4.
+    # norms A B [C]: step 1's gradient norm of B is A's within 1e-5 (and C's is not, by 1e-3)
+    norms() {
+      python3 - "$@" <<'PY'
+import json, sys
+def norm(name):
+    for line in open(name + ".jsonl"):
+        record = json.loads(line) if line.startswith("{") else {}
+        if record.get("step") == 1:
+            return record["grad_norm"]
+    sys.exit(f"{name}: no step 1")
+a, b = norm(sys.argv[1]), norm(sys.argv[2])
+if abs(a - b) > 1e-5 * abs(a):
+    sys.exit(f"step 1 gradient norm: {sys.argv[2]} {b!r} vs {sys.argv[1]} {a!r}")
+if len(sys.argv) > 3 and abs(a - norm(sys.argv[3])) < 1e-3 * abs(a):
+    sys.exit(f"step 1 gradient norm of {sys.argv[1]} {a!r} is f32's ({sys.argv[3]}): no FP8?")
+PY
+    }
+    same() {  # same A B: B follows A (steps 1-2 within 1e-6, 1-20 within 5e-4, the norm)
+      compare "$1" "$2" 1 2 1e-6
+      compare "$1" "$2" 1 20 5e-4
+      norms "$1" "$2"
+    }
+    current=(--fp8 hybrid --moe-chunks 1)
+    run plain 1 --steps 20 --moe-chunks 1
+    run fp8_one 1 --steps 20 "${current[@]}"
+    run fp8_tp2_ep2 2 --steps 20 "${current[@]}" --tp 2 --ep 2 --etp 1
+    run fp8_tp2_sp_etp2 2 --steps 20 "${current[@]}" --tp 2 --sp
+    for r in fp8_tp2_ep2 fp8_tp2_sp_etp2; do same fp8_one $r; done
+    norms fp8_one fp8_one plain
+    compare plain fp8_one 1 20 0.03
+    delayed=(--fp8 hybrid --fp8-scaling delayed --fp8-amax-history 4 --moe-chunks 1)
+    run delayed_dp2 2 --steps 20 "${delayed[@]}" --dp 2
+    run delayed_dp2_ep2 2 --steps 20 "${delayed[@]}" --dp 2 --ep 2
+    same delayed_dp2 delayed_dp2_ep2
+    # The experts' amax histories are in the checkpoint, by name: resumed at ep 2 bit for bit,
+    # at ep 1 within 5e-4.
+    run delayed_first 2 --steps 20 "${delayed[@]}" --dp 2 --ep 2 --save ckpt --stop-at 10
+    compare delayed_dp2_ep2 delayed_first 1 10 0
+    cp -r ckpt ck_ep1
+    run delayed_second 2 --steps 20 "${delayed[@]}" --dp 2 --ep 2 --resume ckpt
+    compare delayed_dp2_ep2 delayed_second 11 20 0
+    run delayed_second_ep1 2 --steps 20 "${delayed[@]}" --dp 2 --resume ck_ep1
+    compare delayed_dp2_ep2 delayed_second_ep1 11 20 5e-4
     ;;
   resume)
     bias=(--dp 2 --ep 2 --aux-free-bias-rate 0.01 --router sigmoid --aux-loss-coeff 0)

@@ -14,6 +14,24 @@
 // [E_l, d, F/etp]: expert parameters (is_expert) sharded over ep (dim 0) and, with etp > 1, over
 // etp (their width dim), each the exact slice of the [E, F, d] / [E, d, F] draw, so that every
 // layout holds the same model.
+//
+// FP8 (ExpertsFp8, the "hybrid" recipe of the tp linear layers, parallel/tensor/fp8.hpp): each of
+// fc, up and proj runs its GEMMs on its operands rounded through FP8 by an Fp8Linear, forward
+// q(x) · q(W)ᵀ with x and W in E4M3, dgrad q(dy) · q(W) with dy in E5M2, wgrad q(dy)ᵀ · q(x), in
+// f32. The scales are PER TENSOR: one for each operand over every local expert and every row of
+// the call (the rows [n, d] of all experts, the weights [E_l, ...] of all experts, the hidden
+// h [n, F/etp], the gradients), the amaxes reduced (max) over `stage` (the ranks of the pipeline
+// stage), so that every expert of every rank uses the same scale for a role. That is what a
+// grouped GEMM takes on the GPU (one scale_inv per operand for all groups, no per-group scale
+// pointers) and what needs no bookkeeping by expert: the histories are the same on every rank,
+// so delayed scaling's step end (fp8_end_step over the stage) and checkpoints (saved once, by
+// name, loaded at any ep) are the tp layers'. Reduced over the whole stage, an amax is that of
+// the tokens every data-parallel replica routes in the same microbatch slot: a layout gives one
+// rank's scales when dp = 1 (tp, sp, ep within tp, etp), and any two layouts of the same dp give
+// each other's (ep spreading over replicas or not). Scales are per call, so per exchange chunk
+// with overlap_chunks > 1 (ep > 1): compare layouts with one chunk. fc and up share x's scale, as
+// one fused GEMM's input would. The emulation runs on the CPU; MoELayer refuses FP8 on a GPU
+// until the GPU's FP8 GEMM exists.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +43,7 @@
 #include "quintet/core/tensor.hpp"
 #include "quintet/nn/layer_kinds.hpp"
 #include "quintet/nn/parameter.hpp"
+#include "quintet/parallel/tensor/fp8.hpp"
 
 namespace quintet::expert {
 
@@ -39,6 +58,13 @@ struct ExpertsConfig {
   int etp = 1, etp_rank = 0;    // F % etp == 0
 };
 
+// The FP8 emulation of the experts' GEMMs (off: default-constructed). up is off for GELU; up shares
+// fc's x scale. The scales are declared by the owning module (MoELayer).
+struct ExpertsFp8 {
+  Fp8Linear fc, up, proj;
+  Communicator* stage = nullptr;  // the amaxes are reduced over it; required when fc.on()
+};
+
 // The weights one pass reads: [E_l, ...] each (up undefined for GELU).
 struct ExpertWeights {
   Tensor fc, up, proj;
@@ -46,10 +72,13 @@ struct ExpertWeights {
 
 // What a forward over one batch of rows keeps for its backward.
 struct ExpertsActivations {
-  Tensor rows;                       // [n, d]: the input rows, expert-major
+  Tensor rows;                       // [n, d]: the input rows, expert-major (FP8: as q(x))
   std::vector<std::int64_t> counts;  // [E_l]: the rows of each local expert, in order
   std::vector<Tensor> fc_out;        // per local expert: rows · fcᵀ (undefined when no rows)
   std::vector<Tensor> up_out;        // per local expert: rows · upᵀ (SwiGLU; else undefined)
+  // FP8 only: per local expert, proj's input as the FP8 GEMM saw it (without FP8, backward
+  // recomputes it from fc_out and up_out).
+  std::vector<Tensor> proj_in;
 };
 
 class Experts {
@@ -59,8 +88,8 @@ class Experts {
       std::function<nn::Parameter&(const std::string& name, const Shape& shape,
                                    nn::ParameterInit init, nn::ParameterAttributes attrs)>;
   // Declares experts.fc.weight, experts.up.weight (SwiGLU) and experts.proj.weight through add.
-  // The config is the owner's to check (MoELayer's constructor).
-  Experts(const AddParameter& add, const ExpertsConfig& config);
+  // The config is the owner's to check (MoELayer's constructor). fp8: the GEMMs in FP8 (above).
+  Experts(const AddParameter& add, const ExpertsConfig& config, ExpertsFp8 fp8 = {});
 
   std::int64_t local_experts() const { return local_experts_; }
   std::int64_t first_expert() const { return first_expert_; }
@@ -74,19 +103,22 @@ class Experts {
   ExpertWeights data() const;
 
   // rows [n, d] in expert-major order, counts[le] of them for local expert le (sum = n) ->
-  // [n, d], the experts' outputs in the same order. Fills saved.
+  // [n, d], the experts' outputs in the same order. Fills saved. record: the FP8 amaxes count
+  // for the step (nn::Context::counts_statistics). With FP8, collective over fp8.stage (every
+  // rank calls it, with rows or not).
   Tensor forward(const ExpertWeights& w, const Tensor& rows, std::vector<std::int64_t> counts,
-                 ExpertsActivations& saved, const Stream& stream) const;
+                 ExpertsActivations& saved, bool record, const Stream& stream);
   // dy [n, d] of the forward that filled saved -> d(rows) [n, d]; accumulates the weight
   // gradients into grads = {fc, up, proj}'s gradient tensors (up's undefined for GELU).
   Tensor backward(const ExpertWeights& w, const Tensor& dy, const ExpertsActivations& saved,
-                  const std::vector<Tensor>& grads, const Stream& stream) const;
+                  const std::vector<Tensor>& grads, const Stream& stream);
 
  private:
   std::int64_t local_experts_, first_expert_;
   nn::Parameter* fc_;
   nn::Parameter* up_ = nullptr;
   nn::Parameter* proj_;
+  ExpertsFp8 fp8_;
 };
 
 }  // namespace quintet::expert

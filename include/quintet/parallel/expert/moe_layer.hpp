@@ -69,6 +69,9 @@ struct MoEGroups {
   Communicator* cp = nullptr;
   Communicator* ep = nullptr;
   Communicator* etp = nullptr;
+  // Every rank of the pipeline stage (Axis::tp_dp_cp): the experts' FP8 amaxes are reduced over
+  // it (experts.hpp). Required with fp8, unused without.
+  Communicator* stage = nullptr;
 };
 
 struct MoEOptions {
@@ -86,12 +89,19 @@ struct MoEOptions {
   // tokens go in one chunk. The result does not depend on it (up to the order of the weight
   // gradients' sums).
   int overlap_chunks = 1;
+  // mode hybrid: the experts' GEMMs in FP8 with per-tensor scales (experts.hpp; scaling state
+  // "experts.fc.fp8_x", "experts.fc.fp8_w", "experts.fc.fp8_dy", "experts.up.fp8_w",
+  // "experts.up.fp8_dy" (SwiGLU), "experts.proj.fp8_x", "experts.proj.fp8_w",
+  // "experts.proj.fp8_dy") and the shared MLP's linear layers as the tp layers do. Emulated on
+  // the CPU: forward refuses a CUDA tensor.
+  nn::Fp8Recipe fp8{};
 };
 
 class MoELayer : public nn::Module {
  public:
   // Throws InvalidArgument (before any communication) for a bad router config, experts not
-  // divisible by ep, expert_ffn not divisible by etp, or a missing tp communicator.
+  // divisible by ep, expert_ffn not divisible by etp, a missing tp communicator, or FP8 with a
+  // bad recipe or without a stage communicator.
   MoELayer(const MoEGroups& groups, std::int64_t dim, const MoEOptions& options);
   Tensor forward(nn::Context& ctx, const Tensor& x) override;
   Tensor backward(nn::Context& ctx, const Tensor& dy) override;
@@ -129,6 +139,9 @@ class MoELayer : public nn::Module {
   }
 
  private:
+  // Declares the experts' FP8 scaling state (options.fp8 on) and returns their Fp8Linears.
+  ExpertsFp8 experts_fp8(const MoEOptions& options, Communicator* stage);
+
   std::int64_t dim_;
   MoEOptions options_;
   std::optional<Router> router_;

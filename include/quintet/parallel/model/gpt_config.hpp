@@ -124,9 +124,10 @@ struct GptConfig {
   context::ContextParallelKind context_parallel = context::ContextParallelKind::ring;
   MoEConfig moe;  // used when mlp == MlpKind::moe
   // FP8 training (mode hybrid): every block's tp linear layers (attention projections, dense
-  // MLP) in FP8 (tensor/fp8.hpp): cuBLASLt's FP8 GEMMs on a GPU (bf16 or f32), the exact
-  // emulation on the CPU (f32); no context parallelism (its sequence chunks would be scaled
-  // apart) and no MoE blocks yet; the LM head stays in the model's dtype.
+  // MLP, MoE shared MLP) in FP8 (tensor/fp8.hpp): cuBLASLt's FP8 GEMMs on a GPU (bf16 or f32),
+  // the exact emulation on the CPU (f32); the MoE experts' GEMMs with per-tensor scales
+  // (expert/experts.hpp), emulated on the CPU only for now; no context parallelism (its
+  // sequence chunks would be scaled apart); the LM head stays in the model's dtype.
   nn::Fp8Recipe fp8;
   // The family the structure came from (the named constructors, set_family, --arch): a label
   // the fields above override; validate() holds its MLP kind to mlp (gpt2 takes either).

@@ -19,11 +19,14 @@ struct ModelGroups {
   // experts are spread over ep and each split over etp (expert/moe_layer.hpp).
   Communicator* ep = nullptr;
   Communicator* etp = nullptr;
+  // Every rank of the pipeline stage (Axis::tp_dp_cp): the MoE experts' FP8 amaxes are reduced
+  // over it (expert/experts.hpp). Required for MoE blocks with fp8, unused otherwise.
+  Communicator* stage = nullptr;
 
   // The groups of this rank in mesh.
   static ModelGroups of(Mesh& mesh) {
     return ModelGroups{&mesh.comm(Axis::tp), &mesh.comm(Axis::cp), &mesh.comm(Axis::ep),
-                       &mesh.comm(Axis::etp)};
+                       &mesh.comm(Axis::etp), &mesh.comm(Axis::tp_dp_cp)};
   }
   int cp_size() const { return cp != nullptr ? cp->size() : 1; }
   int ep_size() const { return ep != nullptr ? ep->size() : 1; }
