@@ -31,7 +31,6 @@
 #include "quintet/collectives/bootstrap.hpp"
 #include "quintet/nn/ops.hpp"
 #include "quintet/parallel/expert/dispatch.hpp"
-#include "quintet/parallel/expert/permute.hpp"
 
 using namespace quintet;
 using namespace quintet::expert;
@@ -111,10 +110,10 @@ int main(int argc, char** argv) {
   const Tensor x = Tensor::randn({tokens, hidden}, 1000 + static_cast<std::uint64_t>(rank));
 
   // The raw path's buffers and counts (elements, as MPI takes them).
-  const Permutation p0 = permute(experts_t, kept, experts, Stream());
+  const nn::PermuteOutput p0 = nn::moe_permute(x, experts_t, kept, experts, Stream());
   const ExchangePlan plan0 = plan_exchange(p0.counts, El, &ep, nullptr, Stream());
   const std::int64_t n_send = plan0.send_rows(), n_recv = plan0.recv_rows();
-  const Tensor sorted0 = nn::embedding_forward(p0.rows_of.narrow(0, 0, n_send), x, Stream());
+  const Tensor sorted0 = p0.rows.narrow(0, 0, n_send);
   std::vector<int> scount(n), rcount(n), sdisp(n), rdisp(n);
   for (int q = 0; q < n; ++q) {
     std::int64_t s = 0, r = 0;
@@ -135,14 +134,12 @@ int main(int argc, char** argv) {
 
   Tensor y;
   const auto exchange = [&](bool full) {
-    const Permutation p = full ? permute(experts_t, kept, experts, Stream()) : p0;
+    const nn::PermuteOutput p = full ? nn::moe_permute(x, experts_t, kept, experts, Stream()) : p0;
     const ExchangePlan plan = plan_exchange(p.counts, El, &ep, nullptr, Stream());
-    const Tensor sorted =
-        full ? nn::embedding_forward(p.rows_of.narrow(0, 0, plan.send_rows()), x, Stream())
-             : sorted0;
+    const Tensor sorted = full ? p.rows.narrow(0, 0, plan.send_rows()) : sorted0;
     const Tensor xs = dispatch_rows(sorted, plan, &ep, nullptr, Stream());
     const Tensor back = return_rows(xs, plan, &ep, nullptr, Stream());
-    if (full) y = combine_rows(back, p.slot, weights, Stream());
+    if (full) y = nn::moe_unpermute(back, p.slot, weights, Stream());
   };
   const auto raw = [&] {
     for (int q = 0; q < n; ++q) count_send[q] = scount[q];

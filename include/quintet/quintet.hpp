@@ -52,7 +52,6 @@
 #include "quintet/parallel/expert/dispatch.hpp"
 #include "quintet/parallel/expert/experts.hpp"
 #include "quintet/parallel/expert/moe_layer.hpp"
-#include "quintet/parallel/expert/permute.hpp"
 #include "quintet/parallel/expert/router.hpp"
 #include "quintet/parallel/expert/token_dispatcher.hpp"
 #include "quintet/parallel/layout.hpp"

@@ -6,7 +6,6 @@
 
 #include "quintet/core/error.hpp"
 #include "quintet/nn/ops.hpp"
-#include "quintet/parallel/expert/permute.hpp"
 #include "quintet/parallel/overlap/chunk_pipeline.hpp"
 
 namespace quintet::expert {
@@ -71,29 +70,29 @@ Tensor TokenDispatcher::forward(const Tensor& x, const Routing& r, const Experts
   const Tensor kept_own = r.kept.narrow(0, h.first, h.count);
   const Tensor x_own = x.narrow(0, h.first, h.count);
 
-  // Per chunk, its kept assignments permuted by expert (then token, then choice); one count
-  // exchange for all chunks (the host waits for it).
-  std::vector<Permutation> perms;
+  // Per chunk, its kept assignments permuted by expert (then token, then choice) and their rows
+  // gathered in that order, in one pass; one count exchange for all chunks (the host waits for
+  // it).
+  std::vector<Tensor> sorted;
   Tensor counts = Tensor::empty({C * E}, DType::i64, dev, s);
   for (int c = 0; c < C; ++c) {
     DispatchHandle::Chunk& ch = h.chunks[static_cast<std::size_t>(c)];
     ch.first = h.count * c / C;
     ch.count = h.count * (c + 1) / C - ch.first;
-    perms.push_back(permute(experts_own.narrow(0, ch.first, ch.count).contiguous(s),
-                            kept_own.narrow(0, ch.first, ch.count).contiguous(s), E, s));
-    counts.narrow(0, c * E, E).copy_(perms.back().counts, s);
-    ch.slot = perms.back().slot;
+    nn::PermuteOutput p = nn::moe_permute(x_own.narrow(0, ch.first, ch.count),
+                                          experts_own.narrow(0, ch.first, ch.count),
+                                          kept_own.narrow(0, ch.first, ch.count), E, s);
+    counts.narrow(0, c * E, E).copy_(p.counts, s);
+    ch.slot = std::move(p.slot);
+    ch.source = std::move(p.source);
+    sorted.push_back(std::move(p.rows));
   }
   const std::vector<ExchangePlan> plans =
       plan_exchange(counts, C, config_.local_experts, ep_, etp_, s);
-  std::vector<Tensor> sorted;
   for (int c = 0; c < C; ++c) {
     DispatchHandle::Chunk& ch = h.chunks[static_cast<std::size_t>(c)];
     ch.plan = plans[static_cast<std::size_t>(c)];
-    sorted.push_back(ch.count == 0
-                         ? Tensor::empty({0, d}, x.dtype(), dev, s)
-                         : nn::embedding_forward(perms[c].rows_of.narrow(0, 0, ch.plan.send_rows()),
-                                                 x_own.narrow(0, ch.first, ch.count), s));
+    sorted[c] = sorted[c].narrow(0, 0, ch.plan.send_rows());  // the kept assignments' rows
   }
 
   // Chunk by chunk: chunk c + 1's rows travel while chunk c's experts run, and chunk c's
@@ -127,8 +126,7 @@ Tensor TokenDispatcher::forward(const Tensor& x, const Routing& r, const Experts
     DispatchHandle::Chunk& ch = h.chunks[static_cast<std::size_t>(c)];
     ch.returned = finish_return(back[static_cast<std::size_t>(c)], on);
     out_own.narrow(0, ch.first, ch.count)
-        .copy_(combine_rows(ch.returned, ch.slot,
-                            h.weights.narrow(0, ch.first, ch.count).contiguous(on), on),
+        .copy_(nn::moe_unpermute(ch.returned, ch.slot, h.weights.narrow(0, ch.first, ch.count), on),
                on);
   };
   ChunkPipeline::run(C, stages, s).finish(s);
@@ -145,9 +143,9 @@ DispatchGrads TokenDispatcher::backward(const Tensor& dy, const DispatchHandle& 
   Tensor dw_own = Tensor::empty({h.count, k}, DType::f32, dy.device(), s);
   std::vector<Tensor> drows;
   for (const DispatchHandle::Chunk& ch : h.chunks) {
-    CombineGrads cg =
-        combine_rows_backward(dy_own.narrow(0, ch.first, ch.count).contiguous(s), ch.returned,
-                              ch.slot, h.weights.narrow(0, ch.first, ch.count).contiguous(s), s);
+    nn::UnpermuteGrads cg =
+        nn::moe_unpermute_backward(dy_own.narrow(0, ch.first, ch.count), ch.returned, ch.slot,
+                                   ch.source, h.weights.narrow(0, ch.first, ch.count), s);
     dw_own.narrow(0, ch.first, ch.count).copy_(cg.dweights, s);
     drows.push_back(std::move(cg.drows));
   }
@@ -178,8 +176,8 @@ DispatchGrads TokenDispatcher::backward(const Tensor& dy, const DispatchHandle& 
     stages.arrived = [&](int c, const Stream& on) {
       const DispatchHandle::Chunk& ch = h.chunks[static_cast<std::size_t>(c)];
       dx_own.narrow(0, ch.first, ch.count)
-          .copy_(combine_rows(finish_return(back[static_cast<std::size_t>(c)], on), ch.slot,
-                              Tensor(), on),
+          .copy_(nn::moe_unpermute(finish_return(back[static_cast<std::size_t>(c)], on), ch.slot,
+                                   Tensor(), on),
                  on);
     };
     returned = ChunkPipeline::run(C, stages, st);

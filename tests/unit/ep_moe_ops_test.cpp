@@ -2,8 +2,8 @@
 // reference (scores, top-k with ties, weights) and against the router's step-by-step statistics
 // (aux_stats, z_loss of quintet/parallel/expert/router.hpp); moe_route_backward equal to the
 // step-by-step gradients and to finite differences of every term; moe_permute / moe_unpermute
-// against the step-by-step permutation, gather and combine, and their gradients (the adjoint and
-// finite differences); bad arguments refused.
+// against a plain sort, gather and weighted sum, and their gradients (the adjoint and finite
+// differences); bad arguments refused.
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -11,7 +11,6 @@
 
 #include "quintet/core/error.hpp"
 #include "quintet/nn/ops.hpp"
-#include "quintet/parallel/expert/permute.hpp"
 #include "quintet/parallel/expert/router.hpp"
 #include "support/catch.hpp"
 
@@ -253,7 +252,7 @@ TEST_CASE("moe_route_backward equals the step-by-step gradients and finite diffe
   }
 }
 
-TEST_CASE("moe_permute and moe_unpermute equal the step-by-step permutation and combine", "[ep]") {
+TEST_CASE("moe_permute and moe_unpermute equal a plain sort, gather and weighted sum", "[ep]") {
   const std::int64_t T = 9, E = 5, k = 2, d = 3;
   // Expert 3 gets no token; two assignments are dropped.
   std::vector<std::int32_t> ex = {0, 1, 1, 4, 2, 0, 4, 1, 0, 2, 1, 0, 2, 4, 4, 0, 1, 2};
@@ -263,45 +262,77 @@ TEST_CASE("moe_permute and moe_unpermute equal the step-by-step permutation and 
   const Tensor experts = Tensor::from_vector(ex, {T, k});
   const Tensor kept = Tensor::from_vector(kp, {T, k});
   const Tensor weights = Tensor::randn({T, k}, 31);
+  // The kept assignments sorted by expert, then by assignment.
+  std::vector<std::int32_t> order;
+  for (std::int32_t a = 0; a < T * k; ++a) {
+    if (kp[a] != 0) order.push_back(a);
+  }
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::int32_t a, std::int32_t b) { return ex[a] < ex[b]; });
+  const auto rows = static_cast<std::int64_t>(order.size());
+  std::vector<std::int64_t> counts(E, 0);
+  std::vector<std::int32_t> slot(T * k, -1), source(T * k, -1);
+  for (std::int64_t i = 0; i < rows; ++i) {
+    ++counts[ex[order[i]]];
+    slot[order[i]] = static_cast<std::int32_t>(i);
+    source[i] = order[i];
+  }
+  REQUIRE(counts[3] == 0);
   for (DType dt : {DType::f32, DType::f64}) {
     INFO("dtype " << dtype_name(dt));
     const Tensor x = Tensor::randn({T, d}, 33).to(dt);
     const nn::PermuteOutput p = nn::moe_permute(x, experts, kept, E, Stream());
-    const Permutation want = permute(experts, kept, E, Stream());
-    CHECK(p.counts.to_vector<std::int64_t>() == want.counts.to_vector<std::int64_t>());
-    CHECK(p.counts.to_vector<std::int64_t>()[3] == 0);
-    CHECK(p.slot.to_vector<std::int32_t>() == want.slot.to_vector<std::int32_t>());
-    const std::int64_t rows = T * k - 2;
+    CHECK(p.counts.to_vector<std::int64_t>() == counts);
+    CHECK(p.slot.to_vector<std::int32_t>() == slot);
+    CHECK(p.source.to_vector<std::int32_t>() == source);
     const std::vector<double> xv = x.to(DType::f64).to_vector<double>();
     const std::vector<double> rv = p.rows.to(DType::f64).to_vector<double>();
     for (std::int64_t i = 0; i < T * k; ++i) {
-      const std::int32_t src = p.source.data<std::int32_t>()[i];
-      CHECK((i < rows ? src / k : -1) == want.rows_of.data<std::int32_t>()[i]);
-      if (i >= rows) CHECK(src == -1);
       for (std::int64_t c = 0; c < d; ++c) {
-        CHECK(rv[i * d + c] == (src >= 0 ? xv[(src / k) * d + c] : 0.0));
+        CHECK(rv[i * d + c] == (i < rows ? xv[(order[i] / k) * d + c] : 0.0));
       }
     }
-    // The combine and its backward: the same bits as combine_rows / combine_rows_backward.
-    const Tensor sorted = p.rows.narrow(0, 0, rows).contiguous();
-    const Tensor y = nn::moe_unpermute(sorted, p.slot, weights, Stream());
-    CHECK(y.to(DType::f64).to_vector<double>() ==
-          combine_rows(sorted, p.slot, weights, Stream()).to(DType::f64).to_vector<double>());
+    // The weighted sum per token, and its backward.
+    const Tensor sorted = Tensor::randn({rows, d}, 34).to(dt);
+    const std::vector<double> sv = sorted.to(DType::f64).to_vector<double>();
+    const std::vector<float> wv = weights.to_vector<float>();
+    const std::vector<double> y =
+        nn::moe_unpermute(sorted, p.slot, weights, Stream()).to(DType::f64).to_vector<double>();
     const Tensor dy = Tensor::randn({T, d}, 35).to(dt);
+    const std::vector<double> dyv = dy.to(DType::f64).to_vector<double>();
     const nn::UnpermuteGrads g =
         nn::moe_unpermute_backward(dy, sorted, p.slot, p.source, weights, Stream());
-    const CombineGrads gw = combine_rows_backward(dy, sorted, p.slot, weights, Stream());
-    CHECK(g.drows.to(DType::f64).to_vector<double>() ==
-          gw.drows.to(DType::f64).to_vector<double>());
-    CHECK(g.dweights.to_vector<float>() == gw.dweights.to_vector<float>());
+    const std::vector<double> dr = g.drows.to(DType::f64).to_vector<double>();
+    const std::vector<float> dw = g.dweights.to_vector<float>();
+    for (std::int64_t t = 0; t < T; ++t) {
+      for (std::int64_t c = 0; c < d; ++c) {
+        double want = 0.0;
+        for (std::int64_t j = 0; j < k; ++j) {
+          const std::int32_t i = slot[t * k + j];
+          if (i >= 0) want += static_cast<double>(wv[t * k + j]) * sv[i * d + c];
+        }
+        CHECK(y[t * d + c] == Approx(want).margin(1e-6));
+      }
+      for (std::int64_t j = 0; j < k; ++j) {
+        const std::int64_t a = t * k + j;
+        const std::int32_t i = slot[a];
+        double dot = 0.0;
+        for (std::int64_t c = 0; c < d; ++c) {
+          if (i >= 0) {
+            CHECK(dr[i * d + c] == Approx(wv[a] * dyv[t * d + c]).margin(1e-6));
+            dot += dyv[t * d + c] * sv[i * d + c];
+          }
+        }
+        CHECK(dw[a] == Approx(dot).margin(1e-6));
+      }
+    }
     // The permutation's backward is the un-permutation without weights: <P x, r> = <x, P^T r>.
     const Tensor r = Tensor::randn({T * k, d}, 37).to(dt);
-    const std::vector<double> px = p.rows.to(DType::f64).to_vector<double>();
     const std::vector<double> rr = r.to(DType::f64).to_vector<double>();
     const std::vector<double> ptr =
         nn::moe_unpermute(r, p.slot, Tensor(), Stream()).to(DType::f64).to_vector<double>();
     double lhs = 0.0, rhs = 0.0;
-    for (std::size_t i = 0; i < px.size(); ++i) lhs += px[i] * rr[i];
+    for (std::size_t i = 0; i < rv.size(); ++i) lhs += rv[i] * rr[i];
     for (std::size_t i = 0; i < xv.size(); ++i) rhs += xv[i] * ptr[i];
     CHECK(lhs == Approx(rhs).epsilon(1e-5));
   }

@@ -1,9 +1,7 @@
-// The MoE layer's kernels: routing, the capacity rule and the permutation (stable CUB radix sorts
-// of the assignments), combine and its backward, and the load-balancing terms (moe_kernels.hpp).
-// Every sum that lands in a result runs in a fixed order, so a run repeats bit for bit.
-#include <cuda_bf16.h>
+// The kernels of the router's step-by-step functions (moe_kernels.hpp): the weights' and the
+// scores' backward and the load-balancing terms. Every sum that lands in a result runs in a fixed
+// order, so a run repeats bit for bit.
 #include <cuda_runtime.h>
-#include <cub/cub.cuh>
 
 #include <algorithm>
 #include <cstdint>
@@ -15,7 +13,6 @@ namespace quintet::expert::cuda {
 
 namespace {
 
-using bf16 = __nv_bfloat16;
 constexpr int kThreads = 256;
 
 void check(cudaError_t e, const char* what) {
@@ -33,45 +30,9 @@ __device__ __forceinline__ std::int64_t stride() {
   return static_cast<std::int64_t>(gridDim.x) * blockDim.x;
 }
 
-__device__ __forceinline__ float load(float v) { return v; }
-__device__ __forceinline__ float load(bf16 v) { return __bfloat162float(v); }
-template <class T>
-__device__ __forceinline__ T store(float v);
-template <>
-__device__ __forceinline__ float store<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ bf16 store<bf16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-
-template <class F>
-void dispatch_rows_dtype(DType dtype, const char* what, F&& f) {
-  if (dtype == DType::bf16) {
-    f(bf16{});
-  } else {
-    QUINTET_CHECK(dtype == DType::f32, "MoELayer: {} on a GPU takes bf16 or f32 rows, not {}", what,
-                  dtype_name(dtype));
-    f(float{});
-  }
-}
-
 template <class T>
 T* ptr(const Tensor& t) {
   return static_cast<T*>(t.data_ptr());
-}
-
-// Scratch memory for CUB on the stream's pool.
-Tensor scratch(std::size_t bytes, const Stream& stream) {
-  return Tensor::empty({static_cast<std::int64_t>(std::max<std::size_t>(bytes, 1))}, DType::u8,
-                       stream.device(), stream);
-}
-
-int bits_for(std::uint64_t max_value) {
-  int b = 1;
-  while ((std::uint64_t{1} << b) <= max_value) ++b;
-  return b;
 }
 
 // ---- routing ------------------------------------------------------------------------------
@@ -83,8 +44,6 @@ __device__ __forceinline__ float row_lse(const float* row, std::int64_t E) {
   for (std::int64_t e = 0; e < E; ++e) s += expf(row[e] - m);
   return m + logf(s);
 }
-
-// ---- router backward and load balancing ---------------------------------------------------
 
 __global__ void weights_backward_kernel(const float* probs, const std::int32_t* experts,
                                         const std::uint8_t* kept, const float* dw, std::int64_t T,
@@ -191,79 +150,6 @@ __global__ void z_grad_kernel(const float* logits, std::int64_t T, std::int64_t 
   }
 }
 
-// ---- permutation and combine --------------------------------------------------------------
-
-__global__ void permute_keys_kernel(const std::int32_t* experts, const std::uint8_t* kept,
-                                    std::int64_t A, std::uint32_t E, std::uint32_t* keys,
-                                    std::int32_t* ids, unsigned long long* counts) {
-  for (std::int64_t a = index0(); a < A; a += stride()) {
-    const bool k = kept[a] != 0;
-    keys[a] = k ? static_cast<std::uint32_t>(experts[a]) : E;
-    ids[a] = static_cast<std::int32_t>(a);
-    if (k) atomicAdd(counts + experts[a], 1ull);  // integer counts: order-free
-  }
-}
-
-__global__ void permute_scatter_kernel(const std::uint32_t* keys, const std::int32_t* ids,
-                                       std::int64_t A, std::uint32_t E, int k,
-                                       std::int32_t* rows_of, std::int32_t* slot) {
-  for (std::int64_t i = index0(); i < A; i += stride()) {
-    const std::int32_t a = ids[i];
-    const bool kept = keys[i] < E;
-    rows_of[i] = kept ? a / k : -1;
-    slot[a] = kept ? static_cast<std::int32_t>(i) : -1;
-  }
-}
-
-// One block per token, threads over the columns.
-template <class T>
-__global__ void combine_kernel(const T* rows, const std::int32_t* slot, const float* weights,
-                               std::int64_t n, std::int64_t d, int k, T* out) {
-  for (std::int64_t t = blockIdx.x; t < n; t += gridDim.x) {
-    for (std::int64_t c = threadIdx.x; c < d; c += blockDim.x) {
-      float acc = 0.0f;
-      for (int j = 0; j < k; ++j) {
-        const std::int32_t s = slot[t * k + j];
-        if (s < 0) continue;
-        const float w = weights != nullptr ? weights[t * k + j] : 1.0f;
-        acc += w * load(rows[static_cast<std::int64_t>(s) * d + c]);
-      }
-      out[t * d + c] = store<T>(acc);
-    }
-  }
-}
-
-template <class T>
-__global__ void combine_backward_kernel(const T* dy, const T* rows, const std::int32_t* slot,
-                                        const float* weights, std::int64_t n, std::int64_t d, int k,
-                                        T* drows, float* dweights) {
-  __shared__ float part[kThreads];
-  for (std::int64_t t = blockIdx.x; t < n; t += gridDim.x) {
-    for (int j = 0; j < k; ++j) {
-      const std::int32_t s = slot[t * k + j];
-      if (s < 0) {  // the same for every thread of the block
-        if (threadIdx.x == 0) dweights[t * k + j] = 0.0f;
-        continue;
-      }
-      const float w = weights[t * k + j];
-      float dot = 0.0f;
-      for (std::int64_t c = threadIdx.x; c < d; c += blockDim.x) {
-        const float g = load(dy[t * d + c]);
-        drows[static_cast<std::int64_t>(s) * d + c] = store<T>(w * g);
-        dot += g * load(rows[static_cast<std::int64_t>(s) * d + c]);
-      }
-      part[threadIdx.x] = dot;
-      __syncthreads();
-      for (int h = blockDim.x / 2; h > 0; h /= 2) {
-        if (static_cast<int>(threadIdx.x) < h) part[threadIdx.x] += part[threadIdx.x + h];
-        __syncthreads();
-      }
-      if (threadIdx.x == 0) dweights[t * k + j] = part[0];
-      __syncthreads();
-    }
-  }
-}
-
 }  // namespace
 
 void weights_backward(const Tensor& probs, const Tensor& experts, const Tensor& kept,
@@ -332,76 +218,6 @@ void add_z_loss_grad(const Tensor& logits, double factor, const Tensor& dlogits,
   z_grad_kernel<<<grid_for(T), kThreads, 0, stream.handle()>>>(
       ptr<const float>(logits), T, logits.size(1), factor, ptr<float>(dlogits));
   check_launch("z loss grad");
-}
-
-void permute(const Tensor& experts, const Tensor& kept, std::int64_t num_experts,
-             const Tensor& counts, const Tensor& rows_of, const Tensor& slot,
-             const Stream& stream) {
-  const std::int64_t A = experts.numel();
-  const int k = static_cast<int>(experts.size(1));
-  check(cudaMemsetAsync(counts.data_ptr(), 0, static_cast<std::size_t>(num_experts) * 8,
-                        stream.handle()),
-        "memset");
-  if (A == 0) return;
-  const Device dev = stream.device();
-  const auto E = static_cast<std::uint32_t>(num_experts);
-  Tensor keys = Tensor::empty({A}, DType::i32, dev, stream);
-  Tensor keys_sorted = Tensor::empty({A}, DType::i32, dev, stream);
-  Tensor ids = Tensor::empty({A}, DType::i32, dev, stream);
-  Tensor ids_sorted = Tensor::empty({A}, DType::i32, dev, stream);
-  permute_keys_kernel<<<grid_for(A), kThreads, 0, stream.handle()>>>(
-      ptr<const std::int32_t>(experts), ptr<const std::uint8_t>(kept), A, E,
-      ptr<std::uint32_t>(keys), ptr<std::int32_t>(ids), ptr<unsigned long long>(counts));
-  check_launch("permute keys");
-  const int end_bit = bits_for(E);
-  std::size_t bytes = 0;
-  check(cub::DeviceRadixSort::SortPairs(nullptr, bytes, ptr<std::uint32_t>(keys),
-                                        ptr<std::uint32_t>(keys_sorted), ptr<std::int32_t>(ids),
-                                        ptr<std::int32_t>(ids_sorted), static_cast<int>(A), 0,
-                                        end_bit, stream.handle()),
-        "permute sort (size)");
-  Tensor temp = scratch(bytes, stream);
-  check(cub::DeviceRadixSort::SortPairs(temp.data_ptr(), bytes, ptr<std::uint32_t>(keys),
-                                        ptr<std::uint32_t>(keys_sorted), ptr<std::int32_t>(ids),
-                                        ptr<std::int32_t>(ids_sorted), static_cast<int>(A), 0,
-                                        end_bit, stream.handle()),
-        "permute sort");
-  permute_scatter_kernel<<<grid_for(A), kThreads, 0, stream.handle()>>>(
-      ptr<const std::uint32_t>(keys_sorted), ptr<const std::int32_t>(ids_sorted), A, E, k,
-      ptr<std::int32_t>(rows_of), ptr<std::int32_t>(slot));
-  check_launch("permute scatter");
-}
-
-void combine(const Tensor& rows, const Tensor& slot, const Tensor& weights, const Tensor& out,
-             const Stream& stream) {
-  const std::int64_t n = out.size(0), d = out.size(1);
-  const int k = static_cast<int>(slot.size(1));
-  if (n * d == 0) return;
-  const unsigned grid = static_cast<unsigned>(std::min<std::int64_t>(n, 65535));
-  dispatch_rows_dtype(out.dtype(), "combine", [&](auto tag) {
-    using T = decltype(tag);
-    combine_kernel<T><<<grid, kThreads, 0, stream.handle()>>>(
-        rows.numel() > 0 ? ptr<const T>(rows) : nullptr, ptr<const std::int32_t>(slot),
-        weights.defined() ? ptr<const float>(weights) : nullptr, n, d, k, ptr<T>(out));
-  });
-  check_launch("combine");
-}
-
-void combine_backward(const Tensor& dy, const Tensor& rows, const Tensor& slot,
-                      const Tensor& weights, const Tensor& drows, const Tensor& dweights,
-                      const Stream& stream) {
-  const std::int64_t n = dy.size(0), d = dy.size(1);
-  const int k = static_cast<int>(slot.size(1));
-  if (n == 0) return;
-  const unsigned grid = static_cast<unsigned>(std::min<std::int64_t>(n, 65535));
-  dispatch_rows_dtype(dy.dtype(), "combine backward", [&](auto tag) {
-    using T = decltype(tag);
-    combine_backward_kernel<T><<<grid, kThreads, 0, stream.handle()>>>(
-        ptr<const T>(dy), rows.numel() > 0 ? ptr<const T>(rows) : nullptr,
-        ptr<const std::int32_t>(slot), ptr<const float>(weights), n, d, k,
-        drows.numel() > 0 ? ptr<T>(drows) : nullptr, ptr<float>(dweights));
-  });
-  check_launch("combine backward");
 }
 
 }  // namespace quintet::expert::cuda

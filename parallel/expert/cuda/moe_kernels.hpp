@@ -1,10 +1,8 @@
 // Private: the CUDA kernels of the router's step-by-step functions (router.cpp; the MoE layer runs
-// the fused nn ops instead) and of the MoE layer's permutation and combine (permute.cpp),
-// implemented in parallel/expert/cuda/moe_kernels.cu. Each function queues work on `stream` (its
-// device current) and never synchronises the host. Tensors are contiguous and on stream.device();
-// shapes and dtypes are checked by the callers. T = bf16 or f32 where a function takes token rows;
-// everything else is f32 (scores), i32 (experts, slots, rows), u8 (kept) and i64 (counts).
-// C++17-clean: the .cu file includes it.
+// the fused nn ops instead), implemented in parallel/expert/cuda/moe_kernels.cu. Each function
+// queues work on `stream` (its device current) and never synchronises the host. Tensors are
+// contiguous and on stream.device(); shapes and dtypes are checked by the callers: f32 (scores),
+// i32 (experts), u8 (kept). C++17-clean: the .cu file includes it.
 #pragma once
 
 #include <cstdint>
@@ -38,19 +36,6 @@ void z_loss(const Tensor& logits, double coeff, const Tensor& acc, const Stream&
 // dlogits += factor * 2 * lse_t * softmax(logits_t).
 void add_z_loss_grad(const Tensor& logits, double factor, const Tensor& dlogits,
                      const Stream& stream);
-
-// The permutation of permute.hpp from experts / kept [n, k]: counts [E] i64 (kept per expert),
-// rows_of [n k] i32 (the token of each sorted row; -1 past the kept ones), slot [n k] i32.
-void permute(const Tensor& experts, const Tensor& kept, std::int64_t num_experts,
-             const Tensor& counts, const Tensor& rows_of, const Tensor& slot, const Stream& stream);
-// out [n, d] = sum_j w[t, j] * rows[slot[t, j]] over slot >= 0 (weights undefined: 1), in f32.
-void combine(const Tensor& rows, const Tensor& slot, const Tensor& weights, const Tensor& out,
-             const Stream& stream);
-// drows[slot] = w * dy[t] (rows no assignment points at are left as they are); dweights [n, k]
-// = dy[t] . rows[slot] (0 where slot < 0).
-void combine_backward(const Tensor& dy, const Tensor& rows, const Tensor& slot,
-                      const Tensor& weights, const Tensor& drows, const Tensor& dweights,
-                      const Stream& stream);
 
 }  // namespace quintet::expert::cuda
 #endif  // QUINTET_HAS_CUDA

@@ -1,8 +1,8 @@
 // The token exchange of the MoE layer (parallel/expert/dispatch.cpp; its TokenDispatcher drives it,
 // token_dispatcher.hpp), for MoE layers of one's own too: device-generic (narrowed copies and the
-// communicators' all_to_all / all_to_all_v), with the permutation and combine of permute.hpp on
-// either side. Collective over ep (and etp): every rank of them calls each function, also with no
-// rows to send or receive.
+// communicators' all_to_all / all_to_all_v), with the permutation and combine of the nn ops
+// (nn::moe_permute, nn::moe_unpermute of quintet/nn/ops.hpp) on either side. Collective over ep
+// (and etp): every rank of them calls each function, also with no rows to send or receive.
 //
 // Row orders. This rank sends its dispatched rows sorted by global expert, so the rows for ep rank
 // q's local expert le form block (q, le). After the ep exchange a rank holds, per source ep rank q

@@ -1,16 +1,18 @@
 // The token dispatcher of an MoE layer (parallel/expert/token_dispatcher.cpp): takes the routed
 // tokens of a rank to the ranks that hold their experts and brings the experts' outputs back,
 // combined per token by the router's weights. MoELayer (moe_layer.hpp) composes it with its
-// Router (router.hpp) and its Experts (experts.hpp); the pieces it drives are permute.hpp (the
-// permutation and the weighted combine) and dispatch.hpp (the count exchange and the rows'
-// all-to-all over ep, all-gather / reduce-scatter over etp).
+// Router (router.hpp) and its Experts (experts.hpp); the pieces it drives are the fused nn ops
+// nn::moe_permute (the permutation fused with the gather of the rows), nn::moe_unpermute (the
+// un-permutation fused with the weighted combine) and its backward (quintet/nn/ops.hpp), and
+// dispatch.hpp (the count exchange and the rows' all-to-all over ep, all-gather / reduce-scatter
+// over etp).
 //
 // Forward, for the T tokens x [T, d] of the layer on this rank and their routing [T, k]:
 //   1. the tokens this rank dispatches: all T, or without sequence parallelism and tp > 1 its
 //      1/tp of them (T must divide: check_tokens);
 //   2. in `chunks` near-equal consecutive chunks of those, each chunk's kept assignments permuted
-//      by expert (then token, then choice), one count exchange for every chunk (the host waits
-//      for it: the counts size the row exchange), the sorted rows gathered;
+//      by expert (then token, then choice) with their rows gathered in that order, then one count
+//      exchange for every chunk (the host waits for it: the counts size the row exchange);
 //   3. chunk by chunk: chunk c + 1's rows travel while chunk c's experts run (the caller's
 //      ExpertsForward, on the rows in expert-major order), and chunk c's results travel back
 //      during chunk c + 1's;
@@ -45,6 +47,7 @@ struct DispatchHandle {
     std::int64_t first = 0, count = 0;  // its tokens, among the dispatched ones
     ExchangePlan plan;                  // its exchange's row counts
     Tensor slot;      // [count, k] i32: each assignment's sorted row (-1: dropped)
+    Tensor source;    // [count k] i32: each sorted row's assignment (-1 past the kept ones)
     Tensor returned;  // [plan.send_rows(), d]: the experts' outputs, sorted
   };
   std::vector<Chunk> chunks;
