@@ -39,8 +39,10 @@
 // first rank, naming the layer and the idle experts): routing has collapsed, and the balancing
 // settings are what to change.
 //
-// Devices: CPU tensors (f32 or f64) or CUDA tensors (bf16 or f32). On a GPU the router, the
-// permutation, the combine and the load-balancing terms are kernels (cuda/moe_kernels.cu) and the
+// Devices: CPU tensors (f32 or f64) or CUDA tensors (bf16 or f32). On a GPU the router (scores,
+// top-k, weights and the load-balancing statistics in one pass), the permutation fused with the
+// gather of the rows and the un-permutation fused with the combine are the nn ops'
+// (nn::moe_route_forward, nn::moe_permute, nn::moe_unpermute and their backward) and the
 // experts are one cuBLASLt GEMM chain each; forward's one host synchronisation is the copy of the
 // exchanged counts to the host (they size the token exchange), and backward has none. The step
 // counters of the aux and z losses stay on the device until finish_step (which waits).
