@@ -53,12 +53,12 @@ void TraceSession::end(std::int64_t step) {
       clock_sync_us_, layout.world(), first_, last_, stream_.device().str(), groups);
   quintet::trace::write_chrome_json(fmt::format("{}/trace_rank{}.json", dir_, mesh_.global_rank()),
                                     mesh_.global_rank(), extra);
-  stragglers_ = quintet::find_stragglers(mesh_, world_, events, clock_sync_us_, stream_);
+  stragglers_ = quintet::overlap::find_stragglers(mesh_, world_, events, clock_sync_us_, stream_);
 }
 
 void TraceSession::print_report(bool json) const {
   if (!on_ || !stragglers_) return;
-  const quintet::StragglerReport& s = *stragglers_;
+  const quintet::overlap::StragglerReport& s = *stragglers_;
   const int who = s.straggler();
   const std::int64_t count = who >= 0 ? s.last_at[static_cast<std::size_t>(who)] : 0;
   if (json) {

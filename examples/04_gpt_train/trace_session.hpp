@@ -45,7 +45,7 @@ class TraceSession {
   quintet::Communicator& world_;
   const quintet::Stream& stream_;
   double clock_sync_us_ = 0.0;
-  std::optional<quintet::StragglerReport> stragglers_;
+  std::optional<quintet::overlap::StragglerReport> stragglers_;
   std::int64_t events_ = 0;
 };
 

@@ -54,7 +54,7 @@ double reduce(double v, MPI_Op op) {
 struct Variant {
   bool sp;
   int chunks;
-  std::unique_ptr<TimedCommunicator> tp;
+  std::unique_ptr<overlap::TimedCommunicator> tp;
   std::vector<std::unique_ptr<model::TransformerBlock>> blocks;
   std::vector<std::unique_ptr<nn::ParameterStore>> stores;
   std::vector<double> step_ms, exposed_min_ms, exposed_mean_ms, speedup;
@@ -110,7 +110,8 @@ int main(int argc, char** argv) {
         c.validate(n, 1);  // a chunk count that does not divide is refused here, on every rank
         Variant v{sp,
                   k,
-                  std::make_unique<TimedCommunicator>(comm, TimedCommunicator::Measure::from_wait),
+                  std::make_unique<overlap::TimedCommunicator>(
+                      comm, overlap::TimedCommunicator::Measure::from_wait),
                   {},
                   {},
                   {},

@@ -188,7 +188,7 @@ nn::AttentionOutput ring_attention_forward(Communicator& cp, const Tensor& q, co
   }
   const Tensor packed = pack_kv(k, v, c, stream);
   const Tensor kv[2] = {packed, ring_buffer(packed, n, stream)};
-  ChunkStages steps;  // step t attends to the K/V block of rank r - t
+  overlap::ChunkStages steps;  // step t attends to the K/V block of rank r - t
   steps.bring = [&](int t) { return ring_hop(cp, kv, t, stream); };
   steps.compute = [&](int t) {
     const Tensor& cur = kv[t % 2];
@@ -203,7 +203,7 @@ nn::AttentionOutput ring_attention_forward(Communicator& cp, const Tensor& q, co
       }
     }
   };
-  ChunkPipeline::run(n, steps, stream).finish(stream);
+  overlap::ChunkPipeline::run(n, steps, stream).finish(stream);
   return {join(out[0], out[1], q.dtype(), stream), join(lse[0], lse[1], stats, stream)};
 }
 
@@ -233,7 +233,7 @@ nn::AttentionGrads ring_attention_backward(Communicator& cp, const Tensor& dout,
   // The gradients of the K/V block in hand, travelling with it (f32 accumulators).
   Tensor dkv = filled(kv[0].shape(), acc, q.device(), 0.0, stream);
   Tensor dkv_next = n > 1 ? Tensor::empty(dkv.shape(), acc, q.device(), stream) : Tensor();
-  ChunkStages steps;
+  overlap::ChunkStages steps;
   steps.bring = [&](int t) { return ring_hop(cp, kv, t, stream); };
   steps.compute = [&](int t) {
     const Tensor& cur = kv[t % 2];
@@ -258,7 +258,7 @@ nn::AttentionGrads ring_attention_backward(Communicator& cp, const Tensor& dout,
       std::swap(dkv, dkv_next);
     }
   };
-  ChunkPipeline::run(n, steps, stream).finish(stream);
+  overlap::ChunkPipeline::run(n, steps, stream).finish(stream);
   return {join(dq[0], dq[1], q.dtype(), stream),
           join(part(dkv, 0, 0), part(dkv, 0, 1), q.dtype(), stream),
           join(part(dkv, 1, 0), part(dkv, 1, 1), q.dtype(), stream)};

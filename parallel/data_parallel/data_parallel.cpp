@@ -40,7 +40,7 @@ struct DataParallel::State {
   // the buffers they write go.
   std::optional<BucketPlan> plan;
   std::unordered_map<const nn::Parameter*, int> index;  // position in the plan (buffer order)
-  OverlapMeter meter;
+  overlap::OverlapMeter meter;
   std::unique_ptr<OnDemandGradients> zero2;  // stage 2 only
   std::unique_ptr<GradientReducer> reducer;
   std::int64_t resident = 0;  // stages 0, 1: the buffer and staging, kept across steps
@@ -153,7 +153,8 @@ DataParallelStats DataParallel::last_step_stats() const {
   const State& s = *state_;
   DataParallelStats stats;
   if (!s.any_finished) return stats;
-  const OverlapTotals totals = s.meter.totals();  // blocks until the step's marks completed
+  const overlap::OverlapTotals totals =
+      s.meter.totals();  // blocks until the step's marks completed
   stats.comm_ms = totals.comm_ms;
   stats.exposed_ms = totals.exposed_ms;
   stats.bytes = s.reducer->bytes();

@@ -13,7 +13,7 @@ namespace quintet {
 GradientReducer::GradientReducer(nn::ParameterStore& store, const BucketPlan& plan,
                                  const Mesh& mesh, const DataParallelConfig& config,
                                  const Stream& compute, OnDemandGradients* zero2,
-                                 OverlapMeter& meter)
+                                 overlap::OverlapMeter& meter)
     : store_(store),
       plan_(plan),
       buckets_(plan.buckets()),
@@ -67,7 +67,8 @@ void GradientReducer::launch(int b) {
   const GradientBucket& k = buckets_[b];
   Launch l;
   l.bucket = b;
-  l.in_flight = meter_.begin(OverlapKind::in_flight, compute_);  // its inputs are ready there
+  l.in_flight =
+      meter_.begin(overlap::OverlapKind::in_flight, compute_);  // its inputs are ready there
   if (zero2_ != nullptr) {
     const Tensor grad = zero2_->gradient(b);
     if (prescale_[b] != 1.0f) nn::scale_(grad, prescale_[b], compute_);
@@ -118,7 +119,7 @@ void GradientReducer::close_round() {
   // that they are exposed as in stages 0, 1 (finish() closes the last round itself).
   const bool wait = zero2_ != nullptr && !config_.overlap && !finishing_;
   const int from = static_cast<int>(launches_.size());
-  if (wait) exposed_.push_back(meter_.begin(OverlapKind::exposed, compute_));
+  if (wait) exposed_.push_back(meter_.begin(overlap::OverlapKind::exposed, compute_));
   while (next_launch_ < static_cast<int>(buckets_.size())) launch(next_launch_++);
   reset_round();
   if (wait) {
@@ -205,7 +206,7 @@ void GradientReducer::finish(const Stream& stream) {
   if (!gpu_) poll();
   finishing_ = true;
   // Backward's compute is queued on stream: from here on it waits for the reductions.
-  exposed_.push_back(meter_.begin(OverlapKind::exposed, stream));
+  exposed_.push_back(meter_.begin(overlap::OverlapKind::exposed, stream));
   if (zero2_ == nullptr) {
     while (next_launch_ < static_cast<int>(buckets_.size())) launch(next_launch_++);
   } else if (round_open_ || launches_.empty()) {

@@ -39,7 +39,7 @@ class GradientReducer {
   // staging buffers on compute (for buckets whose group size does not divide them).
   GradientReducer(nn::ParameterStore& store, const BucketPlan& plan, const Mesh& mesh,
                   const DataParallelConfig& config, const Stream& compute, OnDemandGradients* zero2,
-                  OverlapMeter& meter);
+                  overlap::OverlapMeter& meter);
   ~GradientReducer();
   GradientReducer(const GradientReducer&) = delete;
   GradientReducer& operator=(const GradientReducer&) = delete;
@@ -67,7 +67,7 @@ class GradientReducer {
   struct Launch {  // one issued reduction
     int bucket = 0;
     Work work;
-    std::shared_ptr<OverlapInterval> in_flight;
+    std::shared_ptr<overlap::OverlapInterval> in_flight;
   };
 
   void launch(int b);
@@ -82,7 +82,7 @@ class GradientReducer {
   const DataParallelConfig config_;
   const Stream& compute_;
   OnDemandGradients* zero2_;
-  OverlapMeter& meter_;
+  overlap::OverlapMeter& meter_;
   bool gpu_ = false;
   Stream side_;  // GPU: waits for each reduction, then records its end mark
 
@@ -101,7 +101,7 @@ class GradientReducer {
   std::vector<int> ready_count_;
   std::vector<char> param_ready_;
   std::vector<Launch> launches_;  // in issue order
-  std::vector<std::shared_ptr<OverlapInterval>> exposed_;
+  std::vector<std::shared_ptr<overlap::OverlapInterval>> exposed_;
   std::int64_t bytes_ = 0;
 };
 

@@ -100,7 +100,8 @@ Tensor TokenDispatcher::forward(const Tensor& x, const Routing& r, const Experts
   std::vector<PendingRows> coming(static_cast<std::size_t>(C)), back(coming.size());
   std::vector<Tensor> outputs(coming.size());
   Tensor out_own = Tensor::empty({h.count, d}, x.dtype(), dev, s);
-  ChunkStages stages;  // lookahead 1: chunk c + 1's dispatch is issued before chunk c's experts
+  overlap::ChunkStages
+      stages;  // lookahead 1: chunk c + 1's dispatch is issued before chunk c's experts
   stages.bring = [&](int c) {
     const auto i = static_cast<std::size_t>(c);
     coming[i] = start_dispatch(sorted[i], h.chunks[i].plan, ep_, s);
@@ -129,7 +130,7 @@ Tensor TokenDispatcher::forward(const Tensor& x, const Routing& r, const Experts
         .copy_(nn::moe_unpermute(ch.returned, ch.slot, h.weights.narrow(0, ch.first, ch.count), on),
                on);
   };
-  ChunkPipeline::run(C, stages, s).finish(s);
+  overlap::ChunkPipeline::run(C, stages, s).finish(s);
   return splits_tokens() ? all_gather_rows(out_own, *tp_, s) : out_own;
 }
 
@@ -155,9 +156,9 @@ DispatchGrads TokenDispatcher::backward(const Tensor& dy, const DispatchHandle& 
   std::vector<PendingRows> coming(static_cast<std::size_t>(C)), back(coming.size());
   std::vector<Tensor> dinputs(coming.size());
   Tensor dx_own = Tensor::empty({h.count, d}, dy.dtype(), dy.device(), s);
-  SentChunks returned;
+  overlap::SentChunks returned;
   scope([&](const Stream& st) {
-    ChunkStages stages;
+    overlap::ChunkStages stages;
     stages.bring = [&](int c) {
       const auto i = static_cast<std::size_t>(c);
       coming[i] = start_dispatch(drows[i], h.chunks[i].plan, ep_, st);
@@ -180,7 +181,7 @@ DispatchGrads TokenDispatcher::backward(const Tensor& dy, const DispatchHandle& 
                                    Tensor(), on),
                  on);
     };
-    returned = ChunkPipeline::run(C, stages, st);
+    returned = overlap::ChunkPipeline::run(C, stages, st);
   });
   returned.finish(s);
   DispatchGrads g;

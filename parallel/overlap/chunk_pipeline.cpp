@@ -5,7 +5,7 @@
 
 #include "quintet/core/error.hpp"
 
-namespace quintet {
+namespace quintet::overlap {
 
 void SentChunks::add(int chunk, Work w, std::function<void(int, const Stream&)> arrived) {
   works_.push_back(Entry{chunk, std::move(w), std::move(arrived)});
@@ -43,4 +43,4 @@ SentChunks ChunkPipeline::run(int chunks, const ChunkStages& stages, const Strea
   return sent;
 }
 
-}  // namespace quintet
+}  // namespace quintet::overlap

@@ -3,7 +3,7 @@
 
 #include <algorithm>
 
-namespace quintet {
+namespace quintet::overlap {
 
 namespace {
 
@@ -167,4 +167,4 @@ double union_length(std::vector<std::pair<double, double>> intervals) {
   return total;
 }
 
-}  // namespace quintet
+}  // namespace quintet::overlap

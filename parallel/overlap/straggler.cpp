@@ -9,7 +9,7 @@
 
 #include "quintet/parallel/layout.hpp"
 
-namespace quintet {
+namespace quintet::overlap {
 
 namespace {
 
@@ -101,4 +101,4 @@ StragglerReport find_stragglers(const Mesh& mesh, Communicator& world,
   return report;
 }
 
-}  // namespace quintet
+}  // namespace quintet::overlap

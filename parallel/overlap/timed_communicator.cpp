@@ -10,7 +10,7 @@
 #include "quintet/core/stream.hpp"
 #include "quintet/core/trace.hpp"
 
-namespace quintet {
+namespace quintet::overlap {
 
 namespace {
 
@@ -196,4 +196,4 @@ std::unique_ptr<Communicator> TimedCommunicator::split(int color, int key,
   return inner_->split(color, key, name);
 }
 
-}  // namespace quintet
+}  // namespace quintet::overlap

@@ -54,7 +54,7 @@ Tensor gather_then_map(const Tensor& x, Communicator& tp, int chunks, const RowM
   std::vector<Tensor> in(static_cast<std::size_t>(chunks)), got(in.size());
   Tensor y, full;
   if (gathered != nullptr) full = Tensor::empty({b, n, chunks, c, feat}, x.dtype(), x.device(), s);
-  ChunkStages stages;
+  overlap::ChunkStages stages;
   stages.lookahead = 0;  // every piece on its way at once: the gathered input is kept anyway
   stages.bring = [&](int j) {
     const auto i = static_cast<std::size_t>(j);
@@ -71,7 +71,7 @@ Tensor gather_then_map(const Tensor& x, Communicator& tp, int chunks, const RowM
     if (full.defined())
       full.slice(2, j, j + 1).copy_(g.view({n, b, 1, c, feat}).transpose(0, 1), s);
   };
-  ChunkPipeline::run(chunks, stages, s).finish(s);
+  overlap::ChunkPipeline::run(chunks, stages, s).finish(s);
   const std::int64_t seq = n * chunks * c;
   if (gathered != nullptr) {
     Shape shape = x.shape();
@@ -96,7 +96,7 @@ ChunkedPending map_then_reduce_scatter(const Tensor& x, Communicator& tp, int ch
   st->xc = x.contiguous(s).view({b, n, chunks, c, feat});
   st->part.resize(static_cast<std::size_t>(chunks));
   st->reduced.resize(st->part.size());
-  ChunkStages stages;
+  overlap::ChunkStages stages;
   stages.compute = [&](int j) {
     const Tensor rows = st->xc.slice(2, j, j + 1).transpose(0, 1).contiguous(s);  // [n, b, 1, c, F]
     Tensor p = f(rows.view({n * b * c, feat}));
@@ -116,7 +116,7 @@ ChunkedPending map_then_reduce_scatter(const Tensor& x, Communicator& tp, int ch
     st->reduced[i] = Tensor();
   };
   ChunkedPending pending;
-  pending.sent = ChunkPipeline::run(chunks, stages, s);
+  pending.sent = overlap::ChunkPipeline::run(chunks, stages, s);
   pending.value = st->out.view(with_dims(x, chunks * c, st->out.size(3)));
   return pending;
 }
@@ -128,7 +128,7 @@ ChunkedPending map_then_all_reduce(const Tensor& x, Communicator& tp, int chunks
   const Tensor x2 = x.contiguous(s).view({rows, feat});
   std::vector<Tensor> part(static_cast<std::size_t>(chunks));
   Tensor out;
-  ChunkStages stages;
+  overlap::ChunkStages stages;
   stages.compute = [&](int j) {
     Tensor p = f(x2.narrow(0, j * m, m));
     if (!out.defined()) out = Tensor::empty({rows, p.size(1)}, p.dtype(), p.device(), s);
@@ -139,7 +139,7 @@ ChunkedPending map_then_all_reduce(const Tensor& x, Communicator& tp, int chunks
                          s);
   };
   ChunkedPending pending;
-  pending.sent = ChunkPipeline::run(chunks, stages, s);
+  pending.sent = overlap::ChunkPipeline::run(chunks, stages, s);
   Shape shape = x.shape();
   shape.back() = out.size(1);
   pending.value = out.view(shape);

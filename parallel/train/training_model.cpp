@@ -116,10 +116,10 @@ TrainingModel::TrainingModel(const TrainingConfig& config, Mesh& mesh, const Str
       model::split_into_chunks(config_.model, schedule.num_stages());
   // Each axis's communicator: the caller's or the mesh's, through a timing wrapper when measured.
   auto comm_of = [this](Communicator* given, Axis axis,
-                        std::optional<TimedCommunicator>& timed) -> Communicator& {
+                        std::optional<overlap::TimedCommunicator>& timed) -> Communicator& {
     Communicator& c = given != nullptr ? *given : mesh_.comm(axis);
     if (!config_.measure_communication || c.size() == 1) return c;
-    return timed.emplace(c, TimedCommunicator::Measure::from_wait);
+    return timed.emplace(c, overlap::TimedCommunicator::Measure::from_wait);
   };
   Communicator& tp = comm_of(comms_.tp, Axis::tp, timed_tp_);
   Communicator& cp = comm_of(comms_.cp, Axis::cp, timed_cp_);
@@ -256,9 +256,9 @@ StepStats TrainingModel::step(const std::function<pipeline::MicrobatchData(int)>
         return local_part(std::move(d));
       },
       stream_);
-  const auto take = [](std::optional<TimedCommunicator>& t, AxisCommunication& out) {
+  const auto take = [](std::optional<overlap::TimedCommunicator>& t, AxisCommunication& out) {
     if (!t) return;
-    const TimedCommunicator::Stats s = t->take_stats();
+    const overlap::TimedCommunicator::Stats s = t->take_stats();
     out = {s.comm_ms, s.exposed_ms, s.bytes, s.ops};
   };
   take(timed_tp_, r.tp);

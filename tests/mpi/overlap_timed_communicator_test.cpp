@@ -34,7 +34,7 @@ double host_ms_since(std::chrono::steady_clock::time_point t0) {
 TEST_CASE("results equal the inner communicator's; ops and bytes are counted") {
   World world = cpu_world();
   Communicator& c = world.comm();
-  TimedCommunicator timed(c);
+  overlap::TimedCommunicator timed(c);
   const int p = c.size(), me = c.rank();
   CHECK(timed.rank() == me);
   CHECK(timed.size() == p);
@@ -89,14 +89,14 @@ TEST_CASE("results equal the inner communicator's; ops and bytes are counted") {
   bytes += 2 * n * 4;
   timed.barrier().wait();
 
-  const TimedCommunicator::Stats s = timed.take_stats();
+  const overlap::TimedCommunicator::Stats s = timed.take_stats();
   CHECK(s.ops == 8);
   CHECK(s.bytes == bytes);
   CHECK(s.exposed_ms > 0.0);
   CHECK(std::isfinite(s.exposed_ms));
 
   // take_stats started a new window.
-  const TimedCommunicator::Stats empty = timed.take_stats();
+  const overlap::TimedCommunicator::Stats empty = timed.take_stats();
   CHECK(empty.ops == 0);
   CHECK(empty.bytes == 0);
   CHECK(empty.exposed_ms == 0.0);
@@ -104,7 +104,7 @@ TEST_CASE("results equal the inner communicator's; ops and bytes are counted") {
 
 TEST_CASE("exposed time runs from issue to wait, host synchronize included") {
   World world = cpu_world();
-  TimedCommunicator timed(world.comm());
+  overlap::TimedCommunicator timed(world.comm());
   const Tensor t = Tensor::full({1024}, 1.0, DType::f32);
 
   SECTION("work between issue and wait(stream) is inside the interval (an upper bound)") {
@@ -120,7 +120,8 @@ TEST_CASE("exposed time runs from issue to wait, host synchronize included") {
     CHECK(s.exposed_ms <= host_ms);
   }
   SECTION("from_wait: work between issue and wait is left out") {
-    TimedCommunicator at_wait(world.comm(), TimedCommunicator::Measure::from_wait);
+    overlap::TimedCommunicator at_wait(world.comm(),
+                                       overlap::TimedCommunicator::Measure::from_wait);
     Work w = at_wait.all_reduce(t, ReduceOp::sum);
     const auto t_sync = std::chrono::steady_clock::now();
     w.synchronize();  // done long before the wait below
@@ -181,7 +182,7 @@ TEST_CASE("exposed time runs from issue to wait, host synchronize included") {
 
 TEST_CASE("bad input is rejected by the inner validation and not counted") {
   World world = cpu_world();
-  TimedCommunicator timed(world.comm());
+  overlap::TimedCommunicator timed(world.comm());
   const int p = timed.size();
   const Tensor a = Tensor::zeros({4 * p}, DType::f32);
   REQUIRE_THROWS_QUINTET(timed.all_reduce(a, Tensor::zeros({4 * p}, DType::f64), ReduceOp::sum),
@@ -201,11 +202,11 @@ TEST_CASE("bad input is rejected by the inner validation and not counted") {
 
 TEST_CASE("split returns a plain sub-communicator of the inner one") {
   World world = cpu_world();
-  TimedCommunicator timed(world.comm());
+  overlap::TimedCommunicator timed(world.comm());
   const int me = timed.rank(), p = timed.size();
   std::unique_ptr<Communicator> parity = timed.split(me % 2, me, "parity");
   REQUIRE(parity);
-  CHECK(dynamic_cast<TimedCommunicator*>(parity.get()) == nullptr);
+  CHECK(dynamic_cast<overlap::TimedCommunicator*>(parity.get()) == nullptr);
   CHECK(parity->size() == (p + 1 - me % 2) / 2);
   CHECK(parity->rank() == me / 2);
   CHECK(parity->name() == "parity");

@@ -194,7 +194,8 @@ TEST_CASE("find_stragglers names the rank that is late to every collective") {
   }
   trace::end_step();
   trace::stop();
-  const StragglerReport r = find_stragglers(mesh, world.comm(), trace::events(), sync, kCpu);
+  const overlap::StragglerReport r =
+      overlap::find_stragglers(mesh, world.comm(), trace::events(), sync, kCpu);
   REQUIRE(r.last_at.size() == static_cast<std::size_t>(p));
   if (p == 1) {
     CHECK(r.collectives == 0);
@@ -213,13 +214,13 @@ TEST_CASE("find_stragglers names the rank that is late to every collective") {
 
 TEST_CASE("TimedCommunicator: the in-flight time covers the exposed time") {
   World world = cpu_world();
-  TimedCommunicator timed(world.comm(), TimedCommunicator::Measure::from_wait);
+  overlap::TimedCommunicator timed(world.comm(), overlap::TimedCommunicator::Measure::from_wait);
   timed.reset();
   Tensor t = Tensor::full({1 << 16}, 1.0);
   Work w = timed.all_reduce(t, ReduceOp::sum);
   std::this_thread::sleep_for(3ms);  // compute between issue and wait: hidden, not exposed
   w.wait();
-  const TimedCommunicator::Stats s = timed.take_stats();
+  const overlap::TimedCommunicator::Stats s = timed.take_stats();
   CHECK(s.ops == 1);
   CHECK(s.comm_ms >= 3.0);  // issue to the first time the host saw it complete
   CHECK(s.exposed_ms <= s.comm_ms);

@@ -24,7 +24,7 @@ using RowMap = std::function<Tensor(const Tensor& rows)>;
 // them in value.
 struct ChunkedPending {
   Tensor value;
-  SentChunks sent;
+  overlap::SentChunks sent;
   Tensor finish(const Stream& stream) {
     sent.finish(stream);
     return value;

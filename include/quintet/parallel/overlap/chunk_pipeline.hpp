@@ -38,7 +38,7 @@
 #include "quintet/collectives/communicator.hpp"
 #include "quintet/core/stream.hpp"
 
-namespace quintet {
+namespace quintet::overlap {
 
 // The communications of a pipeline's send stage still in flight, with what to do when each has
 // arrived. Move-only; finish() must be called (the destructor does not wait).
@@ -83,4 +83,4 @@ class ChunkPipeline {
   static SentChunks run(int chunks, const ChunkStages& stages, const Stream& stream);
 };
 
-}  // namespace quintet
+}  // namespace quintet::overlap

@@ -41,7 +41,7 @@
 
 #include "quintet/core/stream.hpp"
 
-namespace quintet {
+namespace quintet::overlap {
 
 enum class OverlapKind {
   in_flight,  // an operation from issue to completion: summed as a union (comm_ms)
@@ -125,4 +125,4 @@ class OverlapMeter {
 // second < first counts as empty). The in_flight sum of OverlapMeter::totals.
 double union_length(std::vector<std::pair<double, double>> intervals);
 
-}  // namespace quintet
+}  // namespace quintet::overlap

@@ -17,7 +17,7 @@
 #include "quintet/core/trace.hpp"
 #include "quintet/parallel/mesh.hpp"
 
-namespace quintet {
+namespace quintet::overlap {
 
 struct StragglerReport {
   std::vector<std::int64_t> last_at;  // per world rank: the collectives it arrived last at
@@ -32,4 +32,4 @@ StragglerReport find_stragglers(const Mesh& mesh, Communicator& world,
                                 const std::vector<trace::TraceEvent>& events, double clock_sync_us,
                                 const Stream& stream);
 
-}  // namespace quintet
+}  // namespace quintet::overlap

@@ -57,7 +57,7 @@
 #include "quintet/collectives/communicator.hpp"
 #include "quintet/parallel/overlap/overlap_meter.hpp"
 
-namespace quintet {
+namespace quintet::overlap {
 
 class TimedCommunicator final : public Communicator {
  public:
@@ -145,4 +145,4 @@ class TimedCommunicator final : public Communicator {
   OverlapMeter meter_;        // its exposed intervals (shared with their Works)
 };
 
-}  // namespace quintet
+}  // namespace quintet::overlap

@@ -165,7 +165,7 @@ class TrainingModel {
   std::vector<DistributedOptimizer*> optimizers_;
   std::unique_ptr<pipeline::PipelineExecutor> executor_;
   // measure_communication: the timing wrappers of tp, cp, ep and pp (axes of more than one rank).
-  std::optional<TimedCommunicator> timed_tp_, timed_cp_, timed_ep_, timed_pp_;
+  std::optional<overlap::TimedCommunicator> timed_tp_, timed_cp_, timed_ep_, timed_pp_;
   // GPU: timing events of the step's span on the stream, and around each batch's copy wait
   // (StepStats::time).
   Event span_start_, span_end_;
