@@ -23,10 +23,17 @@ void max_over_device(const Tensor& amax, bool any_uses_amax, Communicator& tp,
 }
 
 // x through FP8 and back at a device scale, in x's dtype.
-Tensor round_trip(const Tensor& x, const Tensor& scale, nn::Fp8Format format,
+Tensor round_trip(const Tensor& x, const Fp8Linear::Scale& scale, nn::Fp8Format format,
                   const Stream& stream) {
-  return nn::fp8_dequantize(nn::fp8_cast(x, scale, format, false, Tensor(), stream), x.dtype(),
-                            stream);
+  return nn::fp8_dequantize(nn::fp8_cast(x, scale.scale, format, false, scale.amax, stream),
+                            x.dtype(), stream);
+}
+
+// A zero amax (f32 [1]) for a scale that does not read it.
+Tensor zero_amax(const Device& device, const Stream& stream) {
+  Tensor amax = Tensor::empty({1}, DType::f32, device, stream);
+  amax.fill_(0.0, stream);
+  return amax;
 }
 
 // fp8_end_step of the scales on a device: their step amaxes gathered into one device tensor,
@@ -76,21 +83,37 @@ void fp8_end_step(const std::vector<nn::Fp8TensorScale*>& scales,
 
 Fp8Linear::Scales Fp8Linear::forward_scales(const Tensor& x, const Tensor& w, Communicator& tp,
                                             bool record, const Stream& stream) {
+  if (!x_->uses_amax() && !w_->uses_amax()) {  // the delayed scales; the casts record the amaxes
+    const Tensor zero = zero_amax(x.device(), stream);
+    Scales out{{x_->scale_on_device(zero, false, stream), Tensor()},
+               {w_->scale_on_device(zero, false, stream), Tensor()}};
+    if (record) {
+      out.x.amax = x_->step_amax_slot();
+      out.w.amax = w_->step_amax_slot();
+    }
+    return out;
+  }
   Tensor amax = Tensor::empty({2}, DType::f32, x.device(), stream);
   amax.fill_(0.0, stream);
   const Tensor ax = amax.narrow(0, 0, 1), aw = amax.narrow(0, 1, 1);
   nn::fp8_amax_into(x, ax, stream);
   nn::fp8_amax_into(w, aw, stream);
-  max_over_device(amax, x_->uses_amax() || w_->uses_amax(), tp, stream);
-  return {x_->scale_on_device(ax, record, stream), w_->scale_on_device(aw, record, stream)};
+  max_over_device(amax, true, tp, stream);
+  return {{x_->scale_on_device(ax, record, stream), Tensor()},
+          {w_->scale_on_device(aw, record, stream), Tensor()}};
 }
 
-Tensor Fp8Linear::output_grad_scale(const Tensor& dy, Communicator& tp, const Stream& stream) {
+Fp8Linear::Scale Fp8Linear::output_grad_scale(const Tensor& dy, Communicator& tp,
+                                              const Stream& stream) {
+  if (!dy_->uses_amax()) {  // the delayed scale; the cast records the amax
+    const Tensor scale = dy_->scale_on_device(zero_amax(dy.device(), stream), false, stream);
+    return {scale, dy_->step_amax_slot()};
+  }
   Tensor amax = Tensor::empty({1}, DType::f32, dy.device(), stream);
   amax.fill_(0.0, stream);
   nn::fp8_amax_into(dy, amax, stream);
-  max_over_device(amax, dy_->uses_amax(), tp, stream);
-  return dy_->scale_on_device(amax, true, stream);
+  max_over_device(amax, true, tp, stream);
+  return {dy_->scale_on_device(amax, true, stream), Tensor()};
 }
 
 Fp8Linear::Inputs Fp8Linear::forward(const Tensor& x, const Tensor& w, Communicator& tp,
@@ -98,7 +121,7 @@ Fp8Linear::Inputs Fp8Linear::forward(const Tensor& x, const Tensor& w, Communica
   if (!on()) return {x, w};
   if (on_device(x)) {
     const Scales s = forward_scales(x, w, tp, record, stream);
-    w_scale_device_ = s.w;
+    w_scale_device_ = s.w.scale;
     return {round_trip(x, s.x, x_->format(), stream), round_trip(w, s.w, w_->format(), stream)};
   }
   std::vector<float> amax{nn::fp8_amax(x, stream), nn::fp8_amax(w, stream)};
@@ -110,7 +133,7 @@ Fp8Linear::Inputs Fp8Linear::forward(const Tensor& x, const Tensor& w, Communica
 
 Tensor Fp8Linear::weight(const Tensor& w, const Stream& stream) const {
   if (!on()) return w;
-  if (on_device(w)) return round_trip(w, w_scale_device_, w_->format(), stream);
+  if (on_device(w)) return round_trip(w, {w_scale_device_, Tensor()}, w_->format(), stream);
   return nn::fp8_round_trip(w, w_scale_, w_->format(), stream);
 }
 

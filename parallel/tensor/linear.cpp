@@ -30,8 +30,10 @@ Tensor fp8_forward(const Tensor& x, const Tensor& w, const Tensor& b,
                    const Fp8Linear::Scales& scales, std::vector<Tensor>& saved, const Stream& s) {
   const std::int64_t in = w.size(1), out = w.size(0);
   const Tensor x2 = x.contiguous(s).view({-1, in});
-  const nn::Fp8Tensor qx = nn::fp8_cast(x2, scales.x, nn::Fp8Format::e4m3, true, Tensor(), s);
-  const nn::Fp8Tensor qw = nn::fp8_cast(w, scales.w, nn::Fp8Format::e4m3, true, Tensor(), s);
+  const nn::Fp8Tensor qx =
+      nn::fp8_cast(x2, scales.x.scale, nn::Fp8Format::e4m3, true, scales.x.amax, s);
+  const nn::Fp8Tensor qw =
+      nn::fp8_cast(w, scales.w.scale, nn::Fp8Format::e4m3, true, scales.w.amax, s);
   const Tensor y = Tensor::empty({x2.size(0), out}, x.dtype(), x.device(), s);
   nn::fp8_gemm(qx, qw, b, y, false, false, s);
   saved = {qx.transposed, qx.scale, qw.transposed, qw.scale};
@@ -52,12 +54,12 @@ struct Fp8Backward {
     if (db.defined()) nn::fp8_column_sum(dy, db, st);
   }
 };
-Fp8Backward fp8_backward(const Tensor& dy, const Tensor& dy_scale, const std::vector<Tensor>& saved,
-                         const Stream& s) {
+Fp8Backward fp8_backward(const Tensor& dy, const Fp8Linear::Scale& dy_scale,
+                         const std::vector<Tensor>& saved, const Stream& s) {
   const std::int64_t out = dy.size(dy.dim() - 1);
   const Tensor dy2 = dy.contiguous(s).view({-1, out});
   Fp8Backward f;
-  f.dy = nn::fp8_cast(dy2, dy_scale, nn::Fp8Format::e5m2, true, Tensor(), s);
+  f.dy = nn::fp8_cast(dy2, dy_scale.scale, nn::Fp8Format::e5m2, true, dy_scale.amax, s);
   f.xt = nn::Fp8Tensor{saved[0], Tensor(), saved[1], nn::Fp8Format::e4m3};
   const nn::Fp8Tensor wt{saved[2], Tensor(), saved[3], nn::Fp8Format::e4m3};
   const std::int64_t in = wt.data.size(0);
@@ -297,7 +299,7 @@ Tensor RowParallelLinear::backward(nn::Context& ctx, const Tensor& dy_in) {
   const Stream& s = ctx.stream();
   const std::vector<Tensor> saved = ctx.take(*this);
   if (saved.size() == kFp8Saved) {  // the GEMMs in FP8 (dy cast after the gather)
-    const Tensor scale = fp8_.output_grad_scale(dy_in, *tp_, s);
+    const Fp8Linear::Scale scale = fp8_.output_grad_scale(dy_in, *tp_, s);
     const Fp8Backward f =
         fp8_backward(sp_ ? gather_sequence(dy_in, *tp_, s) : dy_in, scale, saved, s);
     nn::accumulate_gradients(

@@ -312,6 +312,15 @@ TEST_CASE(
       CHECK(dev.delayed_scale() == host.delayed_scale());
     }
   }
+  // A cast given the step slot as its amax records the tensor's amax there (delayed scaling).
+  Fp8TensorScale w(Fp8Format::e4m3, {Fp8Mode::hybrid, Fp8Scaling::delayed, 2, 0}, "w");
+  const Tensor s = w.scale_on_device(Tensor::from_vector<float>({0.0f}, {1}), false, kCpu);
+  fp8_cast(Tensor::from_vector<float>({1.0f, -6.0f}, {2}), s, Fp8Format::e4m3, false,
+           w.step_amax_slot(), kCpu);
+  CHECK(w.device_state().data<float>()[1] == 6.0f);
+  w.end_device_step(w.device_state().data<float>()[1], kCpu);
+  CHECK(w.history() == std::vector<float>{6.0f, 0.0f});
+
   Fp8TensorScale dy(Fp8Format::e5m2, {Fp8Mode::hybrid, Fp8Scaling::current, 1, 0}, "block0 dy");
   dy.scale_on_device(Tensor::from_vector<float>({kNan}, {1}), true, kCpu);
   dy.scale_on_device(Tensor::from_vector<float>({1.0f}, {1}), true, kCpu);

@@ -194,6 +194,10 @@ class Fp8TensorScale {
   // The device state, f32 [2] {the delayed scale of this step, this step's amax}: what
   // end_device_step reads and resets (undefined before scale_on_device).
   const Tensor& device_state() const { return device_; }
+  // The device's step slot (f32 [1], a view of device_state()): given to nn::fp8_cast as its
+  // amax, the cast records the tensor's amax there in its own pass (delayed scaling, whose scale
+  // is known before the tensor is read).
+  Tensor step_amax_slot() const { return device_.narrow(0, 1, 1); }
   // end_step() for a scale on a device, given its step amax read back from the device (and
   // reduced as for end_step): refuses a non-finite amax naming the tensor, then end_step(), and
   // resets the device state to {delayed_scale(), 0} on stream.

@@ -63,14 +63,21 @@ class Fp8Linear {
   // ---- on a GPU: the scales as device tensors (nn::fp8_scale_tensor's form), no host wait ----
   // Whether the layer's GEMMs run in FP8 on the device for a tensor on x's device.
   bool on_device(const Tensor& x) const { return on() && x.device().is_cuda(); }
+  // A tensor's scale tensor for this call and, where its amax is still to be recorded, the
+  // device slot the tensor's cast must max its amax into (nn::fp8_cast's amax; undefined: none).
+  // Under delayed scaling with a history the scales are known before the tensors are read, so no
+  // amax pass runs first: the casts record the amaxes in their own pass.
+  struct Scale {
+    Tensor scale, amax;
+  };
   struct Scales {
-    Tensor x, w;
+    Scale x, w;
   };
   // Forward: the scales of x and w, their amaxes reduced (max) over tp as forward() does.
   Scales forward_scales(const Tensor& x, const Tensor& w, Communicator& tp, bool record,
                         const Stream& stream);
   // Backward: the scale of dy, its amax reduced over tp as output_grad() does.
-  Tensor output_grad_scale(const Tensor& dy, Communicator& tp, const Stream& stream);
+  Scale output_grad_scale(const Tensor& dy, Communicator& tp, const Stream& stream);
 
  private:
   nn::Fp8TensorScale* x_ = nullptr;
