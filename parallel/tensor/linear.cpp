@@ -35,7 +35,9 @@ Tensor fp8_forward(const Tensor& x, const Tensor& w, const Tensor& b,
   const nn::Fp8Tensor qw =
       nn::fp8_cast(w, scales.w.scale, nn::Fp8Format::e4m3, true, scales.w.amax, s);
   const Tensor y = Tensor::empty({x2.size(0), out}, x.dtype(), x.device(), s);
-  nn::fp8_gemm(qx, qw, b, y, false, false, s);
+  // Fast accumulation (Hopper's FP8 accumulator promoted less often) where the output is bf16,
+  // whose rounding dwarfs it, as Transformer Engine's forward does; never in backward.
+  nn::fp8_gemm(qx, qw, b, y, false, x.dtype() == DType::bf16, s);
   saved = {qx.transposed, qx.scale, qw.transposed, qw.scale};
   Shape shape = x.shape();
   shape.back() = out;

@@ -1,11 +1,11 @@
 // FP8 ("hybrid") tp linear layers on the GPU against the CPU emulation: a column- and a
-// row-parallel layer (tp = 1 on each rank's GPU), bf16 and f32, with and without bias, current
-// and delayed scaling over two steps, at a shape cuBLASLt's FP8 kernels take (multiples of 16)
-// and one they do not (the f32 fallback): output, input gradient, weight and bias gradients equal
-// f32 GEMMs of the same inputs rounded through FP8 (nn::fp8_round_trip at the scales of their
-// amaxes) within the bf16 / f32 bars of the nn GPU tests, differ from the layer without FP8, and
-// the delayed histories read back by fp8_end_step hold the tensors' amaxes. Exits 77 (skipped)
-// without a GPU.
+// row-parallel layer (tp = 1 on each rank's GPU), bf16 (its forward with fast accumulation) and
+// f32, with and without bias, current and delayed scaling over two steps, at a shape cuBLASLt's
+// FP8 kernels take (multiples of 16) and one they do not (the f32 fallback): output, input
+// gradient, weight and bias gradients equal f32 GEMMs of the same inputs rounded through FP8
+// (nn::fp8_round_trip at the scales of their amaxes) within the bf16 / f32 bars of the nn GPU
+// tests, differ from the layer without FP8, and the delayed histories read back by fp8_end_step
+// hold the tensors' amaxes. Exits 77 (skipped) without a GPU.
 #include <cmath>
 #include <memory>
 #include <string>
