@@ -89,6 +89,14 @@ std::vector<std::uint8_t> bytes(const Tensor& t, const Stream& stream) {
   return t.to(Device::cpu()).to_vector<std::uint8_t>();
 }
 
+// A GPU tensor's values as f32 once the stream's work is done (a copy into pinned memory does
+// not wait by itself).
+std::vector<float> floats(const Tensor& t, const Stream& stream) {
+  const Tensor h = t.to(DType::f32, stream).to(Device::cpu(), stream);
+  stream.synchronize();
+  return h.to_vector<float>();
+}
+
 // The unit in the last place of |v| in a format of `bits` significant bits (normal range).
 double ulp(double v, int bits) {
   const double a = std::abs(v);
@@ -135,8 +143,7 @@ TEST_CASE("FP8 casts on the GPU equal the CPU's bit for bit, with the transpose 
             }
           }
           CHECK(transpose_wrong == 0);
-          const float a = amax.to(Device::cpu(), s).to_vector<float>()[0];
-          s.synchronize();
+          const float a = floats(amax, s)[0];
           const float a_want = fp8_amax(x_cpu, cpu);
           if (std::isnan(a_want)) {
             CHECK(std::isnan(a));
@@ -163,8 +170,7 @@ TEST_CASE("FP8 dequantisation on the GPU equals the CPU's for every pattern") {
       for (const float scale : {1.0f, 3.7f, 1e-3f}) {
         INFO(fp8_format_name(f) << " " << dtype_name(t) << " scale " << scale);
         const Tensor got = fp8_dequantize(q_cpu.to(gpu, s), scale, f, t, s);
-        const std::vector<float> g = got.to(DType::f32, s).to(Device::cpu(), s).to_vector<float>();
-        s.synchronize();
+        const std::vector<float> g = floats(got, s);
         const std::vector<float> w =
             fp8_dequantize(q_cpu, scale, f, t, cpu).to(DType::f32).to_vector<float>();
         for (int i = 0; i < 256; ++i) {
@@ -191,12 +197,9 @@ TEST_CASE("FP8 scale on the GPU equals the host's, and a NaN amax reaches the st
       INFO(fp8_scaling_name(scaling) << " amax " << a);
       const float want = host.scale(a);
       const Tensor amax = Tensor::from_vector<float>({a}, {1}).to(gpu, s);
-      const std::vector<float> got =
-          dev.scale_on_device(amax, true, s).to(Device::cpu(), s).to_vector<float>();
-      s.synchronize();
+      const std::vector<float> got = floats(dev.scale_on_device(amax, true, s), s);
       CHECK(got == std::vector<float>{want, 1.0f / want});
-      const float step = dev.device_state().to(Device::cpu(), s).to_vector<float>()[1];
-      s.synchronize();
+      const float step = floats(dev.device_state(), s)[1];
       dev.end_device_step(step, s);
       host.end_step();
       CHECK(dev.history() == host.history());
@@ -206,8 +209,7 @@ TEST_CASE("FP8 scale on the GPU equals the host's, and a NaN amax reaches the st
   Fp8TensorScale x(Fp8Format::e4m3, {Fp8Mode::hybrid, Fp8Scaling::delayed, 2, 0}, "block1 x");
   x.scale_on_device(Tensor::from_vector<float>({kNan}, {1}).to(gpu, s), true, s);
   x.scale_on_device(Tensor::from_vector<float>({5.0f}, {1}).to(gpu, s), true, s);
-  const float step = x.device_state().to(Device::cpu(), s).to_vector<float>()[1];
-  s.synchronize();
+  const float step = floats(x.device_state(), s)[1];
   CHECK(step == kInf);
   REQUIRE_THROWS_QUINTET(x.end_device_step(step, s), InvalidArgument, "FP8 scaling of block1 x");
 }
