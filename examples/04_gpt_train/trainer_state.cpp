@@ -57,13 +57,14 @@ void install_checkpoint_fault(const quintet::RuntimeConfig& runtime) {
   const std::size_t colon = spec->find(':');
   const std::string point = spec->substr(0, colon);
   const int only_rank = colon == std::string::npos ? -1 : std::stoi(spec->substr(colon + 1));
-  quintet::set_save_point_hook([point, only_rank, text = *spec](std::string_view at, int rank) {
-    if (at != point || (only_rank >= 0 && rank != only_rank)) return;
-    std::fprintf(stderr, "QUINTET_CHECKPOINT_FAULT=%s: rank %d kills itself at '%s'\n",
-                 text.c_str(), rank, point.c_str());
-    std::fflush(stderr);
-    std::raise(SIGKILL);
-  });
+  quintet::checkpoint::set_save_point_hook(
+      [point, only_rank, text = *spec](std::string_view at, int rank) {
+        if (at != point || (only_rank >= 0 && rank != only_rank)) return;
+        std::fprintf(stderr, "QUINTET_CHECKPOINT_FAULT=%s: rank %d kills itself at '%s'\n",
+                     text.c_str(), rank, point.c_str());
+        std::fflush(stderr);
+        std::raise(SIGKILL);
+      });
 }
 
 void inject_fault(const quintet::train::JobConfig& job, std::int64_t step, int rank) {

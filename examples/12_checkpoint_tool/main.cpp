@@ -93,7 +93,7 @@ int main(int argc, char** argv) {
   try {
     if (!to_hf.empty()) {
       options.dtype = quintet::train::parse_hf_export_dtype(export_dtype);
-      const auto info = quintet::latest_checkpoint(to_hf[0]);
+      const auto info = quintet::checkpoint::latest_checkpoint(to_hf[0]);
       if (!info) {
         fmt::print("{}: no checkpoint\n", to_hf[0]);
         return 1;
@@ -103,7 +103,7 @@ int main(int argc, char** argv) {
                  export_dtype);
       return 0;
     }
-    const auto info = quintet::latest_checkpoint(dir);
+    const auto info = quintet::checkpoint::latest_checkpoint(dir);
     if (!info) {
       fmt::print("{}: no checkpoint\n", dir);
       return 1;
@@ -114,7 +114,7 @@ int main(int argc, char** argv) {
     fmt::print("  identity: {}\n  layout:   {}\n  data:     epoch {}, sample {}\n",
                field(meta, "trainer_identity"), field(meta, "trainer_layout"),
                field(meta, "trainer_data_epoch"), field(meta, "trainer_data_sample_index"));
-    const quintet::GlobalIndex index(*info);
+    const quintet::checkpoint::GlobalIndex index(*info);
     const auto tensors = index.summary();
     std::int64_t elements = 0;
     int gaps = 0;
@@ -130,7 +130,7 @@ int main(int argc, char** argv) {
     }
     fmt::print("{} global tensors, {} elements\n", tensors.size(), elements);
     if (verify) {
-      quintet::verify_checkpoint(*info);
+      quintet::checkpoint::verify_checkpoint(*info);
       if (gaps > 0) {
         fmt::print(stderr, "verify: {} tensors are not covered exactly once by their pieces\n",
                    gaps);

@@ -16,7 +16,7 @@
 #include "quintet/core/error.hpp"
 #include "shard_file.hpp"
 
-namespace quintet {
+namespace quintet::checkpoint {
 
 namespace fs = std::filesystem;
 
@@ -325,4 +325,4 @@ void verify_checkpoint(const CheckpointInfo& checkpoint) {
   }
 }
 
-}  // namespace quintet
+}  // namespace quintet::checkpoint

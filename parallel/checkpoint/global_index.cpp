@@ -9,7 +9,7 @@
 
 #include "quintet/core/error.hpp"
 
-namespace quintet {
+namespace quintet::checkpoint {
 
 namespace {
 
@@ -165,4 +165,4 @@ void GlobalIndex::assemble(const std::string& field, const std::string& name,
   if (dst.device().is_cuda()) stream.synchronize();
 }
 
-}  // namespace quintet
+}  // namespace quintet::checkpoint

@@ -16,7 +16,7 @@
 
 #include "quintet/data/checksum.hpp"
 
-namespace quintet {
+namespace quintet::checkpoint {
 
 namespace {
 
@@ -298,4 +298,4 @@ void read_shard(const std::filesystem::path& path, std::uint64_t expected_checks
   }
 }
 
-}  // namespace quintet
+}  // namespace quintet::checkpoint

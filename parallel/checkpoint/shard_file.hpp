@@ -19,7 +19,7 @@
     }                                       \
   } while (0)
 
-namespace quintet {
+namespace quintet::checkpoint {
 
 struct ShardSummary {
   std::uint64_t checksum = 0;  // XXH64 of the file up to its trailer
@@ -51,4 +51,4 @@ std::uint64_t shard_file_checksum(const std::filesystem::path& path);
 void read_shard(const std::filesystem::path& path, std::uint64_t expected_checksum,
                 const std::vector<NamedTensor>& tensors, const Stream& stream);
 
-}  // namespace quintet
+}  // namespace quintet::checkpoint

@@ -35,7 +35,7 @@ constexpr const char* kLayout = "trainer_layout";
 constexpr const char* kModel = "trainer_model";
 
 // The Checkpointer's metadata of a checkpoint; InvalidArgument when it was not saved by one.
-nlohmann::ordered_json checkpointer_metadata(const CheckpointInfo& info) {
+nlohmann::ordered_json checkpointer_metadata(const checkpoint::CheckpointInfo& info) {
   nlohmann::ordered_json meta = nlohmann::ordered_json::parse(info.user_json, nullptr, false);
   QUINTET_CHECK(meta.is_object() && meta.contains(kIdentity) && meta.contains(kStep),
                 "Checkpointer: {} has no {} in its metadata; it was not saved by a Checkpointer",
@@ -217,7 +217,7 @@ std::string checkpoint_model_json(const model::GptConfig& model) {
   return model_record(model).dump();
 }
 
-model::GptConfig checkpoint_model(const CheckpointInfo& checkpoint) {
+model::GptConfig checkpoint_model(const checkpoint::CheckpointInfo& checkpoint) {
   const nlohmann::ordered_json meta = checkpointer_metadata(checkpoint);
   QUINTET_CHECK(meta.contains(kModel) && meta[kModel].is_object(),
                 "{} has no {} in its metadata: it was saved before checkpoints recorded their "
@@ -270,9 +270,9 @@ model::GptConfig checkpoint_model(const CheckpointInfo& checkpoint) {
   return m;
 }
 
-std::vector<NamedTensor> master_weight_pieces(TrainingModel& model) {
+std::vector<checkpoint::NamedTensor> master_weight_pieces(TrainingModel& model) {
   const Stream& stream = model.stream();
-  std::vector<NamedTensor> tensors;
+  std::vector<checkpoint::NamedTensor> tensors;
   for (TrainingStage& s : model.stages()) {
     s.optimizer->wait_for_parameters(stream);
     Tensor master;
@@ -283,7 +283,7 @@ std::vector<NamedTensor> master_weight_pieces(TrainingModel& model) {
     for (const nn::Parameter* p : s.store->parameters()) {
       if (!writes(*p, model.mesh())) continue;
       const auto [start, global] = box_of(*p);
-      tensors.push_back({encode_piece_name({"master", p->name(), start, global}),
+      tensors.push_back({checkpoint::encode_piece_name({"master", p->name(), start, global}),
                          master.narrow(0, p->offset(), p->numel()).view(p->shape())});
     }
   }
@@ -321,13 +321,13 @@ Checkpointer::~Checkpointer() {
   }
 }
 
-std::pair<std::vector<NamedTensor>, std::string> Checkpointer::snapshot(
+std::pair<std::vector<checkpoint::NamedTensor>, std::string> Checkpointer::snapshot(
     std::int64_t step, TrainingModel& model, const data::DataLoader& loader,
     const std::string& user_json) {
   QUINTET_CHECK(!user_json.empty(), "Checkpointer::save: empty user_json; pass a JSON value");
   const Stream& stream = model.stream();
   const Mesh& mesh = model.mesh();
-  std::vector<NamedTensor> tensors;
+  std::vector<checkpoint::NamedTensor> tensors;
   std::int64_t optimizer_steps = 0;
   for (TrainingStage& s : model.stages()) {
     s.optimizer->wait_for_parameters(stream);  // ZeRO: every value current before it is written
@@ -337,9 +337,10 @@ std::pair<std::vector<NamedTensor>, std::string> Checkpointer::snapshot(
     for (const nn::Parameter* p : s.store->parameters()) {
       if (!writes(*p, mesh)) continue;
       const auto [start, global] = box_of(*p);
-      tensors.push_back({encode_piece_name({"value", p->name(), start, global}), p->data()});
+      tensors.push_back(
+          {checkpoint::encode_piece_name({"value", p->name(), start, global}), p->data()});
       for (const auto& [field, buffer] : full) {
-        tensors.push_back({encode_piece_name({field, p->name(), start, global}),
+        tensors.push_back({checkpoint::encode_piece_name({field, p->name(), start, global}),
                            buffer.narrow(0, p->offset(), p->numel()).view(p->shape())});
       }
     }
@@ -348,15 +349,15 @@ std::pair<std::vector<NamedTensor>, std::string> Checkpointer::snapshot(
       const std::vector<std::string> names = bias_names(s);
       for (std::size_t i = 0; i < names.size(); ++i) {
         const Tensor& b = s.chunk->moe_layers()[i]->balance_bias();
-        tensors.push_back({encode_piece_name({"value", names[i], {0}, b.shape()}), b});
+        tensors.push_back({checkpoint::encode_piece_name({"value", names[i], {0}, b.shape()}), b});
       }
       // FP8 delayed scaling's histories: the same on every rank of the stage (reduced each step).
       for (const auto& [name, f] : delayed_fp8(s)) {
         const std::vector<float>& h = f->history();
         const Shape shape{static_cast<std::int64_t>(h.size())};
-        tensors.push_back(
-            {encode_piece_name({kFp8History, name, {0}, shape}), Tensor::from_vector(h, shape)});
-        tensors.push_back({encode_piece_name({kFp8Scale, name, {0}, {1}}),
+        tensors.push_back({checkpoint::encode_piece_name({kFp8History, name, {0}, shape}),
+                           Tensor::from_vector(h, shape)});
+        tensors.push_back({checkpoint::encode_piece_name({kFp8Scale, name, {0}, {1}}),
                            Tensor::from_vector(std::vector<float>{f->delayed_scale()}, {1})});
       }
     }
@@ -384,8 +385,8 @@ void Checkpointer::save(std::int64_t step, TrainingModel& model, const data::Dat
                         const std::string& user_json, const std::function<void()>& before_commit) {
   wait();
   auto [tensors, meta] = snapshot(step, model, loader, user_json);
-  save_checkpoint(dir_, step, tensors, meta, world_, model.stream(), before_commit);
-  if (keep_last_ > 0 && world_.rank() == 0) prune_checkpoints(dir_, keep_last_);
+  checkpoint::save_checkpoint(dir_, step, tensors, meta, world_, model.stream(), before_commit);
+  if (keep_last_ > 0 && world_.rank() == 0) checkpoint::prune_checkpoints(dir_, keep_last_);
 }
 
 void Checkpointer::set_keep_last(int n) {
@@ -393,7 +394,7 @@ void Checkpointer::set_keep_last(int n) {
   keep_last_ = n;
 }
 
-void Checkpointer::fit_host_buffers(const std::vector<NamedTensor>& tensors) {
+void Checkpointer::fit_host_buffers(const std::vector<checkpoint::NamedTensor>& tensors) {
   if (host_buffers_.size() != tensors.size()) host_buffers_.assign(tensors.size(), Tensor());
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     const Tensor& t = tensors[i].tensor;
@@ -423,7 +424,7 @@ void Checkpointer::save_async(std::int64_t step, TrainingModel& model,
   // The copies the thread writes, into the buffers of prepare_async or the last save.
   const Stream& stream = model.stream();
   bool gpu = false;
-  std::vector<NamedTensor> copies;
+  std::vector<checkpoint::NamedTensor> copies;
   fit_host_buffers(tensors);
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     const Tensor& t = tensors[i].tensor;
@@ -444,8 +445,8 @@ void Checkpointer::save_async(std::int64_t step, TrainingModel& model,
         // nice value is its own).
         (void)setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 10);
         if (copied) copied->synchronize();
-        save_checkpoint(dir, step, copies, meta, *comm, Stream(), before_commit);
-        if (keep > 0 && comm->rank() == 0) prune_checkpoints(dir, keep);
+        checkpoint::save_checkpoint(dir, step, copies, meta, *comm, Stream(), before_commit);
+        if (keep > 0 && comm->rank() == 0) checkpoint::prune_checkpoints(dir, keep);
       });
 }
 
@@ -467,7 +468,7 @@ void Checkpointer::wait() {
 
 std::optional<std::int64_t> Checkpointer::restore(TrainingModel& model, data::DataLoader& loader) {
   wait();
-  const std::optional<CheckpointInfo> info = latest_checkpoint(dir_);
+  const std::optional<checkpoint::CheckpointInfo> info = checkpoint::latest_checkpoint(dir_);
   if (!info) return std::nullopt;
   const nlohmann::ordered_json meta = checkpointer_metadata(*info);
   // The identity first: a checkpoint of another run is refused before any tensor is read.
@@ -488,8 +489,8 @@ std::optional<std::int64_t> Checkpointer::restore(TrainingModel& model, data::Da
   const Stream& stream = model.stream();
   // Every rank reads what it needs of the pieces any layout saved; a failure on one rank (a
   // missing piece, a corrupt file) makes every rank throw before training goes on.
-  run_on_every_rank(world_, "Checkpointer::restore", [&] {
-    const GlobalIndex index(*info);
+  checkpoint::run_on_every_rank(world_, "Checkpointer::restore", [&] {
+    const checkpoint::GlobalIndex index(*info);
     QUINTET_CHECK(!index.empty(),
                   "Checkpointer::restore: {} holds no global tensors: it was saved in the older "
                   "per-rank format, which this version does not read",

@@ -330,24 +330,26 @@ void export_hf(const std::string& dir, TrainingModel& model, Communicator& world
                const HfExportOptions& o) {
   const model::GptConfig& m = model.config().model;
   const int rank = world.rank();
-  run_on_every_rank(world, "Hugging Face export: checking", [&] { check_hf_export(m, dir, o); });
+  checkpoint::run_on_every_rank(world, "Hugging Face export: checking",
+                                [&] { check_hf_export(m, dir, o); });
   const HfExportPlan plan = plan_hf_export(m, o);
   const std::string partial = hf_export_partial_dir(dir);
   const std::string pieces = (fs::path(partial) / "pieces").string();
   try {
-    run_on_every_rank(world, "Hugging Face export: preparing", [&] {
+    checkpoint::run_on_every_rank(world, "Hugging Face export: preparing", [&] {
       if (rank == 0) fs::remove_all(partial);
     });
-    save_checkpoint(pieces, 0, master_weight_pieces(model), "{}", world, model.stream());
-    run_on_every_rank(world, "Hugging Face export: writing", [&] {
-      const auto info = latest_checkpoint(pieces);
+    checkpoint::save_checkpoint(pieces, 0, master_weight_pieces(model), "{}", world,
+                                model.stream());
+    checkpoint::run_on_every_rank(world, "Hugging Face export: writing", [&] {
+      const auto info = checkpoint::latest_checkpoint(pieces);
       QUINTET_CHECK(info.has_value(), "Hugging Face export: {} holds no pieces", pieces);
-      const GlobalIndex index(*info);
+      const checkpoint::GlobalIndex index(*info);
       for (std::size_t i = static_cast<std::size_t>(rank); i < plan.files.size();
            i += static_cast<std::size_t>(world.size()))
         write_hf_export_file(partial, m, plan, i, o, hf_checkpoint_source(index));
     });
-    run_on_every_rank(world, "Hugging Face export: committing", [&] {
+    checkpoint::run_on_every_rank(world, "Hugging Face export: committing", [&] {
       if (rank != 0) return;
       fs::remove_all(pieces);
       commit_hf_export(partial, dir, m, plan, o);
@@ -359,7 +361,7 @@ void export_hf(const std::string& dir, TrainingModel& model, Communicator& world
   }
 }
 
-HfBoxSource hf_checkpoint_source(const GlobalIndex& index) {
+HfBoxSource hf_checkpoint_source(const checkpoint::GlobalIndex& index) {
   return [&index](const std::string& name, const Shape& global_shape, const Shape& start,
                   const Tensor& target) {
     const char* field = index.has("master", name) ? "master" : "value";
@@ -379,11 +381,11 @@ HfBoxSource hf_checkpoint_source(const GlobalIndex& index) {
   };
 }
 
-void export_hf_checkpoint(const CheckpointInfo& checkpoint, const std::string& dir,
+void export_hf_checkpoint(const checkpoint::CheckpointInfo& checkpoint, const std::string& dir,
                           const HfExportOptions& options) {
   const model::GptConfig m = checkpoint_model(checkpoint);
   check_hf_export(m, dir, options);
-  const GlobalIndex index(checkpoint);
+  const checkpoint::GlobalIndex index(checkpoint);
   // Every parameter the export needs is in the checkpoint, before anything is written.
   for (const std::string& name : hf_parameter_names(m)) {
     QUINTET_CHECK(index.has("master", name) || index.has("value", name),

@@ -200,7 +200,7 @@ void load_hf_weights(const HfModel& hf, TrainingModel& model, Communicator& worl
   for (TrainingStage& s : model.stages()) plans.push_back(plan(m, naming, s));
 
   const Stream& stream = model.stream();
-  run_on_every_rank(world, "load_hf_weights", [&] {
+  checkpoint::run_on_every_rank(world, "load_hf_weights", [&] {
     for (std::size_t si = 0; si < plans.size(); ++si) {
       TrainingStage& s = model.stages()[si];
       const nn::ParameterStore& store = *s.store;

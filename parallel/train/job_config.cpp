@@ -45,7 +45,7 @@ bool JobConfig::exports_hf_at(std::int64_t step) const {
 
 std::string JobConfig::hf_export_dir(std::int64_t step) const {
   if (checkpoint.export_hf_every == 0) return checkpoint.export_hf;
-  return (std::filesystem::path(checkpoint.export_hf) / checkpoint_name(step)).string();
+  return (std::filesystem::path(checkpoint.export_hf) / checkpoint::checkpoint_name(step)).string();
 }
 
 model::GptConfig JobConfig::gpt_config() const {

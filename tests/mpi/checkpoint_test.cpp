@@ -35,22 +35,23 @@ std::string shared_dir(Communicator& comm, const std::string& name) {
 }
 
 // This rank's tensors, different for every rank and seed.
-std::vector<NamedTensor> make_state(int rank, std::uint64_t seed) {
+std::vector<checkpoint::NamedTensor> make_state(int rank, std::uint64_t seed) {
   return {{"weights", Tensor::randn({3 + rank, 5}, seed + rank)},
           {"moments", Tensor::randn({7}, seed + 100 + rank, DType::f64)},
           {"bf16_values", Tensor::randn({4, 3}, seed + 200 + rank).to(DType::bf16)},
           {"step", Tensor::from_vector<std::int64_t>({42 + rank}, {1})}};
 }
 
-std::vector<NamedTensor> zeros_like(const std::vector<NamedTensor>& state) {
-  std::vector<NamedTensor> out;
+std::vector<checkpoint::NamedTensor> zeros_like(const std::vector<checkpoint::NamedTensor>& state) {
+  std::vector<checkpoint::NamedTensor> out;
   for (const auto& t : state) {
     out.push_back({t.name, Tensor::zeros(t.tensor.shape(), t.tensor.dtype())});
   }
   return out;
 }
 
-void require_equal(const std::vector<NamedTensor>& a, const std::vector<NamedTensor>& b) {
+void require_equal(const std::vector<checkpoint::NamedTensor>& a,
+                   const std::vector<checkpoint::NamedTensor>& b) {
   REQUIRE(a.size() == b.size());
   for (std::size_t i = 0; i < a.size(); ++i) {
     INFO(a[i].name);
@@ -65,20 +66,20 @@ TEST_CASE("checkpoint: save then load restores every rank's tensors bitwise") {
   World world = cpu_world();
   Communicator& comm = world.comm();
   const std::string dir = shared_dir(comm, "roundtrip");
-  REQUIRE_FALSE(latest_checkpoint(dir).has_value());
+  REQUIRE_FALSE(checkpoint::latest_checkpoint(dir).has_value());
 
   const auto first = make_state(comm.rank(), 1);
-  save_checkpoint(dir, 10, first, R"({"note": "first"})", comm);
+  checkpoint::save_checkpoint(dir, 10, first, R"({"note": "first"})", comm);
   const auto second = make_state(comm.rank(), 2);
-  save_checkpoint(dir, 20, second, R"({"note": "second"})", comm);
+  checkpoint::save_checkpoint(dir, 20, second, R"({"note": "second"})", comm);
 
-  const auto info = latest_checkpoint(dir);
+  const auto info = checkpoint::latest_checkpoint(dir);
   REQUIRE(info.has_value());
   CHECK(info->step == 20);
   CHECK(info->world_size == comm.size());
   CHECK(info->user_json == R"({"note":"second"})");
   auto restored = zeros_like(second);
-  load_checkpoint(*info, restored, comm);
+  checkpoint::load_checkpoint(*info, restored, comm);
   require_equal(second, restored);
   comm.barrier().synchronize();
 }
@@ -89,17 +90,18 @@ TEST_CASE("checkpoint: metadata that is not JSON is refused before any communica
   const std::string dir = shared_dir(comm, "bad_metadata");
   // Only rank 0 calls: were the check after a collective, this would hang instead of throwing.
   if (comm.rank() == 0) {
-    REQUIRE_THROWS_QUINTET(save_checkpoint(dir, 1, make_state(0, 1), "{\"note\": ", comm),
-                           InvalidArgument, "the metadata is not a JSON value");
+    REQUIRE_THROWS_QUINTET(
+        checkpoint::save_checkpoint(dir, 1, make_state(0, 1), "{\"note\": ", comm), InvalidArgument,
+        "the metadata is not a JSON value");
   }
   comm.barrier().synchronize();
-  save_checkpoint(dir, 2, make_state(comm.rank(), 1), "{}", comm);
+  checkpoint::save_checkpoint(dir, 2, make_state(comm.rank(), 1), "{}", comm);
   // A checkpoint.json damaged on disk is an error naming the file, not a misread field.
   if (comm.rank() == 0) {
     std::ofstream(fs::path(dir) / "step_000002" / "checkpoint.json") << "{\"step\": 2, ";
   }
   comm.barrier().synchronize();
-  REQUIRE_THROWS_QUINTET(latest_checkpoint(dir), System,
+  REQUIRE_THROWS_QUINTET(checkpoint::latest_checkpoint(dir), System,
                          "step_000002/checkpoint.json is not valid JSON");
   comm.barrier().synchronize();
 }
@@ -109,29 +111,30 @@ TEST_CASE("checkpoint: prune_checkpoints keeps the newest and the one latest nam
   Communicator& comm = world.comm();
   const std::string dir = shared_dir(comm, "prune");
   for (std::int64_t step : {2, 4, 6, 8}) {
-    save_checkpoint(dir, step, make_state(comm.rank(), static_cast<std::uint64_t>(step)), "{}",
-                    comm);
+    checkpoint::save_checkpoint(
+        dir, step, make_state(comm.rank(), static_cast<std::uint64_t>(step)), "{}", comm);
   }
   if (comm.rank() == 0) {
     // A partial save and a foreign file are left alone.
     fs::create_directories(fs::path(dir) / ".partial-step_000010");
     std::ofstream(fs::path(dir) / "notes.txt") << "mine";
-    CHECK(prune_checkpoints(dir, 2) == std::vector<std::string>{"step_000002", "step_000004"});
+    CHECK(checkpoint::prune_checkpoints(dir, 2) ==
+          std::vector<std::string>{"step_000002", "step_000004"});
     CHECK_FALSE(fs::exists(fs::path(dir) / "step_000004"));
     CHECK(fs::exists(fs::path(dir) / "step_000006"));
     CHECK(fs::exists(fs::path(dir) / ".partial-step_000010"));
     CHECK(fs::exists(fs::path(dir) / "notes.txt"));
     // `latest` names an older checkpoint than the newest (a re-save of an earlier step): kept.
     std::ofstream(fs::path(dir) / "latest") << "step_000006\n";
-    CHECK(prune_checkpoints(dir, 1).empty());  // 8 is the newest, 6 is latest
+    CHECK(checkpoint::prune_checkpoints(dir, 1).empty());  // 8 is the newest, 6 is latest
     CHECK(fs::exists(fs::path(dir) / "step_000006"));
-    CHECK(prune_checkpoints(dir, 3).empty());
-    REQUIRE_THROWS_QUINTET(prune_checkpoints(dir, 0), InvalidArgument, "keep_last = 0");
+    CHECK(checkpoint::prune_checkpoints(dir, 3).empty());
+    REQUIRE_THROWS_QUINTET(checkpoint::prune_checkpoints(dir, 0), InvalidArgument, "keep_last = 0");
   }
   comm.barrier().synchronize();
-  REQUIRE(latest_checkpoint(dir).has_value());
+  REQUIRE(checkpoint::latest_checkpoint(dir).has_value());
   auto restored = zeros_like(make_state(comm.rank(), 6));
-  load_checkpoint(*latest_checkpoint(dir), restored, comm);
+  checkpoint::load_checkpoint(*checkpoint::latest_checkpoint(dir), restored, comm);
   require_equal(make_state(comm.rank(), 6), restored);
   comm.barrier().synchronize();
 }
@@ -141,7 +144,7 @@ TEST_CASE("checkpoint: an interrupted save is never loaded; the previous one is"
   Communicator& comm = world.comm();
   const std::string dir = shared_dir(comm, "interrupted");
   const auto good = make_state(comm.rank(), 3);
-  save_checkpoint(dir, 5, good, "{}", comm);
+  checkpoint::save_checkpoint(dir, 5, good, "{}", comm);
   // What a save killed midway leaves: a partial directory with some shards, and even a complete
   // looking step directory that `latest` was never moved to.
   if (comm.rank() == 0) {
@@ -151,15 +154,15 @@ TEST_CASE("checkpoint: an interrupted save is never loaded; the previous one is"
     std::ofstream(fs::path(dir) / "step_000009" / "checkpoint.json") << "{\"step\": 9}";
   }
   comm.barrier().synchronize();
-  const auto info = latest_checkpoint(dir);
+  const auto info = checkpoint::latest_checkpoint(dir);
   REQUIRE(info.has_value());
   CHECK(info->step == 5);
   auto restored = zeros_like(good);
-  load_checkpoint(*info, restored, comm);
+  checkpoint::load_checkpoint(*info, restored, comm);
   require_equal(good, restored);
   // A new save of step 10 replaces the leftovers.
-  save_checkpoint(dir, 10, make_state(comm.rank(), 4), "{}", comm);
-  CHECK(latest_checkpoint(dir)->step == 10);
+  checkpoint::save_checkpoint(dir, 10, make_state(comm.rank(), 4), "{}", comm);
+  CHECK(checkpoint::latest_checkpoint(dir)->step == 10);
   CHECK_FALSE(fs::exists(fs::path(dir) / ".partial-step_000010"));
   comm.barrier().synchronize();
 }
@@ -169,19 +172,19 @@ TEST_CASE("checkpoint: bad shards and mismatched tensors fail on every rank") {
   Communicator& comm = world.comm();
   const std::string dir = shared_dir(comm, "bad");
   const auto state = make_state(comm.rank(), 5);
-  save_checkpoint(dir, 1, state, "{}", comm);
-  const auto info = *latest_checkpoint(dir);
+  checkpoint::save_checkpoint(dir, 1, state, "{}", comm);
+  const auto info = *checkpoint::latest_checkpoint(dir);
 
   SECTION("a tensor the shard does not hold") {
     auto wanted = zeros_like(state);
     wanted.push_back({"absent", Tensor::zeros({2})});
-    REQUIRE_THROWS_QUINTET(load_checkpoint(info, wanted, comm), InvalidArgument,
+    REQUIRE_THROWS_QUINTET(checkpoint::load_checkpoint(info, wanted, comm), InvalidArgument,
                            "no tensor named absent");
   }
   SECTION("a shape that differs") {
     auto wanted = zeros_like(state);
     wanted[0].tensor = Tensor::zeros({1, 1});
-    REQUIRE_THROWS_QUINTET(load_checkpoint(info, wanted, comm), InvalidArgument,
+    REQUIRE_THROWS_QUINTET(checkpoint::load_checkpoint(info, wanted, comm), InvalidArgument,
                            "tensor weights was saved as f32");
   }
   SECTION("one rank's shard is corrupt: it reports the checksum, the others its failure") {
@@ -195,23 +198,24 @@ TEST_CASE("checkpoint: bad shards and mismatched tensors fail on every rank") {
     comm.barrier().synchronize();
     auto wanted = zeros_like(state);
     if (comm.rank() == victim) {
-      REQUIRE_THROWS_QUINTET(load_checkpoint(info, wanted, comm), System, "is corrupt");
+      REQUIRE_THROWS_QUINTET(checkpoint::load_checkpoint(info, wanted, comm), System, "is corrupt");
     } else {
-      REQUIRE_THROWS_QUINTET(load_checkpoint(info, wanted, comm), Remote, "1 rank(s) failed");
+      REQUIRE_THROWS_QUINTET(checkpoint::load_checkpoint(info, wanted, comm), Remote,
+                             "1 rank(s) failed");
     }
   }
   SECTION("another world size") {
-    CheckpointInfo other = info;
+    checkpoint::CheckpointInfo other = info;
     other.world_size = comm.size() + 1;
-    REQUIRE_THROWS_QUINTET(load_checkpoint(other, zeros_like(state), comm), InvalidArgument,
-                           "saved by");
+    REQUIRE_THROWS_QUINTET(checkpoint::load_checkpoint(other, zeros_like(state), comm),
+                           InvalidArgument, "saved by");
   }
   SECTION("bad arguments before any communication") {
-    REQUIRE_THROWS_QUINTET(save_checkpoint(dir, -1, state, "{}", comm), InvalidArgument,
+    REQUIRE_THROWS_QUINTET(checkpoint::save_checkpoint(dir, -1, state, "{}", comm), InvalidArgument,
                            "step = -1");
     auto dup = state;
     dup.push_back(state[0]);
-    REQUIRE_THROWS_QUINTET(save_checkpoint(dir, 2, dup, "{}", comm), InvalidArgument,
+    REQUIRE_THROWS_QUINTET(checkpoint::save_checkpoint(dir, 2, dup, "{}", comm), InvalidArgument,
                            "two tensors are named weights");
   }
   comm.barrier().synchronize();

@@ -404,7 +404,7 @@ TEST_CASE("export: a checkpoint's pieces, master weights and model record") {
     const auto params = parameters(m);
     // Each parameter saved as two pieces along its first dimension (as tp 2 saves a split one),
     // its master weights in f32 and its values in bf16; the master weights are exported.
-    std::vector<NamedTensor> pieces;
+    std::vector<checkpoint::NamedTensor> pieces;
     for (const auto& [name, t] : params) {
       const std::int64_t rows = t.shape()[0], half = rows / 2;
       using Range = std::pair<std::int64_t, std::int64_t>;
@@ -412,36 +412,37 @@ TEST_CASE("export: a checkpoint's pieces, master weights and model record") {
         Shape start(t.shape().size(), 0);
         start[0] = begin;
         const Tensor part = t.narrow(0, begin, size).contiguous();
-        pieces.push_back({encode_piece_name({"master", name, start, t.shape()}), part});
-        pieces.push_back(
-            {encode_piece_name({"value", name, start, t.shape()}), part.to(DType::bf16)});
+        pieces.push_back({checkpoint::encode_piece_name({"master", name, start, t.shape()}), part});
+        pieces.push_back({checkpoint::encode_piece_name({"value", name, start, t.shape()}),
+                          part.to(DType::bf16)});
       }
     }
     const std::string ck = tmp / ("ck" + std::to_string(cases++));
     const std::string user =
         fmt::format(R"({{"trainer_step": 3, "trainer_identity": "test", "trainer_model": {}}})",
                     train::checkpoint_model_json(m));
-    save_checkpoint(ck, 3, pieces, user, *comm);
-    const CheckpointInfo info = *latest_checkpoint(ck);
+    checkpoint::save_checkpoint(ck, 3, pieces, user, *comm);
+    const checkpoint::CheckpointInfo info = *checkpoint::latest_checkpoint(ck);
     const GptConfig back = train::checkpoint_model(info);
     REQUIRE(train::hf_config_json(back, {}) == train::hf_config_json(m, {}));
     train::export_hf_checkpoint(info, ck + "_hf", {});
     check_export(ck + "_hf", m, params, DType::f32);
 
     // A checkpoint without a parameter the model has is refused before anything is written.
-    std::vector<NamedTensor> fewer;
-    for (const NamedTensor& p : pieces) {
+    std::vector<checkpoint::NamedTensor> fewer;
+    for (const checkpoint::NamedTensor& p : pieces) {
       if (p.name.find("/norm.weight@") == std::string::npos) fewer.push_back(p);
     }
-    save_checkpoint(ck + "_fewer", 3, fewer, user, *comm);
-    REQUIRE_THROWS_QUINTET(
-        train::export_hf_checkpoint(*latest_checkpoint(ck + "_fewer"), ck + "_fewer_hf", {}),
-        InvalidArgument, "has no parameter norm.weight");
+    checkpoint::save_checkpoint(ck + "_fewer", 3, fewer, user, *comm);
+    REQUIRE_THROWS_QUINTET(train::export_hf_checkpoint(
+                               *checkpoint::latest_checkpoint(ck + "_fewer"), ck + "_fewer_hf", {}),
+                           InvalidArgument, "has no parameter norm.weight");
     REQUIRE(!fs::exists(ck + "_fewer_hf"));
   }
   // A checkpoint without the model record (saved before it existed) is refused, saying so.
-  save_checkpoint(tmp / "old", 1, {}, R"({"trainer_step": 1, "trainer_identity": "x"})", *comm);
+  checkpoint::save_checkpoint(tmp / "old", 1, {}, R"({"trainer_step": 1, "trainer_identity": "x"})",
+                              *comm);
   REQUIRE_THROWS_QUINTET(
-      train::export_hf_checkpoint(*latest_checkpoint(tmp / "old"), tmp / "old_hf", {}),
+      train::export_hf_checkpoint(*checkpoint::latest_checkpoint(tmp / "old"), tmp / "old_hf", {}),
       InvalidArgument, "saved before checkpoints recorded their model");
 }

@@ -41,7 +41,7 @@
 #include "quintet/core/stream.hpp"
 #include "quintet/core/tensor.hpp"
 
-namespace quintet {
+namespace quintet::checkpoint {
 
 // A tensor saved or restored under a name unique within a rank's shard.
 struct NamedTensor {
@@ -141,4 +141,4 @@ Tensor read_shard_tensor(const CheckpointInfo& checkpoint, int rank, const Shard
 // checkpoint.json, and each tensor's against the header. Throws System naming the first bad file.
 void verify_checkpoint(const CheckpointInfo& checkpoint);
 
-}  // namespace quintet
+}  // namespace quintet::checkpoint

@@ -18,7 +18,7 @@
 #include "quintet/core/tensor.hpp"
 #include "quintet/parallel/checkpoint/checkpoint.hpp"
 
-namespace quintet {
+namespace quintet::checkpoint {
 
 struct PieceName {
   std::string field;
@@ -75,4 +75,4 @@ class GlobalIndex {
   std::map<std::pair<std::string, std::string>, std::vector<Piece>> pieces_;
 };
 
-}  // namespace quintet
+}  // namespace quintet::checkpoint

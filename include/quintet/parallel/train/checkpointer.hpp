@@ -52,7 +52,7 @@ namespace quintet::train {
 // (12_checkpoint_tool --to-hf) can rebuild the config. Local. Throws InvalidArgument for a
 // checkpoint not saved by a Checkpointer (the keys "trainer_identity" and "trainer_step" of its
 // metadata), or saved before the model was recorded.
-model::GptConfig checkpoint_model(const CheckpointInfo& checkpoint);
+model::GptConfig checkpoint_model(const checkpoint::CheckpointInfo& checkpoint);
 // The record of model that a save writes there (a JSON object), for programs that write
 // checkpoints of their own.
 std::string checkpoint_model_json(const model::GptConfig& model);
@@ -62,7 +62,7 @@ std::string checkpoint_model_json(const model::GptConfig& model);
 // box), views of the optimizer's full state (ZeRO: gathered, a collective over each stage's
 // data-parallel groups). What a Hugging Face export of a running model writes first
 // (hf_export.hpp).
-std::vector<NamedTensor> master_weight_pieces(TrainingModel& model);
+std::vector<checkpoint::NamedTensor> master_weight_pieces(TrainingModel& model);
 
 class Checkpointer {
  public:
@@ -126,11 +126,11 @@ class Checkpointer {
  private:
   std::string identity(const TrainingModel& model, const data::DataLoader& loader) const;
   // host_buffers_ shaped as tensors (kept where they already fit).
-  void fit_host_buffers(const std::vector<NamedTensor>& tensors);
+  void fit_host_buffers(const std::vector<checkpoint::NamedTensor>& tensors);
   // What a save writes: this rank's pieces (views of the model's tensors) and rank 0's metadata.
-  std::pair<std::vector<NamedTensor>, std::string> snapshot(std::int64_t step, TrainingModel& model,
-                                                            const data::DataLoader& loader,
-                                                            const std::string& user_json);
+  std::pair<std::vector<checkpoint::NamedTensor>, std::string> snapshot(
+      std::int64_t step, TrainingModel& model, const data::DataLoader& loader,
+      const std::string& user_json);
 
   std::string dir_;
   Communicator& world_;

@@ -126,12 +126,12 @@ void export_hf(const std::string& dir, TrainingModel& model, Communicator& world
 
 // The boxes of a checkpoint's global tensors: field "master" (the f32 master weights) where the
 // checkpoint has it, else "value" (converted to f32), read with GlobalIndex::assemble.
-HfBoxSource hf_checkpoint_source(const GlobalIndex& index);
+HfBoxSource hf_checkpoint_source(const checkpoint::GlobalIndex& index);
 
 // A checkpoint written by a Checkpointer (its model from checkpoint_model) exported to dir, in
 // this process, without MPI or a GPU (12_checkpoint_tool --to-hf). Everything is checked before
 // anything is written.
-void export_hf_checkpoint(const CheckpointInfo& checkpoint, const std::string& dir,
+void export_hf_checkpoint(const checkpoint::CheckpointInfo& checkpoint, const std::string& dir,
                           const HfExportOptions& options);
 
 }  // namespace quintet::train
