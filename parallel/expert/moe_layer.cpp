@@ -79,16 +79,15 @@ ExpertsFp8 MoELayer::experts_fp8(const MoEOptions& options, Communicator* stage)
   const auto scale = [&](const std::string& name, nn::Fp8Format format) -> nn::Fp8TensorScale& {
     return add_fp8_scale(name, format, r);
   };
+  // One statement per scale, so they are registered in this order (arguments have none).
+  const auto linear = [&](nn::Fp8TensorScale& x, const std::string& name) {
+    nn::Fp8TensorScale& w = scale(name + ".fp8_w", nn::Fp8Format::e4m3);
+    return Fp8Linear(x, w, scale(name + ".fp8_dy", nn::Fp8Format::e5m2));
+  };
   nn::Fp8TensorScale& x = scale("experts.fc.fp8_x", nn::Fp8Format::e4m3);
-  out.fc = Fp8Linear(x, scale("experts.fc.fp8_w", nn::Fp8Format::e4m3),
-                     scale("experts.fc.fp8_dy", nn::Fp8Format::e5m2));
-  if (options.activation == nn::Activation::swiglu) {
-    out.up = Fp8Linear(x, scale("experts.up.fp8_w", nn::Fp8Format::e4m3),
-                       scale("experts.up.fp8_dy", nn::Fp8Format::e5m2));
-  }
-  out.proj = Fp8Linear(scale("experts.proj.fp8_x", nn::Fp8Format::e4m3),
-                       scale("experts.proj.fp8_w", nn::Fp8Format::e4m3),
-                       scale("experts.proj.fp8_dy", nn::Fp8Format::e5m2));
+  out.fc = linear(x, "experts.fc");
+  if (options.activation == nn::Activation::swiglu) out.up = linear(x, "experts.up");
+  out.proj = linear(scale("experts.proj.fp8_x", nn::Fp8Format::e4m3), "experts.proj");
   out.stage = stage;
   return out;
 }

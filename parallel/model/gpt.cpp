@@ -52,16 +52,19 @@ GptChunk::GptChunk(const GptConfig& config, const ModelGroups& groups, const Chu
   if (tied_across && spec.embedding) tokens_->weight().set_tied(nn::TiedRole::owner);
   if (spec.head) {
     final_norm_ = &add_module("norm", make_norm(c));
+    const nn::Fp8Recipe head_fp8 = c.fp8_lm_head ? c.fp8 : nn::Fp8Recipe{};
     if (!c.tied_embeddings) {
-      head_ = &add_module("lm_head",
-                          std::make_unique<ColumnParallelLinear>(
-                              tp, c.hidden, c.vocab,
-                              ColumnParallelOptions{
-                                  .bias = false, .init_std = c.init_std, .sequence_parallel = sp}));
+      head_ = &add_module("lm_head", std::make_unique<ColumnParallelLinear>(
+                                         tp, c.hidden, c.vocab,
+                                         ColumnParallelOptions{.bias = false,
+                                                               .init_std = c.init_std,
+                                                               .sequence_parallel = sp,
+                                                               .fp8 = head_fp8}));
     } else if (!tied_across) {  // the embedding's backward, run last, marks the table
       head_ = &add_module("lm_head",
                           std::make_unique<ColumnParallelLinear>(
-                              tp, tokens_->weight(), SharedWeightOptions{.sequence_parallel = sp}));
+                              tp, tokens_->weight(),
+                              SharedWeightOptions{.sequence_parallel = sp, .fp8 = head_fp8}));
     } else {  // this chunk's copy of the table: never run as an embedding, so the head marks it
       auto& table = add_module(
           "wte", std::make_unique<VocabParallelEmbedding>(tp, c.vocab, c.hidden, embedding));
@@ -69,7 +72,8 @@ GptChunk::GptChunk(const GptConfig& config, const ModelGroups& groups, const Chu
       head_ = &add_module("lm_head", std::make_unique<ColumnParallelLinear>(
                                          tp, table.weight(),
                                          SharedWeightOptions{.sequence_parallel = sp,
-                                                             .ready = nn::GradReady::mark}));
+                                                             .ready = nn::GradReady::mark,
+                                                             .fp8 = head_fp8}));
     }
     loss_ = &add_module("loss", std::make_unique<VocabParallelLoss>(tp, c.vocab));
   }

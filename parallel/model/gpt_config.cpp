@@ -234,6 +234,9 @@ void GptConfig::validate_block(int tp, int cp) const {
                   "experts, or leave moe at its defaults for a dense model",
                   changed);
   }
+  QUINTET_CHECK(!fp8_lm_head || fp8.mode != nn::Fp8Mode::off,
+                "GptConfig: fp8_lm_head with fp8 = off: the LM head's FP8 follows fp8's recipe; "
+                "set fp8 = hybrid too, or leave fp8_lm_head off");
   if (fp8.mode != nn::Fp8Mode::off) {
     nn::check_fp8_recipe(fp8);
     QUINTET_CHECK(cp == 1,

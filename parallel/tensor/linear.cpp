@@ -127,11 +127,15 @@ ColumnParallelLinear::ColumnParallelLinear(Communicator& tp, std::int64_t in, st
     bias_ = &add_parameter("bias", fused_parts == 1 ? Shape{lpart} : Shape{fused_parts, lpart},
                            nn::ParameterInit::zeros(), b_attrs);
   }
-  if (options.fp8.mode == nn::Fp8Mode::hybrid) {
-    fp8_ = Fp8Linear(add_fp8_scale("fp8_x", nn::Fp8Format::e4m3, options.fp8),
-                     add_fp8_scale("fp8_w", nn::Fp8Format::e4m3, options.fp8),
-                     add_fp8_scale("fp8_dy", nn::Fp8Format::e5m2, options.fp8));
-  }
+  declare_fp8(options.fp8);
+}
+
+void ColumnParallelLinear::declare_fp8(const nn::Fp8Recipe& recipe) {
+  if (recipe.mode != nn::Fp8Mode::hybrid) return;
+  // One statement each: registered in this order (function arguments have none).
+  nn::Fp8TensorScale& x = add_fp8_scale("fp8_x", nn::Fp8Format::e4m3, recipe);
+  nn::Fp8TensorScale& w = add_fp8_scale("fp8_w", nn::Fp8Format::e4m3, recipe);
+  fp8_ = Fp8Linear(x, w, add_fp8_scale("fp8_dy", nn::Fp8Format::e5m2, recipe));
 }
 
 ColumnParallelLinear::ColumnParallelLinear(Communicator& tp, nn::Parameter& shared_weight,
@@ -143,6 +147,7 @@ ColumnParallelLinear::ColumnParallelLinear(Communicator& tp, nn::Parameter& shar
   local_out_ = shared_weight.shape()[0];
   in_ = shared_weight.shape()[1];
   weight_ = &shared_weight;
+  declare_fp8(options.fp8);
 }
 
 Tensor ColumnParallelLinear::forward(nn::Context& ctx, const Tensor& x) {
@@ -249,10 +254,10 @@ RowParallelLinear::RowParallelLinear(Communicator& tp, std::int64_t in, std::int
     a.weight_decay = false;
     bias_ = &add_parameter("bias", {out}, nn::ParameterInit::zeros(), a);
   }
-  if (options.fp8.mode == nn::Fp8Mode::hybrid) {
-    fp8_ = Fp8Linear(add_fp8_scale("fp8_x", nn::Fp8Format::e4m3, options.fp8),
-                     add_fp8_scale("fp8_w", nn::Fp8Format::e4m3, options.fp8),
-                     add_fp8_scale("fp8_dy", nn::Fp8Format::e5m2, options.fp8));
+  if (options.fp8.mode == nn::Fp8Mode::hybrid) {  // x, w, dy in this order (as above)
+    nn::Fp8TensorScale& x = add_fp8_scale("fp8_x", nn::Fp8Format::e4m3, options.fp8);
+    nn::Fp8TensorScale& w = add_fp8_scale("fp8_w", nn::Fp8Format::e4m3, options.fp8);
+    fp8_ = Fp8Linear(x, w, add_fp8_scale("fp8_dy", nn::Fp8Format::e5m2, options.fp8));
   }
 }
 

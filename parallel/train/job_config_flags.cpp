@@ -114,6 +114,8 @@ void add_job_flags(CLI::App& app, JobConfig& job) {
   app.add_option("--fp8-amax-history", m.fp8.amax_history,
                  "with --fp8-scaling delayed: steps of amax history")
       ->capture_default_str();
+  add_switch(app, "--fp8-lm-head", &m.fp8_lm_head,
+             "with --fp8 hybrid: the LM head in FP8 too (off: in the model's dtype)");
   add_switch(app, "--tied-embeddings", &m.tied_embeddings,
              "the LM head reuses the token embedding's table (across pipeline stages too)");
   app.add_option("--micro-batch", t.micro_batch, "sequences per rank per forward")

@@ -113,6 +113,8 @@ void JobConfig::validate(int world) const {
                 "--seq-len {} is not divisible by --tp {}: sequence parallelism splits the "
                 "sequence evenly; choose a multiple of {}",
                 m.seq_len, p.tp, p.tp);
+  QUINTET_CHECK(!m.fp8_lm_head || m.fp8.mode != nn::Fp8Mode::off,
+                "--fp8-lm-head needs --fp8 hybrid (the LM head's FP8 follows its recipe)");
   if (m.fp8.mode != nn::Fp8Mode::off) {
     QUINTET_CHECK(m.fp8.amax_history >= 1, "--fp8-amax-history {}: expected a count >= 1",
                   m.fp8.amax_history);

@@ -52,8 +52,10 @@
 #   fp8         --fp8 hybrid (current and delayed scaling): tp 2 + sp x pp 2 and tp 2 x pp 2 give
 #               the one-rank losses at each of 20 steps within 1e-4, step 1's gradient norm
 #               within 5e-4 (f32's is 1e-3 away), tp 2 x dp 2 (ZeRO-1) dp 2's; FP8's losses
-#               within 3% of f32's; resuming delayed scaling continues bit for bit (at another
-#               layout within 1e-4), another history length refused; bad FP8 flags refused
+#               within 3% of f32's; --fp8-lm-head (untied; tied, across pp 2 too) at tp 2
+#               (+ sp) x pp 2 gives its one-rank losses (steps 1-2 within 1e-6, 1-20 within
+#               5e-4) and step 1's norm, which is not the blocks-only FP8's; resuming delayed scaling continues bit for bit (at another layout within
+#               1e-4), another history length refused; bad FP8 flags refused
 #   gpu_fp8     one GPU (skipped without one): --fp8 hybrid in bf16 through cuBLASLt's FP8 GEMMs,
 #               current and delayed scaling, 20 steps each follow the CPU's FP8 emulation within
 #               1e-2 and the GPU run's own loss falls by at least half the CPU run's fall
@@ -649,6 +651,22 @@ PY
     compare fp8_one fp8_tp2_sp_pp2 1 20 1e-4
     first_norms fp8_one fp8_tp2_sp_pp2 plain
     compare plain fp8_one 1 20 0.03
+    # --fp8-lm-head: the LM head in FP8 too, untied and tied (its own table and, at pp 2, the
+    # last stage's copy), at tp 2 (+ sp) x pp 2 as one rank; step 1 is not the FP8 blocks'.
+    # The logits' FP8 roundings flip more often: steps 1-2 within 1e-6, 1-20 within 5e-4.
+    head_same() {
+      compare "$1" "$2" 1 2 1e-6
+      compare "$1" "$2" 1 20 5e-4
+      first_norms "$@"
+    }
+    run head_one 1 --steps 20 --fp8 hybrid --fp8-lm-head
+    run head_tp2_sp_pp2 4 --steps 20 --fp8 hybrid --fp8-lm-head --tp 2 --sp --pp 2
+    head_same head_one head_tp2_sp_pp2 fp8_one
+    compare plain head_one 1 20 0.03
+    run head_tied_one 1 --steps 20 --fp8 hybrid --fp8-lm-head --tied-embeddings
+    run head_tied_tp2_pp2 4 --steps 20 --fp8 hybrid --fp8-lm-head --tied-embeddings --tp 2 --pp 2
+    run tied_one 1 --steps 20 --fp8 hybrid --tied-embeddings
+    head_same head_tied_one head_tied_tp2_pp2 tied_one
     delayed=(--fp8 hybrid --fp8-scaling delayed --fp8-amax-history 4)
     run delayed_one 1 --steps 20 "${delayed[@]}"
     run delayed_tp2_pp2 4 --steps 20 "${delayed[@]}" --tp 2 --pp 2
@@ -680,6 +698,7 @@ PY
     refused "FP8 mode 'on': expected off or hybrid" --fp8 on
     refused "expected current or delayed" --fp8 hybrid --fp8-scaling tensorwise
     refused "--fp8-amax-history 0: expected a count >= 1" --fp8 hybrid --fp8-amax-history 0
+    refused "--fp8-lm-head needs --fp8 hybrid" --fp8-lm-head
     ;;
   gpu_fp8)
     if ! nvidia-smi -L >/dev/null 2>&1; then

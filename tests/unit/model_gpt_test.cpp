@@ -252,6 +252,27 @@ TEST_CASE("model: bad configs, chunks and calls are refused with their names", "
   bad = c;
   bad.vocab = 0;
   REQUIRE_THROWS_QUINTET(bad.validate(1), InvalidArgument, "vocab = 0 must be > 0");
+  bad = c;
+  bad.fp8_lm_head = true;  // the LM head's FP8 without the model's
+  REQUIRE_THROWS_QUINTET(bad.validate(1), InvalidArgument, "fp8_lm_head with fp8 = off");
+  // With it, the head (tied or not) has its FP8 scales; without, only the blocks do.
+  for (const bool tied : {false, true}) {
+    for (const bool head : {false, true}) {
+      model::GptConfig f = c;
+      f.fp8.mode = nn::Fp8Mode::hybrid;
+      f.fp8_lm_head = head;
+      f.tied_embeddings = tied;
+      const auto chunk = model::build_gpt_chunk(f, groups, model::ChunkSpec::whole(f));
+      std::vector<std::string> head_scales;
+      for (const auto& [name, s] : chunk->named_fp8_scales()) {
+        if (name.rfind("lm_head.", 0) == 0) head_scales.push_back(name);
+      }
+      INFO("tied " << tied << ", fp8_lm_head " << head);
+      CHECK(head_scales ==
+            (head ? std::vector<std::string>{"lm_head.fp8_x", "lm_head.fp8_w", "lm_head.fp8_dy"}
+                  : std::vector<std::string>{}));
+    }
+  }
   REQUIRE_THROWS_QUINTET(model::build_gpt_chunk(c, {}, model::ChunkSpec::whole(c)), InvalidArgument,
                          "no tensor-parallel communicator");
   REQUIRE_THROWS_QUINTET(model::split_into_chunks(c, 5), InvalidArgument, "5 chunks for 4 layers");

@@ -161,6 +161,7 @@ TEST_CASE("job config: every flag --help lists reaches the config", "[train]") {
                                                      {"--fp8", "hybrid"},
                                                      {"--fp8-scaling", "delayed"},
                                                      {"--fp8-amax-history", "8"},
+                                                     {"--fp8-lm-head", ""},
                                                      {"--tied-embeddings", ""},
                                                      {"--micro-batch", "2"},
                                                      {"--global-batch", "32"},
@@ -458,6 +459,7 @@ TEST_CASE("job config: the jobs the trainers refuse, refused before any communic
           "--fp8-amax-history 0: expected a count >= 1");
   refused(gpt, 2, {"--fp8", "hybrid", "--cp", "2"}, "--fp8 hybrid with --cp 2");
   refused(gpt, 1, {"--fp8", "on"}, "expected off or hybrid");
+  refused(gpt, 1, {"--fp8-lm-head"}, "--fp8-lm-head needs --fp8 hybrid");
   refused(gpt, 1, {"--bucket-mb", "0"}, "--bucket-mb 0: expected a size in MiB");
   refused(gpt, 2, {"--pp", "4", "--layers", "4"},
           "--tp 1 x --dp 1 x --pp 4 = 4 ranks, but the job has 2");

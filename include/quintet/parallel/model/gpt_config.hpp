@@ -129,6 +129,10 @@ struct GptConfig {
   // (expert/experts.hpp), emulated on the CPU only for now; no context parallelism (its
   // sequence chunks would be scaled apart); the LM head stays in the model's dtype.
   nn::Fp8Recipe fp8;
+  // With fp8 on: the LM head (tied or not) in FP8 too, as the tp linear layers (its scaling
+  // state "lm_head.fp8_x", "lm_head.fp8_w", "lm_head.fp8_dy"). Off by default: the logits' and
+  // the loss gradient's range is where FP8 costs most accuracy.
+  bool fp8_lm_head = false;
   // The family the structure came from (the named constructors, set_family, --arch): a label
   // the fields above override; validate() holds its MLP kind to mlp (gpt2 takes either).
   ModelFamily family = ModelFamily::gpt2;

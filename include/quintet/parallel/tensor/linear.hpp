@@ -38,6 +38,7 @@ struct ColumnParallelOptions {
 struct SharedWeightOptions {
   bool sequence_parallel = false;
   nn::GradReady ready = nn::GradReady::defer;  // who marks the weight's gradient ready (below)
+  nn::Fp8Recipe fp8{};  // as ColumnParallelOptions::fp8 (a tied LM head with --fp8-lm-head)
 };
 
 struct RowParallelOptions {
@@ -96,6 +97,8 @@ class ColumnParallelLinear : public nn::Module {
 
  private:
   bool chunked_here() const { return chunks_ > 1 && tp_->size() > 1; }
+  // With recipe.mode hybrid, declares "fp8_x", "fp8_w" and "fp8_dy" and turns fp8_ on.
+  void declare_fp8(const nn::Fp8Recipe& recipe);
   Communicator* tp_;
   std::int64_t in_, local_out_;
   bool sp_, enter_region_;
