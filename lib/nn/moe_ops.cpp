@@ -164,8 +164,8 @@ PermuteOutput moe_permute(const Tensor& x, const Tensor& experts, const Tensor& 
   return p;
 }
 
-Tensor moe_unpermute(const Tensor& rows, const Tensor& slot, const Tensor& weights,
-                     const Stream& stream) {
+void moe_unpermute_into(const Tensor& rows, const Tensor& slot, const Tensor& weights,
+                        const Tensor& out, const Stream& stream) {
   const OpChecker c("moe_unpermute", stream);
   const DType t = c.compute("rows", rows);
   QUINTET_CHECK(rows.dim() == 2, "moe_unpermute: rows must be [R, d], got {}", rows.str());
@@ -173,8 +173,19 @@ Tensor moe_unpermute(const Tensor& rows, const Tensor& slot, const Tensor& weigh
   const std::int64_t T = sl.size(0), k = sl.size(1);
   const Tensor w =
       weights.defined() ? matrix(c, "weights", weights, DType::f32, T, k, stream) : Tensor();
-  Tensor y = Tensor::empty({T, rows.size(1)}, t, c.device(), stream);
-  QUINTET_NN_DISPATCH(c, stream, moe_unpermute, rows.contiguous(stream), sl, w, y);
+  c.compute_as("out", out, t);
+  c.shape("out", out, {T, rows.size(1)});
+  QUINTET_CHECK(out.is_contiguous(), "moe_unpermute: out must be contiguous (written in place)");
+  QUINTET_NN_DISPATCH(c, stream, moe_unpermute, rows.contiguous(stream), sl, w, out);
+}
+
+Tensor moe_unpermute(const Tensor& rows, const Tensor& slot, const Tensor& weights,
+                     const Stream& stream) {
+  QUINTET_CHECK(rows.defined() && rows.dim() == 2 && slot.defined() && slot.dim() == 2,
+                "moe_unpermute: rows [R, d] and slot [T, k] expected, got {} and {}", rows.str(),
+                slot.str());
+  Tensor y = Tensor::empty({slot.size(0), rows.size(1)}, rows.dtype(), stream.device(), stream);
+  moe_unpermute_into(rows, slot, weights, y, stream);
   return y;
 }
 

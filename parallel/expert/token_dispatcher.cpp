@@ -100,8 +100,8 @@ Tensor TokenDispatcher::forward(const Tensor& x, const Routing& r, const Experts
   std::vector<PendingRows> coming(static_cast<std::size_t>(C)), back(coming.size());
   std::vector<Tensor> outputs(coming.size());
   Tensor out_own = Tensor::empty({h.count, d}, x.dtype(), dev, s);
-  overlap::ChunkStages
-      stages;  // lookahead 1: chunk c + 1's dispatch is issued before chunk c's experts
+  // Lookahead 1: chunk c + 1's dispatch is issued before chunk c's experts.
+  overlap::ChunkStages stages;
   stages.bring = [&](int c) {
     const auto i = static_cast<std::size_t>(c);
     coming[i] = start_dispatch(sorted[i], h.chunks[i].plan, ep_, s);
@@ -126,9 +126,8 @@ Tensor TokenDispatcher::forward(const Tensor& x, const Routing& r, const Experts
   stages.arrived = [&](int c, const Stream& on) {
     DispatchHandle::Chunk& ch = h.chunks[static_cast<std::size_t>(c)];
     ch.returned = finish_return(back[static_cast<std::size_t>(c)], on);
-    out_own.narrow(0, ch.first, ch.count)
-        .copy_(nn::moe_unpermute(ch.returned, ch.slot, h.weights.narrow(0, ch.first, ch.count), on),
-               on);
+    nn::moe_unpermute_into(ch.returned, ch.slot, h.weights.narrow(0, ch.first, ch.count),
+                           out_own.narrow(0, ch.first, ch.count), on);
   };
   overlap::ChunkPipeline::run(C, stages, s).finish(s);
   return splits_tokens() ? all_gather_rows(out_own, *tp_, s) : out_own;
@@ -176,10 +175,8 @@ DispatchGrads TokenDispatcher::backward(const Tensor& dy, const DispatchHandle& 
     // Un-permute: each token sums the gradients of its sorted rows.
     stages.arrived = [&](int c, const Stream& on) {
       const DispatchHandle::Chunk& ch = h.chunks[static_cast<std::size_t>(c)];
-      dx_own.narrow(0, ch.first, ch.count)
-          .copy_(nn::moe_unpermute(finish_return(back[static_cast<std::size_t>(c)], on), ch.slot,
-                                   Tensor(), on),
-                 on);
+      nn::moe_unpermute_into(finish_return(back[static_cast<std::size_t>(c)], on), ch.slot,
+                             Tensor(), dx_own.narrow(0, ch.first, ch.count), on);
     };
     returned = overlap::ChunkPipeline::run(C, stages, st);
   });

@@ -154,6 +154,10 @@ TEST_CASE("gpu moe_permute / moe_unpermute equal the CPU ops", "[ep][gpu]") {
   require_close(nn::moe_unpermute(sorted_gpu, got.slot, Tensor(), s),
                 nn::moe_unpermute(sorted_cpu, want.slot, Tensor(), Stream()), s, tol,
                 "un-permutation without weights (the permutation's backward)");
+  const Tensor block = Tensor::zeros({kT + 3, d}).to(dev, s).to(dtype, s);
+  nn::moe_unpermute_into(sorted_gpu, got.slot, g_weights, block.narrow(0, 3, kT), s);
+  require_close(block.narrow(0, 3, kT), nn::moe_unpermute(sorted_cpu, want.slot, weights, Stream()),
+                s, tol, "un-permutation into a block of rows");
   const Tensor dy = Tensor::randn({kT, d}, 8).to(dtype).to(DType::f32);
   const nn::UnpermuteGrads gw =
       nn::moe_unpermute_backward(dy, sorted_cpu, want.slot, want.source, weights, Stream());

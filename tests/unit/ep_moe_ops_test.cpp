@@ -326,6 +326,13 @@ TEST_CASE("moe_permute and moe_unpermute equal a plain sort, gather and weighted
         CHECK(dw[a] == Approx(dot).margin(1e-6));
       }
     }
+    // The same written into a block of rows of a larger output, the other rows left alone.
+    const Tensor big = Tensor::full({T + 2, d}, 7.0, dt);
+    nn::moe_unpermute_into(sorted, p.slot, weights, big.narrow(0, 1, T), Stream());
+    const std::vector<double> bv = big.to(DType::f64).to_vector<double>();
+    CHECK(std::vector<double>(bv.begin() + d, bv.end() - d) == y);
+    CHECK(bv.front() == 7.0);
+    CHECK(bv.back() == 7.0);
     // The permutation's backward is the un-permutation without weights: <P x, r> = <x, P^T r>.
     const Tensor r = Tensor::randn({T * k, d}, 37).to(dt);
     const std::vector<double> rr = r.to(DType::f64).to_vector<double>();
@@ -403,6 +410,9 @@ TEST_CASE("the MoE ops refuse bad arguments", "[ep]") {
   const Tensor slot = Tensor::from_vector(std::vector<std::int32_t>{0, 2}, {1, 2});
   REQUIRE_THROWS_QUINTET(nn::moe_unpermute(Tensor::zeros({2, 3}), slot, Tensor(), Stream()),
                          InvalidArgument, "row 2 of 2");
+  REQUIRE_THROWS_QUINTET(nn::moe_unpermute_into(Tensor::zeros({2, 3}), slot, Tensor(),
+                                                Tensor::zeros({2, 3}), Stream()),
+                         InvalidArgument, "out has shape");
   REQUIRE_THROWS_QUINTET(
       nn::moe_unpermute_backward(Tensor::zeros({1, 3}), Tensor::zeros({2, 3}), slot,
                                  Tensor::zeros({2}), Tensor::zeros({1, 2}), Stream()),

@@ -338,6 +338,10 @@ PermuteOutput moe_permute(const Tensor& x, const Tensor& experts, const Tensor& 
 // slot (the first R sorted rows).
 Tensor moe_unpermute(const Tensor& rows, const Tensor& slot, const Tensor& weights,
                      const Stream& stream);
+// The same, writing y into out [T, d] (like rows, contiguous: e.g. a block of rows of a larger
+// output, so that chunks of tokens land in place without a copy).
+void moe_unpermute_into(const Tensor& rows, const Tensor& slot, const Tensor& weights,
+                        const Tensor& out, const Stream& stream);
 struct UnpermuteGrads {
   Tensor drows;     // [R, d] like rows: weights[a] * dy[t] at sorted row slot[a], 0 on other rows
   Tensor dweights;  // [T, k] f32: dy[t] . rows[slot[a]], 0 where dropped
