@@ -37,6 +37,8 @@ TEST_CASE("gpu moe_route_forward / backward equal the CPU ops", "[ep][gpu]") {
                std::make_tuple(RouteScore::softmax, 8, true, 8, 40, 4, 0, false),   // k = E
                std::make_tuple(RouteScore::softmax, 2, true, 70, 133, 7, 0, true),  // E > 32
                std::make_tuple(RouteScore::sigmoid, 8, false, 300, 61, 1, 0, false),
+               // 6 warps a block (their statistics fill the shared memory), 2 tiles a group
+               std::make_tuple(RouteScore::softmax, 2, true, 1000, 50, 2, 0, true),
                std::make_tuple(RouteScore::softmax, 2, true, 7, 96, 3, 20, false),  // capacity
                std::make_tuple(RouteScore::softmax, 1, false, 6, 64, 0, 5, true));
   INFO("score " << static_cast<int>(score) << " k " << k << " E " << E << " T " << T << " G " << G
