@@ -9,7 +9,7 @@
 #include "quintet/parallel/layout.hpp"
 #include "quintet/parallel/mesh.hpp"
 
-namespace quintet {
+namespace quintet::data_parallel {
 
 namespace {
 
@@ -160,4 +160,4 @@ BucketPlan::BucketPlan(const nn::ParameterStore& store, std::int64_t first_bucke
   }
 }
 
-}  // namespace quintet
+}  // namespace quintet::data_parallel

@@ -11,7 +11,7 @@
 #include "on_demand_gradients.hpp"  // ZeRO-2 gradient memory
 #include "quintet/parallel/overlap/overlap_meter.hpp"
 
-namespace quintet {
+namespace quintet::data_parallel {
 
 void DataParallelConfig::validate() const {
   QUINTET_CHECK(first_bucket_bytes > 0,
@@ -199,4 +199,4 @@ nn::ParameterStore& DataParallel::store() const { return state_->store; }
 const Mesh& DataParallel::mesh() const { return state_->mesh; }
 const Stream& DataParallel::compute_stream() const { return state_->compute; }
 
-}  // namespace quintet
+}  // namespace quintet::data_parallel

@@ -8,7 +8,7 @@
 
 #include "quintet/core/trace.hpp"
 
-namespace quintet {
+namespace quintet::data_parallel {
 
 namespace {
 
@@ -335,4 +335,4 @@ void DistributedOptimizer::set_master(const nn::Parameter& p, const Tensor& valu
   }
 }
 
-}  // namespace quintet
+}  // namespace quintet::data_parallel

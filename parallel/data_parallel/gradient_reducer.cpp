@@ -8,7 +8,7 @@
 #include "quintet/core/trace.hpp"
 #include "quintet/nn/ops.hpp"
 
-namespace quintet {
+namespace quintet::data_parallel {
 
 GradientReducer::GradientReducer(nn::ParameterStore& store, const BucketPlan& plan,
                                  const Mesh& mesh, const DataParallelConfig& config,
@@ -218,4 +218,4 @@ void GradientReducer::finish(const Stream& stream) {
   finishing_ = false;
 }
 
-}  // namespace quintet
+}  // namespace quintet::data_parallel

@@ -31,7 +31,7 @@
 #include "quintet/parallel/mesh.hpp"
 #include "quintet/parallel/overlap/overlap_meter.hpp"
 
-namespace quintet {
+namespace quintet::data_parallel {
 
 class GradientReducer {
  public:
@@ -105,4 +105,4 @@ class GradientReducer {
   std::int64_t bytes_ = 0;
 };
 
-}  // namespace quintet
+}  // namespace quintet::data_parallel

@@ -8,7 +8,7 @@
 
 #include "quintet/core/error.hpp"
 
-namespace quintet {
+namespace quintet::data_parallel {
 
 data::LoaderConfig loader_config_for(const Mesh& mesh, data::LoaderConfig config) {
   const int rank = mesh.rank(Axis::dp), size = mesh.size(Axis::dp);
@@ -53,4 +53,4 @@ void check_same_batch(Communicator& group, const Tensor& tokens, const Stream& s
   }
 }
 
-}  // namespace quintet
+}  // namespace quintet::data_parallel

@@ -7,7 +7,7 @@
 #include "quintet/core/error.hpp"
 #include "quintet/nn/ops.hpp"
 
-namespace quintet {
+namespace quintet::data_parallel {
 
 OnDemandGradients::OnDemandGradients(nn::ParameterStore& store,
                                      const std::vector<GradientBucket>& buckets,
@@ -105,4 +105,4 @@ void OnDemandGradients::begin_step() {
   peak_ = bound_ + resident_;
 }
 
-}  // namespace quintet
+}  // namespace quintet::data_parallel

@@ -21,7 +21,7 @@
 #include "quintet/nn/parameter.hpp"
 #include "quintet/parallel/data_parallel/bucket_plan.hpp"
 
-namespace quintet {
+namespace quintet::data_parallel {
 
 class OnDemandGradients {
  public:
@@ -77,4 +77,4 @@ class OnDemandGradients {
   std::int64_t peak_ = 0;
 };
 
-}  // namespace quintet
+}  // namespace quintet::data_parallel

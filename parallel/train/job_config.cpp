@@ -81,8 +81,8 @@ nn::AdamWConfig JobConfig::optimizer() const {
   return o;
 }
 
-DataParallelConfig JobConfig::data_parallel() const {
-  DataParallelConfig d;
+data_parallel::DataParallelConfig JobConfig::data_parallel() const {
+  data_parallel::DataParallelConfig d;
   d.overlap = training.overlap;
   d.zero_stage = training.zero;
   d.bucket_bytes = std::max<std::int64_t>(

@@ -33,9 +33,10 @@ void check_stages(const pipeline::PipelineExecutor& executor, std::span<Training
 }
 
 // A tied weight's copies on this rank's stage `stage`, by name (the same order on both ends).
-std::vector<std::pair<nn::Parameter*, DataParallel*>> tied_of(std::span<TrainingStage> stages,
-                                                              int stage) {
-  std::vector<std::pair<std::string, std::pair<nn::Parameter*, DataParallel*>>> named;
+std::vector<std::pair<nn::Parameter*, data_parallel::DataParallel*>> tied_of(
+    std::span<TrainingStage> stages, int stage) {
+  std::vector<std::pair<std::string, std::pair<nn::Parameter*, data_parallel::DataParallel*>>>
+      named;
   for (TrainingStage& s : stages) {
     if (s.stage != stage) continue;
     for (auto& [name, p] : s.chunk->named_parameters()) {
@@ -46,13 +47,13 @@ std::vector<std::pair<nn::Parameter*, DataParallel*>> tied_of(std::span<Training
   }
   std::sort(named.begin(), named.end(),
             [](const auto& a, const auto& b) { return a.first < b.first; });
-  std::vector<std::pair<nn::Parameter*, DataParallel*>> out;
+  std::vector<std::pair<nn::Parameter*, data_parallel::DataParallel*>> out;
   for (auto& n : named) out.push_back(n.second);
   return out;
 }
 
 // The reduced gradient of a tied weight as its stage's data parallelism left it.
-Tensor tied_gradient(const std::pair<nn::Parameter*, DataParallel*>& t) {
+Tensor tied_gradient(const std::pair<nn::Parameter*, data_parallel::DataParallel*>& t) {
   return t.second != nullptr ? t.second->reduced_grad(*t.first) : t.first->grad();
 }
 
@@ -132,7 +133,7 @@ StepStats step(pipeline::PipelineExecutor& executor, std::span<TrainingStage> st
                const Mesh& mesh, const std::function<pipeline::MicrobatchData(int)>& data,
                const Stream& stream) {
   check_stages(executor, stages, "train::step");
-  std::vector<DistributedOptimizer*> optimizers;
+  std::vector<data_parallel::DistributedOptimizer*> optimizers;
   for (TrainingStage& s : stages) {
     QUINTET_CHECK(s.optimizer != nullptr && &s.optimizer->data_parallel() == s.data_parallel.get(),
                   "train::step: stage {} has no optimizer over its DataParallel; build each "
@@ -162,7 +163,7 @@ StepStats step(pipeline::PipelineExecutor& executor, std::span<TrainingStage> st
   // 3. The global norm, clipping, the (sharded) AdamW update.
   {
     const trace::Range range(trace::TraceKind::compute, "optimizer step", stream);
-    out.optimizer = DistributedOptimizer::step_together(optimizers, stream);
+    out.optimizer = data_parallel::DistributedOptimizer::step_together(optimizers, stream);
   }
 
   // 4. The loss: the last stage's sum (every tp rank the same) to every stage, then the mean over
@@ -188,7 +189,7 @@ StepStats step(pipeline::PipelineExecutor& executor, std::span<TrainingStage> st
 
   // What the step's gradient reductions cost (measured; the stream is past them).
   for (const TrainingStage& s : stages) {
-    const DataParallelStats one = s.data_parallel->last_step_stats();
+    const data_parallel::DataParallelStats one = s.data_parallel->last_step_stats();
     out.dp.comm_ms += one.comm_ms;
     out.dp.exposed_ms += one.exposed_ms;
     out.dp.bytes += one.bytes;

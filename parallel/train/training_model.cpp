@@ -134,10 +134,10 @@ TrainingModel::TrainingModel(const TrainingConfig& config, Mesh& mesh, const Str
     st.chunk = model::build_gpt_chunk(config_.model, groups, chunks[static_cast<std::size_t>(s)]);
     st.store =
         std::make_unique<nn::ParameterStore>(*st.chunk, config_.model.dtype, stream_, config_.seed);
-    st.data_parallel =
-        std::make_unique<DataParallel>(*st.store, mesh_, config_.data_parallel, stream_);
-    st.optimizer =
-        std::make_unique<DistributedOptimizer>(*st.data_parallel, config_.optimizer, stream_);
+    st.data_parallel = std::make_unique<data_parallel::DataParallel>(
+        *st.store, mesh_, config_.data_parallel, stream_);
+    st.optimizer = std::make_unique<data_parallel::DistributedOptimizer>(
+        *st.data_parallel, config_.optimizer, stream_);
     modules.push_back({s, st.chunk.get(), st.data_parallel.get()});
     optimizers_.push_back(st.optimizer.get());
     stages_.push_back(std::move(st));
@@ -161,7 +161,7 @@ data::LoaderConfig TrainingModel::loader_config(data::LoaderConfig base) const {
   base.batch_size = config_.micro_batch;
   base.seq_len = config_.model.seq_len;
   base.device = stream_.device();
-  return loader_config_for(mesh_, base);
+  return data_parallel::loader_config_for(mesh_, base);
 }
 
 void TrainingModel::check_loader(const data::DataLoader& loader, const char* who) const {
@@ -184,7 +184,8 @@ void TrainingModel::check_loader(const data::DataLoader& loader, const char* who
 pipeline::MicrobatchData TrainingModel::next_microbatch(data::DataLoader& loader) {
   data::Batch batch = loader.next(stream_);
   batch.wait(stream_);
-  if (config_.check_batches) check_same_batch(mesh_.comm(Axis::tp), batch.tokens, stream_);
+  if (config_.check_batches)
+    data_parallel::check_same_batch(mesh_.comm(Axis::tp), batch.tokens, stream_);
   return local_part({batch.tokens, batch.targets});
 }
 
@@ -252,7 +253,8 @@ StepStats TrainingModel::step(const std::function<pipeline::MicrobatchData(int)>
       *executor_, stages_, mesh_,
       [&data, this](int m) {
         pipeline::MicrobatchData d = data(m);
-        if (config_.check_batches) check_same_batch(mesh_.comm(Axis::tp), d.tokens, stream_);
+        if (config_.check_batches)
+          data_parallel::check_same_batch(mesh_.comm(Axis::tp), d.tokens, stream_);
         return local_part(std::move(d));
       },
       stream_);
@@ -284,7 +286,7 @@ StepStats TrainingModel::step(const std::function<pipeline::MicrobatchData(int)>
 }
 
 void TrainingModel::set_lr(float lr) {
-  for (DistributedOptimizer* o : optimizers_) o->set_lr(lr);
+  for (data_parallel::DistributedOptimizer* o : optimizers_) o->set_lr(lr);
 }
 
 std::int64_t TrainingModel::steps() const { return optimizers_.front()->steps(); }

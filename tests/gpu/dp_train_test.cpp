@@ -50,7 +50,7 @@ nn::AdamWConfig adam_config() {
 struct RunResult {
   std::vector<float> init, params;  // the whole value buffer, as f32
   std::vector<double> norms;
-  std::vector<DataParallelStats> stats;
+  std::vector<data_parallel::DataParallelStats> stats;
 };
 
 // One GPU training rows [row0, row0 + rows) of every step's batch alone with nn::AdamW.
@@ -70,11 +70,12 @@ RunResult run_alone(std::int64_t row0, std::int64_t rows, const Stream& s) {
   return r;
 }
 
-RunResult run_dp(const Mesh& mesh, const DataParallelConfig& config, int micro, const Stream& s) {
+RunResult run_dp(const Mesh& mesh, const data_parallel::DataParallelConfig& config, int micro,
+                 const Stream& s) {
   TinyGpt model(kModel, s.device());
   nn::ParameterStore store(model, DType::bf16, s, kSeed);
-  DataParallel dp(store, mesh, config, s);
-  DistributedOptimizer optimizer(dp, adam_config(), s);
+  data_parallel::DataParallel dp(store, mesh, config, s);
+  data_parallel::DistributedOptimizer optimizer(dp, adam_config(), s);
   const std::int64_t local = kGlobalBatch / mesh.size(Axis::dp), rows = local / micro;
   RunResult r;
   for (int step = 0; step < kSteps; ++step) {
@@ -168,7 +169,7 @@ TEST_CASE("gpu dp: dp = 2 in bf16 follows one GPU training the whole batch") {
         Case{2, true, 25 << 20, 1}, Case{2, true, 1 << 14, 4}, Case{2, false, 1 << 16, 2}}) {
     INFO("stage " << c.stage << " overlap " << c.overlap << " bucket " << c.bucket << " micro "
                   << c.micro);
-    DataParallelConfig config;
+    data_parallel::DataParallelConfig config;
     config.zero_stage = c.stage;
     config.overlap = c.overlap;
     config.first_bucket_bytes = c.bucket / 4;
@@ -176,7 +177,7 @@ TEST_CASE("gpu dp: dp = 2 in bf16 follows one GPU training the whole batch") {
     RunResult got = run_dp(mesh, config, c.micro, s);
     got.init = reference.init;
     require_close(got, reference);
-    for (const DataParallelStats& st : got.stats) {
+    for (const data_parallel::DataParallelStats& st : got.stats) {
       CHECK(st.buckets > 0);
       CHECK(st.exposed_ms >= 0.0);
       if (world.size() > 1) CHECK(st.comm_ms > 0.0);
@@ -195,6 +196,7 @@ TEST_CASE("gpu dp: a CPU store with a GPU mesh is rejected before any communicat
   TinyGpt model(kModel);
   const Stream cpu;
   nn::ParameterStore store(model, DType::f32, cpu, kSeed);
-  REQUIRE_THROWS_QUINTET(DataParallel(store, mesh, DataParallelConfig{}, cpu), InvalidArgument,
-                         "communicator moves tensors on");
+  REQUIRE_THROWS_QUINTET(
+      data_parallel::DataParallel(store, mesh, data_parallel::DataParallelConfig{}, cpu),
+      InvalidArgument, "communicator moves tensors on");
 }

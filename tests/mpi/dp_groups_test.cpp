@@ -115,16 +115,16 @@ void check_layout(Communicator& world, const ParallelConfig& pc, int stage, std:
              << stage << ", bucket bytes " << bytes);
   Probe probe;
   nn::ParameterStore store(probe, DType::f32, kCpu, 3);
-  DataParallelConfig config;
+  data_parallel::DataParallelConfig config;
   config.zero_stage = stage;
   config.first_bucket_bytes = bytes;
   config.bucket_bytes = bytes;
-  DataParallel dp(store, mesh, config, kCpu);
+  data_parallel::DataParallel dp(store, mesh, config, kCpu);
   nn::AdamWConfig adam;
   adam.max_grad_norm = 0.0f;  // no clipping: the step just reports the norm
-  DistributedOptimizer optimizer(dp, adam, kCpu);
+  data_parallel::DistributedOptimizer optimizer(dp, adam, kCpu);
 
-  for (const GradientBucket& b : dp.buckets()) {
+  for (const data_parallel::GradientBucket& b : dp.buckets()) {
     const Kind k = kind_of(b.params.front()->name());
     const bool expert = k == kExpert || k == kExpertShard;
     CHECK(b.axis == (expert ? Axis::edp : k == kNorm && pc.tp > 1 ? Axis::tp_dp_cp : Axis::dp_cp));
@@ -148,7 +148,7 @@ void check_layout(Communicator& world, const ParallelConfig& pc, int stage, std:
   const std::vector<float> grads =
       stage == 0 ? store.grad_buffer().to_vector<float>() : std::vector<float>();
   for (int bi = 0; bi < static_cast<int>(dp.buckets().size()); ++bi) {
-    const GradientBucket& b = dp.buckets()[bi];
+    const data_parallel::GradientBucket& b = dp.buckets()[bi];
     const std::int64_t lo = stage == 0 ? b.begin : b.owned_begin();
     const std::int64_t hi = stage == 0 ? b.end : b.owned_end();
     const std::vector<float> owned =
@@ -209,28 +209,30 @@ TEST_CASE("dp: bad input throws before any communication") {
   const Mesh mesh(Layout(ParallelConfig{}, world.size()), world.comm());
   Probe probe;
   nn::ParameterStore store(probe, DType::f32, kCpu, 3);
-  auto config_with = [](const std::function<void(DataParallelConfig&)>& edit) {
-    DataParallelConfig c;
+  auto config_with = [](const std::function<void(data_parallel::DataParallelConfig&)>& edit) {
+    data_parallel::DataParallelConfig c;
     edit(c);
     return c;
   };
+  REQUIRE_THROWS_QUINTET(data_parallel::DataParallel(
+                             store, mesh, config_with([](auto& c) { c.zero_stage = 3; }), kCpu),
+                         InvalidArgument, "zero_stage = 3");
+  REQUIRE_THROWS_QUINTET(data_parallel::DataParallel(
+                             store, mesh, config_with([](auto& c) { c.bucket_bytes = 0; }), kCpu),
+                         InvalidArgument, "bucket_bytes = 0");
   REQUIRE_THROWS_QUINTET(
-      DataParallel(store, mesh, config_with([](auto& c) { c.zero_stage = 3; }), kCpu),
-      InvalidArgument, "zero_stage = 3");
-  REQUIRE_THROWS_QUINTET(
-      DataParallel(store, mesh, config_with([](auto& c) { c.bucket_bytes = 0; }), kCpu),
-      InvalidArgument, "bucket_bytes = 0");
-  REQUIRE_THROWS_QUINTET(
-      DataParallel(store, mesh, config_with([](auto& c) { c.first_bucket_bytes = -5; }), kCpu),
+      data_parallel::DataParallel(store, mesh,
+                                  config_with([](auto& c) { c.first_bucket_bytes = -5; }), kCpu),
       InvalidArgument, "first_bucket_bytes = -5");
   {
     Probe bad(true);
     nn::ParameterStore bad_store(bad, DType::f32, kCpu, 3);
-    REQUIRE_THROWS_QUINTET(DataParallel(bad_store, mesh, DataParallelConfig{}, kCpu),
-                           InvalidArgument, "asks for reduce_over_tp");
+    REQUIRE_THROWS_QUINTET(
+        data_parallel::DataParallel(bad_store, mesh, data_parallel::DataParallelConfig{}, kCpu),
+        InvalidArgument, "asks for reduce_over_tp");
   }
-  DataParallel dp(store, mesh, DataParallelConfig{}, kCpu);
-  DistributedOptimizer optimizer(dp, nn::AdamWConfig{}, kCpu);
+  data_parallel::DataParallel dp(store, mesh, data_parallel::DataParallelConfig{}, kCpu);
+  data_parallel::DistributedOptimizer optimizer(dp, nn::AdamWConfig{}, kCpu);
   REQUIRE_THROWS_QUINTET(dp.set_last_microbatch(true), InvalidArgument, "not inside a step");
   REQUIRE_THROWS_QUINTET(store.parameters()[0]->mark_grad_ready(), InvalidArgument,
                          "outside a step");
@@ -249,7 +251,7 @@ TEST_CASE("dp: bad input throws before any communication") {
   nn::AdamW local(store, no_clip, kCpu);
   REQUIRE_THROWS_QUINTET(local.step(kCpu), InvalidArgument,
                          "reduced by a DataParallel (and under ZeRO only partly held here); step "
-                         "it with quintet::DistributedOptimizer");
+                         "it with quintet::data_parallel::DistributedOptimizer");
   auto state = optimizer.state();
   state[1].second = Tensor::zeros({3});
   REQUIRE_THROWS_QUINTET(optimizer.load_state(state, kCpu), InvalidArgument, "'master' is");
@@ -263,13 +265,14 @@ TEST_CASE("dp: ZeRO-2 refuses a gradient asked for after its bucket was reduced"
   const Mesh mesh(Layout(ParallelConfig{}, world.size()), world.comm());
   Probe probe;
   nn::ParameterStore store(probe, DType::f32, kCpu, 3);
-  DataParallelConfig config;
+  data_parallel::DataParallelConfig config;
   config.zero_stage = 2;
   config.first_bucket_bytes = 4;  // one parameter per bucket
   config.bucket_bytes = 4;
-  DataParallel dp(store, mesh, config, kCpu);
-  REQUIRE_THROWS_QUINTET(DataParallel(store, mesh, DataParallelConfig{}, kCpu), InvalidArgument,
-                         "one DataParallel per store");
+  data_parallel::DataParallel dp(store, mesh, config, kCpu);
+  REQUIRE_THROWS_QUINTET(
+      data_parallel::DataParallel(store, mesh, data_parallel::DataParallelConfig{}, kCpu),
+      InvalidArgument, "one DataParallel per store");
   nn::Parameter& first = *store.parameters().front();
   REQUIRE_THROWS_QUINTET(first.grad_for_backward(kCpu), InvalidArgument, "outside a step");
   dp.begin_step();
@@ -279,7 +282,7 @@ TEST_CASE("dp: ZeRO-2 refuses a gradient asked for after its bucket was reduced"
                          "after its bucket was reduced");
   REQUIRE_THROWS_QUINTET(first.grad(), InvalidArgument, "keeps gradients on demand");
   dp.finish(kCpu);  // the rest reduce as zeros; the ranks stay in step
-  const GradientBucket& b = dp.buckets().front();
+  const data_parallel::GradientBucket& b = dp.buckets().front();
   const std::vector<float> owned = dp.owned_grad(0).to_vector<float>();
   for (std::int64_t e = b.owned_begin(); e < b.owned_end(); ++e) {
     CHECK(owned[e - b.owned_begin()] == (e < first.offset() + first.numel() ? 1.0f : 0.0f));
@@ -292,11 +295,13 @@ TEST_CASE("dp: the optimizer state round-trips through state() / load_state()") 
   for (int stage : {0, 1}) {
     Probe a, b;
     nn::ParameterStore sa(a, DType::f32, kCpu, 3), sb(b, DType::f32, kCpu, 3);
-    DataParallelConfig config;
+    data_parallel::DataParallelConfig config;
     config.zero_stage = stage;
-    DataParallel da(sa, mesh, config, kCpu), db(sb, mesh, config, kCpu);
-    DistributedOptimizer oa(da, nn::AdamWConfig{}, kCpu), ob(db, nn::AdamWConfig{}, kCpu);
-    auto one_step = [&](nn::ParameterStore& s, DataParallel& d, DistributedOptimizer& o, int t) {
+    data_parallel::DataParallel da(sa, mesh, config, kCpu), db(sb, mesh, config, kCpu);
+    data_parallel::DistributedOptimizer oa(da, nn::AdamWConfig{}, kCpu),
+        ob(db, nn::AdamWConfig{}, kCpu);
+    auto one_step = [&](nn::ParameterStore& s, data_parallel::DataParallel& d,
+                        data_parallel::DistributedOptimizer& o, int t) {
       d.begin_step();
       for (nn::Parameter* p : s.parameters()) {
         p->grad_for_backward(kCpu).copy_(Tensor::randn(p->shape(), 100 + t + mesh.global_rank()));

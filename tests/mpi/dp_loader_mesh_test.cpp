@@ -57,7 +57,7 @@ TEST_CASE("dp: a loader configured from the mesh feeds one replica the same batc
     base.batch_size = 2;
     base.threads = 2;
     base.seed = 5;
-    const data::LoaderConfig c = loader_config_for(mesh, base);
+    const data::LoaderConfig c = data_parallel::loader_config_for(mesh, base);
     CHECK(c.dp_rank == mesh.rank(Axis::dp));
     CHECK(c.dp_size == mesh.size(Axis::dp));
     const auto batches = gathered_batches(world.comm(), dataset, c);
@@ -84,12 +84,12 @@ TEST_CASE("dp: data-parallel coordinates set by hand against the mesh are refuse
   data::LoaderConfig wrong;
   wrong.dp_rank = (mesh.rank(Axis::dp) + 1) % n;  // another replica's
   wrong.dp_size = n;
-  REQUIRE_THROWS_QUINTET(loader_config_for(mesh, wrong), InvalidArgument,
+  REQUIRE_THROWS_QUINTET(data_parallel::loader_config_for(mesh, wrong), InvalidArgument,
                          "but this rank is rank " + std::to_string(mesh.rank(Axis::dp)));
   data::LoaderConfig same;
   same.dp_rank = mesh.rank(Axis::dp);
   same.dp_size = n;
-  CHECK(loader_config_for(mesh, same).dp_rank == mesh.rank(Axis::dp));
+  CHECK(data_parallel::loader_config_for(mesh, same).dp_rank == mesh.rank(Axis::dp));
 }
 
 TEST_CASE("dp: check_same_batch finds a replica whose ranks read different tokens", "[dp]") {
@@ -100,14 +100,16 @@ TEST_CASE("dp: check_same_batch finds a replica whose ranks read different token
   Communicator& tp = mesh.comm(Axis::tp);
   std::vector<std::int32_t> ids(12);
   for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int32_t>(3 * i + 1);
-  check_same_batch(tp, Tensor::from_vector(ids, {2, 6}));  // the same on both: no error
+  data_parallel::check_same_batch(tp,
+                                  Tensor::from_vector(ids, {2, 6}));  // the same on both: no error
   // Tensor-parallel rank 1 of every replica reads another batch (a tp rank passed as dp rank).
   std::vector<std::int32_t> other = ids;
   if (tp.rank() == 1) other[5] += 1;
-  REQUIRE_THROWS_QUINTET(check_same_batch(tp, Tensor::from_vector(other, {2, 6})), InvalidArgument,
-                         "rank 1 holds other tokens than rank 0");
+  REQUIRE_THROWS_QUINTET(data_parallel::check_same_batch(tp, Tensor::from_vector(other, {2, 6})),
+                         InvalidArgument, "rank 1 holds other tokens than rank 0");
   // Another shape is another batch, even over the same bytes' prefix.
   REQUIRE_THROWS_QUINTET(
-      check_same_batch(tp, Tensor::from_vector(ids, tp.rank() == 0 ? Shape{2, 6} : Shape{3, 4})),
+      data_parallel::check_same_batch(
+          tp, Tensor::from_vector(ids, tp.rank() == 0 ? Shape{2, 6} : Shape{3, 4})),
       InvalidArgument, "other tokens");
 }

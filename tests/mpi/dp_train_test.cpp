@@ -47,7 +47,7 @@ struct RunResult {
   std::vector<std::vector<float>> params;  // store order
   std::vector<double> norms;
   std::vector<float> scales;
-  std::vector<DataParallelStats> stats;
+  std::vector<data_parallel::DataParallelStats> stats;
 };
 
 std::vector<std::vector<float>> values(const nn::ParameterStore& store) {
@@ -73,11 +73,12 @@ RunResult run_reference() {
   return r;
 }
 
-RunResult run_data_parallel(const Mesh& mesh, const DataParallelConfig& config, int micro) {
+RunResult run_data_parallel(const Mesh& mesh, const data_parallel::DataParallelConfig& config,
+                            int micro) {
   TinyGpt model(kModel);
   nn::ParameterStore store(model, DType::f32, kCpu, kSeed);
-  DataParallel dp(store, mesh, config, kCpu);
-  DistributedOptimizer optimizer(dp, adam_config(), kCpu);
+  data_parallel::DataParallel dp(store, mesh, config, kCpu);
+  data_parallel::DistributedOptimizer optimizer(dp, adam_config(), kCpu);
   const std::int64_t local = kGlobalBatch / mesh.size(Axis::dp);
   const std::int64_t rows = local / micro;
   RunResult r;
@@ -152,7 +153,7 @@ TEST_CASE("dp: training with dp = N equals one rank at the same global batch") {
   };
   for (const Case& c : cases) {
     INFO(c.name << " with dp = " << world.size());
-    DataParallelConfig config;
+    data_parallel::DataParallelConfig config;
     config.zero_stage = c.stage;
     config.overlap = c.overlap;
     config.first_bucket_bytes = c.first;
@@ -162,7 +163,7 @@ TEST_CASE("dp: training with dp = N equals one rank at the same global batch") {
     REQUIRE(local % micro == 0);
     const RunResult got = run_data_parallel(mesh, config, micro);
     require_same(got, reference);
-    for (const DataParallelStats& st : got.stats) {
+    for (const data_parallel::DataParallelStats& st : got.stats) {
       CHECK(st.buckets > 0);
       CHECK(st.bytes >= 4 * 64 * st.buckets);
       CHECK(st.comm_ms >= 0.0);
@@ -183,12 +184,12 @@ TEST_CASE("dp: ZeRO-2 holds the gradient shards and the buckets in flight, not a
     TinyGpt model(kModel);
     nn::ParameterStore store(model, DType::f32, kCpu, kSeed);
     const std::int64_t full_bytes = store.total_elements() * 4;
-    DataParallelConfig config;
+    data_parallel::DataParallelConfig config;
     config.zero_stage = stage;
     config.first_bucket_bytes = 256;  // about one parameter per bucket
     config.bucket_bytes = 1024;
-    DataParallel dp(store, mesh, config, kCpu);
-    DistributedOptimizer optimizer(dp, adam_config(), kCpu);
+    data_parallel::DataParallel dp(store, mesh, config, kCpu);
+    data_parallel::DistributedOptimizer optimizer(dp, adam_config(), kCpu);
     if (stage == 2) {
       CHECK(!store.grad_buffer().defined());
       REQUIRE_THROWS_QUINTET(store.parameters().front()->grad(), InvalidArgument,
@@ -196,7 +197,7 @@ TEST_CASE("dp: ZeRO-2 holds the gradient shards and the buckets in flight, not a
     }
     std::vector<std::int64_t> sizes;
     *shard_bytes = 0;
-    for (const GradientBucket& b : dp.buckets()) {
+    for (const data_parallel::GradientBucket& b : dp.buckets()) {
       *shard_bytes += b.shard_size * 4;
       sizes.push_back(b.shard_size * b.shard_count * 4);
     }
@@ -210,7 +211,7 @@ TEST_CASE("dp: ZeRO-2 holds the gradient shards and the buckets in flight, not a
     dp.finish(kCpu);
     optimizer.step(kCpu);
     optimizer.wait_for_parameters(kCpu);
-    const DataParallelStats st = dp.last_step_stats();
+    const data_parallel::DataParallelStats st = dp.last_step_stats();
     if (stage == 0) CHECK(st.peak_gradient_bytes == full_bytes);
     if (stage == 2) {
       // No gradient is left bound once the step is done.
@@ -234,17 +235,17 @@ TEST_CASE("dp: buckets tile the gradient buffer in order, within their limits") 
   TinyGpt model(kModel);
   nn::ParameterStore store(model, DType::f32, kCpu, kSeed);
   for (std::int64_t bytes : {std::int64_t{256}, std::int64_t{4096}, std::int64_t{1} << 30}) {
-    DataParallelConfig config;
+    data_parallel::DataParallelConfig config;
     config.first_bucket_bytes = bytes / 2;
     config.bucket_bytes = bytes;
     config.zero_stage = 1;
-    DataParallel dp(store, mesh, config, kCpu);
-    const std::vector<GradientBucket>& buckets = dp.buckets();
+    data_parallel::DataParallel dp(store, mesh, config, kCpu);
+    const std::vector<data_parallel::GradientBucket>& buckets = dp.buckets();
     REQUIRE(!buckets.empty());
     std::int64_t at = 0;
     std::size_t params = 0;
     for (std::size_t b = 0; b < buckets.size(); ++b) {
-      const GradientBucket& k = buckets[b];
+      const data_parallel::GradientBucket& k = buckets[b];
       CHECK(k.begin == at);
       CHECK(k.params.front()->offset() == k.begin);
       const std::int64_t limit = b == 0 ? config.first_bucket_bytes : config.bucket_bytes;

@@ -131,7 +131,7 @@ void run_case(const Case& c, Communicator& world) {
   // This rank's stages: a chunk, its store, its data parallelism (and optimizer) each.
   std::vector<train::TrainingStage> held;
   std::vector<pipeline::StageModule> stages;
-  DataParallelConfig dpc;
+  data_parallel::DataParallelConfig dpc;
   dpc.zero_stage = c.zero;
   dpc.first_bucket_bytes = 512;
   dpc.bucket_bytes = 2048;
@@ -140,9 +140,10 @@ void run_case(const Case& c, Communicator& world) {
     h.stage = s;
     h.chunk = model::build_gpt_chunk(config, {&mesh.comm(Axis::tp)}, specs[s]);
     h.store = std::make_unique<nn::ParameterStore>(*h.chunk, DType::f32, kCpu, kSeed);
-    h.data_parallel = std::make_unique<DataParallel>(*h.store, mesh, dpc, kCpu);
+    h.data_parallel = std::make_unique<data_parallel::DataParallel>(*h.store, mesh, dpc, kCpu);
     if (c.zero > 0) {
-      h.optimizer = std::make_unique<DistributedOptimizer>(*h.data_parallel, adam(), kCpu);
+      h.optimizer =
+          std::make_unique<data_parallel::DistributedOptimizer>(*h.data_parallel, adam(), kCpu);
     }
     stages.push_back({s, h.chunk.get(), h.data_parallel.get()});
     held.push_back(std::move(h));
@@ -312,15 +313,16 @@ TEST_CASE("pp: bad inputs are refused before any communication", "[pp]") {
     auto other_chunk =
         model::build_gpt_chunk(config, {&mesh.comm(Axis::tp)}, specs[mesh.rank(Axis::pp)]);
     nn::ParameterStore other_store(*other_chunk, DType::f32, kCpu, kSeed);
-    DataParallel other_dp(other_store, mesh, DataParallelConfig{}, kCpu);
+    data_parallel::DataParallel other_dp(other_store, mesh, data_parallel::DataParallelConfig{},
+                                         kCpu);
     std::vector<train::TrainingStage> stages(1);
     stages[0].stage = mesh.rank(Axis::pp);
     stages[0].chunk =
         model::build_gpt_chunk(config, {&mesh.comm(Axis::tp)}, specs[mesh.rank(Axis::pp)]);
     stages[0].store =
         std::make_unique<nn::ParameterStore>(*stages[0].chunk, DType::f32, kCpu, kSeed);
-    stages[0].data_parallel =
-        std::make_unique<DataParallel>(*stages[0].store, mesh, DataParallelConfig{}, kCpu);
+    stages[0].data_parallel = std::make_unique<data_parallel::DataParallel>(
+        *stages[0].store, mesh, data_parallel::DataParallelConfig{}, kCpu);
     // Another chunk than the executor's.
     REQUIRE_THROWS_QUINTET(train::step(plain, stages, mesh, no_data, kCpu), InvalidArgument,
                            "is not the executor's stage");
@@ -333,7 +335,8 @@ TEST_CASE("pp: bad inputs are refused before any communication", "[pp]") {
         {{mesh.rank(Axis::pp), stages[0].chunk.get(), stages[0].data_parallel.get()}}, ec);
     REQUIRE_THROWS_QUINTET(train::step(with_dp, stages, mesh, no_data, kCpu), InvalidArgument,
                            "has no optimizer over its DataParallel");
-    stages[0].optimizer = std::make_unique<DistributedOptimizer>(other_dp, adam(), kCpu);
+    stages[0].optimizer =
+        std::make_unique<data_parallel::DistributedOptimizer>(other_dp, adam(), kCpu);
     REQUIRE_THROWS_QUINTET(train::step(with_dp, stages, mesh, no_data, kCpu), InvalidArgument,
                            "has no optimizer over its DataParallel");
   }

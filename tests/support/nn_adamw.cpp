@@ -33,7 +33,8 @@ AdamW::AdamW(ParameterStore& store, const AdamWConfig& config, const Stream& str
     QUINTET_CHECK(config.max_grad_norm <= 0,
                   "nn::AdamW: parameter {} is {}, so its gradient norm is spread over several "
                   "ranks and clipping by this rank's norm would clip each rank differently (the "
-                  "replicas drift apart). Use quintet::DistributedOptimizer over a DataParallel "
+                  "replicas drift apart). Use quintet::data_parallel::DistributedOptimizer over a "
+                  "DataParallel "
                   "(quintet/parallel/data_parallel/distributed_optimizer.hpp), which takes the "
                   "norm over the whole job, or set max_grad_norm = 0",
                   p->name(), why);
@@ -52,7 +53,8 @@ AdamW::AdamW(ParameterStore& store, const AdamWConfig& config, const Stream& str
 OptimizerStepInfo AdamW::step(const Stream& stream) {
   QUINTET_CHECK(!store_.data_parallel(),
                 "nn::AdamW::step: this store's gradients are reduced by a DataParallel (and "
-                "under ZeRO only partly held here); step it with quintet::DistributedOptimizer "
+                "under ZeRO only partly held here); step it with "
+                "quintet::data_parallel::DistributedOptimizer "
                 "(quintet/parallel/data_parallel/distributed_optimizer.hpp) over that "
                 "DataParallel");
   const bool gpu = stream.device().is_cuda();

@@ -1,8 +1,8 @@
 // nn::AdamW: one process's AdamW over the parameters of a ParameterStore, with f32 master
 // weights, gradient clipping by this store's global norm and decoupled weight decay (skipped for
 // parameters whose attributes say so). Test support, not library: the tests' single-rank
-// reference optimizer (the library's is quintet::DistributedOptimizer, which takes the norm over
-// the whole job, at dp 1 too). Source: nn_adamw.cpp.
+// reference optimizer (the library's is quintet::data_parallel::DistributedOptimizer, which takes
+// the norm over the whole job, at dp 1 too). Source: nn_adamw.cpp.
 #pragma once
 
 #include <cstdint>
@@ -19,8 +19,8 @@ namespace quintet::nn {
 // exp_avg_sq: f32, one flat buffer each, same layout as the store). The store must outlive it.
 //
 // One process's optimizer: its gradient norm is over this store alone. So it refuses, with an
-// InvalidArgument that names quintet::DistributedOptimizer (which takes the norm over the whole
-// job, at dp 1 too):
+// InvalidArgument that names quintet::data_parallel::DistributedOptimizer (which takes the norm
+// over the whole job, at dp 1 too):
 //   - at construction, clipping (max_grad_norm > 0) when a parameter's gradient norm lives on
 //     several ranks: a tensor-parallel shard (full_shape larger than its shape), a partial sum
 //     over tp (reduce_over_tp), an expert's weight, a weight tied across chunks. Without clipping

@@ -259,7 +259,7 @@ TEST_CASE("AdamW refuses to clip by one rank's norm of a weight spread over rank
     REQUIRE_THROWS_QUINTET(AdamW(store, clip, kCpu), InvalidArgument,
                            "parameter w " + why + ", so its gradient norm is spread");
     REQUIRE_THROWS_QUINTET(AdamW(store, clip, kCpu), InvalidArgument,
-                           "Use quintet::DistributedOptimizer");
+                           "Use quintet::data_parallel::DistributedOptimizer");
     // Without clipping each update is elementwise: it runs, and reports no norm.
     AdamWConfig no_clip;
     no_clip.max_grad_norm = 0.0f;

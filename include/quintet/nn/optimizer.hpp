@@ -1,7 +1,7 @@
 // What the optimizers share: AdamW's settings (AdamWConfig), the global gradient norm of a step
 // (PendingNorm, OptimizerStepInfo) and the restore of an optimizer's state from a checkpoint. The
-// library's optimizer is quintet::DistributedOptimizer (quintet/parallel/data_parallel/
-// distributed_optimizer.hpp), over every layout, dp 1 included.
+// library's optimizer is quintet::data_parallel::DistributedOptimizer
+// (quintet/parallel/data_parallel/ distributed_optimizer.hpp), over every layout, dp 1 included.
 #pragma once
 
 #include <cstdint>

@@ -47,9 +47,11 @@
 #include "quintet/nn/parameter.hpp"
 
 namespace quintet {
-
 class Layout;
 class Mesh;
+}  // namespace quintet
+
+namespace quintet::data_parallel {
 
 // What the plan needs to know of one parameter (elements of the flat buffers).
 struct BucketParameter {
@@ -143,4 +145,4 @@ class BucketPlan {
   std::vector<int> bucket_of_;
 };
 
-}  // namespace quintet
+}  // namespace quintet::data_parallel

@@ -74,7 +74,7 @@
 #include "quintet/parallel/data_parallel/bucket_plan.hpp"  // GradientBucket, BucketPlan
 #include "quintet/parallel/mesh.hpp"
 
-namespace quintet {
+namespace quintet::data_parallel {
 
 struct DataParallelConfig {
   std::int64_t first_bucket_bytes = 1 << 20;  // bytes of f32 gradient in the first bucket; > 0
@@ -153,4 +153,4 @@ class DataParallel final : public nn::GradientSync {
   std::shared_ptr<State> state_;
 };
 
-}  // namespace quintet
+}  // namespace quintet::data_parallel

@@ -33,7 +33,7 @@
 #include "quintet/nn/optimizer.hpp"
 #include "quintet/parallel/data_parallel/data_parallel.hpp"
 
-namespace quintet {
+namespace quintet::data_parallel {
 
 class DistributedOptimizer {
  public:
@@ -133,4 +133,4 @@ class DistributedOptimizer {
       gather_staging_;  // padded compute-dtype buffers for buckets S does not divide
 };
 
-}  // namespace quintet
+}  // namespace quintet::data_parallel

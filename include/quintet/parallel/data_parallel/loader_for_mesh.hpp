@@ -12,7 +12,7 @@
 #include "quintet/data/loader.hpp"
 #include "quintet/parallel/mesh.hpp"
 
-namespace quintet {
+namespace quintet::data_parallel {
 
 // config with dp_rank = mesh.rank(Axis::dp) and dp_size = mesh.size(Axis::dp). Throws
 // InvalidArgument when config already holds other data-parallel coordinates (set by hand: a tp
@@ -26,4 +26,4 @@ data::LoaderConfig loader_config_for(const Mesh& mesh, data::LoaderConfig config
 // the group's device); synchronises stream (the checksum is taken on the host).
 void check_same_batch(Communicator& group, const Tensor& tokens, const Stream& stream = Stream());
 
-}  // namespace quintet
+}  // namespace quintet::data_parallel

@@ -170,7 +170,7 @@ struct JobConfig {
   pipeline::Schedule pipeline_schedule() const;   // over pp, vpp and accumulation()
   nn::LrSchedule learning_rate_schedule() const;  // over steps
   nn::AdamWConfig optimizer() const;
-  DataParallelConfig data_parallel() const;
+  data_parallel::DataParallelConfig data_parallel() const;
   // The steps --trace records, [first, last] (1-based), for a run of steps start+1 .. end;
   // empty (first > last) without a trace. Throws InvalidArgument for a malformed trace_steps.
   std::pair<std::int64_t, std::int64_t> traced_steps(std::int64_t start, std::int64_t end) const;

@@ -37,8 +37,10 @@ struct TrainingStage {
   int stage = 0;  // global stage index (0: the embedding; the last: the head and the loss)
   std::unique_ptr<model::GptChunk> chunk;
   std::unique_ptr<nn::ParameterStore> store;
-  std::unique_ptr<DataParallel> data_parallel;      // the executor's GradientSync for this stage
-  std::unique_ptr<DistributedOptimizer> optimizer;  // over data_parallel (step() needs it)
+  std::unique_ptr<data_parallel::DataParallel>
+      data_parallel;  // the executor's GradientSync for this stage
+  std::unique_ptr<data_parallel::DistributedOptimizer>
+      optimizer;  // over data_parallel (step() needs it)
 };
 
 // One axis's communication during a step, on this rank, in milliseconds.

@@ -67,9 +67,9 @@ struct TrainingConfig {
   pipeline::ScheduleKind schedule = pipeline::ScheduleKind::one_f_one_b;
   int vpp = 1;                           // stages per pipeline rank (interleaved: >= 2, zb-v: 2)
   pipeline::ActionCosts schedule_costs;  // what the schedule is planned for (schedule.hpp)
-  DataParallelConfig data_parallel;      // buckets, overlap, ZeRO stage
-  nn::AdamWConfig optimizer;             // AdamW and clipping by the global gradient norm
-  std::uint64_t seed = 0;                // the parameters' init draw (the same for any layout)
+  data_parallel::DataParallelConfig data_parallel;  // buckets, overlap, ZeRO stage
+  nn::AdamWConfig optimizer;  // AdamW and clipping by the global gradient norm
+  std::uint64_t seed = 0;     // the parameters' init draw (the same for any layout)
   // Debug: before each microbatch is used, check that the stage's tp ranks hold the same tokens
   // (check_same_batch, loader_for_mesh.hpp). One small all-gather per microbatch.
   bool check_batches = false;
@@ -162,7 +162,7 @@ class TrainingModel {
   Mesh& mesh_;
   Stream stream_;  // a view of the caller's stream (same device and queue)
   std::vector<TrainingStage> stages_;
-  std::vector<DistributedOptimizer*> optimizers_;
+  std::vector<data_parallel::DistributedOptimizer*> optimizers_;
   std::unique_ptr<pipeline::PipelineExecutor> executor_;
   // measure_communication: the timing wrappers of tp, cp, ep and pp (axes of more than one rank).
   std::optional<overlap::TimedCommunicator> timed_tp_, timed_cp_, timed_ep_, timed_pp_;
