@@ -12,7 +12,7 @@ namespace quintet::expert {
 
 namespace {
 // The per-expert blocks (counts[i] rows each, undefined when 0) as one [sum, width] tensor of
-// like's dtype and device, and back as views: FP8 scales one tensor over every expert.
+// like's dtype and device: FP8 scales one tensor over every expert.
 Tensor join(const std::vector<Tensor>& parts, const std::vector<std::int64_t>& counts,
             std::int64_t width, const Tensor& like, const Stream& s) {
   const std::int64_t total = std::accumulate(counts.begin(), counts.end(), std::int64_t{0});
@@ -24,14 +24,24 @@ Tensor join(const std::vector<Tensor>& parts, const std::vector<std::int64_t>& c
   }
   return whole;
 }
-std::vector<Tensor> split(const Tensor& whole, const std::vector<std::int64_t>& counts) {
-  std::vector<Tensor> parts(counts.size());
-  std::int64_t off = 0;
-  for (std::size_t i = 0; i < counts.size(); ++i) {
-    if (counts[i] > 0) parts[i] = whole.narrow(0, off, counts[i]);
-    off += counts[i];
-  }
-  return parts;
+
+// x [rows, cols] in FP8 at scale.scale (recording its amax into scale.amax when defined), with
+// its transpose for backward's GEMMs.
+nn::Fp8Tensor cast(const Tensor& x, const Fp8Linear::Scale& scale, nn::Fp8Format format,
+                   const Stream& s) {
+  return nn::fp8_cast(x.contiguous(s), scale.scale, format, true, scale.amax, s);
+}
+// The transpose of q as an FP8 GEMM operand.
+nn::Fp8Tensor transposed(const nn::Fp8Tensor& q) {
+  return nn::Fp8Tensor{q.transposed, Tensor(), q.scale, q.format};
+}
+// y [rows, m] = q(a) · q(b)ᵀ in like's dtype; the forward's with fast accumulation into bf16, as
+// the tp layers' (parallel/tensor/linear.cpp).
+Tensor gemm(const nn::Fp8Tensor& a, const nn::Fp8Tensor& b, const Tensor& like, bool forward,
+            const Stream& s) {
+  Tensor y = Tensor::empty({a.data.size(0), b.data.size(0)}, like.dtype(), like.device(), s);
+  nn::fp8_gemm(a, b, Tensor(), y, false, forward && like.dtype() == DType::bf16, s);
+  return y;
 }
 }  // namespace
 
@@ -78,79 +88,145 @@ Tensor Experts::forward(const ExpertWeights& w, const Tensor& rows,
   const std::int64_t total = std::accumulate(counts.begin(), counts.end(), std::int64_t{0});
   QUINTET_CHECK(total == rows.size(0), "Experts::forward: counts summing to {} for {} rows", total,
                 rows.size(0));
-  const bool fp8 = fp8_.fc.on();
-  // With FP8, the rows and the weights as the FP8 GEMMs see them (up shares fc's x scale, so its
-  // rows are fc's).
-  const Fp8Linear::Inputs fc =
-      fp8 ? fp8_.fc.forward(rows, w.fc, *fp8_.stage, record, s) : Fp8Linear::Inputs{rows, w.fc};
-  const Tensor up_w =
-      fp8 && up_ != nullptr ? fp8_.up.forward(rows, w.up, *fp8_.stage, record, s).w : w.up;
-  saved.rows = fc.x;
+  if (fp8_.fc.on()) return forward_fp8(w, rows, std::move(counts), saved, record, s);
+  saved.rows = rows;
   saved.fc_out.assign(counts.size(), Tensor());
   saved.up_out.assign(counts.size(), Tensor());
-  std::vector<Tensor> h(counts.size());
-  for (std::int64_t le = 0, off = 0; le < local_experts_; ++le) {
-    const auto i = static_cast<std::size_t>(le);
-    const std::int64_t n = counts[i];
-    if (n == 0) continue;
-    const Tensor xe = fc.x.narrow(0, off, n);
-    Tensor a = nn::linear_forward(xe, fc.w.select(le), Tensor(), s);
-    Tensor u;
-    if (up_ != nullptr) {
-      u = nn::linear_forward(xe, up_w.select(le), Tensor(), s);
-      h[i] = nn::swiglu_forward(a, u, s);
-    } else {
-      h[i] = nn::gelu_forward(a, s);
-    }
-    saved.fc_out[i] = std::move(a);
-    saved.up_out[i] = std::move(u);
-    off += n;
-  }
-  Tensor proj_w = w.proj;
-  if (fp8) {  // proj's input over every expert's rows, through FP8 at one scale
-    const Fp8Linear::Inputs p =
-        fp8_.proj.forward(join(h, counts, w.proj.size(2), rows, s), w.proj, *fp8_.stage, record, s);
-    h = split(p.x, counts);
-    proj_w = p.w;
-    saved.proj_in = h;
-  }
   Tensor y = Tensor::empty({rows.size(0), rows.size(1)}, rows.dtype(), rows.device(), s);
   for (std::int64_t le = 0, off = 0; le < local_experts_; ++le) {
     const auto i = static_cast<std::size_t>(le);
     const std::int64_t n = counts[i];
     if (n == 0) continue;
-    y.narrow(0, off, n).copy_(nn::linear_forward(h[i], proj_w.select(le), Tensor(), s), s);
+    const Tensor xe = rows.narrow(0, off, n);
+    Tensor a = nn::linear_forward(xe, w.fc.select(le), Tensor(), s);
+    Tensor h, u;
+    if (up_ != nullptr) {
+      u = nn::linear_forward(xe, w.up.select(le), Tensor(), s);
+      h = nn::swiglu_forward(a, u, s);
+    } else {
+      h = nn::gelu_forward(a, s);
+    }
+    y.narrow(0, off, n).copy_(nn::linear_forward(h, w.proj.select(le), Tensor(), s), s);
+    saved.fc_out[i] = std::move(a);
+    saved.up_out[i] = std::move(u);
     off += n;
   }
   saved.counts = std::move(counts);
   return y;
 }
 
-Tensor Experts::backward(const ExpertWeights& w, const Tensor& dy_in,
-                         const ExpertsActivations& saved, const std::vector<Tensor>& grads,
-                         const Stream& s) {
-  const Tensor& xs = saved.rows;  // q(x) with FP8
-  const bool fp8 = fp8_.fc.on();
-  // With FP8, dy and proj's weight as the FP8 GEMMs see them.
-  const Tensor dy = fp8 ? fp8_.proj.output_grad(dy_in, *fp8_.stage, s) : dy_in;
-  const Tensor proj_w = fp8 ? fp8_.proj.weight(w.proj, s) : w.proj;
+Tensor Experts::backward(const ExpertWeights& w, const Tensor& dy, const ExpertsActivations& saved,
+                         const std::vector<Tensor>& grads, const Stream& s) {
+  if (fp8_.fc.on()) return backward_fp8(dy, saved, grads, s);
+  const Tensor& xs = saved.rows;
+  Tensor dx = Tensor::empty({xs.size(0), xs.size(1)}, dy.dtype(), dy.device(), s);
+  for (std::int64_t le = 0, off = 0; le < local_experts_; ++le) {
+    const auto i = static_cast<std::size_t>(le);
+    const std::int64_t n = saved.counts[i];
+    if (n == 0) continue;
+    const Tensor xe = xs.narrow(0, off, n), dyo = dy.narrow(0, off, n);
+    const Tensor& a = saved.fc_out[i];
+    const Tensor& u = saved.up_out[i];
+    const Tensor h = up_ != nullptr ? nn::swiglu_forward(a, u, s) : nn::gelu_forward(a, s);
+    nn::linear_backward_weight(dyo, h, grads[2].select(le), Tensor(), s);
+    const Tensor dh = nn::linear_backward_input(dyo, w.proj.select(le), s);
+    Tensor dxo;
+    if (up_ != nullptr) {
+      const nn::SwiGluGrads sg = nn::swiglu_backward(dh, a, u, s);
+      nn::linear_backward_weight(sg.dgate, xe, grads[0].select(le), Tensor(), s);
+      nn::linear_backward_weight(sg.dup, xe, grads[1].select(le), Tensor(), s);
+      dxo = nn::linear_backward_input(sg.dgate, w.fc.select(le), s);
+      nn::add_(dxo, nn::linear_backward_input(sg.dup, w.up.select(le), s), 1.0f, s);
+    } else {
+      const Tensor da = nn::gelu_backward(dh, a, s);
+      nn::linear_backward_weight(da, xe, grads[0].select(le), Tensor(), s);
+      dxo = nn::linear_backward_input(da, w.fc.select(le), s);
+    }
+    dx.narrow(0, off, n).copy_(dxo, s);
+    off += n;
+  }
+  return dx;
+}
+
+// ---- FP8: nn::fp8_cast and nn::fp8_gemm, the tp layers' FP8 GEMM (cuBLASLt's on a GPU, the
+// exact emulation on the CPU), at the per-tensor scales of Fp8Linear's device-scale calls ----
+
+Tensor Experts::forward_fp8(const ExpertWeights& w, const Tensor& rows,
+                            std::vector<std::int64_t> counts, ExpertsActivations& saved,
+                            bool record, const Stream& s) {
+  Communicator& stage = *fp8_.stage;
+  const std::size_t El = counts.size();
+  // x's scale is fc's (up shares its scale state, so its scale is the same value).
+  const Fp8Linear::Scales fc = fp8_.fc.forward_scales(rows, w.fc, stage, record, s);
+  const Fp8Linear::Scales up =
+      up_ != nullptr ? fp8_.up.forward_scales(rows, w.up, stage, record, s) : Fp8Linear::Scales{};
+  saved.rows = rows;
+  saved.fc_out.assign(El, Tensor());
+  saved.up_out.assign(El, Tensor());
+  saved.fp8.assign(El, ExpertsActivations::Fp8Saved{});
+  std::vector<Tensor> h(El);
+  for (std::int64_t le = 0, off = 0; le < local_experts_; ++le) {
+    const auto i = static_cast<std::size_t>(le);
+    ExpertsActivations::Fp8Saved& f = saved.fp8[i];
+    // Every expert's weights are cast (an idle one's too: delayed scaling records their amax).
+    const nn::Fp8Tensor qfc = cast(w.fc.select(le), fc.w, nn::Fp8Format::e4m3, s);
+    const nn::Fp8Tensor qup =
+        up_ != nullptr ? cast(w.up.select(le), up.w, nn::Fp8Format::e4m3, s) : nn::Fp8Tensor{};
+    const std::int64_t n = counts[i];
+    if (n == 0) continue;
+    const nn::Fp8Tensor qx = cast(rows.narrow(0, off, n), fc.x, nn::Fp8Format::e4m3, s);
+    Tensor a = gemm(qx, qfc, rows, true, s);
+    Tensor u;
+    if (up_ != nullptr) {
+      u = gemm(qx, qup, rows, true, s);
+      h[i] = nn::swiglu_forward(a, u, s);
+      f.up_t = transposed(qup);
+    } else {
+      h[i] = nn::gelu_forward(a, s);
+    }
+    f.x_t = transposed(qx);
+    f.fc_t = transposed(qfc);
+    saved.fc_out[i] = std::move(a);
+    saved.up_out[i] = std::move(u);
+    off += n;
+  }
+  // proj's input: one scale over every expert's rows.
+  const Fp8Linear::Scales proj =
+      fp8_.proj.forward_scales(join(h, counts, w.proj.size(2), rows, s), w.proj, stage, record, s);
+  Tensor y = Tensor::empty({rows.size(0), rows.size(1)}, rows.dtype(), rows.device(), s);
+  for (std::int64_t le = 0, off = 0; le < local_experts_; ++le) {
+    const auto i = static_cast<std::size_t>(le);
+    const nn::Fp8Tensor qproj = cast(w.proj.select(le), proj.w, nn::Fp8Format::e4m3, s);
+    const std::int64_t n = counts[i];
+    if (n == 0) continue;
+    const nn::Fp8Tensor qh = cast(h[i], proj.x, nn::Fp8Format::e4m3, s);
+    y.narrow(0, off, n).copy_(gemm(qh, qproj, rows, true, s), s);
+    saved.fp8[i].h_t = transposed(qh);
+    saved.fp8[i].proj_t = transposed(qproj);
+    off += n;
+  }
+  saved.counts = std::move(counts);
+  return y;
+}
+
+Tensor Experts::backward_fp8(const Tensor& dy, const ExpertsActivations& saved,
+                             const std::vector<Tensor>& grads, const Stream& s) {
+  Communicator& stage = *fp8_.stage;
   const std::size_t El = saved.counts.size();
-  // proj's gradients, and the gradients of fc's (and up's) outputs.
+  const Fp8Linear::Scale dy_scale = fp8_.proj.output_grad_scale(dy, stage, s);
+  // proj's dgrad and wgrad, then the gradients of fc's (and up's) outputs.
   std::vector<Tensor> da(El), du(El);
   for (std::int64_t le = 0, off = 0; le < local_experts_; ++le) {
     const auto i = static_cast<std::size_t>(le);
     const std::int64_t n = saved.counts[i];
     if (n == 0) continue;
-    const Tensor dyo = dy.narrow(0, off, n);
+    const ExpertsActivations::Fp8Saved& f = saved.fp8[i];
+    const nn::Fp8Tensor qdy = cast(dy.narrow(0, off, n), dy_scale, nn::Fp8Format::e5m2, s);
+    nn::fp8_gemm(transposed(qdy), f.h_t, Tensor(), grads[2].select(le), true, false, s);
+    const Tensor dh = gemm(qdy, f.proj_t, dy, false, s);
     const Tensor& a = saved.fc_out[i];
-    const Tensor& u = saved.up_out[i];
-    const Tensor h = fp8              ? saved.proj_in[i]
-                     : up_ != nullptr ? nn::swiglu_forward(a, u, s)
-                                      : nn::gelu_forward(a, s);
-    nn::linear_backward_weight(dyo, h, grads[2].select(le), Tensor(), s);
-    const Tensor dh = nn::linear_backward_input(dyo, proj_w.select(le), s);
     if (up_ != nullptr) {
-      nn::SwiGluGrads sg = nn::swiglu_backward(dh, a, u, s);
+      nn::SwiGluGrads sg = nn::swiglu_backward(dh, a, saved.up_out[i], s);
       da[i] = std::move(sg.dgate);
       du[i] = std::move(sg.dup);
     } else {
@@ -158,29 +234,26 @@ Tensor Experts::backward(const ExpertWeights& w, const Tensor& dy_in,
     }
     off += n;
   }
-  Tensor fc_w = w.fc, up_w = w.up;
-  if (fp8) {  // the gradients of fc's and up's outputs over every expert's rows, through FP8
-    const std::int64_t width = w.fc.size(1);
-    da = split(fp8_.fc.output_grad(join(da, saved.counts, width, xs, s), *fp8_.stage, s),
-               saved.counts);
-    fc_w = fp8_.fc.weight(w.fc, s);
-    if (up_ != nullptr) {
-      du = split(fp8_.up.output_grad(join(du, saved.counts, width, xs, s), *fp8_.stage, s),
-                 saved.counts);
-      up_w = fp8_.up.weight(w.up, s);
-    }
-  }
-  Tensor dx = Tensor::empty({xs.size(0), xs.size(1)}, dy.dtype(), dy.device(), s);
+  // fc's and up's output gradients: one scale each over every expert's rows.
+  const std::int64_t width = grads[0].size(1);  // F / etp
+  const Fp8Linear::Scale da_scale =
+      fp8_.fc.output_grad_scale(join(da, saved.counts, width, dy, s), stage, s);
+  const Fp8Linear::Scale du_scale =
+      up_ != nullptr ? fp8_.up.output_grad_scale(join(du, saved.counts, width, dy, s), stage, s)
+                     : Fp8Linear::Scale{};
+  Tensor dx = Tensor::empty({dy.size(0), dy.size(1)}, dy.dtype(), dy.device(), s);
   for (std::int64_t le = 0, off = 0; le < local_experts_; ++le) {
     const auto i = static_cast<std::size_t>(le);
     const std::int64_t n = saved.counts[i];
     if (n == 0) continue;
-    const Tensor xe = xs.narrow(0, off, n);
-    nn::linear_backward_weight(da[i], xe, grads[0].select(le), Tensor(), s);
-    Tensor dxo = nn::linear_backward_input(da[i], fc_w.select(le), s);
+    const ExpertsActivations::Fp8Saved& f = saved.fp8[i];
+    const nn::Fp8Tensor qda = cast(da[i], da_scale, nn::Fp8Format::e5m2, s);
+    nn::fp8_gemm(transposed(qda), f.x_t, Tensor(), grads[0].select(le), true, false, s);
+    Tensor dxo = gemm(qda, f.fc_t, dy, false, s);
     if (up_ != nullptr) {
-      nn::linear_backward_weight(du[i], xe, grads[1].select(le), Tensor(), s);
-      nn::add_(dxo, nn::linear_backward_input(du[i], up_w.select(le), s), 1.0f, s);
+      const nn::Fp8Tensor qdu = cast(du[i], du_scale, nn::Fp8Format::e5m2, s);
+      nn::fp8_gemm(transposed(qdu), f.x_t, Tensor(), grads[1].select(le), true, false, s);
+      nn::add_(dxo, gemm(qdu, f.up_t, dy, false, s), 1.0f, s);
     }
     dx.narrow(0, off, n).copy_(dxo, s);
     off += n;

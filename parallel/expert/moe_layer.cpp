@@ -160,10 +160,6 @@ Tensor MoELayer::forward(nn::Context& ctx, const Tensor& x) {
   QUINTET_CHECK(x.defined() && x.dim() == 3 && x.size(2) == d,
                 "MoELayer: expected x [batch, seq, {}], got {}", d,
                 x.defined() ? shape_str(x.shape()) : std::string("an undefined tensor"));
-  QUINTET_CHECK(options_.fp8.mode == nn::Fp8Mode::off || x.device().is_cpu(),
-                "MoELayer: fp8 = {} on {}: the experts' FP8 GEMMs are emulated on the CPU only; "
-                "the GPU's FP8 grouped GEMM is not built yet (train with --fp8 off on a GPU)",
-                nn::fp8_mode_name(options_.fp8.mode), x.device().str());
   const std::int64_t B = x.size(0), T = B * x.size(1);
   dispatcher_->check_tokens(B, x.size(1));
   const Tensor x2 = x.contiguous(s).view({T, d});

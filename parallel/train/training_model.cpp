@@ -103,12 +103,6 @@ TrainingModel::TrainingModel(const TrainingConfig& config, Mesh& mesh, const Str
                              const ModelCommunicators& comms)
     : config_(config), comms_(comms), mesh_(mesh), stream_(view_of(stream)) {
   validate(config_, comms_, mesh_);
-  QUINTET_CHECK(config_.model.fp8.mode == nn::Fp8Mode::off ||
-                    config_.model.mlp != model::MlpKind::moe || !stream_.device().is_cuda(),
-                "TrainingModel: fp8 = hybrid with MoE blocks on {}: the experts' FP8 GEMMs are "
-                "emulated on the CPU only for now (the GPU's grouped FP8 GEMM is to come); train "
-                "an MoE model with --fp8 off on a GPU",
-                stream_.device().str());
   pipeline::Schedule schedule =
       pipeline::make_schedule(config_.schedule, mesh_.size(Axis::pp), config_.vpp,
                               config_.microbatches, config_.schedule_costs);

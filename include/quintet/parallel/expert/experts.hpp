@@ -15,23 +15,24 @@
 // etp (their width dim), each the exact slice of the [E, F, d] / [E, d, F] draw, so that every
 // layout holds the same model.
 //
-// FP8 (ExpertsFp8, the "hybrid" recipe of the tp linear layers, parallel/tensor/fp8.hpp): each of
-// fc, up and proj runs its GEMMs on its operands rounded through FP8 by an Fp8Linear, forward
-// q(x) · q(W)ᵀ with x and W in E4M3, dgrad q(dy) · q(W) with dy in E5M2, wgrad q(dy)ᵀ · q(x), in
-// f32. The scales are PER TENSOR: one for each operand over every local expert and every row of
-// the call (the rows [n, d] of all experts, the weights [E_l, ...] of all experts, the hidden
-// h [n, F/etp], the gradients), the amaxes reduced (max) over `stage` (the ranks of the pipeline
-// stage), so that every expert of every rank uses the same scale for a role. That is what a
-// grouped GEMM takes on the GPU (one scale_inv per operand for all groups, no per-group scale
-// pointers) and what needs no bookkeeping by expert: the histories are the same on every rank,
-// so delayed scaling's step end (fp8_end_step over the stage) and checkpoints (saved once, by
-// name, loaded at any ep) are the tp layers'. Reduced over the whole stage, an amax is that of
-// the tokens every data-parallel replica routes in the same microbatch slot: a layout gives one
-// rank's scales when dp = 1 (tp, sp, ep within tp, etp), and any two layouts of the same dp give
-// each other's (ep spreading over replicas or not). Scales are per call, so per exchange chunk
-// with overlap_chunks > 1 (ep > 1): compare layouts with one chunk. fc and up share x's scale, as
-// one fused GEMM's input would. The emulation runs on the CPU; MoELayer refuses FP8 on a GPU
-// until the GPU's FP8 GEMM exists.
+// FP8 (ExpertsFp8, the "hybrid" recipe of the tp linear layers, parallel/tensor/fp8.hpp): fc, up
+// and proj run on nn::fp8_cast's operands through nn::fp8_gemm, the tp layers' FP8 GEMM
+// (cuBLASLt's on a GPU, the exact emulation on the CPU): forward q(x) · q(W)ᵀ with x and W in
+// E4M3, dgrad q(dy) · q(W) with dy in E5M2, wgrad q(dy)ᵀ · q(x) accumulated in f32, each expert
+// one GEMM chain over its rows. The scales are PER TENSOR, from Fp8Linear's device-scale calls
+// (forward_scales, output_grad_scale): one for each operand over every local expert and every
+// row of the call (the rows [n, d] of all experts, the weights [E_l, ...] of all experts, the
+// hidden h [n, F/etp], the gradients), the amaxes reduced (max) over `stage` (the ranks of the
+// pipeline stage), so every expert of every rank uses the same scale for a role. That is what a
+// grouped GEMM takes (one scale per operand for all its groups, no per-group scale pointers) and
+// needs no bookkeeping by expert: the histories are the same on every rank, so delayed
+// scaling's step end (fp8_end_step over the stage) and checkpoints (saved once, by name, loaded
+// at any ep) are the tp layers'. Reduced over the whole stage, an amax is that of the tokens
+// every data-parallel replica routes in the same microbatch slot: a layout gives one rank's
+// scales when dp = 1 (tp, sp, ep within tp, etp), and any two layouts of the same dp give each
+// other's (ep spreading over replicas or not). Scales are per call, so per exchange chunk with
+// overlap_chunks > 1 (ep > 1): compare layouts with one chunk. fc and up share x's scale, as one
+// fused GEMM's input would.
 #pragma once
 
 #include <cstdint>
@@ -72,13 +73,16 @@ struct ExpertWeights {
 
 // What a forward over one batch of rows keeps for its backward.
 struct ExpertsActivations {
-  Tensor rows;                       // [n, d]: the input rows, expert-major (FP8: as q(x))
+  Tensor rows;                       // [n, d]: the input rows, expert-major
   std::vector<std::int64_t> counts;  // [E_l]: the rows of each local expert, in order
   std::vector<Tensor> fc_out;        // per local expert: rows · fcᵀ (undefined when no rows)
   std::vector<Tensor> up_out;        // per local expert: rows · upᵀ (SwiGLU; else undefined)
-  // FP8 only: per local expert, proj's input as the FP8 GEMM saw it (without FP8, backward
-  // recomputes it from fc_out and up_out).
-  std::vector<Tensor> proj_in;
+  // FP8 only, per local expert: the FP8 transposes (nn::fp8_cast's) that backward's GEMMs read,
+  // of its rows, fc, up (SwiGLU), proj's input and proj.
+  struct Fp8Saved {
+    nn::Fp8Tensor x_t, fc_t, up_t, h_t, proj_t;
+  };
+  std::vector<Fp8Saved> fp8;
 };
 
 class Experts {
@@ -117,6 +121,12 @@ class Experts {
   std::int64_t local_experts_, first_expert_;
   nn::Parameter* fc_;
   nn::Parameter* up_ = nullptr;
+  // The FP8 path of forward and backward (fp8_ on).
+  Tensor forward_fp8(const ExpertWeights& w, const Tensor& rows, std::vector<std::int64_t> counts,
+                     ExpertsActivations& saved, bool record, const Stream& stream);
+  Tensor backward_fp8(const Tensor& dy, const ExpertsActivations& saved,
+                      const std::vector<Tensor>& grads, const Stream& stream);
+
   nn::Parameter* proj_;
   ExpertsFp8 fp8_;
 };

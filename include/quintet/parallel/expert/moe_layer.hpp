@@ -94,8 +94,8 @@ struct MoEOptions {
   // mode hybrid: the experts' GEMMs in FP8 with per-tensor scales (experts.hpp; scaling state
   // "experts.fc.fp8_x", "experts.fc.fp8_w", "experts.fc.fp8_dy", "experts.up.fp8_w",
   // "experts.up.fp8_dy" (SwiGLU), "experts.proj.fp8_x", "experts.proj.fp8_w",
-  // "experts.proj.fp8_dy") and the shared MLP's linear layers as the tp layers do. Emulated on
-  // the CPU: forward refuses a CUDA tensor.
+  // "experts.proj.fp8_dy") and the shared MLP's linear layers as the tp layers do: cuBLASLt's
+  // FP8 GEMMs on a GPU, the exact emulation on the CPU.
   nn::Fp8Recipe fp8{};
 };
 

@@ -125,8 +125,8 @@ struct GptConfig {
   MoEConfig moe;  // used when mlp == MlpKind::moe
   // FP8 training (mode hybrid): every block's tp linear layers (attention projections, dense
   // MLP, MoE shared MLP) in FP8 (tensor/fp8.hpp): cuBLASLt's FP8 GEMMs on a GPU (bf16 or f32),
-  // the exact emulation on the CPU (f32); the MoE experts' GEMMs with per-tensor scales
-  // (expert/experts.hpp), emulated on the CPU only for now; no context parallelism (its
+  // the exact emulation on the CPU (f32); the MoE experts' GEMMs too, with per-tensor scales
+  // (expert/experts.hpp); no context parallelism (its
   // sequence chunks would be scaled apart); the LM head stays in the model's dtype.
   nn::Fp8Recipe fp8;
   // With fp8 on: the LM head (tied or not) in FP8 too, as the tp linear layers (its scaling
