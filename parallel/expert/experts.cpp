@@ -27,8 +27,8 @@ Tensor join(const std::vector<Tensor>& parts, const std::vector<std::int64_t>& c
 
 // x [rows, cols] in FP8 at scale.scale (recording its amax into scale.amax when defined), with
 // its transpose for backward's GEMMs.
-nn::Fp8Tensor cast(const Tensor& x, const Fp8Linear::Scale& scale, nn::Fp8Format format,
-                   const Stream& s) {
+nn::Fp8Tensor cast(const Tensor& x, const tensor_parallel::Fp8Linear::Scale& scale,
+                   nn::Fp8Format format, const Stream& s) {
   return nn::fp8_cast(x.contiguous(s), scale.scale, format, true, scale.amax, s);
 }
 // The transpose of q as an FP8 GEMM operand.
@@ -157,9 +157,11 @@ Tensor Experts::forward_fp8(const ExpertWeights& w, const Tensor& rows,
   Communicator& stage = *fp8_.stage;
   const std::size_t El = counts.size();
   // x's scale is fc's (up shares its scale state, so its scale is the same value).
-  const Fp8Linear::Scales fc = fp8_.fc.forward_scales(rows, w.fc, stage, record, s);
-  const Fp8Linear::Scales up =
-      up_ != nullptr ? fp8_.up.forward_scales(rows, w.up, stage, record, s) : Fp8Linear::Scales{};
+  const tensor_parallel::Fp8Linear::Scales fc =
+      fp8_.fc.forward_scales(rows, w.fc, stage, record, s);
+  const tensor_parallel::Fp8Linear::Scales up =
+      up_ != nullptr ? fp8_.up.forward_scales(rows, w.up, stage, record, s)
+                     : tensor_parallel::Fp8Linear::Scales{};
   saved.rows = rows;
   saved.fc_out.assign(El, Tensor());
   saved.up_out.assign(El, Tensor());
@@ -191,7 +193,7 @@ Tensor Experts::forward_fp8(const ExpertWeights& w, const Tensor& rows,
     off += n;
   }
   // proj's input: one scale over every expert's rows.
-  const Fp8Linear::Scales proj =
+  const tensor_parallel::Fp8Linear::Scales proj =
       fp8_.proj.forward_scales(join(h, counts, w.proj.size(2), rows, s), w.proj, stage, record, s);
   Tensor y = Tensor::empty({rows.size(0), rows.size(1)}, rows.dtype(), rows.device(), s);
   for (std::int64_t le = 0, off = 0; le < local_experts_; ++le) {
@@ -213,7 +215,7 @@ Tensor Experts::backward_fp8(const Tensor& dy, const ExpertsActivations& saved,
                              const std::vector<Tensor>& grads, const Stream& s) {
   Communicator& stage = *fp8_.stage;
   const std::size_t El = saved.counts.size();
-  const Fp8Linear::Scale dy_scale = fp8_.proj.output_grad_scale(dy, stage, s);
+  const tensor_parallel::Fp8Linear::Scale dy_scale = fp8_.proj.output_grad_scale(dy, stage, s);
   // proj's dgrad and wgrad, then the gradients of fc's (and up's) outputs.
   std::vector<Tensor> da(El), du(El);
   for (std::int64_t le = 0, off = 0; le < local_experts_; ++le) {
@@ -236,11 +238,11 @@ Tensor Experts::backward_fp8(const Tensor& dy, const ExpertsActivations& saved,
   }
   // fc's and up's output gradients: one scale each over every expert's rows.
   const std::int64_t width = grads[0].size(1);  // F / etp
-  const Fp8Linear::Scale da_scale =
+  const tensor_parallel::Fp8Linear::Scale da_scale =
       fp8_.fc.output_grad_scale(join(da, saved.counts, width, dy, s), stage, s);
-  const Fp8Linear::Scale du_scale =
+  const tensor_parallel::Fp8Linear::Scale du_scale =
       up_ != nullptr ? fp8_.up.output_grad_scale(join(du, saved.counts, width, dy, s), stage, s)
-                     : Fp8Linear::Scale{};
+                     : tensor_parallel::Fp8Linear::Scale{};
   Tensor dx = Tensor::empty({dy.size(0), dy.size(1)}, dy.dtype(), dy.device(), s);
   for (std::int64_t le = 0, off = 0; le < local_experts_; ++le) {
     const auto i = static_cast<std::size_t>(le);

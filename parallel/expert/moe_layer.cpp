@@ -82,7 +82,7 @@ ExpertsFp8 MoELayer::experts_fp8(const MoEOptions& options, Communicator* stage)
   // One statement per scale, so they are registered in this order (arguments have none).
   const auto linear = [&](nn::Fp8TensorScale& x, const std::string& name) {
     nn::Fp8TensorScale& w = scale(name + ".fp8_w", nn::Fp8Format::e4m3);
-    return Fp8Linear(x, w, scale(name + ".fp8_dy", nn::Fp8Format::e5m2));
+    return tensor_parallel::Fp8Linear(x, w, scale(name + ".fp8_dy", nn::Fp8Format::e5m2));
   };
   nn::Fp8TensorScale& x = scale("experts.fc.fp8_x", nn::Fp8Format::e4m3);
   out.fc = linear(x, "experts.fc");
@@ -143,14 +143,14 @@ MoELayer::MoELayer(const MoEGroups& groups, std::int64_t dim, const MoEOptions& 
                                             .sequence_parallel = options.sequence_parallel,
                                             .chunks = ep > 1 ? options.overlap_chunks : 1});
   if (options.shared_experts > 0) {
-    shared_ =
-        &add_module("shared", std::make_unique<ParallelMLP>(
-                                  *groups.tp, dim, options.shared_experts * F,
-                                  ParallelMLPOptions{.activation = options.activation,
-                                                     .init_std = options.init_std,
-                                                     .proj_init_std = options.proj_init_std,
-                                                     .sequence_parallel = options.sequence_parallel,
-                                                     .fp8 = options.fp8}));
+    shared_ = &add_module("shared", std::make_unique<tensor_parallel::ParallelMLP>(
+                                        *groups.tp, dim, options.shared_experts * F,
+                                        tensor_parallel::ParallelMLPOptions{
+                                            .activation = options.activation,
+                                            .init_std = options.init_std,
+                                            .proj_init_std = options.proj_init_std,
+                                            .sequence_parallel = options.sequence_parallel,
+                                            .fp8 = options.fp8}));
   }
 }
 

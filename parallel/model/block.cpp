@@ -18,24 +18,24 @@ void check_groups(const ModelGroups& groups) {
 std::unique_ptr<nn::Module> make_attention(const GptConfig& c, const ModelGroups& g) {
   switch (c.attention) {
     case AttentionKind::tensor_parallel:
-      return std::make_unique<ParallelAttention>(
+      return std::make_unique<tensor_parallel::ParallelAttention>(
           *g.tp, c.hidden, c.heads, c.seq_len,
-          ParallelAttentionOptions{.bias = c.bias,
-                                   .proj_bias = c.proj_bias,
-                                   .init_std = c.init_std,
-                                   .proj_init_std = c.output_init_std(),
-                                   .sequence_parallel = c.sequence_parallel,
-                                   .overlap_chunks = c.tp_overlap_chunks,
-                                   .cp = g.cp,
-                                   .cp_kind = c.context_parallel,
-                                   .kv_heads = c.kv_heads,
-                                   .head_dim = c.head_dim,
-                                   .qk_norm = c.qk_norm,
-                                   .qk_norm_eps = c.eps,
-                                   .rope = c.rope,
-                                   .rope_theta = c.rope_theta,
-                                   .rope_scaling = c.rope_scaling,
-                                   .fp8 = c.fp8});
+          tensor_parallel::ParallelAttentionOptions{.bias = c.bias,
+                                                    .proj_bias = c.proj_bias,
+                                                    .init_std = c.init_std,
+                                                    .proj_init_std = c.output_init_std(),
+                                                    .sequence_parallel = c.sequence_parallel,
+                                                    .overlap_chunks = c.tp_overlap_chunks,
+                                                    .cp = g.cp,
+                                                    .cp_kind = c.context_parallel,
+                                                    .kv_heads = c.kv_heads,
+                                                    .head_dim = c.head_dim,
+                                                    .qk_norm = c.qk_norm,
+                                                    .qk_norm_eps = c.eps,
+                                                    .rope = c.rope,
+                                                    .rope_theta = c.rope_theta,
+                                                    .rope_scaling = c.rope_scaling,
+                                                    .fp8 = c.fp8});
   }
   QUINTET_THROW(InvalidArgument, "GptConfig: unknown attention kind {}",
                 static_cast<int>(c.attention));
@@ -58,21 +58,21 @@ std::unique_ptr<nn::Module> make_mlp(const GptConfig& c, const ModelGroups& g, s
   switch (c.mlp) {
     case MlpKind::moe:  // a dense block of an MoE model
     case MlpKind::dense:
-      return std::make_unique<ParallelMLP>(
+      return std::make_unique<tensor_parallel::ParallelMLP>(
           *g.tp, c.hidden, c.mlp_width(),
-          ParallelMLPOptions{.activation = c.activation,
-                             .init_std = c.init_std,
-                             .proj_init_std = c.output_init_std(),
-                             .sequence_parallel = c.sequence_parallel,
-                             .overlap_chunks = c.tp_overlap_chunks,
-                             .fp8 = c.fp8});
+          tensor_parallel::ParallelMLPOptions{.activation = c.activation,
+                                              .init_std = c.init_std,
+                                              .proj_init_std = c.output_init_std(),
+                                              .sequence_parallel = c.sequence_parallel,
+                                              .overlap_chunks = c.tp_overlap_chunks,
+                                              .fp8 = c.fp8});
   }
   QUINTET_THROW(InvalidArgument, "GptConfig: unknown MLP kind {}", static_cast<int>(c.mlp));
 }
 
-std::unique_ptr<ParallelNorm> make_norm(const GptConfig& c) {
-  return make_parallel_norm(c.norm, c.hidden,
-                            {.eps = c.eps, .sequence_parallel = c.sequence_parallel});
+std::unique_ptr<tensor_parallel::ParallelNorm> make_norm(const GptConfig& c) {
+  return tensor_parallel::make_parallel_norm(
+      c.norm, c.hidden, {.eps = c.eps, .sequence_parallel = c.sequence_parallel});
 }
 
 TransformerBlock::TransformerBlock(const GptConfig& c, const ModelGroups& g, std::int64_t layer) {
@@ -95,7 +95,7 @@ TransformerBlock::TransformerBlock(const GptConfig& c, const ModelGroups& g, std
 // and both residual gradients into the norms' backwards (ParallelNorm); the last add's sum is
 // the next block's input.
 Tensor TransformerBlock::forward(nn::Context& ctx, const Tensor& x) {
-  const ParallelNorm::SumAndNorm h =
+  const tensor_parallel::ParallelNorm::SumAndNorm h =
       norm2_->forward_add(ctx, x, attn_->forward(ctx, norm1_->forward(ctx, x)));
   return nn::add(h.sum, mlp_->forward(ctx, h.y), ctx.stream());
 }

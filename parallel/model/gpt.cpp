@@ -29,15 +29,16 @@ GptChunk::GptChunk(const GptConfig& config, const ModelGroups& groups, const Chu
   const GptConfig& c = config_;
   Communicator& tp = *groups.tp;
   const bool sp = c.sequence_parallel;
-  const EmbeddingOptions embedding{.init_std = c.init_std, .sequence_parallel = sp};
-  const EmbeddingOptions positions{
+  const tensor_parallel::EmbeddingOptions embedding{.init_std = c.init_std,
+                                                    .sequence_parallel = sp};
+  const tensor_parallel::EmbeddingOptions positions{
       .init_std = c.init_std, .sequence_parallel = sp, .cp = groups.cp};
   if (spec.embedding) {
-    tokens_ = &add_module(
-        "wte", std::make_unique<VocabParallelEmbedding>(tp, c.vocab, c.hidden, embedding));
+    tokens_ = &add_module("wte", std::make_unique<tensor_parallel::VocabParallelEmbedding>(
+                                     tp, c.vocab, c.hidden, embedding));
     if (c.learned_positions) {
-      positions_ = &add_module(
-          "wpe", std::make_unique<PositionEmbedding>(tp, c.seq_len, c.hidden, positions));
+      positions_ = &add_module("wpe", std::make_unique<tensor_parallel::PositionEmbedding>(
+                                          tp, c.seq_len, c.hidden, positions));
     }
   }
   for (std::int64_t l = spec.first_layer; l < spec.first_layer + spec.num_layers; ++l) {
@@ -54,26 +55,28 @@ GptChunk::GptChunk(const GptConfig& config, const ModelGroups& groups, const Chu
     final_norm_ = &add_module("norm", make_norm(c));
     const nn::Fp8Recipe head_fp8 = c.fp8_lm_head ? c.fp8 : nn::Fp8Recipe{};
     if (!c.tied_embeddings) {
-      head_ = &add_module("lm_head", std::make_unique<ColumnParallelLinear>(
-                                         tp, c.hidden, c.vocab,
-                                         ColumnParallelOptions{.bias = false,
-                                                               .init_std = c.init_std,
-                                                               .sequence_parallel = sp,
-                                                               .fp8 = head_fp8}));
+      head_ =
+          &add_module("lm_head", std::make_unique<tensor_parallel::ColumnParallelLinear>(
+                                     tp, c.hidden, c.vocab,
+                                     tensor_parallel::ColumnParallelOptions{.bias = false,
+                                                                            .init_std = c.init_std,
+                                                                            .sequence_parallel = sp,
+                                                                            .fp8 = head_fp8}));
     } else if (!tied_across) {  // the embedding's backward, run last, marks the table
-      head_ = &add_module("lm_head",
-                          std::make_unique<ColumnParallelLinear>(
-                              tp, tokens_->weight(),
-                              SharedWeightOptions{.sequence_parallel = sp, .fp8 = head_fp8}));
+      head_ = &add_module("lm_head", std::make_unique<tensor_parallel::ColumnParallelLinear>(
+                                         tp, tokens_->weight(),
+                                         tensor_parallel::SharedWeightOptions{
+                                             .sequence_parallel = sp, .fp8 = head_fp8}));
     } else {  // this chunk's copy of the table: never run as an embedding, so the head marks it
-      auto& table = add_module(
-          "wte", std::make_unique<VocabParallelEmbedding>(tp, c.vocab, c.hidden, embedding));
+      auto& table = add_module("wte", std::make_unique<tensor_parallel::VocabParallelEmbedding>(
+                                          tp, c.vocab, c.hidden, embedding));
       table.weight().set_tied(nn::TiedRole::copy);
-      head_ = &add_module("lm_head", std::make_unique<ColumnParallelLinear>(
-                                         tp, table.weight(),
-                                         SharedWeightOptions{.sequence_parallel = sp,
-                                                             .ready = nn::GradReady::mark,
-                                                             .fp8 = head_fp8}));
+      head_ = &add_module(
+          "lm_head",
+          std::make_unique<tensor_parallel::ColumnParallelLinear>(
+              tp, table.weight(),
+              tensor_parallel::SharedWeightOptions{
+                  .sequence_parallel = sp, .ready = nn::GradReady::mark, .fp8 = head_fp8}));
     }
     loss_ = &add_module("loss", std::make_unique<VocabParallelLoss>(tp, c.vocab));
   }

@@ -7,7 +7,7 @@
 #include "quintet/parallel/tensor/norm.hpp"
 #include "quintet/parallel/tensor/regions.hpp"
 
-namespace quintet {
+namespace quintet::tensor_parallel {
 
 namespace {
 std::int64_t checked_head_dim(std::int64_t dim, std::int64_t heads, std::int64_t head_dim) {
@@ -249,8 +249,8 @@ Tensor ParallelAttention::backward(nn::Context& ctx, const Tensor& dy) {
   const Tensor dx_kv = kv_->backward(ctx, dkv.view({b, s, 2 * hkv * hd}));
   const Tensor dx = q_->backward(ctx, dq.view({b, s, h * hd}));
   if (tp_->rank() % kv_replicas_ == 0) nn::add_(dx, dx_kv, 1.0f, st);
-  return sp_ ? tp_detail::start_reduce_scatter_sequence(dx, *tp_, st).finish(st)
-             : tp_detail::start_all_reduce(dx, *tp_, st).finish(st);
+  return sp_ ? detail::start_reduce_scatter_sequence(dx, *tp_, st).finish(st)
+             : detail::start_all_reduce(dx, *tp_, st).finish(st);
 }
 
-}  // namespace quintet
+}  // namespace quintet::tensor_parallel

@@ -9,7 +9,7 @@
 
 #include "quintet/core/error.hpp"
 
-namespace quintet::tp_detail {
+namespace quintet::tensor_parallel::detail {
 
 namespace {
 
@@ -146,4 +146,4 @@ ChunkedPending map_then_all_reduce(const Tensor& x, Communicator& tp, int chunks
   return pending;
 }
 
-}  // namespace quintet::tp_detail
+}  // namespace quintet::tensor_parallel::detail

@@ -3,7 +3,7 @@
 
 #include <cstdint>
 
-namespace quintet {
+namespace quintet::tensor_parallel {
 
 namespace {
 // The amaxes reduced (max) over comm, in one all-reduce.
@@ -146,4 +146,4 @@ Tensor Fp8Linear::output_grad(const Tensor& dy, Communicator& tp, const Stream& 
   return nn::fp8_round_trip(dy, dy_->scale(amax[0]), dy_->format(), stream);
 }
 
-}  // namespace quintet
+}  // namespace quintet::tensor_parallel

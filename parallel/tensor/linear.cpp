@@ -4,10 +4,10 @@
 #include "parallel/tensor/internal/regions.hpp"
 #include "quintet/parallel/tensor/regions.hpp"
 
-namespace quintet {
+namespace quintet::tensor_parallel {
 
-using tp_detail::ChunkedPending;
-using tp_detail::Pending;
+using detail::ChunkedPending;
+using detail::Pending;
 
 namespace {
 
@@ -156,7 +156,7 @@ Tensor ColumnParallelLinear::forward(nn::Context& ctx, const Tensor& x) {
                 "ColumnParallelLinear: x is {}, expected [..., {}]",
                 x.defined() ? shape_str(x.shape()) : std::string("undefined"), in_);
   // Checked here also without SP (whose chunks are dx's, in backward): before any communication.
-  if (enter_region_ && chunked_here()) tp_detail::check_chunks("ColumnParallelLinear", x, chunks_);
+  if (enter_region_ && chunked_here()) detail::check_chunks("ColumnParallelLinear", x, chunks_);
   const bool chunked = enter_region_ && sp_ && chunked_here();
   if (fp8_.on_device(x) && !chunked_here()) {  // the GEMM in FP8 (x cast after the gather)
     const Tensor w = weight_->use(s).view({local_out_, in_});
@@ -180,7 +180,7 @@ Tensor ColumnParallelLinear::forward(nn::Context& ctx, const Tensor& x) {
     return y;
   }
   Tensor xin;
-  const Tensor y = tp_detail::gather_then_map(
+  const Tensor y = detail::gather_then_map(
       in.x, *tp_, chunks_, [&](const Tensor& rows) { return nn::linear_forward(rows, w, b, s); }, s,
       &xin);
   ctx.save(*this, {xin});
@@ -196,8 +196,8 @@ Tensor ColumnParallelLinear::backward(nn::Context& ctx, const Tensor& dy_in) {
     const Fp8Backward f = fp8_backward(dy_in, fp8_.output_grad_scale(dy_in, *tp_, s), saved, s);
     Pending started{f.dx, Work()};
     if (enter_region_) {
-      started = sp_ ? tp_detail::start_reduce_scatter_sequence(f.dx, *tp_, s)
-                    : tp_detail::start_all_reduce(f.dx, *tp_, s);
+      started = sp_ ? detail::start_reduce_scatter_sequence(f.dx, *tp_, s)
+                    : detail::start_all_reduce(f.dx, *tp_, s);
     }
     nn::accumulate_gradients(
         ctx, {weight_, bias_},
@@ -215,14 +215,14 @@ Tensor ColumnParallelLinear::backward(nn::Context& ctx, const Tensor& dy_in) {
   ChunkedPending reduced;
   if (enter_region_ && chunked_here()) {
     const auto dx_rows = [&](const Tensor& rows) { return nn::linear_backward_input(rows, w, s); };
-    reduced = sp_ ? tp_detail::map_then_reduce_scatter(dy, *tp_, chunks_, dx_rows, s)
-                  : tp_detail::map_then_all_reduce(dy, *tp_, chunks_, dx_rows, s);
+    reduced = sp_ ? detail::map_then_reduce_scatter(dy, *tp_, chunks_, dx_rows, s)
+                  : detail::map_then_all_reduce(dy, *tp_, chunks_, dx_rows, s);
   } else {
     const Tensor dx = nn::linear_backward_input(dy, w, s);
     Pending started{dx, Work()};
     if (enter_region_) {
-      started = sp_ ? tp_detail::start_reduce_scatter_sequence(dx, *tp_, s)
-                    : tp_detail::start_all_reduce(dx, *tp_, s);
+      started = sp_ ? detail::start_reduce_scatter_sequence(dx, *tp_, s)
+                    : detail::start_all_reduce(dx, *tp_, s);
     }
     reduced.value = started.value;
     reduced.sent.add(0, started.work, {});
@@ -266,13 +266,13 @@ Tensor RowParallelLinear::forward(nn::Context& ctx, const Tensor& x) {
   QUINTET_CHECK(x.defined() && x.dim() >= 1 && x.size(x.dim() - 1) == local_in_,
                 "RowParallelLinear: x is {}, expected [..., {}] (this rank's input features)",
                 x.defined() ? shape_str(x.shape()) : std::string("undefined"), local_in_);
-  if (sp_) tp_detail::check_sequence("RowParallelLinear", x, tp_->size());
+  if (sp_) detail::check_sequence("RowParallelLinear", x, tp_->size());
   const bool chunked = chunked_here();
   if (chunked) {
     if (sp_) {
-      tp_detail::check_sequence_chunks("RowParallelLinear", x, tp_->size(), chunks_);
+      detail::check_sequence_chunks("RowParallelLinear", x, tp_->size(), chunks_);
     } else {
-      tp_detail::check_chunks("RowParallelLinear", x, chunks_);
+      detail::check_chunks("RowParallelLinear", x, chunks_);
     }
   }
   // The bias is added once, by tp rank 0, so the reduction sums it in exactly once.
@@ -284,8 +284,8 @@ Tensor RowParallelLinear::forward(nn::Context& ctx, const Tensor& x) {
     std::vector<Tensor> saved;
     const Tensor partial = fp8_forward(x, w, b, scales, saved, s);
     ctx.save(*this, std::move(saved));
-    return sp_ ? tp_detail::start_reduce_scatter_sequence(partial, *tp_, s).finish(s)
-               : tp_detail::start_all_reduce(partial, *tp_, s).finish(s);
+    return sp_ ? detail::start_reduce_scatter_sequence(partial, *tp_, s).finish(s)
+               : detail::start_all_reduce(partial, *tp_, s).finish(s);
   }
   // With FP8, x and w as the FP8 GEMM sees them.
   const Fp8Linear::Inputs in = fp8_.forward(x, weight_->use(s), *tp_, ctx.counts_statistics(), s);
@@ -293,13 +293,13 @@ Tensor RowParallelLinear::forward(nn::Context& ctx, const Tensor& x) {
   ctx.save(*this, {in.x});
   if (chunked) {
     const auto rows_out = [&](const Tensor& rows) { return nn::linear_forward(rows, w, b, s); };
-    return (sp_ ? tp_detail::map_then_reduce_scatter(in.x, *tp_, chunks_, rows_out, s)
-                : tp_detail::map_then_all_reduce(in.x, *tp_, chunks_, rows_out, s))
+    return (sp_ ? detail::map_then_reduce_scatter(in.x, *tp_, chunks_, rows_out, s)
+                : detail::map_then_all_reduce(in.x, *tp_, chunks_, rows_out, s))
         .finish(s);
   }
   const Tensor partial = nn::linear_forward(in.x, w, b, s);
-  return sp_ ? tp_detail::start_reduce_scatter_sequence(partial, *tp_, s).finish(s)
-             : tp_detail::start_all_reduce(partial, *tp_, s).finish(s);
+  return sp_ ? detail::start_reduce_scatter_sequence(partial, *tp_, s).finish(s)
+             : detail::start_all_reduce(partial, *tp_, s).finish(s);
 }
 
 Tensor RowParallelLinear::backward(nn::Context& ctx, const Tensor& dy_in) {
@@ -321,7 +321,7 @@ Tensor RowParallelLinear::backward(nn::Context& ctx, const Tensor& dy_in) {
   const Tensor w = fp8_.weight(weight_->data(), s);
   Tensor dy_full = dy, dx;
   if (sp_ && chunked_here()) {  // dy arrives in chunks, each chunk's dx GEMM under the next's
-    dx = tp_detail::gather_then_map(
+    dx = detail::gather_then_map(
         dy, *tp_, chunks_,
         [&](const Tensor& rows) { return nn::linear_backward_input(rows, w, s); }, s, &dy_full);
   } else if (sp_) {
@@ -336,4 +336,4 @@ Tensor RowParallelLinear::backward(nn::Context& ctx, const Tensor& dy_in) {
   return dx.defined() ? dx : nn::linear_backward_input(dy_full, w, s);
 }
 
-}  // namespace quintet
+}  // namespace quintet::tensor_parallel

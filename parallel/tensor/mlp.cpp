@@ -5,7 +5,7 @@
 #include "parallel/tensor/internal/regions.hpp"
 #include "quintet/parallel/tensor/regions.hpp"
 
-namespace quintet {
+namespace quintet::tensor_parallel {
 
 ParallelMLP::ParallelMLP(Communicator& tp, std::int64_t dim, std::int64_t hidden,
                          const ParallelMLPOptions& options)
@@ -61,8 +61,8 @@ Tensor ParallelMLP::backward(nn::Context& ctx, const Tensor& dy) {
   const Tensor dx_up = up_->backward(ctx, g.dup);
   Tensor dx = fc_->backward(ctx, g.dgate);
   nn::add_(dx, dx_up, 1.0f, s);
-  return sp_ ? tp_detail::start_reduce_scatter_sequence(dx, *tp_, s).finish(s)
-             : tp_detail::start_all_reduce(dx, *tp_, s).finish(s);
+  return sp_ ? detail::start_reduce_scatter_sequence(dx, *tp_, s).finish(s)
+             : detail::start_all_reduce(dx, *tp_, s).finish(s);
 }
 
-}  // namespace quintet
+}  // namespace quintet::tensor_parallel

@@ -2,7 +2,7 @@
 // gradient reduction over tp under sequence parallelism.
 #include "quintet/parallel/tensor/norm.hpp"
 
-namespace quintet {
+namespace quintet::tensor_parallel {
 
 namespace {
 nn::ParameterAttributes norm_attrs(bool sequence_parallel) {
@@ -96,4 +96,4 @@ std::unique_ptr<ParallelNorm> make_parallel_norm(nn::NormKind kind, std::int64_t
   return std::make_unique<ParallelLayerNorm>(dim, options);
 }
 
-}  // namespace quintet
+}  // namespace quintet::tensor_parallel

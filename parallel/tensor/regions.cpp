@@ -6,7 +6,7 @@
 
 #include "quintet/parallel/tensor/regions.hpp"
 
-namespace quintet {
+namespace quintet::tensor_parallel {
 
 void check_divisible(const char* what, std::int64_t size, int tp) {
   QUINTET_CHECK(size > 0 && tp > 0 && size % tp == 0,
@@ -15,7 +15,7 @@ void check_divisible(const char* what, std::int64_t size, int tp) {
                 what, size, tp, what, tp);
 }
 
-namespace tp_detail {
+namespace detail {
 
 void check_sequence(const char* what, const Tensor& x, int tp) {
   QUINTET_CHECK(x.defined() && x.dim() >= 2, "{}: expected [batch, seq, ...], got {}", what,
@@ -50,7 +50,7 @@ Pending start_reduce_scatter_sequence(const Tensor& x, Communicator& tp, const S
   return {out, std::move(w)};
 }
 
-}  // namespace tp_detail
+}  // namespace detail
 
 Tensor gather_sequence(const Tensor& x, Communicator& tp, const Stream& stream) {
   const int n = tp.size();
@@ -70,7 +70,7 @@ Tensor gather_sequence(const Tensor& x, Communicator& tp, const Stream& stream) 
 }
 
 Tensor reduce_scatter_sequence(const Tensor& x, Communicator& tp, const Stream& stream) {
-  return tp_detail::start_reduce_scatter_sequence(x, tp, stream).finish(stream);
+  return detail::start_reduce_scatter_sequence(x, tp, stream).finish(stream);
 }
 
 Tensor all_reduce_tp(const Tensor& x, Communicator& tp, const Stream& stream) {
@@ -80,4 +80,4 @@ Tensor all_reduce_tp(const Tensor& x, Communicator& tp, const Stream& stream) {
   return out;
 }
 
-}  // namespace quintet
+}  // namespace quintet::tensor_parallel

@@ -9,7 +9,7 @@
 
 #include "quintet/parallel/context/ring_attention.hpp"
 
-namespace quintet {
+namespace quintet::tensor_parallel {
 
 // ---- VocabParallelEmbedding -------------------------------------------------------------------
 
@@ -32,12 +32,12 @@ VocabParallelEmbedding::VocabParallelEmbedding(Communicator& tp, std::int64_t vo
 
 Tensor VocabParallelEmbedding::forward(nn::Context& ctx, const Tensor& ids) {
   const Stream& s = ctx.stream();
-  if (sp_) tp_detail::check_sequence("VocabParallelEmbedding", ids, tp_->size());
+  if (sp_) detail::check_sequence("VocabParallelEmbedding", ids, tp_->size());
   const Tensor y =
       nn::vocab_parallel_embedding_forward(ids, weight_->use(s), vocab_start_, vocab_, s);
   ctx.save(*this, {ids});
-  return sp_ ? tp_detail::start_reduce_scatter_sequence(y, *tp_, s).finish(s)
-             : tp_detail::start_all_reduce(y, *tp_, s).finish(s);
+  return sp_ ? detail::start_reduce_scatter_sequence(y, *tp_, s).finish(s)
+             : detail::start_all_reduce(y, *tp_, s).finish(s);
 }
 
 Tensor VocabParallelEmbedding::backward(nn::Context& ctx, const Tensor& dy) {
@@ -150,4 +150,4 @@ Tensor VocabParallelCrossEntropy::backward(const Tensor& logits_shard, const Ten
                                         vocab_start_, vocab_, ignore_index_, stream);
 }
 
-}  // namespace quintet
+}  // namespace quintet::tensor_parallel

@@ -157,7 +157,7 @@ StepStats step(pipeline::PipelineExecutor& executor, std::span<TrainingStage> st
     for (TrainingStage& s : stages) {
       for (auto& [name, f] : s.chunk->named_fp8_scales()) fp8.push_back(f);
     }
-    if (!fp8.empty()) fp8_end_step(fp8, {&mesh.comm(Axis::tp_dp_cp)}, stream);
+    if (!fp8.empty()) tensor_parallel::fp8_end_step(fp8, {&mesh.comm(Axis::tp_dp_cp)}, stream);
   }
 
   // 3. The global norm, clipping, the (sharded) AdamW update.

@@ -187,8 +187,8 @@ TEST_CASE("gpu MoE layer equals the CPU layer", "[ep][gpu]") {
       std::vector<nn::Fp8TensorScale*> gs, cs;
       for (auto& [name, f] : gpu.named_fp8_scales()) gs.push_back(f);
       for (auto& [name, f] : cpu.named_fp8_scales()) cs.push_back(f);
-      fp8_end_step(gs, {&solo}, s);
-      fp8_end_step(cs, {&solo}, Stream());
+      tensor_parallel::fp8_end_step(gs, {&solo}, s);
+      tensor_parallel::fp8_end_step(cs, {&solo}, Stream());
     }
     const MoEStats sg = gpu.finish_step(solo, s);
     const MoEStats sc = cpu.finish_step(solo);

@@ -77,11 +77,13 @@ TEST_CASE("gpu FP8 tp linear layers equal the CPU emulation", "[tp][fp8][gpu]") 
   const nn::Fp8Recipe recipe{nn::Fp8Mode::hybrid, scaling, 2, 0};
   std::unique_ptr<nn::Module> mine;
   if (column) {
-    mine = std::make_unique<ColumnParallelLinear>(
-        *solo, in, out, ColumnParallelOptions{.bias = bias, .init_std = 0.5f, .fp8 = recipe});
+    mine = std::make_unique<tensor_parallel::ColumnParallelLinear>(
+        *solo, in, out,
+        tensor_parallel::ColumnParallelOptions{.bias = bias, .init_std = 0.5f, .fp8 = recipe});
   } else {
-    mine = std::make_unique<RowParallelLinear>(
-        *solo, in, out, RowParallelOptions{.bias = bias, .init_std = 0.5f, .fp8 = recipe});
+    mine = std::make_unique<tensor_parallel::RowParallelLinear>(
+        *solo, in, out,
+        tensor_parallel::RowParallelOptions{.bias = bias, .init_std = 0.5f, .fp8 = recipe});
   }
   nn::ParameterStore store(*mine, t, s, 31);
   REQUIRE(mine->named_fp8_scales().size() == 3);
@@ -135,7 +137,7 @@ TEST_CASE("gpu FP8 tp linear layers equal the CPU emulation", "[tp][fp8][gpu]") 
     for (std::size_t i = 0; i < a.size(); ++i) off = std::max(off, std::fabs(double(a[i]) - p[i]));
     CHECK(off > 1e-3);
 
-    fp8_end_step(scales, {solo.get()}, s);
+    tensor_parallel::fp8_end_step(scales, {solo.get()}, s);
     if (scaling == nn::Fp8Scaling::delayed) {
       CHECK(scale_named(*mine, "fp8_x").history().front() == ax);
       CHECK(scale_named(*mine, "fp8_w").history().front() == aw);

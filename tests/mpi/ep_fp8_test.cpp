@@ -123,8 +123,8 @@ void run_case(World& world, const Case& c) {
     mine.finish_step(stage);
     ref.finish_step(*self);
     f32.finish_step(*self);
-    fp8_end_step(scales_of(mine), {&stage}, kCpu);
-    fp8_end_step(scales_of(ref), {self.get()}, kCpu);
+    tensor_parallel::fp8_end_step(scales_of(mine), {&stage}, kCpu);
+    tensor_parallel::fp8_end_step(scales_of(ref), {self.get()}, kCpu);
     agreed(world.comm(), [&] {
       require_close(y, local(y_ref), "output");
       require_close(dx, local(dx_ref), "input gradient");

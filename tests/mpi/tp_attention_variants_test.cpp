@@ -42,16 +42,16 @@ TEST_CASE("one-rank attention with GQA, QK-norm and RoPE: the ops composed, fini
   World world = cpu_world();
   const std::unique_ptr<Communicator> one = world.comm().split(world.rank(), 0, "one_rank");
   const std::int64_t B = 1, S = 5, D = 8, H = 4, Hkv = 2, hd = 4;
-  const ParallelAttentionOptions o{.bias = true,
-                                   .init_std = 0.5f,
-                                   .proj_init_std = 0.5f,
-                                   .kv_heads = Hkv,
-                                   .head_dim = hd,
-                                   .qk_norm = true,
-                                   .qk_norm_eps = 1e-6f,
-                                   .rope = true,
-                                   .rope_theta = 30.0};
-  ParallelAttention layer(*one, D, H, S, o);
+  const tensor_parallel::ParallelAttentionOptions o{.bias = true,
+                                                    .init_std = 0.5f,
+                                                    .proj_init_std = 0.5f,
+                                                    .kv_heads = Hkv,
+                                                    .head_dim = hd,
+                                                    .qk_norm = true,
+                                                    .qk_norm_eps = 1e-6f,
+                                                    .rope = true,
+                                                    .rope_theta = 30.0};
+  tensor_parallel::ParallelAttention layer(*one, D, H, S, o);
   nn::ParameterStore store(layer, DType::f64, kCpu, 77);
   std::map<std::string, Tensor> w;
   for (const auto& [name, p] : layer.named_parameters()) w[name] = p->data();
@@ -121,18 +121,18 @@ TEST_CASE("tp attention with GQA, head_dim, QK-norm and RoPE equals the one-rank
     INFO("tp = " << tp.size() << ", " << v.name << ", sequence_parallel = " << sp
                  << ", bias = " << bias);
     auto options = [&](bool seq_par) {
-      return ParallelAttentionOptions{.bias = bias,
-                                      .init_std = 0.3f,
-                                      .proj_init_std = 0.2f,
-                                      .sequence_parallel = seq_par,
-                                      .kv_heads = v.kv_heads,
-                                      .head_dim = v.head_dim,
-                                      .qk_norm = v.qk_norm,
-                                      .rope = v.rope,
-                                      .rope_theta = 50.0};
+      return tensor_parallel::ParallelAttentionOptions{.bias = bias,
+                                                       .init_std = 0.3f,
+                                                       .proj_init_std = 0.2f,
+                                                       .sequence_parallel = seq_par,
+                                                       .kv_heads = v.kv_heads,
+                                                       .head_dim = v.head_dim,
+                                                       .qk_norm = v.qk_norm,
+                                                       .rope = v.rope,
+                                                       .rope_theta = 50.0};
     };
-    ParallelAttention mine(tp, kD, kHeads, kS, options(sp));
-    ParallelAttention ref(*one, kD, kHeads, kS, options(false));
+    tensor_parallel::ParallelAttention mine(tp, kD, kHeads, kS, options(sp));
+    tensor_parallel::ParallelAttention ref(*one, kD, kHeads, kS, options(false));
     ++seed;
     agreed(tp, [&] {
       nn::ParameterStore my_store(mine, DType::f32, kCpu, seed);
@@ -180,24 +180,24 @@ TEST_CASE("cp attention with GQA, QK-norm and RoPE: each rank's chunks at their 
          {context::ContextParallelKind::ring, context::ContextParallelKind::all_to_all}) {
       const bool ring = kind == context::ContextParallelKind::ring;
       INFO("cp = " << n << (ring ? ", ring" : ", all-to-all") << ", kv_heads " << kv);
-      ParallelAttentionOptions o{.init_std = 0.3f,
-                                 .proj_init_std = 0.2f,
-                                 .cp_kind = kind,
-                                 .kv_heads = kv,
-                                 .qk_norm = true,
-                                 .rope = true,
-                                 .rope_theta = 20.0};
-      ParallelAttention ref(*one, kD, kHeads, seq, o);
+      tensor_parallel::ParallelAttentionOptions o{.init_std = 0.3f,
+                                                  .proj_init_std = 0.2f,
+                                                  .cp_kind = kind,
+                                                  .kv_heads = kv,
+                                                  .qk_norm = true,
+                                                  .rope = true,
+                                                  .rope_theta = 20.0};
+      tensor_parallel::ParallelAttention ref(*one, kD, kHeads, seq, o);
       o.cp = &cp;
       if (!ring && kv % n != 0 && n % kv != 0) {
         REQUIRE_THROWS_QUINTET(
-            ParallelAttention(*one, kD, kHeads, seq, o), InvalidArgument,
+            tensor_parallel::ParallelAttention(*one, kD, kHeads, seq, o), InvalidArgument,
             fmt::format("splits the {} local key/value heads (heads {}, kv_heads "
                         "{}, tp 1) over cp {}",
                         kv, kHeads, kv, n));
         continue;
       }
-      ParallelAttention mine(*one, kD, kHeads, seq, o);
+      tensor_parallel::ParallelAttention mine(*one, kD, kHeads, seq, o);
       agreed(cp, [&] {
         nn::ParameterStore my_store(mine, DType::f32, kCpu, 61);
         nn::ParameterStore ref_store(ref, DType::f32, kCpu, 61);
@@ -220,13 +220,15 @@ TEST_CASE("grouped-query attention refuses head counts before communicating", "[
   Communicator& tp = world.comm();
   const int n = tp.size();
   if (tp.rank() == n - 1) {  // one rank alone: a check that communicated would hang
-    REQUIRE_THROWS_QUINTET(ParallelAttention(tp, 24, 12, 16, {.kv_heads = 5}), InvalidArgument,
-                           "kv_heads = 5 must divide heads = 12");
-    REQUIRE_THROWS_QUINTET(ParallelAttention(tp, 24, 12, 16, {.head_dim = 3, .rope = true}),
-                           InvalidArgument, "RoPE needs an even head_dim (got 3)");
+    REQUIRE_THROWS_QUINTET(tensor_parallel::ParallelAttention(tp, 24, 12, 16, {.kv_heads = 5}),
+                           InvalidArgument, "kv_heads = 5 must divide heads = 12");
+    REQUIRE_THROWS_QUINTET(
+        tensor_parallel::ParallelAttention(tp, 24, 12, 16, {.head_dim = 3, .rope = true}),
+        InvalidArgument, "RoPE needs an even head_dim (got 3)");
     for (const std::int64_t kv : {2, 3, 4, 6}) {  // one neither split nor replicated over tp
       if (kv % n == 0 || n % kv == 0) continue;
-      REQUIRE_THROWS_QUINTET(ParallelAttention(tp, 24, 12, 16, {.kv_heads = kv}), InvalidArgument,
+      REQUIRE_THROWS_QUINTET(tensor_parallel::ParallelAttention(tp, 24, 12, 16, {.kv_heads = kv}),
+                             InvalidArgument,
                              fmt::format("kv_heads = {} and tp = {}: each tp rank holds", kv, n));
       break;
     }

@@ -87,14 +87,15 @@ TEST_CASE("FP8 tp linear layers equal f32 GEMMs on FP8-rounded inputs", "[tp][fp
   const std::int64_t in = column ? kD : kHidden, out = column ? kHidden : kD;
   std::unique_ptr<nn::Module> mine;
   if (column) {
-    mine = std::make_unique<ColumnParallelLinear>(
+    mine = std::make_unique<tensor_parallel::ColumnParallelLinear>(
         tp, in, out,
-        ColumnParallelOptions{
+        tensor_parallel::ColumnParallelOptions{
             .bias = bias, .init_std = 0.5f, .sequence_parallel = sp, .fp8 = recipe});
   } else {
-    mine = std::make_unique<RowParallelLinear>(
+    mine = std::make_unique<tensor_parallel::RowParallelLinear>(
         tp, in, out,
-        RowParallelOptions{.bias = bias, .init_std = 0.5f, .sequence_parallel = sp, .fp8 = recipe});
+        tensor_parallel::RowParallelOptions{
+            .bias = bias, .init_std = 0.5f, .sequence_parallel = sp, .fp8 = recipe});
   }
   nn::Linear ref(in, out, {.bias = bias, .init_std = 0.5f});
   nn::ParameterStore my_store(*mine, DType::f32, kCpu, 31), ref_store(ref, DType::f32, kCpu, 31);
@@ -129,7 +130,7 @@ TEST_CASE("FP8 tp linear layers equal f32 GEMMs on FP8-rounded inputs", "[tp][fp
       }
       std::vector<nn::Fp8TensorScale*> scales;
       for (auto& [name, s] : mine->named_fp8_scales()) scales.push_back(s);
-      fp8_end_step(scales, {&tp}, kCpu);
+      tensor_parallel::fp8_end_step(scales, {&tp}, kCpu);
       if (scaling == nn::Fp8Scaling::delayed) {
         CHECK(scale_named(*mine, "fp8_w").history().front() == aw);  // reduced over tp
         CHECK(scale_named(*mine, "fp8_x").history().front() == ax);

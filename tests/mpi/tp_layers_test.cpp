@@ -72,13 +72,13 @@ TEST_CASE("tp linear layers equal nn::Linear", "[tp]") {
   const bool bias = GENERATE(false, true);
   INFO("tp = " << tp.size() << ", sequence_parallel = " << sp << ", bias = " << bias);
   SECTION("column-parallel") {
-    ColumnParallelLinear mine(tp, kD, kHidden,
-                              {.bias = bias, .init_std = 0.5f, .sequence_parallel = sp});
+    tensor_parallel::ColumnParallelLinear mine(
+        tp, kD, kHidden, {.bias = bias, .init_std = 0.5f, .sequence_parallel = sp});
     nn::Linear ref(kD, kHidden, {.bias = bias, .init_std = 0.5f});
     compare(mine, ref, tp, input(11), sp ? Split::seq : Split::none, Split::last, 101);
   }
   SECTION("column-parallel with fused parts (QKV)") {
-    ColumnParallelLinear mine(
+    tensor_parallel::ColumnParallelLinear mine(
         tp, kD, 3 * kD,
         {.bias = bias, .init_std = 0.5f, .sequence_parallel = sp, .fused_parts = 3});
     nn::Linear ref(kD, 3 * kD, {.bias = bias, .init_std = 0.5f});
@@ -96,8 +96,8 @@ TEST_CASE("tp linear layers equal nn::Linear", "[tp]") {
     require_params_match(mine, ref, tp, true);
   }
   SECTION("row-parallel") {
-    RowParallelLinear mine(tp, kHidden, kD,
-                           {.bias = bias, .init_std = 0.5f, .sequence_parallel = sp});
+    tensor_parallel::RowParallelLinear mine(
+        tp, kHidden, kD, {.bias = bias, .init_std = 0.5f, .sequence_parallel = sp});
     nn::Linear ref(kHidden, kD, {.bias = bias, .init_std = 0.5f});
     compare(mine, ref, tp, input(14, kHidden), Split::last, sp ? Split::seq : Split::none, 102);
   }
@@ -111,37 +111,37 @@ TEST_CASE("tp attention, MLP, norms and block equal their nn layers", "[tp]") {
   const Split act = sp ? Split::seq : Split::none;
   INFO("tp = " << tp.size() << ", sequence_parallel = " << sp);
   SECTION("attention") {
-    ParallelAttention mine(tp, kD, kHeads, kS,
-                           {.init_std = 0.3f, .proj_init_std = 0.2f, .sequence_parallel = sp});
+    tensor_parallel::ParallelAttention mine(
+        tp, kD, kHeads, kS, {.init_std = 0.3f, .proj_init_std = 0.2f, .sequence_parallel = sp});
     nn::CausalSelfAttention ref(kD, kHeads, kS, {.init_std = 0.3f, .proj_init_std = 0.2f});
     compare(mine, ref, tp, input(21), act, act, 201);
   }
   SECTION("MLP gelu") {
-    ParallelMLP mine(tp, kD, kHidden,
-                     {.activation = nn::Activation::gelu,
-                      .init_std = 0.3f,
-                      .proj_init_std = 0.2f,
-                      .sequence_parallel = sp});
+    tensor_parallel::ParallelMLP mine(tp, kD, kHidden,
+                                      {.activation = nn::Activation::gelu,
+                                       .init_std = 0.3f,
+                                       .proj_init_std = 0.2f,
+                                       .sequence_parallel = sp});
     nn::MLP ref(kD, kHidden, nn::Activation::gelu, 0.3f, 0.2f);
     compare(mine, ref, tp, input(22), act, act, 202);
   }
   SECTION("MLP swiglu") {
-    ParallelMLP mine(tp, kD, kHidden,
-                     {.activation = nn::Activation::swiglu,
-                      .init_std = 0.3f,
-                      .proj_init_std = 0.2f,
-                      .sequence_parallel = sp});
+    tensor_parallel::ParallelMLP mine(tp, kD, kHidden,
+                                      {.activation = nn::Activation::swiglu,
+                                       .init_std = 0.3f,
+                                       .proj_init_std = 0.2f,
+                                       .sequence_parallel = sp});
     nn::MLP ref(kD, kHidden, nn::Activation::swiglu, 0.3f, 0.2f);
     compare(mine, ref, tp, input(23), act, act, 203);
   }
   SECTION("layernorm") {
-    ParallelLayerNorm mine(kD, {.eps = 1e-5f, .sequence_parallel = sp});
+    tensor_parallel::ParallelLayerNorm mine(kD, {.eps = 1e-5f, .sequence_parallel = sp});
     nn::LayerNorm ref(kD, 1e-5f);
     compare(mine, ref, tp, input(24), act, act, 204);
     for (const nn::Parameter* p : mine.parameters()) CHECK(p->attributes().reduce_over_tp == sp);
   }
   SECTION("rmsnorm") {
-    ParallelRMSNorm mine(kD, {.eps = 1e-5f, .sequence_parallel = sp});
+    tensor_parallel::ParallelRMSNorm mine(kD, {.eps = 1e-5f, .sequence_parallel = sp});
     nn::RMSNorm ref(kD, 1e-5f);
     compare(mine, ref, tp, input(25), act, act, 205);
   }
@@ -200,7 +200,8 @@ TEST_CASE("tp vocabulary-parallel embedding, position embedding and cross-entrop
     std::vector<std::int64_t> ids(kB * kS);
     for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = (7 * i + 3) % kVocab;
     ids[1] = ids[5];  // a repeated id: its gradient rows add up
-    VocabParallelEmbedding mine(tp, kVocab, kD, {.init_std = 0.5f, .sequence_parallel = sp});
+    tensor_parallel::VocabParallelEmbedding mine(tp, kVocab, kD,
+                                                 {.init_std = 0.5f, .sequence_parallel = sp});
     nn::Embedding ref(kVocab, kD, 0.5f);
     compare(mine, ref, tp, Tensor::from_vector(ids, {kB, kS}), Split::none, act, 301);
     CHECK(mine.vocab_start() == tp.rank() * kVocab / tp.size());
@@ -224,15 +225,16 @@ TEST_CASE("tp vocabulary-parallel embedding, position embedding and cross-entrop
     class Mine : public nn::Module {
      public:
       Mine(Communicator& tp, bool sp) {
-        pe_ = &add_module(
-            "pos", std::make_unique<PositionEmbedding>(
-                       tp, kS, kD, EmbeddingOptions{.init_std = 0.5f, .sequence_parallel = sp}));
+        pe_ = &add_module("pos", std::make_unique<tensor_parallel::PositionEmbedding>(
+                                     tp, kS, kD,
+                                     tensor_parallel::EmbeddingOptions{.init_std = 0.5f,
+                                                                       .sequence_parallel = sp}));
       }
       Tensor forward(nn::Context& ctx, const Tensor& x) override { return pe_->forward(ctx, x); }
       Tensor backward(nn::Context& ctx, const Tensor& dy) override {
         return pe_->backward(ctx, dy);
       }
-      PositionEmbedding* pe_;
+      tensor_parallel::PositionEmbedding* pe_;
     } mine(tp, sp);
     compare(mine, ref, tp, input(31), act, act, 302);
   }
@@ -247,7 +249,7 @@ TEST_CASE("tp vocabulary-parallel embedding, position embedding and cross-entrop
     t[3] = static_cast<std::int32_t>(ignore);
     const Tensor targets = Tensor::from_vector(t, {kB, kS});
     const auto want = nn::cross_entropy_forward(logits, targets, ignore, kCpu);
-    VocabParallelCrossEntropy ce(tp, kVocab, ignore);
+    tensor_parallel::VocabParallelCrossEntropy ce(tp, kVocab, ignore);
     const Tensor shard = chunk(logits, 2, tp.rank(), tp.size());
     const auto got = ce.forward(shard, targets, kCpu);
     require_close(got.loss, want.loss, "loss");
@@ -270,19 +272,20 @@ TEST_CASE("tp rejects sizes that do not divide, before communicating", "[tp]") {
   const std::int64_t odd = n + 1;  // not a multiple of n >= 2
   // Only some ranks construct: a check that communicated first would hang the test.
   if (tp.rank() == n - 1) {
-    REQUIRE_THROWS_QUINTET(ColumnParallelLinear(tp, 8, odd), InvalidArgument,
+    REQUIRE_THROWS_QUINTET(tensor_parallel::ColumnParallelLinear(tp, 8, odd), InvalidArgument,
                            fmt::format("out = {} is not divisible by the tensor-parallel size "
                                        "tp = {}",
                                        odd, n));
-    REQUIRE_THROWS_QUINTET(RowParallelLinear(tp, odd, 8), InvalidArgument,
+    REQUIRE_THROWS_QUINTET(tensor_parallel::RowParallelLinear(tp, odd, 8), InvalidArgument,
                            fmt::format("in = {} is not divisible", odd));
-    REQUIRE_THROWS_QUINTET(VocabParallelEmbedding(tp, odd, 8, {.sequence_parallel = true}),
-                           InvalidArgument, fmt::format("vocab = {} is not divisible", odd));
-    REQUIRE_THROWS_QUINTET(VocabParallelCrossEntropy(tp, odd), InvalidArgument,
+    REQUIRE_THROWS_QUINTET(
+        tensor_parallel::VocabParallelEmbedding(tp, odd, 8, {.sequence_parallel = true}),
+        InvalidArgument, fmt::format("vocab = {} is not divisible", odd));
+    REQUIRE_THROWS_QUINTET(tensor_parallel::VocabParallelCrossEntropy(tp, odd), InvalidArgument,
                            fmt::format("vocab = {} is not divisible", odd));
-    REQUIRE_THROWS_QUINTET(ParallelAttention(tp, 4 * odd, odd, 16), InvalidArgument,
-                           fmt::format("heads = {} is not divisible", odd));
-    REQUIRE_THROWS_QUINTET(ParallelMLP(tp, 8, odd), InvalidArgument,
+    REQUIRE_THROWS_QUINTET(tensor_parallel::ParallelAttention(tp, 4 * odd, odd, 16),
+                           InvalidArgument, fmt::format("heads = {} is not divisible", odd));
+    REQUIRE_THROWS_QUINTET(tensor_parallel::ParallelMLP(tp, 8, odd), InvalidArgument,
                            fmt::format("hidden = {} is not divisible", odd));
     model::GptConfig c{.hidden = 4 * odd, .heads = odd, .ffn_hidden = 4 * n};
     REQUIRE_THROWS_QUINTET(model::TransformerBlock(c, {&tp}), InvalidArgument,
@@ -290,7 +293,7 @@ TEST_CASE("tp rejects sizes that do not divide, before communicating", "[tp]") {
                                        "tp = {}",
                                        odd, n));
     // A sequence that does not split evenly, at forward, before the all-gather/reduce-scatter.
-    VocabParallelEmbedding emb(tp, 4 * n, 8, {.sequence_parallel = true});
+    tensor_parallel::VocabParallelEmbedding emb(tp, 4 * n, 8, {.sequence_parallel = true});
     nn::ParameterStore store(emb, DType::f32, kCpu, 1);
     nn::Context ctx(kCpu);
     const Tensor ids = Tensor::full({1, odd}, 0, DType::i64);
@@ -298,10 +301,11 @@ TEST_CASE("tp rejects sizes that do not divide, before communicating", "[tp]") {
                            fmt::format("seq = {} is not divisible by the tensor-parallel size "
                                        "tp = {}",
                                        odd, n));
-    REQUIRE_THROWS_QUINTET(reduce_scatter_sequence(Tensor::zeros({2, odd, 3}), tp, kCpu),
-                           InvalidArgument, fmt::format("seq = {} is not divisible", odd));
+    REQUIRE_THROWS_QUINTET(
+        tensor_parallel::reduce_scatter_sequence(Tensor::zeros({2, odd, 3}), tp, kCpu),
+        InvalidArgument, fmt::format("seq = {} is not divisible", odd));
     // A target outside the vocabulary: rejected before the all-gather.
-    VocabParallelCrossEntropy ce(tp, 4 * n);
+    tensor_parallel::VocabParallelCrossEntropy ce(tp, 4 * n);
     const Tensor bad = Tensor::full({1, 2}, 4 * n, DType::i64);
     REQUIRE_THROWS_QUINTET(ce.forward(Tensor::zeros({1, 2, 4}), bad, kCpu), InvalidArgument,
                            "outside the vocabulary");

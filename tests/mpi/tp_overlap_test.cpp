@@ -81,10 +81,11 @@ TEST_CASE("chunked tp linear layers equal the unchunked ones", "[tp][overlap]") 
         const std::int64_t out = parts * kD;
         const Tensor x = Tensor::randn({kB, seq_in, kD}, 21 + tp.rank());
         const Tensor dy = Tensor::randn({kB, kS, out / n}, 22 + tp.rank());
-        ColumnParallelOptions o{.init_std = 0.5f, .sequence_parallel = sp, .fused_parts = parts};
-        ColumnParallelLinear plain(tp, kD, out, o);
+        tensor_parallel::ColumnParallelOptions o{
+            .init_std = 0.5f, .sequence_parallel = sp, .fused_parts = parts};
+        tensor_parallel::ColumnParallelLinear plain(tp, kD, out, o);
         o.overlap_chunks = chunks;
-        ColumnParallelLinear chunked(tp, kD, out, o);
+        tensor_parallel::ColumnParallelLinear chunked(tp, kD, out, o);
         // forward: gather then GEMM (no reduction); backward: dx is reduced over tp
         compare(run(chunked, x, dy, 7), run(plain, x, dy, 7), false, n > 1, n);
       }
@@ -92,10 +93,10 @@ TEST_CASE("chunked tp linear layers equal the unchunked ones", "[tp][overlap]") 
     SECTION("row-parallel") {
       const Tensor x = Tensor::randn({kB, kS, kHidden / n}, 31 + tp.rank());
       const Tensor dy = Tensor::randn({kB, seq_in, kD}, 32 + tp.rank());
-      RowParallelOptions o{.init_std = 0.5f, .sequence_parallel = sp};
-      RowParallelLinear plain(tp, kHidden, kD, o);
+      tensor_parallel::RowParallelOptions o{.init_std = 0.5f, .sequence_parallel = sp};
+      tensor_parallel::RowParallelLinear plain(tp, kHidden, kD, o);
       o.overlap_chunks = chunks;
-      RowParallelLinear chunked(tp, kHidden, kD, o);
+      tensor_parallel::RowParallelLinear chunked(tp, kHidden, kD, o);
       // forward: GEMM then reduction; backward: gather (SP) then GEMM, no reduction
       compare(run(chunked, x, dy, 8), run(plain, x, dy, 8), n > 1, false, n);
     }
@@ -107,17 +108,19 @@ TEST_CASE("tp overlap chunks that do not divide the sequence are refused before 
   World world = cpu_world();
   Communicator& tp = world.comm();
   const int n = tp.size();
-  REQUIRE_THROWS_QUINTET(ColumnParallelLinear(tp, 8, 4 * n, {.overlap_chunks = 0}), InvalidArgument,
-                         "overlap_chunks = 0 must be >= 1");
-  REQUIRE_THROWS_QUINTET(RowParallelLinear(tp, 4 * n, 8, {.overlap_chunks = -2}), InvalidArgument,
-                         "overlap_chunks = -2 must be >= 1");
+  REQUIRE_THROWS_QUINTET(tensor_parallel::ColumnParallelLinear(tp, 8, 4 * n, {.overlap_chunks = 0}),
+                         InvalidArgument, "overlap_chunks = 0 must be >= 1");
+  REQUIRE_THROWS_QUINTET(tensor_parallel::RowParallelLinear(tp, 4 * n, 8, {.overlap_chunks = -2}),
+                         InvalidArgument, "overlap_chunks = -2 must be >= 1");
   if (n == 1) return;  // one rank never chunks: there is no communication to overlap
   // Only the last rank runs forward: a check that communicated first would hang the test.
   if (tp.rank() == n - 1) {
     for (const bool sp : {false, true}) {
       INFO("sequence_parallel = " << sp);
-      ColumnParallelLinear col(tp, 8, 4 * n, {.sequence_parallel = sp, .overlap_chunks = 5});
-      RowParallelLinear row(tp, 4 * n, 8, {.sequence_parallel = sp, .overlap_chunks = 5});
+      tensor_parallel::ColumnParallelLinear col(tp, 8, 4 * n,
+                                                {.sequence_parallel = sp, .overlap_chunks = 5});
+      tensor_parallel::RowParallelLinear row(tp, 4 * n, 8,
+                                             {.sequence_parallel = sp, .overlap_chunks = 5});
       nn::ParameterStore s1(col, DType::f32, kCpu, 1), s2(row, DType::f32, kCpu, 2);
       nn::Context ctx(kCpu);
       const std::int64_t seq = 6 * n;  // seq / tp = 6 and seq = 6 tp: neither divides by 5

@@ -15,7 +15,7 @@
 #include "quintet/core/tensor.hpp"
 #include "quintet/parallel/overlap/chunk_pipeline.hpp"
 
-namespace quintet::tp_detail {
+namespace quintet::tensor_parallel::detail {
 
 // Applied to rows chunk by chunk: [m, F] rows -> [m, O] rows (a GEMM with its weights bound).
 using RowMap = std::function<Tensor(const Tensor& rows)>;
@@ -52,4 +52,4 @@ ChunkedPending map_then_reduce_scatter(const Tensor& x, Communicator& tp, int ch
 ChunkedPending map_then_all_reduce(const Tensor& x, Communicator& tp, int chunks, const RowMap& f,
                                    const Stream& stream);
 
-}  // namespace quintet::tp_detail
+}  // namespace quintet::tensor_parallel::detail

@@ -7,7 +7,7 @@
 #include "quintet/core/stream.hpp"
 #include "quintet/core/tensor.hpp"
 
-namespace quintet::tp_detail {
+namespace quintet::tensor_parallel::detail {
 
 // A tensor whose value is final once work has completed: finish() makes stream wait for it.
 struct Pending {
@@ -26,4 +26,4 @@ Pending start_reduce_scatter_sequence(const Tensor& x, Communicator& tp, const S
 // Checks x is [B, S, ...] with S divisible by tp (before any communication).
 void check_sequence(const char* what, const Tensor& x, int tp);
 
-}  // namespace quintet::tp_detail
+}  // namespace quintet::tensor_parallel::detail

@@ -62,7 +62,7 @@ struct ExpertsConfig {
 // The FP8 emulation of the experts' GEMMs (off: default-constructed). up is off for GELU; up shares
 // fc's x scale. The scales are declared by the owning module (MoELayer).
 struct ExpertsFp8 {
-  Fp8Linear fc, up, proj;
+  tensor_parallel::Fp8Linear fc, up, proj;
   Communicator* stage = nullptr;  // the amaxes are reduced over it; required when fc.on()
 };
 

@@ -149,7 +149,7 @@ class MoELayer : public nn::Module {
   std::optional<Router> router_;
   std::optional<Experts> experts_;
   std::optional<TokenDispatcher> dispatcher_;
-  ParallelMLP* shared_ = nullptr;
+  tensor_parallel::ParallelMLP* shared_ = nullptr;
 };
 
 // The step counters of every layer in layers (take_counters) in one f64 tensor on stream's device,

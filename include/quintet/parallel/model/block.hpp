@@ -27,7 +27,7 @@ std::unique_ptr<nn::Module> make_attention(const GptConfig& config, const ModelG
 std::unique_ptr<nn::Module> make_mlp(const GptConfig& config, const ModelGroups& groups,
                                      std::int64_t layer = 0);
 // The norm of config.norm over d (ParallelLayerNorm or ParallelRMSNorm).
-std::unique_ptr<ParallelNorm> make_norm(const GptConfig& config);
+std::unique_ptr<tensor_parallel::ParallelNorm> make_norm(const GptConfig& config);
 
 class TransformerBlock : public nn::Module {
  public:
@@ -40,9 +40,9 @@ class TransformerBlock : public nn::Module {
   expert::MoELayer* moe() const { return moe_; }
 
  private:
-  ParallelNorm* norm1_;
+  tensor_parallel::ParallelNorm* norm1_;
   nn::Module* attn_;
-  ParallelNorm* norm2_;
+  tensor_parallel::ParallelNorm* norm2_;
   nn::Module* mlp_;
   expert::MoELayer* moe_ = nullptr;
 };

@@ -55,13 +55,14 @@ class GptChunk : public nn::Module {
  private:
   GptConfig config_;
   ChunkSpec spec_;
-  VocabParallelEmbedding* tokens_ = nullptr;  // run by forward (the embedding chunk)
-  PositionEmbedding* positions_ = nullptr;
+  tensor_parallel::VocabParallelEmbedding* tokens_ =
+      nullptr;  // run by forward (the embedding chunk)
+  tensor_parallel::PositionEmbedding* positions_ = nullptr;
   std::vector<nn::Module*> blocks_;
   std::vector<expert::MoELayer*>
       moe_layers_;  // TransformerBlocks (wrapped in nn::Recompute with full)
   nn::Module* final_norm_ = nullptr;
-  ColumnParallelLinear* head_ = nullptr;
+  tensor_parallel::ColumnParallelLinear* head_ = nullptr;
   VocabParallelLoss* loss_ = nullptr;
 };
 

@@ -24,7 +24,7 @@ class VocabParallelLoss : public nn::Module {
   Tensor backward(nn::Context& ctx, const Tensor& dy) override;
 
  private:
-  VocabParallelCrossEntropy ce_;
+  tensor_parallel::VocabParallelCrossEntropy ce_;
 };
 
 }  // namespace quintet::model

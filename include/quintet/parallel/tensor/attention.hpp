@@ -11,7 +11,7 @@
 #include "quintet/parallel/context/ring_attention.hpp"
 #include "quintet/parallel/tensor/linear.hpp"
 
-namespace quintet {
+namespace quintet::tensor_parallel {
 
 struct ParallelAttentionOptions {
   bool bias = true;                // of the qkv and output projections
@@ -98,4 +98,4 @@ class ParallelAttention : public nn::Module {
   RowParallelLinear* proj_;
 };
 
-}  // namespace quintet
+}  // namespace quintet::tensor_parallel

@@ -36,7 +36,7 @@
 #include "quintet/core/tensor.hpp"
 #include "quintet/nn/fp8.hpp"
 
-namespace quintet {
+namespace quintet::tensor_parallel {
 
 // The FP8 emulation of one linear layer (a tp one, or any other split over `tp`): its inputs
 // rounded through FP8 at the scales of their amaxes, reduced over tp under current scaling.
@@ -94,4 +94,4 @@ class Fp8Linear {
 void fp8_end_step(const std::vector<nn::Fp8TensorScale*>& scales,
                   const std::vector<Communicator*>& groups, const Stream& stream);
 
-}  // namespace quintet
+}  // namespace quintet::tensor_parallel

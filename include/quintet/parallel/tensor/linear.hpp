@@ -10,7 +10,7 @@
 #include "quintet/nn/ops.hpp"
 #include "quintet/parallel/tensor/fp8.hpp"
 
-namespace quintet {
+namespace quintet::tensor_parallel {
 
 // How a column-parallel layer is built (designated initializers read at the call site:
 // ColumnParallelLinear(tp, 64, 256, {.bias = false, .sequence_parallel = true})).
@@ -134,4 +134,4 @@ class RowParallelLinear : public nn::Module {
   Fp8Linear fp8_;
 };
 
-}  // namespace quintet
+}  // namespace quintet::tensor_parallel

@@ -9,7 +9,7 @@
 #include "quintet/nn/module.hpp"
 #include "quintet/parallel/tensor/linear.hpp"
 
-namespace quintet {
+namespace quintet::tensor_parallel {
 
 struct ParallelMLPOptions {
   nn::Activation activation = nn::Activation::gelu;
@@ -41,4 +41,4 @@ class ParallelMLP : public nn::Module {
   RowParallelLinear* proj_;
 };
 
-}  // namespace quintet
+}  // namespace quintet::tensor_parallel

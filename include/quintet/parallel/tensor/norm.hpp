@@ -9,7 +9,7 @@
 #include "quintet/nn/module.hpp"
 #include "quintet/nn/ops.hpp"
 
-namespace quintet {
+namespace quintet::tensor_parallel {
 
 // ---- norms on (possibly sequence-split) activations ------------------------------------------
 
@@ -67,4 +67,4 @@ class ParallelRMSNorm : public ParallelNorm {
 std::unique_ptr<ParallelNorm> make_parallel_norm(nn::NormKind kind, std::int64_t dim,
                                                  const ParallelNormOptions& options = {});
 
-}  // namespace quintet
+}  // namespace quintet::tensor_parallel

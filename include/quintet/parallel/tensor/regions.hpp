@@ -35,7 +35,7 @@
 #include "quintet/core/stream.hpp"
 #include "quintet/core/tensor.hpp"
 
-namespace quintet {
+namespace quintet::tensor_parallel {
 
 // ---- sequence regions ------------------------------------------------------------------------
 // [B, S/tp, ...] -> [B, S, ...]: every rank's sequence chunk, concatenated in rank order along
@@ -51,4 +51,4 @@ Tensor all_reduce_tp(const Tensor& x, Communicator& tp, const Stream& stream);
 // Throws InvalidArgument naming what, the size and tp unless size % tp == 0 (and size > 0).
 void check_divisible(const char* what, std::int64_t size, int tp);
 
-}  // namespace quintet
+}  // namespace quintet::tensor_parallel

@@ -10,7 +10,7 @@
 #include "quintet/nn/module.hpp"
 #include "quintet/nn/ops.hpp"
 
-namespace quintet {
+namespace quintet::tensor_parallel {
 
 // ---- vocabulary-parallel embedding and cross-entropy ----------------------------------------
 
@@ -87,4 +87,4 @@ class VocabParallelCrossEntropy {
   std::int64_t vocab_, vocab_start_, local_vocab_, ignore_index_;
 };
 
-}  // namespace quintet
+}  // namespace quintet::tensor_parallel
