@@ -6,7 +6,7 @@
 
 #include "parallel/train/internal/job_flags.hpp"
 
-namespace quintet::train::internal {
+namespace quintet::train::detail {
 
 std::vector<CLI::ConfigItem> JsonJobFile::from_config(std::istream& input) const {
   nlohmann::json file;
@@ -63,4 +63,4 @@ std::string JsonJobFile::to_config(const CLI::App* app, bool default_also, bool,
   return file.dump(2) + "\n";
 }
 
-}  // namespace quintet::train::internal
+}  // namespace quintet::train::detail

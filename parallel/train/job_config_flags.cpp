@@ -14,7 +14,7 @@
 
 namespace quintet::train {
 
-namespace internal {
+namespace detail {
 
 namespace {
 
@@ -343,13 +343,13 @@ void add_job_flags(CLI::App& app, JobConfig& job) {
   app.config_formatter(std::make_shared<JsonJobFile>(std::move(settings), std::move(runtime)));
 }
 
-}  // namespace internal
+}  // namespace detail
 
 std::optional<int> parse_job_args(const RuntimeConfig& runtime, std::string_view description,
                                   JobConfig* job) {
   job->training.seed = runtime.seed;
   CLI::App app{std::string(description)};
-  internal::add_job_flags(app, *job);
+  detail::add_job_flags(app, *job);
   std::vector<const char*> args;
   for (const std::string& a : runtime.remaining_args) args.push_back(a.c_str());
   // Every rank parses the same command line: rank 0 alone prints the help or the error, and a
@@ -402,14 +402,14 @@ std::string JobConfig::builtin_dataset_dir(const RuntimeConfig& runtime) const {
 std::string job_help(const JobConfig& defaults, std::string_view description) {
   JobConfig job = defaults;
   CLI::App app{std::string(description)};
-  internal::add_job_flags(app, job);
+  detail::add_job_flags(app, job);
   return app.help();
 }
 
 std::vector<std::pair<std::string, std::string>> JobConfig::settings() const {
   JobConfig job = *this;
   CLI::App app;
-  internal::add_job_flags(app, job);
+  detail::add_job_flags(app, job);
   std::vector<std::pair<std::string, std::string>> out;
   for (const CLI::Option* opt : app.get_options()) {
     if (opt->get_lnames().empty()) continue;  // --help's -h aside, every flag has a long name

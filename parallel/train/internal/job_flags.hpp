@@ -11,7 +11,7 @@
 
 #include "quintet/parallel/train/job_config.hpp"
 
-namespace quintet::train::internal {
+namespace quintet::train::detail {
 
 // Adds --config FILE and every flag of a trainer whose defaults are *job (the MoE flags when
 // job->model.mlp is moe) to app, bound to *job: each option's default text is job's value now.
@@ -34,4 +34,4 @@ class JsonJobFile : public CLI::Config {
   std::vector<std::string> runtime_;
 };
 
-}  // namespace quintet::train::internal
+}  // namespace quintet::train::detail
