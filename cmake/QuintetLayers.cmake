@@ -5,7 +5,7 @@
 #
 # Every layer sees the public headers (include/, through quintet_api) and, privately, its own
 # source folder only, reached under the layer's name: core's sources write
-# #include "core/internal/tensor_kernels.hpp", parallel's "parallel/tensor/internal/regions.hpp".
+# #include "core/internal/tensor_kernels.hpp", parallel's "parallel/tensor_parallel/internal/regions.hpp".
 # The include root of a layer is a folder of the build tree holding one symbolic link,
 #   <build>/layers/<layer>/<layer> -> <source folder of the layer>
 # so the source tree itself (where every layer's folder lies side by side) is never on an include

@@ -3,9 +3,9 @@
 // on one GPU, in one run.
 //
 // Each kernel is called as the model calls it (RoPE on the query heads and on the strided key
-// heads of the fused key/value projection; parallel/tensor/attention.cpp, norm.cpp, mlp.cpp)
-// on bf16 tensors of the model's shapes. Its achieved bandwidth is bytes / time, the bytes being
-// what the kernel must move at the least: every input read once and every output written once
+// heads of the fused key/value projection; parallel/tensor_parallel/attention.cpp, norm.cpp,
+// mlp.cpp) on bf16 tensors of the model's shapes. Its achieved bandwidth is bytes / time, the bytes
+// being what the kernel must move at the least: every input read once and every output written once
 // (listed per op in elementwise_bench.cpp; scratch and cache traffic not counted). Two bounds:
 // a device-to-device cudaMemcpyAsync of a large buffer measured in the same run (2 x its size
 // moved: read and written), and the GPU's nominal bandwidth (--nominal-gbps, NVIDIA's 4800 GB/s

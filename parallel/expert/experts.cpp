@@ -36,7 +36,7 @@ nn::Fp8Tensor transposed(const nn::Fp8Tensor& q) {
   return nn::Fp8Tensor{q.transposed, Tensor(), q.scale, q.format};
 }
 // y [rows, m] = q(a) · q(b)ᵀ in like's dtype; the forward's with fast accumulation into bf16, as
-// the tp layers' (parallel/tensor/linear.cpp).
+// the tp layers' (parallel/tensor_parallel/linear.cpp).
 Tensor gemm(const nn::Fp8Tensor& a, const nn::Fp8Tensor& b, const Tensor& like, bool forward,
             const Stream& s) {
   Tensor y = Tensor::empty({a.data.size(0), b.data.size(0)}, like.dtype(), like.device(), s);

@@ -3,9 +3,9 @@
 
 #include "quintet/nn/ops.hpp"
 #include "quintet/nn/recompute.hpp"
-#include "quintet/parallel/tensor/attention.hpp"
-#include "quintet/parallel/tensor/mlp.hpp"
-#include "quintet/parallel/tensor/norm.hpp"
+#include "quintet/parallel/tensor_parallel/attention.hpp"
+#include "quintet/parallel/tensor_parallel/mlp.hpp"
+#include "quintet/parallel/tensor_parallel/norm.hpp"
 
 namespace quintet::model {
 

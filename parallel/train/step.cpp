@@ -8,7 +8,7 @@
 #include "quintet/core/error.hpp"
 #include "quintet/core/trace.hpp"
 #include "quintet/nn/ops.hpp"
-#include "quintet/parallel/tensor/fp8.hpp"
+#include "quintet/parallel/tensor_parallel/fp8.hpp"
 
 namespace quintet::train {
 

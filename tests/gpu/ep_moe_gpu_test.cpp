@@ -14,7 +14,7 @@
 #include "quintet/collectives/bootstrap.hpp"
 #include "quintet/nn/context.hpp"
 #include "quintet/parallel/expert/moe_layer.hpp"
-#include "quintet/parallel/tensor/fp8.hpp"
+#include "quintet/parallel/tensor_parallel/fp8.hpp"
 #include "support/catch.hpp"
 
 using namespace quintet;

@@ -14,8 +14,8 @@
 #include "quintet/collectives/bootstrap.hpp"
 #include "quintet/nn/fp8.hpp"
 #include "quintet/nn/ops.hpp"
-#include "quintet/parallel/tensor/fp8.hpp"
-#include "quintet/parallel/tensor/linear.hpp"
+#include "quintet/parallel/tensor_parallel/fp8.hpp"
+#include "quintet/parallel/tensor_parallel/linear.hpp"
 #include "support/catch.hpp"
 
 using namespace quintet;

@@ -19,7 +19,7 @@
 #include "quintet/parallel/expert/moe_layer.hpp"
 #include "quintet/parallel/layout.hpp"
 #include "quintet/parallel/mesh.hpp"
-#include "quintet/parallel/tensor/fp8.hpp"
+#include "quintet/parallel/tensor_parallel/fp8.hpp"
 #include "tp_support.hpp"
 
 using namespace quintet;

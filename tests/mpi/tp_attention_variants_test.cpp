@@ -12,7 +12,7 @@
 
 #include "quintet/parallel/model/block.hpp"
 #include "quintet/parallel/model/gpt_config.hpp"
-#include "quintet/parallel/tensor/attention.hpp"
+#include "quintet/parallel/tensor_parallel/attention.hpp"
 #include "tp_support.hpp"
 #include "unit/nn_gradcheck.hpp"
 

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "quintet/nn/fp8.hpp"
-#include "quintet/parallel/tensor/fp8.hpp"
-#include "quintet/parallel/tensor/linear.hpp"
+#include "quintet/parallel/tensor_parallel/fp8.hpp"
+#include "quintet/parallel/tensor_parallel/linear.hpp"
 #include "support/nn_layers.hpp"
 #include "tp_support.hpp"
 

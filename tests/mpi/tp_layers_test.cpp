@@ -6,12 +6,12 @@
 #include <map>
 
 #include "quintet/parallel/model/block.hpp"
-#include "quintet/parallel/tensor/attention.hpp"
-#include "quintet/parallel/tensor/linear.hpp"
-#include "quintet/parallel/tensor/mlp.hpp"
-#include "quintet/parallel/tensor/norm.hpp"
-#include "quintet/parallel/tensor/regions.hpp"
-#include "quintet/parallel/tensor/vocab.hpp"
+#include "quintet/parallel/tensor_parallel/attention.hpp"
+#include "quintet/parallel/tensor_parallel/linear.hpp"
+#include "quintet/parallel/tensor_parallel/mlp.hpp"
+#include "quintet/parallel/tensor_parallel/norm.hpp"
+#include "quintet/parallel/tensor_parallel/regions.hpp"
+#include "quintet/parallel/tensor_parallel/vocab.hpp"
 #include "support/nn_layers.hpp"
 #include "tp_support.hpp"
 

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "quintet/parallel/mesh.hpp"
-#include "quintet/parallel/tensor/linear.hpp"
+#include "quintet/parallel/tensor_parallel/linear.hpp"
 #include "tp_support.hpp"
 
 using namespace quintet;

@@ -1,8 +1,8 @@
 // The single-rank layers of a GPT-style transformer, made of the ops of quintet/nn/ops.hpp:
 // Linear, LayerNorm, RMSNorm, MLP (GELU or SwiGLU), causal self-attention, Embedding and a
 // pre-norm transformer block. Test support, not library: the tests build them as the unsharded
-// reference the parallel layers (parallel/tensor, parallel/model) must equal, and to exercise the
-// nn ops, modules and gradient protocol through a small model. Sources: nn_layers.cpp,
+// reference the parallel layers (parallel/tensor_parallel, parallel/model) must equal, and to
+// exercise the nn ops, modules and gradient protocol through a small model. Sources: nn_layers.cpp,
 // nn_attention_layer.cpp.
 //
 // Shapes: activations are [batch, seq, dim] (Linear, norms and MLP accept any [..., dim]).

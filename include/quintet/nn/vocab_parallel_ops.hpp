@@ -1,7 +1,8 @@
-// The ops of a vocabulary split over ranks (tensor parallelism, parallel/tensor/regions.hpp): a
-// masked embedding lookup into one shard of the table, and the cross-entropy of logits whose
-// vocabulary dimension is split, computed from per-shard partial statistics so the full logits
-// are never gathered. The ops themselves do not communicate: the caller moves the partials.
+// The ops of a vocabulary split over ranks (tensor parallelism,
+// parallel/tensor_parallel/regions.hpp): a masked embedding lookup into one shard of the table, and
+// the cross-entropy of logits whose vocabulary dimension is split, computed from per-shard partial
+// statistics so the full logits are never gathered. The ops themselves do not communicate: the
+// caller moves the partials.
 //
 // Shard convention: this rank holds vocabulary entries [vocab_start, vocab_start + V_local) of a
 // vocabulary of vocab_size entries (V_local = the table's rows, or the logits' last dim).

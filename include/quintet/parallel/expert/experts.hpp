@@ -15,8 +15,8 @@
 // etp (their width dim), each the exact slice of the [E, F, d] / [E, d, F] draw, so that every
 // layout holds the same model.
 //
-// FP8 (ExpertsFp8, the "hybrid" recipe of the tp linear layers, parallel/tensor/fp8.hpp): fc, up
-// and proj run on nn::fp8_cast's operands through nn::fp8_gemm, the tp layers' FP8 GEMM
+// FP8 (ExpertsFp8, the "hybrid" recipe of the tp linear layers, parallel/tensor_parallel/fp8.hpp):
+// fc, up and proj run on nn::fp8_cast's operands through nn::fp8_gemm, the tp layers' FP8 GEMM
 // (cuBLASLt's on a GPU, the exact emulation on the CPU): forward q(x) · q(W)ᵀ with x and W in
 // E4M3, dgrad q(dy) · q(W) with dy in E5M2, wgrad q(dy)ᵀ · q(x) accumulated in f32, each expert
 // one GEMM chain over its rows. The scales are PER TENSOR, from Fp8Linear's device-scale calls
@@ -44,7 +44,7 @@
 #include "quintet/core/tensor.hpp"
 #include "quintet/nn/layer_kinds.hpp"
 #include "quintet/nn/parameter.hpp"
-#include "quintet/parallel/tensor/fp8.hpp"
+#include "quintet/parallel/tensor_parallel/fp8.hpp"
 
 namespace quintet::expert {
 

@@ -59,7 +59,7 @@
 #include "quintet/parallel/expert/experts.hpp"
 #include "quintet/parallel/expert/router.hpp"
 #include "quintet/parallel/expert/token_dispatcher.hpp"
-#include "quintet/parallel/tensor/mlp.hpp"
+#include "quintet/parallel/tensor_parallel/mlp.hpp"
 
 namespace quintet::expert {
 

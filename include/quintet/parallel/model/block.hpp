@@ -16,7 +16,7 @@
 #include "quintet/parallel/expert/moe_layer.hpp"
 #include "quintet/parallel/model/gpt_config.hpp"
 #include "quintet/parallel/model/groups.hpp"
-#include "quintet/parallel/tensor/norm.hpp"
+#include "quintet/parallel/tensor_parallel/norm.hpp"
 
 namespace quintet::model {
 

@@ -35,8 +35,8 @@
 #include "quintet/parallel/model/gpt_config.hpp"
 #include "quintet/parallel/model/groups.hpp"
 #include "quintet/parallel/model/loss.hpp"
-#include "quintet/parallel/tensor/linear.hpp"
-#include "quintet/parallel/tensor/vocab.hpp"
+#include "quintet/parallel/tensor_parallel/linear.hpp"
+#include "quintet/parallel/tensor_parallel/vocab.hpp"
 
 namespace quintet::model {
 

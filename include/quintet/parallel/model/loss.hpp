@@ -7,7 +7,7 @@
 
 #include "quintet/collectives/communicator.hpp"
 #include "quintet/nn/module.hpp"
-#include "quintet/parallel/tensor/vocab.hpp"
+#include "quintet/parallel/tensor_parallel/vocab.hpp"
 
 namespace quintet::model {
 

@@ -1,4 +1,5 @@
-// Column- and row-parallel linear layers (parallel/tensor/linear.cpp). Conventions: regions.hpp.
+// Column- and row-parallel linear layers (parallel/tensor_parallel/linear.cpp). Conventions:
+// regions.hpp.
 #pragma once
 
 #include <cstdint>
@@ -8,7 +9,7 @@
 #include "quintet/core/tensor.hpp"
 #include "quintet/nn/module.hpp"
 #include "quintet/nn/ops.hpp"
-#include "quintet/parallel/tensor/fp8.hpp"
+#include "quintet/parallel/tensor_parallel/fp8.hpp"
 
 namespace quintet::tensor_parallel {
 

@@ -1,5 +1,5 @@
-// The tensor-parallel MLP (parallel/tensor/mlp.cpp): a transformer block's MLP split along its
-// hidden size over tp. Conventions (activations, streams, parameters): regions.hpp.
+// The tensor-parallel MLP (parallel/tensor_parallel/mlp.cpp): a transformer block's MLP split along
+// its hidden size over tp. Conventions (activations, streams, parameters): regions.hpp.
 #pragma once
 
 #include <cstdint>
@@ -7,7 +7,7 @@
 #include "quintet/collectives/communicator.hpp"
 #include "quintet/nn/layer_kinds.hpp"
 #include "quintet/nn/module.hpp"
-#include "quintet/parallel/tensor/linear.hpp"
+#include "quintet/parallel/tensor_parallel/linear.hpp"
 
 namespace quintet::tensor_parallel {
 

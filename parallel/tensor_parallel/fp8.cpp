@@ -1,5 +1,5 @@
 // FP8 tp linear layers: the per-call scaling of Fp8Linear and the end of a step's scaling.
-#include "quintet/parallel/tensor/fp8.hpp"
+#include "quintet/parallel/tensor_parallel/fp8.hpp"
 
 #include <cstdint>
 

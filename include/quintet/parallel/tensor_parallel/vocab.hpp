@@ -1,5 +1,5 @@
 // Vocabulary-parallel token embedding and cross-entropy, and the position embedding
-// (parallel/tensor/vocab.cpp). Conventions: regions.hpp.
+// (parallel/tensor_parallel/vocab.cpp). Conventions: regions.hpp.
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,6 @@
 // Norms on sequence-split activations: nn's LayerNorm/RMSNorm math, with parameters marked for a
 // gradient reduction over tp under sequence parallelism.
-#include "quintet/parallel/tensor/norm.hpp"
+#include "quintet/parallel/tensor_parallel/norm.hpp"
 
 namespace quintet::tensor_parallel {
 

@@ -1,9 +1,9 @@
 // The MLP split along its hidden size: the math of the tests' single-rank nn::MLP
 // (tests/support/nn_layers.cpp) on this rank's hidden features.
-#include "quintet/parallel/tensor/mlp.hpp"
+#include "quintet/parallel/tensor_parallel/mlp.hpp"
 
-#include "parallel/tensor/internal/regions.hpp"
-#include "quintet/parallel/tensor/regions.hpp"
+#include "parallel/tensor_parallel/internal/regions.hpp"
+#include "quintet/parallel/tensor_parallel/regions.hpp"
 
 namespace quintet::tensor_parallel {
 

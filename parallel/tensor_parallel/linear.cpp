@@ -1,8 +1,8 @@
 // Column- and row-parallel linear layers.
-#include "quintet/parallel/tensor/linear.hpp"
-#include "parallel/tensor/internal/chunked_regions.hpp"
-#include "parallel/tensor/internal/regions.hpp"
-#include "quintet/parallel/tensor/regions.hpp"
+#include "quintet/parallel/tensor_parallel/linear.hpp"
+#include "parallel/tensor_parallel/internal/chunked_regions.hpp"
+#include "parallel/tensor_parallel/internal/regions.hpp"
+#include "quintet/parallel/tensor_parallel/regions.hpp"
 
 namespace quintet::tensor_parallel {
 

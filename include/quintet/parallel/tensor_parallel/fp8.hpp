@@ -1,5 +1,5 @@
-// FP8 linear layers across ranks (parallel/tensor/fp8.cpp): the emulation of one layer's FP8
-// GEMMs and the end of a step's scaling.
+// FP8 linear layers across ranks (parallel/tensor_parallel/fp8.cpp): the emulation of one layer's
+// FP8 GEMMs and the end of a step's scaling.
 //
 // A tp linear layer built with fp8.mode = hybrid (linear.hpp) keeps the scaling state of its x, w
 // (E4M3) and dy (E5M2) as nn::Fp8TensorScale entries of its module ("fp8_x", "fp8_w", "fp8_dy";

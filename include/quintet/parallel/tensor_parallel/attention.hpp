@@ -1,5 +1,5 @@
-// Tensor-parallel causal self-attention (parallel/tensor/attention.cpp): the attention of a
-// transformer block split by heads over tp. Conventions (activations, streams, parameters):
+// Tensor-parallel causal self-attention (parallel/tensor_parallel/attention.cpp): the attention of
+// a transformer block split by heads over tp. Conventions (activations, streams, parameters):
 // regions.hpp.
 #pragma once
 
@@ -9,7 +9,7 @@
 #include "quintet/nn/module.hpp"
 #include "quintet/nn/ops.hpp"
 #include "quintet/parallel/context/ring_attention.hpp"
-#include "quintet/parallel/tensor/linear.hpp"
+#include "quintet/parallel/tensor_parallel/linear.hpp"
 
 namespace quintet::tensor_parallel {
 

@@ -1,4 +1,4 @@
-// Norms on (possibly sequence-split) activations (parallel/tensor/norm.cpp). Conventions:
+// Norms on (possibly sequence-split) activations (parallel/tensor_parallel/norm.cpp). Conventions:
 // regions.hpp.
 #pragma once
 

@@ -2,9 +2,9 @@
 // the flat buffer, so moving chunks along dim 1 of [B, S, ...] goes through a [tp, B, S/tp, ...]
 // layout: one transposing copy after the all-gather, one before the reduce-scatter (none for
 // B = 1, where the two layouts coincide).
-#include "parallel/tensor/internal/regions.hpp"
+#include "parallel/tensor_parallel/internal/regions.hpp"
 
-#include "quintet/parallel/tensor/regions.hpp"
+#include "quintet/parallel/tensor_parallel/regions.hpp"
 
 namespace quintet::tensor_parallel {
 

@@ -2,7 +2,7 @@
 // out as the collective wants them ([tp, B, L/k, ...]: block r is rank r's part) before its GEMM,
 // so the GEMM writes straight into the buffer that is sent; the results are placed back in
 // sequence order by one strided copy per chunk.
-#include "parallel/tensor/internal/chunked_regions.hpp"
+#include "parallel/tensor_parallel/internal/chunked_regions.hpp"
 
 #include <memory>
 #include <vector>

@@ -1,6 +1,6 @@
 // Private: the communication of the tp region boundaries, started asynchronously so a layer can
 // overlap it with compute that does not need its result (the weight gradient while dx is being
-// reduced). Public blocking forms are in quintet/parallel/tensor/regions.hpp.
+// reduced). Public blocking forms are in quintet/parallel/tensor_parallel/regions.hpp.
 #pragma once
 
 #include "quintet/collectives/communicator.hpp"

@@ -1,11 +1,11 @@
 // Causal self-attention with heads split over tp: the math of the tests' single-rank
 // nn::CausalSelfAttention (tests/support/nn_attention_layer.cpp) on this rank's heads, with
 // grouped-query attention, QK-norm and RoPE as options (attention.hpp).
-#include "quintet/parallel/tensor/attention.hpp"
+#include "quintet/parallel/tensor_parallel/attention.hpp"
 
-#include "parallel/tensor/internal/regions.hpp"
-#include "quintet/parallel/tensor/norm.hpp"
-#include "quintet/parallel/tensor/regions.hpp"
+#include "parallel/tensor_parallel/internal/regions.hpp"
+#include "quintet/parallel/tensor_parallel/norm.hpp"
+#include "quintet/parallel/tensor_parallel/regions.hpp"
 
 namespace quintet::tensor_parallel {
 

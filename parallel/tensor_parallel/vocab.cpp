@@ -2,10 +2,10 @@
 // sequence-parallel chunk.
 #include <vector>
 
-#include "parallel/tensor/internal/regions.hpp"
+#include "parallel/tensor_parallel/internal/regions.hpp"
 #include "quintet/nn/vocab_parallel_ops.hpp"
-#include "quintet/parallel/tensor/regions.hpp"
-#include "quintet/parallel/tensor/vocab.hpp"
+#include "quintet/parallel/tensor_parallel/regions.hpp"
+#include "quintet/parallel/tensor_parallel/vocab.hpp"
 
 #include "quintet/parallel/context/ring_attention.hpp"
 
