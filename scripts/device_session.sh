@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# A session's GPU work in a few device calls, each inside the device tool's 600 s per call: the
+# phases below run in order, each step bounded by its own limit and by what is left of BUDGET
+# seconds (default 570) from the start, so a call always ends, with its logs, before the tool's
+# limit. Everything goes to $OUT: summary.md (each step's result, seconds and its result lines)
+# and session.tgz (every log; the device tool brings back only a few files, so they are packed).
+#
+#   OUT=$OUT scripts/device_session.sh 1   # build, every gpu test, the Llama benchmarks (#42)
+#   OUT=$OUT scripts/device_session.sh 2   # MoE (#47) and FP8 (#45) benchmarks, HF (#43), flight (#44)
+#   OUT=$OUT scripts/device_session.sh 3   # the GPT benchmarks (#48) and the A/B against BASE (#41)
+# A later phase on the same warm machine reuses the build (scripts/setup.sh is incremental).
+# Keep NCCL_NVLS_ENABLE=0 (set here). PHASE 3's A/B needs BASE=<commit> (default HEAD~40).
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+root=$(pwd)
+phase=${1:?usage: scripts/device_session.sh 1|2|3}
+out=${OUT:-$root/build/device_session}
+budget=${BUDGET:-570}
+logs=$out/logs
+mkdir -p "$logs"
+export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_rmaps_base_oversubscribe=1
+summary=$out/summary.md
+{
+  echo "# device session phase $phase, $(date -u +%Y-%m-%dT%H:%MZ), commit $(git rev-parse --short HEAD 2>/dev/null)"
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/- GPU: /'
+  echo "- cores: $(nproc)"
+} >"$summary"
+
+step() {  # step NAME SECONDS COMMAND...: bounded by SECONDS and by the budget left
+  local name=$1 limit=$2; shift 2
+  local left=$((budget - SECONDS - 5))
+  if [ "$left" -lt 20 ]; then echo "| $name | not run (budget) | 0 |" >>"$summary"; return; fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  local t0=$SECONDS rc
+  OUT=$logs/$name timeout "$limit" "$@" >"$logs/$name.log" 2>&1
+  rc=$?
+  echo "| $name | exit $rc$([ $rc = 124 ] && echo ' (timed out)') | $((SECONDS - t0)) |" >>"$summary"
+  grep -hE '"summary"|tokens/s|TFLOP|ratio|passed|failed|FAILED|Error|\| ' "$logs/$name.log" \
+    "$logs/$name"/*.log 2>/dev/null | tail -n 25 | sed 's/^/    /' >>"$summary"
+}
+
+echo "| step | result | seconds |" >>"$summary"
+echo "|---|---|---|" >>"$summary"
+case $phase in
+  1)
+    step build 240 bash scripts/setup.sh
+    step gpu_tests 200 bash -c "cd build && ctest -L gpu --output-on-failure -j3 --timeout 150"
+    step llama 300 bash scripts/bench/llama_benchmarks.sh
+    ;;
+  2)
+    step build 200 bash scripts/setup.sh
+    step moe 330 env SKIP="dispatch_cpu cpu_ep8_chunks1 cpu_ep8_chunks2" bash scripts/bench/moe_benchmarks.sh
+    # shellcheck disable=SC2016  # $OUT expands in the step, where it is the step's folder
+    step hf_reference 60 bash -c 'python3 scripts/hf/make_transformers_reference.py "$OUT/ref" &&
+      QUINTET_HF_REFERENCE_DIR="$OUT/ref" ctest --test-dir build -R train_hf_import_ --output-on-failure'
+    step hf_io 90 bash scripts/bench/hf_io_bench.sh --device cuda --repeats 2
+    step flight 60 bash scripts/bench/flight_cost.sh --device cuda --rounds 2
+    ;;
+  3)
+    step build 200 bash scripts/setup.sh
+    step gpt 240 bash scripts/bench/gpt_benchmarks.sh
+    base=${BASE:-HEAD~40}
+    step ab_gpt 300 bash -c "rm -rf build-ab && mkdir -p build-ab/base &&
+      git archive $base | tar -x -C build-ab/base && BASE=build-ab/base ROUNDS=2 bash scripts/bench/ab_gpt.sh"
+    ;;
+  *) echo "unknown phase $phase" >&2; exit 2 ;;
+esac
+rm -rf "$logs/hf_reference/ref"
+tar -czf "$out/session.tgz" -C "$out" logs && rm -rf "$logs"
+cat "$summary"
