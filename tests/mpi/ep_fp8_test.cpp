@@ -24,12 +24,7 @@
 
 using namespace quintet;
 using namespace quintet::expert;
-using tp_test::agreed;
-using tp_test::chunk;
-using tp_test::cpu_world;
-using tp_test::data_parallel_grad;
-using tp_test::require_close;
-using tp_test::shard_of;
+using namespace tp_test;
 
 namespace {
 
@@ -54,13 +49,6 @@ std::vector<nn::Fp8TensorScale*> scales_of(const nn::Module& m) {
   std::vector<nn::Fp8TensorScale*> out;
   for (auto& [name, s] : m.named_fp8_scales()) out.push_back(s);
   return out;
-}
-
-const nn::Parameter& param_named(const nn::Module& m, const std::string& name) {
-  for (const auto& [n, p] : m.named_parameters())
-    if (n == name) return *p;
-  FAIL("no parameter " << name);
-  throw;
 }
 
 // The largest |a - b| over two tensors of one shape.
@@ -116,10 +104,7 @@ void run_case(World& world, const Case& c) {
     const Tensor y_f32 = f32.forward(fctx, x);
     const Tensor y = mine.forward(ctx, local(x));
     const Tensor dx = mine.backward(ctx, local(dy));
-    std::vector<std::pair<std::string, Tensor>> grads;
-    for (const auto& [name, p] : mine.named_parameters()) {
-      grads.emplace_back(name, data_parallel_grad(*p, mesh));
-    }
+    const auto grads = data_parallel_grads(mine, mesh);
     mine.finish_step(stage);
     ref.finish_step(*self);
     f32.finish_step(*self);

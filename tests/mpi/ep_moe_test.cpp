@@ -21,12 +21,7 @@
 
 using namespace quintet;
 using namespace quintet::expert;
-using tp_test::agreed;
-using tp_test::chunk;
-using tp_test::cpu_world;
-using tp_test::data_parallel_grad;
-using tp_test::require_close;
-using tp_test::shard_of;
+using namespace tp_test;
 
 namespace {
 
@@ -76,10 +71,7 @@ void run_case(World& world, const Case& c) {
   nn::Context ctx(kCpu);
   const Tensor y = mine.forward(ctx, local(draw(100 + shard)));
   const Tensor dx = mine.backward(ctx, local(draw(200 + shard)));
-  std::vector<std::pair<std::string, Tensor>> grads;
-  for (const auto& [name, p] : mine.named_parameters()) {
-    grads.emplace_back(name, data_parallel_grad(*p, mesh));
-  }
+  const auto grads = data_parallel_grads(mine, mesh);
   StderrCapture capture;
   const MoEStats stats = mine.finish_step(mesh.comm(Axis::tp_dp_cp));
   const bool warned =
@@ -88,20 +80,12 @@ void run_case(World& world, const Case& c) {
   agreed(world.comm(), [&] {
     require_close(y, local(y_ref[shard]), "output");
     require_close(dx, local(dx_ref[shard]), "input gradient");
-    const auto refs = ref.named_parameters();
     for (const auto& [name, g] : grads) {
       INFO("gradient of " << name);
-      nn::Parameter* p = nullptr;
-      for (const auto& [n, q] : mine.named_parameters()) {
-        if (n == name) p = q;
-      }
-      const nn::Parameter* q = nullptr;
-      for (const auto& [n, r] : refs) {
-        if (n == name) q = r;
-      }
-      REQUIRE(q != nullptr);
-      require_close(g, shard_of(q->grad(), *p), name);
-      require_close(p->data(), shard_of(q->data(), *p), name + " (value)", 0.0, 0.0);
+      const nn::Parameter& p = param_named(mine, name);
+      const nn::Parameter& q = param_named(ref, name);
+      require_close(g, shard_of(q.grad(), p), name);
+      require_close(p.data(), shard_of(q.data(), p), name + " (value)", 0.0, 0.0);
     }
     CHECK(stats.load == want.load);
     CHECK(stats.assignments == want.assignments);

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "quintet/collectives/bootstrap.hpp"
@@ -102,6 +103,26 @@ inline Tensor data_parallel_grad(const nn::Parameter& p, Mesh& mesh) {
     mesh.comm(Axis::dp).all_reduce(g).wait();
   }
   return g;
+}
+
+// The parameter of m named `name`; a test failure when m has none.
+inline const nn::Parameter& param_named(const nn::Module& m, const std::string& name) {
+  for (const auto& [n, p] : m.named_parameters()) {
+    if (n == name) return *p;
+  }
+  FAIL("no parameter " << name);
+  throw;  // not reached: FAIL throws
+}
+
+// Every parameter's gradient of m as data parallelism sees it (data_parallel_grad), with its
+// name, in m's order. Collective over the mesh's dp, edp and tp.
+inline std::vector<std::pair<std::string, Tensor>> data_parallel_grads(const nn::Module& m,
+                                                                       Mesh& mesh) {
+  std::vector<std::pair<std::string, Tensor>> grads;
+  for (const auto& [name, p] : m.named_parameters()) {
+    grads.emplace_back(name, data_parallel_grad(*p, mesh));
+  }
+  return grads;
 }
 
 // Every parameter of `sharded` has a parameter of the same name in `reference` whose matching
