@@ -6,13 +6,13 @@
 // differences); bad arguments refused.
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 #include <vector>
 
 #include "quintet/core/error.hpp"
 #include "quintet/nn/ops.hpp"
 #include "quintet/parallel/expert/router.hpp"
 #include "support/catch.hpp"
+#include "support/route_reference.hpp"
 
 using namespace quintet;
 using namespace quintet::expert;
@@ -40,22 +40,6 @@ nn::RouteOptions options(int k, RouteScore score, bool renorm, std::int64_t grou
   o.groups = groups;
   o.z_scale = z_scale;
   return o;
-}
-
-// The scores of one row in f64.
-std::vector<double> scores(const Tensor& logits, std::int64_t t, RouteScore score) {
-  const std::int64_t E = logits.size(1);
-  std::vector<double> p(static_cast<std::size_t>(E));
-  for (std::int64_t e = 0; e < E; ++e) p[e] = logits.at<float>({t, e});
-  if (score == RouteScore::softmax) {
-    const double m = *std::max_element(p.begin(), p.end());
-    double s = 0.0;
-    for (double& v : p) s += (v = std::exp(v - m));
-    for (double& v : p) v /= s;
-  } else {
-    for (double& v : p) v = 1.0 / (1.0 + std::exp(-v));
-  }
-  return p;
 }
 
 double lse_of(const Tensor& logits, std::int64_t t) {
@@ -112,28 +96,14 @@ TEST_CASE("moe_route_forward equals a plain reference and the router's statistic
                                     options(k, score, renorm, G, z_scale), z_sum, Stream());
           double z_want = 1.5;
           for (std::int64_t t = 0; t < T; ++t) {
-            const std::vector<double> p = scores(logits, t, score);
+            const std::vector<double> p = route_ref::scores(logits, t, score);
             std::vector<double> sel = p;
             if (with_bias) {
               for (std::int64_t e = 0; e < E; ++e) {
                 sel[e] = static_cast<float>(p[e]) + bias.at<float>({e});
               }
             }
-            std::vector<int> order(static_cast<std::size_t>(E));
-            std::iota(order.begin(), order.end(), 0);
-            std::stable_sort(order.begin(), order.end(),
-                             [&](int a, int b) { return sel[a] > sel[b]; });
-            double sum = 0.0;
-            for (int j = 0; j < k; ++j) sum += p[order[j]];
-            for (int j = 0; j < k; ++j) {
-              CHECK(r.experts.at<std::int32_t>({t, j}) == order[j]);
-              const double want = renorm ? p[order[j]] / sum : p[order[j]];
-              CHECK(r.weights.at<float>({t, j}) == Approx(want).epsilon(1e-6));
-              CHECK(r.kept.at<std::uint8_t>({t, j}) == 1);
-            }
-            for (std::int64_t e = 0; e < E; ++e) {
-              CHECK(r.probs.at<float>({t, e}) == Approx(p[e]).epsilon(1e-6));
-            }
+            route_ref::check_token(r, t, p, route_ref::selection_order(sel), k, renorm);
             CHECK(r.lse.at<float>({t}) == Approx(lse_of(logits, t)).epsilon(1e-6));
             z_want += z_scale * lse_of(logits, t) * lse_of(logits, t);
           }

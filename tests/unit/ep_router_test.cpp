@@ -1,14 +1,14 @@
 // The MoE router (quintet/parallel/expert/router.hpp): top-k selection and weights against a
-// reference written here, the capacity's dropping rule exactly, the aux loss, z loss and weight
-// gradients against finite differences, the balancing bias update, and bad configurations.
-#include <algorithm>
+// plain reference (support/route_reference.hpp), the capacity's dropping rule exactly, the aux
+// loss, z loss and weight gradients against finite differences, the balancing bias update, and bad
+// configurations.
 #include <cmath>
-#include <numeric>
 #include <vector>
 
 #include "quintet/core/error.hpp"
 #include "quintet/parallel/expert/router.hpp"
 #include "support/catch.hpp"
+#include "support/route_reference.hpp"
 
 using namespace quintet;
 using namespace quintet::expert;
@@ -54,28 +54,8 @@ TEST_CASE("router: top-k and weights equal a reference, ties to the lower expert
         RouterConfig rc{.experts = E, .top_k = k, .score = score, .renormalize = renorm};
         const Routing r = route(logits, Tensor(), rc);
         for (std::int64_t t = 0; t < T; ++t) {
-          std::vector<double> p(E);
-          for (std::int64_t e = 0; e < E; ++e) p[e] = logits.at<float>({t, e});
-          if (score == RouterScore::softmax) {
-            const double m = *std::max_element(p.begin(), p.end());
-            double s = 0.0;
-            for (double& v : p) s += (v = std::exp(v - m));
-            for (double& v : p) v /= s;
-          } else {
-            for (double& v : p) v = 1.0 / (1.0 + std::exp(-v));
-          }
-          std::vector<int> order(E);
-          std::iota(order.begin(), order.end(), 0);
-          std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return p[a] > p[b]; });
-          double sum = 0.0;
-          for (int j = 0; j < k; ++j) sum += p[order[j]];
-          for (int j = 0; j < k; ++j) {
-            CHECK(r.experts.at<std::int32_t>({t, j}) == order[j]);
-            const double want = renorm ? p[order[j]] / sum : p[order[j]];
-            CHECK(r.weights.at<float>({t, j}) == Approx(want).epsilon(1e-6));
-            CHECK(r.kept.at<std::uint8_t>({t, j}) == 1);
-            CHECK(r.probs.at<float>({t, order[j]}) == Approx(p[order[j]]).epsilon(1e-6));
-          }
+          const std::vector<double> p = route_ref::scores(logits, t, score);
+          route_ref::check_token(r, t, p, route_ref::selection_order(p), k, renorm);
         }
         CHECK(r.dropped == 0);
       }
