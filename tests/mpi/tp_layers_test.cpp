@@ -13,6 +13,7 @@
 #include "quintet/parallel/tensor_parallel/regions.hpp"
 #include "quintet/parallel/tensor_parallel/vocab.hpp"
 #include "support/nn_layers.hpp"
+#include "tp_block_reference.hpp"
 #include "tp_support.hpp"
 
 using namespace quintet;
@@ -116,24 +117,16 @@ TEST_CASE("tp attention, MLP, norms and block equal their nn layers", "[tp]") {
     nn::CausalSelfAttention ref(kD, kHeads, kS, {.init_std = 0.3f, .proj_init_std = 0.2f});
     compare(mine, ref, tp, input(21), act, act, 201);
   }
-  SECTION("MLP gelu") {
-    tensor_parallel::ParallelMLP mine(tp, kD, kHidden,
-                                      {.activation = nn::Activation::gelu,
-                                       .init_std = 0.3f,
-                                       .proj_init_std = 0.2f,
-                                       .sequence_parallel = sp});
-    nn::MLP ref(kD, kHidden, nn::Activation::gelu, 0.3f, 0.2f);
-    compare(mine, ref, tp, input(22), act, act, 202);
-  }
-  SECTION("MLP swiglu") {
-    tensor_parallel::ParallelMLP mine(tp, kD, kHidden,
-                                      {.activation = nn::Activation::swiglu,
-                                       .init_std = 0.3f,
-                                       .proj_init_std = 0.2f,
-                                       .sequence_parallel = sp});
-    nn::MLP ref(kD, kHidden, nn::Activation::swiglu, 0.3f, 0.2f);
-    compare(mine, ref, tp, input(23), act, act, 203);
-  }
+  // The MLP of activation a on input(input_seed), parameters drawn from seed.
+  const auto mlp = [&](nn::Activation a, std::uint64_t input_seed, std::uint64_t seed) {
+    tensor_parallel::ParallelMLP mine(
+        tp, kD, kHidden,
+        {.activation = a, .init_std = 0.3f, .proj_init_std = 0.2f, .sequence_parallel = sp});
+    nn::MLP ref(kD, kHidden, a, 0.3f, 0.2f);
+    compare(mine, ref, tp, input(input_seed), act, act, seed);
+  };
+  SECTION("MLP gelu") { mlp(nn::Activation::gelu, 22, 202); }
+  SECTION("MLP swiglu") { mlp(nn::Activation::swiglu, 23, 203); }
   SECTION("layernorm") {
     tensor_parallel::ParallelLayerNorm mine(kD, {.eps = 1e-5f, .sequence_parallel = sp});
     nn::LayerNorm ref(kD, 1e-5f);
@@ -145,47 +138,34 @@ TEST_CASE("tp attention, MLP, norms and block equal their nn layers", "[tp]") {
     nn::RMSNorm ref(kD, 1e-5f);
     compare(mine, ref, tp, input(25), act, act, 205);
   }
+  // The block of c on input(input_seed) against the single-rank block of c's settings.
+  const auto block = [&](const model::GptConfig& c, std::uint64_t input_seed, std::uint64_t seed) {
+    model::TransformerBlock mine(c, {&tp});
+    nn::TransformerBlock ref(reference_block_config(c));
+    compare(mine, ref, tp, input(input_seed), act, act, seed);
+  };
   SECTION("transformer block, layernorm + gelu") {
-    model::GptConfig pc{.hidden = kD,
-                        .heads = kHeads,
-                        .ffn_hidden = kHidden,
-                        .seq_len = kS,
-                        .init_std = 0.3f,
-                        .proj_init_std = 0.2f,
-                        .sequence_parallel = sp};
-    nn::TransformerBlockConfig rc{.dim = kD,
-                                  .heads = kHeads,
-                                  .hidden = kHidden,
-                                  .max_seq_len = kS,
-                                  .init_std = 0.3f,
-                                  .proj_init_std = 0.2f};
-    model::TransformerBlock mine(pc, {&tp});
-    nn::TransformerBlock ref(rc);
-    compare(mine, ref, tp, input(26), act, act, 206);
+    block({.hidden = kD,
+           .heads = kHeads,
+           .ffn_hidden = kHidden,
+           .seq_len = kS,
+           .init_std = 0.3f,
+           .proj_init_std = 0.2f,
+           .sequence_parallel = sp},
+          26, 206);
   }
   SECTION("transformer block, rmsnorm + swiglu, no bias") {
-    model::GptConfig pc{.hidden = kD,
-                        .heads = kHeads,
-                        .ffn_hidden = kHidden,
-                        .seq_len = 2 * kS,
-                        .norm = nn::NormKind::rmsnorm,
-                        .activation = nn::Activation::swiglu,
-                        .bias = false,
-                        .init_std = 0.3f,
-                        .proj_init_std = 0.2f,
-                        .sequence_parallel = sp};
-    nn::TransformerBlockConfig rc{.dim = kD,
-                                  .heads = kHeads,
-                                  .hidden = kHidden,
-                                  .max_seq_len = 2 * kS,
-                                  .norm = nn::NormKind::rmsnorm,
-                                  .activation = nn::Activation::swiglu,
-                                  .bias = false,
-                                  .init_std = 0.3f,
-                                  .proj_init_std = 0.2f};
-    model::TransformerBlock mine(pc, {&tp});
-    nn::TransformerBlock ref(rc);
-    compare(mine, ref, tp, input(27), act, act, 207);
+    block({.hidden = kD,
+           .heads = kHeads,
+           .ffn_hidden = kHidden,
+           .seq_len = 2 * kS,
+           .norm = nn::NormKind::rmsnorm,
+           .activation = nn::Activation::swiglu,
+           .bias = false,
+           .init_std = 0.3f,
+           .proj_init_std = 0.2f,
+           .sequence_parallel = sp},
+          27, 207);
   }
 }
 

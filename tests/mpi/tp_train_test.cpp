@@ -7,6 +7,7 @@
 #include "quintet/parallel/model/block.hpp"
 #include "support/nn_adamw.hpp"
 #include "support/nn_layers.hpp"
+#include "tp_block_reference.hpp"
 #include "tp_support.hpp"
 
 using namespace quintet;
@@ -38,15 +39,8 @@ TEST_CASE("tp=2 x dp=2 transformer block training equals one rank", "[tp][dp]") 
                       .init_std = 0.2f,
                       .proj_init_std = 0.1f,
                       .sequence_parallel = sp};
-  nn::TransformerBlockConfig rc{.dim = kD,
-                                .heads = kHeads,
-                                .hidden = kHidden,
-                                .max_seq_len = kS,
-                                .activation = act,
-                                .init_std = 0.2f,
-                                .proj_init_std = 0.1f};
   model::TransformerBlock mine(pc, {&tp});
-  nn::TransformerBlock ref(rc);
+  nn::TransformerBlock ref(reference_block_config(pc));
   nn::ParameterStore my_store(mine, DType::f32, kCpu, 42), ref_store(ref, DType::f32, kCpu, 42);
   nn::AdamWConfig oc;
   // eps well above the f32 noise of gradients that are zero in exact arithmetic (the key bias:
