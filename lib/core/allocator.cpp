@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/internal/cuda_stream.hpp"
+#include "core/internal/host_sync.hpp"
 #include "quintet/core/config.hpp"
 #include "quintet/core/device_guard.hpp"
 #include "quintet/core/error.hpp"
@@ -191,6 +192,7 @@ class DevicePool {
   void release_cached_locked() {
     DeviceGuard guard(Device::cuda(device_));
     // Blocks may still be used by queued kernels of their stream: wait for the device first.
+    detail::note_host_sync();
     (void)cudaDeviceSynchronize();
     for (auto& [stream, pool] : pools_) {
       for (auto& [size, p] : pool) {

@@ -1,9 +1,11 @@
 #include "quintet/core/stream.hpp"
 
+#include <atomic>
 #include <chrono>
 #include <utility>
 
 #include "core/internal/cuda_stream.hpp"
+#include "core/internal/host_sync.hpp"
 #include "quintet/core/config.hpp"
 #include "quintet/core/device_guard.hpp"
 #include "quintet/core/error.hpp"
@@ -18,7 +20,32 @@ double host_now_ms() {
   using namespace std::chrono;
   return duration<double, std::milli>(steady_clock::now().time_since_epoch()).count();
 }
+
+std::atomic<std::uint64_t> host_syncs{0};
+// This thread's OneHostSync nesting, and whether its outermost one has counted.
+thread_local int one_sync_depth = 0;
+thread_local bool one_sync_counted = false;
 }  // namespace
+
+namespace detail {
+
+void note_host_sync() {
+  if (one_sync_depth > 0) {
+    if (one_sync_counted) return;
+    one_sync_counted = true;
+  }
+  host_syncs.fetch_add(1, std::memory_order_relaxed);
+}
+
+OneHostSync::OneHostSync() {
+  if (one_sync_depth++ == 0) one_sync_counted = false;
+}
+
+OneHostSync::~OneHostSync() { --one_sync_depth; }
+
+}  // namespace detail
+
+std::uint64_t host_sync_count() { return host_syncs.load(std::memory_order_relaxed); }
 
 Stream Stream::create(const Device& device, StreamPriority priority) {
   if (device.is_cpu()) return Stream();
@@ -68,6 +95,7 @@ Stream::~Stream() {
 }
 
 void Stream::synchronize() const {
+  detail::note_host_sync();
 #if QUINTET_HAS_CUDA
   if (device_.is_cuda()) {
     DeviceGuard guard(device_);
@@ -139,6 +167,7 @@ void Event::wait(const Stream& stream) const {
 }
 
 void Event::synchronize() const {
+  detail::note_host_sync();
 #if QUINTET_HAS_CUDA
   if (handle_ != nullptr) QUINTET_CUDA_CHECK(cudaEventSynchronize(handle_));
 #endif

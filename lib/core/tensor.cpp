@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "core/internal/cuda_stream.hpp"
+#include "core/internal/host_sync.hpp"
 #include "core/internal/tensor_kernels.hpp"
 #include "quintet/core/allocator.hpp"
 #include "quintet/core/config.hpp"
@@ -296,6 +297,7 @@ bool copy_contiguous_bytes(const Tensor& dst, const Tensor& src, cudaStream_t st
 }  // namespace
 
 Tensor& Tensor::copy_(const Tensor& src) {
+  const detail::OneHostSync one;  // the copy and its synchronize: one wait
   const Device& gpu = device_.is_cuda() ? device_ : src.device();
   if (gpu.is_cpu()) return copy_(src, Stream());
   Stream stream = Stream::default_stream(gpu);
@@ -336,6 +338,7 @@ Tensor& Tensor::copy_(const Tensor& src, const Stream& stream) {
     if (device_.is_cuda()) {
       detail::cuda_copy_convert(*this, into, s);
     } else {
+      detail::note_host_sync();
       QUINTET_CUDA_CHECK(cudaStreamSynchronize(s));
       detail::cpu_copy_convert(*this, into);
     }
@@ -344,7 +347,10 @@ Tensor& Tensor::copy_(const Tensor& src, const Stream& stream) {
   const bool host_temp = (src.device().is_cpu() && !from.shares_storage(src)) ||
                          (device_.is_cpu() && !into.shares_storage(*this));
   const Tensor& host = src.device().is_cpu() ? from : into;
-  if (host_temp || !is_pinned_host(host.data_ptr())) QUINTET_CUDA_CHECK(cudaStreamSynchronize(s));
+  if (host_temp || !is_pinned_host(host.data_ptr())) {
+    detail::note_host_sync();
+    QUINTET_CUDA_CHECK(cudaStreamSynchronize(s));
+  }
   return *this;
 #else
   (void)stream;
@@ -383,6 +389,9 @@ Tensor Tensor::clone(const Stream& stream) const {
 
 Tensor Tensor::to(const Device& device) const {
   check_defined("to");
+  // A read on the host counts from every device, a CPU tensor's too (host_sync_count).
+  const detail::OneHostSync one;
+  if (device.is_cpu()) detail::note_host_sync();
   if (device == device_) return *this;
   Tensor out = empty(shape_, dtype_, device);
   out.copy_(*this);
@@ -450,6 +459,8 @@ Tensor& Tensor::fill_(double value, const Stream& stream) {
 
 double Tensor::item(std::initializer_list<std::int64_t> index) const {
   const std::int64_t off = element_offset(index);
+  const detail::OneHostSync once;
+  detail::note_host_sync();
   if (device_.is_cpu()) return load_as_double(raw_data_at(off), dtype_, 0);
   Tensor one = Tensor::from_storage(storage_, storage_bytes_, {1}, dtype_, device_);
   one.offset_ = off;
@@ -466,6 +477,8 @@ void copy_host_to_tensor(const void* src, DType dtype, const Tensor& dst) {
 
 Tensor host_contiguous(const Tensor& t) {
   QUINTET_CHECK(t.defined(), "reading an undefined tensor");
+  const OneHostSync one;
+  note_host_sync();
   if (t.device().is_cpu() && t.is_contiguous()) return t;
   Tensor h = Tensor::empty(t.shape(), t.dtype(), Device::cpu());
   h.copy_(t);

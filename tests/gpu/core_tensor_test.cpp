@@ -123,3 +123,39 @@ TEST_CASE("Philox draws are bitwise identical on the CPU and the GPU") {
   fill_normal(shard, key, 0.0f, 1.0f, RandomRegion{{64, 96}, {0, 32}});
   CHECK(shard.to_vector<float>() == full.slice(1, 32, 64).to_vector<float>());
 }
+
+TEST_CASE("host_sync_count counts each wait for the GPU once, and no asynchronous call") {
+  const Device gpu = Device::cuda(0);
+  Stream s = Stream::create(gpu);
+  const Tensor host = Tensor::arange(4096, DType::f32);
+  const auto count_of = [](const auto& call) {
+    const std::uint64_t before = host_sync_count();
+    call();
+    return host_sync_count() - before;
+  };
+  Tensor dev = host.to(gpu, s);
+  s.synchronize();
+  CHECK(count_of([&] { (void)dev.to(Device::cpu()); }) == 1);  // copy + synchronize: one
+  CHECK(count_of([&] { (void)dev.to_vector<float>(); }) == 1);
+  CHECK(count_of([&] { (void)dev.item({7}); }) == 1);
+  CHECK(count_of([&] { (void)dev.clone(); }) == 1);
+  CHECK(count_of([&] { (void)Tensor::from_vector(std::vector<float>{1, 2}, {2}, gpu); }) == 1);
+  Tensor pageable = Tensor::empty({4096});
+  CHECK(count_of([&] { pageable.copy_(dev, s); }) == 1);  // pageable memory waits
+  CHECK(count_of([&] { s.synchronize(); }) == 1);
+  Event done(gpu);
+  done.record(s);
+  CHECK(count_of([&] { done.synchronize(); }) == 1);
+  CHECK(count_of([&] { done.wait(Stream()); }) == 1);  // a CPU stream waits on the host
+  // Asynchronous work: kernels, device copies, a copy to pinned memory, events between streams.
+  Stream other = Stream::create(gpu);
+  CHECK(count_of([&] {
+          Tensor d2 = dev.clone(s);
+          d2.fill_(2.0, s);
+          (void)d2.to(DType::bf16, s);
+          (void)d2.to(Device::cpu(), s);
+          done.record(s);
+          done.wait(other);
+        }) == 0);
+  s.synchronize();
+}

@@ -135,3 +135,35 @@ TEST_CASE("CPU streams and events are no-ops that keep time") {
   CHECK(b.elapsed_ms(a) >= 0.0f);
   s.synchronize();
 }
+
+TEST_CASE("host_sync_count counts the host's waits and reads, once per call") {
+  Tensor t = Tensor::arange(6, DType::f32).view({2, 3});
+  Stream s;
+  Event e;
+  e.record(s);
+  const auto count_of = [](const auto& call) {
+    const std::uint64_t before = host_sync_count();
+    call();
+    return host_sync_count() - before;
+  };
+  // Waits and host reads count on the CPU too: they mark where a GPU run waits.
+  CHECK(count_of([&] { s.synchronize(); }) == 1);
+  CHECK(count_of([&] { e.synchronize(); }) == 1);
+  CHECK(count_of([&] { (void)t.to(Device::cpu()); }) == 1);
+  CHECK(count_of([&] { (void)t.to_vector<float>(); }) == 1);
+  CHECK(count_of([&] { (void)t.transpose(0, 1).to_vector<float>(); }) == 1);  // copy + read: one
+  CHECK(count_of([&] { (void)t.item({1, 2}); }) == 1);
+  // CPU work that would not wait on a GPU is not counted.
+  CHECK(count_of([&] {
+          (void)t.to(Device::cpu(), s);
+          (void)t.to(DType::f64, s);
+          (void)t.transpose(0, 1).contiguous(s);
+          (void)t.clone(s);
+          Tensor u = Tensor::empty({2, 3});
+          u.copy_(t, s);
+          u.fill_(1.0, s);
+          e.record(s);
+          e.wait(s);
+          CHECK(e.query());
+        }) == 0);
+}

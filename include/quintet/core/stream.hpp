@@ -4,7 +4,23 @@
 // calling thread: work runs synchronously, record/wait/synchronize do nothing. Both types are
 // move-only; a Stream from Stream::default_stream() borrows the CUDA legacy default stream and
 // destroys nothing. Not thread-safe to destroy while another thread uses them.
+//
+// host_sync_count() counts the host's waits for a device, for tests and telemetry that a code
+// path makes none (or exactly the ones it documents). Counted once per call, on every thread:
+//   - on every device, the CPU included (where the call marks the place a GPU run would wait):
+//     Stream::synchronize, Event::synchronize (and Event::wait onto a CPU stream, which is one),
+//     and the reads of a tensor on the host: Tensor::to(Device::cpu()) without a stream,
+//     to_vector(), item() — from any source device, a CPU tensor's too;
+//   - on a CUDA device only (where they wait; on the CPU they are plain host work): the other
+//     stream-less tensor calls that touch a CUDA tensor (copy_, fill_, to(dtype), clone(),
+//     contiguous(), from_vector), a copy between a device and pageable host memory on a stream,
+//     and the caching allocator's release of its blocks (empty_cache, or a retry after an
+//     allocation failed).
+// A copy to pinned host memory on a stream (Tensor::to(Device::cpu(), stream)) does not wait and
+// is not counted; the synchronize that makes its values readable is.
 #pragma once
+
+#include <cstdint>
 
 #include "quintet/core/device.hpp"
 
@@ -75,5 +91,8 @@ class Event {
   cudaEvent_t handle_ = nullptr;
   double cpu_time_ms_ = 0.0;
 };
+
+// The host synchronisations of this process so far (above). Never decreases; compare two reads.
+std::uint64_t host_sync_count();
 
 }  // namespace quintet
