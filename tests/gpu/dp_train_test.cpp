@@ -76,17 +76,9 @@ RunResult run_dp(const Mesh& mesh, const data_parallel::DataParallelConfig& conf
   nn::ParameterStore store(model, DType::bf16, s, kSeed);
   data_parallel::DataParallel dp(store, mesh, config, s);
   data_parallel::DistributedOptimizer optimizer(dp, adam_config(), s);
-  const std::int64_t local = kGlobalBatch / mesh.size(Axis::dp), rows = local / micro;
   RunResult r;
   for (int step = 0; step < kSteps; ++step) {
-    dp.begin_step();
-    for (int m = 0; m < micro; ++m) {
-      dp.set_last_microbatch(m == micro - 1);
-      const std::int64_t row0 = mesh.rank(Axis::dp) * local + m * rows;
-      train_microbatch(model, batch_rows(kModel, step, kGlobalBatch, row0, rows, s),
-                       1.0f / static_cast<float>(micro), s);
-    }
-    dp.finish(s);
+    train_data_parallel_step(model, dp, mesh, kModel, step, kGlobalBatch, micro, s);
     r.norms.push_back(optimizer.step(s).grad_norm());
     r.stats.push_back(dp.last_step_stats());
   }

@@ -13,6 +13,8 @@
 
 #include "quintet/collectives/mpi.hpp"
 #include "quintet/nn/ops.hpp"
+#include "quintet/parallel/data_parallel/data_parallel.hpp"
+#include "quintet/parallel/mesh.hpp"
 #include "quintet/parallel/model/gpt.hpp"
 
 namespace dp_test {
@@ -81,6 +83,24 @@ inline Tensor train_microbatch(TinyGpt& model, const Batch& b, float dloss, cons
   const Tensor loss = model.forward(ctx, b.ids);
   model.backward(ctx, Tensor());
   return loss;
+}
+
+// One data-parallel step's forward and backward: this dp rank's share of step's global batch
+// (global_batch / dp rows from row rank * share) in `micro` microbatches of loss gradient 1/micro,
+// the last one marked as such, then dp.finish (the reductions done, the gradients ready for the
+// optimizer) on stream.
+inline void train_data_parallel_step(TinyGpt& model, data_parallel::DataParallel& dp,
+                                     const Mesh& mesh, const TinyGptConfig& c, int step,
+                                     std::int64_t global_batch, int micro, const Stream& stream) {
+  const std::int64_t local = global_batch / mesh.size(Axis::dp), rows = local / micro;
+  dp.begin_step();
+  for (int m = 0; m < micro; ++m) {
+    dp.set_last_microbatch(m == micro - 1);
+    const std::int64_t row0 = mesh.rank(Axis::dp) * local + m * rows;
+    train_microbatch(model, batch_rows(c, step, global_batch, row0, rows, stream),
+                     1.0f / static_cast<float>(micro), stream);
+  }
+  dp.finish(stream);
 }
 
 }  // namespace dp_test

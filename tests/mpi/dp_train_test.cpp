@@ -79,18 +79,9 @@ RunResult run_data_parallel(const Mesh& mesh, const data_parallel::DataParallelC
   nn::ParameterStore store(model, DType::f32, kCpu, kSeed);
   data_parallel::DataParallel dp(store, mesh, config, kCpu);
   data_parallel::DistributedOptimizer optimizer(dp, adam_config(), kCpu);
-  const std::int64_t local = kGlobalBatch / mesh.size(Axis::dp);
-  const std::int64_t rows = local / micro;
   RunResult r;
   for (int s = 0; s < kSteps; ++s) {
-    dp.begin_step();
-    for (int m = 0; m < micro; ++m) {
-      dp.set_last_microbatch(m == micro - 1);
-      const std::int64_t row0 = mesh.rank(Axis::dp) * local + m * rows;
-      train_microbatch(model, batch_rows(kModel, s, kGlobalBatch, row0, rows, kCpu),
-                       1.0f / static_cast<float>(micro), kCpu);
-    }
-    dp.finish(kCpu);
+    train_data_parallel_step(model, dp, mesh, kModel, s, kGlobalBatch, micro, kCpu);
     const nn::OptimizerStepInfo info = optimizer.step(kCpu);
     r.norms.push_back(info.grad_norm());
     r.scales.push_back(info.grad_scale());
