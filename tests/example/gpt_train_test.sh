@@ -62,26 +62,9 @@
 # Usage: gpt_train_test.sh TRAINER MPIEXEC WORKDIR CASE [mpirun flags...]
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-trainer=$1 mpiexec=$2 work=$3 case=$4
-shift 4
-mpi_flags=("$@")
-rm -rf "$work/$case" && mkdir -p "$work/$case"
-cd "$work/$case"
+source "$here/trainer_test_common.sh" "$@"
 model=(--device cpu --layers 2 --hidden 64 --heads 4 --vocab 256 --seq-len 32 --micro-batch 2
        --global-batch 12 --lr 3e-3 --warmup 5 --data-dir "$work/data" --json --no-progress)
-
-run() {  # run NAME RANKS FLAGS...: the trainer's JSON lines into NAME.jsonl
-  local name=$1 ranks=$2
-  shift 2
-  echo "--- $name: $ranks ranks: $*"
-  "$mpiexec" "${mpi_flags[@]}" -np "$ranks" "$trainer" "${model[@]}" "$@" >"$name.jsonl"
-}
-
-# compare A B FIRST LAST TOL: losses of steps FIRST..LAST of runs A and B agree within TOL
-# (relative); both runs must have all of those steps.
-compare() {
-  python3 "$here/compare_losses.py" "$@"
-}
 
 case $case in
   layouts)
@@ -629,22 +612,7 @@ PY
     # step is 25%), which moves step 1's gradient norm by up to ~2e-4, where FP8 moves it from
     # f32's by more than 1e-3. FP8 trains as f32 does.
     # first_norms A B [C]: step 1's gradient norm of A is B's within 5e-4 (and not C's +-1e-3)
-    first_norms() {
-      python3 - "$@" <<'PY'
-import json, sys
-def norm(name):
-    for line in open(name + ".jsonl"):
-        record = json.loads(line) if line.startswith("{") else {}
-        if record.get("step") == 1:
-            return record["grad_norm"]
-    sys.exit(f"{name}: no step 1")
-a, b = norm(sys.argv[1]), norm(sys.argv[2])
-if abs(a - b) > 5e-4 * abs(a):
-    sys.exit(f"step 1 gradient norm: {sys.argv[2]} {b!r} vs {sys.argv[1]} {a!r}")
-if len(sys.argv) > 3 and abs(a - norm(sys.argv[3])) < 1e-3 * abs(a):
-    sys.exit(f"step 1 gradient norm of {sys.argv[1]} {a!r} is f32's ({sys.argv[3]}): no FP8?")
-PY
-    }
+    first_norms() { python3 "$here/compare_first_norm.py" "$1" "$2" 5e-4 "${@:3}"; }
     run plain 1 --steps 20
     run fp8_one 1 --steps 20 --fp8 hybrid
     run fp8_tp2_sp_pp2 4 --steps 20 --fp8 hybrid --tp 2 --sp --pp 2

@@ -53,22 +53,10 @@
 # Usage: moe_train_test.sh TRAINER MPIEXEC WORKDIR CASE [mpirun flags...]
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-trainer=$1 mpiexec=$2 work=$3 case=$4
-shift 4
-mpi_flags=("$@")
-rm -rf "$work/$case" && mkdir -p "$work/$case"
-cd "$work/$case"
+source "$here/trainer_test_common.sh" "$@"
 model=(--device cpu --layers 2 --hidden 32 --heads 4 --vocab 256 --seq-len 16 --micro-batch 2
        --global-batch 8 --lr 3e-3 --warmup 5 --experts 4 --top-k 2 --expert-ffn 48
        --aux-loss-coeff 0.01 --z-loss-coeff 0.001 --data-dir "$work/data" --json --no-progress)
-
-run() {  # run NAME RANKS FLAGS...: the trainer's JSON lines into NAME.jsonl
-  local name=$1 ranks=$2
-  shift 2
-  echo "--- $name: $ranks ranks: $*"
-  "$mpiexec" "${mpi_flags[@]}" -np "$ranks" "$trainer" "${model[@]}" "$@" >"$name.jsonl"
-}
-compare() { python3 "$here/compare_losses.py" "$@"; }
 
 case $case in
   families)
@@ -237,22 +225,7 @@ PY
     # from f32's by more than 1e-3); later a sum in another order moves an FP8 rounding (an
     # E5M2 step is 25%), which this small model's 20 steps carry to ~2e-4: within 5e-4.
     # norms A B [C]: step 1's gradient norm of B is A's within 1e-5 (and C's is not, by 1e-3)
-    norms() {
-      python3 - "$@" <<'PY'
-import json, sys
-def norm(name):
-    for line in open(name + ".jsonl"):
-        record = json.loads(line) if line.startswith("{") else {}
-        if record.get("step") == 1:
-            return record["grad_norm"]
-    sys.exit(f"{name}: no step 1")
-a, b = norm(sys.argv[1]), norm(sys.argv[2])
-if abs(a - b) > 1e-5 * abs(a):
-    sys.exit(f"step 1 gradient norm: {sys.argv[2]} {b!r} vs {sys.argv[1]} {a!r}")
-if len(sys.argv) > 3 and abs(a - norm(sys.argv[3])) < 1e-3 * abs(a):
-    sys.exit(f"step 1 gradient norm of {sys.argv[1]} {a!r} is f32's ({sys.argv[3]}): no FP8?")
-PY
-    }
+    norms() { python3 "$here/compare_first_norm.py" "$1" "$2" 1e-5 "${@:3}"; }
     same() {  # same A B: B follows A (steps 1-2 within 1e-6, 1-20 within 5e-4, the norm)
       compare "$1" "$2" 1 2 1e-6
       compare "$1" "$2" 1 20 5e-4
