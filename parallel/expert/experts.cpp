@@ -1,16 +1,27 @@
-// The MoE layer's expert MLPs (quintet/parallel/expert/experts.hpp): one GEMM chain per local
-// expert over its block of rows.
+// The MoE layer's expert MLPs (quintet/parallel/expert/experts.hpp): each projection one grouped
+// linear op over every local expert's block of rows (the FP8 path: one GEMM chain per expert).
 #include "quintet/parallel/expert/experts.hpp"
 
+#include <algorithm>
 #include <numeric>
+#include <span>
 #include <utility>
 
 #include "quintet/core/error.hpp"
+#include "quintet/nn/grouped_linear.hpp"
 #include "quintet/nn/ops.hpp"
 
 namespace quintet::expert {
 
 namespace {
+// The row count of each group of offsets.
+std::vector<std::int64_t> counts_of(const std::vector<std::int64_t>& offsets) {
+  std::vector<std::int64_t> counts;
+  for (std::size_t i = 0; i + 1 < offsets.size(); ++i)
+    counts.push_back(offsets[i + 1] - offsets[i]);
+  return counts;
+}
+
 // The per-expert blocks (counts[i] rows each, undefined when 0) as one [sum, width] tensor of
 // like's dtype and device: FP8 scales one tensor over every expert.
 Tensor join(const std::vector<Tensor>& parts, const std::vector<std::int64_t>& counts,
@@ -37,10 +48,15 @@ nn::Fp8Tensor transposed(const nn::Fp8Tensor& q) {
 }
 // y [rows, m] = q(a) · q(b)ᵀ in like's dtype; the forward's with fast accumulation into bf16, as
 // the tp layers' (parallel/tensor_parallel/linear.cpp).
+// gemm_into writes it into y (contiguous, e.g. a block of rows of a larger tensor).
+void gemm_into(const nn::Fp8Tensor& a, const nn::Fp8Tensor& b, const Tensor& y, bool forward,
+               const Stream& s) {
+  nn::fp8_gemm(a, b, Tensor(), y, false, forward && y.dtype() == DType::bf16, s);
+}
 Tensor gemm(const nn::Fp8Tensor& a, const nn::Fp8Tensor& b, const Tensor& like, bool forward,
             const Stream& s) {
   Tensor y = Tensor::empty({a.data.size(0), b.data.size(0)}, like.dtype(), like.device(), s);
-  nn::fp8_gemm(a, b, Tensor(), y, false, forward && like.dtype() == DType::bf16, s);
+  gemm_into(a, b, y, forward, s);
   return y;
 }
 }  // namespace
@@ -88,73 +104,84 @@ Tensor Experts::forward(const ExpertWeights& w, const Tensor& rows,
   const std::int64_t total = std::accumulate(counts.begin(), counts.end(), std::int64_t{0});
   QUINTET_CHECK(total == rows.size(0), "Experts::forward: counts summing to {} for {} rows", total,
                 rows.size(0));
-  if (fp8_.fc.on()) return forward_fp8(w, rows, std::move(counts), saved, record, s);
-  saved.rows = rows;
-  saved.fc_out.assign(counts.size(), Tensor());
-  saved.up_out.assign(counts.size(), Tensor());
-  Tensor y = Tensor::empty({rows.size(0), rows.size(1)}, rows.dtype(), rows.device(), s);
-  for (std::int64_t le = 0, off = 0; le < local_experts_; ++le) {
-    const auto i = static_cast<std::size_t>(le);
-    const std::int64_t n = counts[i];
-    if (n == 0) continue;
-    const Tensor xe = rows.narrow(0, off, n);
-    Tensor a = nn::linear_forward(xe, w.fc.select(le), Tensor(), s);
-    Tensor h, u;
-    if (up_ != nullptr) {
-      u = nn::linear_forward(xe, w.up.select(le), Tensor(), s);
-      h = nn::swiglu_forward(a, u, s);
-    } else {
-      h = nn::gelu_forward(a, s);
-    }
-    y.narrow(0, off, n).copy_(nn::linear_forward(h, w.proj.select(le), Tensor(), s), s);
-    saved.fc_out[i] = std::move(a);
-    saved.up_out[i] = std::move(u);
-    off += n;
+  saved = ExpertsActivations{};
+  saved.host_offsets = nn::group_offsets(counts);
+  const auto size = static_cast<std::int64_t>(saved.host_offsets.size());
+  if (rows.device().is_cpu()) {
+    saved.offsets = Tensor::from_vector(saved.host_offsets, {size});
+  } else {
+    // From pinned memory, kept with the activations, so that the upload does not wait for the
+    // stream (a pageable one would).
+    saved.offsets_staging = Tensor::empty_pinned({size}, DType::i64);
+    std::copy(saved.host_offsets.begin(), saved.host_offsets.end(),
+              saved.offsets_staging.data<std::int64_t>());
+    saved.offsets = saved.offsets_staging.to(rows.device(), s);
   }
-  saved.counts = std::move(counts);
-  return y;
+  if (fp8_.fc.on()) return forward_fp8(w, rows, saved, record, s);
+  return forward_grouped(w, rows, saved, s);
+}
+
+Tensor Experts::forward(const ExpertWeights& w, const Tensor& rows, const Tensor& offsets,
+                        ExpertsActivations& saved, bool /*record*/, const Stream& s) {
+  QUINTET_CHECK(!fp8_.fc.on(),
+                "Experts::forward: the FP8 experts need the row counts on the host; call the form "
+                "taking counts");
+  QUINTET_CHECK(offsets.defined() && offsets.dim() == 1 && offsets.size(0) == local_experts_ + 1,
+                "Experts::forward: offsets are {}; expected [{}] (local experts + 1)",
+                offsets.defined() ? shape_str(offsets.shape()) : std::string("undefined"),
+                local_experts_ + 1);
+  saved = ExpertsActivations{};
+  saved.offsets = offsets;
+  return forward_grouped(w, rows, saved, s);
+}
+
+Tensor Experts::forward_grouped(const ExpertWeights& w, const Tensor& rows,
+                                ExpertsActivations& saved, const Stream& s) {
+  const Tensor& o = saved.offsets;
+  const std::span<const std::int64_t> ho = saved.host_offsets;
+  saved.rows = rows;
+  saved.fc_out = nn::grouped_linear_forward(rows, w.fc, o, ho, s);
+  Tensor h;
+  if (up_ != nullptr) {
+    saved.up_out = nn::grouped_linear_forward(rows, w.up, o, ho, s);
+    h = nn::swiglu_forward(saved.fc_out, saved.up_out, s);
+  } else {
+    h = nn::gelu_forward(saved.fc_out, s);
+  }
+  return nn::grouped_linear_forward(h, w.proj, o, ho, s);
 }
 
 Tensor Experts::backward(const ExpertWeights& w, const Tensor& dy, const ExpertsActivations& saved,
                          const std::vector<Tensor>& grads, const Stream& s) {
   if (fp8_.fc.on()) return backward_fp8(dy, saved, grads, s);
+  const Tensor& o = saved.offsets;
+  const std::span<const std::int64_t> ho = saved.host_offsets;
   const Tensor& xs = saved.rows;
-  Tensor dx = Tensor::empty({xs.size(0), xs.size(1)}, dy.dtype(), dy.device(), s);
-  for (std::int64_t le = 0, off = 0; le < local_experts_; ++le) {
-    const auto i = static_cast<std::size_t>(le);
-    const std::int64_t n = saved.counts[i];
-    if (n == 0) continue;
-    const Tensor xe = xs.narrow(0, off, n), dyo = dy.narrow(0, off, n);
-    const Tensor& a = saved.fc_out[i];
-    const Tensor& u = saved.up_out[i];
-    const Tensor h = up_ != nullptr ? nn::swiglu_forward(a, u, s) : nn::gelu_forward(a, s);
-    nn::linear_backward_weight(dyo, h, grads[2].select(le), Tensor(), s);
-    const Tensor dh = nn::linear_backward_input(dyo, w.proj.select(le), s);
-    Tensor dxo;
-    if (up_ != nullptr) {
-      const nn::SwiGluGrads sg = nn::swiglu_backward(dh, a, u, s);
-      nn::linear_backward_weight(sg.dgate, xe, grads[0].select(le), Tensor(), s);
-      nn::linear_backward_weight(sg.dup, xe, grads[1].select(le), Tensor(), s);
-      dxo = nn::linear_backward_input(sg.dgate, w.fc.select(le), s);
-      nn::add_(dxo, nn::linear_backward_input(sg.dup, w.up.select(le), s), 1.0f, s);
-    } else {
-      const Tensor da = nn::gelu_backward(dh, a, s);
-      nn::linear_backward_weight(da, xe, grads[0].select(le), Tensor(), s);
-      dxo = nn::linear_backward_input(da, w.fc.select(le), s);
-    }
-    dx.narrow(0, off, n).copy_(dxo, s);
-    off += n;
+  const Tensor& a = saved.fc_out;
+  const Tensor& u = saved.up_out;
+  const Tensor h = up_ != nullptr ? nn::swiglu_forward(a, u, s) : nn::gelu_forward(a, s);
+  nn::grouped_linear_backward_weight(dy, h, o, grads[2], ho, s);
+  const Tensor dh = nn::grouped_linear_backward_input(dy, w.proj, o, ho, s);
+  if (up_ != nullptr) {
+    const nn::SwiGluGrads sg = nn::swiglu_backward(dh, a, u, s);
+    nn::grouped_linear_backward_weight(sg.dgate, xs, o, grads[0], ho, s);
+    nn::grouped_linear_backward_weight(sg.dup, xs, o, grads[1], ho, s);
+    Tensor dx = nn::grouped_linear_backward_input(sg.dgate, w.fc, o, ho, s);
+    nn::add_(dx, nn::grouped_linear_backward_input(sg.dup, w.up, o, ho, s), 1.0f, s);
+    return dx;
   }
-  return dx;
+  const Tensor da = nn::gelu_backward(dh, a, s);
+  nn::grouped_linear_backward_weight(da, xs, o, grads[0], ho, s);
+  return nn::grouped_linear_backward_input(da, w.fc, o, ho, s);
 }
 
 // ---- FP8: nn::fp8_cast and nn::fp8_gemm, the tp layers' FP8 GEMM (cuBLASLt's on a GPU, the
 // exact emulation on the CPU), at the per-tensor scales of Fp8Linear's device-scale calls ----
 
-Tensor Experts::forward_fp8(const ExpertWeights& w, const Tensor& rows,
-                            std::vector<std::int64_t> counts, ExpertsActivations& saved,
+Tensor Experts::forward_fp8(const ExpertWeights& w, const Tensor& rows, ExpertsActivations& saved,
                             bool record, const Stream& s) {
   Communicator& stage = *fp8_.stage;
+  const std::vector<std::int64_t> counts = counts_of(saved.host_offsets);
   const std::size_t El = counts.size();
   // x's scale is fc's (up shares its scale state, so its scale is the same value).
   const tensor_parallel::Fp8Linear::Scales fc =
@@ -163,8 +190,11 @@ Tensor Experts::forward_fp8(const ExpertWeights& w, const Tensor& rows,
       up_ != nullptr ? fp8_.up.forward_scales(rows, w.up, stage, record, s)
                      : tensor_parallel::Fp8Linear::Scales{};
   saved.rows = rows;
-  saved.fc_out.assign(El, Tensor());
-  saved.up_out.assign(El, Tensor());
+  const std::int64_t width = w.fc.size(1);  // F / etp
+  saved.fc_out = Tensor::empty({rows.size(0), width}, rows.dtype(), rows.device(), s);
+  if (up_ != nullptr) {
+    saved.up_out = Tensor::empty({rows.size(0), width}, rows.dtype(), rows.device(), s);
+  }
   saved.fp8.assign(El, ExpertsActivations::Fp8Saved{});
   std::vector<Tensor> h(El);
   for (std::int64_t le = 0, off = 0; le < local_experts_; ++le) {
@@ -177,10 +207,11 @@ Tensor Experts::forward_fp8(const ExpertWeights& w, const Tensor& rows,
     const std::int64_t n = counts[i];
     if (n == 0) continue;
     const nn::Fp8Tensor qx = cast(rows.narrow(0, off, n), fc.x, nn::Fp8Format::e4m3, s);
-    Tensor a = gemm(qx, qfc, rows, true, s);
-    Tensor u;
+    const Tensor a = saved.fc_out.narrow(0, off, n);
+    gemm_into(qx, qfc, a, true, s);
     if (up_ != nullptr) {
-      u = gemm(qx, qup, rows, true, s);
+      const Tensor u = saved.up_out.narrow(0, off, n);
+      gemm_into(qx, qup, u, true, s);
       h[i] = nn::swiglu_forward(a, u, s);
       f.up_t = transposed(qup);
     } else {
@@ -188,8 +219,6 @@ Tensor Experts::forward_fp8(const ExpertWeights& w, const Tensor& rows,
     }
     f.x_t = transposed(qx);
     f.fc_t = transposed(qfc);
-    saved.fc_out[i] = std::move(a);
-    saved.up_out[i] = std::move(u);
     off += n;
   }
   // proj's input: one scale over every expert's rows.
@@ -207,28 +236,28 @@ Tensor Experts::forward_fp8(const ExpertWeights& w, const Tensor& rows,
     saved.fp8[i].proj_t = transposed(qproj);
     off += n;
   }
-  saved.counts = std::move(counts);
   return y;
 }
 
 Tensor Experts::backward_fp8(const Tensor& dy, const ExpertsActivations& saved,
                              const std::vector<Tensor>& grads, const Stream& s) {
   Communicator& stage = *fp8_.stage;
-  const std::size_t El = saved.counts.size();
+  const std::vector<std::int64_t> counts = counts_of(saved.host_offsets);
+  const std::size_t El = counts.size();
   const tensor_parallel::Fp8Linear::Scale dy_scale = fp8_.proj.output_grad_scale(dy, stage, s);
   // proj's dgrad and wgrad, then the gradients of fc's (and up's) outputs.
   std::vector<Tensor> da(El), du(El);
   for (std::int64_t le = 0, off = 0; le < local_experts_; ++le) {
     const auto i = static_cast<std::size_t>(le);
-    const std::int64_t n = saved.counts[i];
+    const std::int64_t n = counts[i];
     if (n == 0) continue;
     const ExpertsActivations::Fp8Saved& f = saved.fp8[i];
     const nn::Fp8Tensor qdy = cast(dy.narrow(0, off, n), dy_scale, nn::Fp8Format::e5m2, s);
     nn::fp8_gemm(transposed(qdy), f.h_t, Tensor(), grads[2].select(le), true, false, s);
     const Tensor dh = gemm(qdy, f.proj_t, dy, false, s);
-    const Tensor& a = saved.fc_out[i];
+    const Tensor a = saved.fc_out.narrow(0, off, n);
     if (up_ != nullptr) {
-      nn::SwiGluGrads sg = nn::swiglu_backward(dh, a, saved.up_out[i], s);
+      nn::SwiGluGrads sg = nn::swiglu_backward(dh, a, saved.up_out.narrow(0, off, n), s);
       da[i] = std::move(sg.dgate);
       du[i] = std::move(sg.dup);
     } else {
@@ -239,14 +268,14 @@ Tensor Experts::backward_fp8(const Tensor& dy, const ExpertsActivations& saved,
   // fc's and up's output gradients: one scale each over every expert's rows.
   const std::int64_t width = grads[0].size(1);  // F / etp
   const tensor_parallel::Fp8Linear::Scale da_scale =
-      fp8_.fc.output_grad_scale(join(da, saved.counts, width, dy, s), stage, s);
+      fp8_.fc.output_grad_scale(join(da, counts, width, dy, s), stage, s);
   const tensor_parallel::Fp8Linear::Scale du_scale =
-      up_ != nullptr ? fp8_.up.output_grad_scale(join(du, saved.counts, width, dy, s), stage, s)
+      up_ != nullptr ? fp8_.up.output_grad_scale(join(du, counts, width, dy, s), stage, s)
                      : tensor_parallel::Fp8Linear::Scale{};
   Tensor dx = Tensor::empty({dy.size(0), dy.size(1)}, dy.dtype(), dy.device(), s);
   for (std::int64_t le = 0, off = 0; le < local_experts_; ++le) {
     const auto i = static_cast<std::size_t>(le);
-    const std::int64_t n = saved.counts[i];
+    const std::int64_t n = counts[i];
     if (n == 0) continue;
     const ExpertsActivations::Fp8Saved& f = saved.fp8[i];
     const nn::Fp8Tensor qda = cast(da[i], da_scale, nn::Fp8Format::e5m2, s);

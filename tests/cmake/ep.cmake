@@ -8,6 +8,8 @@ quintet_unit_test(NAME ep_moe_ops_test COMPONENT ep SOURCES unit/ep_moe_ops_test
 quintet_unit_test(NAME ep_moe_reference_test COMPONENT ep SOURCES unit/ep_moe_reference_test.cpp)
 # The MoE traps: balancing on by default, the warning about idle experts.
 quintet_unit_test(NAME ep_moe_traps_test COMPONENT ep SOURCES unit/ep_moe_traps_test.cpp)
+# The experts' device-offsets form against their host-counts form, padding rows.
+quintet_unit_test(NAME ep_experts_test COMPONENT ep SOURCES unit/ep_experts_test.cpp)
 quintet_mpi_test(NAME ep_moe_test COMPONENT ep RANKS 1 2 3 4 SOURCES mpi/ep_moe_test.cpp)
 # The MoE layer's three parts at ep 1..4, etp 2 and tp 2 (+sp) against the per-token f64
 # reference and its finite differences (dropless, capacity, skewed routing).

@@ -6,3 +6,5 @@ quintet_unit_test(NAME nn_recompute_test COMPONENT nn SOURCES unit/nn_recompute_
 quintet_unit_test(NAME nn_rope_test COMPONENT nn SOURCES unit/nn_rope_test.cpp)
 quintet_unit_test(NAME nn_gqa_attention_test COMPONENT nn SOURCES unit/nn_gqa_attention_test.cpp)
 quintet_unit_test(NAME nn_fp8_test COMPONENT nn SOURCES unit/nn_fp8_test.cpp)
+# The grouped linear ops (MoE experts) against a loop of linear ops per group, bad offsets.
+quintet_unit_test(NAME nn_grouped_linear_test COMPONENT nn SOURCES unit/nn_grouped_linear_test.cpp)

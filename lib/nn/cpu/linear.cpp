@@ -33,3 +33,52 @@ void linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& dw,
 }
 
 }  // namespace quintet::nn::cpu_ops
+
+// ---- grouped: the kernels above on each group's rows (so a loop of linear ops per group gives
+// the same bits), the padding rows past the last group zeroed ----
+
+namespace quintet::nn::cpu_ops {
+
+namespace {
+// Calls f(g, first row, rows) for each non-empty group; returns offsets[G].
+template <class F>
+std::int64_t for_each_group(const Tensor& offsets, F&& f) {
+  const std::int64_t* o = offsets.data<std::int64_t>();
+  const std::int64_t groups = offsets.numel() - 1;
+  for (std::int64_t g = 0; g < groups; ++g) {
+    if (o[g + 1] > o[g]) f(g, o[g], o[g + 1] - o[g]);
+  }
+  return o[groups];
+}
+// Zeroes rows [from, rows) of out [rows, cols].
+void zero_rows_from(const Tensor& out, std::int64_t from) {
+  if (from < out.size(0)) out.narrow(0, from, out.size(0) - from).zero_();
+}
+}  // namespace
+
+void grouped_linear_forward(const Tensor& x, const Tensor& w, const Tensor& offsets,
+                            const Tensor& y) {
+  const std::int64_t end =
+      for_each_group(offsets, [&](std::int64_t g, std::int64_t r, std::int64_t m) {
+        linear_forward(x.narrow(0, r, m), w.select(g), Tensor(), y.narrow(0, r, m));
+      });
+  zero_rows_from(y, end);
+}
+
+void grouped_linear_backward_input(const Tensor& dy, const Tensor& w, const Tensor& offsets,
+                                   const Tensor& dx) {
+  const std::int64_t end =
+      for_each_group(offsets, [&](std::int64_t g, std::int64_t r, std::int64_t m) {
+        linear_backward_input(dy.narrow(0, r, m), w.select(g), dx.narrow(0, r, m));
+      });
+  zero_rows_from(dx, end);
+}
+
+void grouped_linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& offsets,
+                                    const Tensor& dw) {
+  for_each_group(offsets, [&](std::int64_t g, std::int64_t r, std::int64_t m) {
+    linear_backward_weight(dy.narrow(0, r, m), x.narrow(0, r, m), dw.select(g), Tensor());
+  });
+}
+
+}  // namespace quintet::nn::cpu_ops

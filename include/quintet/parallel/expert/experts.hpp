@@ -4,10 +4,13 @@
 // MoELayer (moe_layer.hpp) composes them with its Router (router.hpp) and its TokenDispatcher
 // (token_dispatcher.hpp), which hands them the rows in expert-major order.
 //
-// forward runs each local expert as one GEMM chain over its consecutive block of rows (experts
-// with no rows are skipped) and keeps what backward needs in an ExpertsActivations; backward
-// accumulates the weight gradients and returns the rows' gradients (partial sums over etp, which
-// the dispatcher's return reduces). Device-generic (the nn ops: CPU f32 / f64, CUDA bf16 / f32).
+// forward runs each projection of every local expert as one grouped linear op
+// (quintet/nn/grouped_linear.hpp) over the consecutive blocks of rows, the activation over all the
+// rows at once, and keeps what backward needs in an ExpertsActivations; backward accumulates the
+// weight gradients and returns the rows' gradients (partial sums over etp, which the dispatcher's
+// return reduces). Device-generic (the nn ops: CPU f32 / f64, CUDA bf16 / f32). The row ranges
+// come as host counts (forward's first form) or as offsets on the device only (its second form,
+// which needs no host synchronisation).
 //
 // Parameters (declared by the owning module under its own names, so that checkpoints keep them):
 // experts.fc.weight [E_l, F/etp, d], experts.up.weight (SwiGLU), experts.proj.weight
@@ -73,10 +76,13 @@ struct ExpertWeights {
 
 // What a forward over one batch of rows keeps for its backward.
 struct ExpertsActivations {
-  Tensor rows;                       // [n, d]: the input rows, expert-major
-  std::vector<std::int64_t> counts;  // [E_l]: the rows of each local expert, in order
-  std::vector<Tensor> fc_out;        // per local expert: rows · fcᵀ (undefined when no rows)
-  std::vector<Tensor> up_out;        // per local expert: rows · upᵀ (SwiGLU; else undefined)
+  Tensor rows;     // [n, d]: the input rows, expert-major
+  Tensor offsets;  // [E_l + 1] i64 on the rows' device: local expert le has rows [o_le, o_le+1)
+  // The same offsets on the host when forward had the counts, else empty.
+  std::vector<std::int64_t> host_offsets;
+  Tensor offsets_staging;  // pinned host copy the offsets were uploaded from (GPU): kept alive
+  Tensor fc_out;           // [n, F/etp]: each row · its expert's fcᵀ
+  Tensor up_out;           // [n, F/etp]: each row · its expert's upᵀ (SwiGLU; else undefined)
   // FP8 only, per local expert: the FP8 transposes (nn::fp8_cast's) that backward's GEMMs read,
   // of its rows, fc, up (SwiGLU), proj's input and proj.
   struct Fp8Saved {
@@ -112,6 +118,15 @@ class Experts {
   // rank calls it, with rows or not).
   Tensor forward(const ExpertWeights& w, const Tensor& rows, std::vector<std::int64_t> counts,
                  ExpertsActivations& saved, bool record, const Stream& stream);
+  // The same with the row ranges on the device only: offsets [E_l + 1] i64 on the rows' device
+  // (0 = o_0 <= o_1 <= ... <= o_E_l <= n; expert le has rows [o_le, o_le+1)), e.g. the running
+  // sums of the token permutation's counts, never copied to the host: no host synchronisation
+  // (the ep = 1 path). Rows past o_E_l are padding: zero outputs, zero gradients. On a GPU the
+  // GEMMs need the grouped kernel that reads the offsets on the device (grouped_linear.hpp; until
+  // it exists, InvalidArgument). Not with FP8 (its per-expert GEMMs need the counts on the host):
+  // InvalidArgument.
+  Tensor forward(const ExpertWeights& w, const Tensor& rows, const Tensor& offsets,
+                 ExpertsActivations& saved, bool record, const Stream& stream);
   // dy [n, d] of the forward that filled saved -> d(rows) [n, d]; accumulates the weight
   // gradients into grads = {fc, up, proj}'s gradient tensors (up's undefined for GELU).
   Tensor backward(const ExpertWeights& w, const Tensor& dy, const ExpertsActivations& saved,
@@ -121,9 +136,12 @@ class Experts {
   std::int64_t local_experts_, first_expert_;
   nn::Parameter* fc_;
   nn::Parameter* up_ = nullptr;
+  // The forward of both forms (host_offsets empty when unknown), without FP8.
+  Tensor forward_grouped(const ExpertWeights& w, const Tensor& rows, ExpertsActivations& saved,
+                         const Stream& stream);
   // The FP8 path of forward and backward (fp8_ on).
-  Tensor forward_fp8(const ExpertWeights& w, const Tensor& rows, std::vector<std::int64_t> counts,
-                     ExpertsActivations& saved, bool record, const Stream& stream);
+  Tensor forward_fp8(const ExpertWeights& w, const Tensor& rows, ExpertsActivations& saved,
+                     bool record, const Stream& stream);
   Tensor backward_fp8(const Tensor& dy, const ExpertsActivations& saved,
                       const std::vector<Tensor>& grads, const Stream& stream);
 
