@@ -33,11 +33,10 @@ import contextlib
 import json
 import math
 import os
-import statistics
 import sys
-import time
 
-PEAK = 989e12
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_train_timing  # noqa: E402 (beside this script, put on the path above)
 
 
 def llama_args(args):
@@ -51,8 +50,7 @@ def llama_args(args):
 
 def build(torch, args):
     if args.arch == "llama":
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        import moe_torch  # noqa: E402 (the script's directory, put on the path above)
+        import moe_torch  # beside this script (on the path since the imports)
 
         return moe_torch.build(torch, llama_args(args), None)[0]
     nn = torch.nn
@@ -129,59 +127,10 @@ def run(torch, args, mode, rank, world, device):
                   f"GptConfig's formula: {expected[0]} ({expected[1]})"
                   + ("" if (params, non_embedding) == expected else " DIFFERENT"),
                   file=sys.stderr, flush=True)
-    if world > 1:
-        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index])
-    # Fused AdamW on the GPU; the CPU smoke test takes the default (older PyTorch has no fused).
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1,
-                            **({"fused": True} if cuda else {}))
-    step_model = torch.compile(model) if mode == "compiled" else model
-    accum = args.global_batch // (args.micro_batch * world)
-    gen = torch.Generator(device=device).manual_seed(args.seed + rank)
-
-    def batch():
-        x = torch.randint(0, args.vocab, (args.micro_batch, args.seq_len + 1), device=device,
-                          generator=gen)
-        return x[:, :-1], x[:, 1:]
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        for m in range(accum):
-            x, y = batch()
-            sync = world == 1 or m == accum - 1
-            ctx = model.no_sync() if not sync else contextlib.nullcontext()
-            with ctx, torch.autocast(device.type, dtype=torch.bfloat16):
-                loss = step_model(x, y) / accum
-            loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-
-    # Peak memory two ways, as 04_gpt_train reports it: the steady state (the peak is reset when
-    # the timed steps begin: the most they reach) and the whole run (set-up, warm-up and compile).
-    times = []
-    run_peak = 0
-    def sync():
-        if cuda:
-            torch.cuda.synchronize(device)
-
-    for i in range(args.warmup + args.steps):
-        if i == args.warmup and cuda:
-            run_peak = torch.cuda.max_memory_allocated(device)
-            torch.cuda.reset_peak_memory_stats(device)
-        sync()
-        t0 = time.perf_counter()
-        step()
-        sync()
-        if i >= args.warmup:
-            times.append(time.perf_counter() - t0)
-    steady_peak = torch.cuda.max_memory_allocated(device) if cuda else 0
-    run_peak = max(run_peak, steady_peak)
-    ms = statistics.median(times) * 1000
-    tokens = args.global_batch * args.seq_len
-    tps = tokens / (ms / 1000)
-    fpt = 6 * non_embedding + 12 * args.layers * args.hidden * args.seq_len
-    tflops = tps * fpt / world / 1e12
-    return {"impl": "pytorch", "mode": mode, "ranks": world, "tokens_per_s": round(tps, 1),
-            "ms": round(ms, 3), "mfu": round(tflops * 1e12 / PEAK, 4), "tflops": round(tflops, 2),
+    ms, steady_peak, run_peak = torch_train_timing.timed_training(torch, args, model, mode, rank,
+                                                                  world, device)
+    return {"impl": "pytorch", "mode": mode, "ranks": world,
+            **torch_train_timing.throughput(args, world, ms, non_embedding),
             "params": params, "non_embedding_params": non_embedding,
             "peak_mem_bytes": steady_peak, "run_peak_mem_bytes": run_peak,
             "arch": args.arch, "torch": torch.__version__}
@@ -232,19 +181,7 @@ def main():
     if args.device == "cuda" and not torch.cuda.is_available():
         print(json.dumps({"impl": "pytorch", "error": "no GPU"}))
         return 0
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    if args.device == "cuda":
-        device = torch.device("cuda", local)
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
-    if world > 1:
-        if device.type == "cuda":
-            torch.distributed.init_process_group("nccl", device_id=device)
-        else:
-            torch.distributed.init_process_group("gloo")
+    rank, world, device = torch_train_timing.start_ranks(torch, args.device)
     torch.backends.cuda.matmul.allow_tf32 = True
     for mode in args.modes:
         result = run(torch, args, mode, rank, world, device)

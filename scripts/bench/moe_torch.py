@@ -55,16 +55,15 @@ One JSON object per mode: {"impl": "pytorch-moe", "mode", "ranks", "tokens_per_s
 (timed steps), "run_peak_mem_bytes" (the whole mode), "expert_impl", ...}, or {"impl", "mode", "error"} when that mode failed (e.g. torch.compile).
 """
 import argparse
-import contextlib
 import gc
 import json
 import math
 import os
-import statistics
 import sys
-import time
 
-PEAK = 989e12
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_train_timing  # noqa: E402 (beside this script, put on the path above)
+
 IMPL = "pytorch-moe"
 
 
@@ -348,11 +347,6 @@ def autocast(torch, device):
     return torch.autocast(device.type, dtype=torch.bfloat16)
 
 
-def sync(torch, device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def check_experts(torch, args, device, grouped_mm):
     """Max relative difference (over the output and the gradients of the input, router, fc and
     proj) between the grouped and the loop experts of one MoE layer, at the run's token count."""
@@ -398,57 +392,12 @@ def run(torch, args, mode, rank, world, device, grouped_mm):
     if (params, non_embedding, active) != expected:
         print(f"moe_torch: parameter counts {(params, non_embedding, active)} differ from "
               f"GptConfig's {expected}", file=sys.stderr)
-    if world > 1:
-        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index])
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1,
-                            fused=device.type == "cuda")
-    step_model = torch.compile(model) if mode == "compiled" else model
-    accum = args.global_batch // (args.micro_batch * world)
-    gen = torch.Generator(device=device).manual_seed(args.seed + rank)
-
-    def batch():
-        x = torch.randint(0, args.vocab, (args.micro_batch, args.seq_len + 1), device=device,
-                          generator=gen)
-        return x[:, :-1], x[:, 1:]
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        for m in range(accum):
-            x, y = batch()
-            sync_grads = world == 1 or m == accum - 1
-            ctx = model.no_sync() if not sync_grads else contextlib.nullcontext()
-            with ctx, autocast(torch, device):
-                loss = step_model(x, y) / accum
-            loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-
-    # Peak memory two ways, as 05_moe_train reports it: the steady state (the peak is reset when
-    # the timed steps begin: the most they reach) and the whole run (set-up, warm-up and compile).
-    cuda = device.type == "cuda"
-    times = []
-    run_peak = 0
-    for i in range(args.warmup + args.steps):
-        if i == args.warmup and cuda:
-            run_peak = torch.cuda.max_memory_allocated(device)
-            torch.cuda.reset_peak_memory_stats(device)
-        sync(torch, device)
-        t0 = time.perf_counter()
-        step()
-        sync(torch, device)
-        if i >= args.warmup:
-            times.append(time.perf_counter() - t0)
-    ms = statistics.median(times) * 1000
-    tokens = args.global_batch * args.seq_len
-    tps = tokens / (ms / 1000)
-    fpt = 6 * active + 12 * args.layers * args.hidden * args.seq_len
-    tflops = tps * fpt / world / 1e12
-    return {"impl": IMPL, "mode": mode, "ranks": world, "tokens_per_s": round(tps, 1),
-            "ms": round(ms, 3), "mfu": round(tflops * 1e12 / PEAK, 4), "tflops": round(tflops, 2),
+    ms, steady_peak, run_peak = torch_train_timing.timed_training(torch, args, model, mode, rank,
+                                                                  world, device)
+    return {"impl": IMPL, "mode": mode, "ranks": world,
+            **torch_train_timing.throughput(args, world, ms, active),
             "params": params, "active_params": active, "non_embedding_params": non_embedding,
-            "peak_mem_bytes": torch.cuda.max_memory_allocated(device) if cuda else 0,
-            "run_peak_mem_bytes": max(run_peak, torch.cuda.max_memory_allocated(device))
-            if cuda else 0,
+            "peak_mem_bytes": steady_peak, "run_peak_mem_bytes": run_peak,
             "expert_impl": args.expert_impl, "arch": args.arch, "torch": torch.__version__}
 
 
@@ -519,21 +468,12 @@ def main():
             return fail(f"grouped_mm needs 16-byte aligned bf16 strides: hidden {args.hidden} and "
                         f"the expert width {expert_width(args)} must be multiples of 8")
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    local = int(os.environ.get("LOCAL_RANK", "0"))
     if args.global_batch <= 0:
         args.global_batch = args.micro_batch * world
     if args.global_batch % (args.micro_batch * world):
         return fail(f"global batch {args.global_batch} is not a multiple of micro batch "
                     f"{args.micro_batch} x ranks {world}")
-    if args.device == "cuda":
-        device = torch.device("cuda", local)
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
-    if world > 1:
-        torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                                             device_id=device if device.type == "cuda" else None)
+    rank, world, device = torch_train_timing.start_ranks(torch, args.device)
     # No TF32 (gpt_torch.py allows it): the router is the one f32 matmul and stays exact f32.
     extra = {"grouped_api": api if args.expert_impl == "grouped" else None,
              "group_align": args.group_align}
