@@ -16,6 +16,10 @@ target_link_libraries(collectives_tcp_store_test PRIVATE quintet_collectives_pri
 quintet_unit_test(NAME collectives_progress_thread_test COMPONENT collectives
                   SOURCES unit/collectives_progress_thread_test.cpp)
 target_link_libraries(collectives_progress_thread_test PRIVATE quintet_collectives_private)
+# The communicators' watchdog (a held-back operation nobody waits for; issue #44), private.
+quintet_unit_test(NAME collectives_watchdog_test COMPONENT reliability
+                  SOURCES unit/collectives_watchdog_test.cpp)
+target_link_libraries(collectives_watchdog_test PRIVATE quintet_collectives_private)
 # The flight recorder's ring, its dumps, and the naming of the rank that is behind (issue #44).
 quintet_unit_test(NAME collectives_flight_recorder_test COMPONENT reliability
                   SOURCES unit/collectives_flight_recorder_test.cpp)
