@@ -7,6 +7,7 @@
 #include <climits>
 #include <cstdlib>
 #include <exception>
+#include <numeric>
 #include <thread>
 #include <utility>
 
@@ -290,8 +291,21 @@ World init(const RuntimeConfig& config) {
         id = client->get(kNcclIdKey);
       }
     }
-    w.device_comm_ = detail::nccl_create_communicator(id, w.info_.rank, w.info_.size, w.device_,
-                                                      config.timeout_s, "world");
+    detail::NcclOptions nccl;
+    nccl.timeout_s = config.timeout_s;
+    if (w.flight_) {  // world ranks are the NCCL world's ranks
+      nccl.flight = w.flight_;
+      nccl.world_ranks.resize(static_cast<std::size_t>(w.info_.size));
+      std::iota(nccl.world_ranks.begin(), nccl.world_ranks.end(), 0);
+    }
+    if (w.monitor_) {  // a watchdog expiry ends the whole job, telling every rank why
+      nccl.end_process = [monitor = w.monitor_](const std::string& message) {
+        monitor->publish(message);
+        monitor->abort_job(1);
+      };
+    }
+    w.device_comm_ =
+        detail::nccl_create_communicator(id, w.info_.rank, w.info_.size, w.device_, nccl, "world");
     w.comm_ = w.device_comm_.get();
 #else
     QUINTET_THROW(InvalidArgument,

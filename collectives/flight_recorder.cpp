@@ -278,9 +278,9 @@ std::string FlightRegistry::dump(std::string_view reason) noexcept {
   return {};
 }
 
-void FlightRegistry::dump_on_failure(std::string_view reason) noexcept {
-  if (failure_dumped_.exchange(true)) return;
-  dump(reason);
+std::string FlightRegistry::dump_on_failure(std::string_view reason) noexcept {
+  if (failure_dumped_.exchange(true)) return {};
+  return dump(reason);
 }
 
 }  // namespace quintet::detail

@@ -142,8 +142,9 @@ class FlightRegistry {
   // and the time. Returns the path, or "" when it could not be written (the error is logged).
   // Never throws.
   std::string dump(std::string_view reason) noexcept;
-  // Dumps once per process for a failure: the first call writes, later ones return at once.
-  void dump_on_failure(std::string_view reason) noexcept;
+  // Dumps once per process for a failure: the first call writes (and returns the path, as dump),
+  // later ones return "" at once.
+  std::string dump_on_failure(std::string_view reason) noexcept;
 
  private:
   const int rank_;

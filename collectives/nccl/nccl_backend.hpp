@@ -4,6 +4,7 @@
 // by MPI or the TCP store, and each rank then calls nccl_create_communicator with the same bytes.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -11,6 +12,26 @@
 #include "quintet/collectives/communicator.hpp"
 
 namespace quintet::detail {
+
+class FlightRegistry;
+
+// What an NCCL communicator does beyond moving data. Its splits inherit all but world_ranks.
+struct NcclOptions {
+  // Bounds initialisation, splits and every wait, and is the watchdog's deadline: an operation
+  // not completed timeout_s after it was issued, while no thread waits for it, makes the watchdog
+  // dump the flight recorder, abort the communicator and end the process (nccl_communicator.hpp).
+  double timeout_s = 300.0;
+  // This process's flight recorders (may be null): dumped by the watchdog. With world_ranks (the
+  // world rank of each rank of the communicator, size() entries) the communicator records its
+  // operations there too, as '<name> (nccl)' (apart from an MPI communicator of the same name and
+  // ranks); its splits do not (their members' world ranks are not known here).
+  std::shared_ptr<FlightRegistry> flight;
+  std::vector<int> world_ranks;
+  // Ends the process (or the job) after the watchdog has printed its message, dumped and aborted.
+  // Default: flush stdout and stderr, then std::_Exit(1). quintet::init passes the job monitor's
+  // (it tells the other ranks, then MPI_Abort ends the job).
+  std::function<void(const std::string& message)> end_process;
+};
 
 // The bytes of a fresh ncclUniqueId (NCCL_UNIQUE_ID_BYTES of them). Call on one rank only.
 std::vector<char> nccl_make_unique_id();
@@ -22,5 +43,11 @@ std::vector<char> nccl_make_unique_id();
 std::unique_ptr<Communicator> nccl_create_communicator(const std::vector<char>& unique_id, int rank,
                                                        int size, const Device& device,
                                                        double timeout_s, const std::string& name);
+// The same with options (timeout_s among them). Throws InvalidArgument, before any communication,
+// when options.world_ranks is neither empty nor of `size` entries.
+std::unique_ptr<Communicator> nccl_create_communicator(const std::vector<char>& unique_id, int rank,
+                                                       int size, const Device& device,
+                                                       const NcclOptions& options,
+                                                       const std::string& name);
 
 }  // namespace quintet::detail

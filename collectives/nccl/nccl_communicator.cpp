@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
+#include <deque>
 #include <optional>
 #include <utility>
 
@@ -47,6 +49,20 @@ ncclRedOp_t nccl_op(ReduceOp op, int size) {
   return ncclSum;
 }
 
+// What the flight recorder keeps of a p2p batch: its first tensor's dtype, the elements of all
+// its tensors, and the peer when there is only one.
+NcclCommunicator::Recorded p2p_recorded(const std::vector<P2POp>& ops) {
+  NcclCommunicator::Recorded r;
+  if (ops.empty()) return r;
+  r.dtype = ops.front().tensor.dtype();
+  r.peer = ops.front().peer;
+  for (const P2POp& op : ops) {
+    r.count += op.tensor.numel();
+    if (op.peer != r.peer) r.peer = -1;
+  }
+  return r;
+}
+
 // Address of element `elements` of t (t contiguous).
 void* element_ptr(const Tensor& t, std::int64_t elements) {
   return static_cast<char*>(t.data_ptr()) + static_cast<std::size_t>(elements) * t.element_size();
@@ -71,9 +87,21 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<NcclState> state)
   // Allocated on the comm stream (its pool), which is the only stream that ever touches it.
   barrier_buffer_ = cuda_allocate(sizeof(float), state_->device(), state_->stream());
   QUINTET_CUDA_CHECK(cudaMemsetAsync(barrier_buffer_.get(), 0, sizeof(float), comm_stream_));
+  const auto timeout = std::chrono::duration_cast<std::chrono::nanoseconds>(
+      std::chrono::duration<double>(state_->timeout_s()));
+  // The handler holds the state, not this communicator: the watchdog is stopped before either goes.
+  watchdog_ = std::make_unique<Watchdog>(
+      state_->name(), timeout, Watchdog::period_for(timeout),
+      [state = state_](Watchdog::Op& op, std::chrono::nanoseconds pending) {
+        return state->expired(op.describe(), std::chrono::duration<double>(pending).count());
+      });
 }
 
 NcclCommunicator::~NcclCommunicator() {
+  // First, so that the watchdog cannot abort or end the process while the comm is shut down (a
+  // bounded wait); the Works it still held stay here until the comm stream is seen idle.
+  std::deque<std::shared_ptr<Watchdog::Op>> pending = watchdog_->stop();
+  if (state_->recorder()) state_->recorder()->retire();
   state_->shutdown();
   bool idle = false;
   {
@@ -90,19 +118,16 @@ NcclCommunicator::~NcclCommunicator() {
     log::warn(
         "{}: destroyed while its comm stream was still busy after {} s (an operation waits "
         "on work that never finished); leaking the tensors of {} unfinished operations",
-        state_->describe(), state_->timeout_s(), pending_.size());
-    (void)new std::deque<std::shared_ptr<NcclWork>>(std::move(pending_));  // intentional leak
+        state_->describe(), state_->timeout_s(), pending.size());
+    (void)new std::deque<std::shared_ptr<Watchdog::Op>>(std::move(pending));  // intentional leak
   }
-  pending_.clear();  // every operation has finished: the tensors can go back to their pools
-}
-
-void NcclCommunicator::reap() noexcept {
-  while (!pending_.empty() && pending_.front()->poll()) pending_.pop_front();
+  pending.clear();  // every operation has finished: the tensors can go back to their pools
 }
 
 template <class Launch>
 std::shared_ptr<NcclWork> NcclCommunicator::issue(const char* op, const Stream& stream,
-                                                  std::int64_t bytes, Launch&& launch) {
+                                                  std::int64_t bytes, const Recorded& flight,
+                                                  Launch&& launch) {
   QUINTET_CHECK(!stream.device().is_cuda() || stream.device() == state_->device(),
                 "{} on {}: the stream is on {} but the communicator's GPU is {}; issue the "
                 "operation on a stream of {}",
@@ -146,19 +171,23 @@ std::shared_ptr<NcclWork> NcclCommunicator::issue(const char* op, const Stream& 
   if (comm) trace::end_gpu(slot, *comm);
   auto work = std::make_shared<NcclWork>(state_, op, ++seq_, done);
   if (traced) work->set_trace(std::move(*traced));
-  reap();
-  pending_.push_back(work);
+  if (const auto& recorder = state_->recorder()) {
+    recorder->enqueued(static_cast<std::int64_t>(seq_), op, flight.dtype, flight.count,
+                       flight.peer);
+  }
+  watchdog_->add(work);
   return work;
 }
 
 Work NcclCommunicator::all_reduce(const Tensor& in, const Tensor& out, ReduceOp op,
                                   const Stream& stream) {
   validate_all_reduce(*this, in, out, op);
-  auto work = issue("all_reduce", stream, nbytes(in), [&](cudaStream_t s) {
-    if (in.numel() == 0) return ncclSuccess;  // every rank has 0 elements: nothing to move
-    return ncclAllReduce(in.data_ptr(), out.data_ptr(), static_cast<std::size_t>(in.numel()),
-                         nccl_datatype(in.dtype()), nccl_op(op, size()), comm_, s);
-  });
+  auto work =
+      issue("all_reduce", stream, nbytes(in), {in.dtype(), in.numel()}, [&](cudaStream_t s) {
+        if (in.numel() == 0) return ncclSuccess;  // every rank has 0 elements: nothing to move
+        return ncclAllReduce(in.data_ptr(), out.data_ptr(), static_cast<std::size_t>(in.numel()),
+                             nccl_datatype(in.dtype()), nccl_op(op, size()), comm_, s);
+      });
   work->keep(in.storage());
   work->keep(out.storage());
   return Work(std::move(work));
@@ -167,11 +196,13 @@ Work NcclCommunicator::all_reduce(const Tensor& in, const Tensor& out, ReduceOp 
 Work NcclCommunicator::reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op,
                                       const Stream& stream) {
   validate_reduce_scatter(*this, in, out, op);
-  auto work = issue("reduce_scatter", stream, nbytes(in), [&](cudaStream_t s) {
-    if (out.numel() == 0) return ncclSuccess;
-    return ncclReduceScatter(in.data_ptr(), out.data_ptr(), static_cast<std::size_t>(out.numel()),
-                             nccl_datatype(in.dtype()), nccl_op(op, size()), comm_, s);
-  });
+  auto work =
+      issue("reduce_scatter", stream, nbytes(in), {in.dtype(), in.numel()}, [&](cudaStream_t s) {
+        if (out.numel() == 0) return ncclSuccess;
+        return ncclReduceScatter(in.data_ptr(), out.data_ptr(),
+                                 static_cast<std::size_t>(out.numel()), nccl_datatype(in.dtype()),
+                                 nccl_op(op, size()), comm_, s);
+      });
   work->keep(in.storage());
   work->keep(out.storage());
   return Work(std::move(work));
@@ -179,11 +210,12 @@ Work NcclCommunicator::reduce_scatter(const Tensor& in, const Tensor& out, Reduc
 
 Work NcclCommunicator::all_gather(const Tensor& in, const Tensor& out, const Stream& stream) {
   validate_all_gather(*this, in, out);
-  auto work = issue("all_gather", stream, nbytes(out), [&](cudaStream_t s) {
-    if (in.numel() == 0) return ncclSuccess;
-    return ncclAllGather(in.data_ptr(), out.data_ptr(), nccl_count(in.dtype(), in.numel()),
-                         nccl_datatype(in.dtype()), comm_, s);
-  });
+  auto work =
+      issue("all_gather", stream, nbytes(out), {in.dtype(), in.numel()}, [&](cudaStream_t s) {
+        if (in.numel() == 0) return ncclSuccess;
+        return ncclAllGather(in.data_ptr(), out.data_ptr(), nccl_count(in.dtype(), in.numel()),
+                             nccl_datatype(in.dtype()), comm_, s);
+      });
   work->keep(in.storage());
   work->keep(out.storage());
   return Work(std::move(work));
@@ -191,12 +223,13 @@ Work NcclCommunicator::all_gather(const Tensor& in, const Tensor& out, const Str
 
 Work NcclCommunicator::broadcast(const Tensor& inout, int root, const Stream& stream) {
   validate_broadcast(*this, inout, root);
-  auto work = issue("broadcast", stream, nbytes(inout), [&](cudaStream_t s) {
-    if (inout.numel() == 0) return ncclSuccess;
-    return ncclBroadcast(inout.data_ptr(), inout.data_ptr(),
-                         nccl_count(inout.dtype(), inout.numel()), nccl_datatype(inout.dtype()),
-                         root, comm_, s);
-  });
+  auto work = issue("broadcast", stream, nbytes(inout), {inout.dtype(), inout.numel(), root},
+                    [&](cudaStream_t s) {
+                      if (inout.numel() == 0) return ncclSuccess;
+                      return ncclBroadcast(inout.data_ptr(), inout.data_ptr(),
+                                           nccl_count(inout.dtype(), inout.numel()),
+                                           nccl_datatype(inout.dtype()), root, comm_, s);
+                    });
   work->keep(inout.storage());
   return Work(std::move(work));
 }
@@ -207,11 +240,12 @@ Work NcclCommunicator::reduce(const Tensor& in, const Tensor& out, ReduceOp op, 
   const bool is_root = rank() == root;
   // Off the root NCCL ignores the receive buffer; pass in's so that no pointer is null.
   void* recv = is_root ? out.data_ptr() : in.data_ptr();
-  auto work = issue("reduce", stream, nbytes(in), [&](cudaStream_t s) {
-    if (in.numel() == 0) return ncclSuccess;
-    return ncclReduce(in.data_ptr(), recv, static_cast<std::size_t>(in.numel()),
-                      nccl_datatype(in.dtype()), nccl_op(op, size()), root, comm_, s);
-  });
+  auto work =
+      issue("reduce", stream, nbytes(in), {in.dtype(), in.numel(), root}, [&](cudaStream_t s) {
+        if (in.numel() == 0) return ncclSuccess;
+        return ncclReduce(in.data_ptr(), recv, static_cast<std::size_t>(in.numel()),
+                          nccl_datatype(in.dtype()), nccl_op(op, size()), root, comm_, s);
+      });
   work->keep(in.storage());
   if (is_root) work->keep(out.storage());
   return Work(std::move(work));
@@ -238,30 +272,31 @@ Work NcclCommunicator::exchange(const char* op, const Tensor& in,
   const ncclDataType_t type = nccl_datatype(in.dtype());
   const Tensor staging = staging_for(in, out);
   const Tensor& src = staging.defined() ? staging : in;
-  auto work = issue(op, stream, std::max(nbytes(in), nbytes(out)), [&](cudaStream_t s) {
-    if (staging.defined()) {
-      QUINTET_CUDA_CHECK(cudaMemcpyAsync(staging.data_ptr(), in.data_ptr(), in.nbytes(),
-                                         cudaMemcpyDeviceToDevice, s));
-    }
-    ncclResult_t r = ncclGroupStart();
-    std::int64_t send_offset = 0, recv_offset = 0;
-    for (int peer = 0; peer < size() && r == ncclSuccess; ++peer) {
-      const std::int64_t sc = send_counts[static_cast<std::size_t>(peer)];
-      const std::int64_t rc = recv_counts[static_cast<std::size_t>(peer)];
-      if (sc > 0) {
-        r = ncclSend(element_ptr(src, send_offset), nccl_count(in.dtype(), sc), type, peer, comm_,
-                     s);
-      }
-      if (rc > 0 && r == ncclSuccess) {
-        r = ncclRecv(element_ptr(out, recv_offset), nccl_count(out.dtype(), rc), type, peer, comm_,
-                     s);
-      }
-      send_offset += sc;
-      recv_offset += rc;
-    }
-    const ncclResult_t end = ncclGroupEnd();
-    return r != ncclSuccess ? r : end;
-  });
+  auto work = issue(
+      op, stream, std::max(nbytes(in), nbytes(out)), {in.dtype(), in.numel()}, [&](cudaStream_t s) {
+        if (staging.defined()) {
+          QUINTET_CUDA_CHECK(cudaMemcpyAsync(staging.data_ptr(), in.data_ptr(), in.nbytes(),
+                                             cudaMemcpyDeviceToDevice, s));
+        }
+        ncclResult_t r = ncclGroupStart();
+        std::int64_t send_offset = 0, recv_offset = 0;
+        for (int peer = 0; peer < size() && r == ncclSuccess; ++peer) {
+          const std::int64_t sc = send_counts[static_cast<std::size_t>(peer)];
+          const std::int64_t rc = recv_counts[static_cast<std::size_t>(peer)];
+          if (sc > 0) {
+            r = ncclSend(element_ptr(src, send_offset), nccl_count(in.dtype(), sc), type, peer,
+                         comm_, s);
+          }
+          if (rc > 0 && r == ncclSuccess) {
+            r = ncclRecv(element_ptr(out, recv_offset), nccl_count(out.dtype(), rc), type, peer,
+                         comm_, s);
+          }
+          send_offset += sc;
+          recv_offset += rc;
+        }
+        const ncclResult_t end = ncclGroupEnd();
+        return r != ncclSuccess ? r : end;
+      });
   work->keep(in.storage());
   work->keep(out.storage());
   if (staging.defined()) work->keep(staging.storage());
@@ -270,27 +305,29 @@ Work NcclCommunicator::exchange(const char* op, const Tensor& in,
 
 Work NcclCommunicator::send(const Tensor& in, int peer, const Stream& stream) {
   validate_send_recv(*this, "send", in, peer);
-  auto work = issue("send", stream, nbytes(in), [&](cudaStream_t s) {
-    return ncclSend(in.data_ptr(), nccl_count(in.dtype(), in.numel()), nccl_datatype(in.dtype()),
-                    peer, comm_, s);
-  });
+  auto work =
+      issue("send", stream, nbytes(in), {in.dtype(), in.numel(), peer}, [&](cudaStream_t s) {
+        return ncclSend(in.data_ptr(), nccl_count(in.dtype(), in.numel()),
+                        nccl_datatype(in.dtype()), peer, comm_, s);
+      });
   work->keep(in.storage());
   return Work(std::move(work));
 }
 
 Work NcclCommunicator::recv(const Tensor& out, int peer, const Stream& stream) {
   validate_send_recv(*this, "recv", out, peer);
-  auto work = issue("recv", stream, nbytes(out), [&](cudaStream_t s) {
-    return ncclRecv(out.data_ptr(), nccl_count(out.dtype(), out.numel()),
-                    nccl_datatype(out.dtype()), peer, comm_, s);
-  });
+  auto work =
+      issue("recv", stream, nbytes(out), {out.dtype(), out.numel(), peer}, [&](cudaStream_t s) {
+        return ncclRecv(out.data_ptr(), nccl_count(out.dtype(), out.numel()),
+                        nccl_datatype(out.dtype()), peer, comm_, s);
+      });
   work->keep(out.storage());
   return Work(std::move(work));
 }
 
 Work NcclCommunicator::p2p(const std::vector<P2POp>& ops, const Stream& stream) {
   validate_p2p(*this, ops);
-  auto work = issue("p2p", stream, p2p_bytes(ops), [&](cudaStream_t s) {
+  auto work = issue("p2p", stream, p2p_bytes(ops), p2p_recorded(ops), [&](cudaStream_t s) {
     ncclResult_t r = ncclGroupStart();
     for (std::size_t i = 0; i < ops.size() && r == ncclSuccess; ++i) {
       const Tensor& t = ops[i].tensor;
@@ -307,7 +344,7 @@ Work NcclCommunicator::p2p(const std::vector<P2POp>& ops, const Stream& stream) 
 }
 
 Work NcclCommunicator::barrier(const Stream& stream) {
-  return Work(issue("barrier", stream, 0, [&](cudaStream_t s) {
+  return Work(issue("barrier", stream, 0, {}, [&](cudaStream_t s) {
     return ncclAllReduce(barrier_buffer_.get(), barrier_buffer_.get(), 1, ncclFloat32, ncclSum,
                          comm_, s);
   }));
@@ -315,7 +352,7 @@ Work NcclCommunicator::barrier(const Stream& stream) {
 
 std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key, const std::string& name) {
   state_->check_usable("split");
-  reap();
+  watchdog_->reap();
   DeviceGuard guard(device());
   const std::string what = fmt::format("split into '{}' (color {}, key {})", name, color, key);
   // Split the non-blocking control comm, so that a rank that never calls split is a timeout.
@@ -350,12 +387,13 @@ std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key, const 
     nccl_destroy(child, state_->timeout_s());
     return make_self_communicator(device(), name);
   }
-  return communicator_over(child, child_rank, child_size, device(), state_->timeout_s(), name);
+  return communicator_over(child, child_rank, child_size, device(), state_->split_options(), name);
 }
 
 std::unique_ptr<Communicator> communicator_over(ncclComm_t control, int rank, int size,
-                                                const Device& device, double timeout_s,
+                                                const Device& device, const NcclOptions& options,
                                                 const std::string& name) {
+  const double timeout_s = options.timeout_s;
   // The operations comm: a blocking split of control with the same ranks in the same order. It
   // is issued on the non-blocking control comm, so the wait for it stays bounded.
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
@@ -381,7 +419,7 @@ std::unique_ptr<Communicator> communicator_over(ncclComm_t control, int rank, in
   }
   std::shared_ptr<NcclState> state;
   try {
-    state = std::make_shared<NcclState>(comm, control, device, rank, size, name, timeout_s);
+    state = std::make_shared<NcclState>(comm, control, device, rank, size, name, options);
   } catch (...) {
     (void)ncclCommAbort(comm);
     (void)ncclCommAbort(control);
@@ -402,6 +440,16 @@ std::vector<char> nccl_make_unique_id() {
 std::unique_ptr<Communicator> nccl_create_communicator(const std::vector<char>& unique_id, int rank,
                                                        int size, const Device& device,
                                                        double timeout_s, const std::string& name) {
+  NcclOptions options;
+  options.timeout_s = timeout_s;
+  return nccl_create_communicator(unique_id, rank, size, device, options, name);
+}
+
+std::unique_ptr<Communicator> nccl_create_communicator(const std::vector<char>& unique_id, int rank,
+                                                       int size, const Device& device,
+                                                       const NcclOptions& options,
+                                                       const std::string& name) {
+  const double timeout_s = options.timeout_s;
   ncclUniqueId id;
   QUINTET_CHECK(unique_id.size() == sizeof(id.internal),
                 "NCCL communicator '{}': the unique id has {} bytes; expected {} (the bytes of "
@@ -411,6 +459,11 @@ std::unique_ptr<Communicator> nccl_create_communicator(const std::vector<char>& 
                 "NCCL communicator '{}': rank {} of size {}; expected size >= 1 and 0 <= rank < "
                 "size",
                 name, rank, size);
+  QUINTET_CHECK(
+      options.world_ranks.empty() || options.world_ranks.size() == static_cast<std::size_t>(size),
+      "NCCL communicator '{}': {} world ranks given for its {} ranks; give one per rank "
+      "(the world rank of each, in order) or none",
+      name, options.world_ranks.size(), size);
   QUINTET_CHECK(device.is_cuda(),
                 "NCCL communicator '{}': device {} is not a GPU; NCCL moves CUDA tensors, use the "
                 "MPI communicator for the CPU",
@@ -442,7 +495,7 @@ std::unique_ptr<Communicator> nccl_create_communicator(const std::vector<char>& 
                   name, rank, size, device.str(), ncclGetErrorString(r), static_cast<int>(r),
                   last && *last ? ": " : "", last ? last : "");
   }
-  return communicator_over(control, rank, size, device, timeout_s, name);
+  return communicator_over(control, rank, size, device, options, name);
 }
 
 }  // namespace quintet::detail

@@ -12,10 +12,18 @@
 // never synchronises the host and never calls cudaSetDevice unless the calling thread's current
 // device is another GPU; its host cost is two event records, one stream wait, the NCCL call and one
 // small heap allocation (the Work). Not thread-safe, like every Communicator.
+//
+// Watchdog: each communicator's Watchdog (collectives/watchdog.hpp) holds its Works until the host
+// sees them complete. An operation still not complete timeout_s after it was issued, while no
+// thread waits for any Work of the communicator (a wait has its own deadline and throws a Timeout
+// the program can catch), is a hang nobody would notice: the watchdog prints an error naming the
+// operation and the communicator, dumps the flight recorder, aborts the NCCL comm and ends the
+// process (NcclState::expired; NcclOptions::end_process, which ends the whole job under mpirun).
+// With a flight recorder (NcclOptions::world_ranks), each operation is recorded when it is issued
+// and completed when the host sees it complete (the watchdog polls at a tenth of the timeout).
 #pragma once
 
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
@@ -58,35 +66,44 @@ class NcclCommunicator final : public Communicator {
   Work barrier(const Stream& stream) override;
   std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override;
 
+  // What the flight recorder keeps of an operation: dtype and element count of the tensor that
+  // describes it, the peer or root (-1: none).
+  struct Recorded {
+    DType dtype = DType::f32;
+    std::int64_t count = 0;
+    int peer = -1;
+  };
+
  private:
   // Issues one operation: orders the comm stream after `stream`, calls launch(comm_stream)
   // (which makes the NCCL calls and returns the last ncclResult_t), records the completion
-  // event and registers the Work as pending. The caller adds the storages to keep.
+  // event, records the operation in the flight recorder and hands the Work to the watchdog. The
+  // caller adds the storages to keep.
   template <class Launch>
   std::shared_ptr<NcclWork> issue(const char* op, const Stream& stream, std::int64_t bytes,
+                                  const Recorded& flight,
                                   Launch&& launch);  // bytes: what a trace records
   // The all-to-all of both forms: grouped ncclSend/ncclRecv, counts in elements per peer.
   Work exchange(const char* op, const Tensor& in, const std::vector<std::int64_t>& send_counts,
                 const Tensor& out, const std::vector<std::int64_t>& recv_counts,
                 const Stream& stream);
   Tensor staging_for(const Tensor& in, const Tensor& out);
-  // Drops the pending Works whose completion the host can see (they complete in order).
-  void reap() noexcept;
 
   std::shared_ptr<NcclState> state_;
   ncclComm_t comm_;              // state_->comm(), cached for the hot path
   cudaStream_t comm_stream_;     // state_->stream().handle()
   cudaEvent_t ready_ = nullptr;  // recorded on the caller's stream by each operation
   std::uint64_t seq_ = 0;
-  std::deque<std::shared_ptr<NcclWork>> pending_;
+  std::unique_ptr<Watchdog> watchdog_;    // the Works not yet seen complete
   std::shared_ptr<void> barrier_buffer_;  // one float on the GPU for barrier()
 };
 
 // A communicator over the ranks of control (a non-blocking NCCL comm, owned from here on; this
 // rank is `rank` of `size`): splits off the blocking comm that runs the operations, bounded by
-// timeout_s. Collective over control's ranks. On failure control is aborted and this throws.
+// options.timeout_s. Collective over control's ranks. On failure control is aborted and this
+// throws.
 std::unique_ptr<Communicator> communicator_over(ncclComm_t control, int rank, int size,
-                                                const Device& device, double timeout_s,
+                                                const Device& device, const NcclOptions& options,
                                                 const std::string& name);
 
 }  // namespace quintet::detail

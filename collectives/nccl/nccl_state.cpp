@@ -2,10 +2,14 @@
 
 #include <fmt/format.h>
 
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
 #include <thread>
 
 #include "quintet/core/device_guard.hpp"
 #include "quintet/core/error.hpp"
+#include "quintet/core/log.hpp"
 
 namespace quintet::detail {
 
@@ -67,15 +71,28 @@ bool nccl_destroy(ncclComm_t comm, double timeout_s) noexcept {
 // ---- NcclState ----
 
 NcclState::NcclState(ncclComm_t comm, ncclComm_t control, Device device, int rank, int size,
-                     std::string name, double timeout_s)
+                     std::string name, NcclOptions options)
     : comm_(comm),
       control_(control),
       device_(device),
       rank_(rank),
       size_(size),
       name_(std::move(name)),
-      timeout_s_(timeout_s),
-      stream_(Stream::create(device, StreamPriority::high)) {}
+      options_(std::move(options)),
+      stream_(Stream::create(device, StreamPriority::high)) {
+  if (options_.flight && !options_.world_ranks.empty()) {
+    // Named apart from an MPI communicator of the same name and ranks (a World has two 'world's).
+    recorder_ = std::make_shared<FlightRecorder>(name_ + " (nccl)", rank_, options_.world_ranks,
+                                                 options_.flight->capacity());
+    options_.flight->add(recorder_);
+  }
+}
+
+NcclOptions NcclState::split_options() const {
+  NcclOptions o = options_;
+  o.world_ranks.clear();
+  return o;
+}
 
 QuietDeviceGuard::QuietDeviceGuard(const Device& device) noexcept {
   int current = -1;
@@ -99,7 +116,8 @@ NcclState::~NcclState() {
   // Bounded: a comm stream held back forever (by a caller's stream it waits on) must not hang the
   // destructor. Destroying events and the stream while work is queued is safe: CUDA releases them
   // once that work completes.
-  (void)stream_idle_within(stream_.handle(), timeout_s_);
+  (void)stream_idle_within(stream_.handle(), timeout_s());
+  if (recorder_) recorder_->retire();  // already, unless the communicator was never made
   for (cudaEvent_t e : all_events_) (void)cudaEventDestroy(e);
   (void)cudaGetLastError();
 }
@@ -140,13 +158,13 @@ ncclResult_t NcclState::async_error() noexcept {
 
 void NcclState::wait_launched(std::string_view what) {
   ncclComm_t comm = comm_;
-  const ncclResult_t r = nccl_wait_not_in_progress(comm, timeout_s_);
+  const ncclResult_t r = nccl_wait_not_in_progress(comm, timeout_s());
   if (r == ncclSuccess) return;
   if (r == ncclInProgress) {
     const std::string message = fmt::format(
         "{} on {} was still being launched after {} s; a rank of the group may be missing or "
         "stuck; the communicator is aborted",
-        what, describe(), timeout_s_);
+        what, describe(), timeout_s());
     abort(message);
     QUINTET_THROW(Timeout, "{}", message);
   }
@@ -193,19 +211,65 @@ void NcclState::shutdown() noexcept {
   if (comm_ == nullptr) return;
   // The operations comm is blocking, so its ncclCommFinalize would wait for unfinished operations
   // without bound: wait for them here, bounded, and abort if a peer never shows up.
-  bool clean = stream_idle_within(stream_.handle(), timeout_s_);
+  bool clean = stream_idle_within(stream_.handle(), timeout_s());
   if (clean) {
-    clean = nccl_destroy(comm_, timeout_s_);
+    clean = nccl_destroy(comm_, timeout_s());
   } else {
     (void)ncclCommAbort(comm_);
   }
-  if (control_ != nullptr && !nccl_destroy(control_, timeout_s_)) clean = false;
+  if (control_ != nullptr && !nccl_destroy(control_, timeout_s())) clean = false;
   if (!clean) {
     reason_ = "destroyed while operations were unfinished or had failed";
     aborted_.store(true, std::memory_order_release);
   }
   comm_ = nullptr;
   control_ = nullptr;
+}
+
+bool NcclState::expired(const std::string& what, double pending_s) noexcept {
+  if (aborted()) return true;  // a wait timed out first and aborted: its caller has the error
+  if (waiters_.load() > 0) return false;  // a waiting thread's own deadline reports it
+  try {
+    std::string message = fmt::format(
+        "{} did not complete within {} s of being issued ({:.1f} s), and no thread waited for it "
+        "(the communicator's timeout, --timeout-s): the GPU work it follows never finished, or a "
+        "rank of the group did not issue the matching operation, or is stopped, or failed; the "
+        "watchdog aborts the communicator and ends the process",
+        what, timeout_s(), pending_s);
+    const std::string dump = options_.flight ? options_.flight->dump_on_failure(message) : "";
+    if (!dump.empty()) message += fmt::format(" (flight recorder: {})", dump);
+    const std::string error = "error [Timeout]: " + message;
+    log::error("{}", error);  // first: an abort that hangs must not hide it
+    // ncclCommAbort may wait for work queued on streams the held-back operation depends on: it
+    // runs on a thread of its own, and the process ends after kAbortWait whether it returned or
+    // not (a hang is what is being ended).
+    struct Done {
+      std::mutex mutex;
+      std::condition_variable cv;
+      bool done = false;
+    };
+    auto done = std::make_shared<Done>();
+    std::thread([this, done, message] {
+      {
+        QuietDeviceGuard guard(device_);
+        abort(message);
+      }
+      std::lock_guard lock(done->mutex);
+      done->done = true;
+      done->cv.notify_all();
+    }).detach();
+    std::unique_lock lock(done->mutex);
+    if (!done->cv.wait_for(lock, kAbortWait, [&] { return done->done; })) {
+      log::error("{}: ncclCommAbort did not return within {} s; the process ends without it",
+                 describe(), std::chrono::duration<double>(kAbortWait).count());
+    }
+    lock.unlock();
+    if (options_.end_process) options_.end_process(error);
+  } catch (...) {
+  }
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::_Exit(1);
 }
 
 // ---- NcclWork ----
@@ -235,6 +299,10 @@ cudaError_t NcclWork::query() noexcept {
 }
 
 bool NcclWork::poll() noexcept { return query() == cudaSuccess; }
+
+void NcclWork::retired() noexcept {
+  if (state_->recorder()) state_->recorder()->completed(static_cast<std::int64_t>(seq_), true);
+}
 
 void NcclWork::throw_if_failed() {
   if (state_->aborted() && !completed_.load(std::memory_order_acquire)) {
@@ -268,6 +336,7 @@ void NcclWork::wait(const Stream& stream) {
 bool NcclWork::synchronize_for(std::chrono::nanoseconds timeout) {
   // Work::synchronize passes nanoseconds::max(): the communicator's own deadline (timeout_s),
   // past which it is a Timeout error rather than false.
+  const NcclState::Waiter waiter(*state_);  // the watchdog leaves this operation to this wait
   const bool unbounded = timeout == std::chrono::nanoseconds::max();
   if (unbounded) {
     timeout = std::chrono::duration_cast<std::chrono::nanoseconds>(

@@ -10,8 +10,8 @@
 // pool), but an operation reads and writes them on the comm stream. If the caller dropped a
 // tensor while the operation still ran, the allocator could hand its block to the next kernel on
 // the caller's stream while NCCL still uses it. So every NcclWork holds the storages of its
-// tensors, and the communicator keeps every Work in its pending list until the host has seen its
-// completion event fire; only then can the blocks go back to their pool.
+// tensors, and the communicator keeps every Work in its watchdog (collectives/watchdog.hpp) until
+// the host has seen its completion event fire; only then can the blocks go back to their pool.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -27,6 +27,9 @@
 #include <string_view>
 #include <vector>
 
+#include "collectives/flight_recorder.hpp"
+#include "collectives/nccl/nccl_backend.hpp"
+#include "collectives/watchdog.hpp"
 #include "quintet/collectives/nccl.hpp"
 #include "quintet/collectives/work.hpp"
 #include "quintet/core/device.hpp"
@@ -69,8 +72,10 @@ class NcclState {
   //     ncclInProgress), which costs tens of microseconds per operation.
   //   control: non-blocking comm of the same ranks, used only to split, so that a rank that never
   //     calls split is a timeout, not a hang (it never moves data, so NCCL never connects it).
+  //   options: the timeout, the flight recorder's registry (and world ranks: then this state
+  //     records the operations, recorder()), and what ends the process after a watchdog expiry.
   NcclState(ncclComm_t comm, ncclComm_t control, Device device, int rank, int size,
-            std::string name, double timeout_s);
+            std::string name, NcclOptions options);
   // Waits up to timeout_s for the comm stream (never longer) and frees events; the comm was shut
   // down (or aborted) before.
   ~NcclState();
@@ -84,7 +89,11 @@ class NcclState {
   int rank() const { return rank_; }
   int size() const { return size_; }
   const std::string& name() const { return name_; }
-  double timeout_s() const { return timeout_s_; }
+  double timeout_s() const { return options_.timeout_s; }
+  // The options a split inherits: these, without world ranks.
+  NcclOptions split_options() const;
+  // This communicator's flight recorder; null when it records nothing.
+  const std::shared_ptr<FlightRecorder>& recorder() const { return recorder_; }
   // "communicator 'dp' (nccl, rank 1 of 4)"
   std::string describe() const;
 
@@ -99,6 +108,29 @@ class NcclState {
   void wait_launched(std::string_view what);
   // Throws if the communicator was aborted; `what` names the operation being issued.
   void check_usable(std::string_view what) const;
+
+  // A host thread blocked in a wait of this communicator's Works, for its scope: the watchdog
+  // leaves an expired operation to it (its own deadline makes it a Timeout the program can catch).
+  class Waiter {
+   public:
+    explicit Waiter(NcclState& state) noexcept : state_(state) { ++state_.waiters_; }
+    ~Waiter() { --state_.waiters_; }
+    Waiter(const Waiter&) = delete;
+    Waiter& operator=(const Waiter&) = delete;
+
+   private:
+    NcclState& state_;
+  };
+  // The watchdog's expiry (Watchdog::Expired) for the operation `what`, pending for `pending_s`.
+  // Returns true when the communicator was aborted already (the wait that aborted it reports the
+  // error), false while a thread waits for one of its Works (ask again). Otherwise prints
+  // "error [Timeout]: <what> did not complete ..." naming the operation and the communicator,
+  // dumps the flight recorder (its path ends the message), aborts the communicator (waiting at most
+  // kAbortWait for ncclCommAbort) and ends the process: the options' end_process, then
+  // std::_Exit(1) should that return. Never throws.
+  bool expired(const std::string& what, double pending_s) noexcept;
+  // How long expired() lets ncclCommAbort run before it ends the process anyway.
+  static constexpr std::chrono::seconds kAbortWait{5};
 
   // Aborts the NCCL comm (ncclCommAbort) once; later operations and waits throw Aborted with
   // reason. Thread-safe, never throws.
@@ -121,7 +153,9 @@ class NcclState {
   int rank_;
   int size_;
   std::string name_;
-  double timeout_s_;
+  NcclOptions options_;
+  std::shared_ptr<FlightRecorder> recorder_;
+  std::atomic<int> waiters_{0};
   Stream stream_;
   std::vector<cudaEvent_t> free_events_;
   std::vector<cudaEvent_t> all_events_;
@@ -131,7 +165,7 @@ class NcclState {
 
 // The Work of one NCCL operation: an event recorded on the comm stream after it, and the
 // storages of its tensors, kept alive until it completes.
-class NcclWork final : public WorkImpl {
+class NcclWork final : public WorkImpl, public Watchdog::Op {
  public:
   NcclWork(std::shared_ptr<NcclState> state, const char* op, std::uint64_t seq, cudaEvent_t done)
       : state_(std::move(state)), op_(op), seq_(seq), done_(done) {}
@@ -151,8 +185,10 @@ class NcclWork final : public WorkImpl {
   bool is_completed() override;
   std::string describe() const override;
 
-  // True once the completion event has fired; never throws (for the pending list).
-  bool poll() noexcept;
+  // True once the completion event has fired; never throws (for the watchdog).
+  bool poll() noexcept override;
+  // Dropped by the watchdog, in issue order: records the completion in the flight recorder.
+  void retired() noexcept override;
 
  private:
   // cudaEventQuery of the completion event, remembering success.

@@ -6,4 +6,9 @@ if(QUINTET_HAS_NCCL)
     quintet_gpu_test(NAME gpu_${_test} COMPONENT collectives RANKS 1 2 SOURCES gpu/${_test}.cpp)
     target_link_libraries(gpu_${_test} PRIVATE quintet_collectives_private quintet::nccl)
   endforeach()
+  # Its options, checked before any communication: a unit test, run on any machine.
+  quintet_unit_test(NAME collectives_nccl_options_test COMPONENT collectives
+                    SOURCES unit/collectives_nccl_options_test.cpp)
+  target_link_libraries(collectives_nccl_options_test PRIVATE quintet_collectives_private
+                                                              quintet::nccl)
 endif()

@@ -79,13 +79,15 @@ class FlightSignalDump;
 // <its message>", within a fraction of a second of rank k's fail(). A rank blocked inside an MPI
 // call (which cannot be interrupted) prints that message itself instead. A World destroyed by a
 // propagating exception, or after another rank failed, publishes a failure too, skips the
-// collective MPI_Finalize (which would hang), and ends the job when the process exits.
+// collective MPI_Finalize (which would hang), and ends the job when the process exits. On GPUs, an
+// NCCL operation that no thread waits for and that has not completed timeout_s after it was issued
+// ends the job too, with an error naming it and a flight-recorder dump (docs/reliability.md).
 //
-// Flight recorder (MPI jobs of more than one rank; docs/reliability.md): every communicator keeps
-// its last RuntimeConfig::flight_size operations. This rank writes them all to
-// <flight_dir>/flight_rank<r>.json when a wait times out (the message then names the rank that is
-// behind), when it fails or another rank's failure reaches it, on SIGUSR1 (the job goes on), and
-// on dump_flight(). scripts/analyze_flight.py reads the dumps of every rank.
+// Flight recorder (MPI jobs of more than one rank; docs/reliability.md): every MPI communicator
+// and the NCCL world communicator keep their last RuntimeConfig::flight_size operations. This rank
+// writes them all to <flight_dir>/flight_rank<r>.json when a wait times out (the message then names
+// the rank that is behind), when it fails or another rank's failure reaches it, on SIGUSR1 (the job
+// goes on), and on dump_flight(). scripts/analyze_flight.py reads the dumps of every rank.
 //
 // With RuntimeConfig::check_collectives (--check-collectives), comm() and cpu_comm() check every
 // operation's fingerprint across their ranks before it is sent (checked_communicator.hpp); so do
