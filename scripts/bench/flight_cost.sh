@@ -13,8 +13,11 @@
 # second off over its first off, whose spread is what the machine resolves. Each round also runs
 # the bench once with --flight-overhead (the recorder on and off in one job, repetitions paired:
 # docs/PERFORMANCE.md), whose per-round flight_ratio is summarised the same way. The load average
-# is printed before and after. The bench is always on the CPU (the recorder is the MPI backend's);
-# --device picks the trainer's device. Logs go to $OUT (else build/bench/flight_cost).
+# is printed before and after. The bench is always on the CPU (the MPI backend's recorder);
+# --device picks the trainer's device. On cuda the recorder is the NCCL world communicator's only
+# (jobs of 2 or more ranks): the mesh's axes are NCCL splits, which record nothing yet, and a
+# one-rank job has no recorder at all, so there the trainer's on/off is an A/A comparison (the
+# script says so). Logs go to $OUT (else build/bench/flight_cost).
 #
 # Options: --device cpu|cuda (trainer; default cpu), --rounds N (5), --size N (recorder on: 2048),
 # --ranks N (trainer ranks: 4 on cpu, 1 on cuda), --layout "..." (default "--tp 2 --dp 2" on cpu,
@@ -62,6 +65,10 @@ rm -rf "$out" && mkdir -p "$out"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NCCL_NVLS_ENABLE=0
 mpi=(mpirun --oversubscribe)
 min_bytes=${sizes%% *} max_bytes=${sizes##* }
+if [ "$device" = cuda ]; then
+  echo "note: on cuda the trainer records only on its NCCL world communicator (2+ ranks), not on" \
+    "the mesh's axes; with $ranks rank(s) its on/off is an A/A comparison, not the recorder's cost"
+fi
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg) ($(nproc) cores)"
 echo "bench: ${mpi[*]} -np $bench_ranks 01_collective_bench --device cpu --op all_reduce" \
   "--min-bytes $min_bytes --max-bytes $max_bytes --step-factor 64 --wait-each --reps 21" \

@@ -77,3 +77,18 @@ foreach(case skip mismatch usr1)
                        ENVIRONMENT "OMPI_MCA_rmaps_base_oversubscribe=1")
   quintet_mpi_processors(4 reliability_flight_${case})
 endforeach()
+
+# The NCCL watchdog on a GPU (issue #44): a held-back all_reduce that the program never waits for
+# ends the process within the timeout, naming the operation and the communicator, after a flight
+# recorder dump and the communicator's abort (tests/reliability/nccl_watchdog_test.sh). A gpu test:
+# exit 77 (skipped) without a GPU.
+if(QUINTET_HAS_NCCL)
+  add_executable(reliability_nccl_watchdog reliability/nccl_watchdog.cpp)
+  target_link_libraries(reliability_nccl_watchdog PRIVATE quintet_collectives_private quintet::nccl)
+  add_test(NAME gpu_nccl_watchdog
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/reliability/nccl_watchdog_test.sh
+                   $<TARGET_FILE:reliability_nccl_watchdog>
+                   ${PROJECT_SOURCE_DIR}/scripts/analyze_flight.py)
+  set_tests_properties(gpu_nccl_watchdog PROPERTIES LABELS "gpu;reliability;collectives"
+                       SKIP_RETURN_CODE 77 TIMEOUT 90 RUN_SERIAL TRUE)
+endif()
