@@ -39,6 +39,7 @@
 #include "quintet/parallel/train/hf_checkpoint.hpp"
 #include "quintet/parallel/train/hf_export.hpp"
 #include "quintet/parallel/train/training_model.hpp"
+#include "support/job_program.hpp"
 
 namespace {
 
@@ -106,127 +107,121 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-int run(int argc, char** argv) {
+struct BenchArgs {
+  int repeats = 1;
+  std::string export_dir;  // "-": no export
+  bool drop_caches = false;
+};
+
+int bench(const BenchArgs& a, const quintet::train::JobConfig& job, quintet::World& world,
+          quintet::Mesh& mesh, quintet::Stream& stream) {
   using namespace quintet;
-  const int repeats = std::atoi(argv[1]);
-  const std::string export_dir = argv[2];
-  std::vector<const char*> args{argv[0]};
-  for (int i = 3; i < argc; ++i) args.push_back(argv[i]);
-  const RuntimeConfig runtime =
-      RuntimeConfig::from_args(static_cast<int>(args.size()), args.data());
-  train::JobConfig job;
-  if (auto exit = train::parse_job_args(runtime, "hf_io_bench", &job)) return *exit;
-  QUINTET_CHECK(repeats >= 1, "hf_io_bench: REPEATS must be at least 1, not {}", argv[1]);
-  QUINTET_CHECK(!job.checkpoint.init_from_hf.empty(), "hf_io_bench: --init-from-hf DIR is needed");
-  const bool drop_caches = std::getenv("QUINTET_HF_BENCH_DROP_CACHES") != nullptr &&
-                           std::string(std::getenv("QUINTET_HF_BENCH_DROP_CACHES")) == "1";
-  World world = init(runtime);
-  try {
-    job.validate(world.size());
-    Stream stream;
-    Mesh mesh(Layout(job.parallel, world.size()), world.comm());
-    const auto barrier = [&] {
-      stream.synchronize();
-      world.comm().barrier(stream).wait(stream);
-      stream.synchronize();
-    };
-    const train::HfModel hf = train::read_hf_config(job.checkpoint.init_from_hf);
-    train::TrainingModel model(job, mesh, stream);
-    std::int64_t elements = 0;
-    for (const train::TrainingStage& s : model.stages())
-      for (const nn::Parameter* p : s.store->parameters()) elements += p->numel();
+  const auto barrier = [&] {
+    stream.synchronize();
+    world.comm().barrier(stream).wait(stream);
+    stream.synchronize();
+  };
+  const train::HfModel hf = train::read_hf_config(job.checkpoint.init_from_hf);
+  train::TrainingModel model(job, mesh, stream);
+  std::int64_t elements = 0;
+  for (const train::TrainingStage& s : model.stages())
+    for (const nn::Parameter* p : s.store->parameters()) elements += p->numel();
+  barrier();
+  const auto before = memory_status();
+  std::vector<double> import_s;
+  std::pair<std::int64_t, std::int64_t> peaks{0, 0};
+  for (int r = 0; r < a.repeats; ++r) {
+    if (a.drop_caches && world.rank() == 0) {
+      ::sync();
+      std::ofstream("/proc/sys/vm/drop_caches") << "1\n";
+    }
     barrier();
-    const auto before = memory_status();
-    std::vector<double> import_s;
-    std::pair<std::int64_t, std::int64_t> peaks{0, 0};
-    for (int r = 0; r < repeats; ++r) {
-      if (drop_caches && world.rank() == 0) {
-        ::sync();
-        std::ofstream("/proc/sys/vm/drop_caches") << "1\n";
-      }
-      barrier();
-      MemorySampler sampler;
-      const auto t0 = std::chrono::steady_clock::now();
-      train::load_hf_weights(hf, model, world.comm());
-      barrier();
-      import_s.push_back(seconds_since(t0));
-      const auto p = sampler.stop();
-      peaks = {std::max(peaks.first, p.first), std::max(peaks.second, p.second)};
-    }
-    const std::int64_t hwm = memory_status().at("VmHWM");
-    std::map<std::string, std::vector<double>> export_s;
-    std::map<std::string, std::int64_t> export_bytes;
-    if (export_dir != "-") {
-      for (const char* dtype : {"f32", "bf16"}) {
-        train::HfExportOptions options;
-        options.dtype = train::parse_hf_export_dtype(dtype);
-        for (int r = 0; r < repeats; ++r) {
-          const fs::path out = fs::path(export_dir) / fmt::format("{}_{}", dtype, r);
-          barrier();
-          const auto t0 = std::chrono::steady_clock::now();
-          train::export_hf(out.string(), model, world.comm(), options);
-          barrier();
-          export_s[std::string("export_") + dtype + "_s"].push_back(seconds_since(t0));
-          if (world.rank() == 0) {
-            const auto t1 = std::chrono::steady_clock::now();
-            flush_files(out);
-            export_s[std::string("flush_") + dtype + "_s"].push_back(seconds_since(t1));
-            export_bytes[std::string("export_") + dtype + "_bytes"] = directory_bytes(out);
-            fs::remove_all(out);
-          }
-          barrier();
+    MemorySampler sampler;
+    const auto t0 = std::chrono::steady_clock::now();
+    train::load_hf_weights(hf, model, world.comm());
+    barrier();
+    import_s.push_back(seconds_since(t0));
+    const auto p = sampler.stop();
+    peaks = {std::max(peaks.first, p.first), std::max(peaks.second, p.second)};
+  }
+  const std::int64_t hwm = memory_status().at("VmHWM");
+  std::map<std::string, std::vector<double>> export_s;
+  std::map<std::string, std::int64_t> export_bytes;
+  if (a.export_dir != "-") {
+    for (const char* dtype : {"f32", "bf16"}) {
+      train::HfExportOptions options;
+      options.dtype = train::parse_hf_export_dtype(dtype);
+      for (int r = 0; r < a.repeats; ++r) {
+        const fs::path out = fs::path(a.export_dir) / fmt::format("{}_{}", dtype, r);
+        barrier();
+        const auto t0 = std::chrono::steady_clock::now();
+        train::export_hf(out.string(), model, world.comm(), options);
+        barrier();
+        export_s[std::string("export_") + dtype + "_s"].push_back(seconds_since(t0));
+        if (world.rank() == 0) {
+          const auto t1 = std::chrono::steady_clock::now();
+          flush_files(out);
+          export_s[std::string("flush_") + dtype + "_s"].push_back(seconds_since(t1));
+          export_bytes[std::string("export_") + dtype + "_bytes"] = directory_bytes(out);
+          fs::remove_all(out);
         }
+        barrier();
       }
     }
-    if (world.rank() == 0) {
-      std::int64_t checkpoint = 0;
-      for (const auto& e : fs::directory_iterator(job.checkpoint.init_from_hf))
-        if (e.path().extension() == ".safetensors") checkpoint += e.file_size();
-      fmt::print("ranks {}\ncheckpoint_bytes {}\n", world.size(), checkpoint);
-      std::string line = "import_s";
-      for (double s : import_s) line += fmt::format(" {:.3f}", s);
+  }
+  if (world.rank() == 0) {
+    std::int64_t checkpoint = 0;
+    for (const auto& e : fs::directory_iterator(job.checkpoint.init_from_hf))
+      if (e.path().extension() == ".safetensors") checkpoint += e.file_size();
+    fmt::print("ranks {}\ncheckpoint_bytes {}\n", world.size(), checkpoint);
+    std::string line = "import_s";
+    for (double s : import_s) line += fmt::format(" {:.3f}", s);
+    fmt::print("{}\n", line);
+    for (const auto& [key, values] : export_s) {
+      line = key;
+      for (double s : values) line += fmt::format(" {:.3f}", s);
       fmt::print("{}\n", line);
-      for (const auto& [key, values] : export_s) {
-        line = key;
-        for (double s : values) line += fmt::format(" {:.3f}", s);
-        fmt::print("{}\n", line);
-      }
-      for (const auto& [key, bytes] : export_bytes) fmt::print("{} {}\n", key, bytes);
+    }
+    for (const auto& [key, bytes] : export_bytes) fmt::print("{} {}\n", key, bytes);
+    std::fflush(stdout);
+  }
+  // One rank at a time, in order.
+  for (int r = 0; r < world.size(); ++r) {
+    if (r == world.rank()) {
+      fmt::print(
+          "rank {} model_bytes {}\nrank {} share_bytes {}\nrank {} rss_before {}\n"
+          "rank {} anon_before {}\nrank {} file_before {}\nrank {} anon_peak {}\n"
+          "rank {} file_peak {}\nrank {} hwm {}\n",
+          r, elements * 4, r, elements * 2, r, before.at("VmRSS"), r, before.at("RssAnon"), r,
+          before.at("RssFile"), r, peaks.first, r, peaks.second, r, hwm);
       std::fflush(stdout);
     }
-    // One rank at a time, in order.
-    for (int r = 0; r < world.size(); ++r) {
-      if (r == world.rank()) {
-        fmt::print(
-            "rank {} model_bytes {}\nrank {} share_bytes {}\nrank {} rss_before {}\n"
-            "rank {} anon_before {}\nrank {} file_before {}\nrank {} anon_peak {}\n"
-            "rank {} file_peak {}\nrank {} hwm {}\n",
-            r, elements * 4, r, elements * 2, r, before.at("VmRSS"), r, before.at("RssAnon"), r,
-            before.at("RssFile"), r, peaks.first, r, peaks.second, r, hwm);
-        std::fflush(stdout);
-      }
-      barrier();
-    }
-    return 0;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "hf_io_bench: %s\n", e.what());
-    world.fail(e, 2);
-    return 2;
+    barrier();
   }
+  return 0;
+}
+
+int run(int argc, char** argv) {
+  using namespace quintet;
+  BenchArgs a;
+  a.repeats = std::atoi(argv[1]);
+  a.export_dir = argv[2];
+  a.drop_caches = std::getenv("QUINTET_HF_BENCH_DROP_CACHES") != nullptr &&
+                  std::string(std::getenv("QUINTET_HF_BENCH_DROP_CACHES")) == "1";
+  const auto prepare = [&](const train::JobConfig& job) {
+    QUINTET_CHECK(a.repeats >= 1, "hf_io_bench: REPEATS must be at least 1, not {}", argv[1]);
+    QUINTET_CHECK(!job.checkpoint.init_from_hf.empty(),
+                  "hf_io_bench: --init-from-hf DIR is needed");
+  };
+  return job_program::run_job("hf_io_bench", argc, argv, 2, train::JobConfig(), prepare,
+                              [&](const train::JobConfig& job, World& world, Mesh& mesh,
+                                  Stream& stream) { return bench(a, job, world, mesh, stream); });
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    if (argc < 3) {
-      std::fprintf(stderr, "usage: %s REPEATS EXPORT_DIR|- --init-from-hf DIR [job flags]\n",
-                   argv[0]);
-      return 2;
-    }
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "hf_io_bench: %s\n", e.what());
-    return 2;
-  }
+  return job_program::main_frame("hf_io_bench", argc, argv, 2,
+                                 "REPEATS EXPORT_DIR|- --init-from-hf DIR [job flags]",
+                                 [&] { return run(argc, argv); });
 }

@@ -9,8 +9,6 @@
 // most MAX_SHARD_BYTES, so that there are several, when given). Errors exit 2
 // with the message on stderr.
 #include <csignal>
-#include <cstdio>
-#include <exception>
 #include <string>
 #include <vector>
 
@@ -19,38 +17,31 @@
 #include "quintet/parallel/train/hf_checkpoint.hpp"
 #include "quintet/parallel/train/hf_export.hpp"
 #include "quintet/parallel/train/training_model.hpp"
+#include "support/job_program.hpp"
 
 namespace {
 
 int run(int argc, char** argv) {
   using namespace quintet;
-  std::vector<const char*> args{argv[0]};
-  for (int i = 2; i < argc; ++i) args.push_back(argv[i]);
-  const RuntimeConfig runtime =
-      RuntimeConfig::from_args(static_cast<int>(args.size()), args.data());
   const std::string kind = argv[1];
   const std::size_t colon = kind.find(':');
   const bool moe = kind.substr(0, colon) == "moe";
-  train::JobConfig job = moe ? train::JobConfig::moe_preset() : train::JobConfig();
-  if (auto exit = train::parse_job_args(runtime, "hf_export_tool", &job)) return *exit;
-  World world = init(runtime);
-  try {
-    job.validate(world.size());
-    Stream stream;
-    Mesh mesh(Layout(job.parallel, world.size()), world.comm());
-    train::TrainingModel model(job, mesh, stream);
-    train::load_hf_weights(train::read_hf_config(job.checkpoint.init_from_hf), model, world.comm());
-    train::HfExportOptions options;
-    options.dtype = train::parse_hf_export_dtype(job.checkpoint.export_dtype);
-    options.tokenizer_dir = job.checkpoint.init_from_hf;
-    if (colon != std::string::npos) options.max_shard_bytes = std::stoull(kind.substr(colon + 1));
-    train::export_hf(job.checkpoint.export_hf, model, world.comm(), options);
-    return 0;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "hf_export_tool: %s\n", e.what());
-    world.fail(e, 2);
-    return 2;
-  }
+  return job_program::run_job(
+      "hf_export_tool", argc, argv, 1, moe ? train::JobConfig::moe_preset() : train::JobConfig(),
+      [](train::JobConfig&) {},
+      [&](const train::JobConfig& job, World& world, Mesh& mesh, Stream& stream) {
+        train::TrainingModel model(job, mesh, stream);
+        train::load_hf_weights(train::read_hf_config(job.checkpoint.init_from_hf), model,
+                               world.comm());
+        train::HfExportOptions options;
+        options.dtype = train::parse_hf_export_dtype(job.checkpoint.export_dtype);
+        options.tokenizer_dir = job.checkpoint.init_from_hf;
+        if (colon != std::string::npos) {
+          options.max_shard_bytes = std::stoull(kind.substr(colon + 1));
+        }
+        train::export_hf(job.checkpoint.export_hf, model, world.comm(), options);
+        return 0;
+      });
 }
 
 }  // namespace
@@ -59,15 +50,7 @@ int main(int argc, char** argv) {
   // A file-size limit (ulimit -f, the test of a failed export) makes a write fail with EFBIG, an
   // error on every rank, instead of killing this rank with SIGXFSZ.
   std::signal(SIGXFSZ, SIG_IGN);
-  try {
-    if (argc < 2) {
-      std::fprintf(stderr, "usage: %s dense|moe --init-from-hf DIR --export-hf OUT [job flags]\n",
-                   argv[0]);
-      return 2;
-    }
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "hf_export_tool: %s\n", e.what());
-    return 2;
-  }
+  return job_program::main_frame("hf_export_tool", argc, argv, 1,
+                                 "dense|moe --init-from-hf DIR --export-hf OUT [job flags]",
+                                 [&] { return run(argc, argv); });
 }
