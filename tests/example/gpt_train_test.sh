@@ -393,12 +393,6 @@ EOF
     ;;
   bad_flags)
     # Inconsistent flags fail on every rank with a message that names them, before training.
-    expect_error() {  # expect_error RANKS MESSAGE FLAGS...
-      local ranks=$1 message=$2
-      shift 2
-      if run bad "$ranks" "$@" 2>bad.err; then echo "expected failure: $*"; exit 1; fi
-      grep -q -- "$message" bad.err || { echo "no '$message' in:"; cat bad.err; exit 1; }
-    }
     # A flag the trainer does not know: exit status 2 (as every start-up error), printed once.
     set +e
     "$mpiexec" "${mpi_flags[@]}" -np 2 "$trainer" "${model[@]}" --steps 1 --no-such-flag \

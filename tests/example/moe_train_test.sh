@@ -356,12 +356,6 @@ PY
     python3 "$here/check_trace.py" ep3_traces ep3_traced.jsonl 3 dp,ep 2 3
     ;;
   bad_flags)
-    expect_error() {  # expect_error RANKS MESSAGE FLAGS...
-      local ranks=$1 message=$2
-      shift 2
-      if run bad "$ranks" "$@" 2>bad.err; then echo "expected failure: $*"; exit 1; fi
-      grep -q -- "$message" bad.err || { echo "no '$message' in:"; cat bad.err; exit 1; }
-    }
     expect_error 2 "3 experts are not divisible by the expert-parallel size ep = 2" --steps 1 \
       --dp 2 --ep 2 --experts 3
     expect_error 3 "4 experts are not divisible by the expert-parallel size ep = 3" --steps 1 \
