@@ -18,6 +18,7 @@
 #include <functional>
 #include <limits>
 #include <numeric>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -26,6 +27,7 @@
 
 #include "grouped_gemm.hpp"
 #include "quintet/core/tensor.hpp"
+#include "quintet/nn/grouped_linear.hpp"
 #include "quintet/nn/ops.hpp"
 #include "timing.hpp"
 
@@ -74,6 +76,7 @@ struct Setup {
   std::vector<std::int64_t> rows, offsets;
   std::int64_t total = 0;
   Grouping grouping = Grouping::by_shape;
+  Tensor device_offsets;  // [E + 1] i64: offsets, then total (the grouped kernel's)
 
   // fn(e, offset, rows) for every expert with rows, in order.
   template <class F>
@@ -146,6 +149,8 @@ struct Result {
   double flops = 0.0;
   double loop_ms = 0.0, grouped_ms = 0.0, upload_ms = 0.0;
   double diff = 0.0, diff_upload = 0.0, tolerance = 0.0;
+  // Our grouped kernel (nn::grouped_linear_* without host offsets): one launch over every expert.
+  double kernel_ms = 0.0, kernel_diff = 0.0;
   std::string f32_c_status;  // backward_weight: what cuBLAS said to bf16 A/B with an f32 C
 };
 
@@ -198,6 +203,22 @@ void verify_and_time(const Setup& c, Result& r, GroupedGemm& g, const std::vecto
   r.upload_ms = median_ms(c.s, kWarmup, c.opt.iters, upload);
 }
 
+// Checks our grouped kernel's result (what fn returns, run once) against the loop's, then times
+// fn.
+void verify_and_time_kernel(const Setup& c, Result& r, const std::vector<float>& ref,
+                            const std::function<Tensor()>& fn, double tolerance) {
+  const Tensor got = fn();
+  c.s.synchronize();
+  r.kernel_diff = max_rel_diff(ref, got);
+  if (!(r.kernel_diff <= tolerance)) {
+    throw std::runtime_error("experts: " + r.product +
+                             ": the grouped kernel's result differs from the loop's: max |diff| "
+                             "/ max |loop| = " +
+                             std::to_string(r.kernel_diff) + " > " + std::to_string(tolerance));
+  }
+  r.kernel_ms = median_ms(c.s, kWarmup, c.opt.iters, [&] { fn(); });
+}
+
 // forward or backward_input: a bf16 [T, cols] result, rows of expert e at its offset.
 Result bench_rows_product(const Setup& c, Pass pass, const Layer& l) {
   const Stream& s = c.s;
@@ -227,6 +248,16 @@ Result bench_rows_product(const Setup& c, Pass pass, const Layer& l) {
   r.loop_ms = median_ms(s, kWarmup, c.opt.iters, [&] {
     c.for_each_expert([&](std::int64_t e, std::int64_t off, std::int64_t n) { op(e, off, n); });
   });
+  // The grouped kernel, as the layer runs it without host counts (the op allocates its result).
+  const std::span<const std::int64_t> no_host;
+  verify_and_time_kernel(
+      c, r, ref_host,
+      [&] {
+        return pass == Pass::forward
+                   ? nn::grouped_linear_forward(l.x, l.w, c.device_offsets, no_host, s)
+                   : nn::grouped_linear_backward_input(l.dy, l.w, c.device_offsets, no_host, s);
+      },
+      kBf16Tolerance);
   return r;
 }
 
@@ -279,6 +310,16 @@ void bench_weight_product(const Setup& c, const Layer& l, std::vector<Result>& r
         c, r, via_bf16, ref_host, dw_got, {dw_got, scratch},
         [&] { nn::add_(dw_got, scratch, 1.0f, s); }, kBf16Tolerance);
   }
+  const Tensor dw_kernel = Tensor::zeros(shape, DType::f32, gpu);
+  Stream::default_stream(gpu).synchronize();
+  verify_and_time_kernel(
+      c, r, ref_host,
+      [&] {
+        nn::grouped_linear_backward_weight(l.dy, l.x, c.device_offsets, dw_kernel,
+                                           std::span<const std::int64_t>(), s);
+        return dw_kernel;
+      },
+      kF32Tolerance);
   results.push_back(r);
 
   Result b;
@@ -323,6 +364,7 @@ void print(const Setup& c, const std::vector<Result>& results) {
     total.loop_ms += r.loop_ms;
     total.grouped_ms += r.grouped_ms;
     total.upload_ms += r.upload_ms;
+    total.kernel_ms += r.kernel_ms;
   }
   if (!opt.json) {
     std::printf(
@@ -334,15 +376,19 @@ void print(const Setup& c, const std::vector<Result>& results) {
     std::printf(
         "loop = quintet::nn::linear_* per expert (cuBLASLt); grouped = one "
         "cublasGemmGroupedBatchedEx per product (groups by %s), pointer arrays on the device; "
-        "+upload = after an H2D copy of them; ms = median of %d; ratio = grouped TF/s / loop "
-        "TF/s\n",
+        "+upload = after an H2D copy of them; kernel = our grouped kernel "
+        "(nn::grouped_linear_*, offsets on the device, one launch); ms = median of %d; ratio = "
+        "TF/s / loop TF/s\n",
         opt.grouping.c_str(), opt.iters);
-    std::printf("%-30s %6s %9s %9s %9s %9s %9s %9s %7s %7s\n", "product", "groups", "loop ms",
-                "grouped", "+upload", "loop TF/s", "grouped", "+upload", "ratio", "+upload");
+    std::printf("%-30s %6s %9s %9s %9s %9s %9s %9s %9s %9s %7s %7s %7s\n", "product", "groups",
+                "loop ms", "grouped", "+upload", "kernel", "loop TF/s", "grouped", "+upload",
+                "kernel", "ratio", "+upload", "kernel");
   }
   const auto line = [&](const Result& r) {
     const double tl = tflops(r.flops, r.loop_ms), tg = tflops(r.flops, r.grouped_ms),
                  tu = tflops(r.flops, r.upload_ms);
+    // The bf16-accumulation row has no kernel counterpart.
+    const double tk = r.kernel_ms > 0.0 ? tflops(r.flops, r.kernel_ms) : 0.0;
     if (opt.json) {
       nlohmann::json j{{"bench", "experts"},
                        {"product", r.product},
@@ -364,7 +410,10 @@ void print(const Setup& c, const std::vector<Result>& results) {
                        {"grouped_tflops", tg},
                        {"grouped_upload_tflops", tu},
                        {"ratio", tg / tl},
-                       {"ratio_upload", tu / tl}};
+                       {"ratio_upload", tu / tl},
+                       {"kernel_ms", r.kernel_ms},
+                       {"kernel_tflops", tk},
+                       {"kernel_ratio", tk / tl}};
       if (r.product != "total") {
         j["groups"] = r.groups;
         j["problems"] = r.problems;
@@ -372,6 +421,7 @@ void print(const Setup& c, const std::vector<Result>& results) {
         j["grouped_path"] = r.grouped_path;
         j["max_rel_diff"] = r.diff;
         j["max_rel_diff_upload"] = r.diff_upload;
+        j["kernel_max_rel_diff"] = r.kernel_diff;
         j["tolerance"] = r.tolerance;
       }
       if (!r.f32_c_status.empty()) {
@@ -381,9 +431,9 @@ void print(const Setup& c, const std::vector<Result>& results) {
       std::printf("%s\n", j.dump().c_str());
     } else {
       const std::string groups = r.product == "total" ? "" : std::to_string(r.groups);
-      std::printf("%-30s %6s %9.3f %9.3f %9.3f %9.1f %9.1f %9.1f %7.3f %7.3f\n", r.product.c_str(),
-                  groups.c_str(), r.loop_ms, r.grouped_ms, r.upload_ms, tl, tg, tu, tg / tl,
-                  tu / tl);
+      std::printf("%-30s %6s %9.3f %9.3f %9.3f %9.3f %9.1f %9.1f %9.1f %9.1f %7.3f %7.3f %7.3f\n",
+                  r.product.c_str(), groups.c_str(), r.loop_ms, r.grouped_ms, r.upload_ms,
+                  r.kernel_ms, tl, tg, tu, tk, tg / tl, tu / tl, tk / tl);
     }
   };
   for (const Result& r : results) {
@@ -463,6 +513,10 @@ void bench_experts(const ExpertBenchOptions& opt, const Stream& s) {
     c.total += r;
   }
   const Device gpu = s.device();
+  std::vector<std::int64_t> bounds = c.offsets;
+  bounds.push_back(c.total);
+  c.device_offsets =
+      Tensor::from_vector(bounds, {static_cast<std::int64_t>(bounds.size())}).to(gpu);
   const std::int64_t experts = static_cast<std::int64_t>(c.rows.size()), d = opt.hidden,
                      f = opt.ffn;
   std::uint64_t seed = 900;

@@ -1,9 +1,12 @@
 // The device dispatch of the grouped linear ops (quintet/nn/grouped_linear.hpp): check every
 // argument, allocate the outputs, then run the CPU kernels (lib/nn/cpu/linear.cpp) or, on a GPU,
-// the per-group cuBLASLt loop (lib/nn/cuda/linear.cu).
+// the per-group cuBLASLt loop (lib/nn/cuda/linear.cu) or the grouped kernel
+// (lib/nn/cuda/grouped_gemm.cu), as grouped_gemm_path says.
 #include "quintet/nn/grouped_linear.hpp"
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 
 #include "nn/cpu/cpu_ops.hpp"
 #include "nn/cuda/cuda_ops.hpp"
@@ -72,13 +75,13 @@ void check_rows(const OpChecker& c, const char* name, const Tensor& a, DType t, 
                 c.op(), name, shape_str(a.shape()), cols);
 }
 
-// Without the grouped kernel, a GPU call must come with its offsets on the host.
-void require_host_offsets(const OpChecker& c, std::span<const std::int64_t> host) {
-  QUINTET_CHECK(host.empty() == false || !c.on_cuda(),
-                "{}: on a GPU the offsets must also be given on the host (host_offsets) until the "
-                "grouped GEMM kernel that reads them on the device exists",
-                c.op());
+// Whether a GPU call runs the per-group cuBLASLt loop (else the grouped kernel); false on the CPU.
+// Throws for a bad QUINTET_GROUPED_GEMM, before any work.
+bool per_group_on_gpu(const OpChecker& c, std::span<const std::int64_t> host) {
+  return c.on_cuda() && grouped_gemm_path(!host.empty()) == GroupedGemmPath::per_group;
 }
+
+#if QUINTET_NN_HAS_CUDA_OPS
 
 // Calls f(g, first row, rows) for each non-empty group of the host offsets.
 template <class F>
@@ -92,8 +95,18 @@ void for_each_host_group(std::span<const std::int64_t> o, F&& f) {
 void zero_padding(const Tensor& out, std::span<const std::int64_t> o, const Stream& stream) {
   if (o.back() < out.size(0)) out.narrow(0, o.back(), out.size(0) - o.back()).fill_(0.0, stream);
 }
+#endif
 
 }  // namespace
+
+GroupedGemmPath grouped_gemm_path(bool host_offsets_given) {
+  const char* env = std::getenv("QUINTET_GROUPED_GEMM");
+  const std::string choice = env != nullptr ? env : "";
+  QUINTET_CHECK(choice.empty() || choice == "kernel" || choice == "loop",
+                "QUINTET_GROUPED_GEMM={}: expected kernel or loop (the default)", choice);
+  if (!host_offsets_given || choice == "kernel") return GroupedGemmPath::grouped_kernel;
+  return GroupedGemmPath::per_group;
+}
 
 std::vector<std::int64_t> group_offsets(std::span<const std::int64_t> counts) {
   std::vector<std::int64_t> offsets(counts.size() + 1, 0);
@@ -117,7 +130,7 @@ Tensor grouped_product(bool forward, const Tensor& a, const Tensor& w, const Ten
   check_rows(c, name, a, t, k);
   const std::int64_t n = a.size(0);
   const Tensor o = check_offsets(c, offsets, groups, n, host_offsets, stream);
-  require_host_offsets(c, host_offsets);
+  [[maybe_unused]] const bool per_group = per_group_on_gpu(c, host_offsets);
   const Tensor a2 = a.contiguous(stream), w2 = w.contiguous(stream);
   Tensor out = Tensor::empty({n, cols}, t, c.device(), stream);
   if (!c.on_cuda()) {
@@ -130,6 +143,14 @@ Tensor grouped_product(bool forward, const Tensor& a, const Tensor& w, const Ten
   }
 #if QUINTET_NN_HAS_CUDA_OPS
   const DeviceGuard guard(c.device());
+  if (!per_group) {
+    if (forward) {
+      cuda_ops::grouped_linear_forward(a2, w2, o, out, stream);
+    } else {
+      cuda_ops::grouped_linear_backward_input(a2, w2, o, out, stream);
+    }
+    return out;
+  }
   for_each_host_group(host_offsets, [&](std::int64_t g, std::int64_t r, std::int64_t m) {
     const Tensor ag = a2.narrow(0, r, m), og = out.narrow(0, r, m);
     if (forward) {
@@ -170,7 +191,7 @@ void grouped_linear_backward_weight(const Tensor& dy, const Tensor& x, const Ten
   const std::int64_t groups = dw.size(0), n = dy.size(0);
   c.accumulator("dw", dw, t, {groups, dy.size(1), x.size(1)});
   const Tensor o = check_offsets(c, offsets, groups, n, host_offsets, stream);
-  require_host_offsets(c, host_offsets);
+  [[maybe_unused]] const bool per_group = per_group_on_gpu(c, host_offsets);
   const Tensor dy2 = dy.contiguous(stream), x2 = x.contiguous(stream);
   if (!c.on_cuda()) {
     cpu_ops::grouped_linear_backward_weight(dy2, x2, o, dw);
@@ -178,6 +199,10 @@ void grouped_linear_backward_weight(const Tensor& dy, const Tensor& x, const Ten
   }
 #if QUINTET_NN_HAS_CUDA_OPS
   const DeviceGuard guard(c.device());
+  if (!per_group) {
+    cuda_ops::grouped_linear_backward_weight(dy2, x2, o, dw, stream);
+    return;
+  }
   for_each_host_group(host_offsets, [&](std::int64_t g, std::int64_t r, std::int64_t m) {
     cuda_ops::linear_backward_weight(dy2.narrow(0, r, m), x2.narrow(0, r, m), dw.select(g),
                                      Tensor(), stream);

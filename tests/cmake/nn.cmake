@@ -8,3 +8,7 @@ quintet_unit_test(NAME nn_gqa_attention_test COMPONENT nn SOURCES unit/nn_gqa_at
 quintet_unit_test(NAME nn_fp8_test COMPONENT nn SOURCES unit/nn_fp8_test.cpp)
 # The grouped linear ops (MoE experts) against a loop of linear ops per group, bad offsets.
 quintet_unit_test(NAME nn_grouped_linear_test COMPONENT nn SOURCES unit/nn_grouped_linear_test.cpp)
+# The grouped GEMM kernels' tile enumeration (a host/device header), on the host.
+quintet_unit_test(NAME nn_grouped_gemm_tiles_test COMPONENT nn
+                  SOURCES unit/nn_grouped_gemm_tiles_test.cpp)
+target_link_libraries(nn_grouped_gemm_tiles_test PRIVATE quintet_nn_private)

@@ -12,3 +12,6 @@ quintet_gpu_test(NAME gpu_nn_gqa_attention_test COMPONENT nn SOURCES gpu/nn_gqa_
 # FP8: the casts bit for bit against the CPU's, the scale kernel, the FP8 GEMM against the CPU
 # emulation within one ULP.
 quintet_gpu_test(NAME gpu_nn_fp8_test COMPONENT nn SOURCES gpu/nn_fp8_test.cpp)
+# The grouped linear ops' kernel (offsets on the device) and per-group loop against per-group f64
+# products: empty groups, one row, partial tiles, odd widths, skew, padding; the path choice.
+quintet_gpu_test(NAME gpu_nn_grouped_gemm_test COMPONENT nn SOURCES gpu/nn_grouped_gemm_test.cpp)

@@ -16,10 +16,20 @@
 // offsets). It picks the implementation on a GPU, below.
 //
 // Implementations. CPU (f32, f64): per group, the CPU linear op's kernels on the group's rows,
-// bit for bit what a loop of nn::linear_* per group gives. GPU: with host offsets, the loop of
-// per-group cuBLASLt GEMMs of nn::linear_* (the proven path; it needs the counts on the host);
-// without them, InvalidArgument for now (a grouped kernel reading the offsets on the device is
-// the next step of issue #47).
+// bit for bit what a loop of nn::linear_* per group gives. GPU: one of two paths, per call (see
+// grouped_gemm_path):
+//   - per_group: the loop of per-group cuBLASLt GEMMs of nn::linear_* (the proven path; it needs
+//     the offsets on the host);
+//   - grouped_kernel: one launch per op over every group, reading the offsets on the device
+//     (lib/nn/cuda/grouped_gemm.cu, a persistent tile scheduler): bf16 on tensor cores (mma.sync
+//     fed by a cp.async pipeline) when in and out are multiples of 8, else (and for f32) a SIMT
+//     kernel; f32 accumulation, the weight gradient accumulated in f32.
+// Today a call with host offsets takes per_group unless the environment variable
+// QUINTET_GROUPED_GEMM is "kernel"; a call without host offsets always takes the kernel. The
+// default flips to the kernel once its GPU test (tests/gpu/nn_grouped_gemm_test.cpp) and its
+// benchmark (09_op_bench --grouped, docs/PERFORMANCE.md) have passed on the GPU machine. The
+// variable is read at each call: a switch for that benchmark, not a RuntimeConfig setting, and it
+// goes away with the flip.
 #pragma once
 
 #include <cstdint>
@@ -43,6 +53,12 @@ Tensor grouped_linear_backward_input(const Tensor& dy, const Tensor& w, const Te
 void grouped_linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& offsets,
                                     const Tensor& dw, std::span<const std::int64_t> host_offsets,
                                     const Stream& stream);
+
+enum class GroupedGemmPath { per_group, grouped_kernel };
+// The path a GPU call takes (above): grouped_kernel without host offsets or with
+// QUINTET_GROUPED_GEMM=kernel, else per_group. Throws InvalidArgument when QUINTET_GROUPED_GEMM is
+// set to anything but "kernel" or "loop" (the default).
+GroupedGemmPath grouped_gemm_path(bool host_offsets_given);
 
 // The offsets of consecutive groups of counts[g] rows: {0, c_0, c_0 + c_1, ...} (G + 1 values).
 // Throws InvalidArgument for a negative count.

@@ -42,6 +42,16 @@ void linear_backward_input(const Tensor& dy, const Tensor& w, const Tensor& dx,
 // dy [M, out], x [M, in]; accumulate dw [out, in] f32, db [out] f32 (undefined: skip).
 void linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& dw, const Tensor& db,
                             const Stream& stream);
+// The grouped linear ops' kernels (quintet/nn/grouped_linear.hpp, lib/nn/cuda/grouped_gemm.cu):
+// one launch each over every group, offsets [G + 1] i64 read on the device; w [G, out, in].
+// x [n, in] -> y [n, out]; dy [n, out] -> dx [n, in] (rows past offsets[G] zeroed); accumulate
+// dw [G, out, in] f32 from dy [n, out] and x [n, in].
+void grouped_linear_forward(const Tensor& x, const Tensor& w, const Tensor& offsets,
+                            const Tensor& y, const Stream& stream);
+void grouped_linear_backward_input(const Tensor& dy, const Tensor& w, const Tensor& offsets,
+                                   const Tensor& dx, const Stream& stream);
+void grouped_linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& offsets,
+                                    const Tensor& dw, const Stream& stream);
 
 // x [rows, d], gamma/beta [d] -> y [rows, d], mean [rows] f32, rstd [rows] f32. With residual
 // (else undefined) the rows normalised are x + residual, written into sum (both [rows, d]).

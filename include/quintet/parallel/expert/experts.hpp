@@ -122,9 +122,8 @@ class Experts {
   // (0 = o_0 <= o_1 <= ... <= o_E_l <= n; expert le has rows [o_le, o_le+1)), e.g. the running
   // sums of the token permutation's counts, never copied to the host: no host synchronisation
   // (the ep = 1 path). Rows past o_E_l are padding: zero outputs, zero gradients. On a GPU the
-  // GEMMs need the grouped kernel that reads the offsets on the device (grouped_linear.hpp; until
-  // it exists, InvalidArgument). Not with FP8 (its per-expert GEMMs need the counts on the host):
-  // InvalidArgument.
+  // GEMMs are the grouped kernel's, which reads the offsets on the device (grouped_linear.hpp).
+  // Not with FP8 (its per-expert GEMMs need the counts on the host): InvalidArgument.
   Tensor forward(const ExpertWeights& w, const Tensor& rows, const Tensor& offsets,
                  ExpertsActivations& saved, bool record, const Stream& stream);
   // dy [n, d] of the forward that filled saved -> d(rows) [n, d]; accumulates the weight

@@ -1,0 +1,527 @@
+// The grouped GEMM kernels of the grouped linear ops (quintet/nn/grouped_linear.hpp): one launch
+// per op over every group, the groups' row offsets read from device memory, so no host
+// synchronisation. A persistent grid walks the output tiles of all groups (grouped_gemm_tiles.hpp).
+//
+// Two kernels:
+//   - tensor cores (bf16 in, f32 accumulation; sm_80 and later): 128 x 128 x 32 tiles, 8 warps of
+//     64 x 32, mma.sync m16n8k16 fed by ldmatrix from a 4-stage cp.async shared-memory pipeline.
+//     Each operand tile is copied in its global layout (16-byte chunks, zero-filled past the
+//     matrix) and ldmatrix transposes where the MMA wants the other one. It needs the
+//     contiguous dimension of every operand to be a multiple of 8 elements (in and out % 8 == 0,
+//     16-byte aligned rows) and 16-byte aligned base pointers.
+//   - SIMT (f32, and bf16 shapes the tensor-core kernel does not take): 64 x 64 x 16 tiles, scalar
+//     predicated loads, 4 x 4 outputs per thread, accumulated in f32.
+//
+// The three products, row-major, with M x N the output and K the reduction:
+//   forward  y_g  [m_g, out] = x_g [m_g, in] · w_gᵀ    A = x (K-contiguous), B = w_g (K-contiguous)
+//   dgrad    dx_g [m_g, in]  = dy_g [m_g, out] · w_g   A = dy (K-contiguous), B = w_g
+//   (N-contiguous) wgrad    dw_g [out, in] += dy_gᵀ · x_g, K = m_g    A = dy (M-contiguous), B = x
+//   (N-contiguous)
+// An operand is "K-contiguous" when its elements (mn, k) are at p[mn * ld + k], "MN-contiguous"
+// when at p[k * ld + mn].
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "nn/cuda/cuda_ops.hpp"
+#include "nn/cuda/grouped_gemm_tiles.hpp"
+#include "nn/cuda/kernel_common.cuh"
+
+namespace quintet::nn::cuda_ops {
+
+using namespace detail;
+using grouped::Tile;
+using grouped::TileGrid;
+using grouped::TileWalker;
+
+namespace {
+
+enum class Product { forward, dgrad, wgrad };
+
+// One operand of a group: its base pointer (the group's first element), its leading dimension,
+// and the extents past which it reads zeros.
+template <class T>
+struct Operand {
+  const T* p;
+  std::int64_t ld;
+  std::int64_t mn_extent, k_extent;
+};
+
+// What every tile of a launch needs. T: the input type; Out: y / dx's type (T), or float (dw).
+template <class T, class Out>
+struct GroupedParams {
+  const T* a;                   // x (forward) or dy (dgrad, wgrad): [total_rows, a_cols]
+  const T* b;                   // w (forward, dgrad) [G, out, in] or x (wgrad) [total_rows, in]
+  Out* c;                       // y [total_rows, out], dx [total_rows, in] or dw [G, out, in]
+  const std::int64_t* offsets;  // [G + 1], device
+  std::int64_t groups;
+  std::int64_t in, out;  // the layer's widths
+  TileGrid grid;
+};
+
+// The operands of tile t's group for product P.
+template <Product P, class T, class Out>
+__device__ __forceinline__ void group_operands(const GroupedParams<T, Out>& prm, const Tile& t,
+                                               Operand<T>& a, Operand<T>& b) {
+  const std::int64_t in = prm.in, out = prm.out;
+  if (P == Product::forward) {  // A = x_g [m_g, in], B = w_g [out, in]
+    a = {prm.a + t.first_row * in, in, t.rows, in};
+    b = {prm.b + t.group * out * in, in, out, in};
+  } else if (P == Product::dgrad) {  // A = dy_g [m_g, out], B[k = j][n = i] = w_g[j, i]
+    a = {prm.a + t.first_row * out, out, t.rows, out};
+    b = {prm.b + t.group * out * in, in, in, out};
+  } else {  // wgrad: A[m = j][k = r] = dy[r, j], B[k = r][n = i] = x[r, i]
+    a = {prm.a + t.first_row * out, out, out, t.rows};
+    b = {prm.b + t.first_row * in, in, in, t.rows};
+  }
+}
+
+// The output of tile t's group: its base and leading dimension (forward, dgrad: the group's rows
+// of y / dx; wgrad: dw_g).
+template <Product P, class T, class Out>
+__device__ __forceinline__ Out* group_output(const GroupedParams<T, Out>& prm, const Tile& t,
+                                             std::int64_t& ldc) {
+  if (P == Product::forward) {
+    ldc = prm.out;
+    return prm.c + t.first_row * prm.out;
+  }
+  if (P == Product::dgrad) {
+    ldc = prm.in;
+    return prm.c + t.first_row * prm.in;
+  }
+  ldc = prm.in;
+  return prm.c + t.group * prm.out * prm.in;
+}
+
+// Stores (forward, dgrad) or adds (wgrad, f32) one f32 result.
+template <Product P, class Out>
+__device__ __forceinline__ void put(Out* c, float v) {
+  if (P == Product::wgrad) {
+    *c = from_float<Out>(to_float(*c) + v);
+  } else {
+    *c = from_float<Out>(v);
+  }
+}
+
+// Zeroes a padding tile (rows past the last group) of y / dx.
+template <class T, class Out>
+__device__ void zero_tile(const GroupedParams<T, Out>& prm, const Tile& t) {
+  const std::int64_t ldc = prm.grid.n;
+  Out* c = prm.c + t.first_row * ldc;
+  for (std::int64_t i = threadIdx.x; i < t.tile_rows * t.tile_cols; i += blockDim.x) {
+    const std::int64_t r = t.m0 + i / t.tile_cols, col = t.n0 + i % t.tile_cols;
+    c[r * ldc + col] = from_float<Out>(0.0f);
+  }
+}
+
+// Runs body(tile, a, b) for each tile of this CTA (persistent: tiles blockIdx.x, + gridDim.x, ...),
+// with its group's operands; zeroes the padding tiles itself. Every thread of the CTA walks the
+// same tiles, so body may synchronise the CTA.
+template <Product P, class T, class Out, class Body>
+__device__ __forceinline__ void for_each_tile(const GroupedParams<T, Out>& prm, Body&& body) {
+  TileWalker walker(prm.offsets, prm.groups, prm.grid);
+  Tile t;
+  for (std::int64_t index = blockIdx.x; walker.find(index, t); index += gridDim.x) {
+    if (t.group == prm.groups) {
+      zero_tile(prm, t);
+      continue;
+    }
+    Operand<T> a, b;
+    group_operands<P>(prm, t, a, b);
+    body(t, a, b);
+  }
+}
+
+// ---- SIMT kernel ----------------------------------------------------------------------------
+
+constexpr int kSimtTile = 64, kSimtK = 16, kSimtThreads = 256;
+
+// Element (mn, k) of an operand (zero outside its extents).
+template <bool KContiguous, class T>
+__device__ __forceinline__ float load(const Operand<T>& o, std::int64_t mn, std::int64_t k) {
+  if (mn >= o.mn_extent || k >= o.k_extent) return 0.0f;
+  return to_float(KContiguous ? o.p[mn * o.ld + k] : o.p[k * o.ld + mn]);
+}
+
+template <Product P, class T, class Out>
+__global__ void __launch_bounds__(kSimtThreads)
+    grouped_simt_kernel(const GroupedParams<T, Out> prm) {
+  constexpr bool kAK = P != Product::wgrad;                // A is K-contiguous
+  constexpr bool kBK = P == Product::forward;              // B is K-contiguous
+  __shared__ float as[kSimtK][kSimtTile];                  // [k][m]
+  __shared__ float bs[kSimtK][kSimtTile];                  // [k][n]
+  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;  // outputs m = ty*4 + i, n = tx*4 + j
+  for_each_tile<P>(prm, [&](const Tile& t, const Operand<T>& a, const Operand<T>& b) {
+    float acc[4][4] = {};
+    for (std::int64_t k0 = 0; k0 < a.k_extent; k0 += kSimtK) {
+      // Each thread loads 4 elements of each tile; consecutive threads take consecutive k for a
+      // K-contiguous operand, consecutive m / n otherwise (coalesced either way).
+      for (int e = threadIdx.x; e < kSimtK * kSimtTile; e += kSimtThreads) {
+        const int k = kAK ? e % kSimtK : e / kSimtTile, mn = kAK ? e / kSimtK : e % kSimtTile;
+        as[k][mn] = load<kAK>(a, t.m0 + mn, k0 + k);
+      }
+      for (int e = threadIdx.x; e < kSimtK * kSimtTile; e += kSimtThreads) {
+        const int k = kBK ? e % kSimtK : e / kSimtTile, mn = kBK ? e / kSimtK : e % kSimtTile;
+        bs[k][mn] = load<kBK>(b, t.n0 + mn, k0 + k);
+      }
+      __syncthreads();
+#pragma unroll
+      for (int k = 0; k < kSimtK; ++k) {
+        float av[4], bv[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) av[i] = as[k][ty * 4 + i];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) bv[j] = bs[k][tx * 4 + j];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) acc[i][j] += av[i] * bv[j];
+        }
+      }
+      __syncthreads();  // the tiles are overwritten next
+    }
+    std::int64_t ldc = 0;
+    Out* c = group_output<P>(prm, t, ldc);
+    for (int i = 0; i < 4; ++i) {
+      const std::int64_t r = ty * 4 + i;
+      if (r >= t.tile_rows) break;
+      for (int j = 0; j < 4; ++j) {
+        const std::int64_t col = tx * 4 + j;
+        if (col < t.tile_cols) put<P>(c + (t.m0 + r) * ldc + t.n0 + col, acc[i][j]);
+      }
+    }
+  });
+}
+
+// ---- tensor-core kernel (bf16) --------------------------------------------------------------
+
+constexpr int kBM = 128, kBN = 128, kBK = 32;  // the CTA's output tile and k step
+constexpr int kStages = 4;                     // cp.async pipeline depth
+constexpr int kWarpsM = 2, kWarpsN = 4;        // 8 warps, each 64 x 32 of the tile
+constexpr int kMmaThreads = kWarpsM * kWarpsN * 32;
+constexpr int kWarpM = kBM / kWarpsM, kWarpN = kBN / kWarpsN;  // 64, 32
+constexpr int kFragsM = kWarpM / 16, kFragsN = kWarpN / 8;     // 4 m16 x 4 n8 MMAs per k16
+constexpr int kPad = 8;  // elements of padding per shared row: rows 16-byte aligned, and the 8
+                         // rows one ldmatrix reads fall in distinct banks
+
+// Shared elements of one stage of an operand tile of mn x kBK: K-contiguous [mn][kBK + pad],
+// MN-contiguous [kBK][mn + pad].
+template <bool KContiguous>
+constexpr int stage_elems(int mn) {
+  return KContiguous ? mn * (kBK + kPad) : kBK * (mn + kPad);
+}
+template <bool KContiguous>
+constexpr int shared_ld(int mn) {
+  return KContiguous ? kBK + kPad : mn + kPad;
+}
+
+__device__ __forceinline__ unsigned smem_address(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes from global src into shared dst, or zeros when !valid (src is not read then).
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
+#if __CUDA_ARCH__ >= 800
+  const int bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(dst)), "l"(src),
+               "r"(bytes));
+#else
+  __trap();  // the host takes the SIMT kernel before sm_80; never silently skip a copy
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+template <int Pending>
+__device__ __forceinline__ void cp_async_wait() {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending));
+#endif
+}
+
+// Four 8x8 b16 matrices from shared memory, lane l giving the address of row l % 8 of matrix
+// l / 8; Trans loads each transposed.
+template <bool Trans>
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const bf16* p) {
+#if __CUDA_ARCH__ >= 800
+  if (Trans) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_address(p)));
+  } else {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_address(p)));
+  }
+#endif
+}
+
+// d += a · b for one m16n8k16 bf16 MMA with f32 accumulators.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const unsigned (&a)[4], unsigned b0,
+                                         unsigned b1) {
+#if __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+  __trap();
+#endif
+}
+
+// Copies the k-step at k0 of an operand's mn x kBK tile (rows mn0.. of the operand) into shared
+// s, as 16-byte chunks of 8 elements along the contiguous dimension, zero past the extents (the
+// contiguous extent is a multiple of 8, so a chunk is wholly in or out).
+template <bool KContiguous, int MN>
+__device__ __forceinline__ void load_stage(bf16* s, const Operand<bf16>& o, std::int64_t mn0,
+                                           std::int64_t k0) {
+  constexpr int kChunks = MN * kBK / 8;
+  static_assert(kChunks % kMmaThreads == 0, "every thread copies the same number of chunks");
+#pragma unroll
+  for (int i = 0; i < kChunks / kMmaThreads; ++i) {
+    const int chunk = threadIdx.x + i * kMmaThreads;
+    int mn, k;  // the chunk's first element within the tile
+    if (KContiguous) {
+      mn = chunk / (kBK / 8);
+      k = (chunk % (kBK / 8)) * 8;
+    } else {
+      k = chunk / (MN / 8);
+      mn = (chunk % (MN / 8)) * 8;
+    }
+    const std::int64_t gmn = mn0 + mn, gk = k0 + k;
+    const bool valid = gmn < o.mn_extent && gk < o.k_extent;
+    const bf16* src = valid ? (KContiguous ? o.p + gmn * o.ld + gk : o.p + gk * o.ld + gmn) : o.p;
+    bf16* dst = KContiguous ? s + mn * (kBK + kPad) + k : s + k * (MN + kPad) + mn;
+    cp_async_16(dst, src, valid);
+  }
+}
+
+// The A fragments (kFragsM of m16 x k16) of a warp for the k16 step kk of a shared stage.
+// A K-contiguous stage is [m][k]: matrix i of ldmatrix is rows m + (i % 2) * 8, columns
+// k + (i / 2) * 8, as the MMA's a0..a3 are. An M-contiguous one is [k][m], loaded transposed:
+// matrix i is stored rows k + (i / 2) * 8, columns m + (i % 2) * 8.
+template <bool KContiguous>
+__device__ __forceinline__ void load_a(unsigned (&a)[kFragsM][4], const bf16* s, int warp_m0,
+                                       int kk) {
+  const int lane = threadIdx.x % 32, i = lane / 8, r = lane % 8;
+#pragma unroll
+  for (int f = 0; f < kFragsM; ++f) {
+    const int m0 = warp_m0 + f * 16;
+    const bf16* p = KContiguous ? s + (m0 + r + (i % 2) * 8) * (kBK + kPad) + kk + (i / 2) * 8
+                                : s + (kk + r + (i / 2) * 8) * (kBM + kPad) + m0 + (i % 2) * 8;
+    ldmatrix_x4<!KContiguous>(a[f], p);
+  }
+}
+
+// The B fragments (kFragsN of k16 x n8) of a warp, two n8 fragments per ldmatrix: matrix i holds
+// b0 (i even) or b1 (i odd) of fragment pair member i / 2. A K-contiguous stage is [n][k]: matrix
+// i is rows n + (i / 2) * 8, columns k + (i % 2) * 8. An N-contiguous one is [k][n], loaded
+// transposed: matrix i is stored rows k + (i % 2) * 8, columns n + (i / 2) * 8.
+template <bool KContiguous>
+__device__ __forceinline__ void load_b(unsigned (&b)[kFragsN][2], const bf16* s, int warp_n0,
+                                       int kk) {
+  const int lane = threadIdx.x % 32, i = lane / 8, r = lane % 8;
+#pragma unroll
+  for (int f = 0; f < kFragsN; f += 2) {
+    const int n0 = warp_n0 + f * 8;
+    const bf16* p = KContiguous ? s + (n0 + r + (i / 2) * 8) * (kBK + kPad) + kk + (i % 2) * 8
+                                : s + (kk + r + (i % 2) * 8) * (kBN + kPad) + n0 + (i / 2) * 8;
+    unsigned q[4];
+    ldmatrix_x4<!KContiguous>(q, p);
+    b[f][0] = q[0];
+    b[f][1] = q[1];
+    b[f + 1][0] = q[2];
+    b[f + 1][1] = q[3];
+  }
+}
+
+template <Product P>
+constexpr bool a_k_contiguous() {
+  return P != Product::wgrad;
+}
+template <Product P>
+constexpr bool b_k_contiguous() {
+  return P == Product::forward;
+}
+template <Product P>
+constexpr int mma_stage_elems() {
+  return stage_elems<a_k_contiguous<P>()>(kBM) + stage_elems<b_k_contiguous<P>()>(kBN);
+}
+template <Product P>
+constexpr std::size_t mma_shared_bytes() {
+  return static_cast<std::size_t>(kStages) * mma_stage_elems<P>() * sizeof(bf16);
+}
+
+template <Product P, class Out>
+__global__ void __launch_bounds__(kMmaThreads)
+    grouped_mma_kernel(const GroupedParams<bf16, Out> prm) {
+  constexpr bool kAK = a_k_contiguous<P>(), kBK_ = b_k_contiguous<P>();
+  constexpr int kAElems = stage_elems<kAK>(kBM);
+  extern __shared__ __align__(16) unsigned char shared_raw[];
+  bf16* const shared = reinterpret_cast<bf16*>(shared_raw);
+  // Stage s: A at shared + s * stage, B right after it.
+  const auto a_stage = [&](int s) { return shared + s * mma_stage_elems<P>(); };
+  const auto b_stage = [&](int s) { return shared + s * mma_stage_elems<P>() + kAElems; };
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warp_m0 = (warp / kWarpsN) * kWarpM, warp_n0 = (warp % kWarpsN) * kWarpN;
+
+  for_each_tile<P>(prm, [&](const Tile& t, const Operand<bf16>& a, const Operand<bf16>& b) {
+    const std::int64_t k_steps = grouped::ceil_div(a.k_extent, kBK);
+    float acc[kFragsM][kFragsN][4] = {};
+
+    // Prologue: the first kStages - 1 k-steps in flight, one commit group each (empty past the
+    // end, so that the group count stays k-step + kStages - 1).
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < k_steps) {
+        load_stage<kAK, kBM>(a_stage(s), a, t.m0, s * kBK);
+        load_stage<kBK_, kBN>(b_stage(s), b, t.n0, s * kBK);
+      }
+      cp_async_commit();
+    }
+    for (std::int64_t ks = 0; ks < k_steps; ++ks) {
+      // k-step ks has landed (at most kStages - 2 newer groups pending), and every warp is done
+      // with the stage the prefetch below overwrites (read at ks - 1).
+      cp_async_wait<kStages - 2>();
+      __syncthreads();
+      const std::int64_t next = ks + kStages - 1;
+      if (next < k_steps) {
+        const int s = static_cast<int>(next % kStages);
+        load_stage<kAK, kBM>(a_stage(s), a, t.m0, next * kBK);
+        load_stage<kBK_, kBN>(b_stage(s), b, t.n0, next * kBK);
+      }
+      cp_async_commit();
+      const int s = static_cast<int>(ks % kStages);
+#pragma unroll
+      for (int kk = 0; kk < kBK; kk += 16) {
+        unsigned af[kFragsM][4], bfr[kFragsN][2];
+        load_a<kAK>(af, a_stage(s), warp_m0, kk);
+        load_b<kBK_>(bfr, b_stage(s), warp_n0, kk);
+#pragma unroll
+        for (int i = 0; i < kFragsM; ++i) {
+#pragma unroll
+          for (int j = 0; j < kFragsN; ++j) mma_bf16(acc[i][j], af[i], bfr[j][0], bfr[j][1]);
+        }
+      }
+    }
+    // Drain the (empty) trailing groups and let every warp finish reading before the next tile's
+    // prologue overwrites the stages.
+    cp_async_wait<0>();
+    __syncthreads();
+
+    // Epilogue: accumulator d of fragment (i, j) is output row warp_m0 + 16 i + lane / 4
+    // (+ 8 for d2, d3), column warp_n0 + 8 j + 2 (lane % 4) (+ 1 for d1, d3).
+    std::int64_t ldc = 0;
+    Out* c = group_output<P>(prm, t, ldc);
+#pragma unroll
+    for (int i = 0; i < kFragsM; ++i) {
+#pragma unroll
+      for (int j = 0; j < kFragsN; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = warp_m0 + i * 16 + lane / 4 + (e / 2) * 8;
+          const int col = warp_n0 + j * 8 + (lane % 4) * 2 + e % 2;
+          if (r < t.tile_rows && col < t.tile_cols) {
+            put<P>(c + (t.m0 + r) * ldc + t.n0 + col, acc[i][j][e]);
+          }
+        }
+      }
+    }
+  });
+}
+
+// ---- host side -------------------------------------------------------------------------------
+
+struct DeviceInfo {
+  int sms = 0;
+  int major = 0;
+};
+DeviceInfo device_info() {
+  int device = 0;
+  QUINTET_CUDA_CHECK(cudaGetDevice(&device));
+  DeviceInfo d;
+  QUINTET_CUDA_CHECK(cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, device));
+  QUINTET_CUDA_CHECK(cudaDeviceGetAttribute(&d.major, cudaDevAttrComputeCapabilityMajor, device));
+  return d;
+}
+
+bool aligned16(const Tensor& t) { return reinterpret_cast<std::uintptr_t>(t.data_ptr()) % 16 == 0; }
+
+// Launches kernel over a persistent grid of at most (resident CTAs) blocks.
+template <class Kernel, class Params>
+void launch_persistent(Kernel kernel, const Params& prm, int threads, std::size_t shared,
+                       const Stream& stream) {
+  const std::int64_t tiles = grouped::max_tiles(prm.grid, prm.groups);
+  if (tiles == 0) return;
+  const DeviceInfo info = device_info();
+  if (shared > 48 * 1024) {
+    QUINTET_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(shared)));
+  }
+  int per_sm = 0;
+  QUINTET_CUDA_CHECK(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, shared));
+  QUINTET_CHECK(per_sm > 0,
+                "grouped GEMM: the kernel cannot run with {} threads and {} bytes of "
+                "shared memory on this GPU",
+                threads, shared);
+  const std::int64_t blocks = std::min<std::int64_t>(tiles, std::int64_t{per_sm} * info.sms);
+  kernel<<<static_cast<unsigned>(blocks), threads, shared, stream.handle()>>>(prm);
+  check_launch();
+}
+
+// Runs product P: a [rows, *], b, offsets [G + 1] -> c.
+template <Product P>
+void run(const Tensor& a, const Tensor& b, const Tensor& offsets, const Tensor& c,
+         std::int64_t groups, std::int64_t in, std::int64_t out, const Stream& stream) {
+  const std::int64_t rows = a.size(0);
+  TileGrid grid;
+  grid.total_rows = rows;
+  grid.rows_are_k = P == Product::wgrad;
+  grid.zero_tail = P != Product::wgrad;
+  grid.m = out;                               // wgrad's output rows
+  grid.n = P == Product::forward ? out : in;  // the output's columns
+  const auto go = [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using Out = std::conditional_t<P == Product::wgrad, float, T>;
+    GroupedParams<T, Out> prm{ptr<T>(a), ptr<T>(b), ptr<Out>(c), ptr<std::int64_t>(offsets),
+                              groups,    in,        out,         grid};
+    // The tensor-core kernel: bf16, every contiguous dimension a multiple of 8 elements, 16-byte
+    // aligned bases, sm_80 or later. Anything else takes the SIMT kernel.
+    if constexpr (std::is_same_v<T, bf16>) {
+      if (in % 8 == 0 && out % 8 == 0 && aligned16(a) && aligned16(b) && device_info().major >= 8) {
+        prm.grid.tile_m = kBM;
+        prm.grid.tile_n = kBN;
+        launch_persistent(grouped_mma_kernel<P, Out>, prm, kMmaThreads, mma_shared_bytes<P>(),
+                          stream);
+        return;
+      }
+    }
+    prm.grid.tile_m = prm.grid.tile_n = kSimtTile;
+    launch_persistent(grouped_simt_kernel<P, T, Out>, prm, kSimtThreads, 0, stream);
+  };
+  dispatch_compute(a.dtype(), "grouped_linear", go);
+}
+
+}  // namespace
+
+void grouped_linear_forward(const Tensor& x, const Tensor& w, const Tensor& offsets,
+                            const Tensor& y, const Stream& stream) {
+  run<Product::forward>(x, w, offsets, y, w.size(0), w.size(2), w.size(1), stream);
+}
+
+void grouped_linear_backward_input(const Tensor& dy, const Tensor& w, const Tensor& offsets,
+                                   const Tensor& dx, const Stream& stream) {
+  run<Product::dgrad>(dy, w, offsets, dx, w.size(0), w.size(2), w.size(1), stream);
+}
+
+void grouped_linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& offsets,
+                                    const Tensor& dw, const Stream& stream) {
+  run<Product::wgrad>(dy, x, offsets, dw, dw.size(0), dw.size(2), dw.size(1), stream);
+}
+
+}  // namespace quintet::nn::cuda_ops
