@@ -3,10 +3,11 @@
 # runs the GPU MoE test, then examples/05_moe_train on one GPU beside scripts/bench/moe_torch.py
 # (the same model in PyTorch, grouped bf16 expert GEMMs; eager and torch.compile) twice: GPT-2
 # style with GELU experts, and Mixtral style ($MIXTRAL: SwiGLU experts, RMSNorm, RoPE, GQA with 4
-# key/value heads, no biases; --arch mixtral, the same sizes and experts), the grouped
-# expert GEMM against a per-expert cuBLASLt loop (09_op_bench --experts-only), and the CPU token
-# exchange against raw MPI on all cores (10_moe_dispatch_bench). Each run is bounded in time; logs
-# go to $OUT (else build/bench/).
+# key/value heads, no biases; --arch mixtral, the same sizes and experts), the grouped expert
+# GEMM against a per-expert cuBLASLt loop (09_op_bench --experts-only: cuBLAS's grouped call and
+# our grouped kernel) and PyTorch's grouped_mm at the same shapes (grouped_mm_torch.py), and the
+# CPU token exchange against raw MPI on all cores (10_moe_dispatch_bench). Each run is bounded in
+# time; logs go to $OUT (else build/bench/).
 #   MODEL="--layers 12 ..." MICRO=16 STEPS=12 SKIP="torch torch_mixtral" TARGETS=05_moe_train \
 #     scripts/bench/moe_benchmarks.sh      (SKIP: run names to leave out; TARGETS: what to build)
 set -uo pipefail
@@ -35,6 +36,9 @@ done
 run grouped_gemm 120 build/examples/09_op_bench/09_op_bench --experts-only --json
 run grouped_gemm_skew 120 build/examples/09_op_bench/09_op_bench --experts-only --json \
   --expert-skew 1
+# PyTorch's grouped GEMM at the same shapes (beside our grouped kernel's columns above).
+run grouped_mm_torch 120 python3 scripts/bench/grouped_mm_torch.py
+run grouped_mm_torch_skew 120 python3 scripts/bench/grouped_mm_torch.py --skew 1
 run dispatch_cpu 120 mpirun --oversubscribe -np "$(nproc)" \
   build/examples/10_moe_dispatch_bench/10_moe_dispatch_bench --tokens 4096 --hidden 1024 --json
 # The exposed ep communication of CPU ranks training, with the exchange in one piece and in 2
