@@ -6,7 +6,8 @@
 // experts, shared experts, dropping and the aux-loss-free bias; and FP8 experts (--fp8 hybrid,
 // cuBLASLt's FP8 GEMMs against the CPU's exact emulation: current and delayed scaling, within
 // 5e-3 in f32 and 5e-2 in bf16, where a GEMM output's FP8 rounding may flip against the CPU's;
-// reasoned, not yet measured). Exits 77 (skipped) without a GPU.
+// reasoned, not yet measured); the non-FP8 cases also with the experts on the grouped GEMM kernel
+// (QUINTET_GROUPED_GEMM=kernel). Exits 77 (skipped) without a GPU.
 #include <cmath>
 #include <string>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "quintet/parallel/expert/moe_layer.hpp"
 #include "quintet/parallel/tensor_parallel/fp8.hpp"
 #include "support/catch.hpp"
+#include "support/scoped_env.hpp"
 
 using namespace quintet;
 using namespace quintet::expert;
@@ -122,6 +124,12 @@ TEST_CASE("gpu MoE layer equals the CPU layer", "[ep][gpu]") {
   REQUIRE(solo.size() == 1);
   const DType dtype = GENERATE(DType::f32, DType::bf16);
   const int variant = GENERATE(0, 1, 2, 3, 4);
+  // The experts' GEMMs: the per-group cuBLASLt loop (the default with host counts) or the grouped
+  // kernel that reads the offsets on the device (QUINTET_GROUPED_GEMM=kernel,
+  // quintet/nn/grouped_linear.hpp). The FP8 experts have GEMMs of their own: once is enough.
+  const bool grouped_kernel = GENERATE(false, true);
+  if (grouped_kernel && variant >= 3) return;
+  const test_support::ScopedEnv choice("QUINTET_GROUPED_GEMM", grouped_kernel ? "kernel" : nullptr);
   constexpr std::int64_t kB = 3, kS = 40, kD = 64, kF = 48;
   MoEOptions o;
   o.expert_ffn = kF;
@@ -140,7 +148,8 @@ TEST_CASE("gpu MoE layer equals the CPU layer", "[ep][gpu]") {
     o.fp8 = nn::Fp8Recipe{nn::Fp8Mode::hybrid,
                           variant == 3 ? nn::Fp8Scaling::current : nn::Fp8Scaling::delayed, 2, 0};
   }
-  INFO("dtype " << dtype_name(dtype) << ", variant " << variant);
+  INFO("dtype " << dtype_name(dtype) << ", variant " << variant << ", grouped kernel "
+                << grouped_kernel);
   MoELayer gpu({&solo, nullptr, nullptr, nullptr, &solo}, kD, o);
   MoELayer cpu({&solo, nullptr, nullptr, nullptr, &solo}, kD, o);
   nn::ParameterStore gpu_store(gpu, dtype, s, 11);

@@ -5,14 +5,13 @@
 // multiple of the tile, K and N not multiples of 64, every row in one group, padding rows past the
 // last group; forward, dgrad and wgrad; and the choice between the two paths.
 #include <cstdint>
-#include <cstdlib>
 #include <iterator>
 #include <span>
-#include <string>
 #include <vector>
 
 #include "gpu/nn_gpu_compare.hpp"
 #include "quintet/nn/grouped_linear.hpp"
+#include "support/scoped_env.hpp"
 
 using namespace quintet;
 using namespace nn_gpu_test;
@@ -59,27 +58,10 @@ Reference reference(const Case& k, const Tensor& x, const Tensor& w, const Tenso
   return r;
 }
 
-// Restores QUINTET_GROUPED_GEMM when a test ends.
-class EnvChoice {
+// QUINTET_GROUPED_GEMM set (or unset, for nullptr) for a scope.
+class EnvChoice : public test_support::ScopedEnv {
  public:
-  explicit EnvChoice(const char* value) {
-    const char* old = std::getenv("QUINTET_GROUPED_GEMM");
-    had_ = old != nullptr;
-    if (had_) old_ = old;
-    set(value);
-  }
-  ~EnvChoice() { set(had_ ? old_.c_str() : nullptr); }
-  static void set(const char* value) {
-    if (value == nullptr) {
-      unsetenv("QUINTET_GROUPED_GEMM");
-    } else {
-      setenv("QUINTET_GROUPED_GEMM", value, 1);
-    }
-  }
-
- private:
-  bool had_ = false;
-  std::string old_;
+  explicit EnvChoice(const char* value) : ScopedEnv("QUINTET_GROUPED_GEMM", value) {}
 };
 
 const std::vector<Case>& cases() {
