@@ -22,7 +22,10 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <type_traits>
+#include <utility>
 
 #include "nn/cuda/cuda_ops.hpp"
 #include "nn/cuda/grouped_gemm_tiles.hpp"
@@ -101,6 +104,21 @@ __device__ __forceinline__ void put(Out* c, float v) {
     *c = from_float<Out>(to_float(*c) + v);
   } else {
     *c = from_float<Out>(v);
+  }
+}
+
+// put of two adjacent results, p aligned to two elements: a bf16 pair (forward, dgrad) or an f32
+// pair added (wgrad).
+template <Product P, class Out>
+__device__ __forceinline__ void put_pair(Out* p, float v0, float v1) {
+  if constexpr (P == Product::wgrad) {
+    float2* q = reinterpret_cast<float2*>(p);
+    float2 o = *q;
+    o.x += v0;
+    o.y += v1;
+    *q = o;
+  } else {
+    *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(v0, v1);
   }
 }
 
@@ -356,8 +374,10 @@ constexpr std::size_t mma_shared_bytes() {
   return static_cast<std::size_t>(kStages) * mma_stage_elems<P>() * sizeof(bf16);
 }
 
+// Two CTAs per SM (at most 128 registers a thread; 2 x 80 KB of shared memory fits), so one CTA's
+// epilogue and prologue overlap the other's main loop.
 template <Product P, class Out>
-__global__ void __launch_bounds__(kMmaThreads)
+__global__ void __launch_bounds__(kMmaThreads, 2)
     grouped_mma_kernel(const GroupedParams<bf16, Out> prm) {
   constexpr bool kAK = a_k_contiguous<P>(), kBK_ = b_k_contiguous<P>();
   constexpr int kAElems = stage_elems<kAK>(kBM);
@@ -413,8 +433,10 @@ __global__ void __launch_bounds__(kMmaThreads)
     cp_async_wait<0>();
     __syncthreads();
 
-    // Epilogue: accumulator d of fragment (i, j) is output row warp_m0 + 16 i + lane / 4
-    // (+ 8 for d2, d3), column warp_n0 + 8 j + 2 (lane % 4) (+ 1 for d1, d3).
+    // Epilogue: accumulators d0, d1 of fragment (i, j) are output row warp_m0 + 16 i + lane / 4,
+    // columns warp_n0 + 8 j + 2 (lane % 4) and the next one; d2, d3 the same 8 rows down. A pair
+    // inside the tile is written at once (the column is even, and so is ldc: 4-byte aligned for
+    // bf16, 8-byte for the f32 dw, whose base the host checked).
     std::int64_t ldc = 0;
     Out* c = group_output<P>(prm, t, ldc);
 #pragma unroll
@@ -422,11 +444,15 @@ __global__ void __launch_bounds__(kMmaThreads)
 #pragma unroll
       for (int j = 0; j < kFragsN; ++j) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = warp_m0 + i * 16 + lane / 4 + (e / 2) * 8;
-          const int col = warp_n0 + j * 8 + (lane % 4) * 2 + e % 2;
-          if (r < t.tile_rows && col < t.tile_cols) {
-            put<P>(c + (t.m0 + r) * ldc + t.n0 + col, acc[i][j][e]);
+        for (int h = 0; h < 2; ++h) {
+          const int r = warp_m0 + i * 16 + lane / 4 + h * 8;
+          const int col = warp_n0 + j * 8 + (lane % 4) * 2;
+          if (r >= t.tile_rows || col >= t.tile_cols) continue;
+          Out* p = c + (t.m0 + r) * ldc + t.n0 + col;
+          if (col + 1 < t.tile_cols) {
+            put_pair<P>(p, acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+          } else {
+            put<P>(p, acc[i][j][2 * h]);
           }
         }
       }
@@ -436,20 +462,53 @@ __global__ void __launch_bounds__(kMmaThreads)
 
 // ---- host side -------------------------------------------------------------------------------
 
-struct DeviceInfo {
-  int sms = 0;
-  int major = 0;
-};
-DeviceInfo device_info() {
+// The compute capability's major number of the current device, read once per device.
+int device_major() {
   int device = 0;
   QUINTET_CUDA_CHECK(cudaGetDevice(&device));
-  DeviceInfo d;
-  QUINTET_CUDA_CHECK(cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, device));
-  QUINTET_CUDA_CHECK(cudaDeviceGetAttribute(&d.major, cudaDevAttrComputeCapabilityMajor, device));
-  return d;
+  static std::mutex mutex;
+  static std::map<int, int> majors;
+  const std::lock_guard<std::mutex> lock(mutex);
+  auto it = majors.find(device);
+  if (it == majors.end()) {
+    int major = 0;
+    QUINTET_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    it = majors.emplace(device, major).first;
+  }
+  return it->second;
 }
 
 bool aligned16(const Tensor& t) { return reinterpret_cast<std::uintptr_t>(t.data_ptr()) % 16 == 0; }
+
+// The resident CTAs of kernel (threads, shared bytes) on the current device, all SMs together,
+// set up (shared-memory limit, occupancy query) once per kernel and device: a small launch pays
+// no query.
+template <class Kernel>
+std::int64_t resident_ctas(Kernel kernel, int threads, std::size_t shared) {
+  int device = 0;
+  QUINTET_CUDA_CHECK(cudaGetDevice(&device));
+  static std::mutex mutex;
+  static std::map<std::pair<int, const void*>, std::int64_t> cache;
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto key = std::make_pair(device, reinterpret_cast<const void*>(kernel));
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    if (shared > 48 * 1024) {
+      QUINTET_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              static_cast<int>(shared)));
+    }
+    int per_sm = 0, sms = 0;
+    QUINTET_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, shared));
+    QUINTET_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    QUINTET_CHECK(per_sm > 0,
+                  "grouped GEMM: the kernel cannot run with {} threads and {} bytes of shared "
+                  "memory on this GPU",
+                  threads, shared);
+    it = cache.emplace(key, std::int64_t{per_sm} * sms).first;
+  }
+  return it->second;
+}
 
 // Launches kernel over a persistent grid of at most (resident CTAs) blocks.
 template <class Kernel, class Params>
@@ -457,19 +516,7 @@ void launch_persistent(Kernel kernel, const Params& prm, int threads, std::size_
                        const Stream& stream) {
   const std::int64_t tiles = grouped::max_tiles(prm.grid, prm.groups);
   if (tiles == 0) return;
-  const DeviceInfo info = device_info();
-  if (shared > 48 * 1024) {
-    QUINTET_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(shared)));
-  }
-  int per_sm = 0;
-  QUINTET_CUDA_CHECK(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, shared));
-  QUINTET_CHECK(per_sm > 0,
-                "grouped GEMM: the kernel cannot run with {} threads and {} bytes of "
-                "shared memory on this GPU",
-                threads, shared);
-  const std::int64_t blocks = std::min<std::int64_t>(tiles, std::int64_t{per_sm} * info.sms);
+  const std::int64_t blocks = std::min(tiles, resident_ctas(kernel, threads, shared));
   kernel<<<static_cast<unsigned>(blocks), threads, shared, stream.handle()>>>(prm);
   check_launch();
 }
@@ -491,9 +538,11 @@ void run(const Tensor& a, const Tensor& b, const Tensor& offsets, const Tensor& 
     GroupedParams<T, Out> prm{ptr<T>(a), ptr<T>(b), ptr<Out>(c), ptr<std::int64_t>(offsets),
                               groups,    in,        out,         grid};
     // The tensor-core kernel: bf16, every contiguous dimension a multiple of 8 elements, 16-byte
-    // aligned bases, sm_80 or later. Anything else takes the SIMT kernel.
+    // aligned bases (the output's too: the epilogue writes pairs), sm_80 or later. Anything else
+    // takes the SIMT kernel.
     if constexpr (std::is_same_v<T, bf16>) {
-      if (in % 8 == 0 && out % 8 == 0 && aligned16(a) && aligned16(b) && device_info().major >= 8) {
+      if (in % 8 == 0 && out % 8 == 0 && aligned16(a) && aligned16(b) && aligned16(c) &&
+          device_major() >= 8) {
         prm.grid.tile_m = kBM;
         prm.grid.tile_n = kBN;
         launch_persistent(grouped_mma_kernel<P, Out>, prm, kMmaThreads, mma_shared_bytes<P>(),
