@@ -157,10 +157,11 @@ PermuteOutput moe_permute(const Tensor& x, const Tensor& experts, const Tensor& 
   PermuteOutput p;
   p.rows = Tensor::empty({T * k, d}, t, dev, stream);
   p.counts = Tensor::empty({num_experts}, DType::i64, dev, stream);
+  p.offsets = Tensor::empty({num_experts + 1}, DType::i64, dev, stream);
   p.source = Tensor::empty({T * k}, DType::i32, dev, stream);
   p.slot = Tensor::empty({T, k}, DType::i32, dev, stream);
   QUINTET_NN_DISPATCH(c, stream, moe_permute, x.contiguous(stream), ex, kp, p.rows, p.counts,
-                      p.source, p.slot);
+                      p.offsets, p.source, p.slot);
   return p;
 }
 

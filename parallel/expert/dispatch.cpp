@@ -114,10 +114,11 @@ std::vector<ExchangePlan> plan_exchange(const Tensor& send_counts, int chunks,
   } else {
     all.narrow(0, total, total).copy_(recv, stream);
   }
-  // The host needs the counts to size the token exchange: the layer's one host synchronisation.
+  // The host needs the counts to size the token exchange: the one host synchronisation of a
+  // forward with an exchange (a copy to pinned memory, then the wait, then reads in place).
   const Tensor host = all.to(Device::cpu(), stream);
   stream.synchronize();
-  const std::vector<std::int64_t> v = host.to_vector<std::int64_t>();
+  const std::int64_t* v = host.data<std::int64_t>();
   std::vector<ExchangePlan> plans(static_cast<std::size_t>(chunks));
   for (int c = 0; c < chunks; ++c) {
     ExchangePlan& p = plans[static_cast<std::size_t>(c)];
@@ -125,7 +126,7 @@ std::vector<ExchangePlan> plan_exchange(const Tensor& send_counts, int chunks,
     p.etp = etpn;
     p.etp_rank = etp != nullptr ? etp->rank() : 0;
     p.local_experts = El;
-    p.send.assign(v.begin() + c * n, v.begin() + (c + 1) * n);
+    p.send.assign(v + c * n, v + (c + 1) * n);
     p.gathered.resize(static_cast<std::size_t>(etpn * n));
     for (int sidx = 0; sidx < etpn; ++sidx) {
       for (int q = 0; q < epn; ++q) {

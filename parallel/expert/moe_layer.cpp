@@ -167,15 +167,25 @@ Tensor MoELayer::forward(nn::Context& ctx, const Tensor& x) {
   saved.router = router_->forward(ctx, x2, B);
   const ExpertWeights w = experts_->use(s);
   saved.experts.resize(static_cast<std::size_t>(dispatcher_->config().chunks));
-  const auto run_experts = [&](int c, const Tensor& rows, std::vector<std::int64_t> counts) {
-    return experts_->forward(w, rows, std::move(counts), saved.experts[static_cast<std::size_t>(c)],
+  const auto run_experts = [&](int c, const ExpertRows& in) {
+    ExpertsActivations& a = saved.experts[static_cast<std::size_t>(c)];
+    if (!in.counts.empty()) {
+      return experts_->forward(w, in.rows, in.counts, a, ctx.counts_statistics(), s);
+    }
+    // Without an exchange, the host reads the experts' row offsets: the one wait left at ep = 1
+    // until the experts take the offsets on the device.
+    const std::vector<std::int64_t> off = in.offsets.to_vector<std::int64_t>();
+    std::vector<std::int64_t> counts(off.size() - 1);
+    for (std::size_t le = 0; le < counts.size(); ++le) counts[le] = off[le + 1] - off[le];
+    return experts_->forward(w, in.rows.narrow(0, 0, off.back()), std::move(counts), a,
                              ctx.counts_statistics(), s);
   };
   Tensor y = dispatcher_->forward(x2, saved.router.routing, run_experts, saved.dispatch, s)
                  .view(x.shape());
   if (ctx.counts_statistics()) {
-    const std::int64_t assignments = saved.dispatch.count * k;
-    router_->count(saved.dispatch.load(), assignments, assignments - saved.dispatch.sent_rows());
+    std::vector<Tensor> loads;
+    for (const DispatchHandle::Chunk& ch : saved.dispatch.chunks) loads.push_back(ch.counts);
+    router_->count(loads, saved.dispatch.count * k, s);
   }
   ctx.save_handle(*this, std::move(saved));
   if (shared_ != nullptr) y = nn::add(y, shared_->forward(ctx, x), s);
@@ -224,11 +234,15 @@ MoEStats MoELayer::finish_step(Communicator& stage, const Stream& stream) {
 StepCounters reduce_step_counters(const std::vector<MoELayer*>& layers, Communicator& stage,
                                   const Stream& stream) {
   std::vector<double> host;
-  std::vector<std::pair<std::int64_t, Tensor>> sums;  // (offset of the aux sum, the [2] sums)
+  struct DeviceCounters {
+    std::int64_t at, experts;  // the layer's offset, E
+    Tensor sums;               // [E + 2]: load, aux sum, z sum
+  };
+  std::vector<DeviceCounters> sums;
   for (MoELayer* layer : layers) {
     const std::int64_t at = static_cast<std::int64_t>(host.size());
     Tensor s = layer->take_counters(host);
-    if (s.defined()) sums.emplace_back(at + layer->options().router.experts + 2, std::move(s));
+    if (s.defined()) sums.push_back({at, layer->options().router.experts, std::move(s)});
   }
   // From pinned memory, so that the upload does not wait for the stream (a pageable one would).
   StepCounters out;
@@ -236,8 +250,10 @@ StepCounters reduce_step_counters(const std::vector<MoELayer*>& layers, Communic
   out.staging = Tensor::empty_pinned({static_cast<std::int64_t>(host.size())}, DType::f64);
   std::copy(host.begin(), host.end(), out.staging.data<double>());
   out.summed = out.staging.to(stream.device(), stream);
-  for (auto& [at, s] : sums) {
-    out.summed.narrow(0, at, 2).copy_(s.to(stream.device(), stream), stream);
+  for (const DeviceCounters& d : sums) {
+    const Tensor s = d.sums.to(stream.device(), stream);
+    out.summed.narrow(0, d.at, d.experts).copy_(s.narrow(0, 0, d.experts), stream);
+    out.summed.narrow(0, d.at + d.experts + 1, 2).copy_(s.narrow(0, d.experts, 2), stream);
   }
   if (stage.size() > 1) {
     stage.all_reduce(out.summed, out.summed, ReduceOp::sum, stream).wait(stream);

@@ -121,6 +121,28 @@ std::vector<std::int64_t> expert_load(const Routing& routing, std::int64_t exper
   return load;
 }
 
+void accumulate_load(const Tensor& counts, const Tensor& acc, const Stream& stream) {
+  QUINTET_CHECK(counts.defined() && counts.dtype() == DType::i64 && counts.dim() == 1 &&
+                    counts.is_contiguous(),
+                "router: the load comes as a contiguous [E] i64 tensor, got {}",
+                counts.defined() ? counts.str() : std::string("an undefined tensor"));
+  QUINTET_CHECK(acc.defined() && acc.dtype() == DType::f64 && acc.numel() == counts.numel() &&
+                    acc.is_contiguous() && acc.device() == counts.device(),
+                "router: the load accumulates into a contiguous [{}] f64 tensor on {}, got {}",
+                counts.numel(), counts.device().str(),
+                acc.defined() ? acc.str() : std::string("an undefined tensor"));
+  if (on_gpu(acc)) {
+#if QUINTET_HAS_CUDA
+    DeviceGuard guard(acc.device());
+    cuda::add_counts(counts, acc, stream);
+    return;
+#endif
+  }
+  const std::int64_t* c = counts.data<std::int64_t>();
+  double* a = acc.data<double>();
+  for (std::int64_t e = 0; e < counts.numel(); ++e) a[e] += static_cast<double>(c[e]);
+}
+
 Tensor weights_backward(const Routing& routing, const Tensor& dweights, const RouterConfig& config,
                         const Stream& stream) {
   const std::int64_t T = routing.probs.size(0), E = routing.probs.size(1);

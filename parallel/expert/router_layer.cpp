@@ -43,7 +43,6 @@ Router::Router(const nn::AddParameter& add, Communicator& tp, Communicator* cp, 
   weight_ =
       &add("router.weight", {config.experts, dim}, nn::ParameterInit::normal(init_std), attrs);
   bias_ = Tensor::zeros({config.experts}, DType::f32);
-  load_.assign(static_cast<std::size_t>(config.experts), 0.0);
   idle_steps_.assign(static_cast<std::size_t>(config.experts), 0);
 }
 
@@ -57,18 +56,26 @@ void Router::set_balance_bias(const std::vector<float>& values) {
 
 const Tensor& Router::device_bias(const Device& device, const Stream& stream) {
   if (device.is_cpu()) return bias_;
-  if (!bias_device_.defined() || bias_device_.device() != device) {
-    bias_device_ = bias_.to(device, stream);
-  }
+  if (!bias_device_.defined() || bias_device_.device() != device) upload_bias(device, stream);
   return bias_device_;
+}
+
+void Router::upload_bias(const Device& device, const Stream& stream) {
+  // From pinned memory, so that the host does not wait for the copy (from pageable memory it
+  // would). The staging buffer lives until the next upload, by when a step's end has waited for
+  // the stream.
+  bias_staging_ = Tensor::empty_pinned(bias_.shape(), DType::f32);
+  bias_staging_.copy_(bias_);
+  bias_device_ = bias_staging_.to(device, stream);
 }
 
 RouterHandle Router::forward(nn::Context& ctx, const Tensor& x, std::int64_t sequences) {
   const Stream& s = ctx.stream();
   const RouterConfig& rc = config_;
   const Device dev = x.device();
+  const std::int64_t E = rc.experts;
   if (!sums_.defined() || sums_.device() != dev) {
-    sums_ = Tensor::empty({2}, DType::f64, dev, s);
+    sums_ = Tensor::empty({E + 2}, DType::f64, dev, s);
     sums_.fill_(0.0, s);
   }
   RouterHandle h;
@@ -85,7 +92,7 @@ RouterHandle Router::forward(nn::Context& ctx, const Tensor& x, std::int64_t seq
   o.z_scale = z ? rc.z_loss_coeff / static_cast<double>(x.size(0)) : 0.0;
   const nn::RouteOutput routed =
       nn::moe_route_forward(h.logits, rc.bias_rate > 0.0f ? device_bias(dev, s) : Tensor(), o,
-                            z ? sums_.narrow(0, 1, 1) : Tensor(), s);
+                            z ? sums_.narrow(0, E + 1, 1) : Tensor(), s);
   h.routing = apply_capacity(routed, rc, s);
   h.lse = routed.lse;
   // The aux statistics summed over the ranks holding parts of a sequence.
@@ -98,7 +105,7 @@ RouterHandle Router::forward(nn::Context& ctx, const Tensor& x, std::int64_t seq
     all_reduce_sum(st.counts, cp_, s);
     all_reduce_sum(st.prob_sum, cp_, s);
     if (ctx.counts_statistics())
-      accumulate_aux_loss(st, h.seq_tokens, rc, sums_.narrow(0, 0, 1), s);
+      accumulate_aux_loss(st, h.seq_tokens, rc, sums_.narrow(0, E, 1), s);
     h.aux_counts = st.counts;
   }
   return h;
@@ -134,19 +141,20 @@ Tensor Router::backward(nn::Context& ctx, const RouterHandle& h, const Tensor& d
   return nn::linear_backward_input(dlogits, nn::cast(weight_->data(), DType::f32, s), s);
 }
 
-void Router::count(const std::vector<std::int64_t>& load, std::int64_t assignments,
-                   std::int64_t dropped) {
-  for (std::size_t e = 0; e < load.size(); ++e) load_[e] += static_cast<double>(load[e]);
+void Router::count(const std::vector<Tensor>& loads, std::int64_t assignments,
+                   const Stream& stream) {
+  QUINTET_CHECK(sums_.defined(), "Router::count: no forward has run this step");
+  for (const Tensor& load : loads) {
+    accumulate_load(load, sums_.narrow(0, 0, config_.experts), stream);
+  }
   assignments_ += static_cast<double>(assignments);
-  dropped_ += static_cast<double>(dropped);
   microbatches_ += 1.0;
 }
 
 Tensor Router::take_counters(std::vector<double>& host) {
-  host.insert(host.end(), load_.begin(), load_.end());
-  host.insert(host.end(), {assignments_, dropped_, 0.0, 0.0, microbatches_});
-  std::fill(load_.begin(), load_.end(), 0.0);
-  assignments_ = dropped_ = microbatches_ = 0.0;
+  host.insert(host.end(), static_cast<std::size_t>(config_.experts), 0.0);
+  host.insert(host.end(), {assignments_, 0.0, 0.0, microbatches_});
+  assignments_ = microbatches_ = 0.0;
   return std::exchange(sums_, Tensor());  // the next forward starts a zeroed one
 }
 
@@ -156,14 +164,14 @@ MoEStats Router::finish_step(const double* summed, const Communicator& stage,
   MoEStats out;
   out.load.assign(summed, summed + E);
   out.assignments = summed[E];
-  out.dropped = summed[E + 1];
-  const double mbs = summed[E + 4];
-  out.aux_loss = mbs > 0 ? summed[E + 2] / mbs : 0.0;
-  out.z_loss = mbs > 0 ? summed[E + 3] / mbs : 0.0;
+  out.dropped = out.assignments - std::accumulate(out.load.begin(), out.load.end(), 0.0);
+  const double mbs = summed[E + 3];
+  out.aux_loss = mbs > 0 ? summed[E + 1] / mbs : 0.0;
+  out.z_loss = mbs > 0 ? summed[E + 2] / mbs : 0.0;
   if (config_.bias_rate > 0.0f) {
     update_balance_bias(bias_, out.load, config_.bias_rate);
     // The next step's routing reads the new bias; uploading it here keeps forward free of copies.
-    if (bias_device_.defined()) bias_device_ = bias_.to(bias_device_.device(), stream);
+    if (bias_device_.defined()) upload_bias(bias_device_.device(), stream);
   }
   check_idle_experts(out, stage);
   return out;

@@ -24,27 +24,16 @@ Tensor all_gather_rows(const Tensor& part, Communicator& tp, const Stream& s) {
 
 }  // namespace
 
-std::vector<std::int64_t> DispatchHandle::load() const {
-  std::vector<std::int64_t> out;
-  for (const Chunk& c : chunks) {
-    if (out.empty()) out.assign(c.plan.send.size(), 0);
-    for (std::size_t e = 0; e < out.size(); ++e) out[e] += c.plan.send[e];
-  }
-  return out;
-}
-
-std::int64_t DispatchHandle::sent_rows() const {
-  std::int64_t n = 0;
-  for (const Chunk& c : chunks) n += c.plan.send_rows();
-  return n;
-}
-
 TokenDispatcher::TokenDispatcher(Communicator& tp, Communicator* ep, Communicator* etp,
                                  const TokenDispatcherConfig& config)
     : tp_(&tp), ep_(ep), etp_(etp), config_(config) {}
 
 bool TokenDispatcher::splits_tokens() const {
   return !config_.sequence_parallel && tp_->size() > 1;
+}
+
+bool TokenDispatcher::exchanges() const {
+  return (ep_ != nullptr && ep_->size() > 1) || (etp_ != nullptr && etp_->size() > 1);
 }
 
 void TokenDispatcher::check_tokens(std::int64_t batch, std::int64_t seq) const {
@@ -65,16 +54,15 @@ Tensor TokenDispatcher::forward(const Tensor& x, const Routing& r, const Experts
   h.first = splits_tokens() ? tp_->rank() * (T / tpn) : 0;
   h.count = splits_tokens() ? T / tpn : T;
   h.weights = r.weights.narrow(0, h.first, h.count);
+  h.exchanged = exchanges();
   h.chunks.assign(static_cast<std::size_t>(C), DispatchHandle::Chunk{});
   const Tensor experts_own = r.experts.narrow(0, h.first, h.count);
   const Tensor kept_own = r.kept.narrow(0, h.first, h.count);
   const Tensor x_own = x.narrow(0, h.first, h.count);
 
   // Per chunk, its kept assignments permuted by expert (then token, then choice) and their rows
-  // gathered in that order, in one pass; one count exchange for all chunks (the host waits for
-  // it).
-  std::vector<Tensor> sorted;
-  Tensor counts = Tensor::empty({C * E}, DType::i64, dev, s);
+  // gathered in that order, in one pass.
+  std::vector<Tensor> sorted, offsets;
   for (int c = 0; c < C; ++c) {
     DispatchHandle::Chunk& ch = h.chunks[static_cast<std::size_t>(c)];
     ch.first = h.count * c / C;
@@ -82,10 +70,29 @@ Tensor TokenDispatcher::forward(const Tensor& x, const Routing& r, const Experts
     nn::PermuteOutput p = nn::moe_permute(x_own.narrow(0, ch.first, ch.count),
                                           experts_own.narrow(0, ch.first, ch.count),
                                           kept_own.narrow(0, ch.first, ch.count), E, s);
-    counts.narrow(0, c * E, E).copy_(p.counts, s);
+    ch.counts = std::move(p.counts);
     ch.slot = std::move(p.slot);
     ch.source = std::move(p.source);
     sorted.push_back(std::move(p.rows));
+    offsets.push_back(std::move(p.offsets));
+  }
+  Tensor out_own = Tensor::empty({h.count, d}, x.dtype(), dev, s);
+  if (!h.exchanged) {
+    // Nothing to exchange, so nothing waits for the counts: the experts read their rows' offsets
+    // on the device and run on all the chunk's rows; the combine reads the kept ones.
+    for (int c = 0; c < C; ++c) {
+      DispatchHandle::Chunk& ch = h.chunks[static_cast<std::size_t>(c)];
+      ch.returned = experts(c, ExpertRows{sorted[c], {}, offsets[c]});
+      nn::moe_unpermute_into(ch.returned, ch.slot, h.weights.narrow(0, ch.first, ch.count),
+                             out_own.narrow(0, ch.first, ch.count), s);
+    }
+    return splits_tokens() ? all_gather_rows(out_own, *tp_, s) : out_own;
+  }
+  // One count exchange for all chunks: the host waits for it, once (the counts size the rows'
+  // exchange).
+  Tensor counts = Tensor::empty({C * E}, DType::i64, dev, s);
+  for (int c = 0; c < C; ++c) {
+    counts.narrow(0, c * E, E).copy_(h.chunks[static_cast<std::size_t>(c)].counts, s);
   }
   const std::vector<ExchangePlan> plans =
       plan_exchange(counts, C, config_.local_experts, ep_, etp_, s);
@@ -99,7 +106,6 @@ Tensor TokenDispatcher::forward(const Tensor& x, const Routing& r, const Experts
   // results travel back during chunk c + 1's.
   std::vector<PendingRows> coming(static_cast<std::size_t>(C)), back(coming.size());
   std::vector<Tensor> outputs(coming.size());
-  Tensor out_own = Tensor::empty({h.count, d}, x.dtype(), dev, s);
   // Lookahead 1: chunk c + 1's dispatch is issued before chunk c's experts.
   overlap::ChunkStages stages;
   stages.bring = [&](int c) {
@@ -111,11 +117,11 @@ Tensor TokenDispatcher::forward(const Tensor& x, const Routing& r, const Experts
     const auto i = static_cast<std::size_t>(c);
     const ExchangePlan& plan = h.chunks[i].plan;
     const Tensor rows = finish_dispatch(coming[i], plan, etp_, s);
-    std::vector<std::int64_t> per_expert;
+    ExpertRows in{rows, {}, Tensor()};
     for (std::int64_t le = 0; le < config_.local_experts; ++le) {
-      per_expert.push_back(plan.expert_rows(le));
+      in.counts.push_back(plan.expert_rows(le));
     }
-    outputs[i] = experts(c, rows, std::move(per_expert));
+    outputs[i] = experts(c, in);
   };
   stages.send = [&](int c) {
     const auto i = static_cast<std::size_t>(c);
@@ -150,11 +156,32 @@ DispatchGrads TokenDispatcher::backward(const Tensor& dy, const DispatchHandle& 
     drows.push_back(std::move(cg.drows));
   }
 
+  std::vector<Tensor> dinputs(static_cast<std::size_t>(C));
+  Tensor dx_own = Tensor::empty({h.count, d}, dy.dtype(), dy.device(), s);
+  const auto finish = [&] {
+    DispatchGrads g;
+    g.dx = splits_tokens() ? all_gather_rows(dx_own, *tp_, s) : dx_own;
+    g.dweights = splits_tokens() ? all_gather_rows(dw_own, *tp_, s) : dw_own;
+    return g;
+  };
+  if (!h.exchanged) {
+    // The experts' backward on the rows they ran; each token sums its rows' gradients.
+    scope([&](const Stream& st) {
+      for (int c = 0; c < C; ++c) {
+        const auto i = static_cast<std::size_t>(c);
+        dinputs[i] = experts(c, drows[i], st);
+      }
+    });
+    for (int c = 0; c < C; ++c) {
+      const DispatchHandle::Chunk& ch = h.chunks[static_cast<std::size_t>(c)];
+      nn::moe_unpermute_into(dinputs[static_cast<std::size_t>(c)], ch.slot, Tensor(),
+                             dx_own.narrow(0, ch.first, ch.count), s);
+    }
+    return finish();
+  }
   // The experts' backward on the rows they ran, chunk by chunk as in forward: the gradients of
   // chunk c + 1 travel while chunk c's run.
   std::vector<PendingRows> coming(static_cast<std::size_t>(C)), back(coming.size());
-  std::vector<Tensor> dinputs(coming.size());
-  Tensor dx_own = Tensor::empty({h.count, d}, dy.dtype(), dy.device(), s);
   overlap::SentChunks returned;
   scope([&](const Stream& st) {
     overlap::ChunkStages stages;
@@ -181,10 +208,7 @@ DispatchGrads TokenDispatcher::backward(const Tensor& dy, const DispatchHandle& 
     returned = overlap::ChunkPipeline::run(C, stages, st);
   });
   returned.finish(s);
-  DispatchGrads g;
-  g.dx = splits_tokens() ? all_gather_rows(dx_own, *tp_, s) : dx_own;
-  g.dweights = splits_tokens() ? all_gather_rows(dw_own, *tp_, s) : dw_own;
-  return g;
+  return finish();
 }
 
 }  // namespace quintet::expert

@@ -140,6 +140,7 @@ TEST_CASE("gpu moe_permute / moe_unpermute equal the CPU ops", "[ep][gpu]") {
       nn::moe_permute(x.to(dev, s).to(dtype, s), experts.to(dev, s), kept.to(dev, s), kE, s);
   CHECK(host(got.counts, s) == host(want.counts, Stream()));
   CHECK(host(got.counts, s)[4] == 0);
+  CHECK(host(got.offsets, s) == host(want.offsets, Stream()));
   CHECK(host(got.slot, s) == host(want.slot, Stream()));
   CHECK(host(got.source, s) == host(want.source, Stream()));
   CHECK(host(got.rows, s) == host(want.rows, Stream()));  // copies: exact, zeros past the kept

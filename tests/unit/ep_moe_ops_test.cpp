@@ -6,6 +6,7 @@
 // differences); bad arguments refused.
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <vector>
 
 #include "quintet/core/error.hpp"
@@ -253,6 +254,9 @@ TEST_CASE("moe_permute and moe_unpermute equal a plain sort, gather and weighted
     const Tensor x = Tensor::randn({T, d}, 33).to(dt);
     const nn::PermuteOutput p = nn::moe_permute(x, experts, kept, E, Stream());
     CHECK(p.counts.to_vector<std::int64_t>() == counts);
+    std::vector<std::int64_t> offsets(E + 1, 0);
+    std::partial_sum(counts.begin(), counts.end(), offsets.begin() + 1);
+    CHECK(p.offsets.to_vector<std::int64_t>() == offsets);
     CHECK(p.slot.to_vector<std::int32_t>() == slot);
     CHECK(p.source.to_vector<std::int32_t>() == source);
     const std::vector<double> xv = x.to(DType::f64).to_vector<double>();

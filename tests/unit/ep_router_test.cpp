@@ -103,6 +103,17 @@ TEST_CASE("router: the capacity drops the lowest-probability assignments, exactl
   }
   CHECK(r.dropped == 3);
   CHECK(expert_load(r, 3) == std::vector<std::int64_t>{2, 1, 0});
+  // The same load summed on the device from the permutation's counts, microbatch after
+  // microbatch, without a host read; bad accumulators refused.
+  const Tensor load = Tensor::zeros({3}, DType::f64);
+  const Tensor counts =
+      nn::moe_permute(Tensor::zeros({6, 1}), r.experts, r.kept, 3, Stream()).counts;
+  accumulate_load(counts, load);
+  accumulate_load(counts, load);
+  CHECK(load.to_vector<double>() == std::vector<double>{4, 2, 0});
+  REQUIRE_THROWS_QUINTET(accumulate_load(counts, Tensor::zeros({3})), InvalidArgument,
+                         "f64 tensor");
+  REQUIRE_THROWS_QUINTET(accumulate_load(counts.to(DType::f64), load), InvalidArgument, "i64");
   // A tie at the capacity's edge: the earlier token is kept.
   const RouterConfig rc1{.experts = 3, .top_k = 1, .capacity_factor = 0.5f};  // C = 1
   const Routing r1 = route(matrix(v, 6, 3), Tensor(), rc1);

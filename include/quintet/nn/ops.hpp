@@ -324,10 +324,12 @@ Tensor moe_route_backward(const Tensor& dweights, const Tensor& logits, const Te
 // choice), stable and deterministic, fused with the gather of their token rows: sorted row i (i <
 // the kept assignments) is x[source[i] / k], the rows past them are zero.
 struct PermuteOutput {
-  Tensor rows;    // [T k, d] (like x): the token rows in expert order
-  Tensor counts;  // [E] i64: kept assignments per expert
-  Tensor source;  // [T k] i32: the assignment of each sorted row, -1 past the kept ones
-  Tensor slot;    // [T, k] i32: each assignment's sorted row, -1 when dropped
+  Tensor rows;     // [T k, d] (like x): the token rows in expert order
+  Tensor counts;   // [E] i64: kept assignments per expert
+  Tensor offsets;  // [E + 1] i64: expert e's rows are [offsets[e], offsets[e + 1]) (on the device:
+                   // an expert GEMM reads them without a host synchronisation)
+  Tensor source;   // [T k] i32: the assignment of each sorted row, -1 past the kept ones
+  Tensor slot;     // [T, k] i32: each assignment's sorted row, -1 when dropped
 };
 // x [T, d] (T), experts [T, k] i32 (in [0, num_experts): not checked on a GPU), kept [T, k] u8.
 PermuteOutput moe_permute(const Tensor& x, const Tensor& experts, const Tensor& kept,

@@ -76,7 +76,8 @@ void moe_route_backward(const Tensor& dweights, const Tensor& logits, const Tens
                         const Tensor& counts, double aux_scale, double z_scale,
                         const RouteOptions& options, const Tensor& dlogits);
 void moe_permute(const Tensor& x, const Tensor& experts, const Tensor& kept, const Tensor& rows,
-                 const Tensor& counts, const Tensor& source, const Tensor& slot);
+                 const Tensor& counts, const Tensor& offsets, const Tensor& source,
+                 const Tensor& slot);
 void moe_unpermute(const Tensor& rows, const Tensor& slot, const Tensor& weights, const Tensor& y);
 void moe_unpermute_backward(const Tensor& dy, const Tensor& rows, const Tensor& slot,
                             const Tensor& source, const Tensor& weights, const Tensor& drows,

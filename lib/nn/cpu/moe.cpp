@@ -181,7 +181,8 @@ void moe_route_backward(const Tensor& dweights, const Tensor& logits, const Tens
 }
 
 void moe_permute(const Tensor& x, const Tensor& experts, const Tensor& kept, const Tensor& rows,
-                 const Tensor& counts, const Tensor& source, const Tensor& slot) {
+                 const Tensor& counts, const Tensor& offsets, const Tensor& source,
+                 const Tensor& slot) {
   const std::int64_t A = experts.numel(), k = experts.size(1), E = counts.numel();
   const std::int64_t d = x.size(1);
   const std::int32_t* ex = experts.data<std::int32_t>();
@@ -195,8 +196,10 @@ void moe_permute(const Tensor& x, const Tensor& experts, const Tensor& kept, con
   for (std::int64_t a = 0; a < A; ++a) {
     if (kp[a] != 0) ++cn[ex[a]];
   }
-  std::vector<std::int64_t> next(static_cast<std::size_t>(E), 0);
-  std::partial_sum(cn, cn + E - 1, next.begin() + 1);
+  std::int64_t* off = offsets.data<std::int64_t>();
+  off[0] = 0;
+  std::partial_sum(cn, cn + E, off + 1);
+  std::vector<std::int64_t> next(off, off + E);
   std::int32_t* src = source.data<std::int32_t>();
   std::int32_t* sl = slot.data<std::int32_t>();
   std::fill(src, src + A, -1);

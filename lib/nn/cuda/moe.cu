@@ -471,12 +471,15 @@ void moe_route_backward(const Tensor& dweights, const Tensor& logits, const Tens
 }
 
 void moe_permute(const Tensor& x, const Tensor& experts, const Tensor& kept, const Tensor& rows,
-                 const Tensor& counts, const Tensor& source, const Tensor& slot,
-                 const Stream& stream) {
+                 const Tensor& counts, const Tensor& offsets, const Tensor& source,
+                 const Tensor& slot, const Stream& stream) {
   const std::int64_t A = experts.numel(), d = x.size(1), num_experts = counts.numel();
   const int k = static_cast<int>(experts.size(1));
   QUINTET_CUDA_CHECK(cudaMemsetAsync(counts.data_ptr(), 0,
                                      static_cast<std::size_t>(num_experts) * 8, stream.handle()));
+  // offsets[0] = 0 and, after the counts, offsets[1 + e] = counts[0] + ... + counts[e].
+  QUINTET_CUDA_CHECK(cudaMemsetAsync(
+      offsets.data_ptr(), 0, static_cast<std::size_t>(num_experts + 1) * 8, stream.handle()));
   if (A == 0) return;
   const Device dev = stream.device();
   const auto E = static_cast<std::uint32_t>(num_experts);
@@ -488,6 +491,14 @@ void moe_permute(const Tensor& x, const Tensor& experts, const Tensor& kept, con
       ptr<const std::int32_t>(experts), ptr<const std::uint8_t>(kept), A, E,
       ptr<std::uint32_t>(keys), ptr<std::int32_t>(ids), ptr<unsigned long long>(counts));
   check_launch();
+  std::size_t scan_bytes = 0;
+  QUINTET_CUDA_CHECK(cub::DeviceScan::InclusiveSum(nullptr, scan_bytes, ptr<std::int64_t>(counts),
+                                                   ptr<std::int64_t>(offsets) + 1,
+                                                   static_cast<int>(num_experts), stream.handle()));
+  const Tensor scan_temp = scratch(scan_bytes, stream);
+  QUINTET_CUDA_CHECK(cub::DeviceScan::InclusiveSum(
+      scan_temp.data_ptr(), scan_bytes, ptr<std::int64_t>(counts), ptr<std::int64_t>(offsets) + 1,
+      static_cast<int>(num_experts), stream.handle()));
   const int end_bit = bits_for(E);
   std::size_t bytes = 0;
   QUINTET_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(

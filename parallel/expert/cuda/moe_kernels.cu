@@ -150,6 +150,10 @@ __global__ void z_grad_kernel(const float* logits, std::int64_t T, std::int64_t 
   }
 }
 
+__global__ void add_counts_kernel(const std::int64_t* counts, std::int64_t n, double* acc) {
+  for (std::int64_t i = index0(); i < n; i += stride()) acc[i] += static_cast<double>(counts[i]);
+}
+
 }  // namespace
 
 void weights_backward(const Tensor& probs, const Tensor& experts, const Tensor& kept,
@@ -201,6 +205,14 @@ void add_aux_loss_grad(const Tensor& counts, double factor, const Tensor& dprobs
   aux_grad_kernel<<<grid_for(T * E), kThreads, 0, stream.handle()>>>(
       ptr<const float>(counts), T, counts.size(0), E, factor, ptr<float>(dprobs));
   check_launch("aux loss grad");
+}
+
+void add_counts(const Tensor& counts, const Tensor& acc, const Stream& stream) {
+  const std::int64_t n = counts.numel();
+  if (n == 0) return;
+  add_counts_kernel<<<grid_for(n), kThreads, 0, stream.handle()>>>(ptr<const std::int64_t>(counts),
+                                                                   n, ptr<double>(acc));
+  check_launch("add counts");
 }
 
 void z_loss(const Tensor& logits, double coeff, const Tensor& acc, const Stream& stream) {

@@ -33,6 +33,8 @@ void add_aux_loss_grad(const Tensor& counts, double factor, const Tensor& dprobs
                        const Stream& stream);
 // acc [1] f64 += coeff * mean_t lse_t^2 (T > 0).
 void z_loss(const Tensor& logits, double coeff, const Tensor& acc, const Stream& stream);
+// acc [E] f64 += counts [E] i64 (a step's load per expert, from moe_permute's counts).
+void add_counts(const Tensor& counts, const Tensor& acc, const Stream& stream);
 // dlogits += factor * 2 * lse_t * softmax(logits_t).
 void add_z_loss_grad(const Tensor& logits, double factor, const Tensor& dlogits,
                      const Stream& stream);

@@ -39,7 +39,8 @@ struct ExchangePlan {
 
 // Exchanges the counts: send_counts [ep * E_l] i64 (on the tokens' device), rows for ep rank q's
 // local expert le at q * E_l + le. One all_to_all over ep and (etp > 1) one all_gather over etp,
-// then one copy of the counts to the host, which waits for it. ep / etp may be null.
+// then one copy of the counts to the host, which waits for it (its one host synchronisation,
+// quintet::host_sync_count). ep / etp may be null.
 ExchangePlan plan_exchange(const Tensor& send_counts, std::int64_t local_experts, Communicator* ep,
                            Communicator* etp, const Stream& stream);
 // The same for `chunks` exchanges at once (one all_to_all, one copy to the host): send_counts

@@ -43,9 +43,19 @@
 // top-k, weights and the load-balancing statistics in one pass), the permutation fused with the
 // gather of the rows and the un-permutation fused with the combine are the nn ops'
 // (nn::moe_route_forward, nn::moe_permute, nn::moe_unpermute and their backward) and the
-// experts are one cuBLASLt GEMM chain each; forward's one host synchronisation is the copy of the
-// exchanged counts to the host (they size the token exchange), and backward has none. The step
-// counters of the aux and z losses stay on the device until finish_step (which waits).
+// experts are one cuBLASLt GEMM chain each.
+//
+// Host synchronisations (quintet::host_sync_count), where the host waits for the device:
+//   - forward, with an exchange (ep > 1, or etp > 1): once, the copy of the exchanged counts to
+//     the host (token_dispatcher.hpp: they size the rows' exchange and the experts' GEMMs);
+//   - forward at ep = etp = 1: no count exchange; once, the experts' read of their rows' offsets
+//     (the GEMM chains are sized on the host);
+//   - backward: never;
+//   - the step's counters (the load per expert, the aux and z sums) stay on the device, summed
+//     there microbatch after microbatch, until the step ends: finish_step waits once for them;
+//     reduce_step_counters does not wait, and the trainer's step reads them with the loss in its
+//     one synchronisation (parallel/train/step.cpp). Moving the balancing bias uploads it from
+//     pinned memory, without a wait.
 // Not thread-safe; the communicators must outlive the layer.
 #pragma once
 
@@ -126,12 +136,12 @@ class MoELayer : public nn::Module {
   MoEStats finish_step(Communicator& stage, const Stream& stream = Stream());
 
   // The end of a step in two halves, for reducing many layers' counters at once:
-  // counters_size() values, [load (E), assignments, dropped, aux sum, z sum, microbatches].
+  // counters_size() values, [load (E), assignments, aux sum, z sum, microbatches].
   std::int64_t counters_size() const { return router_->counters_size(); }
-  // Ends this step's counting: appends the counters to host with the aux and z sums as 0, and
-  // returns those sums ([2] f64 on the layer's device, to be put at offsets E + 2 and E + 3;
-  // undefined when no forward counted them). The next step counts from zero. No host
-  // synchronisation.
+  // Ends this step's counting: appends the counters to host with the device's as 0, and returns
+  // those ([E + 2] f64 on the layer's device: the load, to be put at offsets 0..E, and the aux and
+  // z sums, at E + 1 and E + 2; undefined when no forward ran). The next step counts from zero.
+  // No host synchronisation.
   Tensor take_counters(std::vector<double>& host) { return router_->take_counters(host); }
   // From the counters summed over stage (counters_size() values, in take_counters' order): the
   // step's statistics; moves the balancing bias when bias_rate > 0 (its device copy on stream)

@@ -94,6 +94,10 @@ Routing apply_capacity(const nn::RouteOutput& routed, const RouterConfig& config
 std::vector<std::int64_t> expert_load(const Routing& routing, std::int64_t experts,
                                       const Stream& stream = Stream());
 
+// Adds counts [E] i64 (kept assignments per expert: moe_permute's counts) into acc [E] f64, on
+// their device without a host wait: a step's load, kept on the device until the step ends.
+void accumulate_load(const Tensor& counts, const Tensor& acc, const Stream& stream = Stream());
+
 // d(probs) [T, E] from d(weights) [T, k] (dropped assignments carry no gradient), through the
 // renormalisation when config.renormalize.
 Tensor weights_backward(const Routing& routing, const Tensor& dweights, const RouterConfig& config,
@@ -175,7 +179,8 @@ struct RouterHandle {
 // sequence; the z loss over the tokens): the weight's gradient (accumulated) and the router's part
 // of d(x).
 //
-// Statistics: count() adds a microbatch's load and drops to the step's counters;
+// Statistics: count() adds a microbatch's load (on the device) and its assignments to the step's
+// counters;
 // take_counters() / finish_step() (MoELayer's, see moe_layer.hpp) end a step: the balancing bias
 // moves by the step's load, and an expert idle for idle_warning_steps steps is warned about once
 // (log::warn on the stage's first rank, naming the layer and the idle experts).
@@ -199,13 +204,18 @@ class Router {
   // accumulates the weight's gradient.
   Tensor backward(nn::Context& ctx, const RouterHandle& h, const Tensor& dweights);
 
-  // Adds a microbatch to the step's counters: kept assignments per expert (E values), the
-  // routed assignments and the dropped ones.
-  void count(const std::vector<std::int64_t>& load, std::int64_t assignments, std::int64_t dropped);
-  // counters_size() values, [load (E), assignments, dropped, aux sum, z sum, microbatches].
-  std::int64_t counters_size() const { return config_.experts + 5; }
-  // Appends the counters to host with the aux and z sums as 0 and returns those sums ([2] f64 on
-  // the device, undefined when no forward counted them); the next step counts from zero.
+  // Adds a microbatch to the step's counters: its kept assignments per expert, [E] i64 tensors on
+  // the layer's device (moe_permute's counts, one per chunk of tokens: they are summed, on the
+  // device, on stream, without a host wait), and its routed assignments (tokens x k, dropped
+  // included). After this step's forward.
+  void count(const std::vector<Tensor>& loads, std::int64_t assignments, const Stream& stream);
+  // counters_size() values, [load (E), assignments, aux sum, z sum, microbatches]; the dropped
+  // assignments are the assignments less the load.
+  std::int64_t counters_size() const { return config_.experts + 4; }
+  // Appends the counters to host with the device's (the load, the aux and z sums) as 0 and
+  // returns those, [E + 2] f64 on the layer's device (load, aux sum, z sum; undefined when no
+  // forward ran this step), to be put at offsets 0..E and E + 1, E + 2; the next step counts
+  // from zero.
   Tensor take_counters(std::vector<double>& host);
   // From the counters summed over stage: the step's statistics; moves the balancing bias and
   // warns about idle experts (on the stage's rank 0).
@@ -217,12 +227,12 @@ class Router {
   RouterConfig config_;
   bool sequence_parallel_;
   nn::Parameter* weight_;
-  Tensor bias_;         // [E] f32 on the CPU: the master copy
-  Tensor bias_device_;  // its copy on the GPU the layer runs on (undefined until needed)
-  // This step's counters: load per expert, assignments, dropped and microbatches on the host; the
-  // sums of the aux and z losses [2] f64 on the layer's device.
-  std::vector<double> load_;
-  double assignments_ = 0.0, dropped_ = 0.0, microbatches_ = 0.0;
+  Tensor bias_;          // [E] f32 on the CPU: the master copy
+  Tensor bias_device_;   // its copy on the GPU the layer runs on (undefined until needed)
+  Tensor bias_staging_;  // pinned: the host side of bias_device_'s last upload
+  // This step's counters: assignments and microbatches on the host; the load per expert and the
+  // sums of the aux and z losses, [E + 2] f64 on the layer's device.
+  double assignments_ = 0.0, microbatches_ = 0.0;
   Tensor sums_;
   // Consecutive finished steps in which each expert received no token, and whether the layer has
   // warned about it.
@@ -230,6 +240,7 @@ class Router {
   bool warned_idle_ = false;
 
   const Tensor& device_bias(const Device& device, const Stream& stream);
+  void upload_bias(const Device& device, const Stream& stream);
   void check_idle_experts(const MoEStats& step, const Communicator& stage);
 };
 
