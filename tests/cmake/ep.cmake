@@ -20,10 +20,10 @@ quintet_gpu_test(NAME gpu_ep_moe_test COMPONENT ep SOURCES gpu/ep_moe_gpu_test.c
 # The fused MoE ops' CUDA kernels against the CPU ops (ties, k = E, many experts, empty experts,
 # the capacity, f32 and bf16 rows).
 quintet_gpu_test(NAME gpu_ep_moe_ops_test COMPONENT ep SOURCES gpu/ep_moe_ops_gpu_test.cpp)
-# The MoE layer's host synchronisations by quintet::host_sync_count: exactly the count exchange's
-# one per forward with an exchange (ep 2, etp 2), none in backward, one at the step's end; at ep 1
-# (tp 1, tp 2 with and without sp; dropless and dropping) no count exchange; the device-counted
-# statistics against one rank's.
+# The MoE layer's host synchronisations by quintet::host_sync_count: none in forward and backward
+# at ep 1 (tp 1, tp 2 with and without sp; dropless and dropping), exactly the count exchange's one
+# per forward with an exchange (ep 2, etp 2), one at the step's end; the device-counted statistics
+# against one rank's.
 quintet_mpi_test(NAME ep_host_sync_test COMPONENT ep RANKS 1 2 SOURCES mpi/ep_host_sync_test.cpp)
 # The FP8 experts (per-tensor scales over the stage) at dp-1 layouts against one rank's FP8
 # layer, current and delayed scaling; ep 2 against ep 1 at dp 2; bad FP8 settings refused.

@@ -93,16 +93,15 @@ TEST_CASE("ep: the MoE layer waits for the host only where the exchange needs th
   World world = cpu_world();
   const int n = world.size();
   std::vector<Case> cases;
-  // ep = 1: no count exchange, dropless or dropping, tp 1 or 2 (+sp); the experts read their
-  // offsets on the host.
-  cases.push_back({"ep 1, dropless", ParallelConfig{}, false, 0.0f, 1});
-  cases.push_back({"ep 1, capacity 0.5", ParallelConfig{}, false, 0.5f, 1});
+  // ep = 1: no wait in forward or backward, dropless or dropping, tp 1 or 2 (+sp).
+  cases.push_back({"ep 1, dropless", ParallelConfig{}, false, 0.0f, 0});
+  cases.push_back({"ep 1, capacity 0.5", ParallelConfig{}, false, 0.5f, 0});
   if (n % 2 == 0) {
     // (etp 1: etp is tp unless set.) With sp each tp rank routes its own tokens, under a capacity
     // of its own that the one-rank reference does not share: dropless there.
     cases.push_back(
-        {"tp 2, ep 1, capacity 0.5", ParallelConfig{.tp = 2, .etp = 1}, false, 0.5f, 1});
-    cases.push_back({"tp 2 + sp, ep 1", ParallelConfig{.tp = 2, .etp = 1}, true, 0.0f, 1});
+        {"tp 2, ep 1, capacity 0.5", ParallelConfig{.tp = 2, .etp = 1}, false, 0.5f, 0});
+    cases.push_back({"tp 2 + sp, ep 1", ParallelConfig{.tp = 2, .etp = 1}, true, 0.0f, 0});
     // An exchange: the one copy of the counts per forward.
     cases.push_back({"ep 2", ParallelConfig{.ep = 2}, false, 0.0f, 1});
     cases.push_back({"ep 2, capacity 0.5", ParallelConfig{.ep = 2}, false, 0.5f, 1});

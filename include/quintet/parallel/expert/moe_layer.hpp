@@ -13,8 +13,9 @@
 //   2. the TokenDispatcher takes the tokens this rank dispatches (all of x; without sequence
 //      parallelism and tp > 1 each tp rank takes its 1/tp of the B*S' tokens, which must divide)
 //      to the ep (and etp) ranks of their experts, in overlap_chunks chunks;
-//   3. the Experts run on each chunk's rows, one GEMM chain per local expert: GELU (fc, proj) or
-//      SwiGLU (fc = gate, up, proj) MLPs of width expert_ffn, without biases;
+//   3. the Experts run on each chunk's rows, each projection one grouped GEMM over every local
+//      expert (experts.hpp): GELU (fc, proj) or SwiGLU (fc = gate, up, proj) MLPs of width
+//      expert_ffn, without biases;
 //   4. the TokenDispatcher brings the results back and sums them per token weighted by the
 //      router's weights; without sequence parallelism the tp ranks all-gather their shares, so y
 //      is the same on every tp rank;
@@ -43,13 +44,14 @@
 // top-k, weights and the load-balancing statistics in one pass), the permutation fused with the
 // gather of the rows and the un-permutation fused with the combine are the nn ops'
 // (nn::moe_route_forward, nn::moe_permute, nn::moe_unpermute and their backward) and the
-// experts are one cuBLASLt GEMM chain each.
+// experts' projections nn::grouped_linear_*'s.
 //
 // Host synchronisations (quintet::host_sync_count), where the host waits for the device:
 //   - forward, with an exchange (ep > 1, or etp > 1): once, the copy of the exchanged counts to
 //     the host (token_dispatcher.hpp: they size the rows' exchange and the experts' GEMMs);
-//   - forward at ep = etp = 1: no count exchange; once, the experts' read of their rows' offsets
-//     (the GEMM chains are sized on the host);
+//   - forward at ep = etp = 1: never; there is no count exchange, and the experts' grouped GEMMs
+//     read their rows' offsets on the device (with FP8, whose per-expert GEMMs are sized on the
+//     host, once: the read of those offsets);
 //   - backward: never;
 //   - the step's counters (the load per expert, the aux and z sums) stay on the device, summed
 //     there microbatch after microbatch, until the step ends: finish_step waits once for them;
