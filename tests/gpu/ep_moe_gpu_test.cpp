@@ -127,7 +127,9 @@ TEST_CASE("gpu MoE layer equals the CPU layer", "[ep][gpu]") {
   const int variant = GENERATE(0, 1, 2, 3, 4);
   // The experts' GEMMs: the per-group cuBLASLt loop (the default with host counts) or the grouped
   // kernel that reads the offsets on the device (QUINTET_GROUPED_GEMM=kernel,
-  // quintet/nn/grouped_linear.hpp). The FP8 experts have GEMMs of their own: once is enough.
+  // quintet/nn/grouped_linear.hpp). At ep = 1 the layer gives the experts device offsets only, so
+  // both run the kernel here; the switch matters where counts come from an exchange (ep > 1). The
+  // FP8 experts have GEMMs of their own: once is enough.
   const bool grouped_kernel = GENERATE(false, true);
   if (grouped_kernel && variant >= 3) return;
   const test_support::ScopedEnv choice("QUINTET_GROUPED_GEMM", grouped_kernel ? "kernel" : nullptr);
