@@ -72,8 +72,8 @@ void add_job_flags(CLI::App& app, JobConfig& job) {
          "top-8); the flags below override it")
       ->default_str(std::string(model::model_family_name(m.family)));
   app.add_option("--kv-heads", m.kv_heads,
-                 "key/value heads (grouped-query attention, 1: MQA): a divisor of --heads and a "
-                 "multiple of --tp (0: --heads)")
+                 "key/value heads (grouped-query attention, 1: MQA): a divisor of --heads, and a "
+                 "multiple or a divisor of --tp (below tp each is replicated) (0: --heads)")
       ->capture_default_str();
   app.add_option("--head-dim", m.head_dim, "each head's width (0: hidden / heads)")
       ->capture_default_str();
@@ -165,33 +165,33 @@ void add_job_flags(CLI::App& app, JobConfig& job) {
       ->capture_default_str();
   // Read by the runtime (RuntimeConfig::from_args, before these flags); listed here for --help,
   // and not taken from a job file.
-  app.add_option_function<std::string>(
-         "--seed", [](const std::string&) {}, "seed of the init and the data order")
-      ->default_str(std::to_string(t.seed))
-      ->configurable(false);
-  app.add_option_function<std::string>(
-         "--device", [](const std::string&) {}, "cpu or cuda (default: cuda when a GPU is visible)")
-      ->configurable(false);
-  app.add_option_function<std::string>(
-         "--timeout-s", [](const std::string&) {}, "bound on communicator setup and waits")
-      ->configurable(false);
-  app.add_option_function<std::string>(
-         "--log-level", [](const std::string&) {}, "debug, info, warn, error, off")
-      ->configurable(false);
+  const auto runtime_flag = [&app](const std::string& flag, const std::string& help) {
+    return app
+        .add_option_function<std::string>(
+            flag, [](const std::string&) {}, help)
+        ->configurable(false);
+  };
+  runtime_flag("--seed", "seed of the init and the data order")
+      ->default_str(std::to_string(t.seed));
+  runtime_flag("--device", "cpu or cuda (default: cuda when a GPU is visible)");
+  runtime_flag("--timeout-s", "bound on communicator setup and waits");
+  runtime_flag("--log-level", "debug, info, warn, error, off");
+  runtime_flag("--mpi-idle-start-us",
+               "how long a CPU communicator's thread leaves a new operation for its caller to run "
+               "(default 50; 0: start at once)");
+  runtime_flag("--cpu-affinity",
+               "auto (the default: each rank's threads on the CPUs next to its GPU, or on its "
+               "share of the host's) or none (the OS places them)");
   app.add_flag_function(
          "--check-collectives", [](std::int64_t) {},
          "debug mode: the ranks compare every collective's fingerprint before it is sent (or "
          "QUINTET_CHECK_COLLECTIVES=1)")
       ->configurable(false);
-  app.add_option_function<std::string>(
-         "--flight-dir", [](const std::string&) {},
-         "where each rank writes flight_rank<r>.json on a timeout, an error or SIGUSR1 (default: "
-         "the working directory; scripts/analyze_flight.py reads them)")
-      ->configurable(false);
-  app.add_option_function<std::string>(
-         "--flight-size", [](const std::string&) {},
-         "operations each communicator's flight recorder keeps (default 2048)")
-      ->configurable(false);
+  runtime_flag("--flight-dir",
+               "where each rank writes flight_rank<r>.json on a timeout, an error or SIGUSR1 "
+               "(default: the working directory; scripts/analyze_flight.py reads them)");
+  runtime_flag("--flight-size",
+               "operations each communicator's flight recorder keeps (default 2048)");
   app.add_option("--data", job.data.shards, "token shards (glob); default: the built-in dataset")
       ->capture_default_str();
   app.add_option("--data-dir", job.data.dir,
@@ -246,7 +246,7 @@ void add_job_flags(CLI::App& app, JobConfig& job) {
   app.add_option("--export-hf", ck.export_hf,
                  "at the end of the run, write the model as a Hugging Face directory (config."
                  "json, safetensors) that transformers and vLLM load; Llama, Qwen3, Mixtral and "
-                 "Qwen3-MoE models (--arch); it must not exist")
+                 "Qwen3-MoE models (--arch; Qwen2 from --init-from-hf); it must not exist")
       ->capture_default_str();
   app.add_option("--export-hf-every", ck.export_hf_every,
                  "also export every N steps: each export into --export-hf's DIR/step_NNNNNN")
@@ -345,6 +345,24 @@ void add_job_flags(CLI::App& app, JobConfig& job) {
 
 }  // namespace detail
 
+namespace {
+
+// The first of `extras` (arguments no flag took) that is a flag of the MoE trainer when job's model
+// is dense (--ep given to 04_gpt_train), or "".
+std::string moe_only_flag(const std::vector<std::string>& extras, const JobConfig& job) {
+  if (job.model.mlp == model::MlpKind::moe) return {};
+  JobConfig moe = JobConfig::moe_preset();
+  CLI::App moe_app;
+  detail::add_job_flags(moe_app, moe);
+  for (const std::string& arg : extras) {
+    const std::string flag = arg.substr(0, arg.find('='));
+    if (flag.rfind("--", 0) == 0 && moe_app.get_option_no_throw(flag) != nullptr) return flag;
+  }
+  return {};
+}
+
+}  // namespace
+
 std::optional<int> parse_job_args(const RuntimeConfig& runtime, std::string_view description,
                                   JobConfig* job) {
   job->training.seed = runtime.seed;
@@ -361,6 +379,8 @@ std::optional<int> parse_job_args(const RuntimeConfig& runtime, std::string_view
       return true;
     }
   };
+  const std::string program =
+      args.empty() ? std::string("trainer") : std::filesystem::path(args[0]).filename().string();
   try {
     app.parse(static_cast<int>(args.size()), args.data());
     // --init-from-hf: the model is config.json's; a model flag given must agree with it.
@@ -370,14 +390,28 @@ std::optional<int> parse_job_args(const RuntimeConfig& runtime, std::string_view
           [&app](std::string_view flag) { return app.count("--" + std::string(flag)) > 0; });
     }
   } catch (const CLI::ParseError& e) {
-    if (first_rank()) (void)app.exit(e);
+    if (first_rank()) {
+      const CLI::Option* config = app.get_config_ptr();
+      const std::string moe_flag = dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr
+                                       ? moe_only_flag(app.remaining(), *job)
+                                       : std::string();
+      if (!moe_flag.empty()) {
+        std::fprintf(stderr,
+                     "%s: %s is a flag of the mixture-of-experts trainer (05_moe_train, "
+                     "JobConfig::moe_preset()), and this trainer's model is dense\n",
+                     program.c_str(), moe_flag.c_str());
+      } else if (dynamic_cast<const CLI::ConfigError*>(&e) != nullptr && config != nullptr &&
+                 config->count() > 0) {
+        // The job file's own errors name the file.
+        std::fprintf(stderr, "%s: --config %s: %s\n", program.c_str(),
+                     config->as<std::string>().c_str(), e.what());
+      } else {
+        (void)app.exit(e);
+      }
+    }
     return e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success) ? 0 : 2;
   } catch (const Error& e) {  // a value a library parse function refused (--schedule 2f2b)
-    if (first_rank()) {
-      const std::string program = args.empty() ? std::string("trainer")
-                                               : std::filesystem::path(args[0]).filename().string();
-      std::fprintf(stderr, "%s: %s\n", program.c_str(), e.what());
-    }
+    if (first_rank()) std::fprintf(stderr, "%s: %s\n", program.c_str(), e.what());
     return 2;
   }
   return std::nullopt;

@@ -403,6 +403,14 @@ EOF
     test "$(grep -c 'no-such-flag' unknown.err)" -eq 1 || { cat unknown.err; exit 1; }
     "$mpiexec" "${mpi_flags[@]}" -np 2 "$trainer" --help >help.out
     test "$(grep -c '^Usage:' help.out)" -eq 1
+    # --help lists every runtime flag RuntimeConfig reads (the list in its header).
+    for flag in $(grep -o -- '^//   QUINTET_[A-Z_]*=[^ ]* *--[a-z-]*' \
+                  "$here/../../include/quintet/core/runtime_config.hpp" | grep -o -- '--[a-z-]*$'); do
+      grep -q -- "^  $flag " help.out || { echo "--help does not list $flag"; exit 1; }
+    done
+    # A flag of the MoE trainer given to the dense one says which trainer takes it.
+    expect_error 2 "--ep is a flag of the mixture-of-experts trainer (05_moe_train" --steps 1 \
+      --dp 2 --ep 2
     expect_error 2 "--tp 2 x --dp 2 = 4 ranks, but the job has 2" --steps 1 --tp 2 --dp 2
     expect_error 2 "heads = 5 is not divisible by the tensor-parallel size tp = 2" \
       --steps 1 --tp 2 --heads 5 --hidden 80
@@ -453,7 +461,8 @@ EOF
       >/dev/null 2>bad_job.err
     status=$?
     set -e
-    test "$status" -eq 2 && grep -q '"step" is not a setting' bad_job.err || { cat bad_job.err; exit 1; }
+    test "$status" -eq 2 && grep -q -- '--config bad_job.json: the job file.s "step" is not a setting' \
+      bad_job.err || { cat bad_job.err; exit 1; }
     # --resume needs a checkpoint; --resume-if-exists starts fresh without one.
     expect_error 1 "--resume no_such_dir: no such directory; use --resume-if-exists" --steps 1 \
       --resume no_such_dir
