@@ -1,6 +1,7 @@
 // The MoE ops on one GPU against the CPU ones: the router (routing with and without the balancing
-// bias, softmax and sigmoid, k = 1..3, the capacity rule), its backward, the aux and z losses and
-// their gradients; then the MoE layer (router kernels, permutation, cuBLASLt experts, combine)
+// bias, softmax and sigmoid, k = 1..3, the capacity rule; the aux loss's statistics and the z
+// loss's sum, the aux loss from them, and the backward with both terms, as the Router runs them);
+// then the MoE layer (router kernels, permutation, cuBLASLt experts, combine)
 // forward and backward in f32 (within 1e-5 relative, as the nn GPU tests) and in bf16 (the CPU
 // reference fed the same bf16-rounded inputs and weights; within 2e-2), with GELU and SwiGLU
 // experts, shared experts, dropping and the aux-loss-free bias; and FP8 experts (--fp8 hybrid,
@@ -92,30 +93,39 @@ TEST_CASE("gpu router equals the CPU router", "[ep][gpu]") {
   require_close(got.weights, want.weights, s, 1e-6, "weights");
   if (capacity > 0.0f) CHECK(want.dropped > 0);
 
+  // As the Router runs them: the fused op with the aux loss's statistics of kGroups sequences
+  // and the z loss's sum, the capacity, the aux loss from the statistics, the backward with both
+  // terms; the GPU against the CPU fused ops on the same inputs.
+  nn::RouteOptions o = route_options(rc);
+  o.groups = kGroups;
+  o.z_scale = rc.z_loss_coeff / static_cast<double>(kT);
+  const Tensor acc_want = Tensor::zeros({2}, DType::f64);
+  const Tensor acc_got = acc_want.to(w.device(), s);
+  const nn::RouteOutput rw =
+      nn::moe_route_forward(logits, bias, o, acc_want.narrow(0, 1, 1), Stream());
+  const nn::RouteOutput rg = nn::moe_route_forward(
+      g_logits, with_bias ? bias.to(w.device(), s) : Tensor(), o, acc_got.narrow(0, 1, 1), s);
+  const Routing want_s = apply_capacity(rw, rc), got_s = apply_capacity(rg, rc, s);
+  CHECK(host(rg.counts, s) == host(rw.counts, Stream()));
+  require_close(rg.prob_sum, rw.prob_sum, s, 1e-6, "aux prob sums");
+  accumulate_aux_loss({rw.counts, rw.prob_sum}, kT / kGroups, rc, acc_want.narrow(0, 0, 1));
+  accumulate_aux_loss({rg.counts, rg.prob_sum}, kT / kGroups, rc, acc_got.narrow(0, 0, 1), s);
+  const std::vector<double> losses = host(acc_got, s), losses_want = host(acc_want, Stream());
+  CHECK(losses[0] == Approx(losses_want[0]).epsilon(1e-6));
+  CHECK(losses[1] == Approx(losses_want[1]).epsilon(1e-6));
+  CHECK(losses_want[0] > 0.0);
+  CHECK(losses_want[1] > 0.0);
+
   const Tensor dweights = Tensor::randn({kT, k}, 6);
-  Tensor dprobs_want = weights_backward(want, dweights, rc);
-  Tensor dprobs_got = weights_backward(got, dweights.to(w.device(), s), rc, s);
-  require_close(dprobs_got, dprobs_want, s, 1e-6, "weights backward");
-
-  const AuxStats st_want = aux_stats(want, kGroups);
-  const AuxStats st_got = aux_stats(got, kGroups, s);
-  CHECK(host(st_got.counts, s) == host(st_want.counts, Stream()));
-  require_close(st_got.prob_sum, st_want.prob_sum, s, 1e-6, "aux prob sums");
-  const Tensor acc = Tensor::zeros({2}, DType::f64).to(w.device(), s);
-  accumulate_aux_loss(st_got, kT / kGroups, rc, acc.narrow(0, 0, 1), s);
-  accumulate_z_loss(g_logits, rc, acc.narrow(0, 1, 1), s);
-  const std::vector<double> losses = host(acc, s);
-  CHECK(losses[0] == Approx(aux_loss(st_want, kT / kGroups, rc)).epsilon(1e-6));
-  CHECK(losses[1] == Approx(z_loss(logits, rc)).epsilon(1e-6));
-
-  add_aux_loss_grad(st_want, kT / kGroups, rc, 0.5f, dprobs_want);
-  add_aux_loss_grad(st_got, kT / kGroups, rc, 0.5f, dprobs_got, s);
-  require_close(dprobs_got, dprobs_want, s, 1e-6, "aux loss gradient");
-  Tensor dl_want = scores_backward(want.probs, dprobs_want, score);
-  Tensor dl_got = scores_backward(got.probs, dprobs_got, score, s);
-  add_z_loss_grad(logits, rc, 0.25f, dl_want);
-  add_z_loss_grad(g_logits, rc, 0.25f, dl_got, s);
-  require_close(dl_got, dl_want, s, 1e-5, "logit gradient (scores and z loss)");
+  const double aux_scale = aux_grad_factor(rc, kGroups, kT / kGroups, 0.5f);
+  const double z_scale = 0.25 * rc.z_loss_coeff;
+  const Tensor dl_want =
+      nn::moe_route_backward(dweights, logits, want_s.probs, want_s.experts, want_s.kept, rw.lse,
+                             rw.counts, aux_scale, z_scale, o, Stream());
+  const Tensor dl_got =
+      nn::moe_route_backward(dweights.to(w.device(), s), g_logits, got_s.probs, got_s.experts,
+                             got_s.kept, rg.lse, rg.counts, aux_scale, z_scale, o, s);
+  require_close(dl_got, dl_want, s, 1e-5, "logit gradient (weights, aux and z losses)");
 }
 
 TEST_CASE("gpu MoE layer equals the CPU layer", "[ep][gpu]") {

@@ -1,7 +1,8 @@
 // The MoE router (quintet/parallel/expert/router.hpp): top-k selection and weights against a
-// plain reference (support/route_reference.hpp), the capacity's dropping rule exactly, the aux
-// loss, z loss and weight gradients against finite differences, the balancing bias update, and bad
-// configurations.
+// plain reference (support/route_reference.hpp), the capacity's dropping rule exactly, the load
+// counted on the device, the aux and z losses as the Router computes them (the fused op's
+// statistics, accumulate_aux_loss) at their defined values and with aux_grad_factor's gradient
+// against finite differences, the balancing bias update, and bad configurations.
 #include <cmath>
 #include <vector>
 
@@ -19,26 +20,50 @@ Tensor matrix(const std::vector<float>& v, std::int64_t rows, std::int64_t cols)
   return Tensor::from_vector(v, {rows, cols});
 }
 
+// A routing of logits with its aux and z losses, as Router::forward computes them: one
+// moe_route_forward with the aux loss's statistics of `groups` groups and the z loss's sum, the
+// capacity, and the aux loss from the statistics (accumulate_aux_loss).
+struct Routed {
+  nn::RouteOutput out;
+  Routing routing;
+  double aux = 0.0, z = 0.0;
+};
+
+Routed route_with_losses(const Tensor& logits, const RouterConfig& rc, std::int64_t groups) {
+  const std::int64_t T = logits.size(0);
+  nn::RouteOptions o = route_options(rc);
+  o.groups = groups;
+  o.z_scale = rc.z_loss_coeff / static_cast<double>(T);
+  const Tensor z = Tensor::zeros({1}, DType::f64), aux = Tensor::zeros({1}, DType::f64);
+  Routed r;
+  r.out = nn::moe_route_forward(logits, Tensor(), o, z, Stream());
+  r.routing = apply_capacity(r.out, rc);
+  accumulate_aux_loss({r.out.counts, r.out.prob_sum}, T / groups, rc, aux);
+  r.aux = aux.to_vector<double>()[0];
+  r.z = z.to_vector<double>()[0];
+  return r;
+}
+
 // A loss of the router's outputs: sum of c * weights + the aux and z losses, for finite
 // differences against the analytic gradient.
 double loss_of(const Tensor& logits, const RouterConfig& rc, const Tensor& c, std::int64_t groups) {
-  const Routing r = route(logits, Tensor(), rc);
+  const Routed r = route_with_losses(logits, rc, groups);
   double l = 0.0;
-  const std::vector<float> w = r.weights.to_vector<float>(), cv = c.to_vector<float>();
+  const std::vector<float> w = r.routing.weights.to_vector<float>(), cv = c.to_vector<float>();
   for (std::size_t i = 0; i < w.size(); ++i) l += static_cast<double>(w[i]) * cv[i];
-  const std::int64_t n = logits.size(0) / groups;
-  return l + aux_loss(aux_stats(r, groups), n, rc) + z_loss(logits, rc);
+  return l + r.aux + r.z;
 }
 
+// Its gradient as Router::backward takes it: moe_route_backward with aux_grad_factor's scale for
+// the aux term and z_loss_coeff / T for the z loss's mean.
 Tensor analytic_grad(const Tensor& logits, const RouterConfig& rc, const Tensor& c,
                      std::int64_t groups) {
-  const Routing r = route(logits, Tensor(), rc);
-  Tensor dprobs = weights_backward(r, c, rc);
-  const std::int64_t n = logits.size(0) / groups;
-  add_aux_loss_grad(aux_stats(r, groups), n, rc, 1.0f, dprobs);
-  Tensor dlogits = scores_backward(r.probs, dprobs, rc.score);
-  add_z_loss_grad(logits, rc, 1.0f / static_cast<float>(logits.size(0)), dlogits);
-  return dlogits;
+  const Routed r = route_with_losses(logits, rc, groups);
+  const std::int64_t T = logits.size(0);
+  return nn::moe_route_backward(
+      c, logits, r.routing.probs, r.routing.experts, r.routing.kept, r.out.lse, r.out.counts,
+      aux_grad_factor(rc, groups, T / groups, 1.0f), rc.z_loss_coeff / static_cast<double>(T),
+      route_options(rc), Stream());
 }
 
 }  // namespace
@@ -102,12 +127,12 @@ TEST_CASE("router: the capacity drops the lowest-probability assignments, exactl
     if (kept_want[t] == 0) CHECK(r.weights.at<float>({t, 0}) == 0.0f);
   }
   CHECK(r.dropped == 3);
-  CHECK(expert_load(r, 3) == std::vector<std::int64_t>{2, 1, 0});
-  // The same load summed on the device from the permutation's counts, microbatch after
-  // microbatch, without a host read; bad accumulators refused.
-  const Tensor load = Tensor::zeros({3}, DType::f64);
+  // The load: the permutation's counts of the kept assignments, summed on the device microbatch
+  // after microbatch, without a host read; bad accumulators refused.
   const Tensor counts =
       nn::moe_permute(Tensor::zeros({6, 1}), r.experts, r.kept, 3, Stream()).counts;
+  CHECK(counts.to_vector<std::int64_t>() == std::vector<std::int64_t>{2, 1, 0});
+  const Tensor load = Tensor::zeros({3}, DType::f64);
   accumulate_load(counts, load);
   accumulate_load(counts, load);
   CHECK(load.to_vector<double>() == std::vector<double>{4, 2, 0});
@@ -168,16 +193,17 @@ TEST_CASE("router: aux and z losses take their defined values", "[ep]") {
   std::vector<float> v(16, 0.0f);
   for (int t = 0; t < 4; ++t) v[t * 4 + t] = 1e-4f;  // token t picks expert t
   const Tensor logits = matrix(v, 4, 4);
-  const Routing r = route(logits, Tensor(), rc);
-  CHECK(aux_loss(aux_stats(r, 1), 4, rc) == Approx(0.01).epsilon(1e-3));
+  CHECK(route_with_losses(logits, rc, 1).aux == Approx(0.01).epsilon(1e-3));
+  // Two groups (sequences) of two tokens, each with its two tokens on two experts: balanced too.
+  CHECK(route_with_losses(logits, rc, 2).aux == Approx(0.01).epsilon(1e-3));
   // z loss of all-zero logits: lse = log 4 for every token.
   const Tensor zeros = Tensor::zeros({3, 4});
-  CHECK(z_loss(zeros, rc) == Approx(0.5 * std::log(4.0) * std::log(4.0)).epsilon(1e-6));
+  CHECK(route_with_losses(zeros, rc, 1).z ==
+        Approx(0.5 * std::log(4.0) * std::log(4.0)).epsilon(1e-6));
   // All on one expert: f = (1, 0, 0, 0), P = (p, ...) -> aux = coeff * 4 * p.
   const Tensor skew = matrix({9.0f, 0.0f, 0.0f, 0.0f}, 1, 4);
-  const Routing rs = route(skew, Tensor(), rc);
-  CHECK(aux_loss(aux_stats(rs, 1), 1, rc) ==
-        Approx(0.01 * 4 * rs.probs.at<float>({0, 0})).epsilon(1e-6));
+  const Routed rs = route_with_losses(skew, rc, 1);
+  CHECK(rs.aux == Approx(0.01 * 4 * rs.routing.probs.at<float>({0, 0})).epsilon(1e-6));
 }
 
 TEST_CASE("router: bad configurations are refused", "[ep]") {
