@@ -221,8 +221,19 @@ class CheckedCommunicator final : public Communicator {
     return inner_->barrier(s);
   }
   std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override {
+    return checked_split(color, key, name, nullptr);
+  }
+  // The inner communicator gets the members (the NCCL backend records with them).
+  std::unique_ptr<Communicator> split_with_members(int color, int key, const std::string& name,
+                                                   const std::vector<int>& members) override {
+    return checked_split(color, key, name, &members);
+  }
+  std::unique_ptr<Communicator> checked_split(int color, int key, const std::string& name,
+                                              const std::vector<int>* members) {
     check_collective(collective(Kind::split, std::nullopt, -1, -1, std::nullopt));
-    std::unique_ptr<Communicator> child = inner_->split(color, key, name);
+    std::unique_ptr<Communicator> child = members != nullptr
+                                              ? inner_->split(color, key, name, *members)
+                                              : inner_->split(color, key, name);
     MPI_Comm side = MPI_COMM_NULL;
     QUINTET_MPI_CHECK(MPI_Comm_split(side_, color < 0 ? MPI_UNDEFINED : color, key, &side));
     if (child == nullptr || child->size() == 1) {

@@ -78,6 +78,19 @@ std::string_view flight_state_name(FlightState state) {
   return "unknown";
 }
 
+std::vector<int> split_world_ranks(const std::vector<int>& parent_world_ranks,
+                                   const std::vector<int>& members) {
+  std::vector<int> out;
+  if (parent_world_ranks.empty()) return out;
+  out.reserve(members.size());
+  for (const int m : members) {
+    QUINTET_CHECK(m >= 0 && static_cast<std::size_t>(m) < parent_world_ranks.size(),
+                  "split member {} is not a rank of the parent's {}", m, parent_world_ranks.size());
+    out.push_back(parent_world_ranks[static_cast<std::size_t>(m)]);
+  }
+  return out;
+}
+
 std::int64_t steady_to_unix_us(std::int64_t steady_ns) {
   if (steady_ns == 0) return 0;
   const auto unix_now = std::chrono::duration_cast<std::chrono::microseconds>(

@@ -157,6 +157,13 @@ class FlightRegistry {
   std::atomic<bool> failure_dumped_{false};
 };
 
+// The world ranks of a split's members (Communicator::split with members): parent_world_ranks[m]
+// for each member m, a rank of the parent, in order. Empty when the parent's world ranks are
+// unknown (empty) or no members are given. Throws InvalidArgument naming the member that is not a
+// rank of the parent.
+std::vector<int> split_world_ranks(const std::vector<int>& parent_world_ranks,
+                                   const std::vector<int>& members);
+
 // Converts a steady_clock time (ns since its epoch) to Unix time in microseconds.
 std::int64_t steady_to_unix_us(std::int64_t steady_ns);
 

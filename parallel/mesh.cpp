@@ -1,6 +1,7 @@
 #include "quintet/parallel/mesh.hpp"
 
 #include <string>
+#include <vector>
 
 #include "quintet/core/error.hpp"
 
@@ -16,17 +17,12 @@ Mesh::Mesh(Layout layout, Communicator& world) : layout_(std::move(layout)) {
   for (Axis axis : kAllAxes) {
     const int color = layout_.group_index(axis, rank_);
     const int key = layout_.index_in_group(axis, rank_);
-    std::unique_ptr<Communicator> comm = world.split(color, key, std::string(axis_name(axis)));
-    if (color >= 0) {
-      // A backend that orders a split differently would silently mis-wire every group.
-      QUINTET_CHECK(
-          comm != nullptr && comm->rank() == key && comm->size() == layout_.group_size(axis),
-          "splitting '{}' for axis '{}' gave rank {} of {} but the layout expects rank "
-          "{} of {}: the backend's split must order ranks by key",
-          world.name(), axis_name(axis), comm ? comm->rank() : -1, comm ? comm->size() : 0, key,
-          layout_.group_size(axis));
-    }
-    comms_[static_cast<int>(axis)] = std::move(comm);
+    // The group's ranks: split checks that the backend ordered them by key (one that did not
+    // would silently mis-wire every group), and NCCL records the axis's operations in the flight
+    // recorder with their world ranks.
+    static const std::vector<int> kNoGroup;
+    const std::vector<int>& members = color >= 0 ? layout_.group_of(axis, rank_) : kNoGroup;
+    comms_[static_cast<int>(axis)] = world.split(color, key, std::string(axis_name(axis)), members);
   }
 }
 

@@ -15,7 +15,9 @@ namespace quintet::detail {
 
 class FlightRegistry;
 
-// What an NCCL communicator does beyond moving data. Its splits inherit all but world_ranks.
+// What an NCCL communicator does beyond moving data. Its splits inherit all; their world ranks
+// are those of their members when the split names them (Communicator::split with members), else
+// none.
 struct NcclOptions {
   // Bounds initialisation, splits and every wait, and is the watchdog's deadline: an operation
   // not completed timeout_s after it was issued, while no thread waits for it, makes the watchdog
@@ -24,7 +26,7 @@ struct NcclOptions {
   // This process's flight recorders (may be null): dumped by the watchdog. With world_ranks (the
   // world rank of each rank of the communicator, size() entries) the communicator records its
   // operations there too, as '<name> (nccl)' (apart from an MPI communicator of the same name and
-  // ranks); its splits do not (their members' world ranks are not known here).
+  // ranks); so do its splits made with members (the Mesh's axes), not those made without.
   std::shared_ptr<FlightRegistry> flight;
   std::vector<int> world_ranks;
   // Ends the process (or the job) after the watchdog has printed its message, dumped and aborted.

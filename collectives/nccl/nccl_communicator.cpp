@@ -351,6 +351,13 @@ Work NcclCommunicator::barrier(const Stream& stream) {
 }
 
 std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key, const std::string& name) {
+  return split_with_members(color, key, name, {});
+}
+
+std::unique_ptr<Communicator> NcclCommunicator::split_with_members(
+    int color, int key, const std::string& name, const std::vector<int>& members) {
+  // Before any NCCL call: a member that is not a rank of this communicator throws here.
+  NcclOptions options = state_->split_options(members);
   state_->check_usable("split");
   watchdog_->reap();
   DeviceGuard guard(device());
@@ -382,12 +389,18 @@ std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key, const 
     (void)ncclCommAbort(child);
     state_->throw_failure(r, what);
   }
+  if (static_cast<int>(options.world_ranks.size()) != child_size ||
+      (!members.empty() && members[static_cast<std::size_t>(child_rank)] != rank())) {
+    // Not the group the members say (Communicator::split refuses it once made): record nothing
+    // rather than under wrong world ranks.
+    options.world_ranks.clear();
+  }
   if (child_size == 1) {
     // The header's promise: a group of one rank gets the Self backend (local copies, no NCCL).
     nccl_destroy(child, state_->timeout_s());
     return make_self_communicator(device(), name);
   }
-  return communicator_over(child, child_rank, child_size, device(), state_->split_options(), name);
+  return communicator_over(child, child_rank, child_size, device(), options, name);
 }
 
 std::unique_ptr<Communicator> communicator_over(ncclComm_t control, int rank, int size,

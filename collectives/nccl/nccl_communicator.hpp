@@ -64,6 +64,10 @@ class NcclCommunicator final : public Communicator {
   Work recv(const Tensor& out, int peer, const Stream& stream) override;
   Work p2p(const std::vector<P2POp>& ops, const Stream& stream) override;
   Work barrier(const Stream& stream) override;
+  // Without members the split records nothing in the flight recorder (its members' world ranks
+  // are unknown here); with them (Communicator::split's other form, which the Mesh uses) it records
+  // as '<name> (nccl)' with their world ranks, when this communicator records too.
+  using Communicator::split;
   std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override;
 
   // What the flight recorder keeps of an operation: dtype and element count of the tensor that
@@ -88,6 +92,8 @@ class NcclCommunicator final : public Communicator {
                 const Tensor& out, const std::vector<std::int64_t>& recv_counts,
                 const Stream& stream);
   Tensor staging_for(const Tensor& in, const Tensor& out);
+  std::unique_ptr<Communicator> split_with_members(int color, int key, const std::string& name,
+                                                   const std::vector<int>& members) override;
 
   std::shared_ptr<NcclState> state_;
   ncclComm_t comm_;              // state_->comm(), cached for the hot path

@@ -88,9 +88,9 @@ NcclState::NcclState(ncclComm_t comm, ncclComm_t control, Device device, int ran
   }
 }
 
-NcclOptions NcclState::split_options() const {
+NcclOptions NcclState::split_options(const std::vector<int>& members) const {
   NcclOptions o = options_;
-  o.world_ranks.clear();
+  o.world_ranks = split_world_ranks(options_.world_ranks, members);
   return o;
 }
 

@@ -90,8 +90,10 @@ class NcclState {
   int size() const { return size_; }
   const std::string& name() const { return name_; }
   double timeout_s() const { return options_.timeout_s; }
-  // The options a split inherits: these, without world ranks.
-  NcclOptions split_options() const;
+  // The options of a split whose members (ranks of this communicator, in the split's rank order)
+  // are given: these, with the members' world ranks when this communicator knows its own
+  // (split_world_ranks); without world ranks (recording nothing) otherwise.
+  NcclOptions split_options(const std::vector<int>& members) const;
   // This communicator's flight recorder; null when it records nothing.
   const std::shared_ptr<FlightRecorder>& recorder() const { return recorder_; }
   // "communicator 'dp' (nccl, rank 1 of 4)"

@@ -196,4 +196,9 @@ std::unique_ptr<Communicator> TimedCommunicator::split(int color, int key,
   return inner_->split(color, key, name);
 }
 
+std::unique_ptr<Communicator> TimedCommunicator::split_with_members(
+    int color, int key, const std::string& name, const std::vector<int>& members) {
+  return inner_->split(color, key, name, members);
+}
+
 }  // namespace quintet::overlap

@@ -25,6 +25,11 @@ quintet_unit_test(NAME collectives_flight_recorder_test COMPONENT reliability
                   SOURCES unit/collectives_flight_recorder_test.cpp)
 target_link_libraries(collectives_flight_recorder_test PRIVATE quintet_collectives_private
                                                                nlohmann_json::nlohmann_json)
+# Splits that name their members: refused when wrong, passed on by wrappers and by the Mesh, and
+# mapped to the world ranks an NCCL split records in the flight recorder (issue #44).
+quintet_unit_test(NAME collectives_split_members_test COMPONENT reliability
+                  SOURCES unit/collectives_split_members_test.cpp)
+target_link_libraries(collectives_split_members_test PRIVATE quintet_collectives_private)
 # The start-up check that every rank runs with the same settings.
 quintet_mpi_test(NAME collectives_consistency_test COMPONENT collectives RANKS 1 2 3
                  SOURCES mpi/collectives_consistency_test.cpp)

@@ -4,7 +4,8 @@
 if(QUINTET_HAS_NCCL)
   foreach(_test collectives_nccl_test collectives_nccl_semantics_test)
     quintet_gpu_test(NAME gpu_${_test} COMPONENT collectives RANKS 1 2 SOURCES gpu/${_test}.cpp)
-    target_link_libraries(gpu_${_test} PRIVATE quintet_collectives_private quintet::nccl)
+    target_link_libraries(gpu_${_test} PRIVATE quintet_collectives_private quintet::nccl
+                                               nlohmann_json::nlohmann_json)
   endforeach()
   # Its options, checked before any communication: a unit test, run on any machine.
   quintet_unit_test(NAME collectives_nccl_options_test COMPONENT collectives

@@ -44,15 +44,21 @@ inline Device local_gpu() {
 
 // A new NCCL communicator over all ranks: rank 0 makes the unique id, MPI_Bcast sends it.
 inline std::unique_ptr<Communicator> make_nccl_world(const std::string& name,
-                                                     double timeout_s = 120.0) {
+                                                     const detail::NcclOptions& options) {
   std::vector<char> id;
   if (world_rank() == 0) id = detail::nccl_make_unique_id();
   int bytes = static_cast<int>(id.size());
   MPI_Bcast(&bytes, 1, MPI_INT, 0, MPI_COMM_WORLD);
   id.resize(static_cast<std::size_t>(bytes));
   MPI_Bcast(id.data(), bytes, MPI_CHAR, 0, MPI_COMM_WORLD);
-  return detail::nccl_create_communicator(id, world_rank(), world_size(), local_gpu(), timeout_s,
+  return detail::nccl_create_communicator(id, world_rank(), world_size(), local_gpu(), options,
                                           name);
+}
+inline std::unique_ptr<Communicator> make_nccl_world(const std::string& name,
+                                                     double timeout_s = 120.0) {
+  detail::NcclOptions options;
+  options.timeout_s = timeout_s;
+  return make_nccl_world(name, options);
 }
 
 // t on the host, once work has finished: stream waits for it, then the host waits for stream.

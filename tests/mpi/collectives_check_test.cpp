@@ -115,10 +115,18 @@ TEST_CASE("check-collectives: matched operations pass and give the right results
   const Tensor h = Tensor::full({2}, 1.0, DType::f32);
   half->all_reduce(h).wait();
   CHECK(h.item({0}) == half->size());
+  // So are splits that name their members (the Mesh's), which reach the inner communicator.
+  std::vector<int> same_parity;
+  for (int i = r % 2; i < n; i += 2) same_parity.push_back(i);
+  auto named = comm->split(r % 2, r, "named", same_parity);
+  REQUIRE(named != nullptr);
+  CHECK((named->rank() == r / 2 && named->size() == half->size()));
+  CHECK(checks_collectives(*named) == (named->size() > 1));
   // Each operation was compared and counted once: 7 collectives before the split, the p2p's
-  // receive, rank 1's recv, the split, and the half's all_reduce where it has two ranks or more.
+  // receive, rank 1's recv, the two splits, and the half's all_reduce where it has two ranks or
+  // more.
   CHECK(checked_operations() - checked_before ==
-        7 + 1 + (r == 1 ? 1 : 0) + 1 + (half->size() > 1 ? 1 : 0));
+        7 + 1 + (r == 1 ? 1 : 0) + 2 + (half->size() > 1 ? 1 : 0));
 }
 
 TEST_CASE("check-collectives: mismatched collectives are errors naming both ranks",

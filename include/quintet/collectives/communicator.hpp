@@ -93,6 +93,23 @@ class Communicator {
   // rank). Collective over this communicator. color < 0 means "in no group": returns nullptr.
   // A resulting group of one rank gets the Self backend.
   virtual std::unique_ptr<Communicator> split(int color, int key, const std::string& name) = 0;
+  // The same split, by a caller that knows the group it asks for (the Mesh does: Layout::group_of):
+  // members are the ranks of this communicator whose color is this rank's, in key order, so that
+  // rank i of the result is members[i] (empty when color < 0). The NCCL backend, which cannot see
+  // its members' world ranks otherwise, then records the result's operations in the flight
+  // recorder as '<name> (nccl)' with their world ranks (docs/reliability.md); the others ignore
+  // them. Throws InvalidArgument before any communication when members are not distinct ranks of
+  // this communicator including this one (or are given with color < 0), and after the split when
+  // the result's rank or size disagrees with them.
+  std::unique_ptr<Communicator> split(int color, int key, const std::string& name,
+                                      const std::vector<int>& members);
+
+ protected:
+  // split(color, key, name, members) once members are checked; by default split(color, key,
+  // name). Backends that use members, and wrappers that pass them on, override it.
+  virtual std::unique_ptr<Communicator> split_with_members(int color, int key,
+                                                           const std::string& name,
+                                                           const std::vector<int>& members);
 };
 
 }  // namespace quintet

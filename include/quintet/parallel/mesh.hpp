@@ -2,9 +2,11 @@
 //
 // Built once per job by splitting the world communicator, then passed explicitly to whatever
 // needs a group (there is no global mesh). Every axis gets its communicator from one
-// world.split(color = index of this rank's group on the axis, key = its index in the group), so
-// comm(axis).rank() == rank(axis) and rank r of comm(axis) is group(axis)[r]. A rank of a middle
-// pipeline stage is in no embedding group and has no embedding communicator.
+// world.split(color = index of this rank's group on the axis, key = its index in the group,
+// members = the group's ranks), so comm(axis).rank() == rank(axis) and rank r of comm(axis) is
+// group(axis)[r]; with the members, NCCL axes record into the flight recorder as '<axis> (nccl)'
+// with their world ranks. A rank of a middle pipeline stage is in no embedding group and has no
+// embedding communicator.
 //
 // Ownership: the Mesh owns its per-axis communicators; it does not keep the world communicator.
 // Thread safety: the accessors are const and safe to share; using a communicator follows the

@@ -121,7 +121,13 @@ class TimedCommunicator final : public Communicator {
 
   // inner.split(color, key, name): a PLAIN (untimed) sub-communicator, owned by the caller; wrap
   // it in its own TimedCommunicator to measure it. Not counted as an operation.
+  using Communicator::split;
   std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override;
+
+ protected:
+  // inner.split(color, key, name, members), as above.
+  std::unique_ptr<Communicator> split_with_members(int color, int key, const std::string& name,
+                                                   const std::vector<int>& members) override;
 
  private:
   // Records start on stream, runs issue() (the inner call), counts the op and wraps its Work.
