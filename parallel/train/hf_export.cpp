@@ -216,10 +216,13 @@ void check_hf_export(const model::GptConfig& m, const std::string& dir, const Hf
   QUINTET_CHECK(!fs::exists(s),
                 "Hugging Face export: {} exists already (as a {}); export into a new directory",
                 dir, fs::is_directory(s) ? "directory" : "file");
+  // The directories above dir are made as a checkpoint's are (--export-hf out/llama with no out
+  // yet); the nearest one that exists must be a directory.
   fs::path parent = fs::path(dir).parent_path();
+  while (!parent.empty() && !fs::exists(parent, ec)) parent = parent.parent_path();
   if (parent.empty()) parent = ".";
-  QUINTET_CHECK(fs::is_directory(parent, ec),
-                "Hugging Face export: {}'s parent {} is not a directory", dir, parent.string());
+  QUINTET_CHECK(fs::is_directory(parent, ec), "Hugging Face export: {}: {} is not a directory", dir,
+                parent.string());
   QUINTET_CHECK(o.tokenizer_dir.empty() || fs::is_directory(o.tokenizer_dir, ec),
                 "Hugging Face export: the tokenizer directory {} is not a directory",
                 o.tokenizer_dir);

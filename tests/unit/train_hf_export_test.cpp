@@ -344,6 +344,15 @@ TEST_CASE("export: the tokenizer files and token ids of the model the run starte
   REQUIRE(ids["max_position_embeddings"] == 8);
 }
 
+TEST_CASE("export: the directories above DIR are made, as a checkpoint's are") {
+  const TempDir tmp("parents");
+  const GptConfig m = llama_gqa();
+  const auto params = parameters(m);
+  train::export_hf(tmp / "no/such/parent", m, train::HfExportOptions{}, source_of(params));
+  REQUIRE(fs::is_regular_file(tmp / "no/such/parent/config.json"));
+  REQUIRE(!fs::exists(tmp / "no/such/parent.partial"));
+}
+
 TEST_CASE("export: bad inputs refused before anything is written; a failure leaves nothing") {
   const TempDir tmp("refused");
   const GptConfig m = llama_gqa();
@@ -355,8 +364,9 @@ TEST_CASE("export: bad inputs refused before anything is written; a failure leav
   fs::create_directories(tmp / "a_dir");
   REQUIRE_THROWS_QUINTET(train::export_hf(tmp / "a_dir", m, o, source_of(params)), InvalidArgument,
                          "exists already (as a directory)");
-  REQUIRE_THROWS_QUINTET(train::export_hf(tmp / "no/such/parent", m, o, source_of(params)),
-                         InvalidArgument, "is not a directory");
+  REQUIRE_THROWS_QUINTET(train::export_hf(tmp / "a_file/below", m, o, source_of(params)),
+                         InvalidArgument,
+                         "a_file/below: " + (tmp / "a_file") + " is not a directory");
   REQUIRE_THROWS_QUINTET(train::parse_hf_export_dtype("f16"), InvalidArgument,
                          "--export-dtype f16: expected f32");
   train::HfExportOptions f16 = o;

@@ -516,8 +516,8 @@ TEST_CASE("job config: the jobs the trainers refuse, refused before any communic
   refused(gpt, 1, {"--arch", "llama", "--export-hf", "hf_out", "--export-hf-every", "-1"},
           "--export-hf-every -1: expected >= 0");
   refused(gpt, 1, {"--arch", "llama", "--export-hf", "/"}, "/ exists already (as a directory)");
-  refused(gpt, 1, {"--arch", "llama", "--export-hf", "/no/such/parent/hf"},
-          "parent /no/such/parent is not a directory");
+  refused(gpt, 1, {"--arch", "llama", "--export-hf", "/dev/null/a/hf"},
+          "/dev/null/a/hf: /dev/null is not a directory");
   // Model families and the flags of their structure.
   refused(gpt, 1, {"--arch", "mixtral"},
           "--arch mixtral: a mixture-of-experts family, and this trainer's model is dense");
