@@ -23,21 +23,27 @@ void validate_world(const ParallelConfig& p, int world) {
                 "--tp {} --cp {} --dp {} --pp {} --vpp {}: all must be >= 1", p.tp, p.cp, p.dp,
                 p.pp, p.vpp);
   const int ranks = p.tp * p.cp * p.dp * p.pp;
+  // ep is carved out of the dense layers' ranks: a user who counts it as another factor is told.
+  const std::string ep = p.ep > 1 ? fmt::format(
+                                        " (--ep {} adds no ranks: the experts are spread "
+                                        "over the ranks --tp, --cp and --dp make)",
+                                        p.ep)
+                                  : std::string();
   if (p.cp > 1) {
     QUINTET_CHECK(ranks == world,
                   "--tp {} x --cp {} x --dp {} x --pp {} = {} ranks, but the job has {}; launch "
-                  "with mpirun -np {} or change the sizes",
-                  p.tp, p.cp, p.dp, p.pp, ranks, world, ranks);
+                  "with mpirun -np {} or change the sizes{}",
+                  p.tp, p.cp, p.dp, p.pp, ranks, world, ranks, ep);
   } else if (p.pp == 1) {
     QUINTET_CHECK(ranks == world,
                   "--tp {} x --dp {} = {} ranks, but the job has {}; launch with mpirun -np {} or "
-                  "change --tp/--dp",
-                  p.tp, p.dp, ranks, world, ranks);
+                  "change --tp/--dp{}",
+                  p.tp, p.dp, ranks, world, ranks, ep);
   } else {
     QUINTET_CHECK(ranks == world,
                   "--tp {} x --dp {} x --pp {} = {} ranks, but the job has {}; launch with mpirun "
-                  "-np {} or change --tp/--dp/--pp",
-                  p.tp, p.dp, p.pp, ranks, world, ranks);
+                  "-np {} or change --tp/--dp/--pp{}",
+                  p.tp, p.dp, p.pp, ranks, world, ranks, ep);
   }
 }
 

@@ -365,6 +365,9 @@ PY
     expect_error 2 "--etp 2 x --ep 2 x --pp 1 = 4 does not divide the 2 ranks" --steps 1 \
       --dp 2 --ep 2 --etp 2
     expect_error 1 'unknown router score "relu"' --steps 1 --router relu
+    # ep counted as one more factor of the ranks: the message says it adds none.
+    expect_error 2 "--tp 1 x --dp 1 = 1 ranks, but the job has 2; .* (--ep 2 adds no ranks" \
+      --steps 1 --ep 2
     expect_error 1 "--moe-chunks 0: expected 1 .. 64" --steps 1 --moe-chunks 0
     ;;
   bound_by)
