@@ -153,6 +153,10 @@ World::~World() {
   // ranks may be blocked in collectives that will never complete. Tell the others (the program's
   // handler prints the message), skip the collective MPI_Finalize, and end the job at exit.
   const bool unwinding = std::uncaught_exceptions() > uncaught_at_init_;
+  if (flight_ && !monitor_ && unwinding) {
+    (void)flight_->dump_on_failure(
+        "an exception propagated out of the scope of its quintet::World");
+  }
   if (monitor_ && (unwinding || monitor_->failing())) {
     try {
       if (!monitor_->failing()) {
@@ -177,7 +181,11 @@ World::~World() {
 }
 
 void World::fail(const std::exception& error, int exit_code) noexcept {
-  if (!monitor_) return;  // one rank, or no MPI: the program exits as it would
+  if (!monitor_) {
+    // One rank, or no MPI: the program exits as it would, after the dump (RANK/WORLD_SIZE jobs).
+    if (flight_) (void)flight_->dump_on_failure(error.what());
+    return;
+  }
   const auto* e = dynamic_cast<const Error*>(&error);
   if (e != nullptr && e->code() == ErrorCode::Remote) {
     // Another rank's failure, now printed: that rank ends the job once every rank has printed;
@@ -254,13 +262,18 @@ World init(const RuntimeConfig& config) {
     log::info("\n{}", topology_report(w.topology_, config.cpu_affinity).text());
   }
 
-  if (w.info_.launcher == Launcher::mpi && w.info_.size > 1) {
+  if (w.info_.launcher != Launcher::single && w.info_.size > 1) {
+    // Under RANK/WORLD_SIZE too: its NCCL communicators record, and a rank dumps when the
+    // watchdog ends it, on World::fail, on SIGUSR1 and on demand (there is no MPI to carry the
+    // first failure to the other ranks, nor to ask them how far they got).
     w.flight_ = std::make_shared<detail::FlightRegistry>(w.info_.rank, w.info_.size,
                                                          config.flight_dir, config.flight_size);
+    w.flight_signal_ = detail::FlightSignalDump::install(w.flight_);
+  }
+  if (w.info_.launcher == Launcher::mpi && w.info_.size > 1) {
     w.monitor_ = std::make_shared<detail::JobMonitor>(MPI_COMM_WORLD, w.flight_);
     mpi_options.monitor = w.monitor_;
     mpi_options.flight = w.flight_;
-    w.flight_signal_ = detail::FlightSignalDump::install(w.flight_);
   }
 
   if (w.info_.launcher == Launcher::mpi) {

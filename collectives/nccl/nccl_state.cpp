@@ -226,6 +226,10 @@ void NcclState::shutdown() noexcept {
   control_ = nullptr;
 }
 
+std::string NcclState::dump_on_failure(std::string_view reason) noexcept {
+  return options_.flight ? options_.flight->dump_on_failure(reason) : std::string();
+}
+
 bool NcclState::expired(const std::string& what, double pending_s) noexcept {
   if (aborted()) return true;  // a wait timed out first and aborted: its caller has the error
   if (waiters_.load() > 0) return false;  // a waiting thread's own deadline reports it
@@ -236,7 +240,7 @@ bool NcclState::expired(const std::string& what, double pending_s) noexcept {
         "rank of the group did not issue the matching operation, or is stopped, or failed; the "
         "watchdog aborts the communicator and ends the process",
         what, timeout_s(), pending_s);
-    const std::string dump = options_.flight ? options_.flight->dump_on_failure(message) : "";
+    const std::string dump = dump_on_failure(message);
     if (!dump.empty()) message += fmt::format(" (flight recorder: {})", dump);
     const std::string error = "error [Timeout]: " + message;
     log::error("{}", error);  // first: an abort that hangs must not hide it
@@ -374,11 +378,12 @@ bool NcclWork::synchronize_for(std::chrono::nanoseconds timeout) {
                       std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count());
       state_->abort(what);
       if (unbounded) {
+        const std::string dump = state_->dump_on_failure(what);
         QUINTET_THROW(Timeout,
                       "{} (the communicator's timeout, --timeout-s): a rank of the group may not "
                       "have issued the matching operation, or may have failed; the communicator "
-                      "was aborted",
-                      what);
+                      "was aborted{}",
+                      what, dump.empty() ? "" : fmt::format(" (flight recorder: {})", dump));
       }
       return false;
     }

@@ -123,6 +123,9 @@ class NcclState {
    private:
     NcclState& state_;
   };
+  // Writes this process's flight recorder dump for a failure (FlightRegistry::dump_on_failure):
+  // its path, or "" when there is no registry or a failure was dumped already. Never throws.
+  std::string dump_on_failure(std::string_view reason) noexcept;
   // The watchdog's expiry (Watchdog::Expired) for the operation `what`, pending for `pending_s`.
   // Returns true when the communicator was aborted already (the wait that aborted it reports the
   // error), false while a thread waits for one of its Works (ask again). Otherwise prints

@@ -92,3 +92,19 @@ if(QUINTET_HAS_NCCL)
   set_tests_properties(gpu_nccl_watchdog PROPERTIES LABELS "gpu;reliability;collectives"
                        SKIP_RETURN_CODE 77 TIMEOUT 90 RUN_SERIAL TRUE)
 endif()
+
+# A skipped collective on the mesh's NCCL 'dp' axis (issue #44): the Timeout names the operation and
+# the dump, both ranks dump 'dp (nccl)' with its world ranks, and scripts/analyze_flight.py names
+# the rank that never reached it, under mpirun and with RANK/WORLD_SIZE
+# (tests/reliability/nccl_flight_test.sh). A gpu test: exit 77 (skipped) with fewer than 2 GPUs.
+if(QUINTET_HAS_NCCL)
+  add_executable(reliability_nccl_flight reliability/nccl_flight.cpp)
+  target_link_libraries(reliability_nccl_flight PRIVATE quintet::quintet)
+  add_test(NAME gpu_nccl_flight
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/reliability/nccl_flight_test.sh
+                   $<TARGET_FILE:reliability_nccl_flight>
+                   ${PROJECT_SOURCE_DIR}/scripts/analyze_flight.py ${MPIEXEC_EXECUTABLE}
+                   ${QUINTET_MPIRUN_FLAGS})
+  set_tests_properties(gpu_nccl_flight PROPERTIES LABELS "gpu;reliability;collectives"
+                       SKIP_RETURN_CODE 77 TIMEOUT 150 RUN_SERIAL TRUE)
+endif()

@@ -83,11 +83,15 @@ class FlightSignalDump;
 // NCCL operation that no thread waits for and that has not completed timeout_s after it was issued
 // ends the job too, with an error naming it and a flight-recorder dump (docs/reliability.md).
 //
-// Flight recorder (MPI jobs of more than one rank; docs/reliability.md): every MPI communicator
-// and the NCCL world communicator keep their last RuntimeConfig::flight_size operations. This rank
-// writes them all to <flight_dir>/flight_rank<r>.json when a wait times out (the message then names
-// the rank that is behind), when it fails or another rank's failure reaches it, on SIGUSR1 (the job
-// goes on), and on dump_flight(). scripts/analyze_flight.py reads the dumps of every rank.
+// Flight recorder (jobs of more than one rank; docs/reliability.md): every MPI communicator, the
+// NCCL world communicator and its splits by the mesh (Communicator::split with members) keep their
+// last RuntimeConfig::flight_size operations. This rank writes them all to
+// <flight_dir>/flight_rank<r>.json when a wait times out (under mpirun the message then names the
+// rank that is behind), when the NCCL watchdog ends it, when it fails (fail(), or an exception
+// leaving the World's scope) or another rank's failure reaches it (mpirun), on SIGUSR1 (the job
+// goes on), and on dump_flight(). Jobs launched with RANK/WORLD_SIZE record their NCCL
+// communicators and dump the same way, but cannot ask the other ranks or tell them of a failure.
+// scripts/analyze_flight.py reads the dumps of every rank.
 //
 // With RuntimeConfig::check_collectives (--check-collectives), comm() and cpu_comm() check every
 // operation's fingerprint across their ranks before it is sent (checked_communicator.hpp); so do
@@ -130,11 +134,12 @@ class World {
   // mpirun: publishes "rank <rank()> failed: <error.what()>" to every other rank (an error that is
   // itself another rank's failure, ErrorCode::Remote, is not passed on), waits up to 5 s for each
   // to print it or its own error, then ends the job with MPI_Abort(exit_code): it does not return.
-  // Otherwise (one rank, no MPI) it returns, and the program exits as it would. Never throws.
+  // Otherwise (one rank, no MPI) it writes this rank's flight recorder dump, if it has one, and
+  // returns, and the program exits as it would. Never throws.
   void fail(const std::exception& error, int exit_code = 1) noexcept;
 
   // Writes this rank's flight recorder now (flight_rank<rank()>.json in RuntimeConfig::flight_dir)
-  // with reason, and returns its path; "" for a job that has none (one rank, or no MPI) or when
+  // with reason, and returns its path; "" for a job that has none (one rank) or when
   // the file could not be written (logged). Never throws.
   std::string dump_flight(std::string_view reason = "on demand") const noexcept;
 
