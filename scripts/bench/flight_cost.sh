@@ -4,7 +4,7 @@
 # (--flight-size 0: the sequence counters only, which naming a laggard needs), in one call.
 #
 #   scripts/bench/flight_cost.sh                   # the 2-core CPU machine: 4 CPU ranks
-#   scripts/bench/flight_cost.sh --device cuda --ranks 1 --train "--layers 12 --hidden 768 ..."
+#   scripts/bench/flight_cost.sh --device cuda --ranks 2 --train "--layers 12 --hidden 768 ..."
 #
 # Each round runs every case four times in the order on, off, off, on (the same process layout,
 # a new job each time), so a drift over the round weighs on both sides alike. Printed per case:
@@ -14,15 +14,16 @@
 # the bench once with --flight-overhead (the recorder on and off in one job, repetitions paired:
 # docs/PERFORMANCE.md), whose per-round flight_ratio is summarised the same way. The load average
 # is printed before and after. The bench is always on the CPU (the MPI backend's recorder);
-# --device picks the trainer's device. On cuda the recorder is the NCCL world communicator's only
-# (jobs of 2 or more ranks): the mesh's axes are NCCL splits, which record nothing yet, and a
-# one-rank job has no recorder at all, so there the trainer's on/off is an A/A comparison (the
-# script says so). Logs go to $OUT (else build/bench/flight_cost).
+# --device picks the trainer's device. On cuda (jobs of 2 or more ranks, one GPU each) the
+# trainer's NCCL world communicator and the mesh's axes (NCCL splits, recorded as '<axis> (nccl)')
+# keep the recorder, so its on/off is the recorder's cost on the GPU step; a one-rank job has no
+# recorder at all, so there the trainer's on/off is an A/A comparison (the script says so). Logs
+# go to $OUT (else build/bench/flight_cost).
 #
 # Options: --device cpu|cuda (trainer; default cpu), --rounds N (5), --size N (recorder on: 2048),
-# --ranks N (trainer ranks: 4 on cpu, 1 on cuda), --layout "..." (default "--tp 2 --dp 2" on cpu,
-# "--dp RANKS" on cuda), --steps N (30), --train "..." (model flags), --bench-ranks N (4),
-# --bytes "8 512 32K" (bench sizes), --build DIR (build).
+# --ranks N (trainer ranks: 4 on cpu, one per visible GPU on cuda), --layout "..." (default
+# "--tp 2 --dp 2" on cpu, "--dp RANKS" on cuda), --steps N (30), --train "..." (model flags),
+# --bench-ranks N (4), --bytes "8 512 32K" (bench sizes), --build DIR (build).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
 device=cpu rounds=5 size=2048 ranks="" layout=unset steps=30 train="" bench_ranks=4
@@ -47,7 +48,8 @@ case $device in
   cpu) : "${ranks:=4}"; [ "$layout" = unset ] && layout="--tp 2 --dp 2"
        [ -n "$train" ] || train="--layers 2 --hidden 64 --heads 4 --vocab 256 --seq-len 32 \
 --micro-batch 2 --global-batch 12" ;;
-  cuda) : "${ranks:=1}"; [ "$layout" = unset ] && layout="--dp $ranks"
+  cuda) gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU'); [ "$gpus" -ge 1 ] || gpus=1
+        : "${ranks:=$gpus}"; [ "$layout" = unset ] && layout="--dp $ranks"
         [ -n "$train" ] || train="--layers 12 --hidden 768 --heads 12 --vocab 50304 --seq-len 1024 \
 --micro-batch 8 --global-batch $((8 * ranks))" ;;
   *) echo "flight_cost.sh: --device cpu|cuda, not $device" >&2; exit 2 ;;
@@ -65,9 +67,9 @@ rm -rf "$out" && mkdir -p "$out"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NCCL_NVLS_ENABLE=0
 mpi=(mpirun --oversubscribe)
 min_bytes=${sizes%% *} max_bytes=${sizes##* }
-if [ "$device" = cuda ]; then
-  echo "note: on cuda the trainer records only on its NCCL world communicator (2+ ranks), not on" \
-    "the mesh's axes; with $ranks rank(s) its on/off is an A/A comparison, not the recorder's cost"
+if [ "$device" = cuda ] && [ "$ranks" -eq 1 ]; then
+  echo "note: a one-rank job has no flight recorder: the trainer's on/off is an A/A comparison," \
+    "not the recorder's cost (use --ranks 2 or more, one GPU each)"
 fi
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg) ($(nproc) cores)"
 echo "bench: ${mpi[*]} -np $bench_ranks 01_collective_bench --device cpu --op all_reduce" \
