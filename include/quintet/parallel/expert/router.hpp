@@ -1,17 +1,18 @@
 // The router of a mixture-of-experts layer: which experts each token goes to, with which combine
 // weights, and the load-balancing terms. Two levels:
-//   - pure functions on f32 tensors (T tokens, E experts, k experts per token), in
-//     parallel/expert/router.cpp: route, the aux and z losses, their gradients, the bias update;
+//   - functions on f32 tensors (T tokens, E experts, k experts per token), in
+//     parallel/expert/router.cpp: route (the fused routing op with the capacity), the aux loss
+//     from its statistics and its gradient's scale, the load's sum, the bias update;
 //   - class Router (parallel/expert/router_layer.cpp, at the end of this header), the MoE layer's
 //     routing part, composed by MoELayer (moe_layer.hpp) with its TokenDispatcher and Experts: it
 //     owns the router's weight, the balancing bias and the step's statistics, and calls them.
 // Device-generic: CPU tensors are computed in place, CUDA tensors by kernels queued on `stream`
-// without a host synchronisation, except where a function returns a host value (expert_load,
-// aux_loss, z_loss: those wait). Routing and its backward run as the fused nn ops
+// without a host synchronisation. Routing and its backward run as the fused nn ops
 // (nn::moe_route_forward / moe_route_backward, quintet/nn/ops.hpp: one pass computes the scores,
-// the selection, the weights and the aux and z statistics); weights_backward, scores_backward,
-// aux_stats and the loss gradients below are the same math step by step (the references of the
-// fused ops' tests), in parallel/expert/cuda/moe_kernels.cu on a GPU.
+// the selection, the weights, the aux loss's statistics and the z loss's sum; the backward adds
+// the aux and z terms); the tests check them against plain f64 references
+// (tests/support/route_reference.hpp). The two kernels of this level (the aux loss from its
+// statistics, the load's sum) are in parallel/expert/cuda/moe_kernels.cu.
 //
 // Scores: probs = softmax(logits) over the E experts, or sigmoid(logits) elementwise.
 // Selection: the k experts with the largest probs + bias (bias: the auxiliary-loss-free balancing
@@ -29,7 +30,8 @@
 //             L_g = E * sum_e f_ge * P_ge,  f_ge = (selected assignments of g to e) / (n_g * k),
 //             P_ge = mean over g's tokens of probs[t, e]; the loss is aux_loss_coeff * mean_g L_g.
 //             Balanced routing gives aux_loss_coeff. f is a count and carries no gradient.
-//   z loss    z_loss_coeff * mean_t logsumexp(logits_t)^2 (ST-MoE).
+//   z loss    z_loss_coeff * mean_t logsumexp(logits_t)^2 (ST-MoE): the fused op's z sum with
+//             RouteOptions::z_scale = z_loss_coeff / T.
 //   bias      after each step, bias_e += bias_rate * sign(mean load - load_e), with the load
 //             counted over the whole step (update_balance_bias).
 #pragma once
@@ -90,55 +92,27 @@ nn::RouteOptions route_options(const RouterConfig& config);
 Routing apply_capacity(const nn::RouteOutput& routed, const RouterConfig& config,
                        const Stream& stream = Stream());
 
-// Assignments per expert that were kept: [E] counts of routing (sum = T * k - dropped).
-std::vector<std::int64_t> expert_load(const Routing& routing, std::int64_t experts,
-                                      const Stream& stream = Stream());
-
 // Adds counts [E] i64 (kept assignments per expert: moe_permute's counts) into acc [E] f64, on
 // their device without a host wait: a step's load, kept on the device until the step ends.
 void accumulate_load(const Tensor& counts, const Tensor& acc, const Stream& stream = Stream());
 
-// d(probs) [T, E] from d(weights) [T, k] (dropped assignments carry no gradient), through the
-// renormalisation when config.renormalize.
-Tensor weights_backward(const Routing& routing, const Tensor& dweights, const RouterConfig& config,
-                        const Stream& stream = Stream());
-// d(logits) [T, E] from d(probs) [T, E] through the softmax or sigmoid.
-Tensor scores_backward(const Tensor& probs, const Tensor& dprobs, RouterScore score,
-                       const Stream& stream = Stream());
-
-// The aux loss's statistics of `groups` equal groups of consecutive tokens (T divisible by
-// groups): selected-assignment counts and sums of probs per group and expert, [groups, E] f32
-// each. They add up over ranks holding parts of the same groups (all-reduce them, sum, before
-// aux_loss).
+// The aux loss's statistics of `groups` equal groups of consecutive tokens: selected-assignment
+// counts and sums of probs per group and expert, [groups, E] f32 each (nn::moe_route_forward's
+// counts and prob_sum with RouteOptions::groups). They add up over ranks holding parts of the same
+// groups (all-reduce them, sum, before the loss).
 struct AuxStats {
   Tensor counts;    // [G, E] f32
   Tensor prob_sum;  // [G, E] f32
 };
-AuxStats aux_stats(const Routing& routing, std::int64_t groups, const Stream& stream = Stream());
-// aux_loss_coeff * mean_g L_g of whole-group statistics, with n tokens per group.
-double aux_loss(const AuxStats& stats, std::int64_t group_tokens, const RouterConfig& config);
-// The same added into acc, a [1] f64 tensor on the statistics' device (no host wait).
+// aux_loss_coeff * mean_g L_g of whole-group statistics, with group_tokens tokens per group, added
+// into acc, a [1] f64 tensor on the statistics' device (no host wait).
 void accumulate_aux_loss(const AuxStats& stats, std::int64_t group_tokens,
                          const RouterConfig& config, const Tensor& acc,
                          const Stream& stream = Stream());
-// Adds scale * d(aux loss)/d(probs) into dprobs [T, E] for this rank's tokens (its T tokens are in
-// groups of T / G consecutive tokens, G = stats' rows), from whole-group statistics.
-void add_aux_loss_grad(const AuxStats& stats, std::int64_t group_tokens, const RouterConfig& config,
-                       float scale, const Tensor& dprobs, const Stream& stream = Stream());
 // d(scale * aux loss) / d(probs[t, e]) = aux_grad_factor(...) * counts[group of t, e], for G groups
 // of group_tokens tokens (the aux_scale of nn::moe_route_backward).
 double aux_grad_factor(const RouterConfig& config, std::int64_t groups, std::int64_t group_tokens,
                        float scale);
-
-// z_loss_coeff * mean over the T rows of logsumexp(logits)^2 (0 for T = 0).
-double z_loss(const Tensor& logits, const RouterConfig& config);
-// The same added into acc, a [1] f64 tensor on the logits' device (no host wait).
-void accumulate_z_loss(const Tensor& logits, const RouterConfig& config, const Tensor& acc,
-                       const Stream& stream = Stream());
-// Adds scale * z_loss_coeff * 2 * lse_t * softmax(logits_t) into dlogits (the gradient of
-// scale * z_loss_coeff * sum_t lse_t^2: divide scale by the token count for the mean).
-void add_z_loss_grad(const Tensor& logits, const RouterConfig& config, float scale,
-                     const Tensor& dlogits, const Stream& stream = Stream());
 
 // One step of auxiliary-loss-free balancing: bias_e += rate * sign(mean(load) - load_e), with
 // load the kept assignments per expert over the step (summed over every rank). bias [E] f32 CPU.
