@@ -14,6 +14,7 @@
 #include "collectives/flight_recorder.hpp"
 #include "collectives/flight_signal.hpp"
 #include "collectives/mpi/job_monitor.hpp"
+#include "collectives/split_exchange.hpp"
 #include "collectives/tcp_store.hpp"
 #include "collectives/topology_exchange.hpp"
 #include "quintet/collectives/checked_communicator.hpp"
@@ -310,6 +311,10 @@ World init(const RuntimeConfig& config) {
       nccl.flight = w.flight_;
       nccl.world_ranks.resize(static_cast<std::size_t>(w.info_.size));
       std::iota(nccl.world_ranks.begin(), nccl.world_ranks.end(), 0);
+      // Splits made without members (not the Mesh's) find them over MPI.
+      if (w.info_.launcher == Launcher::mpi) {
+        nccl.split_exchange = std::make_shared<detail::SplitExchange>(MPI_COMM_WORLD);
+      }
     }
     if (w.monitor_) {  // a watchdog expiry ends the whole job, telling every rank why
       nccl.end_process = [monitor = w.monitor_](const std::string& message) {

@@ -14,10 +14,11 @@
 namespace quintet::detail {
 
 class FlightRegistry;
+class SplitExchange;
 
-// What an NCCL communicator does beyond moving data. Its splits inherit all; their world ranks
-// are those of their members when the split names them (Communicator::split with members), else
-// none.
+// What an NCCL communicator does beyond moving data. Its splits inherit all but split_exchange;
+// their world ranks are those of their members when the split names them (Communicator::split
+// with members) or split_exchange finds them, else none.
 struct NcclOptions {
   // Bounds initialisation, splits and every wait, and is the watchdog's deadline: an operation
   // not completed timeout_s after it was issued, while no thread waits for it, makes the watchdog
@@ -29,6 +30,10 @@ struct NcclOptions {
   // ranks); so do its splits made with members (the Mesh's axes), not those made without.
   std::shared_ptr<FlightRegistry> flight;
   std::vector<int> world_ranks;
+  // With world_ranks: an MPI communicator of the same ranks in the same order (split_exchange.hpp)
+  // over which a split made without members gathers them, before any NCCL call, so that it records
+  // too. quintet::init gives the NCCL world one under mpirun. Not inherited by splits.
+  std::shared_ptr<SplitExchange> split_exchange;
   // Ends the process (or the job) after the watchdog has printed its message, dumped and aborted.
   // Default: flush stdout and stderr, then std::_Exit(1). quintet::init passes the job monitor's
   // (it tells the other ranks, then MPI_Abort ends the job).

@@ -8,6 +8,7 @@
 #include <optional>
 #include <utility>
 
+#include "collectives/split_exchange.hpp"
 #include "collectives/validation.hpp"
 #include "quintet/collectives/mpi.hpp"
 #include "quintet/core/allocator.hpp"
@@ -351,6 +352,15 @@ Work NcclCommunicator::barrier(const Stream& stream) {
 }
 
 std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key, const std::string& name) {
+  if (state_->recorder() && state_->split_exchange()) {
+    // The members over MPI, before any NCCL call, so that the split records too.
+    state_->check_usable("split");
+    const std::vector<int> members =
+        state_->split_exchange()->members(color, key, state_->timeout_s(),
+                                          fmt::format("split of {} into '{}' (color {}, key {})",
+                                                      state_->describe(), name, color, key));
+    return Communicator::split(color, key, name, members);
+  }
   return split_with_members(color, key, name, {});
 }
 

@@ -64,9 +64,10 @@ class NcclCommunicator final : public Communicator {
   Work recv(const Tensor& out, int peer, const Stream& stream) override;
   Work p2p(const std::vector<P2POp>& ops, const Stream& stream) override;
   Work barrier(const Stream& stream) override;
-  // Without members the split records nothing in the flight recorder (its members' world ranks
-  // are unknown here); with them (Communicator::split's other form, which the Mesh uses) it records
-  // as '<name> (nccl)' with their world ranks, when this communicator records too.
+  // With members (Communicator::split's other form, which the Mesh uses) the split records as
+  // '<name> (nccl)' with their world ranks, when this communicator records too; without them it
+  // gathers them first over NcclOptions::split_exchange when there is one (quintet::init's NCCL
+  // world under mpirun), else records nothing (its members' world ranks are unknown here).
   using Communicator::split;
   std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override;
 

@@ -91,6 +91,7 @@ NcclState::NcclState(ncclComm_t comm, ncclComm_t control, Device device, int ran
 NcclOptions NcclState::split_options(const std::vector<int>& members) const {
   NcclOptions o = options_;
   o.world_ranks = split_world_ranks(options_.world_ranks, members);
+  o.split_exchange.reset();
   return o;
 }
 

@@ -94,6 +94,8 @@ class NcclState {
   // are given: these, with the members' world ranks when this communicator knows its own
   // (split_world_ranks); without world ranks (recording nothing) otherwise.
   NcclOptions split_options(const std::vector<int>& members) const;
+  // Where a split without members finds them (NcclOptions::split_exchange); null when nowhere.
+  const std::shared_ptr<SplitExchange>& split_exchange() const { return options_.split_exchange; }
   // This communicator's flight recorder; null when it records nothing.
   const std::shared_ptr<FlightRecorder>& recorder() const { return recorder_; }
   // "communicator 'dp' (nccl, rank 1 of 4)"

@@ -30,6 +30,10 @@ target_link_libraries(collectives_flight_recorder_test PRIVATE quintet_collectiv
 quintet_unit_test(NAME collectives_split_members_test COMPONENT reliability
                   SOURCES unit/collectives_split_members_test.cpp)
 target_link_libraries(collectives_split_members_test PRIVATE quintet_collectives_private)
+# The members of an NCCL split made without them, gathered over MPI (issue #44).
+quintet_mpi_test(NAME collectives_split_exchange_test COMPONENT reliability RANKS 1 3
+                 SOURCES mpi/collectives_split_exchange_test.cpp)
+target_link_libraries(collectives_split_exchange_test PRIVATE quintet_collectives_private)
 # The start-up check that every rank runs with the same settings.
 quintet_mpi_test(NAME collectives_consistency_test COMPONENT collectives RANKS 1 2 3
                  SOURCES mpi/collectives_consistency_test.cpp)

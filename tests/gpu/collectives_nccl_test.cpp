@@ -1,8 +1,8 @@
 // The NCCL communicator against a reference computed on the CPU: every operation x every dtype x
 // sizes 0, 1, odd and a few MiB, in and out of place, on an explicit stream and on the default
-// stream, and on a communicator made by split; splits that name their members (the mesh's axes)
-// record into the flight recorder under their name with their world ranks (issue #44). One GPU
-// per rank (mpirun -np 1 and -np 2).
+// stream, and on a communicator made by split; splits that name their members (the mesh's axes),
+// or whose members are found over MPI, record into the flight recorder under their name with their
+// world ranks (issue #44). One GPU per rank (mpirun -np 1 and -np 2).
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -12,6 +12,7 @@
 #include <random>
 
 #include "collectives/flight_recorder.hpp"
+#include "collectives/split_exchange.hpp"
 #include "collectives_nccl_support.hpp"
 #include "quintet/parallel/mesh.hpp"
 #include "support/catch.hpp"
@@ -56,7 +57,7 @@ TEST_CASE("a communicator made by split runs the suite while the parent works to
       "parent all_reduce while the child ran");
 }
 
-TEST_CASE("splits that name their members record under their name with their world ranks") {
+TEST_CASE("splits whose members are known record under their name with their world ranks") {
   const int me = world_rank(), p = world_size();
   // One directory for the job: rank 0 names it.
   unsigned tag = std::random_device{}();
@@ -68,6 +69,7 @@ TEST_CASE("splits that name their members record under their name with their wor
   options.flight = std::make_shared<detail::FlightRegistry>(me, p, dir.string(), 64);
   options.world_ranks.resize(static_cast<std::size_t>(p));
   std::iota(options.world_ranks.begin(), options.world_ranks.end(), 0);
+  options.split_exchange = std::make_shared<detail::SplitExchange>(MPI_COMM_WORLD);
   auto world = make_nccl_world("world", options);
   // Reversed by key: rank r of 'reversed' is world rank p - 1 - r.
   std::vector<int> reversed_ranks(static_cast<std::size_t>(p));
@@ -75,11 +77,13 @@ TEST_CASE("splits that name their members record under their name with their wor
   auto reversed = world->split(0, p - me, "reversed", reversed_ranks);
   // The Mesh names its axes' members: dp holds every rank, the other axes one (Self backend).
   const Mesh mesh(Layout(ParallelConfig{}, p), *world);
-  // A split without members: its members' world ranks are unknown, it records nothing.
+  // A split without members: the world finds them over MPI (its split_exchange) and records;
+  // a split of a split without members has no exchange and records nothing.
   auto plain = world->split(0, me, "plain");
+  auto nested = reversed->split(0, me, "nested");
   const Stream s = Stream::create(world->device());
   const std::int64_t n = 1000;
-  for (Communicator* c : {reversed.get(), &mesh.comm(Axis::dp), plain.get()}) {
+  for (Communicator* c : {reversed.get(), &mesh.comm(Axis::dp), plain.get(), nested.get()}) {
     const Tensor t = make_input(me, 3, n, DType::f32, Values::add).to(world->device());
     c->all_reduce(t, t, ReduceOp::sum, s).wait(s);
   }
@@ -93,12 +97,12 @@ TEST_CASE("splits that name their members record under their name with their wor
   std::iota(all.begin(), all.end(), 0);
   REQUIRE(by_name.count("world (nccl)") == 1);
   CHECK(by_name["world (nccl)"]["world_ranks"] == all);
-  CHECK(by_name.count("plain (nccl)") == 0);
+  CHECK(by_name.count("nested (nccl)") == 0);
   if (p == 1) {  // groups of one rank are Self communicators, which record nothing
     CHECK(by_name.size() == 1);
   } else {
     const std::pair<std::string, std::vector<int>> expected[] = {
-        {"reversed (nccl)", reversed_ranks}, {"dp (nccl)", all}};
+        {"reversed (nccl)", reversed_ranks}, {"dp (nccl)", all}, {"plain (nccl)", all}};
     for (const auto& [name, ranks] : expected) {
       INFO(name);
       REQUIRE(by_name.count(name) == 1);
@@ -112,7 +116,7 @@ TEST_CASE("splits that name their members record under their name with their wor
       CHECK(c["ops"][0]["dtype"] == "f32");
       CHECK(c["ops"][0]["count"] == n);
     }
-    CHECK(by_name.size() == 3);
+    CHECK(by_name.size() == 4);
   }
   MPI_Barrier(MPI_COMM_WORLD);
   if (me == 0) std::filesystem::remove_all(dir);

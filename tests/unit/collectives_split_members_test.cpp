@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "collectives/flight_recorder.hpp"
+#include "collectives/split_exchange.hpp"
 #include "quintet/parallel/mesh.hpp"
 #include "quintet/parallel/overlap/timed_communicator.hpp"
 #include "support/catch.hpp"
@@ -192,4 +193,15 @@ TEST_CASE("split_world_ranks maps the members through the parent's world ranks")
   CHECK(split_world_ranks({0, 1}, {}).empty());
   REQUIRE_THROWS_QUINTET(split_world_ranks({4, 6}, {0, 2}), InvalidArgument,
                          "split member 2 is not a rank of the parent's 2");
+}
+
+TEST_CASE("split_members: the ranks of this rank's color, by key then rank") {
+  using detail::split_members;
+  // Ranks 0..4 with (color, key): 1 and 3 share color 7 with keys 5, 2; 0, 2, 4 color 1.
+  const std::vector<std::pair<int, int>> ck = {{1, 0}, {7, 5}, {1, 0}, {7, 2}, {1, -3}};
+  CHECK(split_members(ck, 1) == std::vector<int>{3, 1});
+  CHECK(split_members(ck, 3) == std::vector<int>{3, 1});
+  CHECK(split_members(ck, 2) == std::vector<int>{4, 0, 2});  // equal keys: by rank
+  CHECK(split_members({{-1, 0}, {0, 0}}, 0).empty());
+  REQUIRE_THROWS_QUINTET(split_members(ck, 5), InvalidArgument, "split_members: rank 5 of 5");
 }

@@ -84,12 +84,12 @@ class FlightSignalDump;
 // ends the job too, with an error naming it and a flight-recorder dump (docs/reliability.md).
 //
 // Flight recorder (jobs of more than one rank; docs/reliability.md): every MPI communicator, the
-// NCCL world communicator and its splits by the mesh (Communicator::split with members) keep their
-// last RuntimeConfig::flight_size operations. This rank writes them all to
-// <flight_dir>/flight_rank<r>.json when a wait times out (under mpirun the message then names the
-// rank that is behind), when the NCCL watchdog ends it, when it fails (fail(), or an exception
-// leaving the World's scope) or another rank's failure reaches it (mpirun), on SIGUSR1 (the job
-// goes on), and on dump_flight(). Jobs launched with RANK/WORLD_SIZE record their NCCL
+// NCCL world communicator and its splits (the mesh's name their members; others find them over
+// MPI under mpirun) keep their last RuntimeConfig::flight_size operations. This rank writes them
+// all to <flight_dir>/flight_rank<r>.json when a wait times out (under mpirun the message then
+// names the rank that is behind), when the NCCL watchdog ends it, when it fails (fail(), or an
+// exception leaving the World's scope) or another rank's failure reaches it (mpirun), on SIGUSR1
+// (the job goes on), and on dump_flight(). Jobs launched with RANK/WORLD_SIZE record their NCCL
 // communicators and dump the same way, but cannot ask the other ranks or tell them of a failure.
 // scripts/analyze_flight.py reads the dumps of every rank.
 //
