@@ -100,7 +100,7 @@ TEST_CASE("gpu router equals the CPU router", "[ep][gpu]") {
   o.groups = kGroups;
   o.z_scale = rc.z_loss_coeff / static_cast<double>(kT);
   const Tensor acc_want = Tensor::zeros({2}, DType::f64);
-  const Tensor acc_got = acc_want.to(w.device(), s);
+  const Tensor acc_got = Tensor::zeros({2}, DType::f64).to(w.device(), s);
   const nn::RouteOutput rw =
       nn::moe_route_forward(logits, bias, o, acc_want.narrow(0, 1, 1), Stream());
   const nn::RouteOutput rg = nn::moe_route_forward(
