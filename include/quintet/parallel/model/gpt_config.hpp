@@ -113,8 +113,8 @@ struct GptConfig {
   DType dtype = DType::f32;        // compute dtype of the parameters (give it to ParameterStore)
   bool sequence_parallel = false;  // activations between blocks are [B, S/tp, d]
   // > 1: the attention's and MLP's tp communication is cut into this many chunks along the
-  // sequence, each overlapping a GEMM (tensor/linear.hpp); each rank's sequence (seq_len / cp,
-  // and / tp with SP) must be a multiple. No effect at tp 1.
+  // sequence, each overlapping a GEMM (tensor_parallel/linear.hpp); each rank's sequence
+  // (seq_len / cp, and / tp with SP) must be a multiple. No effect at tp 1.
   int tp_overlap_chunks = 1;
   AttentionKind attention = AttentionKind::tensor_parallel;
   MlpKind mlp = MlpKind::dense;
@@ -124,10 +124,10 @@ struct GptConfig {
   context::ContextParallelKind context_parallel = context::ContextParallelKind::ring;
   MoEConfig moe;  // used when mlp == MlpKind::moe
   // FP8 training (mode hybrid): every block's tp linear layers (attention projections, dense
-  // MLP, MoE shared MLP) in FP8 (tensor/fp8.hpp): cuBLASLt's FP8 GEMMs on a GPU (bf16 or f32),
-  // the exact emulation on the CPU (f32); the MoE experts' GEMMs too, with per-tensor scales
-  // (expert/experts.hpp); no context parallelism (its
-  // sequence chunks would be scaled apart); the LM head stays in the model's dtype.
+  // MLP, MoE shared MLP) in FP8 (tensor_parallel/fp8.hpp): cuBLASLt's FP8 GEMMs on a GPU (bf16 or
+  // f32), the exact emulation on the CPU (f32); the MoE experts' GEMMs too, with per-tensor
+  // scales (expert/experts.hpp); no context parallelism (its sequence chunks would be scaled
+  // apart); the LM head stays in the model's dtype unless fp8_lm_head.
   nn::Fp8Recipe fp8;
   // With fp8 on: the LM head (tied or not) in FP8 too, as the tp linear layers (its scaling
   // state "lm_head.fp8_x", "lm_head.fp8_w", "lm_head.fp8_dy"). Off by default: the logits' and
