@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <future>
+#include <initializer_list>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -118,6 +119,34 @@ std::vector<std::pair<std::string, nn::Fp8TensorScale*>> delayed_fp8(const Train
     if (f->recipe().scaling == nn::Fp8Scaling::delayed) out.emplace_back(name, f);
   }
   return out;
+}
+
+// The identity holds its kinds as enum numbers (kept so that older checkpoints resume); a
+// refusal names them as the flags do ("norm = layernorm", not "norm = 0").
+std::string identity_value_text(const std::string& key, const std::string& value) {
+  const auto named = [&value](std::initializer_list<std::pair<int, const char*>> names) {
+    for (const auto& [number, name] : names) {
+      if (value == std::to_string(number)) return std::string(name);
+    }
+    return value;
+  };
+  if (key == "norm") {
+    return named({{static_cast<int>(nn::NormKind::layernorm), "layernorm"},
+                  {static_cast<int>(nn::NormKind::rmsnorm), "rmsnorm"}});
+  }
+  if (key == "activation") {
+    return named({{static_cast<int>(nn::Activation::gelu), "gelu"},
+                  {static_cast<int>(nn::Activation::swiglu), "swiglu"}});
+  }
+  if (key == "mlp") {
+    return named({{static_cast<int>(model::MlpKind::dense), "dense"},
+                  {static_cast<int>(model::MlpKind::moe), "moe"}});
+  }
+  if (key == "router") {
+    return named({{static_cast<int>(expert::RouterScore::softmax), "softmax"},
+                  {static_cast<int>(expert::RouterScore::sigmoid), "sigmoid"}});
+  }
+  return value;
 }
 
 }  // namespace
@@ -484,7 +513,8 @@ std::optional<std::int64_t> Checkpointer::restore(TrainingModel& model, data::Da
                   "Checkpointer::restore: {} was saved by a run with {} = {}, this run has {} = "
                   "{}; restore into the same model, global batch, seed and data order (the layout "
                   "may differ)",
-                  info->path, key, was, key, value);
+                  info->path, key, identity_value_text(key, was), key,
+                  identity_value_text(key, value));
   }
   const Stream& stream = model.stream();
   // Every rank reads what it needs of the pieces any layout saved; a failure on one rank (a

@@ -203,6 +203,12 @@ TEST_CASE("train: the Checkpointer continues a run bit for bit and refuses anoth
     train::TrainingModel reseeded(other, mesh, Stream());
     REQUIRE_THROWS_QUINTET(checkpoints.restore(reseeded, loader), InvalidArgument,
                            "with seed = 11, this run has seed = 12");
+    // Kinds are named as the flags name them.
+    train::TrainingConfig rms = c;
+    rms.model.norm = nn::NormKind::rmsnorm;
+    train::TrainingModel other_norm(rms, mesh, Stream());
+    REQUIRE_THROWS_QUINTET(checkpoints.restore(other_norm, loader), InvalidArgument,
+                           "with norm = layernorm, this run has norm = rmsnorm");
     train::Checkpointer other_data(dir, world.comm(), "data=mine");
     REQUIRE_THROWS_QUINTET(other_data.restore(model, loader), InvalidArgument,
                            "with data = builtin, this run has data = mine");
