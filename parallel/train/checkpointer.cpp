@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <chrono>
 #include <future>
-#include <initializer_list>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -124,27 +123,21 @@ std::vector<std::pair<std::string, nn::Fp8TensorScale*>> delayed_fp8(const Train
 // The identity holds its kinds as enum numbers (kept so that older checkpoints resume); a
 // refusal names them as the flags do ("norm = layernorm", not "norm = 0").
 std::string identity_value_text(const std::string& key, const std::string& value) {
-  const auto named = [&value](std::initializer_list<std::pair<int, const char*>> names) {
-    for (const auto& [number, name] : names) {
-      if (value == std::to_string(number)) return std::string(name);
-    }
-    return value;
+  struct KindName {
+    const char* key;
+    int number;
+    const char* name;
   };
-  if (key == "norm") {
-    return named({{static_cast<int>(nn::NormKind::layernorm), "layernorm"},
-                  {static_cast<int>(nn::NormKind::rmsnorm), "rmsnorm"}});
-  }
-  if (key == "activation") {
-    return named({{static_cast<int>(nn::Activation::gelu), "gelu"},
-                  {static_cast<int>(nn::Activation::swiglu), "swiglu"}});
-  }
-  if (key == "mlp") {
-    return named({{static_cast<int>(model::MlpKind::dense), "dense"},
-                  {static_cast<int>(model::MlpKind::moe), "moe"}});
-  }
-  if (key == "router") {
-    return named({{static_cast<int>(expert::RouterScore::softmax), "softmax"},
-                  {static_cast<int>(expert::RouterScore::sigmoid), "sigmoid"}});
+  const KindName names[] = {{"norm", static_cast<int>(nn::NormKind::layernorm), "layernorm"},
+                            {"norm", static_cast<int>(nn::NormKind::rmsnorm), "rmsnorm"},
+                            {"activation", static_cast<int>(nn::Activation::gelu), "gelu"},
+                            {"activation", static_cast<int>(nn::Activation::swiglu), "swiglu"},
+                            {"mlp", static_cast<int>(model::MlpKind::dense), "dense"},
+                            {"mlp", static_cast<int>(model::MlpKind::moe), "moe"},
+                            {"router", static_cast<int>(expert::RouterScore::softmax), "softmax"},
+                            {"router", static_cast<int>(expert::RouterScore::sigmoid), "sigmoid"}};
+  for (const KindName& k : names) {
+    if (key == k.key && value == std::to_string(k.number)) return k.name;
   }
   return value;
 }
