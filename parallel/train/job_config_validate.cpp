@@ -121,6 +121,8 @@ void JobConfig::validate(int world) const {
                 m.seq_len, p.tp, p.tp);
   QUINTET_CHECK(!m.fp8_lm_head || m.fp8.mode != nn::Fp8Mode::off,
                 "--fp8-lm-head needs --fp8 hybrid (the LM head's FP8 follows its recipe)");
+  QUINTET_CHECK(m.fp8.scaling == nn::Fp8Scaling::current || m.fp8.mode != nn::Fp8Mode::off,
+                "--fp8-scaling delayed needs --fp8 hybrid (without it nothing is in FP8)");
   if (m.fp8.mode != nn::Fp8Mode::off) {
     QUINTET_CHECK(m.fp8.amax_history >= 1, "--fp8-amax-history {}: expected a count >= 1",
                   m.fp8.amax_history);
@@ -176,11 +178,16 @@ void JobConfig::validate(int world) const {
                 checkpoint.keep_last);
   QUINTET_CHECK(checkpoint.keep_last == 0 || !checkpoint.save.empty(),
                 "--keep-last {} needs --save DIR", checkpoint.keep_last);
+  QUINTET_CHECK(!checkpoint.async_save || !checkpoint.save.empty(),
+                "--async-save needs --save DIR (it writes the checkpoints in the background)");
   QUINTET_CHECK(checkpoint.export_hf_every >= 0, "--export-hf-every {}: expected >= 0",
                 checkpoint.export_hf_every);
   QUINTET_CHECK(checkpoint.export_hf_every == 0 || !checkpoint.export_hf.empty(),
                 "--export-hf-every {} needs --export-hf DIR", checkpoint.export_hf_every);
   const DType export_dtype = parse_hf_export_dtype(checkpoint.export_dtype);
+  QUINTET_CHECK(export_dtype == DType::f32 || !checkpoint.export_hf.empty(),
+                "--export-dtype {} needs --export-hf DIR (the dtype of the exported weights)",
+                checkpoint.export_dtype);
   if (!checkpoint.export_hf.empty()) {
     // The model has a Hugging Face layout and the directory is free: refused now, not after
     // training. With --export-hf-every, DIR holds one directory per export.

@@ -447,6 +447,10 @@ EOF
     expect_error 2 "--tp 1 x --cp 2 x --dp 2 x --pp 1 = 4 ranks, but the job has 2" --steps 1 \
       --cp 2 --dp 2
     expect_error 1 "unknown learning-rate schedule 'step'" --steps 1 --lr-schedule step
+    # A flag that qualifies another, given without it, is refused rather than ignored.
+    expect_error 1 "--fp8-scaling delayed needs --fp8 hybrid" --steps 1 --fp8-scaling delayed
+    expect_error 1 "--async-save needs --save DIR" --steps 1 --async-save
+    expect_error 1 "--export-dtype bf16 needs --export-hf DIR" --steps 1 --export-dtype bf16
     expect_error 1 "--decay-fraction 0: expected a share in (0, 1]" --steps 1 --lr-schedule wsd \
       --decay-fraction 0
     # A job file (--config) trains as its flags do, and flags beside it override it; a bad key
