@@ -404,8 +404,10 @@ EOF
     "$mpiexec" "${mpi_flags[@]}" -np 2 "$trainer" --help >help.out
     test "$(grep -c '^Usage:' help.out)" -eq 1
     # --help lists every runtime flag RuntimeConfig reads (the list in its header).
-    for flag in $(grep -o -- '^//   QUINTET_[A-Z_]*=[^ ]* *--[a-z-]*' \
-                  "$here/../../include/quintet/core/runtime_config.hpp" | grep -o -- '--[a-z-]*$'); do
+    runtime_flags=$(grep -o -- '^//   QUINTET_[A-Z_]*=[^ ]* *--[a-z-]*' \
+                    "$here/../../include/quintet/core/runtime_config.hpp" | grep -o -- '--[a-z-]*$')
+    test "$(echo "$runtime_flags" | wc -w)" -ge 9 || { echo "runtime flags: $runtime_flags"; exit 1; }
+    for flag in $runtime_flags; do
       grep -q -- "^  $flag " help.out || { echo "--help does not list $flag"; exit 1; }
     done
     # A flag of the MoE trainer given to the dense one says which trainer takes it.
