@@ -13,6 +13,7 @@
 
 namespace quintet::nn {
 
+using detail::check_scale_tensor;
 using detail::OpChecker;
 
 const char* fp8_format_name(Fp8Format format) {
@@ -28,13 +29,6 @@ void check_castable(const OpChecker& c, const char* name, const Tensor& x) {
 void check_scale(const OpChecker& c, float scale) {
   QUINTET_CHECK(std::isfinite(scale) && scale > 0.0f, "{}: scale = {} must be a finite number > 0",
                 c.op(), scale);
-}
-// A scale tensor: f32 [2] on the stream's device.
-void check_scale_tensor(const OpChecker& c, const char* name, const Tensor& t) {
-  c.on_device(name, t);
-  QUINTET_CHECK(t.dtype() == DType::f32 && t.shape() == Shape{2} && t.is_contiguous(),
-                "{}: {} is {} {}, expected a contiguous f32 [2] scale tensor {{scale, 1 / scale}}",
-                c.op(), name, dtype_name(t.dtype()), shape_str(t.shape()));
 }
 void check_amax_tensor(const OpChecker& c, const Tensor& t) {
   c.on_device("amax", t);

@@ -15,6 +15,7 @@
 
 namespace quintet::nn {
 
+using detail::check_scale_tensor;
 using detail::OpChecker;
 
 namespace {
@@ -206,6 +207,164 @@ void grouped_linear_backward_weight(const Tensor& dy, const Tensor& x, const Ten
   for_each_host_group(host_offsets, [&](std::int64_t g, std::int64_t r, std::int64_t m) {
     cuda_ops::linear_backward_weight(dy2.narrow(0, r, m), x2.narrow(0, r, m), dw.select(g),
                                      Tensor(), stream);
+  });
+#endif
+}
+
+// ---- FP8 ---------------------------------------------------------------------------------------
+
+namespace {
+
+// One part (data or transposed) of an FP8 operand: u8 of `dims` dimensions, contiguous, on the
+// device, with its scale tensor.
+const Tensor& check_fp8_part(const OpChecker& c, const char* name, const Fp8Tensor& q,
+                             bool transposed, std::int64_t dims) {
+  const Tensor& t = transposed ? q.transposed : q.data;
+  const char* part = transposed ? ".transposed" : ".data";
+  QUINTET_CHECK(t.defined(), "{}: {}{} is undefined (fp8_cast with transposed = {})", c.op(), name,
+                part, transposed);
+  c.on_device(name, t);
+  QUINTET_CHECK(t.dtype() == DType::u8 && t.dim() == dims && (t.is_contiguous() || t.numel() == 0),
+                "{}: {}{} is {} {}, expected a contiguous u8 tensor of {} dimensions", c.op(), name,
+                part, dtype_name(t.dtype()), shape_str(t.shape()), dims);
+  check_scale_tensor(c, name, q.scale);
+  return t;
+}
+
+void check_fp8_formats(const OpChecker& c, const Fp8Tensor& a, const Fp8Tensor& b) {
+  QUINTET_CHECK(a.format == Fp8Format::e4m3 || b.format == Fp8Format::e4m3,
+                "{}: both operands are E5M2; FP8 GEMMs take E4M3 by E4M3 or E5M2", c.op());
+}
+
+// The output dtype: f32 or bf16 on a GPU, f32 on the CPU.
+void check_fp8_out(const OpChecker& c, DType out) {
+  QUINTET_CHECK(out == DType::f32 || (c.on_cuda() && out == DType::bf16),
+                "{}: out = {}; expected f32{}", c.op(), dtype_name(out),
+                c.on_cuda() ? " or bf16" : " on the CPU");
+}
+
+#if QUINTET_NN_HAS_CUDA_OPS
+// The columns [first, first + count) of t [rows, cols], contiguous (a copy): a group's slice of a
+// transposed operand, as the per-group cuBLASLt loop reads it.
+Tensor columns(const Tensor& t, std::int64_t first, std::int64_t count, const Stream& stream) {
+  return t.narrow(1, first, count).contiguous(stream);
+}
+#endif
+
+}  // namespace
+
+Tensor grouped_fp8_linear_forward(const Fp8Tensor& x, const Fp8Tensor& w, const Tensor& offsets,
+                                  std::span<const std::int64_t> host_offsets, DType out,
+                                  bool fast_accum, const Stream& stream) {
+  const OpChecker c("grouped_fp8_linear_forward", stream);
+  const Tensor& xd = check_fp8_part(c, "x", x, false, 2);
+  const Tensor& wd = check_fp8_part(c, "w", w, false, 3);
+  check_fp8_formats(c, x, w);
+  check_fp8_out(c, out);
+  const std::int64_t n = xd.size(0), in = xd.size(1), groups = wd.size(0), cols = wd.size(1);
+  QUINTET_CHECK(wd.size(2) == in,
+                "{}: x.data is {} and w.data {}; expected [n, in] and [G, out, in]", c.op(),
+                shape_str(xd.shape()), shape_str(wd.shape()));
+  const Tensor o = check_offsets(c, offsets, groups, n, host_offsets, stream);
+  [[maybe_unused]] const bool per_group = per_group_on_gpu(c, host_offsets);
+  Tensor y = Tensor::empty({n, cols}, out, c.device(), stream);
+  if (!c.on_cuda()) {
+    cpu_ops::grouped_fp8_linear_forward(xd, x.scale, x.format, wd, w.scale, w.format, o, y);
+    return y;
+  }
+#if QUINTET_NN_HAS_CUDA_OPS
+  const DeviceGuard guard(c.device());
+  if (!per_group) {
+    cuda_ops::grouped_fp8_gemm(cuda_ops::GroupedFp8Product::forward, xd, x.scale, x.format, wd,
+                               w.scale, w.format, o, y, stream);
+    return y;
+  }
+  for_each_host_group(host_offsets, [&](std::int64_t g, std::int64_t r, std::int64_t m) {
+    cuda_ops::fp8_gemm(xd.narrow(0, r, m), x.scale, x.format, wd.select(g), w.scale, w.format,
+                       Tensor(), y.narrow(0, r, m), false, fast_accum, stream);
+  });
+  zero_padding(y, host_offsets, stream);
+#else
+  (void)fast_accum;
+#endif
+  return y;
+}
+
+Tensor grouped_fp8_linear_backward_input(const Fp8Tensor& dy, const Fp8Tensor& w,
+                                         const Tensor& offsets,
+                                         std::span<const std::int64_t> host_offsets, DType out,
+                                         const Stream& stream) {
+  const OpChecker c("grouped_fp8_linear_backward_input", stream);
+  const Tensor& dyd = check_fp8_part(c, "dy", dy, false, 2);
+  const Tensor& wt = check_fp8_part(c, "w", w, true, 2);
+  check_fp8_formats(c, dy, w);
+  check_fp8_out(c, out);
+  const std::int64_t n = dyd.size(0), cols = dyd.size(1), in = wt.size(0);
+  const std::int64_t groups = offsets.defined() && offsets.dim() == 1 ? offsets.size(0) - 1 : -1;
+  QUINTET_CHECK(groups >= 0 && wt.size(1) == groups * cols,
+                "{}: dy.data is {} and w.transposed {} with offsets {}; expected [n, out], "
+                "[in, G out] and [G + 1]",
+                c.op(), shape_str(dyd.shape()), shape_str(wt.shape()),
+                offsets.defined() ? shape_str(offsets.shape()) : std::string("undefined"));
+  const Tensor o = check_offsets(c, offsets, groups, n, host_offsets, stream);
+  [[maybe_unused]] const bool per_group = per_group_on_gpu(c, host_offsets);
+  Tensor dx = Tensor::empty({n, in}, out, c.device(), stream);
+  if (!c.on_cuda()) {
+    cpu_ops::grouped_fp8_linear_backward_input(dyd, dy.scale, dy.format, wt, w.scale, w.format, o,
+                                               dx);
+    return dx;
+  }
+#if QUINTET_NN_HAS_CUDA_OPS
+  const DeviceGuard guard(c.device());
+  if (!per_group) {
+    cuda_ops::grouped_fp8_gemm(cuda_ops::GroupedFp8Product::dgrad, dyd, dy.scale, dy.format, wt,
+                               w.scale, w.format, o, dx, stream);
+    return dx;
+  }
+  for_each_host_group(host_offsets, [&](std::int64_t g, std::int64_t r, std::int64_t m) {
+    cuda_ops::fp8_gemm(dyd.narrow(0, r, m), dy.scale, dy.format,
+                       columns(wt, g * cols, cols, stream), w.scale, w.format, Tensor(),
+                       dx.narrow(0, r, m), false, false, stream);
+  });
+  zero_padding(dx, host_offsets, stream);
+#endif
+  return dx;
+}
+
+void grouped_fp8_linear_backward_weight(const Fp8Tensor& dy, const Fp8Tensor& x,
+                                        const Tensor& offsets, const Tensor& dw,
+                                        std::span<const std::int64_t> host_offsets,
+                                        const Stream& stream) {
+  const OpChecker c("grouped_fp8_linear_backward_weight", stream);
+  const Tensor& dyt = check_fp8_part(c, "dy", dy, true, 2);
+  const Tensor& xt = check_fp8_part(c, "x", x, true, 2);
+  check_fp8_formats(c, dy, x);
+  QUINTET_CHECK(dyt.size(1) == xt.size(1),
+                "{}: dy.transposed {} and x.transposed {} must be [out, n] and [in, n] of the "
+                "same rows",
+                c.op(), shape_str(dyt.shape()), shape_str(xt.shape()));
+  QUINTET_CHECK(dw.defined() && dw.dim() == 3, "{}: dw has shape {}, expected [groups, {}, {}]",
+                c.op(), dw.defined() ? shape_str(dw.shape()) : std::string("(undefined)"),
+                dyt.size(0), xt.size(0));
+  const std::int64_t groups = dw.size(0), n = dyt.size(1);
+  c.accumulator("dw", dw, DType::f32, {groups, dyt.size(0), xt.size(0)});
+  const Tensor o = check_offsets(c, offsets, groups, n, host_offsets, stream);
+  [[maybe_unused]] const bool per_group = per_group_on_gpu(c, host_offsets);
+  if (!c.on_cuda()) {
+    cpu_ops::grouped_fp8_linear_backward_weight(dyt, dy.scale, dy.format, xt, x.scale, x.format, o,
+                                                dw);
+    return;
+  }
+#if QUINTET_NN_HAS_CUDA_OPS
+  const DeviceGuard guard(c.device());
+  if (!per_group) {
+    cuda_ops::grouped_fp8_gemm(cuda_ops::GroupedFp8Product::wgrad, dyt, dy.scale, dy.format, xt,
+                               x.scale, x.format, o, dw, stream);
+    return;
+  }
+  for_each_host_group(host_offsets, [&](std::int64_t g, std::int64_t r, std::int64_t m) {
+    cuda_ops::fp8_gemm(columns(dyt, r, m, stream), dy.scale, dy.format, columns(xt, r, m, stream),
+                       x.scale, x.format, Tensor(), dw.select(g), true, false, stream);
   });
 #endif
 }

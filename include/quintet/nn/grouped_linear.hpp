@@ -38,6 +38,7 @@
 
 #include "quintet/core/stream.hpp"
 #include "quintet/core/tensor.hpp"
+#include "quintet/nn/fp8.hpp"
 
 namespace quintet::nn {
 
@@ -53,6 +54,45 @@ Tensor grouped_linear_backward_input(const Tensor& dy, const Tensor& w, const Te
 void grouped_linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& offsets,
                                     const Tensor& dw, std::span<const std::int64_t> host_offsets,
                                     const Stream& stream);
+
+// ---- FP8: the three products of FP8 experts (fp8.hpp's fp8_gemm, grouped) ----------------------
+// The operands are whole-tensor nn::fp8_cast results: ONE scale over every group's rows (and
+// over every group's weights), so a group's operand is a range of one FP8 tensor: of x, dy
+// ([n, *] data) its rows [o_g, o_{g+1}); of their transposes ([*, n]) the same range of
+// columns; of the weights' cast (w viewed as [G out, in]) data [G, out, in] the block w_g, and
+// of its transpose [in, G out] the columns [g out, (g + 1) out). The products are fp8_gemm's,
+// summed in f32 and multiplied by the two inverse scales (scale[1] of each operand). Formats:
+// any two but not both E5M2 (the experts: x and w E4M3, dy E5M2). Offsets, host_offsets and
+// padding rows as the ops above; the three checks of fp8_gemm (u8 operands, contiguous, scale
+// tensors f32 [2] on the device).
+//
+// Implementations. CPU: per group, the FP8 GEMM's exact emulation (both operands dequantised to
+// f32, multiplied in f32) on the group's slices, bit for bit a loop of nn::fp8_gemm over
+// per-group casts (elementwise casts at one scale give the same bits sliced or whole). GPU, as
+// grouped_gemm_path says: per_group: a loop of nn::fp8_gemm (cuBLASLt's FP8 matmul) over the
+// groups, the column ranges of the transposes copied contiguous first; grouped_kernel: one
+// launch (lib/nn/cuda/grouped_fp8_gemm.cu) over every group: FP8 tensor cores (mma.sync
+// m16n8k32, sm_89 and later) where in, out and (wgrad) n are multiples of 16, else a SIMT kernel
+// decoding the bytes; f32 accumulation, the inverse scales applied in the epilogue. fast_accum
+// only affects cuBLASLt (the kernel always accumulates in f32).
+
+// y_g = q(x_g) · q(w_g)ᵀ. x.data [n, in], w.data [G, out, in]. Returns y [n, out] of dtype out
+// (f32 or bf16; f32 on the CPU).
+Tensor grouped_fp8_linear_forward(const Fp8Tensor& x, const Fp8Tensor& w, const Tensor& offsets,
+                                  std::span<const std::int64_t> host_offsets, DType out,
+                                  bool fast_accum, const Stream& stream);
+// dx_g = q(dy_g) · q(w_g). dy.data [n, out], w.transposed [in, G out] (w.data may be undefined).
+// Returns dx [n, in] of dtype out (as above).
+Tensor grouped_fp8_linear_backward_input(const Fp8Tensor& dy, const Fp8Tensor& w,
+                                         const Tensor& offsets,
+                                         std::span<const std::int64_t> host_offsets, DType out,
+                                         const Stream& stream);
+// dw_g += q(dy_g)ᵀ · q(x_g), accumulated in f32. dy.transposed [out, n], x.transposed [in, n]
+// (their data may be undefined), dw [G, out, in] f32, contiguous. An empty group leaves dw_g.
+void grouped_fp8_linear_backward_weight(const Fp8Tensor& dy, const Fp8Tensor& x,
+                                        const Tensor& offsets, const Tensor& dw,
+                                        std::span<const std::int64_t> host_offsets,
+                                        const Stream& stream);
 
 enum class GroupedGemmPath { per_group, grouped_kernel };
 // The path a GPU call takes (above): grouped_kernel without host offsets or with

@@ -25,6 +25,19 @@ void grouped_linear_backward_input(const Tensor& dy, const Tensor& w, const Tens
                                    const Tensor& dx);
 void grouped_linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& offsets,
                                     const Tensor& dw);
+// The grouped FP8 products (grouped_linear.hpp): per group fp8_gemm (below) on its slices. x
+// [n, in], w [G, out, in], dy [n, out]; wt [in, G out], dyt [out, n], xt [in, n] (the
+// transposes); y / dx f32 with the rows past offsets[G] zeroed; dw [G, out, in] f32 accumulated.
+void grouped_fp8_linear_forward(const Tensor& x, const Tensor& x_scale, Fp8Format x_format,
+                                const Tensor& w, const Tensor& w_scale, Fp8Format w_format,
+                                const Tensor& offsets, const Tensor& y);
+void grouped_fp8_linear_backward_input(const Tensor& dy, const Tensor& dy_scale,
+                                       Fp8Format dy_format, const Tensor& wt, const Tensor& w_scale,
+                                       Fp8Format w_format, const Tensor& offsets, const Tensor& dx);
+void grouped_fp8_linear_backward_weight(const Tensor& dyt, const Tensor& dy_scale,
+                                        Fp8Format dy_format, const Tensor& xt,
+                                        const Tensor& x_scale, Fp8Format x_format,
+                                        const Tensor& offsets, const Tensor& dw);
 
 void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
                        const Tensor& y, const Tensor& mean, const Tensor& rstd);

@@ -81,4 +81,47 @@ void grouped_linear_backward_weight(const Tensor& dy, const Tensor& x, const Ten
   });
 }
 
+// FP8: per group, fp8_gemm's emulation on the group's slices (contiguous copies of the
+// transposes' column ranges), so a loop of fp8_gemm over per-group casts gives the same bits.
+
+namespace {
+Tensor columns(const Tensor& t, std::int64_t first, std::int64_t count) {
+  return t.narrow(1, first, count).contiguous();
+}
+}  // namespace
+
+void grouped_fp8_linear_forward(const Tensor& x, const Tensor& x_scale, Fp8Format x_format,
+                                const Tensor& w, const Tensor& w_scale, Fp8Format w_format,
+                                const Tensor& offsets, const Tensor& y) {
+  const std::int64_t end =
+      for_each_group(offsets, [&](std::int64_t g, std::int64_t r, std::int64_t m) {
+        fp8_gemm(x.narrow(0, r, m), x_scale, x_format, w.select(g), w_scale, w_format, Tensor(),
+                 y.narrow(0, r, m), false, false);
+      });
+  zero_rows_from(y, end);
+}
+
+void grouped_fp8_linear_backward_input(const Tensor& dy, const Tensor& dy_scale,
+                                       Fp8Format dy_format, const Tensor& wt, const Tensor& w_scale,
+                                       Fp8Format w_format, const Tensor& offsets,
+                                       const Tensor& dx) {
+  const std::int64_t out = dy.size(1);
+  const std::int64_t end =
+      for_each_group(offsets, [&](std::int64_t g, std::int64_t r, std::int64_t m) {
+        fp8_gemm(dy.narrow(0, r, m), dy_scale, dy_format, columns(wt, g * out, out), w_scale,
+                 w_format, Tensor(), dx.narrow(0, r, m), false, false);
+      });
+  zero_rows_from(dx, end);
+}
+
+void grouped_fp8_linear_backward_weight(const Tensor& dyt, const Tensor& dy_scale,
+                                        Fp8Format dy_format, const Tensor& xt,
+                                        const Tensor& x_scale, Fp8Format x_format,
+                                        const Tensor& offsets, const Tensor& dw) {
+  for_each_group(offsets, [&](std::int64_t g, std::int64_t r, std::int64_t m) {
+    fp8_gemm(columns(dyt, r, m), dy_scale, dy_format, columns(xt, r, m), x_scale, x_format,
+             Tensor(), dw.select(g), true, false);
+  });
+}
+
 }  // namespace quintet::nn::cpu_ops

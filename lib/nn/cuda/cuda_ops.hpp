@@ -52,6 +52,18 @@ void grouped_linear_backward_input(const Tensor& dy, const Tensor& w, const Tens
                                    const Tensor& dx, const Stream& stream);
 void grouped_linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& offsets,
                                     const Tensor& dw, const Stream& stream);
+// The grouped FP8 products (grouped_linear.hpp), one launch each, every operand K-contiguous:
+//   forward: a = x [n, in], b = w [G, out, in], c = y [n, out] (f32 or bf16);
+//   dgrad:   a = dy [n, out], b = wᵀ [in, G out] (group g: columns [g out, (g + 1) out)),
+//            c = dx [n, in] (f32 or bf16);
+//   wgrad:   a = dyᵀ [out, n], b = xᵀ [in, n] (group g: columns [o_g, o_{g+1})), c = dw
+//            [G, out, in] f32, accumulated.
+// c = (a_scale[1] b_scale[1]) · a_g · b_gᵀ summed in f32; rows of y / dx past offsets[G] zeroed.
+enum class GroupedFp8Product { forward, dgrad, wgrad };
+void grouped_fp8_gemm(GroupedFp8Product product, const Tensor& a, const Tensor& a_scale,
+                      Fp8Format a_format, const Tensor& b, const Tensor& b_scale,
+                      Fp8Format b_format, const Tensor& offsets, const Tensor& c,
+                      const Stream& stream);
 
 // x [rows, d], gamma/beta [d] -> y [rows, d], mean [rows] f32, rstd [rows] f32. With residual
 // (else undefined) the rows normalised are x + residual, written into sum (both [rows, d]).

@@ -19,6 +19,7 @@
 //   (N-contiguous)
 // An operand is "K-contiguous" when its elements (mn, k) are at p[mn * ld + k], "MN-contiguous"
 // when at p[k * ld + mn].
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -54,6 +55,7 @@ struct Operand {
 // What every tile of a launch needs. T: the input type; Out: y / dx's type (T), or float (dw).
 template <class T, class Out>
 struct GroupedParams {
+  using OperandType = Operand<T>;
   const T* a;                   // x (forward) or dy (dgrad, wgrad): [total_rows, a_cols]
   const T* b;                   // w (forward, dgrad) [G, out, in] or x (wgrad) [total_rows, in]
   Out* c;                       // y [total_rows, out], dx [total_rows, in] or dw [G, out, in]
@@ -82,9 +84,8 @@ __device__ __forceinline__ void group_operands(const GroupedParams<T, Out>& prm,
 
 // The output of tile t's group: its base and leading dimension (forward, dgrad: the group's rows
 // of y / dx; wgrad: dw_g).
-template <Product P, class T, class Out>
-__device__ __forceinline__ Out* group_output(const GroupedParams<T, Out>& prm, const Tile& t,
-                                             std::int64_t& ldc) {
+template <Product P, class Params>
+__device__ __forceinline__ auto group_output(const Params& prm, const Tile& t, std::int64_t& ldc) {
   if (P == Product::forward) {
     ldc = prm.out;
     return prm.c + t.first_row * prm.out;
@@ -107,8 +108,8 @@ __device__ __forceinline__ void put(Out* c, float v) {
   }
 }
 
-// put of two adjacent results, p aligned to two elements: a bf16 pair (forward, dgrad) or an f32
-// pair added (wgrad).
+// put of two adjacent results, p aligned to two elements: a bf16 or f32 pair (forward, dgrad) or
+// an f32 pair added (wgrad).
 template <Product P, class Out>
 __device__ __forceinline__ void put_pair(Out* p, float v0, float v1) {
   if constexpr (P == Product::wgrad) {
@@ -117,14 +118,17 @@ __device__ __forceinline__ void put_pair(Out* p, float v0, float v1) {
     o.x += v0;
     o.y += v1;
     *q = o;
+  } else if constexpr (std::is_same_v<Out, float>) {
+    *reinterpret_cast<float2*>(p) = make_float2(v0, v1);
   } else {
     *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(v0, v1);
   }
 }
 
-// Zeroes a padding tile (rows past the last group) of y / dx.
-template <class T, class Out>
-__device__ void zero_tile(const GroupedParams<T, Out>& prm, const Tile& t) {
+// Zeroes a padding tile (rows past the last group) of y / dx (prm: GroupedParams or Fp8Params).
+template <class Params>
+__device__ void zero_tile(const Params& prm, const Tile& t) {
+  using Out = std::remove_pointer_t<decltype(prm.c)>;
   const std::int64_t ldc = prm.grid.n;
   Out* c = prm.c + t.first_row * ldc;
   for (std::int64_t i = threadIdx.x; i < t.tile_rows * t.tile_cols; i += blockDim.x) {
@@ -136,8 +140,8 @@ __device__ void zero_tile(const GroupedParams<T, Out>& prm, const Tile& t) {
 // Runs body(tile, a, b) for each tile of this CTA (persistent: tiles blockIdx.x, + gridDim.x, ...),
 // with its group's operands; zeroes the padding tiles itself. Every thread of the CTA walks the
 // same tiles, so body may synchronise the CTA.
-template <Product P, class T, class Out, class Body>
-__device__ __forceinline__ void for_each_tile(const GroupedParams<T, Out>& prm, Body&& body) {
+template <Product P, class Params, class Body>
+__device__ __forceinline__ void for_each_tile(const Params& prm, Body&& body) {
   TileWalker walker(prm.offsets, prm.groups, prm.grid);
   Tile t;
   for (std::int64_t index = blockIdx.x; walker.find(index, t); index += gridDim.x) {
@@ -145,7 +149,7 @@ __device__ __forceinline__ void for_each_tile(const GroupedParams<T, Out>& prm, 
       zero_tile(prm, t);
       continue;
     }
-    Operand<T> a, b;
+    typename Params::OperandType a, b;
     group_operands<P>(prm, t, a, b);
     body(t, a, b);
   }
@@ -238,15 +242,19 @@ __device__ __forceinline__ unsigned smem_address(const void* p) {
   return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
 
-// 16 bytes from global src into shared dst, or zeros when !valid (src is not read then).
-__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
+// 16 bytes into shared dst: the first `bytes` (0 to 16) from global src (16-byte aligned), zeros
+// after them (src is not read past them).
+__device__ __forceinline__ void cp_async_bytes(void* dst, const void* src, int bytes) {
 #if __CUDA_ARCH__ >= 800
-  const int bytes = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(dst)), "l"(src),
                "r"(bytes));
 #else
   __trap();  // the host takes the SIMT kernel before sm_80; never silently skip a copy
 #endif
+}
+// 16 bytes from global src into shared dst, or zeros when !valid (src is not read then).
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
+  cp_async_bytes(dst, src, valid ? 16 : 0);
 }
 __device__ __forceinline__ void cp_async_commit() {
 #if __CUDA_ARCH__ >= 800
@@ -374,6 +382,39 @@ constexpr std::size_t mma_shared_bytes() {
   return static_cast<std::size_t>(kStages) * mma_stage_elems<P>() * sizeof(bf16);
 }
 
+// The epilogue of the tensor-core kernels: accumulators d0, d1 of a warp's fragment (i, j) are
+// output row warp_m0 + 16 i + lane / 4, columns warp_n0 + 8 j + 2 (lane % 4) and the next one; d2,
+// d3 the same 8 rows down; each times alpha (1, exact, for bf16; the inverse scales for FP8). A
+// pair inside the tile is written at once (the column is even, and so is ldc: 4-byte aligned for
+// bf16, 8-byte for f32, whose base the host checked).
+template <Product P, class Params>
+__device__ __forceinline__ void store_accumulators(const Params& prm, const Tile& t,
+                                                   const float (&acc)[kFragsM][kFragsN][4],
+                                                   int warp_m0, int warp_n0, float alpha) {
+  const int lane = threadIdx.x % 32;
+  std::int64_t ldc = 0;
+  auto* const c = group_output<P>(prm, t, ldc);
+#pragma unroll
+  for (int i = 0; i < kFragsM; ++i) {
+#pragma unroll
+    for (int j = 0; j < kFragsN; ++j) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = warp_m0 + i * 16 + lane / 4 + h * 8;
+        const int col = warp_n0 + j * 8 + (lane % 4) * 2;
+        if (r >= t.tile_rows || col >= t.tile_cols) continue;
+        auto* const p = c + (t.m0 + r) * ldc + t.n0 + col;
+        const float v0 = alpha * acc[i][j][2 * h], v1 = alpha * acc[i][j][2 * h + 1];
+        if (col + 1 < t.tile_cols) {
+          put_pair<P>(p, v0, v1);
+        } else {
+          put<P>(p, v0);
+        }
+      }
+    }
+  }
+}
+
 // Two CTAs per SM (at most 128 registers a thread; 2 x 80 KB of shared memory fits), so one CTA's
 // epilogue and prologue overlap the other's main loop.
 template <Product P, class Out>
@@ -386,7 +427,7 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
   // Stage s: A at shared + s * stage, B right after it.
   const auto a_stage = [&](int s) { return shared + s * mma_stage_elems<P>(); };
   const auto b_stage = [&](int s) { return shared + s * mma_stage_elems<P>() + kAElems; };
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
   const int warp_m0 = (warp / kWarpsN) * kWarpM, warp_n0 = (warp % kWarpsN) * kWarpN;
 
   for_each_tile<P>(prm, [&](const Tile& t, const Operand<bf16>& a, const Operand<bf16>& b) {
@@ -433,47 +474,248 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
     cp_async_wait<0>();
     __syncthreads();
 
-    // Epilogue: accumulators d0, d1 of fragment (i, j) are output row warp_m0 + 16 i + lane / 4,
-    // columns warp_n0 + 8 j + 2 (lane % 4) and the next one; d2, d3 the same 8 rows down. A pair
-    // inside the tile is written at once (the column is even, and so is ldc: 4-byte aligned for
-    // bf16, 8-byte for the f32 dw, whose base the host checked).
+    store_accumulators<P>(prm, t, acc, warp_m0, warp_n0, 1.0f);
+  });
+}
+
+// ---- FP8 (the grouped FP8 ops of grouped_linear.hpp) -----------------------------------------
+//
+// Every operand of the three FP8 products is K-contiguous (the casts' transposes make it so):
+//   forward  A = x_g [m_g, in] (rows of x)       B = w_g [out, in] (block g of w [G, out, in])
+//   dgrad    A = dy_g [m_g, out] (rows of dy)    B = (w_g)ᵀ [in, out]: columns [g out, (g+1) out)
+//                                                    of the cast's transpose wᵀ [in, G out]
+//   wgrad    A = (dy_g)ᵀ [out, m_g]: columns [o_g, o_{g+1}) of dyᵀ [out, n], B = (x_g)ᵀ [in,
+//            m_g]: the same columns of xᵀ [in, n]
+// and the output is c = (a_scale[1] b_scale[1]) · A · Bᵀ, as fp8_gemm's (quintet/nn/fp8.hpp).
+
+// A K-contiguous FP8 operand: element (mn, k) at p[mn * ld + k], zero past the extents.
+struct Fp8Operand {
+  const std::uint8_t* p;
+  std::int64_t ld;
+  std::int64_t mn_extent, k_extent;
+};
+
+template <class Out>
+struct Fp8Params {
+  using OperandType = Fp8Operand;
+  const std::uint8_t* a;  // x, dy or dyᵀ (above)
+  const std::uint8_t* b;  // w, wᵀ or xᵀ
+  Out* c;                 // y [n, out], dx [n, in] or dw [G, out, in]
+  const float* a_scale;   // f32 [2] {scale, 1 / scale}, device
+  const float* b_scale;
+  const std::int64_t* offsets;  // [G + 1], device
+  std::int64_t groups;
+  std::int64_t in, out;
+  bool a_e4m3, b_e4m3;  // the formats (the SIMT kernel; the MMA kernel's are fixed by P)
+  TileGrid grid;
+};
+
+template <Product P, class Out>
+__device__ __forceinline__ void group_operands(const Fp8Params<Out>& prm, const Tile& t,
+                                               Fp8Operand& a, Fp8Operand& b) {
+  const std::int64_t in = prm.in, out = prm.out, n = prm.grid.total_rows;
+  if (P == Product::forward) {
+    a = {prm.a + t.first_row * in, in, t.rows, in};
+    b = {prm.b + t.group * out * in, in, out, in};
+  } else if (P == Product::dgrad) {
+    a = {prm.a + t.first_row * out, out, t.rows, out};
+    b = {prm.b + t.group * out, prm.groups * out, in, out};
+  } else {
+    a = {prm.a + t.first_row, n, out, t.rows};
+    b = {prm.b + t.first_row, n, in, t.rows};
+  }
+}
+
+// The value of an FP8 byte (exact in half precision, NaN kept).
+__device__ __forceinline__ float fp8_value(std::uint8_t bits, bool e4m3) {
+  const __half_raw h = __nv_cvt_fp8_to_halfraw(bits, e4m3 ? __NV_E4M3 : __NV_E5M2);
+  return __half2float(__half(h));
+}
+
+// SIMT: the shapes and formats the MMA kernel does not take; the SIMT kernel's tiles above.
+template <Product P, class Out>
+__global__ void __launch_bounds__(kSimtThreads) grouped_fp8_simt_kernel(const Fp8Params<Out> prm) {
+  __shared__ float as[kSimtK][kSimtTile];  // [k][m]
+  __shared__ float bs[kSimtK][kSimtTile];  // [k][n]
+  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+  const float alpha = prm.a_scale[1] * prm.b_scale[1];
+  const auto load = [](const Fp8Operand& o, bool e4m3, std::int64_t mn, std::int64_t k) {
+    if (mn >= o.mn_extent || k >= o.k_extent) return 0.0f;
+    return fp8_value(o.p[mn * o.ld + k], e4m3);
+  };
+  for_each_tile<P>(prm, [&](const Tile& t, const Fp8Operand& a, const Fp8Operand& b) {
+    float acc[4][4] = {};
+    for (std::int64_t k0 = 0; k0 < a.k_extent; k0 += kSimtK) {
+      for (int e = threadIdx.x; e < kSimtK * kSimtTile; e += kSimtThreads) {
+        const int k = e % kSimtK, mn = e / kSimtK;
+        as[k][mn] = load(a, prm.a_e4m3, t.m0 + mn, k0 + k);
+        bs[k][mn] = load(b, prm.b_e4m3, t.n0 + mn, k0 + k);
+      }
+      __syncthreads();
+#pragma unroll
+      for (int k = 0; k < kSimtK; ++k) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) acc[i][j] += as[k][ty * 4 + i] * bs[k][tx * 4 + j];
+        }
+      }
+      __syncthreads();
+    }
     std::int64_t ldc = 0;
     Out* c = group_output<P>(prm, t, ldc);
-#pragma unroll
-    for (int i = 0; i < kFragsM; ++i) {
-#pragma unroll
-      for (int j = 0; j < kFragsN; ++j) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int r = warp_m0 + i * 16 + lane / 4 + h * 8;
-          const int col = warp_n0 + j * 8 + (lane % 4) * 2;
-          if (r >= t.tile_rows || col >= t.tile_cols) continue;
-          Out* p = c + (t.m0 + r) * ldc + t.n0 + col;
-          if (col + 1 < t.tile_cols) {
-            put_pair<P>(p, acc[i][j][2 * h], acc[i][j][2 * h + 1]);
-          } else {
-            put<P>(p, acc[i][j][2 * h]);
-          }
-        }
+    for (int i = 0; i < 4; ++i) {
+      const std::int64_t r = ty * 4 + i;
+      if (r >= t.tile_rows) break;
+      for (int j = 0; j < 4; ++j) {
+        const std::int64_t col = tx * 4 + j;
+        if (col < t.tile_cols) put<P>(c + (t.m0 + r) * ldc + t.n0 + col, alpha * acc[i][j]);
       }
     }
   });
 }
 
+// Tensor cores: the bf16 kernel's tiles, warps and pipeline with FP8 bytes. A k-step is kBK b16
+// = 64 bytes, so a shared stage row is the bf16 kernel's K-contiguous row (80 bytes), and an
+// m16n8k32 FP8 MMA reads the same registers from it as an m16n8k16 bf16 one: A's a0..a3 are
+// rows g / g + 8 by bytes 4 t.. 4 t + 3 of k 0-15 / 16-31 (g = lane / 4, t = lane % 4), B's
+// b0, b1 row g by bytes 4 t.. of k 0-15 / 16-31, which is what ldmatrix (non-transposed, on
+// b16 pairs) gives each lane (load_a / load_b with KContiguous). The accumulators are laid out
+// as the bf16 MMA's.
+
+// d += a · b for one m16n8k32 MMA, A in E5M2 (dgrad, wgrad) or E4M3 (forward), B in E4M3.
+template <bool AE5M2>
+__device__ __forceinline__ void mma_fp8(float (&d)[4], const unsigned (&a)[4], unsigned b0,
+                                        unsigned b1) {
+#if __CUDA_ARCH__ >= 890
+  if constexpr (AE5M2) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.f32.e5m2.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+#else
+  __trap();  // the host takes the SIMT kernel before sm_89
+#endif
+}
+
+constexpr int kFp8RowBytes = 2 * (kBK + kPad);  // a shared row: 64 bytes of k and 16 of padding
+constexpr int kFp8StageBytes = kFp8RowBytes * (kBM + kBN);
+
+// Copies the k-step at byte k0 of an operand's MN x 64 tile (rows mn0..) into shared s, as
+// 16-byte chunks, the bytes past k_extent and the rows past mn_extent zero. The operand's base
+// and ld are multiples of 16 bytes, so every chunk's source is 16-byte aligned.
+template <int MN>
+__device__ __forceinline__ void load_stage_fp8(std::uint8_t* s, const Fp8Operand& o,
+                                               std::int64_t mn0, std::int64_t k0) {
+  constexpr int kChunksPerRow = 2 * kBK / 16;
+  constexpr int kChunks = MN * kChunksPerRow;
+  static_assert(kChunks % kMmaThreads == 0, "every thread copies the same number of chunks");
+#pragma unroll
+  for (int i = 0; i < kChunks / kMmaThreads; ++i) {
+    const int chunk = threadIdx.x + i * kMmaThreads;
+    const int mn = chunk / kChunksPerRow, k = (chunk % kChunksPerRow) * 16;
+    const std::int64_t gmn = mn0 + mn, gk = k0 + k, rest = o.k_extent - gk;
+    const bool valid = gmn < o.mn_extent && rest > 0;
+    const int bytes = valid ? static_cast<int>(rest < 16 ? rest : 16) : 0;
+    cp_async_bytes(s + mn * kFp8RowBytes + k, valid ? o.p + gmn * o.ld + gk : o.p, bytes);
+  }
+}
+
+template <Product P, class Out>
+__global__ void __launch_bounds__(kMmaThreads, 2) grouped_fp8_mma_kernel(const Fp8Params<Out> prm) {
+  extern __shared__ __align__(16) unsigned char shared_raw[];
+  // Stage s: A's kBM rows at shared_raw + s * stage, B's kBN rows right after them.
+  const auto a_stage = [&](int s) { return shared_raw + s * kFp8StageBytes; };
+  const auto b_stage = [&](int s) { return shared_raw + s * kFp8StageBytes + kBM * kFp8RowBytes; };
+  const int warp = threadIdx.x / 32;
+  const int warp_m0 = (warp / kWarpsN) * kWarpM, warp_n0 = (warp % kWarpsN) * kWarpN;
+  const float alpha = prm.a_scale[1] * prm.b_scale[1];
+
+  for_each_tile<P>(prm, [&](const Tile& t, Fp8Operand a, Fp8Operand b) {
+    // wgrad: the group's first column o_g of the transposes need not be 16-byte aligned; start
+    // at the aligned column below it and zero the `skip` columns before o_g once they landed.
+    int skip = 0;
+    if (P == Product::wgrad) {
+      skip = static_cast<int>(t.first_row % 16);
+      a.p -= skip;
+      b.p -= skip;
+      a.k_extent += skip;
+      b.k_extent += skip;
+    }
+    const std::int64_t k_steps = grouped::ceil_div(a.k_extent, 2 * kBK);
+    float acc[kFragsM][kFragsN][4] = {};
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < k_steps) {
+        load_stage_fp8<kBM>(a_stage(s), a, t.m0, s * 2 * kBK);
+        load_stage_fp8<kBN>(b_stage(s), b, t.n0, s * 2 * kBK);
+      }
+      cp_async_commit();
+    }
+    for (std::int64_t ks = 0; ks < k_steps; ++ks) {
+      cp_async_wait<kStages - 2>();
+      __syncthreads();
+      const int s = static_cast<int>(ks % kStages);
+      if (ks == 0 && skip > 0) {  // the columns before o_g (another group's) read as zeros
+        const int row = threadIdx.x % kBM;
+        std::uint8_t* p = (threadIdx.x < kBM ? a_stage(0) : b_stage(0)) + row * kFp8RowBytes;
+        for (int j = 0; j < skip; ++j) p[j] = 0;
+        __syncthreads();
+      }
+      const std::int64_t next = ks + kStages - 1;
+      if (next < k_steps) {
+        const int sn = static_cast<int>(next % kStages);
+        load_stage_fp8<kBM>(a_stage(sn), a, t.m0, next * 2 * kBK);
+        load_stage_fp8<kBN>(b_stage(sn), b, t.n0, next * 2 * kBK);
+      }
+      cp_async_commit();
+      const bf16* as = reinterpret_cast<const bf16*>(a_stage(s));
+      const bf16* bs = reinterpret_cast<const bf16*>(b_stage(s));
+#pragma unroll
+      for (int kk = 0; kk < kBK; kk += 16) {  // b16 units: 32 bytes, one k32 MMA
+        unsigned af[kFragsM][4], bfr[kFragsN][2];
+        load_a<true>(af, as, warp_m0, kk);
+        load_b<true>(bfr, bs, warp_n0, kk);
+#pragma unroll
+        for (int i = 0; i < kFragsM; ++i) {
+#pragma unroll
+          for (int j = 0; j < kFragsN; ++j) {
+            mma_fp8<P != Product::forward>(acc[i][j], af[i], bfr[j][0], bfr[j][1]);
+          }
+        }
+      }
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+
+    store_accumulators<P>(prm, t, acc, warp_m0, warp_n0, alpha);  // times the inverse scales
+  });
+}
+
 // ---- host side -------------------------------------------------------------------------------
 
-// The compute capability's major number of the current device, read once per device.
-int device_major() {
+// The compute capability of the current device as 10 major + minor (90 for sm_90), read once per
+// device.
+int device_sm() {
   int device = 0;
   QUINTET_CUDA_CHECK(cudaGetDevice(&device));
   static std::mutex mutex;
-  static std::map<int, int> majors;
+  static std::map<int, int> sms;
   const std::lock_guard<std::mutex> lock(mutex);
-  auto it = majors.find(device);
-  if (it == majors.end()) {
-    int major = 0;
+  auto it = sms.find(device);
+  if (it == sms.end()) {
+    int major = 0, minor = 0;
     QUINTET_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    it = majors.emplace(device, major).first;
+    QUINTET_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    it = sms.emplace(device, 10 * major + minor).first;
   }
   return it->second;
 }
@@ -542,7 +784,7 @@ void run(const Tensor& a, const Tensor& b, const Tensor& offsets, const Tensor& 
     // takes the SIMT kernel.
     if constexpr (std::is_same_v<T, bf16>) {
       if (in % 8 == 0 && out % 8 == 0 && aligned16(a) && aligned16(b) && aligned16(c) &&
-          device_major() >= 8) {
+          device_sm() >= 80) {
         prm.grid.tile_m = kBM;
         prm.grid.tile_n = kBN;
         launch_persistent(grouped_mma_kernel<P, Out>, prm, kMmaThreads, mma_shared_bytes<P>(),
@@ -571,6 +813,82 @@ void grouped_linear_backward_input(const Tensor& dy, const Tensor& w, const Tens
 void grouped_linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& offsets,
                                     const Tensor& dw, const Stream& stream) {
   run<Product::wgrad>(dy, x, offsets, dw, dw.size(0), dw.size(2), dw.size(1), stream);
+}
+
+namespace {
+// Runs FP8 product P (cuda_ops.hpp's grouped_fp8_gemm).
+template <Product P>
+void run_fp8(const Tensor& a, const Tensor& a_scale, Fp8Format a_format, const Tensor& b,
+             const Tensor& b_scale, Fp8Format b_format, const Tensor& offsets, const Tensor& c,
+             const Stream& stream) {
+  const std::int64_t groups = offsets.size(0) - 1;
+  std::int64_t rows, in, out;
+  if (P == Product::forward) {
+    rows = a.size(0), in = a.size(1), out = b.size(1);
+  } else if (P == Product::dgrad) {
+    rows = a.size(0), out = a.size(1), in = b.size(0);
+  } else {
+    out = a.size(0), rows = a.size(1), in = b.size(0);
+  }
+  TileGrid grid;
+  grid.total_rows = rows;
+  grid.rows_are_k = P == Product::wgrad;
+  grid.zero_tail = P != Product::wgrad;
+  grid.m = out;
+  grid.n = P == Product::forward ? out : in;
+  const bool a_e4m3 = a_format == Fp8Format::e4m3, b_e4m3 = b_format == Fp8Format::e4m3;
+  const auto go = [&](auto tag) {
+    using Out = typename decltype(tag)::type;
+    Fp8Params<Out> prm{ptr<std::uint8_t>(a),
+                       ptr<std::uint8_t>(b),
+                       ptr<Out>(c),
+                       ptr<float>(a_scale),
+                       ptr<float>(b_scale),
+                       ptr<std::int64_t>(offsets),
+                       groups,
+                       in,
+                       out,
+                       a_e4m3,
+                       b_e4m3,
+                       grid};
+    // The tensor-core kernel: the formats of the hybrid recipe (E4M3 by E4M3 forward, E5M2 by
+    // E4M3 backward), in, out and (wgrad: the transposes' rows) n multiples of 16 bytes, 16-byte
+    // aligned bases, sm_89 or later. Anything else takes the SIMT kernel.
+    const bool formats = b_e4m3 && (P == Product::forward ? a_e4m3 : !a_e4m3);
+    if (formats && in % 16 == 0 && out % 16 == 0 && (P != Product::wgrad || rows % 16 == 0) &&
+        aligned16(a) && aligned16(b) && aligned16(c) && device_sm() >= 89) {
+      prm.grid.tile_m = kBM;
+      prm.grid.tile_n = kBN;
+      launch_persistent(grouped_fp8_mma_kernel<P, Out>, prm, kMmaThreads,
+                        static_cast<std::size_t>(kStages) * kFp8StageBytes, stream);
+      return;
+    }
+    prm.grid.tile_m = prm.grid.tile_n = kSimtTile;
+    launch_persistent(grouped_fp8_simt_kernel<P, Out>, prm, kSimtThreads, 0, stream);
+  };
+  if constexpr (P == Product::wgrad) {
+    go(TypeTag<float>{});  // dw is f32
+  } else {
+    dispatch_compute(c.dtype(), "grouped_fp8_gemm", go);
+  }
+}
+}  // namespace
+
+void grouped_fp8_gemm(GroupedFp8Product product, const Tensor& a, const Tensor& a_scale,
+                      Fp8Format a_format, const Tensor& b, const Tensor& b_scale,
+                      Fp8Format b_format, const Tensor& offsets, const Tensor& c,
+                      const Stream& stream) {
+  switch (product) {
+    case GroupedFp8Product::forward:
+      run_fp8<Product::forward>(a, a_scale, a_format, b, b_scale, b_format, offsets, c, stream);
+      break;
+    case GroupedFp8Product::dgrad:
+      run_fp8<Product::dgrad>(a, a_scale, a_format, b, b_scale, b_format, offsets, c, stream);
+      break;
+    case GroupedFp8Product::wgrad:
+      run_fp8<Product::wgrad>(a, a_scale, a_format, b, b_scale, b_format, offsets, c, stream);
+      break;
+  }
 }
 
 }  // namespace quintet::nn::cuda_ops
