@@ -1,5 +1,5 @@
 // The MoE layer's expert MLPs (quintet/parallel/expert/experts.hpp): each projection one grouped
-// linear op over every local expert's block of rows (the FP8 path: one GEMM chain per expert).
+// linear op over every local expert's block of rows (FP8: the grouped FP8 ops).
 #include "quintet/parallel/expert/experts.hpp"
 
 #include <algorithm>
@@ -14,50 +14,15 @@
 namespace quintet::expert {
 
 namespace {
-// The row count of each group of offsets.
-std::vector<std::int64_t> counts_of(const std::vector<std::int64_t>& offsets) {
-  std::vector<std::int64_t> counts;
-  for (std::size_t i = 0; i + 1 < offsets.size(); ++i)
-    counts.push_back(offsets[i + 1] - offsets[i]);
-  return counts;
-}
-
-// The per-expert blocks (counts[i] rows each, undefined when 0) as one [sum, width] tensor of
-// like's dtype and device: FP8 scales one tensor over every expert.
-Tensor join(const std::vector<Tensor>& parts, const std::vector<std::int64_t>& counts,
-            std::int64_t width, const Tensor& like, const Stream& s) {
-  const std::int64_t total = std::accumulate(counts.begin(), counts.end(), std::int64_t{0});
-  Tensor whole = Tensor::empty({total, width}, like.dtype(), like.device(), s);
-  std::int64_t off = 0;
-  for (std::size_t i = 0; i < parts.size(); ++i) {
-    if (counts[i] > 0) whole.narrow(0, off, counts[i]).copy_(parts[i], s);
-    off += counts[i];
-  }
-  return whole;
-}
-
 // x [rows, cols] in FP8 at scale.scale (recording its amax into scale.amax when defined), with
 // its transpose for backward's GEMMs.
 nn::Fp8Tensor cast(const Tensor& x, const tensor_parallel::Fp8Linear::Scale& scale,
                    nn::Fp8Format format, const Stream& s) {
   return nn::fp8_cast(x.contiguous(s), scale.scale, format, true, scale.amax, s);
 }
-// The transpose of q as an FP8 GEMM operand.
-nn::Fp8Tensor transposed(const nn::Fp8Tensor& q) {
-  return nn::Fp8Tensor{q.transposed, Tensor(), q.scale, q.format};
-}
-// y [rows, m] = q(a) · q(b)ᵀ in like's dtype; the forward's with fast accumulation into bf16, as
-// the tp layers' (parallel/tensor_parallel/linear.cpp).
-// gemm_into writes it into y (contiguous, e.g. a block of rows of a larger tensor).
-void gemm_into(const nn::Fp8Tensor& a, const nn::Fp8Tensor& b, const Tensor& y, bool forward,
-               const Stream& s) {
-  nn::fp8_gemm(a, b, Tensor(), y, false, forward && y.dtype() == DType::bf16, s);
-}
-Tensor gemm(const nn::Fp8Tensor& a, const nn::Fp8Tensor& b, const Tensor& like, bool forward,
-            const Stream& s) {
-  Tensor y = Tensor::empty({a.data.size(0), b.data.size(0)}, like.dtype(), like.device(), s);
-  gemm_into(a, b, y, forward, s);
-  return y;
+// What backward's GEMMs read of q: its transpose and scale (the data dropped).
+nn::Fp8Tensor transposes(const nn::Fp8Tensor& q) {
+  return nn::Fp8Tensor{Tensor(), q.transposed, q.scale, q.format};
 }
 }  // namespace
 
@@ -122,16 +87,14 @@ Tensor Experts::forward(const ExpertWeights& w, const Tensor& rows,
 }
 
 Tensor Experts::forward(const ExpertWeights& w, const Tensor& rows, const Tensor& offsets,
-                        ExpertsActivations& saved, bool /*record*/, const Stream& s) {
-  QUINTET_CHECK(!fp8_.fc.on(),
-                "Experts::forward: the FP8 experts need the row counts on the host; call the form "
-                "taking counts");
+                        ExpertsActivations& saved, bool record, const Stream& s) {
   QUINTET_CHECK(offsets.defined() && offsets.dim() == 1 && offsets.size(0) == local_experts_ + 1,
                 "Experts::forward: offsets are {}; expected [{}] (local experts + 1)",
                 offsets.defined() ? shape_str(offsets.shape()) : std::string("undefined"),
                 local_experts_ + 1);
   saved = ExpertsActivations{};
   saved.offsets = offsets;
+  if (fp8_.fc.on()) return forward_fp8(w, rows, saved, record, s);
   return forward_grouped(w, rows, saved, s);
 }
 
@@ -175,14 +138,16 @@ Tensor Experts::backward(const ExpertWeights& w, const Tensor& dy, const Experts
   return nn::grouped_linear_backward_input(da, w.fc, o, ho, s);
 }
 
-// ---- FP8: nn::fp8_cast and nn::fp8_gemm, the tp layers' FP8 GEMM (cuBLASLt's on a GPU, the
-// exact emulation on the CPU), at the per-tensor scales of Fp8Linear's device-scale calls ----
+// ---- FP8: whole-tensor nn::fp8_cast (one scale over every expert) and the grouped FP8 GEMMs, at
+// the per-tensor scales of Fp8Linear's device-scale calls ----
 
 Tensor Experts::forward_fp8(const ExpertWeights& w, const Tensor& rows, ExpertsActivations& saved,
                             bool record, const Stream& s) {
   Communicator& stage = *fp8_.stage;
-  const std::vector<std::int64_t> counts = counts_of(saved.host_offsets);
-  const std::size_t El = counts.size();
+  const Tensor& o = saved.offsets;
+  const std::span<const std::int64_t> ho = saved.host_offsets;
+  // The forward's fast accumulation into bf16, as the tp layers' (tensor_parallel/linear.cpp).
+  const bool fast = rows.dtype() == DType::bf16;
   // x's scale is fc's (up shares its scale state, so its scale is the same value).
   const tensor_parallel::Fp8Linear::Scales fc =
       fp8_.fc.forward_scales(rows, w.fc, stage, record, s);
@@ -190,104 +155,62 @@ Tensor Experts::forward_fp8(const ExpertWeights& w, const Tensor& rows, ExpertsA
       up_ != nullptr ? fp8_.up.forward_scales(rows, w.up, stage, record, s)
                      : tensor_parallel::Fp8Linear::Scales{};
   saved.rows = rows;
-  const std::int64_t width = w.fc.size(1);  // F / etp
-  saved.fc_out = Tensor::empty({rows.size(0), width}, rows.dtype(), rows.device(), s);
+  ExpertsActivations::Fp8Saved& f = saved.fp8;
+  const nn::Fp8Tensor qx = cast(rows, fc.x, nn::Fp8Format::e4m3, s);
+  // Every expert's weights are cast (an idle one's too: delayed scaling records their amax).
+  const nn::Fp8Tensor qfc = cast(w.fc, fc.w, nn::Fp8Format::e4m3, s);
+  saved.fc_out = nn::grouped_fp8_linear_forward(qx, qfc, o, ho, rows.dtype(), fast, s);
+  Tensor h;
   if (up_ != nullptr) {
-    saved.up_out = Tensor::empty({rows.size(0), width}, rows.dtype(), rows.device(), s);
+    const nn::Fp8Tensor qup = cast(w.up, up.w, nn::Fp8Format::e4m3, s);
+    saved.up_out = nn::grouped_fp8_linear_forward(qx, qup, o, ho, rows.dtype(), fast, s);
+    h = nn::swiglu_forward(saved.fc_out, saved.up_out, s);
+    f.up_t = transposes(qup);
+  } else {
+    h = nn::gelu_forward(saved.fc_out, s);
   }
-  saved.fp8.assign(El, ExpertsActivations::Fp8Saved{});
-  std::vector<Tensor> h(El);
-  for (std::int64_t le = 0, off = 0; le < local_experts_; ++le) {
-    const auto i = static_cast<std::size_t>(le);
-    ExpertsActivations::Fp8Saved& f = saved.fp8[i];
-    // Every expert's weights are cast (an idle one's too: delayed scaling records their amax).
-    const nn::Fp8Tensor qfc = cast(w.fc.select(le), fc.w, nn::Fp8Format::e4m3, s);
-    const nn::Fp8Tensor qup =
-        up_ != nullptr ? cast(w.up.select(le), up.w, nn::Fp8Format::e4m3, s) : nn::Fp8Tensor{};
-    const std::int64_t n = counts[i];
-    if (n == 0) continue;
-    const nn::Fp8Tensor qx = cast(rows.narrow(0, off, n), fc.x, nn::Fp8Format::e4m3, s);
-    const Tensor a = saved.fc_out.narrow(0, off, n);
-    gemm_into(qx, qfc, a, true, s);
-    if (up_ != nullptr) {
-      const Tensor u = saved.up_out.narrow(0, off, n);
-      gemm_into(qx, qup, u, true, s);
-      h[i] = nn::swiglu_forward(a, u, s);
-      f.up_t = transposed(qup);
-    } else {
-      h[i] = nn::gelu_forward(a, s);
-    }
-    f.x_t = transposed(qx);
-    f.fc_t = transposed(qfc);
-    off += n;
-  }
-  // proj's input: one scale over every expert's rows.
+  f.x_t = transposes(qx);
+  f.fc_t = transposes(qfc);
+  // proj's input: one scale over every expert's rows (padding rows are zero: they add nothing).
   const tensor_parallel::Fp8Linear::Scales proj =
-      fp8_.proj.forward_scales(join(h, counts, w.proj.size(2), rows, s), w.proj, stage, record, s);
-  Tensor y = Tensor::empty({rows.size(0), rows.size(1)}, rows.dtype(), rows.device(), s);
-  for (std::int64_t le = 0, off = 0; le < local_experts_; ++le) {
-    const auto i = static_cast<std::size_t>(le);
-    const nn::Fp8Tensor qproj = cast(w.proj.select(le), proj.w, nn::Fp8Format::e4m3, s);
-    const std::int64_t n = counts[i];
-    if (n == 0) continue;
-    const nn::Fp8Tensor qh = cast(h[i], proj.x, nn::Fp8Format::e4m3, s);
-    y.narrow(0, off, n).copy_(gemm(qh, qproj, rows, true, s), s);
-    saved.fp8[i].h_t = transposed(qh);
-    saved.fp8[i].proj_t = transposed(qproj);
-    off += n;
-  }
-  return y;
+      fp8_.proj.forward_scales(h, w.proj, stage, record, s);
+  const nn::Fp8Tensor qh = cast(h, proj.x, nn::Fp8Format::e4m3, s);
+  const nn::Fp8Tensor qproj = cast(w.proj, proj.w, nn::Fp8Format::e4m3, s);
+  f.h_t = transposes(qh);
+  f.proj_t = transposes(qproj);
+  return nn::grouped_fp8_linear_forward(qh, qproj, o, ho, rows.dtype(), fast, s);
 }
 
 Tensor Experts::backward_fp8(const Tensor& dy, const ExpertsActivations& saved,
                              const std::vector<Tensor>& grads, const Stream& s) {
   Communicator& stage = *fp8_.stage;
-  const std::vector<std::int64_t> counts = counts_of(saved.host_offsets);
-  const std::size_t El = counts.size();
-  const tensor_parallel::Fp8Linear::Scale dy_scale = fp8_.proj.output_grad_scale(dy, stage, s);
-  // proj's dgrad and wgrad, then the gradients of fc's (and up's) outputs.
-  std::vector<Tensor> da(El), du(El);
-  for (std::int64_t le = 0, off = 0; le < local_experts_; ++le) {
-    const auto i = static_cast<std::size_t>(le);
-    const std::int64_t n = counts[i];
-    if (n == 0) continue;
-    const ExpertsActivations::Fp8Saved& f = saved.fp8[i];
-    const nn::Fp8Tensor qdy = cast(dy.narrow(0, off, n), dy_scale, nn::Fp8Format::e5m2, s);
-    nn::fp8_gemm(transposed(qdy), f.h_t, Tensor(), grads[2].select(le), true, false, s);
-    const Tensor dh = gemm(qdy, f.proj_t, dy, false, s);
-    const Tensor a = saved.fc_out.narrow(0, off, n);
-    if (up_ != nullptr) {
-      nn::SwiGluGrads sg = nn::swiglu_backward(dh, a, saved.up_out.narrow(0, off, n), s);
-      da[i] = std::move(sg.dgate);
-      du[i] = std::move(sg.dup);
-    } else {
-      da[i] = nn::gelu_backward(dh, a, s);
-    }
-    off += n;
+  const Tensor& o = saved.offsets;
+  const std::span<const std::int64_t> ho = saved.host_offsets;
+  const ExpertsActivations::Fp8Saved& f = saved.fp8;
+  const Tensor dyc = dy.contiguous(s);
+  const tensor_parallel::Fp8Linear::Scale dy_scale = fp8_.proj.output_grad_scale(dyc, stage, s);
+  // proj's wgrad and dgrad, then the gradients of fc's (and up's) outputs.
+  const nn::Fp8Tensor qdy = cast(dyc, dy_scale, nn::Fp8Format::e5m2, s);
+  nn::grouped_fp8_linear_backward_weight(qdy, f.h_t, o, grads[2], ho, s);
+  const Tensor dh = nn::grouped_fp8_linear_backward_input(qdy, f.proj_t, o, ho, dy.dtype(), s);
+  Tensor da, du;
+  if (up_ != nullptr) {
+    nn::SwiGluGrads sg = nn::swiglu_backward(dh, saved.fc_out, saved.up_out, s);
+    da = std::move(sg.dgate);
+    du = std::move(sg.dup);
+  } else {
+    da = nn::gelu_backward(dh, saved.fc_out, s);
   }
   // fc's and up's output gradients: one scale each over every expert's rows.
-  const std::int64_t width = grads[0].size(1);  // F / etp
-  const tensor_parallel::Fp8Linear::Scale da_scale =
-      fp8_.fc.output_grad_scale(join(da, counts, width, dy, s), stage, s);
-  const tensor_parallel::Fp8Linear::Scale du_scale =
-      up_ != nullptr ? fp8_.up.output_grad_scale(join(du, counts, width, dy, s), stage, s)
-                     : tensor_parallel::Fp8Linear::Scale{};
-  Tensor dx = Tensor::empty({dy.size(0), dy.size(1)}, dy.dtype(), dy.device(), s);
-  for (std::int64_t le = 0, off = 0; le < local_experts_; ++le) {
-    const auto i = static_cast<std::size_t>(le);
-    const std::int64_t n = counts[i];
-    if (n == 0) continue;
-    const ExpertsActivations::Fp8Saved& f = saved.fp8[i];
-    const nn::Fp8Tensor qda = cast(da[i], da_scale, nn::Fp8Format::e5m2, s);
-    nn::fp8_gemm(transposed(qda), f.x_t, Tensor(), grads[0].select(le), true, false, s);
-    Tensor dxo = gemm(qda, f.fc_t, dy, false, s);
-    if (up_ != nullptr) {
-      const nn::Fp8Tensor qdu = cast(du[i], du_scale, nn::Fp8Format::e5m2, s);
-      nn::fp8_gemm(transposed(qdu), f.x_t, Tensor(), grads[1].select(le), true, false, s);
-      nn::add_(dxo, gemm(qdu, f.up_t, dy, false, s), 1.0f, s);
-    }
-    dx.narrow(0, off, n).copy_(dxo, s);
-    off += n;
+  const tensor_parallel::Fp8Linear::Scale da_scale = fp8_.fc.output_grad_scale(da, stage, s);
+  const nn::Fp8Tensor qda = cast(da, da_scale, nn::Fp8Format::e5m2, s);
+  nn::grouped_fp8_linear_backward_weight(qda, f.x_t, o, grads[0], ho, s);
+  Tensor dx = nn::grouped_fp8_linear_backward_input(qda, f.fc_t, o, ho, dy.dtype(), s);
+  if (up_ != nullptr) {
+    const tensor_parallel::Fp8Linear::Scale du_scale = fp8_.up.output_grad_scale(du, stage, s);
+    const nn::Fp8Tensor qdu = cast(du, du_scale, nn::Fp8Format::e5m2, s);
+    nn::grouped_fp8_linear_backward_weight(qdu, f.x_t, o, grads[1], ho, s);
+    nn::add_(dx, nn::grouped_fp8_linear_backward_input(qdu, f.up_t, o, ho, dy.dtype(), s), 1.0f, s);
   }
   return dx;
 }

@@ -172,16 +172,8 @@ Tensor MoELayer::forward(nn::Context& ctx, const Tensor& x) {
     if (!in.counts.empty()) {
       return experts_->forward(w, in.rows, in.counts, a, ctx.counts_statistics(), s);
     }
-    // Without an exchange the experts read their rows' offsets on the device: no wait.
-    if (options_.fp8.mode == nn::Fp8Mode::off) {
-      return experts_->forward(w, in.rows, in.offsets, a, ctx.counts_statistics(), s);
-    }
-    // FP8's per-expert GEMMs are sized on the host: it reads the offsets, its one wait.
-    const std::vector<std::int64_t> off = in.offsets.to_vector<std::int64_t>();
-    std::vector<std::int64_t> counts(off.size() - 1);
-    for (std::size_t le = 0; le < counts.size(); ++le) counts[le] = off[le + 1] - off[le];
-    return experts_->forward(w, in.rows.narrow(0, 0, off.back()), std::move(counts), a,
-                             ctx.counts_statistics(), s);
+    // Without an exchange the experts read their rows' offsets on the device (FP8 too): no wait.
+    return experts_->forward(w, in.rows, in.offsets, a, ctx.counts_statistics(), s);
   };
   Tensor y = dispatcher_->forward(x2, saved.router.routing, run_experts, saved.dispatch, s)
                  .view(x.shape());

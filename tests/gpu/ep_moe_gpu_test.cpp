@@ -5,11 +5,11 @@
 // forward and backward in f32 (within 1e-5 relative, as the nn GPU tests) and in bf16 (the CPU
 // reference fed the same bf16-rounded inputs and weights; within 2e-2), with GELU and SwiGLU
 // experts, shared experts, dropping and the aux-loss-free bias; and FP8 experts (--fp8 hybrid,
-// cuBLASLt's FP8 GEMMs against the CPU's exact emulation: current and delayed scaling, within
-// 5e-3 in f32 and 5e-2 in bf16, where a GEMM output's FP8 rounding may flip against the CPU's;
-// reasoned, not yet measured); the non-FP8 cases also with the experts on the grouped GEMM kernel
-// (QUINTET_GROUPED_GEMM=kernel), and without FP8 the layer's forward and backward make no host
-// synchronisation (quintet::host_sync_count). Exits 77 (skipped) without a GPU.
+// the grouped FP8 GEMMs (at ep = 1 the kernels, FP8 tensor cores at these widths) against the
+// CPU's exact emulation: current and delayed scaling, within 5e-3 in f32 and 5e-2 in bf16, where
+// a GEMM output's FP8 rounding may flip against the CPU's; reasoned, not yet measured); the
+// non-FP8 cases also with QUINTET_GROUPED_GEMM=kernel, and the layer's forward and backward make
+// no host synchronisation (quintet::host_sync_count), FP8 too. Exits 77 (skipped) without a GPU.
 #include <cmath>
 #include <string>
 #include <vector>
@@ -139,7 +139,7 @@ TEST_CASE("gpu MoE layer equals the CPU layer", "[ep][gpu]") {
   // kernel that reads the offsets on the device (QUINTET_GROUPED_GEMM=kernel,
   // quintet/nn/grouped_linear.hpp). At ep = 1 the layer gives the experts device offsets only, so
   // both run the kernel here; the switch matters where counts come from an exchange (ep > 1). The
-  // FP8 experts have GEMMs of their own: once is enough.
+  // FP8 experts likewise: once is enough.
   const bool grouped_kernel = GENERATE(false, true);
   if (grouped_kernel && variant >= 3) return;
   const test_support::ScopedEnv choice("QUINTET_GROUPED_GEMM", grouped_kernel ? "kernel" : nullptr);
@@ -196,9 +196,9 @@ TEST_CASE("gpu MoE layer equals the CPU layer", "[ep][gpu]") {
     const std::uint64_t before = host_sync_count();
     const Tensor yg = gpu.forward(gctx, xg);
     const Tensor dxg = gpu.backward(gctx, dyg);
-    // At ep = 1 the host never waits for the GPU in forward and backward (moe_layer.hpp; FP8's
-    // per-expert GEMMs read the row offsets on the host).
-    if (!fp8) CHECK(host_sync_count() - before == 0);
+    // At ep = 1 the host never waits for the GPU in forward and backward (moe_layer.hpp), FP8
+    // included (its grouped FP8 GEMMs read the row offsets on the device).
+    CHECK(host_sync_count() - before == 0);
     const Tensor yc = cpu.forward(cctx, x);
     require_close(yg, yc, s, tol, "output");
     const Tensor dxc = cpu.backward(cctx, dy);

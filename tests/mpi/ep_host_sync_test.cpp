@@ -1,11 +1,11 @@
 // The host synchronisations of the MoE layer (quintet/parallel/expert/token_dispatcher.hpp), by
 // quintet::host_sync_count on the CPU, which counts where a GPU run would wait: with an exchange
 // (ep 2, or etp 2 at ep 1) forward makes exactly one, the copy of the exchanged counts; at ep = 1
-// (tp 1, tp 2 with and without sequence parallelism; dropless and with capacity dropping) there is
-// no count exchange, and forward's one wait is the experts' read of their row offsets
-// (moe_layer.hpp); backward makes none; finish_step makes one, the step's end. The statistics stay
-// right without the per-forward copies: the load and the drops counted on the device equal a
-// one-rank layer's.
+// (tp 1, tp 2 with and without sequence parallelism; dropless and with capacity dropping; the
+// experts in bf16/f32 or FP8) there is no count exchange and forward makes none, the experts'
+// grouped GEMMs reading their row offsets on the device (moe_layer.hpp); backward makes none;
+// finish_step makes one, the step's end. The statistics stay right without the per-forward copies:
+// the load and the drops counted on the device equal a one-rank layer's.
 #include <memory>
 #include <string>
 #include <vector>
@@ -31,6 +31,7 @@ struct Case {
   bool sequence_parallel = false;
   float capacity_factor = 0.0f;
   int forward_syncs = 0;  // what the header documents
+  bool fp8 = false;       // the experts in FP8 (current scaling), whose GEMMs are grouped too
 };
 
 void run_case(World& world, const Case& c) {
@@ -47,10 +48,13 @@ void run_case(World& world, const Case& c) {
   o.expert_ffn = kF;
   o.activation = nn::Activation::swiglu;
   o.sequence_parallel = c.sequence_parallel;
-  MoELayer layer({&tp, nullptr, &mesh.comm(Axis::ep), &mesh.comm(Axis::etp)}, kD, o);
+  if (c.fp8) o.fp8.mode = nn::Fp8Mode::hybrid;
+  MoELayer layer(
+      {&tp, nullptr, &mesh.comm(Axis::ep), &mesh.comm(Axis::etp), &mesh.comm(Axis::tp_dp_cp)}, kD,
+      o);
   nn::ParameterStore store(layer, DType::f32, kCpu, 5);
   const std::unique_ptr<Communicator> self = world.comm().split(world.rank(), 0, "self");
-  MoELayer ref({self.get(), nullptr, nullptr, nullptr}, kD, o);
+  MoELayer ref({self.get(), nullptr, nullptr, nullptr, self.get()}, kD, o);
   nn::ParameterStore ref_store(ref, DType::f32, kCpu, 5);
   // Every rank of a tp group holds the same tokens (its dp shard); sp splits the sequence.
   const int shard = mesh.rank(Axis::dp);
@@ -96,6 +100,9 @@ TEST_CASE("ep: the MoE layer waits for the host only where the exchange needs th
   // ep = 1: no wait in forward or backward, dropless or dropping, tp 1 or 2 (+sp).
   cases.push_back({"ep 1, dropless", ParallelConfig{}, false, 0.0f, 0});
   cases.push_back({"ep 1, capacity 0.5", ParallelConfig{}, false, 0.5f, 0});
+  // FP8 experts at ep = 1: their grouped FP8 GEMMs read the offsets on the device too.
+  cases.push_back({"ep 1, fp8", ParallelConfig{}, false, 0.0f, 0, true});
+  cases.push_back({"ep 1, capacity 0.5, fp8", ParallelConfig{}, false, 0.5f, 0, true});
   if (n % 2 == 0) {
     // (etp 1: etp is tp unless set.) With sp each tp rank routes its own tokens, under a capacity
     // of its own that the one-rank reference does not share: dropless there.
@@ -106,6 +113,9 @@ TEST_CASE("ep: the MoE layer waits for the host only where the exchange needs th
     cases.push_back({"ep 2", ParallelConfig{.ep = 2}, false, 0.0f, 1});
     cases.push_back({"ep 2, capacity 0.5", ParallelConfig{.ep = 2}, false, 0.5f, 1});
     cases.push_back({"etp 2 at ep 1", ParallelConfig{.ep = 1, .etp = 2}, false, 0.0f, 1});
+    cases.push_back(
+        {"tp 2 + sp, ep 1, fp8", ParallelConfig{.tp = 2, .etp = 1}, true, 0.0f, 0, true});
+    cases.push_back({"ep 2, fp8", ParallelConfig{.ep = 2}, false, 0.0f, 1, true});
   }
   for (const Case& c : cases) run_case(world, c);
 }

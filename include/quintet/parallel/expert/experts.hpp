@@ -19,10 +19,14 @@
 // layout holds the same model.
 //
 // FP8 (ExpertsFp8, the "hybrid" recipe of the tp linear layers, parallel/tensor_parallel/fp8.hpp):
-// fc, up and proj run on nn::fp8_cast's operands through nn::fp8_gemm, the tp layers' FP8 GEMM
-// (cuBLASLt's on a GPU, the exact emulation on the CPU): forward q(x) · q(W)ᵀ with x and W in
-// E4M3, dgrad q(dy) · q(W) with dy in E5M2, wgrad q(dy)ᵀ · q(x) accumulated in f32, each expert
-// one GEMM chain over its rows. The scales are PER TENSOR, from Fp8Linear's device-scale calls
+// fc, up and proj run on nn::fp8_cast's operands through the grouped FP8 ops
+// (quintet/nn/grouped_linear.hpp: fp8_gemm's products over every expert at once; the exact
+// emulation on the CPU, bit for bit a per-expert loop of nn::fp8_gemm): forward q(x) · q(W)ᵀ
+// with x and W in E4M3, dgrad q(dy) · q(W) with dy in E5M2, wgrad q(dy)ᵀ · q(x) accumulated in
+// f32. Each operand is cast once as a whole (the rows [n, d] of every expert, the weights
+// [E_l, ...] of every expert), its transpose with it; a group's operand is a slice of it. So the
+// FP8 experts take the offsets on the device like the others and need no host counts. The
+// scales are PER TENSOR, from Fp8Linear's device-scale calls
 // (forward_scales, output_grad_scale): one for each operand over every local expert and every
 // row of the call (the rows [n, d] of all experts, the weights [E_l, ...] of all experts, the
 // hidden h [n, F/etp], the gradients), the amaxes reduced (max) over `stage` (the ranks of the
@@ -83,12 +87,12 @@ struct ExpertsActivations {
   Tensor offsets_staging;  // pinned host copy the offsets were uploaded from (GPU): kept alive
   Tensor fc_out;           // [n, F/etp]: each row · its expert's fcᵀ
   Tensor up_out;           // [n, F/etp]: each row · its expert's upᵀ (SwiGLU; else undefined)
-  // FP8 only, per local expert: the FP8 transposes (nn::fp8_cast's) that backward's GEMMs read,
-  // of its rows, fc, up (SwiGLU), proj's input and proj.
+  // FP8 only: the whole-tensor casts that backward's grouped GEMMs read, their transposes only
+  // (data undefined): of the rows, fc, up (SwiGLU), proj's input and proj.
   struct Fp8Saved {
     nn::Fp8Tensor x_t, fc_t, up_t, h_t, proj_t;
   };
-  std::vector<Fp8Saved> fp8;
+  Fp8Saved fp8;
 };
 
 class Experts {
@@ -121,9 +125,9 @@ class Experts {
   // The same with the row ranges on the device only: offsets [E_l + 1] i64 on the rows' device
   // (0 = o_0 <= o_1 <= ... <= o_E_l <= n; expert le has rows [o_le, o_le+1)), e.g. the running
   // sums of the token permutation's counts, never copied to the host: no host synchronisation
-  // (the ep = 1 path). Rows past o_E_l are padding: zero outputs, zero gradients. On a GPU the
-  // GEMMs are the grouped kernel's, which reads the offsets on the device (grouped_linear.hpp).
-  // Not with FP8 (its per-expert GEMMs need the counts on the host): InvalidArgument.
+  // (the ep = 1 path). Rows past o_E_l are padding: zero outputs, zero gradients; they must be
+  // zero (moe_permute's are), since FP8's amaxes run over every row. On a GPU the GEMMs are the
+  // grouped kernels, which read the offsets on the device (grouped_linear.hpp), FP8 too.
   Tensor forward(const ExpertWeights& w, const Tensor& rows, const Tensor& offsets,
                  ExpertsActivations& saved, bool record, const Stream& stream);
   // dy [n, d] of the forward that filled saved -> d(rows) [n, d]; accumulates the weight

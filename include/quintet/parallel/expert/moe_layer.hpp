@@ -50,8 +50,7 @@
 //   - forward, with an exchange (ep > 1, or etp > 1): once, the copy of the exchanged counts to
 //     the host (token_dispatcher.hpp: they size the rows' exchange and the experts' GEMMs);
 //   - forward at ep = etp = 1: never; there is no count exchange, and the experts' grouped GEMMs
-//     read their rows' offsets on the device (with FP8, whose per-expert GEMMs are sized on the
-//     host, once: the read of those offsets);
+//     read their rows' offsets on the device (FP8's grouped GEMMs too);
 //   - backward: never;
 //   - the step's counters (the load per expert, the aux and z sums) stay on the device, summed
 //     there microbatch after microbatch, until the step ends: finish_step waits once for them;
@@ -106,8 +105,9 @@ struct MoEOptions {
   // mode hybrid: the experts' GEMMs in FP8 with per-tensor scales (experts.hpp; scaling state
   // "experts.fc.fp8_x", "experts.fc.fp8_w", "experts.fc.fp8_dy", "experts.up.fp8_w",
   // "experts.up.fp8_dy" (SwiGLU), "experts.proj.fp8_x", "experts.proj.fp8_w",
-  // "experts.proj.fp8_dy") and the shared MLP's linear layers as the tp layers do: cuBLASLt's
-  // FP8 GEMMs on a GPU, the exact emulation on the CPU.
+  // "experts.proj.fp8_dy"; the grouped FP8 GEMMs of grouped_linear.hpp) and the shared MLP's
+  // linear layers as the tp layers do (cuBLASLt's FP8 GEMMs on a GPU); the exact emulation on
+  // the CPU.
   nn::Fp8Recipe fp8{};
 };
 
