@@ -27,6 +27,7 @@
 
 #include "grouped_gemm.hpp"
 #include "quintet/core/tensor.hpp"
+#include "quintet/nn/fp8.hpp"
 #include "quintet/nn/grouped_linear.hpp"
 #include "quintet/nn/ops.hpp"
 #include "timing.hpp"
@@ -456,6 +457,137 @@ void print(const Setup& c, const std::vector<Result>& results) {
   std::fflush(stdout);
 }
 
+// ---- FP8: the grouped FP8 ops (nn::grouped_fp8_linear_*, offsets on the device) against a loop
+// of nn::fp8_gemm per expert (cuBLASLt's FP8 matmul), beside the bf16 kernel ----
+
+// An operand cast whole (E4M3 or E5M2) at the scale of its amax, with its transpose.
+nn::Fp8Tensor cast_whole(const Tensor& t, nn::Fp8Format format, const Stream& s) {
+  const float scale =
+      nn::fp8_scale_from_amax(nn::fp8_amax(t, s), format, 0, 1.0f, "09_op_bench operand");
+  return nn::fp8_cast(t, nn::fp8_scale_tensor(scale, s.device(), s), format, true, Tensor(), s);
+}
+nn::Fp8Tensor part(const Tensor& data, const nn::Fp8Tensor& q) {
+  return {data, Tensor(), q.scale, q.format};
+}
+
+void bench_experts_fp8(const Setup& c, const Layer& fc, const Layer& proj,
+                       const std::vector<Result>& bf16) {
+  const Stream& s = c.s;
+  const std::span<const std::int64_t> no_host;
+  struct Fp8Result {
+    std::string product;
+    double flops = 0.0, loop_ms = 0.0, kernel_ms = 0.0, bf16_kernel_ms = 0.0, diff = 0.0;
+  };
+  std::vector<Fp8Result> results;
+  for (const Layer* l : {&fc, &proj}) {
+    const nn::Fp8Tensor qx = cast_whole(l->x, nn::Fp8Format::e4m3, s);
+    const nn::Fp8Tensor qw = cast_whole(l->w, nn::Fp8Format::e4m3, s);
+    const nn::Fp8Tensor qdy = cast_whole(l->dy, nn::Fp8Format::e5m2, s);
+    // What the per-expert casts gave the loop: each expert's transposes, contiguous.
+    std::vector<Tensor> w_t, x_t, dy_t;
+    for (std::size_t e = 0; e < c.rows.size(); ++e) {
+      const auto ei = static_cast<std::int64_t>(e);
+      w_t.push_back(qw.transposed.narrow(1, ei * l->out, l->out).contiguous(s));
+      x_t.push_back(qx.transposed.narrow(1, c.offsets[e], c.rows[e]).contiguous(s));
+      dy_t.push_back(qdy.transposed.narrow(1, c.offsets[e], c.rows[e]).contiguous(s));
+    }
+    const Tensor wt_only = qw.transposed;
+    for (const Pass pass : {Pass::forward, Pass::backward_input, Pass::backward_weight}) {
+      Fp8Result r;
+      r.product = std::string(l->name) + "_" + pass_name(pass);
+      const std::int64_t cols = pass == Pass::forward ? l->out : l->in;
+      r.flops = 2.0 * static_cast<double>(c.total) * static_cast<double>(l->in * l->out);
+      for (const Result& b : bf16) {
+        if (b.product == r.product) r.bf16_kernel_ms = b.kernel_ms;
+      }
+      const bool weight = pass == Pass::backward_weight;
+      const Shape out_shape = weight
+                                  ? Shape{static_cast<std::int64_t>(c.rows.size()), l->out, l->in}
+                                  : Shape{c.total, cols};
+      const Tensor loop_out =
+          Tensor::zeros(out_shape, weight ? DType::f32 : DType::bf16, s.device());
+      const Tensor dw = Tensor::zeros(out_shape, DType::f32, s.device());
+      Stream::default_stream(s.device()).synchronize();
+      const std::function<void()> loop = [&] {
+        c.for_each_expert([&](std::int64_t e, std::int64_t off, std::int64_t n) {
+          const auto i = static_cast<std::size_t>(e);
+          if (pass == Pass::forward) {
+            nn::fp8_gemm(part(qx.data.narrow(0, off, n), qx), part(qw.data.select(e), qw), Tensor(),
+                         loop_out.narrow(0, off, n), false, true, s);
+          } else if (pass == Pass::backward_input) {
+            nn::fp8_gemm(part(qdy.data.narrow(0, off, n), qdy), part(w_t[i], qw), Tensor(),
+                         loop_out.narrow(0, off, n), false, false, s);
+          } else {
+            nn::fp8_gemm(part(dy_t[i], qdy), part(x_t[i], qx), Tensor(), loop_out.select(e), true,
+                         false, s);
+          }
+        });
+      };
+      const std::function<Tensor()> kernel = [&] {
+        if (pass == Pass::forward) {
+          return nn::grouped_fp8_linear_forward(qx, qw, c.device_offsets, no_host, DType::bf16,
+                                                true, s);
+        }
+        if (pass == Pass::backward_input) {
+          return nn::grouped_fp8_linear_backward_input(qdy,
+                                                       {Tensor(), wt_only, qw.scale, qw.format},
+                                                       c.device_offsets, no_host, DType::bf16, s);
+        }
+        nn::grouped_fp8_linear_backward_weight(qdy, qx, c.device_offsets, dw, no_host, s);
+        return dw;
+      };
+      loop();
+      const Tensor got = kernel();
+      s.synchronize();
+      r.diff = max_rel_diff(loop_out.to(DType::f32, s).to(Device::cpu(), s).to_vector<float>(),
+                            got.to(DType::f32, s).to(Device::cpu(), s));
+      const double tolerance = weight ? kF32Tolerance * 5 : kBf16Tolerance;
+      if (!(r.diff <= tolerance)) {
+        throw std::runtime_error("experts fp8: " + r.product +
+                                 ": the grouped FP8 kernel's result differs from the loop's: " +
+                                 std::to_string(r.diff) + " > " + std::to_string(tolerance));
+      }
+      r.loop_ms = median_ms(s, kWarmup, c.opt.iters, loop);
+      r.kernel_ms = median_ms(s, kWarmup, c.opt.iters, [&] { kernel(); });
+      results.push_back(r);
+    }
+  }
+  if (!c.opt.json) {
+    std::printf(
+        "\nexperts fp8: the same products in FP8 (x, w E4M3; dy E5M2; cast whole, one scale each), "
+        "bf16 out, dw f32; loop = nn::fp8_gemm per expert (cuBLASLt FP8); kernel = "
+        "nn::grouped_fp8_linear_* (offsets on the device, one launch); bf16 = the bf16 kernel "
+        "above\n");
+    std::printf("%-30s %9s %9s %9s %9s %9s %9s %7s %7s\n", "product", "loop ms", "kernel", "bf16",
+                "loop TF/s", "kernel", "bf16", "k/loop", "k/bf16");
+  }
+  for (const Fp8Result& r : results) {
+    const double tl = tflops(r.flops, r.loop_ms), tk = tflops(r.flops, r.kernel_ms),
+                 tb = r.bf16_kernel_ms > 0.0 ? tflops(r.flops, r.bf16_kernel_ms) : 0.0;
+    if (c.opt.json) {
+      const nlohmann::json j{{"bench", "experts_fp8"},
+                             {"product", r.product},
+                             {"rows_total", c.total},
+                             {"expert_rows", c.rows},
+                             {"skew", c.opt.skew},
+                             {"gflop", r.flops * 1e-9},
+                             {"loop_ms", r.loop_ms},
+                             {"kernel_ms", r.kernel_ms},
+                             {"bf16_kernel_ms", r.bf16_kernel_ms},
+                             {"loop_tflops", tl},
+                             {"kernel_tflops", tk},
+                             {"bf16_kernel_tflops", tb},
+                             {"max_rel_diff", r.diff}};
+      std::printf("%s\n", j.dump().c_str());
+    } else {
+      std::printf("%-30s %9.3f %9.3f %9.3f %9.1f %9.1f %9.1f %7.3f %7.3f\n", r.product.c_str(),
+                  r.loop_ms, r.kernel_ms, r.bf16_kernel_ms, tl, tk, tb, tk / tl,
+                  tb > 0.0 ? tk / tb : 0.0);
+    }
+  }
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 std::vector<std::int64_t> expert_rows(const ExpertBenchOptions& opt) {
@@ -537,4 +669,5 @@ void bench_experts(const ExpertBenchOptions& opt, const Stream& s) {
   bench_weight_product(c, proj, results);
   bench_weight_product(c, fc, results);
   print(c, results);
+  bench_experts_fp8(c, fc, proj, results);
 }

@@ -8,6 +8,11 @@
 // fc w1 [E, F, d] and proj w2 [E, d, F], no bias, bf16 with f32 accumulation. The products, each
 // over all experts: forward fc (x·w1ᵀ) and proj (h·w2ᵀ), backward input (dy·w) and backward
 // weight (dw += dyᵀ·x, dw f32) of both. FLOPs = 2·rows·N·K summed over the experts.
+//
+// Then the same six products in FP8 (x and w E4M3, dy E5M2, each cast whole at one scale, bf16
+// out, dw f32): a loop of nn::fp8_gemm per expert (cuBLASLt's FP8 matmul; each expert's transposes
+// made contiguous beforehand, as per-expert casts give them) against the grouped FP8 ops
+// (nn::grouped_fp8_linear_*, offsets on the device, one launch each), beside the bf16 kernel.
 #pragma once
 
 #include <cstdint>
