@@ -612,7 +612,9 @@ constexpr int kFp8StageBytes = kFp8RowBytes * (kBM + kBN);
 // Copies the k-step at byte k0 of an operand's MN x 64 tile (rows mn0..) into shared s, as
 // 16-byte chunks, the bytes past k_extent and the rows past mn_extent zero. The operand's base
 // and ld are multiples of 16 bytes, so every chunk's source is 16-byte aligned.
-template <int MN>
+// Partial: k_extent may end inside a chunk (wgrad); else it is a multiple of 16 and every chunk is
+// wholly in or out.
+template <int MN, bool Partial>
 __device__ __forceinline__ void load_stage_fp8(std::uint8_t* s, const Fp8Operand& o,
                                                std::int64_t mn0, std::int64_t k0) {
   constexpr int kChunksPerRow = 2 * kBK / 16;
@@ -622,9 +624,10 @@ __device__ __forceinline__ void load_stage_fp8(std::uint8_t* s, const Fp8Operand
   for (int i = 0; i < kChunks / kMmaThreads; ++i) {
     const int chunk = threadIdx.x + i * kMmaThreads;
     const int mn = chunk / kChunksPerRow, k = (chunk % kChunksPerRow) * 16;
-    const std::int64_t gmn = mn0 + mn, gk = k0 + k, rest = o.k_extent - gk;
-    const bool valid = gmn < o.mn_extent && rest > 0;
-    const int bytes = valid ? static_cast<int>(rest < 16 ? rest : 16) : 0;
+    const std::int64_t gmn = mn0 + mn, gk = k0 + k;
+    const bool valid = gmn < o.mn_extent && gk < o.k_extent;
+    int bytes = valid ? 16 : 0;
+    if (Partial && valid && o.k_extent - gk < 16) bytes = static_cast<int>(o.k_extent - gk);
     cp_async_bytes(s + mn * kFp8RowBytes + k, valid ? o.p + gmn * o.ld + gk : o.p, bytes);
   }
 }
@@ -637,26 +640,20 @@ __global__ void __launch_bounds__(kMmaThreads, 2) grouped_fp8_mma_kernel(const F
   const auto b_stage = [&](int s) { return shared_raw + s * kFp8StageBytes + kBM * kFp8RowBytes; };
   const int warp = threadIdx.x / 32;
   const int warp_m0 = (warp / kWarpsN) * kWarpM, warp_n0 = (warp % kWarpsN) * kWarpN;
-  const float alpha = prm.a_scale[1] * prm.b_scale[1];
 
-  for_each_tile<P>(prm, [&](const Tile& t, Fp8Operand a, Fp8Operand b) {
+  for_each_tile<P>(prm, [&](const Tile& t, const Fp8Operand& group_a, const Fp8Operand& group_b) {
     // wgrad: the group's first column o_g of the transposes need not be 16-byte aligned; start
     // at the aligned column below it and zero the `skip` columns before o_g once they landed.
-    int skip = 0;
-    if (P == Product::wgrad) {
-      skip = static_cast<int>(t.first_row % 16);
-      a.p -= skip;
-      b.p -= skip;
-      a.k_extent += skip;
-      b.k_extent += skip;
-    }
+    const int skip = P == Product::wgrad ? static_cast<int>(t.first_row % 16) : 0;
+    const Fp8Operand a{group_a.p - skip, group_a.ld, group_a.mn_extent, group_a.k_extent + skip};
+    const Fp8Operand b{group_b.p - skip, group_b.ld, group_b.mn_extent, group_b.k_extent + skip};
     const std::int64_t k_steps = grouped::ceil_div(a.k_extent, 2 * kBK);
     float acc[kFragsM][kFragsN][4] = {};
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
       if (s < k_steps) {
-        load_stage_fp8<kBM>(a_stage(s), a, t.m0, s * 2 * kBK);
-        load_stage_fp8<kBN>(b_stage(s), b, t.n0, s * 2 * kBK);
+        load_stage_fp8<kBM, P == Product::wgrad>(a_stage(s), a, t.m0, s * 2 * kBK);
+        load_stage_fp8<kBN, P == Product::wgrad>(b_stage(s), b, t.n0, s * 2 * kBK);
       }
       cp_async_commit();
     }
@@ -673,8 +670,8 @@ __global__ void __launch_bounds__(kMmaThreads, 2) grouped_fp8_mma_kernel(const F
       const std::int64_t next = ks + kStages - 1;
       if (next < k_steps) {
         const int sn = static_cast<int>(next % kStages);
-        load_stage_fp8<kBM>(a_stage(sn), a, t.m0, next * 2 * kBK);
-        load_stage_fp8<kBN>(b_stage(sn), b, t.n0, next * 2 * kBK);
+        load_stage_fp8<kBM, P == Product::wgrad>(a_stage(sn), a, t.m0, next * 2 * kBK);
+        load_stage_fp8<kBN, P == Product::wgrad>(b_stage(sn), b, t.n0, next * 2 * kBK);
       }
       cp_async_commit();
       const bf16* as = reinterpret_cast<const bf16*>(a_stage(s));
@@ -696,7 +693,8 @@ __global__ void __launch_bounds__(kMmaThreads, 2) grouped_fp8_mma_kernel(const F
     cp_async_wait<0>();
     __syncthreads();
 
-    store_accumulators<P>(prm, t, acc, warp_m0, warp_n0, alpha);  // times the inverse scales
+    // Times the inverse scales (read here, not kept in a register through the main loop).
+    store_accumulators<P>(prm, t, acc, warp_m0, warp_n0, prm.a_scale[1] * prm.b_scale[1]);
   });
 }
 
