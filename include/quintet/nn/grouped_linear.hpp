@@ -71,10 +71,14 @@ void grouped_linear_backward_weight(const Tensor& dy, const Tensor& x, const Ten
 // per-group casts (elementwise casts at one scale give the same bits sliced or whole). GPU, as
 // grouped_gemm_path says: per_group: a loop of nn::fp8_gemm (cuBLASLt's FP8 matmul) over the
 // groups, the column ranges of the transposes copied contiguous first; grouped_kernel: one
-// launch (lib/nn/cuda/grouped_fp8_gemm.cu) over every group: FP8 tensor cores (mma.sync
-// m16n8k32, sm_89 and later) where in, out and (wgrad) n are multiples of 16, else a SIMT kernel
-// decoding the bytes; f32 accumulation, the inverse scales applied in the epilogue. fast_accum
-// only affects cuBLASLt (the kernel always accumulates in f32).
+// launch (lib/nn/cuda/grouped_gemm.cu) over every group: the FP8 mma.sync m16n8k32 (sm_89 and
+// later) where in, out and (wgrad) n are multiples of 16, else a SIMT kernel decoding the bytes;
+// f32 accumulation, the inverse scales applied in the epilogue. fast_accum only affects cuBLASLt
+// (the kernel always accumulates in f32). On Hopper (sm_90) the FP8 mma.sync is not native: ptxas
+// converts the operands to f16 and runs f16 tensor cores (NVIDIA/cutlass#1986), so the kernel
+// computes at the bf16 kernel's rate at best, with half its operand bytes; Hopper's FP8 rate
+// needs wgmma (what cuBLASLt's FP8 matmul of the per-group loop runs). Its worth there is the
+// device offsets: no host wait.
 
 // y_g = q(x_g) · q(w_g)ᵀ. x.data [n, in], w.data [G, out, in]. Returns y [n, out] of dtype out
 // (f32 or bf16; f32 on the CPU).

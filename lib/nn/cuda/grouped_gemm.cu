@@ -11,6 +11,11 @@
 //     16-byte aligned rows) and 16-byte aligned base pointers.
 //   - SIMT (f32, and bf16 shapes the tensor-core kernel does not take): 64 x 64 x 16 tiles, scalar
 //     predicated loads, 4 x 4 outputs per thread, accumulated in f32.
+// and their FP8 forms (the grouped FP8 ops; below, "FP8"): the same tiles and pipeline with
+// mma.sync m16n8k32 on FP8 bytes, and a SIMT kernel. The FP8 mma.sync is native on sm_89 (Ada);
+// on sm_90 (Hopper) ptxas emulates it by converting to f16 for the f16 tensor cores
+// (NVIDIA/cutlass#1986: no FP8 rate, and more registers: the FP8 kernels spill 72-104 bytes a
+// thread under the 2-CTA bound where the bf16 one spills none). Hopper's FP8 rate needs wgmma.
 //
 // The three products, row-major, with M x N the output and K the reduction:
 //   forward  y_g  [m_g, out] = x_g [m_g, in] · w_gᵀ    A = x (K-contiguous), B = w_g (K-contiguous)
