@@ -34,6 +34,7 @@
 #include "quintet/nn/context.hpp"
 #include "quintet/nn/fp8.hpp"
 #include "quintet/nn/gradient_sync.hpp"
+#include "quintet/nn/grouped_linear.hpp"
 #include "quintet/nn/layer_kinds.hpp"
 #include "quintet/nn/lr_schedule.hpp"
 #include "quintet/nn/module.hpp"
