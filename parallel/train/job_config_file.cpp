@@ -28,6 +28,9 @@ std::vector<CLI::ConfigItem> JsonJobFile::from_config(std::istream& input) const
       throw CLI::ConfigError("the job file's \"" + key + "\" is a runtime setting: give --" + key +
                              " on the command line (or its QUINTET_ environment variable)");
     }
+    if (among(moe_only_, key)) {
+      throw CLI::ConfigError("the job file's \"" + key + "\" is a setting of " + kMoeTrainerOnly);
+    }
     if (!among(settings_, key)) {
       throw CLI::ConfigError("the job file's \"" + key +
                              "\" is not a setting: its keys are the flags' names without the "

@@ -1,6 +1,7 @@
 // The flags of a JobConfig (see job_config.hpp): parse_job_args, job_help, settings().
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
@@ -340,23 +341,39 @@ void add_job_flags(CLI::App& app, JobConfig& job) {
       continue;
     (opt->get_configurable() ? settings : runtime).push_back(opt->get_lnames().front());
   }
-  app.config_formatter(std::make_shared<JsonJobFile>(std::move(settings), std::move(runtime)));
+  std::vector<std::string> moe_only;
+  if (m.mlp != model::MlpKind::moe) moe_only = moe_only_settings(app);
+  app.config_formatter(
+      std::make_shared<JsonJobFile>(std::move(settings), std::move(runtime), std::move(moe_only)));
+}
+
+std::vector<std::string> moe_only_settings(const CLI::App& dense) {
+  JobConfig moe = JobConfig::moe_preset();
+  CLI::App moe_app;
+  add_job_flags(moe_app, moe);
+  std::vector<std::string> out;
+  for (const CLI::Option* opt : moe_app.get_options()) {
+    if (opt->get_lnames().empty()) continue;
+    const std::string& name = opt->get_lnames().front();
+    if (dense.get_option_no_throw("--" + name) == nullptr) out.push_back(name);
+  }
+  return out;
 }
 
 }  // namespace detail
 
 namespace {
 
-// The first of `extras` (arguments no flag took) that is a flag of the MoE trainer when job's model
-// is dense (--ep given to 04_gpt_train), or "".
-std::string moe_only_flag(const std::vector<std::string>& extras, const JobConfig& job) {
+// The first of `extras` (arguments no flag took) that is a flag of the MoE trainer when app is a
+// dense trainer's (--ep given to 04_gpt_train), or "".
+std::string moe_only_flag(const std::vector<std::string>& extras, const CLI::App& app,
+                          const JobConfig& job) {
   if (job.model.mlp == model::MlpKind::moe) return {};
-  JobConfig moe = JobConfig::moe_preset();
-  CLI::App moe_app;
-  detail::add_job_flags(moe_app, moe);
+  const std::vector<std::string> moe = detail::moe_only_settings(app);
   for (const std::string& arg : extras) {
     const std::string flag = arg.substr(0, arg.find('='));
-    if (flag.rfind("--", 0) == 0 && moe_app.get_option_no_throw(flag) != nullptr) return flag;
+    if (flag.rfind("--", 0) == 0 && std::find(moe.begin(), moe.end(), flag.substr(2)) != moe.end())
+      return flag;
   }
   return {};
 }
@@ -393,13 +410,11 @@ std::optional<int> parse_job_args(const RuntimeConfig& runtime, std::string_view
     if (first_rank()) {
       const CLI::Option* config = app.get_config_ptr();
       const std::string moe_flag = dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr
-                                       ? moe_only_flag(app.remaining(), *job)
+                                       ? moe_only_flag(app.remaining(), app, *job)
                                        : std::string();
       if (!moe_flag.empty()) {
-        std::fprintf(stderr,
-                     "%s: %s is a flag of the mixture-of-experts trainer (05_moe_train, "
-                     "JobConfig::moe_preset()), and this trainer's model is dense\n",
-                     program.c_str(), moe_flag.c_str());
+        std::fprintf(stderr, "%s: %s is a flag of %s\n", program.c_str(), moe_flag.c_str(),
+                     detail::kMoeTrainerOnly);
       } else if (dynamic_cast<const CLI::ConfigError*>(&e) != nullptr && config != nullptr &&
                  config->count() > 0) {
         // The job file's own errors name the file.

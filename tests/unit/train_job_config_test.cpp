@@ -100,12 +100,16 @@ TEST_CASE("job config: a job file, overridden by the flags given beside it", "[t
   // An unknown key, a runtime setting, a nested object, broken JSON, not an object, a list, a
   // missing file: exit 2, rank 0 printing what is wrong.
   for (const char* text : {R"({"layer": 4})", R"({"seed": 7})", R"({"model": {"layers": 2}})",
-                           R"({"layers": 4,)", R"([4])", R"({"layers": [4]})"}) {
+                           R"({"layers": 4,)", R"([4])", R"({"layers": [4]})", R"({"ep": 2})"}) {
     INFO(text);
     CHECK(parse(&bad, {"--config", write_file("quintet_job_config_bad.json", text)}) == 2);
   }
   CHECK(parse(&bad, {"--config", "/no/such/job.json"}) == 2);
   std::filesystem::remove(path);
+  // An MoE key is the MoE trainer's (the dense one refuses it above).
+  const std::string moe = write_file("quintet_job_config_moe.json", R"({"ep": 2})");
+  CHECK(parsed(JobConfig::moe_preset(), {"--config", moe}).parallel.ep == 2);
+  std::filesystem::remove(moe);
 }
 
 TEST_CASE("job config: the runtime's seed is the job's, --help exits 0, a bad flag 2", "[train]") {
