@@ -25,6 +25,10 @@ JobConfig JobConfig::moe_preset() {
   return job;
 }
 
+bool JobConfig::gave(std::string_view flag) const {
+  return std::find(given.begin(), given.end(), flag) != given.end();
+}
+
 std::int64_t JobConfig::accumulation() const {
   return training.global_batch / (training.micro_batch * parallel.dp);
 }

@@ -400,11 +400,19 @@ std::optional<int> parse_job_args(const RuntimeConfig& runtime, std::string_view
       args.empty() ? std::string("trainer") : std::filesystem::path(args[0]).filename().string();
   try {
     app.parse(static_cast<int>(args.size()), args.data());
+    // What the user gave, flags and job-file keys alike (CLI11 counts both), the runtime's
+    // flags aside (they are the runtime's).
+    job->given.clear();
+    for (const CLI::Option* opt : app.get_options()) {
+      if (opt->count() > 0 && opt->get_configurable() && !opt->get_lnames().empty() &&
+          opt != app.get_config_ptr()) {
+        job->given.push_back(opt->get_lnames().front());
+      }
+    }
     // --init-from-hf: the model is config.json's; a model flag given must agree with it.
     if (!job->checkpoint.init_from_hf.empty()) {
-      apply_hf_config(
-          read_hf_config(job->checkpoint.init_from_hf), job,
-          [&app](std::string_view flag) { return app.count("--" + std::string(flag)) > 0; });
+      apply_hf_config(read_hf_config(job->checkpoint.init_from_hf), job,
+                      [job](std::string_view flag) { return job->gave(flag); });
     }
   } catch (const CLI::ParseError& e) {
     if (first_rank()) {

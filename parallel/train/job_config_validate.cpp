@@ -85,6 +85,39 @@ void validate_validation(const JobConfig& c) {
                 "--eval-only writes nothing: drop --save {}", c.checkpoint.save);
 }
 
+// A setting the user gave (JobConfig::given) that only matters with another one that is off:
+// refused, naming both, rather than run as if not given. A default or a family's value (--arch
+// llama's rope-theta with --positions learned) is let be.
+void validate_given(const JobConfig& c) {
+  const model::GptConfig& m = c.model;
+  const JobConfig::Training& t = c.training;
+  QUINTET_CHECK(!c.gave("rope-theta") || m.rope,
+                "--rope-theta {} needs --positions rope (RoPE's base; this model's positions "
+                "are learned)",
+                m.rope_theta);
+  QUINTET_CHECK(!c.gave("fp8-amax-history") || m.fp8.scaling == nn::Fp8Scaling::delayed,
+                "--fp8-amax-history {} needs --fp8-scaling delayed (current scaling keeps no "
+                "history)",
+                m.fp8.amax_history);
+  QUINTET_CHECK(!c.gave("cp-kind") || c.parallel.cp > 1,
+                "--cp-kind needs --cp > 1 (how attention spans the cp ranks; --cp 1 has none)");
+  QUINTET_CHECK(!c.gave("tp-overlap-chunks") || c.tp_overlap,
+                "--tp-overlap-chunks {} needs --tp-overlap (the chunks of the overlapped tp "
+                "communication)",
+                c.tp_overlap_chunks);
+  QUINTET_CHECK(!c.gave("decay-fraction") || t.lr_schedule == nn::LrSchedule::Kind::wsd,
+                "--decay-fraction {} needs --lr-schedule wsd (the share of the steps that decay; "
+                "--lr-schedule {} has none)",
+                t.decay_fraction, nn::lr_schedule_kind_name(t.lr_schedule));
+  QUINTET_CHECK(!c.gave("min-lr") || t.lr_schedule != nn::LrSchedule::Kind::constant,
+                "--min-lr {} needs a decaying --lr-schedule (cosine, linear or wsd): constant "
+                "stays at --lr",
+                t.min_lr);
+  QUINTET_CHECK(!c.gave("bench-skip") || c.observe.bench,
+                "--bench-skip {} needs --bench (the warm-up steps its medians leave out)",
+                c.observe.bench_skip);
+}
+
 }  // namespace
 
 void JobConfig::validate(int world) const {
@@ -133,6 +166,8 @@ void JobConfig::validate(int world) const {
   }
   QUINTET_CHECK(tp_overlap_chunks >= 1, "--tp-overlap-chunks {}: expected a count >= 1",
                 tp_overlap_chunks);
+  QUINTET_CHECK(!tp_overlap || p.tp > 1,
+                "--tp-overlap needs --tp > 1 (it overlaps the tp communication with GEMMs)");
   if (tp_overlap && p.tp > 1 && m.seq_len % p.cp == 0) {
     const std::int64_t local = m.seq_len / p.cp / (m.sequence_parallel ? p.tp : 1);
     QUINTET_CHECK(local % tp_overlap_chunks == 0,
@@ -167,6 +202,7 @@ void JobConfig::validate(int world) const {
                 "--lr {} --min-lr {}: need lr > 0 and 0 <= min-lr <= lr", t.lr, t.min_lr);
   QUINTET_CHECK(t.decay_fraction > 0 && t.decay_fraction <= 1,
                 "--decay-fraction {}: expected a share in (0, 1]", t.decay_fraction);
+  validate_given(*this);
   learning_rate_schedule().validate();
   QUINTET_CHECK(t.stop_at >= 0 && t.stop_at <= t.steps, "--stop-at {}: expected 0 .. --steps {}",
                 t.stop_at, t.steps);
@@ -180,6 +216,9 @@ void JobConfig::validate(int world) const {
                 "--keep-last {} needs --save DIR", checkpoint.keep_last);
   QUINTET_CHECK(!checkpoint.async_save || !checkpoint.save.empty(),
                 "--async-save needs --save DIR (it writes the checkpoints in the background)");
+  QUINTET_CHECK(checkpoint.exit_during_save < 0 || !checkpoint.save.empty(),
+                "--exit-during-save {} needs --save DIR (it exits in the middle of a save)",
+                checkpoint.exit_during_save);
   QUINTET_CHECK(checkpoint.export_hf_every >= 0, "--export-hf-every {}: expected >= 0",
                 checkpoint.export_hf_every);
   QUINTET_CHECK(checkpoint.export_hf_every == 0 || !checkpoint.export_hf.empty(),

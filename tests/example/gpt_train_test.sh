@@ -22,7 +22,8 @@
 #   combined    a Llama-style model (4 layers) at tp 2 + sp x pp 2 x vpp 2 (interleaved) x dp 2
 #               (ZeRO-1) on 8 ranks, and at tp 2 x cp 2 x pp 2 x dp 2 on 16, with GQA 2 of 4
 #               heads: the one-rank loss at each of 20 steps within 1e-4 relative
-#   bad_flags   inconsistent flags are refused with a message naming them, ranks started with
+#   bad_flags   inconsistent flags are refused with a message naming them (a setting given while
+#               the one it qualifies is off too, in a job file as well), ranks started with
 #               different flags too; --lr-schedule wsd gives the library schedule's rates; a job
 #               file (--config) trains as its flags do, and the flags beside it override it
 #   trace       --trace writes valid per-rank traces (tp 2 x dp 2, pp 2 x dp 2) whose ranges lie in
@@ -455,6 +456,26 @@ EOF
     expect_error 1 "--export-dtype bf16 needs --export-hf DIR" --steps 1 --export-dtype bf16
     expect_error 1 "--decay-fraction 0: expected a share in (0, 1]" --steps 1 --lr-schedule wsd \
       --decay-fraction 0
+    # So is a setting that only matters with another that is off (a family's value is let be).
+    expect_error 1 "--rope-theta 500000 needs --positions rope" --steps 1 --rope-theta 500000
+    expect_error 1 "--rope-theta 500000 needs --positions rope" --steps 1 --arch llama \
+      --positions learned --rope-theta 500000
+    expect_error 1 "--decay-fraction 0.5 needs --lr-schedule wsd" --steps 1 --decay-fraction 0.5
+    expect_error 1 "--min-lr 0.0001 needs a decaying --lr-schedule" --steps 1 \
+      --lr-schedule constant --min-lr 1e-4
+    expect_error 1 "--tp-overlap-chunks 4 needs --tp-overlap" --steps 1 --tp-overlap-chunks 4
+    expect_error 1 "--tp-overlap needs --tp > 1" --steps 1 --tp-overlap
+    expect_error 1 "--fp8-amax-history 8 needs --fp8-scaling delayed" --steps 1 --fp8 hybrid \
+      --fp8-amax-history 8
+    expect_error 1 "--cp-kind needs --cp > 1" --steps 1 --cp-kind ulysses
+    expect_error 1 "--bench-skip 2 needs --bench" --steps 1 --bench-skip 2
+    expect_error 1 "--exit-during-save 3 needs --save DIR" --steps 1 --exit-during-save 3
+    # The job file's keys as the flags: given there, refused alike; an MoE key names the trainer.
+    printf '{"rope-theta": 500000}\n' >theta_job.json
+    expect_error 1 "--rope-theta 500000 needs --positions rope" --steps 1 --config theta_job.json
+    printf '{"ep": 2}\n' >moe_job.json
+    expect_error 1 '--config moe_job.json: the job file.s "ep" is a setting of the mixture-of-experts trainer (05_moe_train' \
+      --steps 1 --config moe_job.json
     # A job file (--config) trains as its flags do, and flags beside it override it; a bad key
     # in it is refused like a bad flag (exit 2).
     run flags 2 --steps 3 --tp 2 --lr-schedule wsd --sp --warmup 1

@@ -510,6 +510,60 @@ TEST_CASE("job config: the jobs the trainers refuse, refused before any communic
   refused(gpt, 1, {"--lr", "0.001", "--min-lr", "0.01"}, "need lr > 0 and 0 <= min-lr <= lr");
   refused(gpt, 1, {"--loader-threads", "0"}, "--loader-threads 0: expected >= 1");
   refused(gpt, 1, {"--loader-delay-ms", "-5"}, "--loader-delay-ms -5: expected a time >= 0");
+  // A setting that only matters with another that is off, given: refused, naming both.
+  refused(gpt, 1, {"--rope-theta", "500000"},
+          "--rope-theta 500000 needs --positions rope (RoPE's base; this model's positions are "
+          "learned)");
+  refused(gpt, 1, {"--arch", "llama", "--positions", "learned", "--rope-theta", "1000000"},
+          "--rope-theta 1000000 needs --positions rope");
+  refused(gpt, 1, {"--decay-fraction", "0.5"},
+          "--decay-fraction 0.5 needs --lr-schedule wsd (the share of the steps that decay; "
+          "--lr-schedule cosine has none)");
+  refused(gpt, 1, {"--lr-schedule", "constant", "--min-lr", "0.0001"},
+          "--min-lr 0.0001 needs a decaying --lr-schedule (cosine, linear or wsd)");
+  refused(gpt, 1, {"--tp-overlap-chunks", "4"}, "--tp-overlap-chunks 4 needs --tp-overlap");
+  refused(gpt, 1, {"--tp-overlap"}, "--tp-overlap needs --tp > 1");
+  refused(gpt, 1, {"--fp8", "hybrid", "--fp8-amax-history", "8"},
+          "--fp8-amax-history 8 needs --fp8-scaling delayed");
+  refused(gpt, 1, {"--cp-kind", "ulysses"}, "--cp-kind needs --cp > 1");
+  refused(gpt, 1, {"--bench-skip", "2"}, "--bench-skip 2 needs --bench");
+  refused(gpt, 1, {"--exit-during-save", "3"}, "--exit-during-save 3 needs --save DIR");
+  // The same settings from a family or a default are let be, and given with what they need, run.
+  parsed(gpt, {"--arch", "llama", "--positions", "learned"}).validate(1);
+  parsed(gpt, {"--arch",
+               "llama",
+               "--rope-theta",
+               "1000000",
+               "--lr-schedule",
+               "wsd",
+               "--decay-fraction",
+               "0.5",
+               "--fp8",
+               "hybrid",
+               "--fp8-scaling",
+               "delayed",
+               "--fp8-amax-history",
+               "8",
+               "--bench",
+               "--bench-skip",
+               "2",
+               "--save",
+               "ckpt",
+               "--exit-during-save",
+               "3"})
+      .validate(1);
+  // The job file's keys count as given, as the flags do.
+  const std::string theta = write_file("quintet_job_config_theta.json", R"({"rope-theta": 5e5})");
+  refused(gpt, 1, {"--config", theta}, "--rope-theta 500000 needs --positions rope");
+  CHECK(parsed(gpt, {"--config", theta, "--steps", "3"}).given ==
+        std::vector<std::string>{"rope-theta", "steps"});
+  parsed(gpt, {"--config", theta, "--positions", "rope"}).validate(1);
+  std::filesystem::remove(theta);
+  const std::string decay =
+      write_file("quintet_job_config_decay.json", R"({"decay-fraction": 0.5, "bench-skip": 2})");
+  refused(gpt, 1, {"--config", decay}, "--decay-fraction 0.5 needs --lr-schedule wsd");
+  refused(gpt, 1, {"--config", decay, "--lr-schedule", "wsd"}, "--bench-skip 2 needs --bench");
+  std::filesystem::remove(decay);
   // Hugging Face export: refused before training, not after it.
   refused(gpt, 1, {"--export-hf", "hf_out"},
           "no Hugging Face layout here: its norms are LayerNorm");

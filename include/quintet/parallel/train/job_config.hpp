@@ -136,6 +136,14 @@ struct JobConfig {
     std::string inject_fault;
   } observe;
 
+  // The settings the user gave, by flag name without the dashes ("rope-theta"), on the command
+  // line or in the job file (parse_job_args fills it), as against the defaults and a family's
+  // values (--arch). validate() refuses a setting given that only matters with another that is
+  // off (--rope-theta with learned positions) rather than run as if it were not there. Empty for
+  // a job made in code.
+  std::vector<std::string> given;
+  bool gave(std::string_view flag) const;  // whether `flag` (no dashes) is among given
+
   // The defaults of a mixture-of-experts trainer (05_moe_train): every block's MLP an MoE of 8
   // experts, top-2 softmax routing (renormalized), dropless, aux-loss 0.01, z-loss 0.001, each
   // exchange cut into 2 chunks. parse_job_args offers the MoE flags for a job whose model.mlp is
