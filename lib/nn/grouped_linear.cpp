@@ -109,6 +109,12 @@ GroupedGemmPath grouped_gemm_path(bool host_offsets_given) {
   return GroupedGemmPath::per_group;
 }
 
+bool grouped_gemm_loop_requested() {
+  grouped_gemm_path(false);  // checks the variable
+  const char* env = std::getenv("QUINTET_GROUPED_GEMM");
+  return env != nullptr && std::string(env) == "loop";
+}
+
 std::vector<std::int64_t> group_offsets(std::span<const std::int64_t> counts) {
   std::vector<std::int64_t> offsets(counts.size() + 1, 0);
   for (std::size_t g = 0; g < counts.size(); ++g) {

@@ -11,6 +11,7 @@
 #include "quintet/nn/grouped_linear.hpp"
 #include "quintet/nn/ops.hpp"
 #include "support/catch.hpp"
+#include "support/scoped_env.hpp"
 #include "unit/nn_gradcheck.hpp"
 
 using namespace quintet;
@@ -134,6 +135,31 @@ TEST_CASE("group_offsets are the running sums of the counts", "[nn][grouped]") {
   REQUIRE(group_offsets(std::vector<std::int64_t>{}) == std::vector<std::int64_t>{0});
   REQUIRE_THROWS_QUINTET(group_offsets(std::vector<std::int64_t>{2, -1}), InvalidArgument,
                          "negative");
+}
+
+TEST_CASE("QUINTET_GROUPED_GEMM picks the GPU path; only an explicit loop asks for host offsets",
+          "[nn][grouped]") {
+  using test_support::ScopedEnv;
+  {
+    const ScopedEnv unset("QUINTET_GROUPED_GEMM", nullptr);
+    REQUIRE(grouped_gemm_path(true) == GroupedGemmPath::per_group);
+    REQUIRE(grouped_gemm_path(false) == GroupedGemmPath::grouped_kernel);
+    REQUIRE_FALSE(grouped_gemm_loop_requested());
+  }
+  {
+    const ScopedEnv loop("QUINTET_GROUPED_GEMM", "loop");
+    REQUIRE(grouped_gemm_path(true) == GroupedGemmPath::per_group);
+    REQUIRE(grouped_gemm_loop_requested());
+  }
+  {
+    const ScopedEnv kernel("QUINTET_GROUPED_GEMM", "kernel");
+    REQUIRE(grouped_gemm_path(true) == GroupedGemmPath::grouped_kernel);
+    REQUIRE_FALSE(grouped_gemm_loop_requested());
+  }
+  const ScopedEnv bad("QUINTET_GROUPED_GEMM", "fast");
+  REQUIRE_THROWS_QUINTET(grouped_gemm_path(true), InvalidArgument, "QUINTET_GROUPED_GEMM=fast");
+  REQUIRE_THROWS_QUINTET(grouped_gemm_loop_requested(), InvalidArgument,
+                         "QUINTET_GROUPED_GEMM=fast");
 }
 
 TEST_CASE("grouped linear ops reject bad shapes and offsets", "[nn][grouped]") {

@@ -103,6 +103,12 @@ enum class GroupedGemmPath { per_group, grouped_kernel };
 // QUINTET_GROUPED_GEMM=kernel, else per_group. Throws InvalidArgument when QUINTET_GROUPED_GEMM is
 // set to anything but "kernel" or "loop" (the default).
 GroupedGemmPath grouped_gemm_path(bool host_offsets_given);
+// Whether QUINTET_GROUPED_GEMM is set to "loop" explicitly (unset is the same path for callers
+// with host offsets, but not this): a caller holding only device offsets (the MoE experts at
+// ep = 1, parallel/expert/experts.hpp) then reads them on the host, one wait, and takes the
+// per-group loop, so that a benchmark compares the kernel with the loop in one build and a GPU
+// whose kernel fails has a way back. Throws as grouped_gemm_path.
+bool grouped_gemm_loop_requested();
 
 // The offsets of consecutive groups of counts[g] rows: {0, c_0, c_0 + c_1, ...} (G + 1 values).
 // Throws InvalidArgument for a negative count.

@@ -127,7 +127,9 @@ class Experts {
   // sums of the token permutation's counts, never copied to the host: no host synchronisation
   // (the ep = 1 path). Rows past o_E_l are padding: zero outputs, zero gradients; they must be
   // zero (moe_permute's are), since FP8's amaxes run over every row. On a GPU the GEMMs are the
-  // grouped kernels, which read the offsets on the device (grouped_linear.hpp), FP8 too.
+  // grouped kernels, which read the offsets on the device (grouped_linear.hpp), FP8 too; with
+  // QUINTET_GROUPED_GEMM=loop set (nn::grouped_gemm_loop_requested), it reads the offsets on the
+  // host instead (one wait) and runs the per-expert cuBLASLt loop: the benchmark's comparison.
   Tensor forward(const ExpertWeights& w, const Tensor& rows, const Tensor& offsets,
                  ExpertsActivations& saved, bool record, const Stream& stream);
   // dy [n, d] of the forward that filled saved -> d(rows) [n, d]; accumulates the weight
