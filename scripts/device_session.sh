@@ -6,14 +6,15 @@
 # and session.tgz (every log; the device tool brings back only a few files, so they are packed).
 #
 #   OUT=$OUT scripts/device_session.sh 1   # build, every gpu test, the Llama benchmarks (#42)
-#   OUT=$OUT scripts/device_session.sh 2   # MoE (#47) and FP8 (#45) benchmarks, HF (#43), flight (#44)
-#   OUT=$OUT scripts/device_session.sh 3   # the GPT benchmarks (#48) and the A/B against BASE (#41)
+#   OUT=$OUT scripts/device_session.sh 2   # the MoE benchmarks (#47, #45): kernel and loop runs
+#   OUT=$OUT scripts/device_session.sh 3   # HF (#43), flight recorder (#44), GPT benchmarks (#48)
+#   OUT=$OUT scripts/device_session.sh 4   # the GPT A/B against BASE (#41)
 # A later phase on the same warm machine reuses the build (scripts/setup.sh is incremental).
-# Keep NCCL_NVLS_ENABLE=0 (set here). PHASE 3's A/B needs BASE=<commit> (default HEAD~40).
+# Keep NCCL_NVLS_ENABLE=0 (set here). Phase 4's A/B takes BASE=<commit> (default HEAD~40).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 root=$(pwd)
-phase=${1:?usage: scripts/device_session.sh 1|2|3}
+phase=${1:?usage: scripts/device_session.sh 1|2|3|4}
 out=${OUT:-$root/build/device_session}
 budget=${BUDGET:-570}
 logs=$out/logs
@@ -50,18 +51,21 @@ case $phase in
     ;;
   2)
     step build 200 bash scripts/setup.sh
-    step moe 330 env SKIP="dispatch_cpu cpu_ep8_chunks1 cpu_ep8_chunks2" bash scripts/bench/moe_benchmarks.sh
+    step moe 520 env SKIP="dispatch_cpu cpu_ep8_chunks1 cpu_ep8_chunks2" bash scripts/bench/moe_benchmarks.sh
+    ;;
+  3)
+    step build 200 bash scripts/setup.sh
     # shellcheck disable=SC2016  # $OUT expands in the step, where it is the step's folder
     step hf_reference 60 bash -c 'python3 scripts/hf/make_transformers_reference.py "$OUT/ref" &&
       QUINTET_HF_REFERENCE_DIR="$OUT/ref" ctest --test-dir build -R train_hf_import_ --output-on-failure'
     step hf_io 90 bash scripts/bench/hf_io_bench.sh --device cuda --repeats 2
     step flight 60 bash scripts/bench/flight_cost.sh --device cuda --rounds 2
-    ;;
-  3)
-    step build 200 bash scripts/setup.sh
     step gpt 240 bash scripts/bench/gpt_benchmarks.sh
+    ;;
+  4)
+    step build 200 bash scripts/setup.sh
     base=${BASE:-HEAD~40}
-    step ab_gpt 300 bash -c "rm -rf build-ab && mkdir -p build-ab/base &&
+    step ab_gpt 500 bash -c "rm -rf build-ab && mkdir -p build-ab/base &&
       git archive $base | tar -x -C build-ab/base && BASE=build-ab/base ROUNDS=2 bash scripts/bench/ab_gpt.sh"
     ;;
   *) echo "unknown phase $phase" >&2; exit 2 ;;
