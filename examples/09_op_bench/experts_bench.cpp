@@ -12,9 +12,12 @@
 // The grouped results are checked against the loop's before anything is timed.
 #include "experts_bench.hpp"
 
+#include <cuda_runtime.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <limits>
 #include <numeric>
@@ -78,6 +81,7 @@ struct Setup {
   std::int64_t total = 0;
   Grouping grouping = Grouping::by_shape;
   Tensor device_offsets;  // [E + 1] i64: offsets, then total (the grouped kernel's)
+  bool hopper = false;    // the GPU is sm_90: the wgmma kernel is measured too
 
   // fn(e, offset, rows) for every expert with rows, in order.
   template <class F>
@@ -152,6 +156,8 @@ struct Result {
   double diff = 0.0, diff_upload = 0.0, tolerance = 0.0;
   // Our grouped kernel (nn::grouped_linear_* without host offsets): one launch over every expert.
   double kernel_ms = 0.0, kernel_diff = 0.0;
+  // The same with QUINTET_GROUPED_GEMM=wgmma (the Hopper kernel; sm_90 only, else 0).
+  double wgmma_ms = 0.0, wgmma_diff = 0.0;
   std::string f32_c_status;  // backward_weight: what cuBLAS said to bf16 A/B with an f32 C
 };
 
@@ -204,20 +210,55 @@ void verify_and_time(const Setup& c, Result& r, GroupedGemm& g, const std::vecto
   r.upload_ms = median_ms(c.s, kWarmup, c.opt.iters, upload);
 }
 
-// Checks our grouped kernel's result (what fn returns, run once) against the loop's, then times
-// fn.
-void verify_and_time_kernel(const Setup& c, Result& r, const std::vector<float>& ref,
-                            const std::function<Tensor()>& fn, double tolerance) {
+// Runs fn with QUINTET_GROUPED_GEMM=value (which grouped kernel nn::grouped_linear_* runs), then
+// restores the variable as it was.
+template <class F>
+void with_grouped_gemm(const char* value, F&& fn) {
+  const char* old = std::getenv("QUINTET_GROUPED_GEMM");
+  const std::string saved = old != nullptr ? old : "";
+  setenv("QUINTET_GROUPED_GEMM", value, 1);
+  try {
+    fn();
+  } catch (...) {
+    if (old != nullptr)
+      setenv("QUINTET_GROUPED_GEMM", saved.c_str(), 1);
+    else
+      unsetenv("QUINTET_GROUPED_GEMM");
+    throw;
+  }
+  if (old != nullptr)
+    setenv("QUINTET_GROUPED_GEMM", saved.c_str(), 1);
+  else
+    unsetenv("QUINTET_GROUPED_GEMM");
+}
+
+// Checks one grouped kernel's result (what fn returns, run once; `kernel` names it) against the
+// loop's into diff, then times fn into ms.
+void check_and_time_kernel(const Setup& c, const Result& r, const char* kernel,
+                           const std::vector<float>& ref, const std::function<Tensor()>& fn,
+                           double tolerance, double& diff, double& ms) {
   const Tensor got = fn();
   c.s.synchronize();
-  r.kernel_diff = max_rel_diff(ref, got);
-  if (!(r.kernel_diff <= tolerance)) {
-    throw std::runtime_error("experts: " + r.product +
-                             ": the grouped kernel's result differs from the loop's: max |diff| "
-                             "/ max |loop| = " +
-                             std::to_string(r.kernel_diff) + " > " + std::to_string(tolerance));
+  diff = max_rel_diff(ref, got);
+  if (!(diff <= tolerance)) {
+    throw std::runtime_error("experts: " + r.product + ": the " + kernel +
+                             "'s result differs from the loop's: max |diff| / max |loop| = " +
+                             std::to_string(diff) + " > " + std::to_string(tolerance));
   }
-  r.kernel_ms = median_ms(c.s, kWarmup, c.opt.iters, [&] { fn(); });
+  ms = median_ms(c.s, kWarmup, c.opt.iters, [&] { fn(); });
+}
+
+// Our grouped kernels (the mma.sync one, and on sm_90 the wgmma one), each checked against the
+// loop's result, then timed.
+void verify_and_time_kernel(const Setup& c, Result& r, const std::vector<float>& ref,
+                            const std::function<Tensor()>& fn, double tolerance) {
+  with_grouped_gemm("kernel", [&] {
+    check_and_time_kernel(c, r, "grouped kernel", ref, fn, tolerance, r.kernel_diff, r.kernel_ms);
+  });
+  if (!c.hopper) return;
+  with_grouped_gemm("wgmma", [&] {
+    check_and_time_kernel(c, r, "wgmma kernel", ref, fn, tolerance, r.wgmma_diff, r.wgmma_ms);
+  });
 }
 
 // forward or backward_input: a bf16 [T, cols] result, rows of expert e at its offset.
@@ -366,6 +407,7 @@ void print(const Setup& c, const std::vector<Result>& results) {
     total.grouped_ms += r.grouped_ms;
     total.upload_ms += r.upload_ms;
     total.kernel_ms += r.kernel_ms;
+    total.wgmma_ms += r.wgmma_ms;
   }
   if (!opt.json) {
     std::printf(
@@ -378,18 +420,20 @@ void print(const Setup& c, const std::vector<Result>& results) {
         "loop = quintet::nn::linear_* per expert (cuBLASLt); grouped = one "
         "cublasGemmGroupedBatchedEx per product (groups by %s), pointer arrays on the device; "
         "+upload = after an H2D copy of them; kernel = our grouped kernel "
-        "(nn::grouped_linear_*, offsets on the device, one launch); ms = median of %d; ratio = "
+        "(nn::grouped_linear_*, offsets on the device, one launch; mma.sync); wgmma = the same "
+        "with QUINTET_GROUPED_GEMM=wgmma (sm_90 only, else 0); ms = median of %d; ratio = "
         "TF/s / loop TF/s\n",
         opt.grouping.c_str(), opt.iters);
-    std::printf("%-30s %6s %9s %9s %9s %9s %9s %9s %9s %9s %7s %7s %7s\n", "product", "groups",
-                "loop ms", "grouped", "+upload", "kernel", "loop TF/s", "grouped", "+upload",
-                "kernel", "ratio", "+upload", "kernel");
+    std::printf("%-30s %6s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %7s %7s %7s %7s\n", "product",
+                "groups", "loop ms", "grouped", "+upload", "kernel", "wgmma", "loop TF/s",
+                "grouped", "+upload", "kernel", "wgmma", "ratio", "+upload", "kernel", "wgmma");
   }
   const auto line = [&](const Result& r) {
     const double tl = tflops(r.flops, r.loop_ms), tg = tflops(r.flops, r.grouped_ms),
                  tu = tflops(r.flops, r.upload_ms);
     // The bf16-accumulation row has no kernel counterpart.
     const double tk = r.kernel_ms > 0.0 ? tflops(r.flops, r.kernel_ms) : 0.0;
+    const double tw = r.wgmma_ms > 0.0 ? tflops(r.flops, r.wgmma_ms) : 0.0;
     if (opt.json) {
       nlohmann::json j{{"bench", "experts"},
                        {"product", r.product},
@@ -414,7 +458,10 @@ void print(const Setup& c, const std::vector<Result>& results) {
                        {"ratio_upload", tu / tl},
                        {"kernel_ms", r.kernel_ms},
                        {"kernel_tflops", tk},
-                       {"kernel_ratio", tk / tl}};
+                       {"kernel_ratio", tk / tl},
+                       {"wgmma_ms", r.wgmma_ms},
+                       {"wgmma_tflops", tw},
+                       {"wgmma_ratio", tw / tl}};
       if (r.product != "total") {
         j["groups"] = r.groups;
         j["problems"] = r.problems;
@@ -423,6 +470,7 @@ void print(const Setup& c, const std::vector<Result>& results) {
         j["max_rel_diff"] = r.diff;
         j["max_rel_diff_upload"] = r.diff_upload;
         j["kernel_max_rel_diff"] = r.kernel_diff;
+        j["wgmma_max_rel_diff"] = r.wgmma_diff;
         j["tolerance"] = r.tolerance;
       }
       if (!r.f32_c_status.empty()) {
@@ -432,9 +480,11 @@ void print(const Setup& c, const std::vector<Result>& results) {
       std::printf("%s\n", j.dump().c_str());
     } else {
       const std::string groups = r.product == "total" ? "" : std::to_string(r.groups);
-      std::printf("%-30s %6s %9.3f %9.3f %9.3f %9.3f %9.1f %9.1f %9.1f %9.1f %7.3f %7.3f %7.3f\n",
-                  r.product.c_str(), groups.c_str(), r.loop_ms, r.grouped_ms, r.upload_ms,
-                  r.kernel_ms, tl, tg, tu, tk, tg / tl, tu / tl, tk / tl);
+      std::printf(
+          "%-30s %6s %9.3f %9.3f %9.3f %9.3f %9.3f %9.1f %9.1f %9.1f %9.1f %9.1f %7.3f %7.3f %7.3f "
+          "%7.3f\n",
+          r.product.c_str(), groups.c_str(), r.loop_ms, r.grouped_ms, r.upload_ms, r.kernel_ms,
+          r.wgmma_ms, tl, tg, tu, tk, tw, tg / tl, tu / tl, tk / tl, tw / tl);
     }
   };
   for (const Result& r : results) {
@@ -649,6 +699,13 @@ void bench_experts(const ExpertBenchOptions& opt, const Stream& s) {
   bounds.push_back(c.total);
   c.device_offsets =
       Tensor::from_vector(bounds, {static_cast<std::int64_t>(bounds.size())}).to(gpu);
+  int device = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+    throw std::runtime_error("experts: cannot read the GPU's compute capability");
+  }
+  c.hopper = major == 9 && minor == 0;
   const std::int64_t experts = static_cast<std::int64_t>(c.rows.size()), d = opt.hidden,
                      f = opt.ffn;
   std::uint64_t seed = 900;

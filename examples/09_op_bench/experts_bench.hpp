@@ -1,8 +1,9 @@
 // The experts mode of 09_op_bench: the expert GEMMs of a mixture-of-experts layer, a loop of our
 // per-expert linear ops (the per-group cuBLASLt path of nn::grouped_linear_*, what
 // parallel/expert/experts.cpp runs with host counts) against one cublasGemmGroupedBatchedEx per
-// product (grouped_gemm.hpp) and against our grouped kernel (nn::grouped_linear_* with the
-// offsets on the device only: one launch per product), on one GPU, in the same run.
+// product (grouped_gemm.hpp) and against our grouped kernels (nn::grouped_linear_* with the
+// offsets on the device only: one launch per product; the mma.sync kernel, and on an sm_90 GPU
+// the wgmma one, QUINTET_GROUPED_GEMM=wgmma), on one GPU, in the same run.
 //
 // The layer: E experts, expert e on rows_e rows (contiguous blocks of one [sum rows, d] tensor),
 // fc w1 [E, F, d] and proj w2 [E, d, F], no bias, bf16 with f32 accumulation. The products, each

@@ -17,8 +17,9 @@
 //   experts   - the expert GEMMs of a mixture-of-experts layer (fc and proj of E experts, forward,
 //               backward input and backward weight) in bf16: a loop of quintet::nn::linear_* per
 //               expert (what the MoE layer runs) vs one cublasGemmGroupedBatchedEx per product
-//               (experts_bench.hpp, grouped_gemm.hpp) vs our grouped kernel
-//               (nn::grouped_linear_*, offsets on the device), checked against each other first.
+//               (experts_bench.hpp, grouped_gemm.hpp) vs our grouped kernels
+//               (nn::grouped_linear_*, offsets on the device: mma.sync, and wgmma on sm_90),
+//               checked against each other first.
 //               FLOPs = 2·rows·N·K summed over the experts; ms are medians.
 //   elementwise - the memory-bound kernels of a Llama-style block (RoPE, RMSNorm with the
 //               residual add, SwiGLU), forward and backward, bf16, at Llama-1B shapes by default

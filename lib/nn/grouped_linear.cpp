@@ -76,10 +76,10 @@ void check_rows(const OpChecker& c, const char* name, const Tensor& a, DType t, 
                 c.op(), name, shape_str(a.shape()), cols);
 }
 
-// Whether a GPU call runs the per-group cuBLASLt loop (else the grouped kernel); false on the CPU.
-// Throws for a bad QUINTET_GROUPED_GEMM, before any work.
-bool per_group_on_gpu(const OpChecker& c, std::span<const std::int64_t> host) {
-  return c.on_cuda() && grouped_gemm_path(!host.empty()) == GroupedGemmPath::per_group;
+// The path of a GPU call (anything on the CPU). Throws for a bad QUINTET_GROUPED_GEMM, before any
+// work.
+GroupedGemmPath gpu_path(const OpChecker& c, std::span<const std::int64_t> host) {
+  return c.on_cuda() ? grouped_gemm_path(!host.empty()) : GroupedGemmPath::grouped_kernel;
 }
 
 #if QUINTET_NN_HAS_CUDA_OPS
@@ -103,8 +103,9 @@ void zero_padding(const Tensor& out, std::span<const std::int64_t> o, const Stre
 GroupedGemmPath grouped_gemm_path(bool host_offsets_given) {
   const char* env = std::getenv("QUINTET_GROUPED_GEMM");
   const std::string choice = env != nullptr ? env : "";
-  QUINTET_CHECK(choice.empty() || choice == "kernel" || choice == "loop",
-                "QUINTET_GROUPED_GEMM={}: expected kernel or loop (the default)", choice);
+  QUINTET_CHECK(choice.empty() || choice == "kernel" || choice == "wgmma" || choice == "loop",
+                "QUINTET_GROUPED_GEMM={}: expected kernel, wgmma or loop (the default)", choice);
+  if (choice == "wgmma") return GroupedGemmPath::grouped_wgmma;
   if (!host_offsets_given || choice == "kernel") return GroupedGemmPath::grouped_kernel;
   return GroupedGemmPath::per_group;
 }
@@ -137,7 +138,7 @@ Tensor grouped_product(bool forward, const Tensor& a, const Tensor& w, const Ten
   check_rows(c, name, a, t, k);
   const std::int64_t n = a.size(0);
   const Tensor o = check_offsets(c, offsets, groups, n, host_offsets, stream);
-  [[maybe_unused]] const bool per_group = per_group_on_gpu(c, host_offsets);
+  [[maybe_unused]] const GroupedGemmPath path = gpu_path(c, host_offsets);
   const Tensor a2 = a.contiguous(stream), w2 = w.contiguous(stream);
   Tensor out = Tensor::empty({n, cols}, t, c.device(), stream);
   if (!c.on_cuda()) {
@@ -150,11 +151,12 @@ Tensor grouped_product(bool forward, const Tensor& a, const Tensor& w, const Ten
   }
 #if QUINTET_NN_HAS_CUDA_OPS
   const DeviceGuard guard(c.device());
-  if (!per_group) {
+  if (path != GroupedGemmPath::per_group) {
+    const bool wgmma = path == GroupedGemmPath::grouped_wgmma;
     if (forward) {
-      cuda_ops::grouped_linear_forward(a2, w2, o, out, stream);
+      cuda_ops::grouped_linear_forward(a2, w2, o, out, wgmma, stream);
     } else {
-      cuda_ops::grouped_linear_backward_input(a2, w2, o, out, stream);
+      cuda_ops::grouped_linear_backward_input(a2, w2, o, out, wgmma, stream);
     }
     return out;
   }
@@ -198,7 +200,7 @@ void grouped_linear_backward_weight(const Tensor& dy, const Tensor& x, const Ten
   const std::int64_t groups = dw.size(0), n = dy.size(0);
   c.accumulator("dw", dw, t, {groups, dy.size(1), x.size(1)});
   const Tensor o = check_offsets(c, offsets, groups, n, host_offsets, stream);
-  [[maybe_unused]] const bool per_group = per_group_on_gpu(c, host_offsets);
+  [[maybe_unused]] const GroupedGemmPath path = gpu_path(c, host_offsets);
   const Tensor dy2 = dy.contiguous(stream), x2 = x.contiguous(stream);
   if (!c.on_cuda()) {
     cpu_ops::grouped_linear_backward_weight(dy2, x2, o, dw);
@@ -206,8 +208,9 @@ void grouped_linear_backward_weight(const Tensor& dy, const Tensor& x, const Ten
   }
 #if QUINTET_NN_HAS_CUDA_OPS
   const DeviceGuard guard(c.device());
-  if (!per_group) {
-    cuda_ops::grouped_linear_backward_weight(dy2, x2, o, dw, stream);
+  if (path != GroupedGemmPath::per_group) {
+    cuda_ops::grouped_linear_backward_weight(dy2, x2, o, dw, path == GroupedGemmPath::grouped_wgmma,
+                                             stream);
     return;
   }
   for_each_host_group(host_offsets, [&](std::int64_t g, std::int64_t r, std::int64_t m) {
@@ -272,7 +275,7 @@ Tensor grouped_fp8_linear_forward(const Fp8Tensor& x, const Fp8Tensor& w, const 
                 "{}: x.data is {} and w.data {}; expected [n, in] and [G, out, in]", c.op(),
                 shape_str(xd.shape()), shape_str(wd.shape()));
   const Tensor o = check_offsets(c, offsets, groups, n, host_offsets, stream);
-  [[maybe_unused]] const bool per_group = per_group_on_gpu(c, host_offsets);
+  [[maybe_unused]] const bool per_group = gpu_path(c, host_offsets) == GroupedGemmPath::per_group;
   Tensor y = Tensor::empty({n, cols}, out, c.device(), stream);
   if (!c.on_cuda()) {
     cpu_ops::grouped_fp8_linear_forward(xd, x.scale, x.format, wd, w.scale, w.format, o, y);
@@ -313,7 +316,7 @@ Tensor grouped_fp8_linear_backward_input(const Fp8Tensor& dy, const Fp8Tensor& w
                 c.op(), shape_str(dyd.shape()), shape_str(wt.shape()),
                 offsets.defined() ? shape_str(offsets.shape()) : std::string("undefined"));
   const Tensor o = check_offsets(c, offsets, groups, n, host_offsets, stream);
-  [[maybe_unused]] const bool per_group = per_group_on_gpu(c, host_offsets);
+  [[maybe_unused]] const bool per_group = gpu_path(c, host_offsets) == GroupedGemmPath::per_group;
   Tensor dx = Tensor::empty({n, in}, out, c.device(), stream);
   if (!c.on_cuda()) {
     cpu_ops::grouped_fp8_linear_backward_input(dyd, dy.scale, dy.format, wt, w.scale, w.format, o,
@@ -355,7 +358,7 @@ void grouped_fp8_linear_backward_weight(const Fp8Tensor& dy, const Fp8Tensor& x,
   const std::int64_t groups = dw.size(0), n = dyt.size(1);
   c.accumulator("dw", dw, DType::f32, {groups, dyt.size(0), xt.size(0)});
   const Tensor o = check_offsets(c, offsets, groups, n, host_offsets, stream);
-  [[maybe_unused]] const bool per_group = per_group_on_gpu(c, host_offsets);
+  [[maybe_unused]] const bool per_group = gpu_path(c, host_offsets) == GroupedGemmPath::per_group;
   if (!c.on_cuda()) {
     cpu_ops::grouped_fp8_linear_backward_weight(dyt, dy.scale, dy.format, xt, x.scale, x.format, o,
                                                 dw);

@@ -13,8 +13,11 @@ quintet_gpu_test(NAME gpu_nn_gqa_attention_test COMPONENT nn SOURCES gpu/nn_gqa_
 # emulation within one ULP.
 quintet_gpu_test(NAME gpu_nn_fp8_test COMPONENT nn SOURCES gpu/nn_fp8_test.cpp)
 # The grouped linear ops' kernel (offsets on the device) and per-group loop against per-group f64
-# products: empty groups, one row, partial tiles, odd widths, skew, padding; the path choice.
+# products: empty groups, one row, partial tiles, odd widths, skew, padding; the path choice; the
+# same with QUINTET_GROUPED_GEMM=wgmma (the Hopper kernel).
 quintet_gpu_test(NAME gpu_nn_grouped_gemm_test COMPONENT nn SOURCES gpu/nn_grouped_gemm_test.cpp)
+# (cudaDeviceGetAttribute: whether the GPU is sm_90, where the wgmma kernel runs.)
+target_link_libraries(gpu_nn_grouped_gemm_test PRIVATE quintet_device_libs)
 # The grouped FP8 ops' kernels (FP8 tensor cores, SIMT) and per-group cuBLASLt loop against
 # per-group f64 products of the dequantised operands: the same shape classes, all three products.
 quintet_gpu_test(NAME gpu_nn_grouped_fp8_test COMPONENT nn SOURCES gpu/nn_grouped_fp8_test.cpp)

@@ -3,7 +3,11 @@
 // on the host from the same rounded inputs, bf16 (tensor-core kernel, and the SIMT kernel for
 // widths not multiples of 8) and f32 (SIMT), every shape class: empty groups, one row, rows not a
 // multiple of the tile, K and N not multiples of 64, every row in one group, padding rows past the
-// last group; forward, dgrad and wgrad; and the choice between the two paths.
+// last group; forward, dgrad and wgrad; and the choice between the paths. Every case also runs
+// with QUINTET_GROUPED_GEMM=wgmma (the Hopper kernel, lib/nn/cuda/grouped_gemm_sm90a.cu) on an
+// sm_90 GPU; on any other, that choice must throw.
+#include <cuda_runtime.h>
+
 #include <cstdint>
 #include <iterator>
 #include <span>
@@ -74,8 +78,27 @@ const std::vector<Case>& cases() {
       {"padding rows past the last group", 64, 64, 45, {0, 10, 20}},
       {"widths not multiples of 8 (SIMT in bf16)", 37, 29, 43, {0, 5, 5, 40}},
       {"eight experts, many k-steps", 256, 512, 1000, {0, 90, 300, 310, 310, 620, 700, 999, 1000}},
+      // 144 forward tiles: more than one CTA a GPU of 132 SMs holds with the wgmma kernel, so some
+      // CTAs take a second tile.
+      {"more tiles than resident CTAs", 256, 1536, 1200, {0, 300, 600, 900, 1200}},
   };
   return all;
+}
+
+// A bf16 forward of one group of 4 rows, 8 -> 8, with host offsets (for the checks that throw).
+Tensor small_forward(const Stream& s) {
+  const Tensor x = Tensor::zeros({4, 8}, DType::bf16, Device::cuda(0));
+  const Tensor w = Tensor::zeros({1, 8, 8}, DType::bf16, Device::cuda(0));
+  const std::vector<std::int64_t> o = {0, 4};
+  return nn::grouped_linear_forward(x, w, Tensor::from_vector(o, {2}).to(Device::cuda(0)), o, s);
+}
+
+// Whether GPU 0 is sm_90 (Hopper), where QUINTET_GROUPED_GEMM=wgmma runs.
+bool hopper() {
+  int major = 0, minor = 0;
+  REQUIRE(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess);
+  REQUIRE(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0) == cudaSuccess);
+  return major == 9 && minor == 0;
 }
 
 void run_case(const Case& k, DType t, bool host, const Stream& s, std::uint64_t& seed) {
@@ -148,6 +171,26 @@ TEST_CASE("with host offsets both paths equal the per-group products") {
   }
 }
 
+TEST_CASE("the wgmma kernel equals per-group f64 products, with and without host offsets") {
+  const Stream s = Stream::create(Device::cuda(0));
+  const EnvChoice env("wgmma");
+  if (!hopper()) {
+    // Refused before any work on a GPU that is not sm_90 (bf16 widths the tensor cores take).
+    REQUIRE_THROWS_QUINTET(small_forward(s), InvalidArgument, "sm_90");
+    return;
+  }
+  std::uint64_t seed = 4900;
+  for (const bool host : {false, true}) {
+    // f32 and the bf16 widths not multiples of 8 fall back to the other kernels.
+    for (const DType t : {DType::bf16, DType::f32}) {
+      for (const Case& k : cases()) {
+        INFO(k.name << ", " << dtype_name(t) << ", host offsets " << host);
+        run_case(k, t, host, s, seed);
+      }
+    }
+  }
+}
+
 TEST_CASE("QUINTET_GROUPED_GEMM picks the path") {
   {
     const EnvChoice env(nullptr);
@@ -164,16 +207,16 @@ TEST_CASE("QUINTET_GROUPED_GEMM picks the path") {
     CHECK(nn::grouped_gemm_path(true) == nn::GroupedGemmPath::grouped_kernel);
   }
   {
+    const EnvChoice env("wgmma");
+    CHECK(nn::grouped_gemm_path(true) == nn::GroupedGemmPath::grouped_wgmma);
+    CHECK(nn::grouped_gemm_path(false) == nn::GroupedGemmPath::grouped_wgmma);
+  }
+  {
     const EnvChoice env("cublas");
     REQUIRE_THROWS_QUINTET(nn::grouped_gemm_path(true), InvalidArgument, "QUINTET_GROUPED_GEMM");
     // Checked before any work: a call throws too.
     const Stream s = Stream::create(Device::cuda(0));
-    const Tensor x = Tensor::zeros({4, 8}, DType::bf16, Device::cuda(0));
-    const Tensor w = Tensor::zeros({1, 8, 8}, DType::bf16, Device::cuda(0));
-    const std::vector<std::int64_t> o = {0, 4};
-    REQUIRE_THROWS_QUINTET(
-        nn::grouped_linear_forward(x, w, Tensor::from_vector(o, {2}).to(Device::cuda(0)), o, s),
-        InvalidArgument, "QUINTET_GROUPED_GEMM");
+    REQUIRE_THROWS_QUINTET(small_forward(s), InvalidArgument, "QUINTET_GROUPED_GEMM");
   }
 }
 

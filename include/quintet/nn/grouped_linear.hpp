@@ -16,16 +16,21 @@
 // offsets). It picks the implementation on a GPU, below.
 //
 // Implementations. CPU (f32, f64): per group, the CPU linear op's kernels on the group's rows,
-// bit for bit what a loop of nn::linear_* per group gives. GPU: one of two paths, per call (see
+// bit for bit what a loop of nn::linear_* per group gives. GPU: one of three paths, per call (see
 // grouped_gemm_path):
 //   - per_group: the loop of per-group cuBLASLt GEMMs of nn::linear_* (the proven path; it needs
 //     the offsets on the host);
 //   - grouped_kernel: one launch per op over every group, reading the offsets on the device
 //     (lib/nn/cuda/grouped_gemm.cu, a persistent tile scheduler): bf16 on tensor cores (mma.sync
 //     fed by a cp.async pipeline) when in and out are multiples of 8, else (and for f32) a SIMT
-//     kernel; f32 accumulation, the weight gradient accumulated in f32.
+//     kernel; f32 accumulation, the weight gradient accumulated in f32;
+//   - grouped_wgmma: the same, with a Hopper kernel for the bf16 shapes the tensor cores take
+//     (lib/nn/cuda/grouped_gemm_sm90a.cu: wgmma from 128-byte swizzled shared memory, built for
+//     sm_90a); other shapes and f32 fall back to grouped_kernel's kernels. It throws
+//     InvalidArgument on a GPU that is not sm_90. Opt-in until its test and benchmark have run.
 // Today a call with host offsets takes per_group unless the environment variable
-// QUINTET_GROUPED_GEMM is "kernel"; a call without host offsets always takes the kernel. The
+// QUINTET_GROUPED_GEMM is "kernel" (or "wgmma"); a call without host offsets takes the kernel
+// (grouped_wgmma when QUINTET_GROUPED_GEMM is "wgmma"). The
 // default flips to the kernel once its GPU test (tests/gpu/nn_grouped_gemm_test.cpp) and its
 // benchmark (09_op_bench --grouped, docs/PERFORMANCE.md) have passed on the GPU machine. The
 // variable is read at each call: a switch for that benchmark, not a RuntimeConfig setting, and it
@@ -78,7 +83,8 @@ void grouped_linear_backward_weight(const Tensor& dy, const Tensor& x, const Ten
 // converts the operands to f16 and runs f16 tensor cores (NVIDIA/cutlass#1986), so the kernel
 // computes at the bf16 kernel's rate at best, with half its operand bytes; Hopper's FP8 rate
 // needs wgmma (what cuBLASLt's FP8 matmul of the per-group loop runs). Its worth there is the
-// device offsets: no host wait.
+// device offsets: no host wait. QUINTET_GROUPED_GEMM=wgmma (below) takes grouped_kernel for
+// these ops: the wgmma kernel is bf16 only.
 
 // y_g = q(x_g) · q(w_g)ᵀ. x.data [n, in], w.data [G, out, in]. Returns y [n, out] of dtype out
 // (f32 or bf16; f32 on the CPU).
@@ -98,10 +104,11 @@ void grouped_fp8_linear_backward_weight(const Fp8Tensor& dy, const Fp8Tensor& x,
                                         std::span<const std::int64_t> host_offsets,
                                         const Stream& stream);
 
-enum class GroupedGemmPath { per_group, grouped_kernel };
-// The path a GPU call takes (above): grouped_kernel without host offsets or with
-// QUINTET_GROUPED_GEMM=kernel, else per_group. Throws InvalidArgument when QUINTET_GROUPED_GEMM is
-// set to anything but "kernel" or "loop" (the default).
+enum class GroupedGemmPath { per_group, grouped_kernel, grouped_wgmma };
+// The path a GPU call takes (above): grouped_wgmma with QUINTET_GROUPED_GEMM=wgmma; else
+// grouped_kernel without host offsets or with QUINTET_GROUPED_GEMM=kernel; else per_group. Throws
+// InvalidArgument when QUINTET_GROUPED_GEMM is set to anything but "kernel", "wgmma" or "loop"
+// (the default).
 GroupedGemmPath grouped_gemm_path(bool host_offsets_given);
 // Whether QUINTET_GROUPED_GEMM is set to "loop" explicitly (unset is the same path for callers
 // with host offsets, but not this): a caller holding only device offsets (the MoE experts at

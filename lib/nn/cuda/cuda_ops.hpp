@@ -45,13 +45,14 @@ void linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& dw,
 // The grouped linear ops' kernels (quintet/nn/grouped_linear.hpp, lib/nn/cuda/grouped_gemm.cu):
 // one launch each over every group, offsets [G + 1] i64 read on the device; w [G, out, in].
 // x [n, in] -> y [n, out]; dy [n, out] -> dx [n, in] (rows past offsets[G] zeroed); accumulate
-// dw [G, out, in] f32 from dy [n, out] and x [n, in].
+// dw [G, out, in] f32 from dy [n, out] and x [n, in]. wgmma: bf16 shapes the tensor cores take run
+// the Hopper kernel (lib/nn/cuda/grouped_gemm_sm90a.cu; throws on a GPU that is not sm_90).
 void grouped_linear_forward(const Tensor& x, const Tensor& w, const Tensor& offsets,
-                            const Tensor& y, const Stream& stream);
+                            const Tensor& y, bool wgmma, const Stream& stream);
 void grouped_linear_backward_input(const Tensor& dy, const Tensor& w, const Tensor& offsets,
-                                   const Tensor& dx, const Stream& stream);
+                                   const Tensor& dx, bool wgmma, const Stream& stream);
 void grouped_linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& offsets,
-                                    const Tensor& dw, const Stream& stream);
+                                    const Tensor& dw, bool wgmma, const Stream& stream);
 // The grouped FP8 products (grouped_linear.hpp), one launch each, every operand K-contiguous:
 //   forward: a = x [n, in], b = w [G, out, in], c = y [n, out] (f32 or bf16);
 //   dgrad:   a = dy [n, out], b = wᵀ [in, G out] (group g: columns [g out, (g + 1) out)),

@@ -1,0 +1,259 @@
+// The Hopper (sm_90a) kernel of the bf16 grouped GEMMs (quintet/nn/grouped_linear.hpp), taken
+// when QUINTET_GROUPED_GEMM=wgmma: the same products, operands and persistent tile walk as
+// grouped_gemm.cu's mma.sync kernel (see its top and grouped_gemm_common.cuh), computed by
+// warpgroup MMAs reading both operands from shared memory.
+//
+// A CTA of two warpgroups computes a 128 x 128 output tile, warpgroup w rows 64 w .. 64 w + 63,
+// with wgmma.mma_async m64n128k16 (f32 accumulators, 64 a thread), four per 64-deep k-step.
+// Operand tiles (128 x 64 bf16, 16 KB each) are copied by cp.async into the 128-byte swizzled
+// layout wgmma reads, in a 5-stage pipeline: loads run 3 k-steps ahead, and one k-step of wgmmas
+// stays in flight while the next is issued.
+//
+// Why cp.async rather than TMA: a group's rows are a sub-range of the operand, and the rows past
+// its end must read as zeros (wgrad, where they are the reduction dimension) or be at least
+// harmless. cp.async's zero-fill does that per 16-byte chunk with the extents the mma.sync
+// kernel already computes (Operand), while TMA would need a tensor map per group made on the
+// device from the offsets. The cost is issue slots: every thread issues its copies, where TMA
+// would need one thread. If the measurement shows the copies limit the rate, TMA (with
+// device-made maps for the row operand) is the next step.
+//
+// Shared memory layouts (byte offsets in a 16 KB operand tile, 1024-byte aligned: the swizzle is
+// applied by the hardware to address bits, chunk bits [4, 7) xor row bits [7, 10)):
+//   - K-contiguous operand (x and w in forward, dy in dgrad), "K-major": row mn (0..127) of 64
+//     k values is 128 bytes at mn * 128; its 16-byte chunk c (k = 8c..8c+7) sits at chunk slot
+//     c ^ (mn % 8). Descriptor: SBO = 1024 (the next 8 rows), LBO unused (16); the k16 step kk
+//     starts 32 kk bytes further.
+//   - MN-contiguous operand (w in dgrad, dy and x in wgrad), "MN-major", read with wgmma's
+//     transpose bit: 64-element atoms of MN, atom a (mn = 64a..64a+63) at 8192 a; in it, row k
+//     (0..63) is 128 bytes at k * 128, chunk c (mn = 64a + 8c..) at slot c ^ (k % 8).
+//     Descriptor: LBO = 8192 (the next 64 MN), SBO = 1024 (the next 8 k); the k16 step kk starts
+//     2048 kk bytes further.
+// The accumulators follow PTX's m64nNk16 D layout: register 4 j + 2 h + e of thread (warp w of
+// the warpgroup, lane l) is row 16 w + l / 4 + 8 h, column 8 j + 2 (l % 4) + e.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "nn/cuda/grouped_gemm_common.cuh"
+
+namespace quintet::nn::cuda_ops::grouped {
+
+namespace {
+
+constexpr int kWgTile = 128;                       // the CTA's output tile is kWgTile x kWgTile
+constexpr int kWgK = 64;                           // one k-step: 64 bf16 = one 128-byte swizzle row
+constexpr int kWgStages = 5;                       // shared-memory stages
+constexpr int kWgAhead = kWgStages - 2;            // k-steps loaded ahead of the one computed
+constexpr int kWgThreads = 256;                    // two warpgroups
+constexpr int kOperandBytes = kWgTile * kWgK * 2;  // 16 KB
+constexpr int kStageBytes = 2 * kOperandBytes;     // A then B
+constexpr int kAtomBytes = 8192;                   // an MN-major atom: 64 MN x 64 k
+constexpr std::size_t kWgShared = kWgStages * kStageBytes + 1024;  // + the alignment slack
+
+// The byte offset of element (mn, k) of an operand tile (see the top); for a chunk's first
+// element (k % 8 == 0, or mn % 8 == 0) it is the chunk's slot.
+template <bool KContiguous>
+__device__ __forceinline__ unsigned swizzled_offset(int mn, int k) {
+  if (KContiguous) return mn * 128 + (((k / 8) ^ (mn % 8)) * 16) + (k % 8) * 2;
+  return (mn / 64) * kAtomBytes + k * 128 + ((((mn % 64) / 8) ^ (k % 8)) * 16) + (mn % 8) * 2;
+}
+
+// Copies the k-step at k0 of an operand's 128 x 64 tile (rows mn0.. of the operand) into the
+// shared tile at s, 16-byte chunks along the contiguous dimension, zero past the extents (the
+// contiguous extent is a multiple of 8, so a chunk is wholly in or out).
+template <bool KContiguous>
+__device__ __forceinline__ void load_swizzled(unsigned char* s, const Operand<bf16>& o,
+                                              std::int64_t mn0, std::int64_t k0) {
+  constexpr int kChunks = kWgTile * kWgK / 8;
+#pragma unroll
+  for (int i = 0; i < kChunks / kWgThreads; ++i) {
+    const int chunk = threadIdx.x + i * kWgThreads;
+    int mn, k;          // the chunk's first element within the tile
+    if (KContiguous) {  // 8 chunks a row of 64 k
+      mn = chunk / 8;
+      k = (chunk % 8) * 8;
+    } else {  // 16 chunks a row of 128 mn
+      k = chunk / 16;
+      mn = (chunk % 16) * 8;
+    }
+    const std::int64_t gmn = mn0 + mn, gk = k0 + k;
+    const bool valid = gmn < o.mn_extent && gk < o.k_extent;
+    const bf16* src = valid ? (KContiguous ? o.p + gmn * o.ld + gk : o.p + gk * o.ld + gmn) : o.p;
+    cp_async_16(s + swizzled_offset<KContiguous>(mn, k), src, valid);
+  }
+}
+
+// A wgmma matrix descriptor: start address, leading and stride byte offsets (16-byte units, 14
+// bits each at bits 0, 16 and 32), base offset 0 (the tiles are 1024-byte aligned), 128-byte
+// swizzle (1 at bits 62-63).
+__device__ __forceinline__ std::uint64_t matrix_descriptor(unsigned address, unsigned lbo,
+                                                           unsigned sbo) {
+  return static_cast<std::uint64_t>((address & 0x3FFFF) >> 4) |
+         (static_cast<std::uint64_t>(lbo >> 4) << 16) |
+         (static_cast<std::uint64_t>(sbo >> 4) << 32) | (std::uint64_t{1} << 62);
+}
+
+// The descriptor of the k16 step kk of an operand tile at shared address tile, for MN rows
+// mn0.. (mn0: 0 for B, 64 w for warpgroup w's A; a multiple of 64).
+template <bool KContiguous>
+__device__ __forceinline__ std::uint64_t operand_descriptor(unsigned tile, int mn0, int kk) {
+  if (KContiguous) return matrix_descriptor(tile + mn0 * 128 + kk * 32, 16, 1024);
+  return matrix_descriptor(tile + (mn0 / 64) * kAtomBytes + kk * 16 * 128, kAtomBytes, 1024);
+}
+
+// d += A · B for one m64n128k16 (TransA / TransB: the operand is MN-major).
+template <int TransA, int TransB>
+__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], std::uint64_t desc_a,
+                                                 std::uint64_t desc_b) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
+      "%9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, "
+      "%27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, "
+      "%45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, "
+      "%63}, %64, %65, p, 1, 1, %67, %68;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63])
+      : "l"(desc_a), "l"(desc_b), "r"(1), "n"(TransA), "n"(TransB));
+#else
+  __trap();  // built for sm_90a only (cmake/QuintetLayers.cmake); never silently skip a product
+#endif
+}
+
+__device__ __forceinline__ void wgmma_fence() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_commit() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+template <int Pending>
+__device__ __forceinline__ void wgmma_wait() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(Pending) : "memory");
+#endif
+}
+// Orders this thread's generic-proxy writes of shared memory (its cp.async copies, waited for)
+// before later async-proxy reads (the wgmmas).
+__device__ __forceinline__ void fence_proxy_async() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+// Keeps the compiler from moving accumulator accesses across the asynchronous MMAs.
+__device__ __forceinline__ void fence_accumulators(float (&d)[64]) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+template <Product P, class Out>
+__global__ void __launch_bounds__(kWgThreads, 1)
+    grouped_wgmma_kernel(const GroupedParams<bf16, Out> prm) {
+  constexpr bool kAK = P != Product::wgrad;    // A is K-contiguous
+  constexpr bool kBK = P == Product::forward;  // B is K-contiguous
+  extern __shared__ unsigned char shared_raw[];
+  // The stages, 1024-byte aligned (the swizzle reads address bits).
+  unsigned char* const shared = shared_raw + ((1024 - smem_address(shared_raw) % 1024) % 1024);
+  const unsigned shared_address = smem_address(shared);
+  const int warpgroup = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+
+  for_each_tile<P>(prm, [&](const Tile& t, const Operand<bf16>& a, const Operand<bf16>& b) {
+    const std::int64_t k_steps = ceil_div(a.k_extent, kWgK);
+    const auto load = [&](std::int64_t step) {
+      unsigned char* s = shared + (step % kWgStages) * kStageBytes;
+      load_swizzled<kAK>(s, a, t.m0, step * kWgK);
+      load_swizzled<kBK>(s + kOperandBytes, b, t.n0, step * kWgK);
+    };
+    float acc[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+
+      // Prologue: the first kWgAhead k-steps in flight, one commit group each (empty past the
+      // end, so that k-step ks is always group ks).
+#pragma unroll
+    for (int s = 0; s < kWgAhead; ++s) {
+      if (s < k_steps) load(s);
+      cp_async_commit();
+    }
+    for (std::int64_t ks = 0; ks < k_steps; ++ks) {
+      // k-step ks has landed for every thread, and every warpgroup has finished the wgmmas of
+      // ks - 2 (waited at ks - 1), whose stage the prefetch below overwrites.
+      cp_async_wait<kWgAhead - 1>();
+      fence_proxy_async();
+      __syncthreads();
+      if (ks + kWgAhead < k_steps) load(ks + kWgAhead);
+      cp_async_commit();
+      const unsigned stage = shared_address + static_cast<unsigned>(ks % kWgStages) * kStageBytes;
+      fence_accumulators(acc);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kWgK / 16; ++kk) {
+        wgmma_m64n128k16<kAK ? 0 : 1, kBK ? 0 : 1>(
+            acc, operand_descriptor<kAK>(stage, warpgroup * 64, kk),
+            operand_descriptor<kBK>(stage + kOperandBytes, 0, kk));
+      }
+      wgmma_commit();
+      fence_accumulators(acc);
+      wgmma_wait<1>();  // k-step ks - 1 done: its stage may be refilled after the next barrier
+      fence_accumulators(acc);
+    }
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+    // Drain the (empty) trailing copy groups and let both warpgroups finish reading before the
+    // next tile's prologue overwrites the stages.
+    cp_async_wait<0>();
+    __syncthreads();
+
+    // Epilogue: register 4 j + 2 h + e is row 64 warpgroup + 16 warp + lane / 4 + 8 h, column
+    // 8 j + 2 (lane % 4) + e (see the top); pairs written as in the mma.sync kernel.
+    std::int64_t ldc = 0;
+    Out* c = group_output<P>(prm, t, ldc);
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = warpgroup * 64 + warp * 16 + lane / 4 + h * 8;
+        const int col = j * 8 + (lane % 4) * 2;
+        if (r >= t.tile_rows || col >= t.tile_cols) continue;
+        Out* p = c + (t.m0 + r) * ldc + t.n0 + col;
+        if (col + 1 < t.tile_cols) {
+          put_pair<P>(p, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+        } else {
+          put<P>(p, acc[4 * j + 2 * h]);
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+
+template <Product P, class Out>
+void launch_wgmma(GroupedParams<bf16, Out> prm, const Stream& stream) {
+  const int sm = device_sm();
+  QUINTET_CHECK(
+      sm == 90,
+      "grouped_linear: QUINTET_GROUPED_GEMM=wgmma needs a Hopper GPU (sm_90), this one is "
+      "sm_{}; unset it or set it to kernel",
+      sm);
+  prm.grid.tile_m = prm.grid.tile_n = kWgTile;
+  launch_persistent(grouped_wgmma_kernel<P, Out>, prm, kWgThreads, kWgShared, stream);
+}
+
+template void launch_wgmma<Product::forward, bf16>(GroupedParams<bf16, bf16>, const Stream&);
+template void launch_wgmma<Product::dgrad, bf16>(GroupedParams<bf16, bf16>, const Stream&);
+template void launch_wgmma<Product::wgrad, float>(GroupedParams<bf16, float>, const Stream&);
+
+}  // namespace quintet::nn::cuda_ops::grouped
