@@ -5,16 +5,18 @@
 # limit. Everything goes to $OUT: summary.md (each step's result, seconds and its result lines)
 # and session.tgz (every log; the device tool brings back only a few files, so they are packed).
 #
-#   OUT=$OUT scripts/device_session.sh 1   # build, every gpu test, the Llama benchmarks (#42)
-#   OUT=$OUT scripts/device_session.sh 2   # the MoE benchmarks (#47, #45): kernel and loop runs
-#   OUT=$OUT scripts/device_session.sh 3   # HF (#43), flight recorder (#44), GPT benchmarks (#48)
-#   OUT=$OUT scripts/device_session.sh 4   # the GPT A/B against BASE (#41)
+#   OUT=$OUT scripts/device_session.sh 1   # build, every gpu test, the grouped GEMMs and the MoE
+#                                          # trainer on each of them (#47, #45)
+#   OUT=$OUT scripts/device_session.sh 2   # the rest of the MoE benchmarks, PyTorch's included
+#   OUT=$OUT scripts/device_session.sh 3   # the Llama benchmarks (#42)
+#   OUT=$OUT scripts/device_session.sh 4   # HF (#43), flight recorder (#44), GPT benchmarks (#48)
+#   OUT=$OUT scripts/device_session.sh 5   # the GPT A/B against BASE (#41)
 # A later phase on the same warm machine reuses the build (scripts/setup.sh is incremental).
-# Keep NCCL_NVLS_ENABLE=0 (set here). Phase 4's A/B takes BASE=<commit> (default HEAD~40).
+# Keep NCCL_NVLS_ENABLE=0 (set here). Phase 5's A/B takes BASE=<commit> (default HEAD~40).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 root=$(pwd)
-phase=${1:?usage: scripts/device_session.sh 1|2|3|4}
+phase=${1:?usage: scripts/device_session.sh 1|2|3|4|5}
 out=${OUT:-$root/build/device_session}
 budget=${BUDGET:-570}
 logs=$out/logs
@@ -44,16 +46,22 @@ step() {  # step NAME SECONDS COMMAND...: bounded by SECONDS and by the budget l
 echo "| step | result | seconds |" >>"$summary"
 echo "|---|---|---|" >>"$summary"
 case $phase in
-  1)
+  1)  # first what verifies this session's unrun GPU code, then the quick MoE figures
     step build 240 bash scripts/setup.sh
     step gpu_tests 200 bash -c "cd build && ctest -L gpu --output-on-failure -j3 --timeout 150"
-    step llama 300 bash scripts/bench/llama_benchmarks.sh
+    step moe_quick 300 env ONLY="grouped_gemm grouped_gemm_skew moe_1gpu moe_1gpu_loop moe_1gpu_wgmma" \
+      TARGETS="05_moe_train 09_op_bench" bash scripts/bench/moe_benchmarks.sh
     ;;
   2)
     step build 200 bash scripts/setup.sh
-    step moe 520 env SKIP="dispatch_cpu cpu_ep8_chunks1 cpu_ep8_chunks2" bash scripts/bench/moe_benchmarks.sh
+    step moe 520 env SKIP="grouped_gemm grouped_gemm_skew moe_1gpu moe_1gpu_loop moe_1gpu_wgmma dispatch_cpu cpu_ep8_chunks1 cpu_ep8_chunks2" \
+      bash scripts/bench/moe_benchmarks.sh
     ;;
   3)
+    step build 200 bash scripts/setup.sh
+    step llama 500 bash scripts/bench/llama_benchmarks.sh
+    ;;
+  4)
     step build 200 bash scripts/setup.sh
     # shellcheck disable=SC2016  # $OUT expands in the step, where it is the step's folder
     step hf_reference 60 bash -c 'python3 scripts/hf/make_transformers_reference.py "$OUT/ref" &&
@@ -62,7 +70,7 @@ case $phase in
     step flight 60 bash scripts/bench/flight_cost.sh --device cuda --rounds 2
     step gpt 240 bash scripts/bench/gpt_benchmarks.sh
     ;;
-  4)
+  5)
     step build 200 bash scripts/setup.sh
     base=${BASE:-HEAD~40}
     step ab_gpt 500 bash -c "rm -rf build-ab && mkdir -p build-ab/base &&

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The MoE measurements of docs/PERFORMANCE.md in one go on a GPU machine: builds what they need,
-# runs the GPU MoE test, then examples/05_moe_train on one GPU (its experts on the grouped kernels,
-# then on the per-expert cuBLASLt loop: the runs named *_loop) beside scripts/bench/moe_torch.py
+# runs the GPU MoE test, then examples/05_moe_train on one GPU (its experts on the grouped kernel,
+# then on the per-expert cuBLASLt loop and on the Hopper kernel: the runs named *_loop, *_wgmma)
+# beside scripts/bench/moe_torch.py
 # (the same model in PyTorch, grouped bf16 expert GEMMs; eager and torch.compile) twice: GPT-2
 # style with GELU experts, and Mixtral style ($MIXTRAL: SwiGLU experts, RMSNorm, RoPE, GQA with 4
 # key/value heads, no biases; --arch mixtral, the same sizes and experts), the grouped expert
@@ -10,7 +11,8 @@
 # CPU token exchange against raw MPI on all cores (10_moe_dispatch_bench). Each run is bounded in
 # time; logs go to $OUT (else build/bench/).
 #   MODEL="--layers 12 ..." MICRO=16 STEPS=12 SKIP="torch torch_mixtral" TARGETS=05_moe_train \
-#     scripts/bench/moe_benchmarks.sh      (SKIP: run names to leave out; TARGETS: what to build;
+#     scripts/bench/moe_benchmarks.sh      (SKIP: run names to leave out, ONLY: the runs to run;
+#     TARGETS: what to build;
 #     DEVICE=cpu runs the trainer runs on the CPU, a smoke test of the script)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -29,14 +31,15 @@ run gpu_test 150 build/tests/gpu_ep_moe_test
 # --arch before the MoE flags: the family sets the experts' shape, $moe overrides it.
 for arch in gpt2 mixtral; do
   if [ "$arch" = gpt2 ]; then suffix="" family=""; else suffix="_$arch" family=$mixtral; fi
-  # The experts on the grouped kernels (ep = 1: no host wait), then on the per-expert cuBLASLt
-  # loop (QUINTET_GROUPED_GEMM=loop: one wait per layer's forward), in the same build.
-  for gemm in kernel loop; do
+  # The experts on the grouped kernels (ep = 1: no host wait), on the per-expert cuBLASLt loop
+  # (QUINTET_GROUPED_GEMM=loop: one wait per layer's forward) and on the Hopper kernel
+  # (QUINTET_GROUPED_GEMM=wgmma), in the same build.
+  for gemm in kernel loop wgmma; do
     name="moe_1gpu$suffix"
-    [ "$gemm" = loop ] && name="moe_1gpu${suffix}_loop"
+    [ "$gemm" != kernel ] && name="moe_1gpu${suffix}_$gemm"
     # (mpirun's local ranks inherit its environment.)
     # shellcheck disable=SC2046
-    run "$name" 200 env $([ "$gemm" = loop ] && echo QUINTET_GROUPED_GEMM=loop) \
+    run "$name" 200 env $([ "$gemm" != kernel ] && echo QUINTET_GROUPED_GEMM=$gemm) \
       mpirun -np 1 build/examples/05_moe_train/05_moe_train $model \
       $family $moe --micro-batch "$micro" --global-batch "$micro" --steps "$steps" --bench \
       --bench-skip 4 --warmup 2 --json --device "${DEVICE:-cuda}" --data-dir build/data/synthetic --no-progress
