@@ -168,6 +168,9 @@ void JobConfig::validate(int world) const {
                 tp_overlap_chunks);
   QUINTET_CHECK(!tp_overlap || p.tp > 1,
                 "--tp-overlap needs --tp > 1 (it overlaps the tp communication with GEMMs)");
+  QUINTET_CHECK(!t.check_batches || p.tp > 1,
+                "--check-batches needs --tp > 1 (it checks that the tp ranks read the same "
+                "tokens)");
   if (tp_overlap && p.tp > 1 && m.seq_len % p.cp == 0) {
     const std::int64_t local = m.seq_len / p.cp / (m.sequence_parallel ? p.tp : 1);
     QUINTET_CHECK(local % tp_overlap_chunks == 0,

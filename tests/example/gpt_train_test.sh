@@ -465,6 +465,7 @@ EOF
       --lr-schedule constant --min-lr 1e-4
     expect_error 1 "--tp-overlap-chunks 4 needs --tp-overlap" --steps 1 --tp-overlap-chunks 4
     expect_error 1 "--tp-overlap needs --tp > 1" --steps 1 --tp-overlap
+    expect_error 1 "--check-batches needs --tp > 1" --steps 1 --check-batches
     expect_error 1 "--fp8-amax-history 8 needs --fp8-scaling delayed" --steps 1 --fp8 hybrid \
       --fp8-amax-history 8
     expect_error 1 "--cp-kind needs --cp > 1" --steps 1 --cp-kind ulysses

@@ -523,6 +523,7 @@ TEST_CASE("job config: the jobs the trainers refuse, refused before any communic
           "--min-lr 0.0001 needs a decaying --lr-schedule (cosine, linear or wsd)");
   refused(gpt, 1, {"--tp-overlap-chunks", "4"}, "--tp-overlap-chunks 4 needs --tp-overlap");
   refused(gpt, 1, {"--tp-overlap"}, "--tp-overlap needs --tp > 1");
+  refused(gpt, 1, {"--check-batches"}, "--check-batches needs --tp > 1");
   refused(gpt, 1, {"--fp8", "hybrid", "--fp8-amax-history", "8"},
           "--fp8-amax-history 8 needs --fp8-scaling delayed");
   refused(gpt, 1, {"--cp-kind", "ulysses"}, "--cp-kind needs --cp > 1");
