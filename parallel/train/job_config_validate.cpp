@@ -83,6 +83,10 @@ void validate_validation(const JobConfig& c) {
   if (v.data == "builtin") check_builtin_vocab(c.model.vocab, "other --val-data");
   QUINTET_CHECK(!v.eval_only || c.checkpoint.save.empty(),
                 "--eval-only writes nothing: drop --save {}", c.checkpoint.save);
+  QUINTET_CHECK(!v.eval_only || c.checkpoint.export_hf.empty(),
+                "--eval-only writes nothing: drop --export-hf {}", c.checkpoint.export_hf);
+  QUINTET_CHECK(!v.eval_only || c.observe.trace.empty(),
+                "--eval-only runs no step to trace: drop --trace {}", c.observe.trace);
 }
 
 // A setting the user gave (JobConfig::given) that only matters with another one that is off:

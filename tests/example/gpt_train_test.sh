@@ -471,6 +471,8 @@ EOF
     expect_error 1 "--cp-kind needs --cp > 1" --steps 1 --cp-kind ulysses
     expect_error 1 "--bench-skip 2 needs --bench" --steps 1 --bench-skip 2
     expect_error 1 "--exit-during-save 3 needs --save DIR" --steps 1 --exit-during-save 3
+    expect_error 1 "--eval-only writes nothing: drop --export-hf hf_out" --steps 1 --arch llama \
+      --val-data builtin --eval-only --resume ck --export-hf hf_out
     # The job file's keys as the flags: given there, refused alike; an MoE key names the trainer.
     printf '{"rope-theta": 500000}\n' >theta_job.json
     expect_error 1 "--rope-theta 500000 needs --positions rope" --steps 1 --config theta_job.json

@@ -504,6 +504,12 @@ TEST_CASE("job config: the jobs the trainers refuse, refused before any communic
           "--eval-only evaluates a trained model");
   refused(gpt, 1, {"--val-data", "v", "--eval-only", "--resume", "r", "--save", "s"},
           "--eval-only writes nothing: drop --save s");
+  refused(
+      gpt, 1,
+      {"--arch", "llama", "--val-data", "v", "--eval-only", "--resume", "r", "--export-hf", "h"},
+      "--eval-only writes nothing: drop --export-hf h");
+  refused(gpt, 1, {"--val-data", "v", "--eval-only", "--resume", "r", "--trace", "t"},
+          "--eval-only runs no step to trace: drop --trace t");
   refused(gpt, 1, {"--data", "d", "--val-data", "builtin", "--vocab", "100"},
           "--vocab 100: the built-in dataset has 256 tokens; use --vocab >= 256 (or other "
           "--val-data)");
