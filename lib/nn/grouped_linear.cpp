@@ -275,7 +275,8 @@ Tensor grouped_fp8_linear_forward(const Fp8Tensor& x, const Fp8Tensor& w, const 
                 "{}: x.data is {} and w.data {}; expected [n, in] and [G, out, in]", c.op(),
                 shape_str(xd.shape()), shape_str(wd.shape()));
   const Tensor o = check_offsets(c, offsets, groups, n, host_offsets, stream);
-  [[maybe_unused]] const bool per_group = gpu_path(c, host_offsets) == GroupedGemmPath::per_group;
+  [[maybe_unused]] const GroupedGemmPath path = gpu_path(c, host_offsets);
+  [[maybe_unused]] const bool per_group = path == GroupedGemmPath::per_group;
   Tensor y = Tensor::empty({n, cols}, out, c.device(), stream);
   if (!c.on_cuda()) {
     cpu_ops::grouped_fp8_linear_forward(xd, x.scale, x.format, wd, w.scale, w.format, o, y);
@@ -285,7 +286,8 @@ Tensor grouped_fp8_linear_forward(const Fp8Tensor& x, const Fp8Tensor& w, const 
   const DeviceGuard guard(c.device());
   if (!per_group) {
     cuda_ops::grouped_fp8_gemm(cuda_ops::GroupedFp8Product::forward, xd, x.scale, x.format, wd,
-                               w.scale, w.format, o, y, stream);
+                               w.scale, w.format, o, y, path == GroupedGemmPath::grouped_wgmma,
+                               stream);
     return y;
   }
   for_each_host_group(host_offsets, [&](std::int64_t g, std::int64_t r, std::int64_t m) {
@@ -316,7 +318,8 @@ Tensor grouped_fp8_linear_backward_input(const Fp8Tensor& dy, const Fp8Tensor& w
                 c.op(), shape_str(dyd.shape()), shape_str(wt.shape()),
                 offsets.defined() ? shape_str(offsets.shape()) : std::string("undefined"));
   const Tensor o = check_offsets(c, offsets, groups, n, host_offsets, stream);
-  [[maybe_unused]] const bool per_group = gpu_path(c, host_offsets) == GroupedGemmPath::per_group;
+  [[maybe_unused]] const GroupedGemmPath path = gpu_path(c, host_offsets);
+  [[maybe_unused]] const bool per_group = path == GroupedGemmPath::per_group;
   Tensor dx = Tensor::empty({n, in}, out, c.device(), stream);
   if (!c.on_cuda()) {
     cpu_ops::grouped_fp8_linear_backward_input(dyd, dy.scale, dy.format, wt, w.scale, w.format, o,
@@ -327,7 +330,8 @@ Tensor grouped_fp8_linear_backward_input(const Fp8Tensor& dy, const Fp8Tensor& w
   const DeviceGuard guard(c.device());
   if (!per_group) {
     cuda_ops::grouped_fp8_gemm(cuda_ops::GroupedFp8Product::dgrad, dyd, dy.scale, dy.format, wt,
-                               w.scale, w.format, o, dx, stream);
+                               w.scale, w.format, o, dx, path == GroupedGemmPath::grouped_wgmma,
+                               stream);
     return dx;
   }
   for_each_host_group(host_offsets, [&](std::int64_t g, std::int64_t r, std::int64_t m) {
@@ -358,7 +362,8 @@ void grouped_fp8_linear_backward_weight(const Fp8Tensor& dy, const Fp8Tensor& x,
   const std::int64_t groups = dw.size(0), n = dyt.size(1);
   c.accumulator("dw", dw, DType::f32, {groups, dyt.size(0), xt.size(0)});
   const Tensor o = check_offsets(c, offsets, groups, n, host_offsets, stream);
-  [[maybe_unused]] const bool per_group = gpu_path(c, host_offsets) == GroupedGemmPath::per_group;
+  [[maybe_unused]] const GroupedGemmPath path = gpu_path(c, host_offsets);
+  [[maybe_unused]] const bool per_group = path == GroupedGemmPath::per_group;
   if (!c.on_cuda()) {
     cpu_ops::grouped_fp8_linear_backward_weight(dyt, dy.scale, dy.format, xt, x.scale, x.format, o,
                                                 dw);
@@ -368,7 +373,8 @@ void grouped_fp8_linear_backward_weight(const Fp8Tensor& dy, const Fp8Tensor& x,
   const DeviceGuard guard(c.device());
   if (!per_group) {
     cuda_ops::grouped_fp8_gemm(cuda_ops::GroupedFp8Product::wgrad, dyt, dy.scale, dy.format, xt,
-                               x.scale, x.format, o, dw, stream);
+                               x.scale, x.format, o, dw, path == GroupedGemmPath::grouped_wgmma,
+                               stream);
     return;
   }
   for_each_host_group(host_offsets, [&](std::int64_t g, std::int64_t r, std::int64_t m) {

@@ -19,5 +19,7 @@ quintet_gpu_test(NAME gpu_nn_grouped_gemm_test COMPONENT nn SOURCES gpu/nn_group
 # (cudaDeviceGetAttribute: whether the GPU is sm_90, where the wgmma kernel runs.)
 target_link_libraries(gpu_nn_grouped_gemm_test PRIVATE quintet_device_libs)
 # The grouped FP8 ops' kernels (FP8 tensor cores, SIMT) and per-group cuBLASLt loop against
-# per-group f64 products of the dequantised operands: the same shape classes, all three products.
+# per-group f64 products of the dequantised operands: the same shape classes, all three products;
+# the same with QUINTET_GROUPED_GEMM=wgmma (the Hopper FP8 kernel).
 quintet_gpu_test(NAME gpu_nn_grouped_fp8_test COMPONENT nn SOURCES gpu/nn_grouped_fp8_test.cpp)
+target_link_libraries(gpu_nn_grouped_fp8_test PRIVATE quintet_device_libs)

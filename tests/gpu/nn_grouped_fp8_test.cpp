@@ -4,12 +4,15 @@
 // dequantised operands: forward (E4M3 x E4M3) into bf16 and f32, dgrad (E5M2 x E4M3, w's
 // transpose) and wgrad (the transposes, accumulated into f32 dw); every shape class: empty
 // groups, one row, partial tiles, group starts not multiples of 16 (wgrad's column ranges),
-// skew, padding rows past the last group.
+// skew, padding rows past the last group. Every case also runs with QUINTET_GROUPED_GEMM=wgmma
+// (the Hopper FP8 kernel, lib/nn/cuda/grouped_gemm_sm90a.cu) on an sm_90 GPU; on any other, that
+// choice must throw.
 #include <cstdint>
 #include <iterator>
 #include <span>
 #include <vector>
 
+#include "gpu/hopper.hpp"
 #include "gpu/nn_gpu_compare.hpp"
 #include "quintet/nn/grouped_linear.hpp"
 #include "support/scoped_env.hpp"
@@ -34,6 +37,9 @@ const std::vector<Case>& cases() {
       {"every row in one group (skewed)", 96, 272, 304, {0, 0, 304, 304}},
       {"widths not multiples of 16 (SIMT)", 40, 24, 43, {0, 5, 5, 40}},
       {"eight experts, many k-steps", 256, 512, 1008, {0, 90, 300, 310, 310, 620, 700, 999, 1000}},
+      // 144 forward tiles: more than one CTA a GPU of 132 SMs holds with the wgmma kernel, so some
+      // CTAs take a second tile.
+      {"more tiles than resident CTAs", 256, 1536, 1200, {0, 300, 600, 900, 1200}},
   };
   return all;
 }
@@ -167,6 +173,33 @@ TEST_CASE("with host offsets both FP8 paths equal the per-group products") {
     for (const Case& k : cases()) {
       INFO(k.name << ", QUINTET_GROUPED_GEMM=" << choice);
       run_case(k, DType::bf16, true, s, seed);
+    }
+  }
+}
+
+TEST_CASE("the FP8 wgmma kernel equals the per-group products, with and without host offsets") {
+  const Stream s = Stream::create(Device::cuda(0));
+  const EnvChoice env("wgmma");
+  if (!hopper()) {
+    // Refused before any work on a GPU that is not sm_90 (widths the tensor cores take).
+    const nn::Fp8Tensor q =
+        cast(Tensor::randn({16, 16}, 1).to(s.device(), s), nn::Fp8Format::e4m3, s);
+    const nn::Fp8Tensor qw =
+        cast(Tensor::randn({1, 16, 16}, 2).to(s.device(), s), nn::Fp8Format::e4m3, s);
+    const std::vector<std::int64_t> o = {0, 16};
+    const Tensor offsets = Tensor::from_vector(o, {2}).to(s.device(), s);
+    REQUIRE_THROWS_QUINTET(
+        nn::grouped_fp8_linear_forward(q, qw, offsets, {}, DType::bf16, false, s), InvalidArgument,
+        "sm_90");
+    return;
+  }
+  std::uint64_t seed = 5900;
+  for (const bool host : {false, true}) {
+    for (const DType out : {DType::bf16, DType::f32}) {
+      for (const Case& k : cases()) {
+        INFO(k.name << ", out " << dtype_name(out) << ", host offsets " << host);
+        run_case(k, out, host, s, seed);
+      }
     }
   }
 }

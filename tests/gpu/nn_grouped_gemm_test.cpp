@@ -6,13 +6,12 @@
 // last group; forward, dgrad and wgrad; and the choice between the paths. Every case also runs
 // with QUINTET_GROUPED_GEMM=wgmma (the Hopper kernel, lib/nn/cuda/grouped_gemm_sm90a.cu) on an
 // sm_90 GPU; on any other, that choice must throw.
-#include <cuda_runtime.h>
-
 #include <cstdint>
 #include <iterator>
 #include <span>
 #include <vector>
 
+#include "gpu/hopper.hpp"
 #include "gpu/nn_gpu_compare.hpp"
 #include "quintet/nn/grouped_linear.hpp"
 #include "support/scoped_env.hpp"
@@ -91,14 +90,6 @@ Tensor small_forward(const Stream& s) {
   const Tensor w = Tensor::zeros({1, 8, 8}, DType::bf16, Device::cuda(0));
   const std::vector<std::int64_t> o = {0, 4};
   return nn::grouped_linear_forward(x, w, Tensor::from_vector(o, {2}).to(Device::cuda(0)), o, s);
-}
-
-// Whether GPU 0 is sm_90 (Hopper), where QUINTET_GROUPED_GEMM=wgmma runs.
-bool hopper() {
-  int major = 0, minor = 0;
-  REQUIRE(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess);
-  REQUIRE(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0) == cudaSuccess);
-  return major == 9 && minor == 0;
 }
 
 void run_case(const Case& k, DType t, bool host, const Stream& s, std::uint64_t& seed) {

@@ -26,8 +26,9 @@
 //     kernel; f32 accumulation, the weight gradient accumulated in f32;
 //   - grouped_wgmma: the same, with a Hopper kernel for the bf16 shapes the tensor cores take
 //     (lib/nn/cuda/grouped_gemm_sm90a.cu: wgmma from 128-byte swizzled shared memory, built for
-//     sm_90a); other shapes and f32 fall back to grouped_kernel's kernels. It throws
-//     InvalidArgument on a GPU that is not sm_90. Opt-in until its test and benchmark have run.
+//     sm_90a), and for the FP8 ops' (below); other shapes and f32 fall back to grouped_kernel's
+//     kernels. It throws InvalidArgument on a GPU that is not sm_90. Opt-in until its test and
+//     benchmark have run.
 // Today a call with host offsets takes per_group unless the environment variable
 // QUINTET_GROUPED_GEMM is "kernel" (or "wgmma"); a call without host offsets takes the kernel
 // (grouped_wgmma when QUINTET_GROUPED_GEMM is "wgmma"). The
@@ -83,8 +84,18 @@ void grouped_linear_backward_weight(const Tensor& dy, const Tensor& x, const Ten
 // converts the operands to f16 and runs f16 tensor cores (NVIDIA/cutlass#1986), so the kernel
 // computes at the bf16 kernel's rate at best, with half its operand bytes; Hopper's FP8 rate
 // needs wgmma (what cuBLASLt's FP8 matmul of the per-group loop runs). Its worth there is the
-// device offsets: no host wait. QUINTET_GROUPED_GEMM=wgmma (below) takes grouped_kernel for
-// these ops: the wgmma kernel is bf16 only.
+// device offsets: no host wait. QUINTET_GROUPED_GEMM=wgmma (grouped_wgmma) takes the Hopper FP8
+// kernel for the shapes the mma.sync one takes (lib/nn/cuda/grouped_gemm_sm90a.cu: wgmma
+// m64n128k32, E4M3 x E4M3 forward, E5M2 x E4M3 dgrad and wgrad, both operands K-major: the
+// casts' data and transposes as above; the bf16 wgmma kernel's tiles and pipeline; the wgmma
+// accumulators summed into f32 every 512 of K, as CUTLASS's FP8 GEMMs; the inverse scales in the
+// epilogue), else today's kernels; on a GPU that is not sm_90 it throws. Opt-in:
+// written without a GPU (its layouts checked by an emulation only). What the next GPU session
+// must measure before it becomes the default of FP8 calls without host offsets on sm_90 (the MoE
+// experts at ep = 1, which now take the emulated mma.sync kernel): tests/gpu/
+// nn_grouped_fp8_test.cpp passing on an H100/H200, and 09_op_bench --experts-only's FP8 table
+// (docs/PERFORMANCE.md) showing its TFLOP/s above the mma.sync kernel's on all six products,
+// even and skewed (--expert-skew 1).
 
 // y_g = q(x_g) · q(w_g)ᵀ. x.data [n, in], w.data [G, out, in]. Returns y [n, out] of dtype out
 // (f32 or bf16; f32 on the CPU).

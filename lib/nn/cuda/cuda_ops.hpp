@@ -60,10 +60,12 @@ void grouped_linear_backward_weight(const Tensor& dy, const Tensor& x, const Ten
 //   wgrad:   a = dyᵀ [out, n], b = xᵀ [in, n] (group g: columns [o_g, o_{g+1})), c = dw
 //            [G, out, in] f32, accumulated.
 // c = (a_scale[1] b_scale[1]) · a_g · b_gᵀ summed in f32; rows of y / dx past offsets[G] zeroed.
+// wgmma: the formats and shapes the FP8 tensor-core kernel takes run the Hopper kernel
+// (lib/nn/cuda/grouped_gemm_sm90a.cu; throws on a GPU that is not sm_90).
 enum class GroupedFp8Product { forward, dgrad, wgrad };
 void grouped_fp8_gemm(GroupedFp8Product product, const Tensor& a, const Tensor& a_scale,
                       Fp8Format a_format, const Tensor& b, const Tensor& b_scale,
-                      Fp8Format b_format, const Tensor& offsets, const Tensor& c,
+                      Fp8Format b_format, const Tensor& offsets, const Tensor& c, bool wgmma,
                       const Stream& stream);
 
 // x [rows, d], gamma/beta [d] -> y [rows, d], mean [rows] f32, rstd [rows] f32. With residual

@@ -349,44 +349,6 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
 //            m_g]: the same columns of xᵀ [in, n]
 // and the output is c = (a_scale[1] b_scale[1]) · A · Bᵀ, as fp8_gemm's (quintet/nn/fp8.hpp).
 
-// A K-contiguous FP8 operand: element (mn, k) at p[mn * ld + k], zero past the extents.
-struct Fp8Operand {
-  const std::uint8_t* p;
-  std::int64_t ld;
-  std::int64_t mn_extent, k_extent;
-};
-
-template <class Out>
-struct Fp8Params {
-  using OperandType = Fp8Operand;
-  const std::uint8_t* a;  // x, dy or dyᵀ (above)
-  const std::uint8_t* b;  // w, wᵀ or xᵀ
-  Out* c;                 // y [n, out], dx [n, in] or dw [G, out, in]
-  const float* a_scale;   // f32 [2] {scale, 1 / scale}, device
-  const float* b_scale;
-  const std::int64_t* offsets;  // [G + 1], device
-  std::int64_t groups;
-  std::int64_t in, out;
-  bool a_e4m3, b_e4m3;  // the formats (the SIMT kernel; the MMA kernel's are fixed by P)
-  TileGrid grid;
-};
-
-template <Product P, class Out>
-__device__ __forceinline__ void group_operands(const Fp8Params<Out>& prm, const Tile& t,
-                                               Fp8Operand& a, Fp8Operand& b) {
-  const std::int64_t in = prm.in, out = prm.out, n = prm.grid.total_rows;
-  if (P == Product::forward) {
-    a = {prm.a + t.first_row * in, in, t.rows, in};
-    b = {prm.b + t.group * out * in, in, out, in};
-  } else if (P == Product::dgrad) {
-    a = {prm.a + t.first_row * out, out, t.rows, out};
-    b = {prm.b + t.group * out, prm.groups * out, in, out};
-  } else {
-    a = {prm.a + t.first_row, n, out, t.rows};
-    b = {prm.b + t.first_row, n, in, t.rows};
-  }
-}
-
 // The value of an FP8 byte (exact in half precision, NaN kept).
 __device__ __forceinline__ float fp8_value(std::uint8_t bits, bool e4m3) {
   const __half_raw h = __nv_cvt_fp8_to_halfraw(bits, e4m3 ? __NV_E4M3 : __NV_E5M2);
@@ -503,11 +465,8 @@ __global__ void __launch_bounds__(kMmaThreads, 2) grouped_fp8_mma_kernel(const F
   const int warp_m0 = (warp / kWarpsN) * kWarpM, warp_n0 = (warp % kWarpsN) * kWarpN;
 
   for_each_tile<P>(prm, [&](const Tile& t, const Fp8Operand& group_a, const Fp8Operand& group_b) {
-    // wgrad: the group's first column o_g of the transposes need not be 16-byte aligned; start
-    // at the aligned column below it and zero the `skip` columns before o_g once they landed.
-    const int skip = P == Product::wgrad ? static_cast<int>(t.first_row % 16) : 0;
-    const Fp8Operand a{group_a.p - skip, group_a.ld, group_a.mn_extent, group_a.k_extent + skip};
-    const Fp8Operand b{group_b.p - skip, group_b.ld, group_b.mn_extent, group_b.k_extent + skip};
+    const int skip = fp8_skip<P>(t);  // wgrad: see fp8_skip
+    const Fp8Operand a = widened(group_a, skip), b = widened(group_b, skip);
     const std::int64_t k_steps = grouped::ceil_div(a.k_extent, 2 * kBK);
     float acc[kFragsM][kFragsN][4] = {};
 #pragma unroll
@@ -623,7 +582,7 @@ namespace {
 template <Product P>
 void run_fp8(const Tensor& a, const Tensor& a_scale, Fp8Format a_format, const Tensor& b,
              const Tensor& b_scale, Fp8Format b_format, const Tensor& offsets, const Tensor& c,
-             const Stream& stream) {
+             bool wgmma, const Stream& stream) {
   const std::int64_t groups = offsets.size(0) - 1;
   std::int64_t rows, in, out;
   if (P == Product::forward) {
@@ -654,12 +613,19 @@ void run_fp8(const Tensor& a, const Tensor& a_scale, Fp8Format a_format, const T
                        a_e4m3,
                        b_e4m3,
                        grid};
-    // The tensor-core kernel: the formats of the hybrid recipe (E4M3 by E4M3 forward, E5M2 by
+    // The tensor-core kernels: the formats of the hybrid recipe (E4M3 by E4M3 forward, E5M2 by
     // E4M3 backward), in, out and (wgrad: the transposes' rows) n multiples of 16 bytes, 16-byte
-    // aligned bases, sm_89 or later. Anything else takes the SIMT kernel.
+    // aligned bases; wgmma when asked for (sm_90 only: it throws elsewhere), else mma.sync on
+    // sm_89 or later. Anything else takes the SIMT kernel.
     const bool formats = b_e4m3 && (P == Product::forward ? a_e4m3 : !a_e4m3);
-    if (formats && in % 16 == 0 && out % 16 == 0 && (P != Product::wgrad || rows % 16 == 0) &&
-        aligned16(a) && aligned16(b) && aligned16(c) && device_sm() >= 89) {
+    const bool fits = formats && in % 16 == 0 && out % 16 == 0 &&
+                      (P != Product::wgrad || rows % 16 == 0) && aligned16(a) && aligned16(b) &&
+                      aligned16(c);
+    if (fits && wgmma) {
+      launch_wgmma_fp8<P>(prm, stream);
+      return;
+    }
+    if (fits && device_sm() >= 89) {
       prm.grid.tile_m = kBM;
       prm.grid.tile_n = kBN;
       launch_persistent(grouped_fp8_mma_kernel<P, Out>, prm, kMmaThreads,
@@ -679,17 +645,20 @@ void run_fp8(const Tensor& a, const Tensor& a_scale, Fp8Format a_format, const T
 
 void grouped_fp8_gemm(GroupedFp8Product product, const Tensor& a, const Tensor& a_scale,
                       Fp8Format a_format, const Tensor& b, const Tensor& b_scale,
-                      Fp8Format b_format, const Tensor& offsets, const Tensor& c,
+                      Fp8Format b_format, const Tensor& offsets, const Tensor& c, bool wgmma,
                       const Stream& stream) {
   switch (product) {
     case GroupedFp8Product::forward:
-      run_fp8<Product::forward>(a, a_scale, a_format, b, b_scale, b_format, offsets, c, stream);
+      run_fp8<Product::forward>(a, a_scale, a_format, b, b_scale, b_format, offsets, c, wgmma,
+                                stream);
       break;
     case GroupedFp8Product::dgrad:
-      run_fp8<Product::dgrad>(a, a_scale, a_format, b, b_scale, b_format, offsets, c, stream);
+      run_fp8<Product::dgrad>(a, a_scale, a_format, b, b_scale, b_format, offsets, c, wgmma,
+                              stream);
       break;
     case GroupedFp8Product::wgrad:
-      run_fp8<Product::wgrad>(a, a_scale, a_format, b, b_scale, b_format, offsets, c, stream);
+      run_fp8<Product::wgrad>(a, a_scale, a_format, b, b_scale, b_format, offsets, c, wgmma,
+                              stream);
       break;
   }
 }

@@ -61,6 +61,56 @@ __device__ __forceinline__ void group_operands(const GroupedParams<T, Out>& prm,
   }
 }
 
+// A K-contiguous FP8 operand: element (mn, k) at p[mn * ld + k], zero past the extents.
+struct Fp8Operand {
+  const std::uint8_t* p;
+  std::int64_t ld;
+  std::int64_t mn_extent, k_extent;
+};
+
+template <class Out>
+struct Fp8Params {
+  using OperandType = Fp8Operand;
+  const std::uint8_t* a;  // x, dy or dyᵀ (above)
+  const std::uint8_t* b;  // w, wᵀ or xᵀ
+  Out* c;                 // y [n, out], dx [n, in] or dw [G, out, in]
+  const float* a_scale;   // f32 [2] {scale, 1 / scale}, device
+  const float* b_scale;
+  const std::int64_t* offsets;  // [G + 1], device
+  std::int64_t groups;
+  std::int64_t in, out;
+  bool a_e4m3, b_e4m3;  // the formats (the SIMT kernel; the MMA kernel's are fixed by P)
+  TileGrid grid;
+};
+
+template <Product P, class Out>
+__device__ __forceinline__ void group_operands(const Fp8Params<Out>& prm, const Tile& t,
+                                               Fp8Operand& a, Fp8Operand& b) {
+  const std::int64_t in = prm.in, out = prm.out, n = prm.grid.total_rows;
+  if (P == Product::forward) {
+    a = {prm.a + t.first_row * in, in, t.rows, in};
+    b = {prm.b + t.group * out * in, in, out, in};
+  } else if (P == Product::dgrad) {
+    a = {prm.a + t.first_row * out, out, t.rows, out};
+    b = {prm.b + t.group * out, prm.groups * out, in, out};
+  } else {
+    a = {prm.a + t.first_row, n, out, t.rows};
+    b = {prm.b + t.first_row, n, in, t.rows};
+  }
+}
+
+// wgrad of the FP8 tensor-core kernels: the group's first column o_g of the transposes need not
+// be 16-byte aligned, so the copies start at the aligned column below it, skip = o_g % 16 columns
+// earlier (0 for the other products); the kernel zeroes those columns (another group's) once
+// they landed. o, widened to start there.
+template <Product P>
+__device__ __forceinline__ int fp8_skip(const Tile& t) {
+  return P == Product::wgrad ? static_cast<int>(t.first_row % 16) : 0;
+}
+__device__ __forceinline__ Fp8Operand widened(const Fp8Operand& o, int skip) {
+  return {o.p - skip, o.ld, o.mn_extent, o.k_extent + skip};
+}
+
 // The output of tile t's group: its base and leading dimension (forward, dgrad: the group's rows
 // of y / dx; wgrad: dw_g).
 template <Product P, class Params>
@@ -232,5 +282,10 @@ void launch_persistent(Kernel kernel, const Params& prm, int threads, std::size_
 // aligned bases, as the mma.sync kernel. Throws InvalidArgument on a GPU that is not sm_90.
 template <Product P, class Out>
 void launch_wgmma(GroupedParams<bf16, Out> prm, const Stream& stream);
+// Its FP8 form: product P of the FP8 mma.sync kernel's formats and shapes (E4M3 by E4M3 forward,
+// E5M2 by E4M3 dgrad and wgrad; in, out and wgrad's n multiples of 16; 16-byte aligned bases).
+// Throws InvalidArgument on a GPU that is not sm_90.
+template <Product P, class Out>
+void launch_wgmma_fp8(Fp8Params<Out> prm, const Stream& stream);
 
 }  // namespace quintet::nn::cuda_ops::grouped

@@ -1,7 +1,8 @@
-// The Hopper (sm_90a) kernel of the bf16 grouped GEMMs (quintet/nn/grouped_linear.hpp), taken
-// when QUINTET_GROUPED_GEMM=wgmma: the same products, operands and persistent tile walk as
-// grouped_gemm.cu's mma.sync kernel (see its top and grouped_gemm_common.cuh), computed by
-// warpgroup MMAs reading both operands from shared memory.
+// The Hopper (sm_90a) kernels of the bf16 and FP8 grouped GEMMs (quintet/nn/grouped_linear.hpp),
+// taken when QUINTET_GROUPED_GEMM=wgmma: the same products, operands and persistent tile walk as
+// grouped_gemm.cu's mma.sync kernels (see its top and grouped_gemm_common.cuh), computed by
+// warpgroup MMAs reading both operands from shared memory. The FP8 kernel (below, "FP8") shares
+// the bf16 one's tiles, k-loop and epilogue; this top describes the bf16 one.
 //
 // A CTA of two warpgroups computes a 128 x 128 output tile, warpgroup w rows 64 w .. 64 w + 63,
 // with wgmma.mma_async m64n128k16 (f32 accumulators, 64 a thread), four per 64-deep k-step.
@@ -28,8 +29,9 @@
 //     (0..63) is 128 bytes at k * 128, chunk c (mn = 64a + 8c..) at slot c ^ (k % 8).
 //     Descriptor: LBO = 8192 (the next 64 MN), SBO = 1024 (the next 8 k); the k16 step kk starts
 //     2048 kk bytes further.
-// The accumulators follow PTX's m64nNk16 D layout: register 4 j + 2 h + e of thread (warp w of
-// the warpgroup, lane l) is row 16 w + l / 4 + 8 h, column 8 j + 2 (l % 4) + e.
+// The accumulators follow PTX's m64nN D layout (the same for k16 and k32): register 4 j + 2 h + e
+// of thread (warp w of the warpgroup, lane l) is row 16 w + l / 4 + 8 h, column 8 j + 2 (l % 4)
+// + e.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -42,6 +44,8 @@ namespace {
 
 constexpr int kWgTile = 128;                       // the CTA's output tile is kWgTile x kWgTile
 constexpr int kWgK = 64;                           // one k-step: 64 bf16 = one 128-byte swizzle row
+constexpr int kWgK8 = 128;                         // FP8's: 128 bytes
+constexpr int kFp8Promote = 4;                     // FP8: k-steps (512 deep) summed in the wgmmas
 constexpr int kWgStages = 5;                       // shared-memory stages
 constexpr int kWgAhead = kWgStages - 2;            // k-steps loaded ahead of the one computed
 constexpr int kWgThreads = 256;                    // two warpgroups
@@ -101,6 +105,23 @@ __device__ __forceinline__ std::uint64_t operand_descriptor(unsigned tile, int m
   return matrix_descriptor(tile + (mn0 / 64) * kAtomBytes + kk * 16 * 128, kAtomBytes, 1024);
 }
 
+// The 64 accumulator operands of an m64n128 wgmma, %0 .. %63, and their constraints.
+#define QUINTET_WGMMA_D64                                                                       \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "  \
+  "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "  \
+  "%56, %57, %58, %59, %60, %61, %62, %63}"
+#define QUINTET_WGMMA_D64_OUT(d)                                                                  \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),    \
+      "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),  \
+      "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),  \
+      "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),  \
+      "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),  \
+      "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),  \
+      "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),  \
+      "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+
 // d += A · B for one m64n128k16 (TransA / TransB: the operand is MN-major).
 template <int TransA, int TransB>
 __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], std::uint64_t desc_a,
@@ -108,26 +129,42 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], std::uint64_t d
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
-      "%9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, "
-      "%27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, "
-      "%45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, "
-      "%63}, %64, %65, p, 1, 1, %67, %68;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
-        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
-        "+f"(d[63])
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " QUINTET_WGMMA_D64
+      ", %64, %65, p, 1, 1, %67, %68;\n}\n"
+      : QUINTET_WGMMA_D64_OUT(d)
       : "l"(desc_a), "l"(desc_b), "r"(1), "n"(TransA), "n"(TransB));
 #else
   __trap();  // built for sm_90a only (cmake/QuintetLayers.cmake); never silently skip a product
 #endif
 }
+
+// d += A · B for one FP8 m64n128k32, A in E5M2 (dgrad, wgrad) or E4M3 (forward), B in E4M3. For
+// 8-bit types wgmma has no transpose: both operands are K-major.
+template <bool AE5M2>
+__device__ __forceinline__ void wgmma_m64n128k32_fp8(float (&d)[64], std::uint64_t desc_a,
+                                                     std::uint64_t desc_b) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  if constexpr (AE5M2) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k32.f32.e5m2.e4m3 " QUINTET_WGMMA_D64
+        ", %64, %65, p, 1, 1;\n}\n"
+        : QUINTET_WGMMA_D64_OUT(d)
+        : "l"(desc_a), "l"(desc_b), "r"(1));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 " QUINTET_WGMMA_D64
+        ", %64, %65, p, 1, 1;\n}\n"
+        : QUINTET_WGMMA_D64_OUT(d)
+        : "l"(desc_a), "l"(desc_b), "r"(1));
+  }
+#else
+  __trap();
+#endif
+}
+#undef QUINTET_WGMMA_D64_OUT
+#undef QUINTET_WGMMA_D64
 
 __device__ __forceinline__ void wgmma_fence() {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -158,102 +195,242 @@ __device__ __forceinline__ void fence_accumulators(float (&d)[64]) {
   for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
+// The stages, 1024-byte aligned (the swizzle reads address bits), in the dynamic shared memory.
+__device__ __forceinline__ unsigned char* aligned_stages(unsigned char* shared_raw) {
+  return shared_raw + ((1024 - smem_address(shared_raw) % 1024) % 1024);
+}
+
+// The pipelined k-loop of one tile (see the top), both kernels': load(step, s) copies k-step
+// `step` of both operands into the stage at s (A at s, B at s + kOperandBytes); issue(stage)
+// issues one k-step's wgmmas into acc from the stage at shared address `stage`; first_landed(s)
+// may rewrite k-step 0's stage s with generic stores once every copy of it has landed, returning
+// whether it did (the same answer in every thread). The result is in sum.
+// Promote (FP8): every Promote k-steps the wgmmas are waited for and acc is added into sum in f32
+// and restarted from zero, as CUTLASS's FP8 GEMMs do: Hopper's FP8 wgmma adds into its
+// accumulator with about 14 bits kept (DeepSeek-V3's report, section 3.3.2), so a long K summed
+// in it alone loses what cuBLASLt's FP8 matmul keeps. 0 (bf16): sum is acc, the wgmmas never
+// wait for all.
+template <int Promote, class Load, class FirstLanded, class Issue>
+__device__ __forceinline__ void wgmma_k_loop(unsigned char* shared, std::int64_t k_steps,
+                                             float (&acc)[64], float (&sum)[64], Load&& load,
+                                             FirstLanded&& first_landed, Issue&& issue) {
+  constexpr int kEvery = Promote > 0 ? Promote : 1;  // (a divisor even when not promoting)
+  const unsigned shared_address = smem_address(shared);
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc[i] = sum[i] = 0.0f;
+    // Prologue: the first kWgAhead k-steps in flight, one commit group each (empty past the end,
+    // so that k-step ks is always group ks).
+#pragma unroll
+  for (int s = 0; s < kWgAhead; ++s) {
+    if (s < k_steps) load(s, shared + s * kStageBytes);
+    cp_async_commit();
+  }
+  for (std::int64_t ks = 0; ks < k_steps; ++ks) {
+    // k-step ks has landed for every thread, and every warpgroup has finished the wgmmas of
+    // ks - 2 (waited at ks - 1), whose stage the prefetch below overwrites.
+    cp_async_wait<kWgAhead - 1>();
+    fence_proxy_async();
+    __syncthreads();
+    if (ks == 0 && first_landed(shared)) {
+      fence_proxy_async();
+      __syncthreads();
+    }
+    if (ks + kWgAhead < k_steps) {
+      load(ks + kWgAhead, shared + ((ks + kWgAhead) % kWgStages) * kStageBytes);
+    }
+    cp_async_commit();
+    fence_accumulators(acc);
+    wgmma_fence();
+    issue(shared_address + static_cast<unsigned>(ks % kWgStages) * kStageBytes);
+    wgmma_commit();
+    fence_accumulators(acc);
+    if (Promote > 0 && (ks + 1) % kEvery == 0) {  // every wgmma done: sum += acc, acc = 0
+      wgmma_wait<0>();
+      fence_accumulators(acc);
+#pragma unroll
+      for (int i = 0; i < 64; ++i) {
+        sum[i] += acc[i];
+        acc[i] = 0.0f;
+      }
+    } else {
+      wgmma_wait<1>();  // k-step ks - 1 done: its stage may be refilled after the next barrier
+    }
+    fence_accumulators(acc);
+  }
+  wgmma_wait<0>();
+  fence_accumulators(acc);
+  if (Promote > 0) {
+#pragma unroll
+    for (int i = 0; i < 64; ++i) sum[i] += acc[i];
+  }
+  // Drain the (empty) trailing copy groups and let both warpgroups finish reading before the
+  // next tile's prologue overwrites the stages.
+  cp_async_wait<0>();
+  __syncthreads();
+}
+
+// The epilogue: register 4 j + 2 h + e is row 64 warpgroup + 16 warp + lane / 4 + 8 h, column
+// 8 j + 2 (lane % 4) + e (see the top), times alpha (1, exact, for bf16; the inverse scales for
+// FP8); pairs written as in the mma.sync kernel.
+template <Product P, class Params>
+__device__ __forceinline__ void store_wgmma_accumulators(const Params& prm, const Tile& t,
+                                                         const float (&acc)[64], float alpha) {
+  const int warpgroup = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  std::int64_t ldc = 0;
+  auto* const c = group_output<P>(prm, t, ldc);
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = warpgroup * 64 + warp * 16 + lane / 4 + h * 8;
+      const int col = j * 8 + (lane % 4) * 2;
+      if (r >= t.tile_rows || col >= t.tile_cols) continue;
+      auto* const p = c + (t.m0 + r) * ldc + t.n0 + col;
+      const float v0 = alpha * acc[4 * j + 2 * h], v1 = alpha * acc[4 * j + 2 * h + 1];
+      if (col + 1 < t.tile_cols) {
+        put_pair<P>(p, v0, v1);
+      } else {
+        put<P>(p, v0);
+      }
+    }
+  }
+}
+
 template <Product P, class Out>
 __global__ void __launch_bounds__(kWgThreads, 1)
     grouped_wgmma_kernel(const GroupedParams<bf16, Out> prm) {
   constexpr bool kAK = P != Product::wgrad;    // A is K-contiguous
   constexpr bool kBK = P == Product::forward;  // B is K-contiguous
   extern __shared__ unsigned char shared_raw[];
-  // The stages, 1024-byte aligned (the swizzle reads address bits).
-  unsigned char* const shared = shared_raw + ((1024 - smem_address(shared_raw) % 1024) % 1024);
-  const unsigned shared_address = smem_address(shared);
-  const int warpgroup = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  unsigned char* const shared = aligned_stages(shared_raw);
+  const int warpgroup = threadIdx.x / 128;
 
   for_each_tile<P>(prm, [&](const Tile& t, const Operand<bf16>& a, const Operand<bf16>& b) {
-    const std::int64_t k_steps = ceil_div(a.k_extent, kWgK);
-    const auto load = [&](std::int64_t step) {
-      unsigned char* s = shared + (step % kWgStages) * kStageBytes;
-      load_swizzled<kAK>(s, a, t.m0, step * kWgK);
-      load_swizzled<kBK>(s + kOperandBytes, b, t.n0, step * kWgK);
-    };
     float acc[64];
+    wgmma_k_loop<0>(
+        shared, ceil_div(a.k_extent, kWgK), acc, acc,
+        [&](std::int64_t step, unsigned char* s) {
+          load_swizzled<kAK>(s, a, t.m0, step * kWgK);
+          load_swizzled<kBK>(s + kOperandBytes, b, t.n0, step * kWgK);
+        },
+        [](unsigned char*) { return false; },
+        [&](unsigned stage) {
 #pragma unroll
-    for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
-
-      // Prologue: the first kWgAhead k-steps in flight, one commit group each (empty past the
-      // end, so that k-step ks is always group ks).
-#pragma unroll
-    for (int s = 0; s < kWgAhead; ++s) {
-      if (s < k_steps) load(s);
-      cp_async_commit();
-    }
-    for (std::int64_t ks = 0; ks < k_steps; ++ks) {
-      // k-step ks has landed for every thread, and every warpgroup has finished the wgmmas of
-      // ks - 2 (waited at ks - 1), whose stage the prefetch below overwrites.
-      cp_async_wait<kWgAhead - 1>();
-      fence_proxy_async();
-      __syncthreads();
-      if (ks + kWgAhead < k_steps) load(ks + kWgAhead);
-      cp_async_commit();
-      const unsigned stage = shared_address + static_cast<unsigned>(ks % kWgStages) * kStageBytes;
-      fence_accumulators(acc);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kWgK / 16; ++kk) {
-        wgmma_m64n128k16<kAK ? 0 : 1, kBK ? 0 : 1>(
-            acc, operand_descriptor<kAK>(stage, warpgroup * 64, kk),
-            operand_descriptor<kBK>(stage + kOperandBytes, 0, kk));
-      }
-      wgmma_commit();
-      fence_accumulators(acc);
-      wgmma_wait<1>();  // k-step ks - 1 done: its stage may be refilled after the next barrier
-      fence_accumulators(acc);
-    }
-    wgmma_wait<0>();
-    fence_accumulators(acc);
-    // Drain the (empty) trailing copy groups and let both warpgroups finish reading before the
-    // next tile's prologue overwrites the stages.
-    cp_async_wait<0>();
-    __syncthreads();
-
-    // Epilogue: register 4 j + 2 h + e is row 64 warpgroup + 16 warp + lane / 4 + 8 h, column
-    // 8 j + 2 (lane % 4) + e (see the top); pairs written as in the mma.sync kernel.
-    std::int64_t ldc = 0;
-    Out* c = group_output<P>(prm, t, ldc);
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = warpgroup * 64 + warp * 16 + lane / 4 + h * 8;
-        const int col = j * 8 + (lane % 4) * 2;
-        if (r >= t.tile_rows || col >= t.tile_cols) continue;
-        Out* p = c + (t.m0 + r) * ldc + t.n0 + col;
-        if (col + 1 < t.tile_cols) {
-          put_pair<P>(p, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-        } else {
-          put<P>(p, acc[4 * j + 2 * h]);
-        }
-      }
-    }
+          for (int kk = 0; kk < kWgK / 16; ++kk) {
+            wgmma_m64n128k16<kAK ? 0 : 1, kBK ? 0 : 1>(
+                acc, operand_descriptor<kAK>(stage, warpgroup * 64, kk),
+                operand_descriptor<kBK>(stage + kOperandBytes, 0, kk));
+          }
+        });
+    store_wgmma_accumulators<P>(prm, t, acc, 1.0f);
   });
 }
 
-}  // namespace
+// ---- FP8 -----------------------------------------------------------------------------------
+//
+// The FP8 products of grouped_gemm.cu's FP8 kernels (every operand K-contiguous, the casts'
+// transposes making it so; see there), on the same tiles, stages and pipeline. A k-step is 128
+// FP8 bytes, one 128-byte swizzle row, so an operand tile is 128 x 128 bytes (16 KB, as bf16's):
+// row mn at mn * 128, its 16-byte chunk c (k = 16c..16c+15) at slot c ^ (mn % 8), the bf16
+// K-major layout byte for byte, with the same descriptors (SBO = 1024); the k32 step kk of the
+// m64n128k32 wgmmas starts 32 kk bytes further. wgrad's group may start at a column o_g that is
+// not a multiple of 16 (a chunk): as the mma.sync kernel, the copies start at the aligned column
+// below it and the skip = o_g % 16 bytes before it (another group's) are zeroed in k-step 0's
+// stage (chunk 0 of row mn, at slot mn % 8) once landed; the group's end inside a chunk is
+// cp.async's zero fill. The accumulators are summed into f32 every kFp8Promote k-steps (see
+// wgmma_k_loop).
+
+// Copies the k-step at byte k0 of an operand's 128 x 128-byte tile (rows mn0..) into the shared
+// tile at s, zero past the extents. Partial: k_extent may end inside a chunk (wgrad); else it is
+// a multiple of 16 and a chunk is wholly in or out.
+template <bool Partial>
+__device__ __forceinline__ void load_swizzled_fp8(unsigned char* s, const Fp8Operand& o,
+                                                  std::int64_t mn0, std::int64_t k0) {
+  constexpr int kChunks = kWgTile * kWgK8 / 16;
+#pragma unroll
+  for (int i = 0; i < kChunks / kWgThreads; ++i) {
+    const int chunk = threadIdx.x + i * kWgThreads;
+    const int mn = chunk / 8, c = chunk % 8;
+    const std::int64_t gmn = mn0 + mn, gk = k0 + c * 16;
+    const bool valid = gmn < o.mn_extent && gk < o.k_extent;
+    int bytes = valid ? 16 : 0;
+    if (Partial && valid && o.k_extent - gk < 16) bytes = static_cast<int>(o.k_extent - gk);
+    cp_async_bytes(s + mn * 128 + (c ^ (mn % 8)) * 16, valid ? o.p + gmn * o.ld + gk : o.p, bytes);
+  }
+}
 
 template <Product P, class Out>
-void launch_wgmma(GroupedParams<bf16, Out> prm, const Stream& stream) {
+__global__ void __launch_bounds__(kWgThreads, 1)
+    grouped_fp8_wgmma_kernel(const Fp8Params<Out> prm) {
+  constexpr bool kPartial = P == Product::wgrad;
+  extern __shared__ unsigned char shared_raw[];
+  unsigned char* const shared = aligned_stages(shared_raw);
+  const int warpgroup = threadIdx.x / 128;
+
+  for_each_tile<P>(prm, [&](const Tile& t, const Fp8Operand& group_a, const Fp8Operand& group_b) {
+    const int skip = fp8_skip<P>(t);  // wgrad: see fp8_skip and the FP8 part's top
+    const Fp8Operand a = widened(group_a, skip), b = widened(group_b, skip);
+    float acc[64], sum[64];
+    wgmma_k_loop<kFp8Promote>(
+        shared, ceil_div(a.k_extent, kWgK8), acc, sum,
+        [&](std::int64_t step, unsigned char* s) {
+          load_swizzled_fp8<kPartial>(s, a, t.m0, step * kWgK8);
+          load_swizzled_fp8<kPartial>(s + kOperandBytes, b, t.n0, step * kWgK8);
+        },
+        [&](unsigned char* s) {  // threads 0-127: A's row threadIdx.x, 128-255: B's
+          if (skip == 0) return false;
+          const int row = threadIdx.x % kWgTile;
+          unsigned char* p =
+              s + (threadIdx.x < kWgTile ? 0 : kOperandBytes) + row * 128 + (row % 8) * 16;
+          for (int j = 0; j < skip; ++j) p[j] = 0;
+          return true;
+        },
+        [&](unsigned stage) {
+#pragma unroll
+          for (int kk = 0; kk < kWgK8 / 32; ++kk) {
+            wgmma_m64n128k32_fp8<P != Product::forward>(
+                acc, operand_descriptor<true>(stage, warpgroup * 64, kk),
+                operand_descriptor<true>(stage + kOperandBytes, 0, kk));
+          }
+        });
+    // Times the inverse scales (read here, not kept in a register through the k-loop).
+    store_wgmma_accumulators<P>(prm, t, sum, prm.a_scale[1] * prm.b_scale[1]);
+  });
+}
+
+// Throws unless the current GPU is a Hopper (sm_90), the only one this file is built for.
+void check_hopper() {
   const int sm = device_sm();
   QUINTET_CHECK(
       sm == 90,
       "grouped_linear: QUINTET_GROUPED_GEMM=wgmma needs a Hopper GPU (sm_90), this one is "
       "sm_{}; unset it or set it to kernel",
       sm);
+}
+
+}  // namespace
+
+template <Product P, class Out>
+void launch_wgmma(GroupedParams<bf16, Out> prm, const Stream& stream) {
+  check_hopper();
   prm.grid.tile_m = prm.grid.tile_n = kWgTile;
   launch_persistent(grouped_wgmma_kernel<P, Out>, prm, kWgThreads, kWgShared, stream);
+}
+
+template <Product P, class Out>
+void launch_wgmma_fp8(Fp8Params<Out> prm, const Stream& stream) {
+  check_hopper();
+  prm.grid.tile_m = prm.grid.tile_n = kWgTile;
+  launch_persistent(grouped_fp8_wgmma_kernel<P, Out>, prm, kWgThreads, kWgShared, stream);
 }
 
 template void launch_wgmma<Product::forward, bf16>(GroupedParams<bf16, bf16>, const Stream&);
 template void launch_wgmma<Product::dgrad, bf16>(GroupedParams<bf16, bf16>, const Stream&);
 template void launch_wgmma<Product::wgrad, float>(GroupedParams<bf16, float>, const Stream&);
+template void launch_wgmma_fp8<Product::forward, bf16>(Fp8Params<bf16>, const Stream&);
+template void launch_wgmma_fp8<Product::forward, float>(Fp8Params<float>, const Stream&);
+template void launch_wgmma_fp8<Product::dgrad, bf16>(Fp8Params<bf16>, const Stream&);
+template void launch_wgmma_fp8<Product::dgrad, float>(Fp8Params<float>, const Stream&);
+template void launch_wgmma_fp8<Product::wgrad, float>(Fp8Params<float>, const Stream&);
 
 }  // namespace quintet::nn::cuda_ops::grouped
