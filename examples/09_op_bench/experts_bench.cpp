@@ -527,6 +527,9 @@ void bench_experts_fp8(const Setup& c, const Layer& fc, const Layer& proj,
   struct Fp8Result {
     std::string product;
     double flops = 0.0, loop_ms = 0.0, kernel_ms = 0.0, bf16_kernel_ms = 0.0, diff = 0.0;
+    // QUINTET_GROUPED_GEMM=wgmma (the Hopper FP8 kernel; sm_90 only, else 0), and the bf16
+    // wgmma kernel's time for the product.
+    double wgmma_ms = 0.0, wgmma_diff = 0.0, bf16_wgmma_ms = 0.0;
   };
   std::vector<Fp8Result> results;
   for (const Layer* l : {&fc, &proj}) {
@@ -548,7 +551,10 @@ void bench_experts_fp8(const Setup& c, const Layer& fc, const Layer& proj,
       const std::int64_t cols = pass == Pass::forward ? l->out : l->in;
       r.flops = 2.0 * static_cast<double>(c.total) * static_cast<double>(l->in * l->out);
       for (const Result& b : bf16) {
-        if (b.product == r.product) r.bf16_kernel_ms = b.kernel_ms;
+        if (b.product == r.product) {
+          r.bf16_kernel_ms = b.kernel_ms;
+          r.bf16_wgmma_ms = b.wgmma_ms;
+        }
       }
       const bool weight = pass == Pass::backward_weight;
       const Shape out_shape = weight
@@ -587,18 +593,30 @@ void bench_experts_fp8(const Setup& c, const Layer& fc, const Layer& proj,
         return dw;
       };
       loop();
-      const Tensor got = kernel();
       s.synchronize();
-      r.diff = max_rel_diff(loop_out.to(DType::f32, s).to(Device::cpu(), s).to_vector<float>(),
-                            got.to(DType::f32, s).to(Device::cpu(), s));
+      const std::vector<float> ref =
+          loop_out.to(DType::f32, s).to(Device::cpu(), s).to_vector<float>();
       const double tolerance = weight ? kF32Tolerance * 5 : kBf16Tolerance;
-      if (!(r.diff <= tolerance)) {
-        throw std::runtime_error("experts fp8: " + r.product +
-                                 ": the grouped FP8 kernel's result differs from the loop's: " +
-                                 std::to_string(r.diff) + " > " + std::to_string(tolerance));
+      // One kernel's result (dw from zero) against the loop's, then its time.
+      const auto check_and_time = [&](const char* kernel_name, double& diff, double& ms) {
+        Tensor(dw).fill_(0.0, s);  // a handle: zeroes dw
+        const Tensor got = kernel();
+        s.synchronize();
+        diff = max_rel_diff(ref, got.to(DType::f32, s).to(Device::cpu(), s));
+        if (!(diff <= tolerance)) {
+          throw std::runtime_error("experts fp8: " + r.product + ": the " + kernel_name +
+                                   "'s result differs from the loop's: " + std::to_string(diff) +
+                                   " > " + std::to_string(tolerance));
+        }
+        ms = median_ms(s, kWarmup, c.opt.iters, [&] { kernel(); });
+      };
+      with_grouped_gemm("kernel",
+                        [&] { check_and_time("grouped FP8 kernel", r.diff, r.kernel_ms); });
+      if (c.hopper) {
+        with_grouped_gemm("wgmma",
+                          [&] { check_and_time("FP8 wgmma kernel", r.wgmma_diff, r.wgmma_ms); });
       }
       r.loop_ms = median_ms(s, kWarmup, c.opt.iters, loop);
-      r.kernel_ms = median_ms(s, kWarmup, c.opt.iters, [&] { kernel(); });
       results.push_back(r);
     }
   }
@@ -606,33 +624,42 @@ void bench_experts_fp8(const Setup& c, const Layer& fc, const Layer& proj,
     std::printf(
         "\nexperts fp8: the same products in FP8 (x, w E4M3; dy E5M2; cast whole, one scale each), "
         "bf16 out, dw f32; loop = nn::fp8_gemm per expert (cuBLASLt FP8); kernel = "
-        "nn::grouped_fp8_linear_* (offsets on the device, one launch); bf16 = the bf16 kernel "
-        "above\n");
-    std::printf("%-30s %9s %9s %9s %9s %9s %9s %7s %7s\n", "product", "loop ms", "kernel", "bf16",
-                "loop TF/s", "kernel", "bf16", "k/loop", "k/bf16");
+        "nn::grouped_fp8_linear_* (offsets on the device, one launch; mma.sync); wgmma = the "
+        "same with QUINTET_GROUPED_GEMM=wgmma (sm_90 only, else 0); bf16, bf16 wg = the bf16 "
+        "kernel and wgmma kernel above\n");
+    std::printf("%-30s %9s %9s %9s %9s %9s %9s %9s %9s %7s %7s %7s\n", "product", "loop ms",
+                "kernel", "wgmma", "bf16", "bf16 wg", "loop TF/s", "kernel", "wgmma", "k/loop",
+                "w/loop", "w/bf16wg");
   }
   for (const Fp8Result& r : results) {
     const double tl = tflops(r.flops, r.loop_ms), tk = tflops(r.flops, r.kernel_ms),
-                 tb = r.bf16_kernel_ms > 0.0 ? tflops(r.flops, r.bf16_kernel_ms) : 0.0;
+                 tb = r.bf16_kernel_ms > 0.0 ? tflops(r.flops, r.bf16_kernel_ms) : 0.0,
+                 tw = r.wgmma_ms > 0.0 ? tflops(r.flops, r.wgmma_ms) : 0.0,
+                 tbw = r.bf16_wgmma_ms > 0.0 ? tflops(r.flops, r.bf16_wgmma_ms) : 0.0;
     if (c.opt.json) {
-      const nlohmann::json j{{"bench", "experts_fp8"},
-                             {"product", r.product},
-                             {"rows_total", c.total},
-                             {"expert_rows", c.rows},
-                             {"skew", c.opt.skew},
-                             {"gflop", r.flops * 1e-9},
-                             {"loop_ms", r.loop_ms},
-                             {"kernel_ms", r.kernel_ms},
-                             {"bf16_kernel_ms", r.bf16_kernel_ms},
-                             {"loop_tflops", tl},
-                             {"kernel_tflops", tk},
-                             {"bf16_kernel_tflops", tb},
-                             {"max_rel_diff", r.diff}};
+      nlohmann::json j{{"bench", "experts_fp8"},
+                       {"product", r.product},
+                       {"rows_total", c.total},
+                       {"expert_rows", c.rows},
+                       {"skew", c.opt.skew},
+                       {"gflop", r.flops * 1e-9},
+                       {"loop_ms", r.loop_ms},
+                       {"kernel_ms", r.kernel_ms},
+                       {"bf16_kernel_ms", r.bf16_kernel_ms},
+                       {"loop_tflops", tl},
+                       {"kernel_tflops", tk},
+                       {"bf16_kernel_tflops", tb},
+                       {"wgmma_ms", r.wgmma_ms},
+                       {"wgmma_tflops", tw},
+                       {"bf16_wgmma_ms", r.bf16_wgmma_ms},
+                       {"bf16_wgmma_tflops", tbw},
+                       {"max_rel_diff", r.diff}};
+      if (r.wgmma_ms > 0.0) j["wgmma_max_rel_diff"] = r.wgmma_diff;
       std::printf("%s\n", j.dump().c_str());
     } else {
-      std::printf("%-30s %9.3f %9.3f %9.3f %9.1f %9.1f %9.1f %7.3f %7.3f\n", r.product.c_str(),
-                  r.loop_ms, r.kernel_ms, r.bf16_kernel_ms, tl, tk, tb, tk / tl,
-                  tb > 0.0 ? tk / tb : 0.0);
+      std::printf("%-30s %9.3f %9.3f %9.3f %9.3f %9.3f %9.1f %9.1f %9.1f %7.3f %7.3f %7.3f\n",
+                  r.product.c_str(), r.loop_ms, r.kernel_ms, r.wgmma_ms, r.bf16_kernel_ms,
+                  r.bf16_wgmma_ms, tl, tk, tw, tk / tl, tw / tl, tbw > 0.0 ? tw / tbw : 0.0);
     }
   }
   std::fflush(stdout);
