@@ -57,6 +57,24 @@ __device__ __forceinline__ float load(const Operand<T>& o, std::int64_t mn, std:
   return to_float(KContiguous ? o.p[mn * o.ld + k] : o.p[k * o.ld + mn]);
 }
 
+// Stores (or, for wgrad, adds) a SIMT thread's 4 x 4 results, each times alpha (1 for bf16 / f32;
+// the inverse scales for FP8), at rows ty * 4 + i and columns tx * 4 + j of tile t.
+template <Product P, class Params>
+__device__ __forceinline__ void store_simt_tile(const Params& prm, const Tile& t,
+                                                const float (&acc)[4][4], int tx, int ty,
+                                                float alpha) {
+  std::int64_t ldc = 0;
+  auto* c = group_output<P>(prm, t, ldc);
+  for (int i = 0; i < 4; ++i) {
+    const std::int64_t r = ty * 4 + i;
+    if (r >= t.tile_rows) break;
+    for (int j = 0; j < 4; ++j) {
+      const std::int64_t col = tx * 4 + j;
+      if (col < t.tile_cols) put<P>(c + (t.m0 + r) * ldc + t.n0 + col, alpha * acc[i][j]);
+    }
+  }
+}
+
 template <Product P, class T, class Out>
 __global__ void __launch_bounds__(kSimtThreads)
     grouped_simt_kernel(const GroupedParams<T, Out> prm) {
@@ -94,16 +112,7 @@ __global__ void __launch_bounds__(kSimtThreads)
       }
       __syncthreads();  // the tiles are overwritten next
     }
-    std::int64_t ldc = 0;
-    Out* c = group_output<P>(prm, t, ldc);
-    for (int i = 0; i < 4; ++i) {
-      const std::int64_t r = ty * 4 + i;
-      if (r >= t.tile_rows) break;
-      for (int j = 0; j < 4; ++j) {
-        const std::int64_t col = tx * 4 + j;
-        if (col < t.tile_cols) put<P>(c + (t.m0 + r) * ldc + t.n0 + col, acc[i][j]);
-      }
-    }
+    store_simt_tile<P>(prm, t, acc, tx, ty, 1.0f);
   });
 }
 
@@ -385,16 +394,7 @@ __global__ void __launch_bounds__(kSimtThreads) grouped_fp8_simt_kernel(const Fp
       }
       __syncthreads();
     }
-    std::int64_t ldc = 0;
-    Out* c = group_output<P>(prm, t, ldc);
-    for (int i = 0; i < 4; ++i) {
-      const std::int64_t r = ty * 4 + i;
-      if (r >= t.tile_rows) break;
-      for (int j = 0; j < 4; ++j) {
-        const std::int64_t col = tx * 4 + j;
-        if (col < t.tile_cols) put<P>(c + (t.m0 + r) * ldc + t.n0 + col, alpha * acc[i][j]);
-      }
-    }
+    store_simt_tile<P>(prm, t, acc, tx, ty, alpha);
   });
 }
 
