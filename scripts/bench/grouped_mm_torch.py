@@ -28,8 +28,12 @@ installed PyTorch has no grouped GEMM or no GPU.
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from moe_torch import grouped_mm_api  # noqa: E402 (the MoE peer's probe, beside this script)
 
 
 def expert_rows(experts, tokens, top_k, skew):
@@ -53,17 +57,6 @@ def expert_rows(experts, tokens, top_k, skew):
         rows[rows.index(max(rows))] -= 1
         given -= 1
     return rows
-
-
-def grouped_mm_api(torch):
-    """(fn(a, b, offs), its name), or (None, None)."""
-    fn = getattr(torch.nn.functional, "grouped_mm", None)  # public since PyTorch 2.10
-    if fn is not None:
-        return (lambda a, b, offs: fn(a, b, offs=offs)), "torch.nn.functional.grouped_mm"
-    fn = getattr(torch, "_grouped_mm", None)  # PyTorch 2.8, 2.9
-    if fn is not None:
-        return (lambda a, b, offs: fn(a, b, offs=offs)), "torch._grouped_mm"
-    return None, None
 
 
 def median_ms(torch, fn, warmup, iters):
