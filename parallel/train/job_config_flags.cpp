@@ -197,10 +197,12 @@ void add_job_flags(CLI::App& app, JobConfig& job) {
       ->capture_default_str();
   app.add_option("--data-dir", job.data.dir,
                  "where the built-in dataset is made (default: $QUINTET_DATA_DIR, else "
-                 "~/.cache/quintet/data: one copy per machine)")
+                 "~/.cache/quintet/data: one copy per machine); not with --data, unless "
+                 "--val-data builtin")
       ->capture_default_str();
   app.add_option("--synthetic-order", job.data.synthetic_order,
-                 "built-in dataset: Markov order (1 is learnt in minutes on a CPU)")
+                 "built-in dataset: Markov order (1 is learnt in minutes on a CPU); not with "
+                 "--data, unless --val-data builtin")
       ->capture_default_str();
   app.add_option("--loader-threads", job.data.loader_threads, "data loader threads per rank")
       ->capture_default_str();

@@ -120,6 +120,19 @@ void validate_given(const JobConfig& c) {
   QUINTET_CHECK(!c.gave("bench-skip") || c.observe.bench,
                 "--bench-skip {} needs --bench (the warm-up steps its medians leave out)",
                 c.observe.bench_skip);
+  // The built-in dataset's settings, when --data replaces it and --val-data does not read it.
+  if (!c.data.shards.empty() && c.validation.data != "builtin") {
+    QUINTET_CHECK(!c.gave("synthetic-order"),
+                  "--synthetic-order {} needs the built-in dataset (the Markov order of its "
+                  "tokens), and --data {} trains on other data; drop one of them (or read the "
+                  "built-in one with --val-data builtin)",
+                  c.data.synthetic_order, c.data.shards);
+    QUINTET_CHECK(!c.gave("data-dir"),
+                  "--data-dir {} needs the built-in dataset (where it is made), and --data {} "
+                  "trains on other data; drop one of them (or read the built-in one with "
+                  "--val-data builtin)",
+                  c.data.dir, c.data.shards);
+  }
 }
 
 }  // namespace

@@ -535,6 +535,17 @@ TEST_CASE("job config: the jobs the trainers refuse, refused before any communic
   refused(gpt, 1, {"--cp-kind", "ulysses"}, "--cp-kind needs --cp > 1");
   refused(gpt, 1, {"--bench-skip", "2"}, "--bench-skip 2 needs --bench");
   refused(gpt, 1, {"--exit-during-save", "3"}, "--exit-during-save 3 needs --save DIR");
+  refused(gpt, 1, {"--data", "d", "--synthetic-order", "1"},
+          "--synthetic-order 1 needs the built-in dataset (the Markov order of its tokens), and "
+          "--data d trains on other data");
+  refused(gpt, 1, {"--data-dir", "here", "--data", "d", "--val-data", "v"},
+          "--data-dir here needs the built-in dataset (where it is made), and --data d trains on "
+          "other data");
+  // Without --data, or with --val-data builtin, the built-in dataset is read: its settings count.
+  parsed(gpt, {"--synthetic-order", "1", "--data-dir", "here"}).validate(1);
+  parsed(gpt,
+         {"--data", "d", "--val-data", "builtin", "--synthetic-order", "1", "--data-dir", "here"})
+      .validate(1);
   // The same settings from a family or a default are let be, and given with what they need, run.
   parsed(gpt, {"--arch", "llama", "--positions", "learned"}).validate(1);
   parsed(gpt, {"--arch",

@@ -82,7 +82,9 @@ struct JobConfig {
   struct Data {
     std::string shards;  // a glob of token shards; empty: the built-in dataset
     // Where the built-in dataset is made; empty: default_dataset_dir(), so that every run on a
-    // machine shares one copy (builtin_dataset_dir() resolves it).
+    // machine shares one copy (builtin_dataset_dir() resolves it). This and synthetic_order are
+    // the built-in dataset's: given with shards, validate() refuses them unless the validation
+    // data is "builtin".
     std::string dir;
     int synthetic_order = 2;  // built-in dataset: tokens of context that pick the successors
     int loader_threads = 2;
