@@ -5,7 +5,7 @@
 #include <cstdlib>
 
 #include "collectives/flight_recorder.hpp"
-#include "collectives/mpi/laggard.hpp"
+#include "collectives/laggard.hpp"
 #include "quintet/core/error.hpp"
 #include "quintet/core/log.hpp"
 
@@ -266,6 +266,16 @@ void JobMonitor::fatal(const std::string& message) noexcept {
   log::error("{}", message);
   publish(message);
   abort_job(1);
+}
+
+ProgressChannel progress_channel(std::shared_ptr<JobMonitor> monitor) {
+  ProgressChannel channel;
+  channel.world_rank = monitor->rank();
+  channel.world_size = monitor->size();
+  channel.query = [monitor = std::move(monitor)](std::chrono::milliseconds wait) {
+    return monitor->query_progress(wait);
+  };
+  return channel;
 }
 
 }  // namespace quintet::detail

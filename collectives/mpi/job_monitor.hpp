@@ -15,8 +15,9 @@
 //   - abort_job(code): MPI_Abort over the world, which ends every rank.
 //   - query_progress(wait): asks every other rank for its communicators' sequence numbers (its
 //     flight recorders' progress, laggard.hpp); the monitor thread of each rank answers from its
-//     FlightRegistry, even while the rank's own threads are blocked inside MPI calls. A rank that
-//     is stopped or dead does not answer.
+//     FlightRegistry, even while the rank's own threads are blocked inside MPI calls or on the GPU.
+//     A rank that is stopped or dead does not answer. progress_channel() hands it to the code that
+//     names the laggard (MPI and NCCL communicators alike).
 //   - With a FlightRegistry, the first failure this rank publishes or receives dumps it first
 //     (flight_rank<r>.json), so every rank that can leaves its record before the job is ended.
 // Bounded everywhere: a rank that is stopped or dead delays the others by kAckWait at most.
@@ -35,6 +36,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "collectives/laggard.hpp"
 
 namespace quintet::detail {
 
@@ -133,5 +136,9 @@ class JobMonitor {
   std::map<int, std::string> answers_;
   std::thread thread_;
 };
+
+// The channel over which laggard.hpp's name_laggards asks the other ranks: monitor's rank, size
+// and query_progress (the channel holds monitor).
+ProgressChannel progress_channel(std::shared_ptr<JobMonitor> monitor);
 
 }  // namespace quintet::detail

@@ -4,8 +4,8 @@
 #include <exception>
 #include <thread>
 
+#include "collectives/laggard.hpp"
 #include "collectives/mpi/job_monitor.hpp"
-#include "collectives/mpi/laggard.hpp"
 
 #include "quintet/core/error.hpp"
 #include "quintet/core/log.hpp"
@@ -99,7 +99,8 @@ void OpQueue::finish(const Task& task, std::exception_ptr error) {
 std::string OpQueue::timeout_message(const std::string& description, const OpInfo& waited,
                                      double waited_s, const std::string& note) {
   const std::string laggards = flight != nullptr && monitor != nullptr
-                                   ? name_laggards(*flight, waited, *monitor, waited_s)
+                                   ? name_laggards(*flight, waited.op, waited.seq, waited.peer,
+                                                   progress_channel(monitor), waited_s)
                                    : std::string();
   const std::string what = fmt::format(
       "{} did not finish within {} s{}: {}", description, waited_s, note,

@@ -20,11 +20,16 @@ target_link_libraries(collectives_progress_thread_test PRIVATE quintet_collectiv
 quintet_unit_test(NAME collectives_watchdog_test COMPONENT reliability
                   SOURCES unit/collectives_watchdog_test.cpp)
 target_link_libraries(collectives_watchdog_test PRIVATE quintet_collectives_private)
-# The flight recorder's ring, its dumps, and the naming of the rank that is behind (issue #44).
+# The flight recorder's ring and its dumps (issue #44).
 quintet_unit_test(NAME collectives_flight_recorder_test COMPONENT reliability
                   SOURCES unit/collectives_flight_recorder_test.cpp)
 target_link_libraries(collectives_flight_recorder_test PRIVATE quintet_collectives_private
                                                                nlohmann_json::nlohmann_json)
+# Naming the rank that is behind from the ranks' progress reports, the part the MPI and NCCL
+# backends share (issue #44).
+quintet_unit_test(NAME collectives_laggard_test COMPONENT reliability
+                  SOURCES unit/collectives_laggard_test.cpp)
+target_link_libraries(collectives_laggard_test PRIVATE quintet_collectives_private)
 # Splits that name their members: refused when wrong, passed on by wrappers and by the Mesh, and
 # mapped to the world ranks an NCCL split records in the flight recorder (issue #44).
 quintet_unit_test(NAME collectives_split_members_test COMPONENT reliability

@@ -1,8 +1,7 @@
 // The flight recorder (issue #44): the ring keeps the last N operations with their states and
 // times, wraps around, drops a state change for an operation whose slot was reused, keeps only
-// the counters at size 0; the registry dumps every live recorder to flight_rank<r>.json; the
-// progress reports round-trip, and the laggard is named from them (skipped collective, stopped
-// rank, point-to-point peer).
+// the counters at size 0; the registry dumps every live recorder to flight_rank<r>.json. (Naming
+// the laggard from the recorders' progress: collectives_laggard_test.cpp.)
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -11,7 +10,6 @@
 #include <string>
 
 #include "collectives/flight_recorder.hpp"
-#include "collectives/mpi/laggard.hpp"
 #include "support/catch.hpp"
 
 using namespace quintet;
@@ -138,72 +136,4 @@ TEST_CASE("the registry dumps every live recorder as JSON") {
                            .count();
   CHECK(std::abs(c["ops"][0]["completed_us"].get<std::int64_t>() - unix_us) < 60'000'000);
   std::filesystem::remove_all(dir);
-}
-
-TEST_CASE("rank lists collapse runs") {
-  CHECK(rank_list({2, 0, 1, 5}) == "0-2, 5");
-  CHECK(rank_list({7}) == "7");
-  CHECK(rank_list({1, 3, 4}) == "1, 3-4");
-}
-
-namespace {
-
-// A report of one rank that holds communicator `name` over `members` at these counters.
-std::string report_of(const std::string& name, const std::vector<int>& members, int enqueued,
-                      int completed) {
-  FlightRegistry registry(0, 1, "", 8);
-  auto rec = std::make_shared<FlightRecorder>(name, 0, members, 8);
-  registry.add(rec);
-  for (int s = 0; s <= enqueued; ++s) rec->enqueued(s, "all_reduce", DType::f32, 4, -1);
-  for (int s = 0; s <= completed; ++s) rec->completed(s, true);
-  return progress_report(registry);
-}
-
-}  // namespace
-
-TEST_CASE("progress reports round-trip") {
-  const auto comms = parse_progress_report(report_of("pp", {0, 4}, 7, 5));
-  REQUIRE(comms.size() == 1);
-  CHECK(comms[0].name == "pp");
-  CHECK(comms[0].world_ranks == std::vector<int>{0, 4});
-  CHECK(comms[0].progress.enqueued == 7);
-  CHECK(comms[0].progress.completed == 5);
-  CHECK(comms[0].pending_op == "all_reduce");
-  CHECK(comms[0].pending_seq == 6);
-}
-
-TEST_CASE("the laggard is named: skipped collective, stopped rank, peer") {
-  // This is world rank 0 of 'pp' over world ranks {0, 1, 2, 3}, stuck on all_reduce #4.
-  FlightRecorder rec("pp", 0, {0, 1, 2, 3}, 16);
-  for (int s = 0; s <= 4; ++s) rec.enqueued(s, "all_reduce", DType::f32, 4, -1);
-  for (int s = 0; s <= 3; ++s) rec.completed(s, true);
-  const OpInfo waited{"all_reduce", 4, DType::f32, 4, -1};
-  const std::vector<int> members{0, 1, 2, 3};
-  // Rank 3 has issued up to #3 only; ranks 1 and 2 wait on #4 too; rank 5 (elsewhere) is silent.
-  std::map<int, std::string> answers{{1, report_of("pp", members, 4, 3)},
-                                     {2, report_of("pp", members, 4, 3)},
-                                     {3, report_of("pp", members, 3, 3)},
-                                     {4, report_of("tp", {4, 5}, 0, 0)}};
-  const std::string skipped = describe_laggards(rec, 0, waited, answers, 6, 15);
-  CHECK(skipped.find("rank 3 never reached all_reduce #4 on 'pp'") != std::string::npos);
-  CHECK(skipped.find("ranks 0-2 waited 15 s") != std::string::npos);
-  CHECK(skipped.find("rank 5 of the job does not answer") != std::string::npos);
-  CHECK(skipped.find("rank 1 ") == std::string::npos);
-
-  answers.erase(3);  // stopped: no answer
-  const std::string stopped = describe_laggards(rec, 0, waited, answers, 6, 15);
-  CHECK(stopped.find("rank 3 has not completed all_reduce #4 on 'pp' and does not answer: it is "
-                     "stopped or dead") != std::string::npos);
-
-  answers[3] = report_of("pp", members, 4, 3);  // everyone waits: the hang is elsewhere
-  CHECK(describe_laggards(rec, 0, waited, answers, 6, 15).empty());
-
-  // A send to the group's rank 2 (world rank 2), which has nothing pending on 'pp'.
-  FlightRecorder pp("pp", 0, {0, 1, 2, 3}, 16);
-  pp.enqueued(0, "send", DType::f32, 4, 2);
-  const std::string peer = describe_laggards(pp, 0, OpInfo{"send", 0, DType::f32, 4, 2},
-                                             {{2, report_of("pp", members, -1, -1)}}, 4, 10);
-  CHECK(peer.find("rank 2, the peer of send #0 on 'pp', has no operation pending there") !=
-        std::string::npos);
-  CHECK(peer.find("rank 1") == std::string::npos);  // not a peer of this send
 }

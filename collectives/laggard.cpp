@@ -1,20 +1,16 @@
-#include "collectives/mpi/laggard.hpp"
+#include "collectives/laggard.hpp"
 
 #include <algorithm>
 #include <charconv>
+#include <chrono>
 #include <set>
 #include <sstream>
 
-#include "collectives/mpi/job_monitor.hpp"
 #include "quintet/core/log.hpp"
 
 namespace quintet::detail {
 
 namespace {
-
-// How long a rank whose wait timed out waits for the others' reports: their monitors answer within
-// a poll (20 ms) unless they are stopped or dead, and those never do.
-constexpr std::chrono::milliseconds kAnswerWait{2000};
 
 std::int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -128,89 +124,136 @@ std::vector<CommProgress> parse_progress_report(const std::string& report) {
   return comms;
 }
 
-std::string describe_laggards(const FlightRecorder& rec, int world_rank, const OpInfo& waited,
-                              const std::map<int, std::string>& answers, int world_size,
-                              double waited_s) {
-  const std::vector<int>& members = rec.world_ranks();
-  const std::int64_t seq = rec.progress().completed + 1;  // what this rank is stuck on
-  std::string op = waited.op;
-  int peer = waited.peer;
-  if (seq != waited.seq) {
+StuckOp stuck_op(const FlightRecorder& rec, int world_rank, std::string_view waited_op,
+                 std::int64_t waited_seq, int waited_peer) {
+  StuckOp stuck;
+  stuck.comm = rec.name();
+  stuck.members = rec.world_ranks();
+  stuck.world_rank = world_rank;
+  stuck.seq = rec.progress().completed + 1;
+  stuck.op = std::string(waited_op);
+  stuck.peer = waited_peer;
+  if (stuck.seq != waited_seq) {
     FlightOp f;
-    op = rec.find(seq, &f) ? std::string(f.op) : "operation";
-    peer = rec.find(seq, &f) ? f.peer : -1;
+    const bool held = rec.find(stuck.seq, &f);
+    stuck.op = held ? std::string(f.op) : "operation";
+    stuck.peer = held ? f.peer : -1;
   }
-  const bool p2p = is_point_to_point(op);
-  std::vector<int> candidates;
-  if (p2p && peer >= 0 && peer < static_cast<int>(members.size())) {
-    candidates.push_back(members[static_cast<std::size_t>(peer)]);
+  return stuck;
+}
+
+LaggardVerdict find_laggards(const StuckOp& stuck,
+                             const std::map<int, std::vector<CommProgress>>& reports,
+                             int world_size) {
+  const std::vector<int>& members = stuck.members;
+  const bool p2p = is_point_to_point(stuck.op);
+  std::vector<int> candidates;  // the members this rank waits for
+  if (p2p && stuck.peer >= 0 && stuck.peer < static_cast<int>(members.size())) {
+    candidates.push_back(members[static_cast<std::size_t>(stuck.peer)]);
   } else {
     for (int m : members) {
-      if (m != world_rank) candidates.push_back(m);
+      if (m != stuck.world_rank) candidates.push_back(m);
     }
   }
-  const std::string what = fmt::format("{} #{} on '{}'", op, seq, rec.name());
-  std::vector<std::string> behind;
-  std::vector<int> waiting{world_rank};
+  LaggardVerdict verdict;
+  verdict.waiting.push_back(stuck.world_rank);
   for (int c : candidates) {
-    const auto answer = answers.find(c);
-    if (answer == answers.end()) {
-      behind.push_back(fmt::format(
-          "rank {} has not completed {} and does not answer: it is stopped or dead", c, what));
+    const auto answer = reports.find(c);
+    if (answer == reports.end()) {
+      Laggard silent;
+      silent.rank = c;
+      silent.why = Laggard::Why::silent;
+      verdict.behind.push_back(std::move(silent));
       continue;
     }
-    const std::vector<CommProgress> report = parse_progress_report(answer->second);
+    const std::vector<CommProgress>& report = answer->second;
     const auto mine = std::find_if(report.begin(), report.end(), [&](const CommProgress& p) {
-      return p.name == rec.name() && p.world_ranks == members;
+      return p.name == stuck.comm && p.world_ranks == members;
     });
+    Laggard l;
+    l.rank = c;
+    l.why = Laggard::Why::never_reached;
+    l.elsewhere = waits_for(report);
     if (mine == report.end()) {
-      behind.push_back(fmt::format("rank {} has no communicator '{}' of these ranks ({})", c,
-                                   rec.name(), waits_for(report)));
+      l.why = Laggard::Why::no_communicator;
     } else if (p2p) {
-      if (mine->pending_op.empty()) {
-        behind.push_back(fmt::format(
-            "rank {}, the peer of {}, has no operation pending there (it has completed up to #{}; "
-            "{})",
-            c, what, mine->progress.completed, waits_for(report)));
-      } else {
-        waiting.push_back(c);
+      if (!mine->pending_op.empty()) {
+        verdict.waiting.push_back(c);
+        continue;
       }
-    } else if (mine->progress.enqueued < seq) {
-      behind.push_back(fmt::format("rank {} never reached {} (it has issued up to #{} there; {})",
-                                   c, what, mine->progress.enqueued, waits_for(report)));
-    } else if (mine->progress.completed < seq) {
-      waiting.push_back(c);
+      l.why = Laggard::Why::idle_peer;
+      l.completed = mine->progress.completed;
+    } else if (mine->progress.enqueued < stuck.seq) {
+      l.issued = mine->progress.enqueued;
+    } else {
+      if (mine->progress.completed < stuck.seq) verdict.waiting.push_back(c);
+      continue;
     }
+    verdict.behind.push_back(std::move(l));
   }
-  if (behind.empty()) return {};
-  std::string out;
-  for (const std::string& b : behind) {
-    if (!out.empty()) out += "; ";
-    out += b;
-  }
-  out += fmt::format(" ({} waited {:g} s)", ranks_phrase(waiting), waited_s);
   // Ranks outside this group that are stopped or dead (what the group waits for may wait on them).
-  std::vector<int> silent;
   const std::set<int> asked(candidates.begin(), candidates.end());
   for (int r = 0; r < world_size; ++r) {
-    if (r != world_rank && !asked.contains(r) && !answers.contains(r)) silent.push_back(r);
+    if (r != stuck.world_rank && !asked.contains(r) && !reports.contains(r)) {
+      verdict.silent.push_back(r);
+    }
   }
-  if (!silent.empty()) {
-    out += fmt::format("; {} of the job {} not answer (stopped or dead)", ranks_phrase(silent),
-                       silent.size() == 1 ? "does" : "do");
+  return verdict;
+}
+
+std::string describe_laggards(const StuckOp& stuck, const LaggardVerdict& verdict,
+                              double waited_s) {
+  if (verdict.behind.empty()) return {};
+  const std::string what = fmt::format("{} #{} on '{}'", stuck.op, stuck.seq, stuck.comm);
+  std::string out;
+  for (const Laggard& l : verdict.behind) {
+    if (!out.empty()) out += "; ";
+    switch (l.why) {
+      case Laggard::Why::silent:
+        out +=
+            fmt::format("rank {} has not completed {} and does not answer: it is stopped or dead",
+                        l.rank, what);
+        break;
+      case Laggard::Why::no_communicator:
+        out += fmt::format("rank {} has no communicator '{}' of these ranks ({})", l.rank,
+                           stuck.comm, l.elsewhere);
+        break;
+      case Laggard::Why::idle_peer:
+        out += fmt::format(
+            "rank {}, the peer of {}, has no operation pending there (it has completed up to #{}; "
+            "{})",
+            l.rank, what, l.completed, l.elsewhere);
+        break;
+      case Laggard::Why::never_reached:
+        out += fmt::format("rank {} never reached {} (it has issued up to #{} there; {})", l.rank,
+                           what, l.issued, l.elsewhere);
+        break;
+    }
+  }
+  out += fmt::format(" ({} waited {:g} s)", ranks_phrase(verdict.waiting), waited_s);
+  if (!verdict.silent.empty()) {
+    out += fmt::format("; {} of the job {} not answer (stopped or dead)",
+                       ranks_phrase(verdict.silent), verdict.silent.size() == 1 ? "does" : "do");
   }
   return out;
 }
 
-std::string name_laggards(const FlightRecorder& rec, const OpInfo& waited, JobMonitor& monitor,
-                          double waited_s) {
+std::string name_laggards(const FlightRecorder& rec, std::string_view waited_op,
+                          std::int64_t waited_seq, int waited_peer, const ProgressChannel& channel,
+                          double waited_s) noexcept {
+  if (!channel.query) return {};
   try {
-    const std::map<int, std::string> answers = monitor.query_progress(kAnswerWait);
-    return describe_laggards(rec, monitor.rank(), waited, answers, monitor.size(), waited_s);
+    const StuckOp stuck = stuck_op(rec, channel.world_rank, waited_op, waited_seq, waited_peer);
+    std::map<int, std::vector<CommProgress>> reports;
+    for (const auto& [rank, report] : channel.query(kLaggardAnswerWait)) {
+      reports[rank] = parse_progress_report(report);
+    }
+    return describe_laggards(stuck, find_laggards(stuck, reports, channel.world_size), waited_s);
   } catch (const std::exception& e) {
     log::warn("could not name the rank that is behind: {}", e.what());
-    return {};
+  } catch (...) {
   }
+  return {};
 }
 
 }  // namespace quintet::detail
