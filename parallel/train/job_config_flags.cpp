@@ -214,7 +214,8 @@ void add_job_flags(CLI::App& app, JobConfig& job) {
                  "validation token shards (glob), or builtin: the built-in dataset's; its loss "
                  "(val_loss) is reported after the last step")
       ->capture_default_str();
-  app.add_option("--val-every", v.every, "with --val-data: also evaluate every N steps")
+  app.add_option("--val-every", v.every,
+                 "with --val-data: also evaluate every N steps (not with --eval-only)")
       ->capture_default_str();
   app.add_option("--val-batches", v.batches,
                  "global batches per evaluation, from the first window (0: every window there "

@@ -87,6 +87,10 @@ void validate_validation(const JobConfig& c) {
                 "--eval-only writes nothing: drop --export-hf {}", c.checkpoint.export_hf);
   QUINTET_CHECK(!v.eval_only || c.observe.trace.empty(),
                 "--eval-only runs no step to trace: drop --trace {}", c.observe.trace);
+  QUINTET_CHECK(!v.eval_only || !c.gave("val-every"),
+                "--val-every {} needs training (it evaluates between steps), and --eval-only "
+                "evaluates once and runs no step; drop --val-every",
+                v.every);
 }
 
 // A setting the user gave (JobConfig::given) that only matters with another one that is off:

@@ -534,7 +534,8 @@ PY
     # Every window once, after steps 5 and 10, at one rank and at tp 2 (+sp), pp 2 x vpp 2, cp 2
     # and dp 2 (ZeRO-1): the same val_loss within 1e-5; evaluating changes nothing of the
     # training (the losses bit for bit).
-    val=(--layers 4 --steps 10 --val-data val.bin --val-every 5)
+    evaluated=(--layers 4 --steps 10 --val-data val.bin)  # --eval-only's (it runs no step)
+    val=("${evaluated[@]}" --val-every 5)
     run val_one 1 "${val[@]}" --save ck
     windows val_one 60
     run plain_one 1 --layers 4 --steps 10
@@ -554,8 +555,8 @@ PY
     digest() { (cd ck && find . -printf '%p %s %T@\n' | sort && find . -type f -print0 |
                 sort -z | xargs -0 sha256sum) | sha256sum; }
     before=$(digest)
-    run eval_one 1 "${val[@]}" --resume ck --eval-only
-    run eval_tp2 2 "${val[@]}" --resume ck --eval-only --tp 2
+    run eval_one 1 "${evaluated[@]}" --resume ck --eval-only
+    run eval_tp2 2 "${evaluated[@]}" --resume ck --eval-only --tp 2
     test "$(digest)" = "$before" || { echo "--eval-only changed the checkpoint directory"; exit 1; }
     for r in eval_one eval_tp2; do
       python3 "$here/compare_val.py" val_one $r 1e-5
@@ -604,7 +605,7 @@ PY
     # The text output has the line.
     text_model=()
     for a in "${model[@]}"; do [[ $a == --json ]] || text_model+=("$a"); done
-    "$trainer" "${text_model[@]}" "${val[@]}" --resume ck --eval-only >eval.out
+    "$trainer" "${text_model[@]}" "${evaluated[@]}" --resume ck --eval-only >eval.out
     grep -q "^step    10/10 | val_loss [0-9.]* over 60 windows" eval.out || { cat eval.out; exit 1; }
     # Bad settings are refused before training, naming them.
     refused() {  # refused MESSAGE FLAGS...
@@ -620,6 +621,8 @@ PY
       --val-data val.bin
     refused "--eval-only writes nothing: drop --save" --eval-only --val-data val.bin \
       --resume ck --save ck2
+    refused "--val-every 5 needs training (it evaluates between steps), and --eval-only" \
+      --eval-only --val-data val.bin --resume ck --val-every 5
     refused "--val-every -1 --val-batches 0: expected >= 0" --val-every -1 --val-data val.bin
     refused "data spec 'nothing_*.bin' matches no file" --val-data 'nothing_*.bin'
     refused "--val-batches 6: global batches of 12 windows" --val-data val.bin --val-batches 6

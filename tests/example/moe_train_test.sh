@@ -265,7 +265,8 @@ PY
     # aux and z losses on: the same at ep 2 x dp 2 as at one rank within 1e-5; evaluating moves
     # no bias and counts nothing (the losses and the MoE telemetry of every step as without it,
     # bit for bit); --eval-only after --resume prints the val_loss the run printed at that step.
-    val=(--steps 8 --val-data builtin --val-every 4 --val-batches 4 --aux-free-bias-rate 0.01)
+    evaluated=(--steps 8 --val-data builtin --val-batches 4 --aux-free-bias-rate 0.01)
+    val=("${evaluated[@]}" --val-every 4)  # (--eval-only runs no step: no --val-every)
     run val_one 1 "${val[@]}" --save ck
     run val_ep2 2 "${val[@]}" --dp 2 --ep 2
     run val_tp2_sp_ep2 4 "${val[@]}" --tp 2 --sp --dp 2 --ep 2
@@ -281,7 +282,7 @@ a, b = steps("plain_one.jsonl"), steps("val_one.jsonl")
 if len(a) != 8 or a != b:
     sys.exit(f"evaluating changed the training:\n{a}\n{b}")
 PY
-    run eval_ep2 2 "${val[@]}" --dp 2 --ep 2 --resume ck --eval-only
+    run eval_ep2 2 "${evaluated[@]}" --dp 2 --ep 2 --resume ck --eval-only
     python3 "$here/compare_val.py" val_one eval_ep2 1e-5
     ;;
   gpu)

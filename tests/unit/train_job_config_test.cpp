@@ -510,6 +510,12 @@ TEST_CASE("job config: the jobs the trainers refuse, refused before any communic
       "--eval-only writes nothing: drop --export-hf h");
   refused(gpt, 1, {"--val-data", "v", "--eval-only", "--resume", "r", "--trace", "t"},
           "--eval-only runs no step to trace: drop --trace t");
+  refused(gpt, 1, {"--val-data", "v", "--val-every", "5", "--eval-only", "--resume", "r"},
+          "--val-every 5 needs training (it evaluates between steps), and --eval-only evaluates "
+          "once and runs no step; drop --val-every");
+  parsed(gpt, {"--val-data", "v", "--val-batches", "2", "--eval-only", "--resume", "r"})
+      .validate(1);
+  parsed(gpt, {"--val-data", "v", "--val-every", "5"}).validate(1);
   refused(gpt, 1, {"--data", "d", "--val-data", "builtin", "--vocab", "100"},
           "--vocab 100: the built-in dataset has 256 tokens; use --vocab >= 256 (or other "
           "--val-data)");
