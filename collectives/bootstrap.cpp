@@ -316,7 +316,10 @@ World init(const RuntimeConfig& config) {
         nccl.split_exchange = std::make_shared<detail::SplitExchange>(MPI_COMM_WORLD);
       }
     }
-    if (w.monitor_) {  // a watchdog expiry ends the whole job, telling every rank why
+    if (w.monitor_) {
+      // A timed-out operation names the rank that is behind, asking the others over the monitor.
+      nccl.progress = detail::progress_channel(w.monitor_);
+      // A watchdog expiry ends the whole job, telling every rank why.
       nccl.end_process = [monitor = w.monitor_](const std::string& message) {
         monitor->publish(message);
         monitor->abort_job(1);

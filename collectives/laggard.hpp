@@ -14,7 +14,8 @@
 //
 // The decision is a pure function of what the stuck rank knows (StuckOp) and the reports it got
 // (find_laggards), the sentence another (describe_laggards); name_laggards asks and calls both,
-// over any channel (ProgressChannel). The MPI backend calls it (progress_thread.cpp).
+// over any channel (ProgressChannel). Both backends call it: the MPI one's waits and watchdog
+// (progress_thread.cpp), the NCCL one's watchdog expiry and waits (nccl_state.cpp).
 #pragma once
 
 #include <chrono>

@@ -89,4 +89,16 @@ void Watchdog::loop() {
   }
 }
 
+std::string expiry_message(const std::string& what, double timeout_s, double pending_s,
+                           const std::string& laggards) {
+  return fmt::format(
+      "{} did not complete within {} s of being issued ({:.1f} s), and no thread waited for it "
+      "(the communicator's timeout, --timeout-s): {}; the watchdog aborts the communicator and "
+      "ends the process",
+      what, timeout_s, pending_s,
+      laggards.empty() ? "the GPU work it follows never finished, or a rank of the group did not "
+                         "issue the matching operation, or is stopped, or failed"
+                       : laggards);
+}
+
 }  // namespace quintet::detail

@@ -84,4 +84,12 @@ class Watchdog {
   std::thread thread_;
 };
 
+// The message of an operation the watchdog found expired, which the NCCL backend prints before it
+// aborts the communicator and ends the process: "<what> did not complete within <timeout_s> s of
+// being issued (<pending_s> s), and no thread waited for it (...): <laggards>; the watchdog aborts
+// the communicator and ends the process". laggards: who is behind (laggard.hpp's name_laggards);
+// when "", what may have happened instead.
+std::string expiry_message(const std::string& what, double timeout_s, double pending_s,
+                           const std::string& laggards);
+
 }  // namespace quintet::detail

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "collectives/laggard.hpp"
 #include "quintet/collectives/communicator.hpp"
 
 namespace quintet::detail {
@@ -38,6 +39,12 @@ struct NcclOptions {
   // Default: flush stdout and stderr, then std::_Exit(1). quintet::init passes the job monitor's
   // (it tells the other ranks, then MPI_Abort ends the job).
   std::function<void(const std::string& message)> end_process;
+  // With world_ranks: the out-of-band channel over which a rank whose operation timed out (the
+  // watchdog's expiry, or a wait's Timeout) asks the other ranks how far they got, to name the one
+  // that is behind in its message ("rank 3 never reached all_reduce #12 on 'dp (nccl)' ...",
+  // laggard.hpp). quintet::init passes the job monitor's under mpirun; without a query the message
+  // says only what may have happened.
+  ProgressChannel progress;
 };
 
 // The bytes of a fresh ncclUniqueId (NCCL_UNIQUE_ID_BYTES of them). Call on one rank only.

@@ -94,7 +94,9 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<NcclState> state)
   watchdog_ = std::make_unique<Watchdog>(
       state_->name(), timeout, Watchdog::period_for(timeout),
       [state = state_](Watchdog::Op& op, std::chrono::nanoseconds pending) {
-        return state->expired(op.describe(), std::chrono::duration<double>(pending).count());
+        // Only NcclWorks are added to it (issue).
+        return state->expired(static_cast<NcclWork&>(op),
+                              std::chrono::duration<double>(pending).count());
       });
 }
 
@@ -170,7 +172,7 @@ std::shared_ptr<NcclWork> NcclCommunicator::issue(const char* op, const Stream& 
     QUINTET_CUDA_CHECK(recorded);
   }
   if (comm) trace::end_gpu(slot, *comm);
-  auto work = std::make_shared<NcclWork>(state_, op, ++seq_, done);
+  auto work = std::make_shared<NcclWork>(state_, op, ++seq_, flight.peer, done);
   if (traced) work->set_trace(std::move(*traced));
   if (const auto& recorder = state_->recorder()) {
     recorder->enqueued(static_cast<std::int64_t>(seq_), op, flight.dtype, flight.count,

@@ -17,8 +17,10 @@
 // sees them complete. An operation still not complete timeout_s after it was issued, while no
 // thread waits for any Work of the communicator (a wait has its own deadline and throws a Timeout
 // the program can catch), is a hang nobody would notice: the watchdog prints an error naming the
-// operation and the communicator, dumps the flight recorder, aborts the NCCL comm and ends the
-// process (NcclState::expired; NcclOptions::end_process, which ends the whole job under mpirun).
+// operation, the communicator and (under mpirun, NcclOptions::progress) the rank that is behind,
+// dumps the flight recorder, aborts the NCCL comm and ends the process (NcclState::expired;
+// NcclOptions::end_process, which ends the whole job under mpirun). A wait's Timeout names that
+// rank too.
 // With a flight recorder (NcclOptions::world_ranks), each operation is recorded when it is issued
 // and completed when the host sees it complete (the watchdog polls at a tenth of the timeout).
 #pragma once

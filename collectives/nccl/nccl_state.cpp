@@ -231,16 +231,19 @@ std::string NcclState::dump_on_failure(std::string_view reason) noexcept {
   return options_.flight ? options_.flight->dump_on_failure(reason) : std::string();
 }
 
-bool NcclState::expired(const std::string& what, double pending_s) noexcept {
+std::string NcclState::name_laggards(std::string_view op, std::int64_t seq, int peer,
+                                     double waited_s) noexcept {
+  if (!recorder_) return {};
+  return detail::name_laggards(*recorder_, op, seq, peer, options_.progress, waited_s);
+}
+
+bool NcclState::expired(const NcclWork& work, double pending_s) noexcept {
   if (aborted()) return true;  // a wait timed out first and aborted: its caller has the error
   if (waiters_.load() > 0) return false;  // a waiting thread's own deadline reports it
   try {
-    std::string message = fmt::format(
-        "{} did not complete within {} s of being issued ({:.1f} s), and no thread waited for it "
-        "(the communicator's timeout, --timeout-s): the GPU work it follows never finished, or a "
-        "rank of the group did not issue the matching operation, or is stopped, or failed; the "
-        "watchdog aborts the communicator and ends the process",
-        what, timeout_s(), pending_s);
+    // Asked first (bounded): the other ranks' counters say who never issued the operation.
+    const std::string laggards = work.name_laggards(timeout_s());
+    std::string message = expiry_message(work.describe(), timeout_s(), pending_s, laggards);
     const std::string dump = dump_on_failure(message);
     if (!dump.empty()) message += fmt::format(" (flight recorder: {})", dump);
     const std::string error = "error [Timeout]: " + message;
@@ -377,14 +380,20 @@ bool NcclWork::synchronize_for(std::chrono::nanoseconds timeout) {
       const std::string what =
           fmt::format("{} timed out after {} ms", describe(),
                       std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count());
+      // Before the abort, which marks nothing in the recorders: who is behind (bounded).
+      const std::string laggards =
+          unbounded ? name_laggards(std::chrono::duration<double>(timeout).count()) : std::string();
       state_->abort(what);
       if (unbounded) {
         const std::string dump = state_->dump_on_failure(what);
         QUINTET_THROW(Timeout,
-                      "{} (the communicator's timeout, --timeout-s): a rank of the group may not "
-                      "have issued the matching operation, or may have failed; the communicator "
-                      "was aborted{}",
-                      what, dump.empty() ? "" : fmt::format(" (flight recorder: {})", dump));
+                      "{} (the communicator's timeout, --timeout-s): {}; the communicator was "
+                      "aborted{}",
+                      what,
+                      laggards.empty() ? "a rank of the group may not have issued the matching "
+                                         "operation, or may have failed"
+                                       : laggards,
+                      dump.empty() ? "" : fmt::format(" (flight recorder: {})", dump));
       }
       return false;
     }

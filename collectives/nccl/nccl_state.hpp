@@ -39,6 +39,8 @@
 
 namespace quintet::detail {
 
+class NcclWork;
+
 // Polls ncclCommGetAsyncError(comm) until it is no longer ncclInProgress or timeout_s passes
 // (then returns ncclInProgress). Sleeps between polls; never throws.
 ncclResult_t nccl_wait_not_in_progress(ncclComm_t comm, double timeout_s);
@@ -128,14 +130,21 @@ class NcclState {
   // Writes this process's flight recorder dump for a failure (FlightRegistry::dump_on_failure):
   // its path, or "" when there is no registry or a failure was dumped already. Never throws.
   std::string dump_on_failure(std::string_view reason) noexcept;
-  // The watchdog's expiry (Watchdog::Expired) for the operation `what`, pending for `pending_s`.
-  // Returns true when the communicator was aborted already (the wait that aborted it reports the
-  // error), false while a thread waits for one of its Works (ask again). Otherwise prints
-  // "error [Timeout]: <what> did not complete ..." naming the operation and the communicator,
-  // dumps the flight recorder (its path ends the message), aborts the communicator (waiting at most
+  // Who is behind on this communicator's first operation not completed (op, seq, peer: the one
+  // waited for), asked over the options' progress channel (laggard.hpp's name_laggards, at most
+  // kLaggardAnswerWait); "" without a recorder or a channel, or when nobody is known to be behind.
+  // waited_s: how long this rank waited, for the message. Never throws.
+  std::string name_laggards(std::string_view op, std::int64_t seq, int peer,
+                            double waited_s) noexcept;
+  // The watchdog's expiry (Watchdog::Expired) for `work`, pending for `pending_s`. Returns true
+  // when the communicator was aborted already (the wait that aborted it reports the error), false
+  // while a thread waits for one of its Works (ask again). Otherwise prints "error [Timeout]:
+  // <what> did not complete ..." naming the operation, the communicator and the rank that is behind
+  // when the other ranks' answers tell (name_laggards; watchdog.hpp's expiry_message), dumps the
+  // flight recorder (its path ends the message), aborts the communicator (waiting at most
   // kAbortWait for ncclCommAbort) and ends the process: the options' end_process, then
   // std::_Exit(1) should that return. Never throws.
-  bool expired(const std::string& what, double pending_s) noexcept;
+  bool expired(const NcclWork& work, double pending_s) noexcept;
   // How long expired() lets ncclCommAbort run before it ends the process anyway.
   static constexpr std::chrono::seconds kAbortWait{5};
 
@@ -174,8 +183,10 @@ class NcclState {
 // storages of its tensors, kept alive until it completes.
 class NcclWork final : public WorkImpl, public Watchdog::Op {
  public:
-  NcclWork(std::shared_ptr<NcclState> state, const char* op, std::uint64_t seq, cudaEvent_t done)
-      : state_(std::move(state)), op_(op), seq_(seq), done_(done) {}
+  // op: a static name; peer: the peer or root (a rank of the communicator), -1: none.
+  NcclWork(std::shared_ptr<NcclState> state, const char* op, std::uint64_t seq, int peer,
+           cudaEvent_t done)
+      : state_(std::move(state)), op_(op), seq_(seq), peer_(peer), done_(done) {}
   ~NcclWork() override;
 
   // Keeps storage alive until this Work is destroyed (the communicator holds it until done).
@@ -191,6 +202,10 @@ class NcclWork final : public WorkImpl, public Watchdog::Op {
   bool synchronize_for(std::chrono::nanoseconds timeout) override;
   bool is_completed() override;
   std::string describe() const override;
+  // Who is behind on this operation's communicator (NcclState::name_laggards). Never throws.
+  std::string name_laggards(double waited_s) const noexcept {
+    return state_->name_laggards(op_, static_cast<std::int64_t>(seq_), peer_, waited_s);
+  }
 
   // True once the completion event has fired; never throws (for the watchdog).
   bool poll() noexcept override;
@@ -205,6 +220,7 @@ class NcclWork final : public WorkImpl, public Watchdog::Op {
   std::shared_ptr<NcclState> state_;
   const char* op_;
   std::uint64_t seq_;
+  int peer_;
   cudaEvent_t done_;
   std::optional<trace::TraceEvent> trace_;
   std::atomic<bool> completed_{false};

@@ -78,6 +78,16 @@ foreach(case skip mismatch usr1)
   quintet_mpi_processors(4 reliability_flight_${case})
 endforeach()
 
+# The NCCL watchdog's expiry names the rank that is behind (issue #44), driven on the CPU: a
+# Watchdog over an operation that never completes, its handler asking the other ranks through the
+# JobMonitor as nccl_state.cpp does; the last rank withholds the operation, or is stopped (SIGSTOP).
+# Timing-sensitive (the exchange's bound is measured): run alone.
+quintet_mpi_test(NAME collectives_watchdog_laggard_test COMPONENT reliability RANKS 2 3 TIMEOUT 60
+                 SOURCES mpi/collectives_watchdog_laggard_test.cpp)
+target_link_libraries(collectives_watchdog_laggard_test PRIVATE quintet_collectives_private)
+set_tests_properties(collectives_watchdog_laggard_test_np2 collectives_watchdog_laggard_test_np3
+                     PROPERTIES RUN_SERIAL TRUE)
+
 # The NCCL watchdog on a GPU (issue #44): a held-back all_reduce that the program never waits for
 # ends the process within the timeout, naming the operation and the communicator, after a flight
 # recorder dump and the communicator's abort (tests/reliability/nccl_watchdog_test.sh). A gpu test:
@@ -94,8 +104,9 @@ if(QUINTET_HAS_NCCL)
 endif()
 
 # A skipped collective on the mesh's NCCL 'dp' axis (issue #44): the Timeout names the operation and
-# the dump, both ranks dump 'dp (nccl)' with its world ranks, and scripts/analyze_flight.py names
-# the rank that never reached it, under mpirun and with RANK/WORLD_SIZE
+# the dump (and, under mpirun, the rank that never reached it), both ranks dump 'dp (nccl)' with its
+# world ranks, and scripts/analyze_flight.py names the rank, under mpirun and with RANK/WORLD_SIZE;
+# with the operation never waited for, the watchdog's error names the rank, asleep or stopped
 # (tests/reliability/nccl_flight_test.sh). A gpu test: exit 77 (skipped) with fewer than 2 GPUs.
 if(QUINTET_HAS_NCCL)
   add_executable(reliability_nccl_flight reliability/nccl_flight.cpp)
@@ -106,5 +117,5 @@ if(QUINTET_HAS_NCCL)
                    ${PROJECT_SOURCE_DIR}/scripts/analyze_flight.py ${MPIEXEC_EXECUTABLE}
                    ${QUINTET_MPIRUN_FLAGS})
   set_tests_properties(gpu_nccl_flight PROPERTIES LABELS "gpu;reliability;collectives"
-                       SKIP_RETURN_CODE 77 TIMEOUT 150 RUN_SERIAL TRUE)
+                       SKIP_RETURN_CODE 77 TIMEOUT 240 RUN_SERIAL TRUE)
 endif()

@@ -3,12 +3,20 @@
 # with --timeout-s 5, launched twice: under mpirun, and as two processes with RANK/WORLD_SIZE.
 # Checked each time:
 #   - rank 0's error names "all_reduce #2 on communicator 'dp' (nccl, rank 0 of 2, ...)" and ends
-#     with its dump's path; the job ends non-zero (under RANK/WORLD_SIZE: rank 0 exits 3, rank 1,
-#     which skipped #2, exits 0);
+#     with its dump's path; under mpirun it says "rank 1 never reached all_reduce #2 on 'dp (nccl)'"
+#     (the ranks compared their progress over the job monitor), under RANK/WORLD_SIZE (no channel
+#     to ask over) that a rank may not have issued it; the job ends non-zero (under
+#     RANK/WORLD_SIZE: rank 0 exits 3, rank 1, which skipped #2, exits 0);
 #   - both ranks dumped; each dump has 'dp (nccl)' with world ranks [0, 1]: rank 0's with #2
 #     (all_reduce f32 x 4096) issued and not completed, rank 1's with #1 completed and nothing
 #     after it;
 #   - scripts/analyze_flight.py says "rank 1 never reached all_reduce #2 on 'dp (nccl)'".
+# Then twice more under mpirun with rank 0 never waiting for #2 (nccl_flight.cpp's `watchdog`
+# modes): the communicator's watchdog ends the job, and its "error [Timeout]: all_reduce #2 on
+# communicator 'dp' ... did not complete within 5 s of being issued" names the laggard: "rank 1
+# never reached all_reduce #2 on 'dp (nccl)' ... (rank 0 waited 5 s)" while rank 1 sleeps, "rank 1
+# has not completed all_reduce #2 on 'dp (nccl)' and does not answer: it is stopped or dead" when
+# it is stopped (SIGSTOP).
 # Exit 77 (skipped) with fewer than 2 GPUs, like the other gpu tests.
 # Usage: nccl_flight_test.sh PROGRAM ANALYZER MPIEXEC [MPIRUN FLAGS...]
 set -euo pipefail
@@ -67,6 +75,30 @@ if ((status == 0 || status == 4 || status == 124 || status == 137)); then
   exit 1
 fi
 check mpi
+grep -q "rank 1 never reached all_reduce #2 on 'dp (nccl)' (it has issued up to #1 there; .*) (rank 0 waited 5 s)" mpi.err ||
+  { echo "mpi: rank 0's Timeout does not name rank 1"; exit 1; }
+
+for mode in watchdog watchdog-stop; do
+  echo "--- mpirun -np 2, $mode"
+  set +e
+  timeout 90 "$mpiexec" "$@" -np 2 "$program" "$mode" "${flags[@]}" --flight-dir "$work/$mode" \
+    >"$mode.out" 2>"$mode.err"
+  status=$?
+  set -e
+  cat "$mode.out" "$mode.err"
+  if ((status == 0 || status == 4 || status == 124 || status == 137)); then
+    echo "$mode: exit status $status; expected the watchdog to end the job"
+    exit 1
+  fi
+  grep -q -E "error \[Timeout\]: all_reduce #2 on communicator 'dp' \(nccl, rank 0 of 2, cuda:[0-9]+\) did not complete within 5 s of being issued" \
+    "$mode.err" || { echo "$mode: no watchdog error for all_reduce #2 on 'dp'"; exit 1; }
+  if [[ $mode == watchdog ]]; then
+    want="rank 1 never reached all_reduce #2 on 'dp (nccl)' (it has issued up to #1 there; .*) (rank 0 waited 5 s); the watchdog aborts the communicator"
+  else
+    want="rank 1 has not completed all_reduce #2 on 'dp (nccl)' and does not answer: it is stopped or dead (rank 0 waited 5 s); the watchdog aborts the communicator"
+  fi
+  grep -q "$want" "$mode.err" || { echo "$mode: the watchdog's error does not say: $want"; exit 1; }
+done
 
 echo "--- RANK/WORLD_SIZE"
 port=$((20000 + RANDOM % 20000))
@@ -84,4 +116,6 @@ cat env0.out env0.err env1.out env1.err
 ((s0 == 3 && s1 == 0)) || { echo "env: exit statuses $s0 and $s1; expected 3 and 0"; exit 1; }
 cp env0.err env.err
 check env
+grep -q "a rank of the group may not have issued the matching operation" env.err ||
+  { echo "env: rank 0's Timeout does not say what may have happened"; exit 1; }
 echo "nccl_flight_test: PASS"

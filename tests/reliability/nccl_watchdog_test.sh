@@ -6,6 +6,9 @@
 #     period, at most 5 s for ncclCommAbort, the exit; timed as timing.sh says);
 #   - stderr has "error [Timeout]: all_reduce #2 on communicator 'held' ... did not complete within
 #     3 s ... the watchdog aborts the communicator and ends the process (flight recorder: PATH)";
+#     'held' has no other rank to be behind (nor a channel to ask one), so the message names none
+#     and says that the GPU work the operation follows never finished (a communicator of several
+#     ranks names the one behind: nccl_flight_test.sh's watchdog modes);
 #   - PATH (dumps/flight_rank0.json) exists, its reason names the operation, and its 'held'
 #     communicator ('held (nccl)') has #1 completed and #2 still enqueued;
 #     scripts/analyze_flight.py names #2.
@@ -41,6 +44,11 @@ python3 -c "import sys; sys.exit(0 if 2.9 <= $took <= 15 else 'ended $took s aft
 
 want="error \[Timeout\]: all_reduce #2 on communicator 'held' \(nccl, rank 0 of 1, cuda:0\) did not complete within 3 s"
 grep -q -E "$want" err.txt || { echo "no line matches: $want"; exit 1; }
+grep -q "(the communicator's timeout, --timeout-s): the GPU work it follows never finished, or a rank of the group" err.txt ||
+  { echo "the error does not say what may have happened"; exit 1; }
+if grep -q -E "rank [0-9]+ (never reached|has not completed)" err.txt; then
+  echo "the error names a rank behind on a communicator of one rank"; exit 1
+fi
 grep -q "the watchdog aborts the communicator and ends the process (flight recorder: $work/dumps/flight_rank0.json)" err.txt ||
   { echo "the error does not name the dump"; exit 1; }
 

@@ -1,7 +1,7 @@
 // The communicators' Watchdog (collectives/watchdog.hpp): completed operations are dropped in issue
 // order, the oldest one still pending past the deadline is reported once (within a period), an
 // operation a caller still waits for is asked about again, stop() hands back what is pending, and
-// bad settings are refused.
+// bad settings are refused; the expiry message names who is behind when it is known.
 #include <atomic>
 #include <chrono>
 #include <memory>
@@ -156,4 +156,23 @@ TEST_CASE("bad settings are refused") {
   CHECK(Watchdog::period_for(3s) == 300ms);
   CHECK(Watchdog::period_for(20ms) == 10ms);
   CHECK(Watchdog::period_for(300s) == 1s);
+}
+
+TEST_CASE("the expiry message names who is behind, or says what may have happened") {
+  using quintet::detail::expiry_message;
+  const std::string named =
+      expiry_message("all_reduce #7 on communicator 'dp' (nccl, rank 0 of 2, cuda:0)", 3, 3.04,
+                     "rank 1 never reached all_reduce #7 on 'dp (nccl)' (...) (rank 0 waited 3 s)");
+  CHECK(
+      named ==
+      "all_reduce #7 on communicator 'dp' (nccl, rank 0 of 2, cuda:0) did not complete within 3 s "
+      "of being issued (3.0 s), and no thread waited for it (the communicator's timeout, "
+      "--timeout-s): rank 1 never reached all_reduce #7 on 'dp (nccl)' (...) (rank 0 waited 3 "
+      "s); the watchdog aborts the communicator and ends the process");
+  const std::string unknown = expiry_message("barrier #2 on communicator 'held'", 0.5, 0.61, "");
+  CHECK(unknown.find("within 0.5 s of being issued (0.6 s)") != std::string::npos);
+  CHECK(
+      unknown.find(": the GPU work it follows never finished, or a rank of the group did not "
+                   "issue the matching operation, or is stopped, or failed; the watchdog aborts") !=
+      std::string::npos);
 }
