@@ -145,7 +145,10 @@ void add_job_flags(CLI::App& app, JobConfig& job) {
   app.add_option("--tp-overlap-chunks", job.tp_overlap_chunks,
                  "with --tp-overlap: chunks of each rank's sequence (seq-len / cp, / tp with --sp)")
       ->capture_default_str();
-  app.add_option("--zero", t.zero, "ZeRO stage: 0, 1 or 2")->capture_default_str();
+  app.add_option("--zero", t.zero,
+                 "ZeRO stage: 0, 1 or 2 (sharded over the ranks that reduce a gradient: dp x cp, "
+                 "also tp with --sp, edp for experts)")
+      ->capture_default_str();
   app.add_option("--lr", t.lr, "peak learning rate")->capture_default_str();
   app.add_option("--warmup", t.warmup, "linear warmup steps")->capture_default_str();
   app.add_option("--min-lr", t.min_lr, "learning rate at the last step (decaying schedules)")
@@ -269,10 +272,12 @@ void add_job_flags(CLI::App& app, JobConfig& job) {
       ->capture_default_str()
       ->group("");
   app.add_option("--bucket-mb", t.bucket_mb,
-                 "MiB of gradient per data-parallel bucket (the first is at most 1 MiB)")
+                 "MiB of gradient per data-parallel bucket (the first is at most 1 MiB); as "
+                 "--zero, only where gradients are reduced")
       ->capture_default_str();
   app.add_flag("!--no-overlap", t.overlap,
-               "run data-parallel communication after backward, not during it")
+               "run data-parallel communication after backward, not during it; as --zero, "
+               "only where gradients are reduced")
       ->default_str(t.overlap ? "false" : "true");
   add_switch(app, "--check-batches", &t.check_batches,
              "debug: verify every step that the tensor-parallel ranks read the same tokens");

@@ -139,6 +139,33 @@ void validate_given(const JobConfig& c) {
   }
 }
 
+// --zero, --bucket-mb and --no-overlap settle how DataParallel reduces each gradient over the
+// ranks that hold its parameter: dp x cp, tp x dp x cp for the sequence-parallel norms (--sp),
+// edp for the experts. Given where every such group is one rank (a validated layout), they change
+// nothing: refused, naming what gives the groups ranks. (--zero 0 asks for nothing: let be.)
+void validate_data_parallel(const JobConfig& c, int world) {
+  const ParallelConfig& p = c.parallel;
+  const bool moe = c.model.mlp == model::MlpKind::moe;
+  if (p.dp * p.cp > 1 || (c.model.sequence_parallel && p.tp > 1) || (moe && p.edp(world) > 1)) {
+    return;
+  }
+  const auto refuse_given = [&](const char* flag, const std::string& given, const char* what) {
+    QUINTET_CHECK(!c.gave(flag),
+                  "{} needs --dp > 1: it {}, and at --dp 1 --cp 1{}{} each gradient is reduced "
+                  "over one rank alone",
+                  given, what,
+                  p.tp > 1 ? fmt::format(" with --tp {} without --sp", p.tp) : std::string(),
+                  moe ? " (and each expert's over edp 1)" : "");
+  };
+  if (c.training.zero != 0) {
+    refuse_given("zero", fmt::format("--zero {}", c.training.zero),
+                 "shards the optimizer state over the ranks that reduce a gradient");
+  }
+  refuse_given("bucket-mb", fmt::format("--bucket-mb {}", c.training.bucket_mb),
+               "sizes the buckets of the gradient reductions");
+  refuse_given("no-overlap", "--no-overlap", "runs the gradient reductions after backward");
+}
+
 }  // namespace
 
 void JobConfig::validate(int world) const {
@@ -279,6 +306,7 @@ void JobConfig::validate(int world) const {
   // the order), the model against tp and cp and its experts against ep and etp, the cut into
   // pipeline chunks, the schedule (its microbatches, vpp) and the data-parallel settings.
   p.validate(world);
+  validate_data_parallel(*this, world);
   const model::GptConfig built = gpt_config();
   built.validate(p.tp, p.cp);
   built.validate_experts(p.ep, p.etp > 0 ? p.etp : p.tp);

@@ -423,6 +423,7 @@ EOF
     expect_error 1 "--global-batch 12 must be a positive multiple of --micro-batch 5" \
       --steps 1 --micro-batch 5
     expect_error 1 "--zero 3: expected 0, 1 or 2" --steps 1 --zero 3
+    expect_error 2 "--zero 1 needs --dp > 1" --steps 1 --tp 2 --zero 1
     expect_error 2 "--tp-overlap-chunks 3 does not divide each rank's sequence of 16 tokens" \
       --steps 1 --tp 2 --sp --tp-overlap --tp-overlap-chunks 3
     expect_error 1 "--tp-overlap-chunks 0: expected a count >= 1" --steps 1 --tp-overlap-chunks 0

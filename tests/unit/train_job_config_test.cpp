@@ -547,6 +547,19 @@ TEST_CASE("job config: the jobs the trainers refuse, refused before any communic
   refused(gpt, 1, {"--data-dir", "here", "--data", "d", "--val-data", "v"},
           "--data-dir here needs the built-in dataset (where it is made), and --data d trains on "
           "other data");
+  // The data-parallel settings where every gradient is reduced over one rank: refused, naming
+  // what would give them ranks; with dp or cp > 1, sp at tp > 1, or experts over edp > 1, let be.
+  refused(gpt, 1, {"--zero", "1"},
+          "--zero 1 needs --dp > 1: it shards the optimizer state over the ranks that reduce a "
+          "gradient, and at --dp 1 --cp 1 each gradient is reduced over one rank alone");
+  refused(gpt, 2, {"--tp", "2", "--bucket-mb", "5"},
+          "--bucket-mb 5 needs --dp > 1: it sizes the buckets of the gradient reductions, and at "
+          "--dp 1 --cp 1 with --tp 2 without --sp each gradient");
+  refused(gpt, 2, {"--pp", "2", "--no-overlap"}, "--no-overlap needs --dp > 1");
+  parsed(gpt, {"--zero", "0"}).validate(1);
+  parsed(gpt, {"--dp", "2", "--zero", "1", "--bucket-mb", "5", "--no-overlap"}).validate(2);
+  parsed(gpt, {"--cp", "2", "--zero", "1", "--no-overlap"}).validate(2);
+  parsed(gpt, {"--tp", "2", "--sp", "--zero", "2", "--bucket-mb", "1"}).validate(2);
   // Without --data, or with --val-data builtin, the built-in dataset is read: its settings count.
   parsed(gpt, {"--synthetic-order", "1", "--data-dir", "here"}).validate(1);
   parsed(gpt,
@@ -644,6 +657,11 @@ TEST_CASE("job config: the jobs the trainers refuse, refused before any communic
   refused(moe, 1, {"--arch", "llama"},
           "--arch llama: a dense family, and this trainer's model is a mixture of experts");
   parsed(moe, {"--dp", "2", "--ep", "2"}).validate(2);
+  // The experts' gradients reduced over edp 2 at dp 1 give the data-parallel settings a meaning.
+  parsed(moe, {"--tp", "2", "--etp", "1", "--zero", "1", "--no-overlap"}).validate(2);
+  refused(moe, 2, {"--tp", "2", "--etp", "1", "--ep", "2", "--zero", "2"},
+          "--zero 2 needs --dp > 1: it shards the optimizer state over the ranks that reduce a "
+          "gradient, and at --dp 1 --cp 1 with --tp 2 without --sp (and each expert's over edp 1)");
   // Dense blocks among the MoE ones: inside the model, among those --moe-every makes MoE, and
   // one MoE block left; --init-from-hf's checks are in the test above.
   refused(moe, 1, {"--dense-layers", "2"},

@@ -61,6 +61,9 @@ struct JobConfig {
     std::int64_t micro_batch = 4;
     std::int64_t global_batch = 16;
     pipeline::ScheduleKind schedule = pipeline::ScheduleKind::one_f_one_b;
+    // How DataParallel reduces each gradient over the ranks that hold its parameter (dp x cp,
+    // tp x dp x cp for the sequence-parallel norms, edp for experts); given where those are one
+    // rank each, validate() refuses them (zero 0 aside).
     int zero = 0;             // ZeRO stage: 0, 1 or 2
     double bucket_mb = 25.0;  // MiB of f32 gradient per reduction bucket (the first <= 1 MiB)
     bool overlap = true;      // data-parallel reductions during backward (false: after it)
