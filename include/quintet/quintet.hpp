@@ -84,6 +84,7 @@
 #include "quintet/parallel/train/hf_export.hpp"
 #include "quintet/parallel/train/hf_names.hpp"
 #include "quintet/parallel/train/job_config.hpp"
+#include "quintet/parallel/train/job_program.hpp"
 #include "quintet/parallel/train/step.hpp"
 #include "quintet/parallel/train/training_model.hpp"
 

@@ -38,8 +38,8 @@
 #include "quintet/parallel/mesh.hpp"
 #include "quintet/parallel/train/hf_checkpoint.hpp"
 #include "quintet/parallel/train/hf_export.hpp"
+#include "quintet/parallel/train/job_program.hpp"
 #include "quintet/parallel/train/training_model.hpp"
-#include "support/job_program.hpp"
 
 namespace {
 
@@ -213,15 +213,15 @@ int run(int argc, char** argv) {
     QUINTET_CHECK(!job.checkpoint.init_from_hf.empty(),
                   "hf_io_bench: --init-from-hf DIR is needed");
   };
-  return job_program::run_job("hf_io_bench", argc, argv, 2, train::JobConfig(), prepare,
-                              [&](const train::JobConfig& job, World& world, Mesh& mesh,
-                                  Stream& stream) { return bench(a, job, world, mesh, stream); });
+  return train::run_job_program("hf_io_bench", argc, argv, 2, train::JobConfig(), prepare,
+                                [&](const train::JobConfig& job, World& world, Mesh& mesh,
+                                    Stream& stream) { return bench(a, job, world, mesh, stream); });
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  return job_program::main_frame("hf_io_bench", argc, argv, 2,
-                                 "REPEATS EXPORT_DIR|- --init-from-hf DIR [job flags]",
-                                 [&] { return run(argc, argv); });
+  return quintet::train::job_program_main("hf_io_bench", argc, argv, 2,
+                                          "REPEATS EXPORT_DIR|- --init-from-hf DIR [job flags]",
+                                          [&] { return run(argc, argv); });
 }

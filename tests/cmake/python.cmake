@@ -39,7 +39,6 @@ foreach(candidate IN ITEMS "${QUINTET_TEST_PYTHON3}" /usr/bin/python3)
 endforeach()
 add_executable(hf_import_tool python/hf_import_tool.cpp)
 target_link_libraries(hf_import_tool PRIVATE quintet::quintet)
-target_include_directories(hf_import_tool PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})  # support/
 if(QUINTET_NUMPY_PYTHON3)
   foreach(case dense moe malformed)
     add_test(NAME train_hf_import_${case}
@@ -71,7 +70,6 @@ endif()
 # (python/hf_export_tool), and bad inputs refused leaving nothing.
 add_executable(hf_export_tool python/hf_export_tool.cpp)
 target_link_libraries(hf_export_tool PRIVATE quintet::quintet)
-target_include_directories(hf_export_tool PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})  # support/
 if(QUINTET_NUMPY_PYTHON3 AND QUINTET_BUILD_EXAMPLES AND TARGET CLI11::CLI11
    AND TARGET nlohmann_json::nlohmann_json)
   add_test(NAME train_hf_export

@@ -16,8 +16,8 @@
 #include "quintet/parallel/mesh.hpp"
 #include "quintet/parallel/train/hf_checkpoint.hpp"
 #include "quintet/parallel/train/hf_export.hpp"
+#include "quintet/parallel/train/job_program.hpp"
 #include "quintet/parallel/train/training_model.hpp"
-#include "support/job_program.hpp"
 
 namespace {
 
@@ -26,7 +26,7 @@ int run(int argc, char** argv) {
   const std::string kind = argv[1];
   const std::size_t colon = kind.find(':');
   const bool moe = kind.substr(0, colon) == "moe";
-  return job_program::run_job(
+  return train::run_job_program(
       "hf_export_tool", argc, argv, 1, moe ? train::JobConfig::moe_preset() : train::JobConfig(),
       [](train::JobConfig&) {},
       [&](const train::JobConfig& job, World& world, Mesh& mesh, Stream& stream) {
@@ -50,7 +50,7 @@ int main(int argc, char** argv) {
   // A file-size limit (ulimit -f, the test of a failed export) makes a write fail with EFBIG, an
   // error on every rank, instead of killing this rank with SIGXFSZ.
   std::signal(SIGXFSZ, SIG_IGN);
-  return job_program::main_frame("hf_export_tool", argc, argv, 1,
-                                 "dense|moe --init-from-hf DIR --export-hf OUT [job flags]",
-                                 [&] { return run(argc, argv); });
+  return quintet::train::job_program_main(
+      "hf_export_tool", argc, argv, 1, "dense|moe --init-from-hf DIR --export-hf OUT [job flags]",
+      [&] { return run(argc, argv); });
 }

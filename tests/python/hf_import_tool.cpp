@@ -17,8 +17,8 @@
 #include "quintet/collectives/bootstrap.hpp"
 #include "quintet/parallel/mesh.hpp"
 #include "quintet/parallel/train/hf_checkpoint.hpp"
+#include "quintet/parallel/train/job_program.hpp"
 #include "quintet/parallel/train/training_model.hpp"
-#include "support/job_program.hpp"
 
 namespace {
 
@@ -33,7 +33,7 @@ std::vector<std::int32_t> read_tokens(const std::string& path, std::int64_t coun
 int run(int argc, char** argv) {
   using namespace quintet;
   const std::string tokens_path = argv[2];
-  return job_program::run_job(
+  return train::run_job_program(
       "hf_import_tool", argc, argv, 2,
       std::string(argv[1]) == "moe" ? train::JobConfig::moe_preset() : train::JobConfig(),
       // The tokens are TOKENS' (not the built-in dataset's vocabulary).
@@ -70,7 +70,7 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  return job_program::main_frame("hf_import_tool", argc, argv, 2,
-                                 "dense|moe TOKENS --init-from-hf DIR [job flags]",
-                                 [&] { return run(argc, argv); });
+  return quintet::train::job_program_main("hf_import_tool", argc, argv, 2,
+                                          "dense|moe TOKENS --init-from-hf DIR [job flags]",
+                                          [&] { return run(argc, argv); });
 }
