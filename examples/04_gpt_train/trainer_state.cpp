@@ -25,9 +25,13 @@ quintet::train::Checkpointer checkpointer(const quintet::train::JobConfig& job,
   for (char& ch : data) {
     if (ch == ';' || ch == '=' || ch == '"' || ch == '\\') ch = '_';
   }
-  // (The global batch is in the library's identity already.)
-  quintet::train::Checkpointer saver(
-      dir, world, fmt::format("data={};synthetic_order={}", data, job.data.synthetic_order));
+  // (The global batch is in the library's identity already.) The Markov order belongs to the
+  // built-in dataset only: a run on --data leaves it out, so a checkpoint that recorded it (the
+  // order an earlier version let --data runs set to no effect) resumes all the same.
+  const std::string identity = job.data.shards.empty() ? fmt::format("data={};synthetic_order={}",
+                                                                     data, job.data.synthetic_order)
+                                                       : fmt::format("data={}", data);
+  quintet::train::Checkpointer saver(dir, world, identity);
   saver.set_keep_last(job.checkpoint.keep_last);  // --keep-last (pruning after each save)
   return saver;
 }

@@ -39,7 +39,8 @@
 #               global batch left out) or --val-batches of them; evaluating leaves the training
 #               losses unchanged bit for bit; --eval-only after --resume (at two layouts) prints
 #               the val_loss the run printed at that step and leaves the checkpoint directory
-#               byte for byte; --eval-only after --init-from-hf gives the NumPy reference's loss
+#               byte for byte; --eval-only after --init-from-hf gives the NumPy reference's loss;
+#               a --data checkpoint resumes whatever Markov order it recorded, not on other data
 #               of a tiny Llama (1 rank, tp 2 + sp); bad settings refused, naming them
 #   killed      a save killed midway (--exit-during-save, and SIGKILL at each point of a save:
 #               mid-shard, before the commit, after the metadata, after the rename) is never
@@ -548,6 +549,36 @@ PY
     for r in val_tp2_sp val_pp2_vpp2 val_cp2 val_dp2_zero1; do
       python3 "$here/compare_val.py" val_one $r 1e-5
     done
+    # A run on --data keeps the built-in dataset's Markov order out of its checkpoint's identity,
+    # so a checkpoint that recorded one (versions before --synthetic-order was refused beside
+    # --data let it be set there, to no effect) resumes; the data file itself still counts.
+    # (The model's flags without --data-dir, which --data refuses.)
+    on_data() {  # on_data NAME FLAGS...: one rank on --data, JSON lines into NAME.jsonl
+      local name=$1 flags=() skip=0 a
+      shift
+      for a in "${model[@]}"; do
+        if ((skip)); then skip=0; elif [[ $a == --data-dir ]]; then skip=1; else flags+=("$a"); fi
+      done
+      "$trainer" "${flags[@]}" "$@" >"$name.jsonl"
+    }
+    on_data data_save --steps 4 --data val.bin --save ck_data
+    python3 - <<'PY'
+import json
+path = "ck_data/step_000004/checkpoint.json"
+meta = json.load(open(path))
+identity = meta["user"]["trainer_identity"]
+assert "data=val.bin" in identity and "synthetic_order" not in identity, identity
+meta["user"]["trainer_identity"] = identity + ";synthetic_order=1"
+json.dump(meta, open(path, "w"), indent=2)
+PY
+    on_data data_resume --steps 6 --data val.bin --resume ck_data
+    grep -q '"step":6' data_resume.jsonl
+    cp val.bin other.bin
+    if on_data data_other --steps 6 --data other.bin --resume ck_data 2>data_other.err; then
+      echo "resuming a --data checkpoint on other data should fail"; exit 1
+    fi
+    grep -q "with data = val.bin, this run has data = other.bin" data_other.err ||
+      { cat data_other.err; exit 1; }
     # --val-data builtin: the built-in dataset's validation shard, --val-batches 2 of it.
     run builtin 1 --steps 2 --val-data builtin --val-batches 2
     windows builtin 24
