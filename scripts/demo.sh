@@ -36,9 +36,14 @@ train() {
   local name=$1 ranks=$2 trainer=$3 title=$4
   shift 4
   echo "demo: $name on $title: $*"
-  # Order-1 Markov data: the structure a small model learns within the demo's few minutes.
-  mpirun --oversubscribe -np "$ranks" "$trainer" "$@" --synthetic-order 1 \
-    --data-dir build/data/synthetic --json | tee "$out/$name.jsonl" |
+  # Order-1 Markov data: the structure a small model learns within the demo's few minutes;
+  # unless the user's flags name their own data (--data), which those two settings do not touch.
+  local builtin=(--synthetic-order 1 --data-dir build/data/synthetic) flag
+  for flag in "$@"; do
+    case $flag in --data | --data=*) builtin=() ;; esac
+  done
+  mpirun --oversubscribe -np "$ranks" "$trainer" "$@" "${builtin[@]}" --json |
+    tee "$out/$name.jsonl" |
     python3 -c '
 import json, sys
 for line in sys.stdin:
