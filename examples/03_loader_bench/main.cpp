@@ -7,6 +7,12 @@
 //                                                a 10 ms GPU kernel per step: the share of the
 //                                                step spent waiting in next() and the GPU's idle
 //   03_loader_bench --json                       one JSON object per result line
+//   03_loader_bench --cpu-affinity none          leave the OS to place the threads (default: auto,
+//                                                or QUINTET_CPU_AFFINITY), as a trainer's rank
+//
+// With --cpu-affinity auto the program places itself as quintet::init places a rank of one
+// (docs/topology.md): on a GPU, the CPUs local to it among those it was given; the loader's
+// threads, started afterwards, inherit them. The header (and each JSON row) names the CPUs.
 //
 // Tokens/s counts input tokens delivered (batch x seq_len per step). Each loader measurement's
 // first batch (untimed, in the warm-up) is checked against the naive reader: the same windows as
@@ -25,9 +31,12 @@
 #include <vector>
 
 #include "naive_reader.hpp"
+#include "quintet/core/cpu_set.hpp"
 #include "quintet/core/device.hpp"
+#include "quintet/core/runtime_config.hpp"
 #include "quintet/core/stream.hpp"
 #include "quintet/core/tensor.hpp"
+#include "quintet/core/topology.hpp"
 #include "quintet/data/loader.hpp"
 #include "quintet/data/synthetic.hpp"
 #if QUINTET_BENCH_GPU_SPIN
@@ -50,6 +59,7 @@ struct Options {
   std::string device = "cpu";
   double gpu_step_ms = 0.0;
   std::uint64_t seed = 1;
+  std::string cpu_affinity;  // "": the runtime's setting (QUINTET_CPU_AFFINITY, else auto)
   bool json = false;
 };
 
@@ -123,8 +133,20 @@ bool same_as_naive(const Batch& b, const Sampler& sampler, NaiveReader& reader,
          b.targets.to_vector<std::int32_t>() == targets;
 }
 
+// Places the calling thread, before the loader starts its threads, as quintet::init places a job's
+// only rank (collectives/topology_exchange.cpp); returns the CPUs it runs on.
+CpuSet place(CpuAffinity affinity, const Device& dev) {
+  const RankTopology mine = read_rank_topology(0, 0, dev);
+  const CpuSet placed = plan_placement({mine}, affinity)[0];
+  if (affinity == CpuAffinity::automatic && placed != mine.start_cpus) bind_calling_thread(placed);
+  return calling_thread_cpus();
+}
+
 // Measures and reports; false when a loader's first batch was not the naive reader's.
 bool run(const Options& o) {
+  const CpuAffinity affinity = o.cpu_affinity.empty() ? RuntimeConfig::from_env().cpu_affinity
+                                                      : parse_cpu_affinity(o.cpu_affinity);
+  const CpuSet given = calling_thread_cpus();
   std::string spec = o.data;
   if (spec.empty()) {
     const SyntheticDataset s =
@@ -140,6 +162,7 @@ bool run(const Options& o) {
 #if !QUINTET_BENCH_GPU_SPIN
   QUINTET_CHECK(o.gpu_step_ms <= 0, "--gpu-step-ms needs a CUDA build");
 #endif
+  const CpuSet cpus = place(affinity, dev);
   const std::vector<int> thread_counts = parse_threads(o.threads);
   const double tokens_per_step = static_cast<double>(o.batch * o.seq_len);
   const Stream compute = dev.is_cuda() ? Stream::create(dev) : Stream();
@@ -150,8 +173,10 @@ bool run(const Options& o) {
                dataset.files().size(), dataset.num_tokens(), windows.count(), o.seq_len,
                format_name(dataset.files()[0].format()),
                floor ? fmt::format(", entropy floor {:.4f} nats/token", *floor) : "");
-    fmt::print("batch {} x {} tokens, {} steps, device {}{}\n\n", o.batch, o.seq_len, o.steps,
+    fmt::print("batch {} x {} tokens, {} steps, device {}{}\n", o.batch, o.seq_len, o.steps,
                dev.str(), o.gpu_step_ms > 0 ? fmt::format(", GPU step {} ms", o.gpu_step_ms) : "");
+    fmt::print("cpus {} (given {}, cpu affinity {})\n\n", cpus.str(), given.str(),
+               cpu_affinity_name(affinity));
     fmt::print("{:<8} {:>7} {:>14} {:>9} {:>10} {:>9}\n", "mode", "threads", "tokens/s", "x naive",
                "wait in", "GPU idle");
     fmt::print("{:<8} {:>7} {:>14} {:>9} {:>10} {:>9}\n", "", "", "", "", "next()", "");
@@ -173,6 +198,8 @@ bool run(const Options& o) {
                           {"batch", o.batch},
                           {"steps", o.steps},
                           {"gpu_step_ms", o.gpu_step_ms},
+                          {"cpus", cpus.str()},
+                          {"cpu_affinity", cpu_affinity_name(affinity)},
                           {"tokens_per_s", rate},
                           {"speedup_vs_naive", rate / naive_rate}};
       if (wait >= 0) j["wait_fraction"] = wait;
@@ -270,6 +297,8 @@ int main(int argc, char** argv) {
   app.add_option("--device", o.device, "cpu or cuda:N: where batches are delivered");
   app.add_option("--gpu-step-ms", o.gpu_step_ms, "a GPU kernel of this many ms per step");
   app.add_option("--seed", o.seed, "sampler seed");
+  app.add_option("--cpu-affinity", o.cpu_affinity,
+                 "auto|none: where the threads run (default QUINTET_CPU_AFFINITY, else auto)");
   app.add_flag("--json", o.json, "one JSON object per result line");
   CLI11_PARSE(app, argc, argv);
   try {
