@@ -11,14 +11,21 @@
 #   OUT=$OUT scripts/device_session.sh 3   # the Llama benchmarks (#42)
 #   OUT=$OUT scripts/device_session.sh 4   # HF (#43), flight recorder (#44), GPT benchmarks (#48)
 #   OUT=$OUT scripts/device_session.sh 5   # the GPT A/B against BASE (#41)
+#   OUT=$OUT scripts/device_session.sh 6   # --cpu-affinity auto against none (#46), then the
+#                                          # checkpoint cost, the loader against PyTorch's and
+#                                          # the op benchmarks of gpu_benchmarks.sh (#48)
 # A later phase on the same warm machine reuses the build (scripts/setup.sh is incremental).
 # Keep NCCL_NVLS_ENABLE=0 (set here). Phase 5's A/B takes BASE=<commit> (default HEAD~40).
+# SKIP="name ...": steps of the phase to leave out, e.g. to run the rest of phase 6 in a second
+# call (SKIP="affinity checkpoint"): on a fresh machine its build leaves room for the first steps
+# only.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 root=$(pwd)
-phase=${1:?usage: scripts/device_session.sh 1|2|3|4|5}
+phase=${1:?usage: scripts/device_session.sh 1|2|3|4|5|6}
 out=${OUT:-$root/build/device_session}
 budget=${BUDGET:-570}
+skip=${SKIP:-}
 logs=$out/logs
 mkdir -p "$logs"
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -32,6 +39,7 @@ summary=$out/summary.md
 
 step() {  # step NAME SECONDS COMMAND...: bounded by SECONDS and by the budget left
   local name=$1 limit=$2; shift 2
+  case " $skip " in *" $name "*) echo "| $name | skipped (SKIP) | 0 |" >>"$summary"; return ;; esac
   local left=$((budget - SECONDS - 5))
   if [ "$left" -lt 20 ]; then echo "| $name | not run (budget) | 0 |" >>"$summary"; return; fi
   [ "$limit" -gt "$left" ] && limit=$left
@@ -39,8 +47,11 @@ step() {  # step NAME SECONDS COMMAND...: bounded by SECONDS and by the budget l
   OUT=$logs/$name timeout "$limit" "$@" >"$logs/$name.log" 2>&1
   rc=$?
   echo "| $name | exit $rc$([ $rc = 124 ] && echo ' (timed out)') | $((SECONDS - t0)) |" >>"$summary"
-  grep -hE '"summary"|tokens/s|TFLOP|ratio|passed|failed|FAILED|Error|\| ' "$logs/$name.log" \
-    "$logs/$name"/*.log 2>/dev/null | tail -n 25 | sed 's/^/    /' >>"$summary"
+  # The step's own output first (a script's summary), its runs' logs only when that has none.
+  local pattern='"summary"|tokens/s|TFLOP|ratio|passed|failed|FAILED|Error|\| |^(naive|loader) +[0-9]'
+  pattern+='|^(one rank|4 ranks|4 CPU ranks)'  # affinity_bench.sh's placements and tables
+  { grep -hE "$pattern" "$logs/$name.log" ||
+      grep -hE "$pattern" "$logs/$name"/*.log; } 2>/dev/null | tail -n 40 | sed 's/^/    /' >>"$summary"
 }
 
 echo "| step | result | seconds |" >>"$summary"
@@ -75,6 +86,18 @@ case $phase in
     base=${BASE:-HEAD~40}
     step ab_gpt 500 bash -c "rm -rf build-ab && mkdir -p build-ab/base &&
       git archive $base | tar -x -C build-ab/base && BASE=build-ab/base ROUNDS=2 bash scripts/bench/ab_gpt.sh"
+    ;;
+  6)  # Estimates (seconds): build 135 on a fresh machine (few on a warm one); affinity 2 rounds
+      # of about 110 (its own BUDGET stops it in time, summary included); checkpoint about 120
+      # (3 runs of 300 steps at 53 ms plus start-up, 16.6 s of synchronous saves and the last
+      # asynchronous write); the loaders about 100 (loader_gpu 5 x 300 steps of 10 ms,
+      # loader_torch 2000 steps for each peer form); ops up to 150, ops_torch up to 120.
+    step build 200 bash scripts/setup.sh
+    step affinity 240 env ROUNDS=2 BUDGET=225 bash scripts/bench/affinity_bench.sh
+    step checkpoint 220 bash scripts/bench/checkpoint_bench.sh
+    step loaders 250 env ONLY="loader_gpu loader_torch" bash scripts/bench/gpu_benchmarks.sh
+    step ops 150 env ONLY=ops bash scripts/bench/gpu_benchmarks.sh
+    step ops_torch 120 env ONLY=ops_torch bash scripts/bench/gpu_benchmarks.sh
     ;;
   *) echo "unknown phase $phase" >&2; exit 2 ;;
 esac

@@ -104,7 +104,7 @@ fi
   echo "device $device, $ncpu cpus, commit $(git rev-parse --short HEAD 2>/dev/null)"
   echo "one rank, auto: cpus $placed (given $given); load on cpus $load_cpus ($load_note)"
   echo "4 ranks: mpirun --map-by slot:PE=$pe --bind-to $bind_core for mpirun's binding"
-} | tee "$out/setup.txt"
+} >"$out/setup.txt"
 
 load_pids=()
 start_load() {
