@@ -22,7 +22,7 @@
 # DEVICE=cpu (2 cores are enough, ranks oversubscribed) runs part a on the CPU with tiny sizes
 # and part b with tiny sizes: a smoke test of the script and its summary, not a measurement.
 #
-#   OUT=/tmp/aff bash scripts/bench/affinity_bench.sh             # the GPU machine, ~330 s
+#   OUT=/tmp/aff bash scripts/bench/affinity_bench.sh             # the GPU machine, est. 330 s
 #   DEVICE=cpu ROUNDS=2 OUT=/tmp/aff bash scripts/bench/affinity_bench.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
