@@ -4,7 +4,8 @@
 #   scripts/sanitize.sh [thread|address] [build dir] [data|collectives]
 #
 #   data         the loader, sampler, formats, synthetic data and safetensors files (unit tests)
-#   collectives  the MPI backend: its progress thread and flight recorder (unit tests) and the
+#   collectives  the MPI backend: its progress thread, flight recorder, watchdog and the laggard's
+#                decision (unit tests), the watchdog naming a held-back rank at 2 ranks, and the
 #                MPI communicators' splits, validation, failure handling (the job monitor's
 #                deadlines, first-error broadcast and the laggard's naming) and the collective
 #                check, at 2 and 3 ranks
@@ -34,9 +35,11 @@ case "$suite" in
     # past the communicators' 60 s deadline under ThreadSanitizer; the splits, validation and
     # check tests issue every kind of operation, on smaller tensors.
     targets=(collectives_progress_thread_test collectives_flight_recorder_test
+             collectives_watchdog_test collectives_laggard_test collectives_watchdog_laggard_test
              collectives_split_test collectives_validation_test collectives_failure_test
              collectives_check_test)
     tests=(collectives_progress_thread_test collectives_flight_recorder_test
+           collectives_watchdog_test collectives_laggard_test collectives_watchdog_laggard_test_np2
            collectives_split_test_np3 collectives_validation_test_np2
            collectives_failure_test_np2 collectives_check_test_np3) ;;
   *) echo "usage: $0 [thread|address] [build dir] [data|collectives]" >&2; exit 2 ;;
