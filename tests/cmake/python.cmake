@@ -21,6 +21,10 @@ if(QUINTET_TEST_PYTHON3)
                    $<TARGET_FILE:safetensors_tool>)
   set_tests_properties(data_safetensors_python_test PROPERTIES LABELS "unit;python;data"
                        TIMEOUT 120)
+  # scripts/bench/kernel_groups.py (the by-kernel profile of the benchmarks) on made-up CSVs.
+  add_test(NAME bench_kernel_groups_python_test
+           COMMAND ${QUINTET_TEST_PYTHON3} ${CMAKE_CURRENT_SOURCE_DIR}/python/kernel_groups_test.py)
+  set_tests_properties(bench_kernel_groups_python_test PROPERTIES LABELS "unit;python" TIMEOUT 60)
 endif()
 
 # Hugging Face import: tiny checkpoints in the Hub's layout and their loss, from a NumPy (float64)
