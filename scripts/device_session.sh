@@ -7,7 +7,10 @@
 #
 #   OUT=$OUT scripts/device_session.sh 1   # build, every gpu test, the grouped GEMMs and the MoE
 #                                          # trainer on each of them (#47, #45)
-#   OUT=$OUT scripts/device_session.sh 2   # the rest of the MoE benchmarks, PyTorch's included
+#   OUT=$OUT scripts/device_session.sh 2   # the MoE step by kernel, ours and torch.compile's
+#                                          # (first: a time-out of the rest does not lose it),
+#                                          # then the rest of the MoE benchmarks, PyTorch's
+#                                          # included (SKIP=moe_profile: the rest alone)
 #   OUT=$OUT scripts/device_session.sh 3   # the Llama benchmarks (#42)
 #   OUT=$OUT scripts/device_session.sh 4   # HF (#43), flight recorder (#44), GPT benchmarks (#48)
 #   OUT=$OUT scripts/device_session.sh 5   # the GPT A/B against BASE (#41)
@@ -65,7 +68,11 @@ case $phase in
     ;;
   2)
     step build 200 bash scripts/setup.sh
-    step moe 520 env SKIP="grouped_gemm grouped_gemm_skew moe_1gpu moe_1gpu_loop moe_1gpu_wgmma dispatch_cpu cpu_ep8_chunks1 cpu_ep8_chunks2" \
+    # Estimates (seconds): ours 2 runs of about 30, torch.compile's 2 of up to 120 (the second
+    # finds the first's compiled graphs in the cache); each run is bounded (90, 200 s).
+    step moe_profile 360 env ONLY="moe_profile moe_profile_torch" \
+      bash scripts/bench/moe_benchmarks.sh
+    step moe 520 env SKIP="grouped_gemm grouped_gemm_skew moe_1gpu moe_1gpu_loop moe_1gpu_wgmma dispatch_cpu cpu_ep8_chunks1 cpu_ep8_chunks2 moe_profile moe_profile_torch" \
       bash scripts/bench/moe_benchmarks.sh
     ;;
   3)

@@ -8,8 +8,12 @@
 # key/value heads, no biases; --arch mixtral, the same sizes and experts), the grouped expert
 # GEMM against a per-expert cuBLASLt loop (09_op_bench --experts-only: cuBLAS's grouped call and
 # our grouped kernel) and PyTorch's grouped_mm at the same shapes (grouped_mm_torch.py), and the
-# CPU token exchange against raw MPI on all cores (10_moe_dispatch_bench). Each run is bounded in
-# time; logs go to $OUT (else build/bench/).
+# CPU token exchange against raw MPI on all cores (10_moe_dispatch_bench); and where the GPT-2
+# style step's GPU time goes, by kernel, ours beside torch.compile's (moe_profile,
+# moe_profile_torch: kernel_summary.cpp under LD_PRELOAD at 4 and 12 steps, resp. 2 and 10 timed
+# after 3 of warm-up, so start-up and compilation drop out of the difference; kernel_groups.py's
+# table in $OUT/moe_kernel_groups.txt). Each run is bounded in time; logs go to $OUT (else
+# build/bench/).
 #   MODEL="--layers 12 ..." MICRO=16 STEPS=12 SKIP="torch torch_mixtral" TARGETS=05_moe_train \
 #     scripts/bench/moe_benchmarks.sh      (SKIP: run names to leave out, ONLY: the runs to run;
 #     TARGETS: what to build;
@@ -47,6 +51,19 @@ for arch in gpt2 mixtral; do
   run "torch$suffix" 300 python3 scripts/bench/moe_torch.py $model $family $moe \
     --micro-batch "$micro" --global-batch "$micro" --steps $((steps - 4))
 done
+# The step by kernel (#47), GPT-2 style: the same model and experts, a few steps each.
+# shellcheck disable=SC2086
+run_profile moe_profile 90 12 4 mpirun -np 1 -x LD_PRELOAD -x KERNEL_SUMMARY_OUT \
+  build/examples/05_moe_train/05_moe_train $model $moe --micro-batch "$micro" \
+  --global-batch "$micro" --steps @STEPS@ --warmup 2 --device cuda \
+  --data-dir build/data/synthetic --no-progress
+# Ours alone first: the table survives a time-out of PyTorch's compilation.
+profile_table moe_kernel_groups_ours.txt moe_profile 12 4
+# shellcheck disable=SC2086
+run_profile moe_profile_torch 200 10 2 python3 scripts/bench/moe_torch.py $model $moe \
+  --micro-batch "$micro" --global-batch "$micro" --modes compiled --no-check --warmup 3 \
+  --steps @STEPS@
+profile_table moe_kernel_groups.txt moe_profile 12 4 moe_profile_torch 10 2
 run grouped_gemm 120 build/examples/09_op_bench/09_op_bench --experts-only --json
 run grouped_gemm_skew 120 build/examples/09_op_bench/09_op_bench --experts-only --json \
   --expert-skew 1
