@@ -2,7 +2,9 @@
 // the process runs is recorded through CUPTI's activity API, and at exit the kernels are summed
 // by name into KERNEL_SUMMARY_OUT (a CSV: name, calls, total ms, mean us, share of kernel time),
 // most time first. The same numbers for our trainer and for PyTorch's say where a step's GPU time
-// goes on each side (docs/PERFORMANCE.md).
+// goes on each side (docs/PERFORMANCE.md); scripts/bench/kernel_groups.py sums them by kind of
+// kernel per step. bench_common.sh's kernel_summary_lib builds it, its run_profile runs a
+// benchmark under it (moe_benchmarks.sh's moe_profile); by hand:
 //
 //   g++ -O2 -shared -fPIC scripts/bench/kernel_summary.cpp -I/usr/local/cuda/include \
 //       -L/usr/local/cuda/lib64 -lcupti -o build/libkernel_summary.so
