@@ -16,12 +16,6 @@ namespace quintet::detail {
 
 namespace {
 
-std::int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 // The hot path's clock: the time-stamp counter where there is one (a few ns to read, against
 // ~40 ns for steady_clock, which the recorder would read three times per operation), converted to
 // steady_clock time when a dump reads it; steady_clock nanoseconds elsewhere.
@@ -29,7 +23,7 @@ std::int64_t now_ns() {
 std::int64_t ticks() { return static_cast<std::int64_t>(__rdtsc()); }
 constexpr bool kTicksAreNs = false;
 #else
-std::int64_t ticks() { return now_ns(); }
+std::int64_t ticks() { return steady_now_ns(); }
 constexpr bool kTicksAreNs = true;
 #endif
 
@@ -38,7 +32,7 @@ struct TickAnchor {
 };
 // Taken once, when the first recorder is made.
 const TickAnchor& tick_anchor() {
-  static const TickAnchor anchor{ticks(), now_ns()};
+  static const TickAnchor anchor{ticks(), steady_now_ns()};
   return anchor;
 }
 
@@ -50,7 +44,7 @@ FlightRecorder::TickScale FlightRecorder::tick_scale() {
   // Measured against steady_clock since the anchor, at least 2 ms apart.
   std::int64_t t = 0, ns = 0;
   for (;;) {
-    ns = now_ns();
+    ns = steady_now_ns();
     t = ticks();
     if (ns - a.ns >= 2'000'000 && t > a.ticks) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -91,12 +85,18 @@ std::vector<int> split_world_ranks(const std::vector<int>& parent_world_ranks,
   return out;
 }
 
+std::int64_t steady_now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 std::int64_t steady_to_unix_us(std::int64_t steady_ns) {
   if (steady_ns == 0) return 0;
   const auto unix_now = std::chrono::duration_cast<std::chrono::microseconds>(
                             std::chrono::system_clock::now().time_since_epoch())
                             .count();
-  return unix_now - (now_ns() - steady_ns) / 1000;
+  return unix_now - (steady_now_ns() - steady_ns) / 1000;
 }
 
 FlightRecorder::FlightRecorder(std::string name, int rank, std::vector<int> world_ranks,
@@ -269,7 +269,7 @@ std::string FlightRegistry::dump(std::string_view reason) noexcept {
                                 {"rank", rank_},
                                 {"world_size", world_size_},
                                 {"reason", std::string(reason)},
-                                {"time_us", steady_to_unix_us(now_ns())},
+                                {"time_us", steady_to_unix_us(steady_now_ns())},
                                 {"communicators", std::move(communicators)}};
     const std::string target = path();
     if (!dir_.empty()) std::filesystem::create_directories(dir_);

@@ -164,6 +164,9 @@ class FlightRegistry {
 std::vector<int> split_world_ranks(const std::vector<int>& parent_world_ranks,
                                    const std::vector<int>& members);
 
+// steady_clock's now, in ns since its epoch: the clock the records' times are read in.
+std::int64_t steady_now_ns();
+
 // Converts a steady_clock time (ns since its epoch) to Unix time in microseconds.
 std::int64_t steady_to_unix_us(std::int64_t steady_ns);
 

@@ -12,12 +12,6 @@ namespace quintet::detail {
 
 namespace {
 
-std::int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 std::string clean(std::string s) {
   for (char& c : s) {
     if (c == '\t' || c == '\n' || c == ',') c = '_';
@@ -77,7 +71,7 @@ std::string rank_list(std::vector<int> ranks) {
 
 std::string progress_report(const FlightRegistry& registry) {
   std::string out;
-  const std::int64_t now = now_ns();
+  const std::int64_t now = steady_now_ns();
   for (const auto& rec : registry.recorders()) {
     if (rec->retired()) continue;  // its communicator is gone
     const FlightProgress p = rec->progress();
