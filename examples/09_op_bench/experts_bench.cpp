@@ -232,11 +232,14 @@ void with_grouped_gemm(const char* value, F&& fn) {
     unsetenv("QUINTET_GROUPED_GEMM");
 }
 
-// Checks one grouped kernel's result (what fn returns, run once; `kernel` names it) against the
-// loop's into diff, then times fn into ms.
+// Checks one grouped kernel's result (what fn returns, run once after `reset` when set; `kernel`
+// names it) against the loop's into diff, then times fn into ms. reset undoes what earlier calls
+// left in a result fn accumulates into (dw += ...), which the timing's calls change again.
 void check_and_time_kernel(const Setup& c, const Result& r, const char* kernel,
                            const std::vector<float>& ref, const std::function<Tensor()>& fn,
-                           double tolerance, double& diff, double& ms) {
+                           const std::function<void()>& reset, double tolerance, double& diff,
+                           double& ms) {
+  if (reset) reset();
   const Tensor got = fn();
   c.s.synchronize();
   diff = max_rel_diff(ref, got);
@@ -249,15 +252,18 @@ void check_and_time_kernel(const Setup& c, const Result& r, const char* kernel,
 }
 
 // Our grouped kernels (the mma.sync one, and on sm_90 the wgmma one), each checked against the
-// loop's result, then timed.
+// loop's result (after `reset`, when set), then timed.
 void verify_and_time_kernel(const Setup& c, Result& r, const std::vector<float>& ref,
-                            const std::function<Tensor()>& fn, double tolerance) {
+                            const std::function<Tensor()>& fn, double tolerance,
+                            const std::function<void()>& reset = nullptr) {
   with_grouped_gemm("kernel", [&] {
-    check_and_time_kernel(c, r, "grouped kernel", ref, fn, tolerance, r.kernel_diff, r.kernel_ms);
+    check_and_time_kernel(c, r, "grouped kernel", ref, fn, reset, tolerance, r.kernel_diff,
+                          r.kernel_ms);
   });
   if (!c.hopper) return;
   with_grouped_gemm("wgmma", [&] {
-    check_and_time_kernel(c, r, "wgmma kernel", ref, fn, tolerance, r.wgmma_diff, r.wgmma_ms);
+    check_and_time_kernel(c, r, "wgmma kernel", ref, fn, reset, tolerance, r.wgmma_diff,
+                          r.wgmma_ms);
   });
 }
 
@@ -352,6 +358,8 @@ void bench_weight_product(const Setup& c, const Layer& l, std::vector<Result>& r
         c, r, via_bf16, ref_host, dw_got, {dw_got, scratch},
         [&] { nn::add_(dw_got, scratch, 1.0f, s); }, kBf16Tolerance);
   }
+  // The op accumulates (dw +=) and the wgmma kernel's check follows the mma.sync kernel's timed
+  // calls: dw from zero before each check.
   const Tensor dw_kernel = Tensor::zeros(shape, DType::f32, gpu);
   Stream::default_stream(gpu).synchronize();
   verify_and_time_kernel(
@@ -361,7 +369,7 @@ void bench_weight_product(const Setup& c, const Layer& l, std::vector<Result>& r
                                            std::span<const std::int64_t>(), s);
         return dw_kernel;
       },
-      kF32Tolerance);
+      kF32Tolerance, [&] { Tensor(dw_kernel).fill_(0.0, s); });  // a handle: zeroes dw_kernel
   results.push_back(r);
 
   Result b;
