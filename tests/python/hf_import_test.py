@@ -93,8 +93,10 @@ def check_losses(runner, which, work):
                 made[case] = shutil.copytree(given, made[case])
             with open(os.path.join(made[case], "expected.json")) as f:
                 expected = json.load(f)
-            # The reference's loss is far from chance: it depends on the weights.
-            assert abs(expected["loss"] - expected["uniform_loss"]) > 0.5, expected
+            # The reference's loss is away from chance (log vocab), so that it depends on the
+            # weights; 0.1 because transformers' draws of the same distribution gave a gap of 0.22
+            # and 0.34 (0.5 failed them), still far above the comparison's 1e-5 relative.
+            assert abs(expected["loss"] - expected["uniform_loss"]) > 0.1, expected
         rc, out, cmd = runner.run(ranks, kind, made[case], flags)
         m = re.search(r"^loss (\S+)$", out, re.M)
         if rc != 0 or not m:
