@@ -51,9 +51,13 @@ kernel_summary_lib() {  # builds build/libkernel_summary.so (kernel_summary.cpp)
 # run_profile NAME SECONDS STEPS BASE COMMAND...: COMMAND twice, with @STEPS@ in its arguments
 # replaced by BASE, then by STEPS, each bounded by SECONDS, under build/libkernel_summary.so
 # (LD_PRELOAD) writing $out/NAME_BASE.csv and $out/NAME_STEPS.csv (logs $out/NAME_*.log):
-# kernel_groups.py's --side NAME CSV STEPS BASE_CSV BASE. Skipped, saying so, off the GPU
-# (DEVICE other than cuda, or no nvidia-smi -L) or where the library cannot be built. An mpirun
-# in COMMAND passes both variables to its ranks with -x LD_PRELOAD -x KERNEL_SUMMARY_OUT.
+# kernel_groups.py's --side NAME CSV STEPS BASE_CSV BASE. The difference holds only when both runs
+# do the same start-up work: with PROFILE_WARM=1, a run at BASE steps without the library comes
+# first (bounded by SECONDS, log $out/NAME_warm.log), so that torch.compile's compilation and
+# autotuning fill their caches there instead of in the BASE run alone. Skipped, saying so, off the
+# GPU (DEVICE other than cuda, or no nvidia-smi -L) or where the library cannot be built. An mpirun
+# in COMMAND passes both variables to its ranks with -x LD_PRELOAD -x KERNEL_SUMMARY_OUT (empty
+# in the warm-up run).
 run_profile() {
   local name=$1 limit=$2 steps=$3 base=$4 lib n; shift 4
   selected "$name" || return 0
@@ -67,6 +71,13 @@ run_profile() {
     return
   fi
   local dir args; dir=$(cd "$out" && pwd)  # absolute: the command may change directory
+  if [ "${PROFILE_WARM:-0}" = 1 ]; then
+    args=("${@//@STEPS@/$base}")
+    echo "=== $name (warm-up, $base steps, not profiled): ${args[*]}"
+    timeout "$limit" env LD_PRELOAD= KERNEL_SUMMARY_OUT= "${args[@]}" >"$out/${name}_warm.log" 2>&1
+    echo "=== $name (warm-up) exit $?"
+    grep -E 'error|Error' "$out/${name}_warm.log" | tail -n 3
+  fi
   for n in "$base" "$steps"; do
     args=("${@//@STEPS@/$n}")
     rm -f "$out/${name}_$n.csv"

@@ -15,10 +15,16 @@ a proof: a Triton kernel that fuses a norm with an add counts as a norm, PyTorch
 backward sorts its indices (MoE routing here). The largest kernels are listed below the table to
 check by eye.
 
+The difference holds only when both runs did the same start-up work: where a group's comes out
+below -NEGATIVE_MS ms per step (torch.compile compiling and autotuning in the first run, finding
+its caches warm in the second), the side's figures are not per-step figures; the output says so
+(a line naming the side and its negative groups, its columns marked "NOT per-step") and the exit
+status is 1. run_profile's PROFILE_WARM=1 (bench_common.sh) warms such caches before both runs.
+
 Prints a markdown table of ms per step by group, one column per side (and the difference, first
 side minus second, when two), totals last; then each side's 10 largest kernels. --json prints one
 JSON object instead: {"kernel_groups": {side: {"steps", "total_ms", "groups": {group: ms},
-"top": [[name, group, ms, calls], ...]}}}.
+"top": [[name, group, ms, calls], ...], "negative_groups": {group: ms}}}}.
 """
 import argparse
 import csv
@@ -49,6 +55,8 @@ GROUPS = [
                            r"|rope|mul|where|zero"),
 ]
 OTHER = "other"
+# A group's ms per step below minus this: the side's two runs did different start-up work.
+NEGATIVE_MS = 0.05
 GROUP_NAMES = [g for g, _ in GROUPS] + [OTHER]
 _COMPILED = [(g, re.compile(p, re.IGNORECASE)) for g, p in GROUPS]
 
@@ -119,15 +127,28 @@ def parse_sides(raw):
         base = spec[3] if len(spec) == 5 else None
         summary = summarize(per_step(spec[1], steps, base, base_steps))
         summary["steps"] = steps - base_steps
+        summary["negative_groups"] = {g: ms for g, ms in summary["groups"].items()
+                                      if ms < -NEGATIVE_MS}
         sides.append((spec[0], summary))
     if len({name for name, _ in sides}) != len(sides):
         raise SystemExit("--side: every side needs its own NAME")
     return sides
 
 
+def not_per_step(name, s):
+    """The line saying that side `name`'s figures are not per-step figures ("" when they are)."""
+    if not s["negative_groups"]:
+        return ""
+    groups = ", ".join(f"{g} {ms:.3f}" for g, ms in s["negative_groups"].items())
+    return (f"{name}: NOT per-step figures: its two runs did different start-up work (ms/step "
+            f"below -{NEGATIVE_MS}: {groups}), e.g. torch.compile compiling or autotuning in one "
+            f"run only; warm its caches with a run before both (PROFILE_WARM=1 in bench_common.sh)")
+
+
 def table(sides):
     names = [name for name, _ in sides]
-    head = ["group"] + [f"{n} ms/step" for n in names] + [f"{n} share" for n in names]
+    marked = [name + (" (NOT per-step)" if s["negative_groups"] else "") for name, s in sides]
+    head = ["group"] + [f"{n} ms/step" for n in marked] + [f"{n} share" for n in marked]
     if len(sides) == 2:
         head.append(f"{names[0]} - {names[1]}")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -154,17 +175,21 @@ def main(argv=None):
     sides = parse_sides(args.side)
     for _, s in sides:
         s["top"] = s["top"][:args.top]
+    invalid = [line for line in (not_per_step(name, s) for name, s in sides) if line]
     if args.json:
         print(json.dumps({"kernel_groups": dict(sides)}))
-        return
+        return 1 if invalid else 0
     print("GPU kernel time per training step, by group (" +
           ", ".join(f"{n}: {s['steps']} steps" for n, s in sides) + ")")
+    for line in invalid:
+        print(line)
     print("\n".join(table(sides)))
     for name, s in sides:
         print(f"\n{name}: the {len(s['top'])} largest kernels (ms/step, calls/step, group)")
         for kernel, group, ms, calls in s["top"]:
             short = kernel if len(kernel) <= 110 else kernel[:107] + "..."
             print(f"  {ms:9.3f} {calls:8.1f}  {group:24} {short}")
+    return 1 if invalid else 0
 
 
 if __name__ == "__main__":

@@ -11,9 +11,10 @@
 # CPU token exchange against raw MPI on all cores (10_moe_dispatch_bench); and where the GPT-2
 # style step's GPU time goes, by kernel, ours beside torch.compile's (moe_profile,
 # moe_profile_torch: kernel_summary.cpp under LD_PRELOAD at 4 and 12 steps, resp. 2 and 10 timed
-# after 3 of warm-up, so start-up and compilation drop out of the difference; kernel_groups.py's
-# table in $OUT/moe_kernel_groups.txt). Each run is bounded in time; logs go to $OUT (else
-# build/bench/).
+# after 3 of warm-up, so start-up and compilation drop out of the difference; torch.compile's
+# after an unprofiled run (PROFILE_WARM=1) that fills its compilation and autotuning caches, else
+# only the first of its two runs pays for them; kernel_groups.py's table in
+# $OUT/moe_kernel_groups.txt). Each run is bounded in time; logs go to $OUT (else build/bench/).
 #   MODEL="--layers 12 ..." MICRO=16 STEPS=12 SKIP="torch torch_mixtral" TARGETS=05_moe_train \
 #     scripts/bench/moe_benchmarks.sh      (SKIP: run names to leave out, ONLY: the runs to run;
 #     TARGETS: what to build;
@@ -59,8 +60,9 @@ run_profile moe_profile 90 12 4 mpirun -np 1 -x LD_PRELOAD -x KERNEL_SUMMARY_OUT
   --data-dir build/data/synthetic --no-progress
 # Ours alone first: the table survives a time-out of PyTorch's compilation.
 profile_table moe_kernel_groups_ours.txt moe_profile 12 4
+# An unprofiled run first warms torch.compile's caches: both profiled runs then compile alike.
 # shellcheck disable=SC2086
-run_profile moe_profile_torch 200 10 2 python3 scripts/bench/moe_torch.py $model $moe \
+PROFILE_WARM=1 run_profile moe_profile_torch 200 10 2 python3 scripts/bench/moe_torch.py $model $moe \
   --micro-batch "$micro" --global-batch "$micro" --modes compiled --no-check --warmup 3 \
   --steps @STEPS@
 profile_table moe_kernel_groups.txt moe_profile 12 4 moe_profile_torch 10 2

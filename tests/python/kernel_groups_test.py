@@ -2,7 +2,7 @@
 """Tests of scripts/bench/kernel_groups.py on made-up kernel_summary.cpp CSVs, run by ctest
 (tests/cmake/python.cmake): every group's pattern against kernel names of ours, cuBLAS, cuDNN and
 PyTorch's, the groups summing to the total, the per-step difference of two runs, the side-by-side
-table, and the refusal of bad input. Plain asserts (`python3 kernel_groups_test.py`, which prints
+table, a side whose two runs did different start-up work flagged, and the refusal of bad input. Plain asserts (`python3 kernel_groups_test.py`, which prints
 "N passed, N failed") or under pytest.
 """
 import contextlib
@@ -148,6 +148,44 @@ def test_side_by_side_table():
         assert rows["total"] == ["6.000", "7.000", "100.0%", "100.0%", "-1.000"], rows["total"]
         assert "optimizer" not in rows  # groups with no time on either side are left out
         assert "ours: the 2 largest kernels" in text and "torch: the 3 largest kernels" in text
+
+
+def test_different_start_up_work_flagged():
+    # torch.compile's case: the base run compiles and autotunes (a kernel called many times), the
+    # longer run finds its caches warm, so its difference is negative for that kernel's group.
+    with tempfile.TemporaryDirectory() as d:
+        ours_long = write_csv(d, "ours_12.csv", [(NAMES[0][0], 12, 24.0)])
+        ours_base = write_csv(d, "ours_4.csv", [(NAMES[0][0], 4, 8.0)])
+        copy = "triton_poi_fused__to_copy_5"  # elementwise/copies
+        torch_long = write_csv(d, "torch_10.csv", [(NAMES[3][0], 10, 20.0), (copy, 100, 10.0)])
+        torch_base = write_csv(d, "torch_2.csv", [(NAMES[3][0], 2, 4.0), (copy, 17639, 400.0)])
+        argv = ["--side", "ours", ours_long, "12", ours_base, "4",
+                "--side", "torch", torch_long, "10", torch_base, "2"]
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            rc = kg.main(argv)
+        text = buf.getvalue()
+        assert rc == 1, rc
+        flagged = [line for line in text.splitlines() if "NOT per-step figures" in line]
+        assert len(flagged) == 1 and flagged[0].startswith("torch: "), flagged
+        assert "elementwise/copies -48.750" in flagged[0], flagged[0]
+        head = [line for line in text.splitlines() if line.startswith("| group")][0]
+        assert "torch (NOT per-step) ms/step" in head and "ours (NOT" not in head, head
+        with contextlib.redirect_stdout(io.StringIO()) as buf:
+            rc = kg.main(argv + ["--json"])
+        sides = json.loads(buf.getvalue())["kernel_groups"]
+        assert rc == 1 and sides["ours"]["negative_groups"] == {}
+        assert sides["torch"]["negative_groups"] == {"elementwise/copies": -48.75}
+        # the same runs after a warm-up: the same kernels in both, nothing flagged
+        torch_base = write_csv(d, "torch_2.csv", [(NAMES[3][0], 2, 4.0), (copy, 20, 2.0)])
+        with contextlib.redirect_stdout(io.StringIO()) as buf:
+            rc = kg.main(argv)
+        assert rc == 0 and "NOT per-step" not in buf.getvalue(), buf.getvalue()
+        # a small negative difference (timing noise: -0.0375 ms/step) is no sign of it
+        torch_base = write_csv(d, "torch_2.csv", [(NAMES[3][0], 2, 4.0), (copy, 100, 10.3)])
+        with contextlib.redirect_stdout(io.StringIO()) as buf:
+            rc = kg.main(argv)
+        assert rc == 0 and "NOT per-step" not in buf.getvalue(), buf.getvalue()
 
 
 def test_bad_input_refused():
