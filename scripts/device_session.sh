@@ -53,6 +53,7 @@ step() {  # step NAME SECONDS COMMAND...: bounded by SECONDS and by the budget l
   # The step's own output first (a script's summary), its runs' logs only when that has none.
   local pattern='"summary"|tokens/s|TFLOP|ratio|passed|failed|FAILED|Error|\| |^(naive|loader) +[0-9]'
   pattern+='|^(one rank|4 ranks|4 CPU ranks)'  # affinity_bench.sh's placements and tables
+  pattern+='|^ours / |DIFFERENT MODELS'  # ours_vs_torch.py's ratios (llama, gpt)
   { grep -hE "$pattern" "$logs/$name.log" ||
       grep -hE "$pattern" "$logs/$name"/*.log; } 2>/dev/null | tail -n 40 | sed 's/^/    /' >>"$summary"
 }

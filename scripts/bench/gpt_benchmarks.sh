@@ -2,9 +2,11 @@
 # The GPT trainer on GPUs against PyTorch on the same model, in one go (after scripts/setup.sh):
 # tokens/s and MFU of examples/04_gpt_train on one GPU, on two (dp 2, tp 2), with the data-parallel
 # communication time and the part of it exposed, beside scripts/bench/gpt_torch.py (eager,
-# torch.compile, DDP on two); last, where the one-GPU step's time goes, by kernel, ours beside
-# torch.compile's (gpt_profile, gpt_profile_torch, as moe_benchmarks.sh's moe_profile, PyTorch's
-# after an unprofiled warm-up run: the table in $OUT/gpt_kernel_groups.txt). Each run is bounded in time; logs go to $OUT (else build/bench/).
+# torch.compile, DDP on two), with ours_vs_torch.py's table of ours against both on one GPU; last,
+# where the one-GPU step's time goes, by kernel, ours beside torch.compile's (gpt_profile,
+# gpt_profile_torch, as moe_benchmarks.sh's moe_profile, PyTorch's after an unprofiled warm-up
+# run: the table in $OUT/gpt_kernel_groups.txt). Each run is bounded in time; logs go to $OUT
+# (else build/bench/).
 #   MODEL="--layers 24 --hidden 1024 --heads 16 --vocab 50304 --seq-len 1024" MICRO=8 STEPS=12
 #   SKIP, ONLY: run names to leave out, the only ones to run (e.g. ONLY="gpt_profile
 #   gpt_profile_torch": the profile alone)
@@ -40,6 +42,11 @@ if [ "$gpus" -ge 2 ]; then
   run gpt_tp2_sp 240 mpirun -np 2 $train $common --tp 2 --sp --global-batch $micro
   run torch_ddp2 300 torchrun --standalone --nproc_per_node 2 scripts/bench/gpt_torch.py $model \
     --micro-batch $micro --global-batch $((2 * micro)) --steps $((steps - 4))
+fi
+# ours / PyTorch on one GPU: tokens/s and MFU (> 1: ours faster), peak memory (< 1: ours smaller),
+# against eager and torch.compile; only when both runs ran here (no stale logs of an earlier one).
+if selected gpt_1gpu >/dev/null && selected torch_1gpu >/dev/null; then
+  python3 scripts/bench/ours_vs_torch.py "$out" gpt_1gpu torch_1gpu
 fi
 # shellcheck disable=SC2086
 run_profile gpt_profile 90 12 4 mpirun -np 1 -x LD_PRELOAD -x KERNEL_SUMMARY_OUT $train $model \

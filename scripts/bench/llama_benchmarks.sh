@@ -37,44 +37,4 @@ run ops_elementwise 30 build/examples/09_op_bench/09_op_bench --elementwise-only
 
 # ours / PyTorch: tokens/s and MFU (> 1: ours faster), peak memory of the timed steps (< 1: ours
 # smaller); the goal of issue 42 is >= 1.1 x compiled tokens/s with memory <= eager's.
-python3 - "$out" <<'EOF'
-import json, os, sys
-out = sys.argv[1]
-def last_json(name, key):
-    try:
-        lines = open(os.path.join(out, name + ".log")).read().splitlines()
-    except OSError:
-        return None
-    for line in reversed(lines):
-        if line.startswith("{") and key in line:
-            try:
-                return json.loads(line)
-            except ValueError:
-                pass
-    return None
-rows, counts = {}, {}
-s = last_json("ours_llama", '"summary"')
-if s:
-    rows["ours"] = (s["median_tokens_per_s"], s["median_mfu"], s["peak_mem_bytes"])
-    counts["ours"] = (s.get("params"), s.get("non_embedding_params"))
-for mode in ("eager", "compiled"):
-    t = last_json("torch_llama_" + mode, '"impl"')
-    if t and "error" not in t:
-        rows[mode] = (t["tokens_per_s"], t["mfu"], t["peak_mem_bytes"])
-        counts["pytorch"] = (t["params"], t["non_embedding_params"])
-if counts:
-    same = len(set(counts.values())) == 1
-    print("params (non-embedding): " + ", ".join("%s %s (%s)" % (k, *v) for k, v in counts.items())
-          + ("" if same or len(counts) < 2 else "  DIFFERENT MODELS"))
-print("%-9s %12s %8s %12s" % ("run", "tokens/s", "MFU", "peak GiB"))
-for k, (tps, mfu, mem) in rows.items():
-    print("%-9s %12.0f %8s %12.2f" % (k, tps, "-" if mfu is None else "%.3f" % mfu, mem / 2**30))
-if "ours" in rows:
-    o = rows["ours"]
-    for k in ("compiled", "eager"):
-        if k in rows:
-            t = rows[k]
-            mfu = "-" if o[1] is None or not t[1] else "%.3f" % (o[1] / t[1])
-            print("ours / %-8s tokens/s %.3f  MFU %s  peak memory %.3f"
-                  % (k, o[0] / t[0], mfu, o[2] / t[2] if t[2] else float("nan")))
-EOF
+python3 scripts/bench/ours_vs_torch.py "$out" ours_llama torch_llama_eager torch_llama_compiled

@@ -11,11 +11,11 @@ import json
 import os
 import sys
 import tempfile
-import traceback
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
                                 "scripts", "bench"))
 import kernel_groups as kg  # noqa: E402
+from plain_tests import run_tests  # noqa: E402
 
 # (kernel name as CUPTI gives it, the group it belongs to)
 NAMES = [
@@ -208,18 +208,7 @@ def test_bad_input_refused():
 
 
 def main():
-    tests = [(n, f) for n, f in globals().items() if n.startswith("test_") and callable(f)]
-    failed = 0
-    for name, fn in tests:
-        try:
-            fn()
-            print(f"PASS {name}")
-        except Exception:  # noqa: BLE001 (report every test)
-            failed += 1
-            print(f"FAIL {name}")
-            traceback.print_exc()
-    print(f"{len(tests) - failed} passed, {failed} failed")
-    return 1 if failed else 0
+    return run_tests(globals())
 
 
 if __name__ == "__main__":
