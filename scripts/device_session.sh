@@ -64,7 +64,7 @@ case $phase in
   1)  # first what verifies this session's unrun GPU code, then the quick MoE figures
     step build 240 bash scripts/setup.sh
     step gpu_tests 200 bash -c "cd build && ctest -L gpu --output-on-failure -j3 --timeout 150"
-    step moe_quick 300 env ONLY="grouped_gemm grouped_gemm_skew moe_1gpu moe_1gpu_loop moe_1gpu_wgmma" \
+    step moe_quick 300 env ONLY="grouped_gemm grouped_gemm_skew moe_1gpu moe_1gpu_kernel moe_1gpu_wgmma" \
       TARGETS="05_moe_train 09_op_bench" bash scripts/bench/moe_benchmarks.sh
     ;;
   2)
@@ -74,7 +74,7 @@ case $phase in
     # (both find the caches warm); each run is bounded (90, 200 s).
     step moe_profile 440 env ONLY="moe_profile moe_profile_torch" \
       bash scripts/bench/moe_benchmarks.sh
-    step moe 520 env SKIP="grouped_gemm grouped_gemm_skew moe_1gpu moe_1gpu_loop moe_1gpu_wgmma dispatch_cpu cpu_ep8_chunks1 cpu_ep8_chunks2 moe_profile moe_profile_torch" \
+    step moe 520 env SKIP="grouped_gemm grouped_gemm_skew moe_1gpu moe_1gpu_kernel moe_1gpu_wgmma dispatch_cpu cpu_ep8_chunks1 cpu_ep8_chunks2 moe_profile moe_profile_torch" \
       bash scripts/bench/moe_benchmarks.sh
     ;;
   3)

@@ -110,10 +110,10 @@ GroupedGemmPath grouped_gemm_path(bool host_offsets_given) {
   return GroupedGemmPath::per_group;
 }
 
-bool grouped_gemm_loop_requested() {
-  grouped_gemm_path(false);  // checks the variable
+bool grouped_gemm_wants_host_offsets(bool fp8) {
+  if (grouped_gemm_path(true) != GroupedGemmPath::per_group) return false;  // checks the variable
   const char* env = std::getenv("QUINTET_GROUPED_GEMM");
-  return env != nullptr && std::string(env) == "loop";
+  return !fp8 || (env != nullptr && std::string(env) == "loop");
 }
 
 std::vector<std::int64_t> group_offsets(std::span<const std::int64_t> counts) {

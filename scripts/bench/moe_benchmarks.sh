@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The MoE measurements of docs/PERFORMANCE.md in one go on a GPU machine: builds what they need,
-# runs the GPU MoE test, then examples/05_moe_train on one GPU (its experts on the grouped kernel,
-# then on the per-expert cuBLASLt loop and on the Hopper kernel: the runs named *_loop, *_wgmma)
+# runs the GPU MoE test, then examples/05_moe_train on one GPU (its experts on the per-expert
+# cuBLASLt loop, then on our grouped kernel and on the Hopper kernel: the runs named *_kernel,
+# *_wgmma)
 # beside scripts/bench/moe_torch.py
 # (the same model in PyTorch, grouped bf16 expert GEMMs; eager and torch.compile) twice: GPT-2
 # style with GELU experts, and Mixtral style ($MIXTRAL: SwiGLU experts, RMSNorm, RoPE, GQA with 4
@@ -36,15 +37,14 @@ run gpu_test 150 build/tests/gpu_ep_moe_test
 # --arch before the MoE flags: the family sets the experts' shape, $moe overrides it.
 for arch in gpt2 mixtral; do
   if [ "$arch" = gpt2 ]; then suffix="" family=""; else suffix="_$arch" family=$mixtral; fi
-  # The experts on the grouped kernels (ep = 1: no host wait), on the per-expert cuBLASLt loop
-  # (QUINTET_GROUPED_GEMM=loop: one wait per layer's forward) and on the Hopper kernel
-  # (QUINTET_GROUPED_GEMM=wgmma), in the same build.
-  for gemm in kernel loop wgmma; do
+  # The experts on the per-expert cuBLASLt loop (the default: one host wait per layer's
+  # forward), on our grouped kernel (QUINTET_GROUPED_GEMM=kernel, ep = 1: no host wait) and on
+  # the Hopper kernel (QUINTET_GROUPED_GEMM=wgmma), in the same build.
+  for gemm in loop kernel wgmma; do
     name="moe_1gpu$suffix"
-    [ "$gemm" != kernel ] && name="moe_1gpu${suffix}_$gemm"
+    [ "$gemm" != loop ] && name="moe_1gpu${suffix}_$gemm"
     # (mpirun's local ranks inherit its environment.)
-    # shellcheck disable=SC2046
-    run "$name" 200 env $([ "$gemm" != kernel ] && echo QUINTET_GROUPED_GEMM=$gemm) \
+    run "$name" 200 env QUINTET_GROUPED_GEMM=$gemm \
       mpirun -np 1 build/examples/05_moe_train/05_moe_train $model \
       $family $moe --micro-batch "$micro" --global-batch "$micro" --steps "$steps" --bench \
       --bench-skip 4 --warmup 2 --json --device "${DEVICE:-cuda}" --data-dir build/data/synthetic --no-progress

@@ -137,28 +137,37 @@ TEST_CASE("group_offsets are the running sums of the counts", "[nn][grouped]") {
                          "negative");
 }
 
-TEST_CASE("QUINTET_GROUPED_GEMM picks the GPU path; only an explicit loop asks for host offsets",
+TEST_CASE("QUINTET_GROUPED_GEMM picks the GPU path; the bf16 loop is the default",
           "[nn][grouped]") {
   using test_support::ScopedEnv;
   {
     const ScopedEnv unset("QUINTET_GROUPED_GEMM", nullptr);
     REQUIRE(grouped_gemm_path(true) == GroupedGemmPath::per_group);
     REQUIRE(grouped_gemm_path(false) == GroupedGemmPath::grouped_kernel);
-    REQUIRE_FALSE(grouped_gemm_loop_requested());
+    REQUIRE(grouped_gemm_wants_host_offsets(false));
+    REQUIRE_FALSE(grouped_gemm_wants_host_offsets(true));
   }
   {
     const ScopedEnv loop("QUINTET_GROUPED_GEMM", "loop");
     REQUIRE(grouped_gemm_path(true) == GroupedGemmPath::per_group);
-    REQUIRE(grouped_gemm_loop_requested());
+    REQUIRE(grouped_gemm_wants_host_offsets(false));
+    REQUIRE(grouped_gemm_wants_host_offsets(true));
   }
   {
     const ScopedEnv kernel("QUINTET_GROUPED_GEMM", "kernel");
     REQUIRE(grouped_gemm_path(true) == GroupedGemmPath::grouped_kernel);
-    REQUIRE_FALSE(grouped_gemm_loop_requested());
+    REQUIRE_FALSE(grouped_gemm_wants_host_offsets(false));
+    REQUIRE_FALSE(grouped_gemm_wants_host_offsets(true));
+  }
+  {
+    const ScopedEnv wgmma("QUINTET_GROUPED_GEMM", "wgmma");
+    REQUIRE(grouped_gemm_path(true) == GroupedGemmPath::grouped_wgmma);
+    REQUIRE_FALSE(grouped_gemm_wants_host_offsets(false));
+    REQUIRE_FALSE(grouped_gemm_wants_host_offsets(true));
   }
   const ScopedEnv bad("QUINTET_GROUPED_GEMM", "fast");
   REQUIRE_THROWS_QUINTET(grouped_gemm_path(true), InvalidArgument, "QUINTET_GROUPED_GEMM=fast");
-  REQUIRE_THROWS_QUINTET(grouped_gemm_loop_requested(), InvalidArgument,
+  REQUIRE_THROWS_QUINTET(grouped_gemm_wants_host_offsets(false), InvalidArgument,
                          "QUINTET_GROUPED_GEMM=fast");
 }
 

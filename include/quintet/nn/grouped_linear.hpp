@@ -29,13 +29,13 @@
 //     sm_90a), and for the FP8 ops' (below); other shapes and f32 fall back to grouped_kernel's
 //     kernels. It throws InvalidArgument on a GPU that is not sm_90. Opt-in until its test and
 //     benchmark have run.
-// Today a call with host offsets takes per_group unless the environment variable
-// QUINTET_GROUPED_GEMM is "kernel" (or "wgmma"); a call without host offsets takes the kernel
-// (grouped_wgmma when QUINTET_GROUPED_GEMM is "wgmma"). The
-// default flips to the kernel once its GPU test (tests/gpu/nn_grouped_gemm_test.cpp) and its
-// benchmark (09_op_bench --grouped, docs/PERFORMANCE.md) have passed on the GPU machine. The
-// variable is read at each call: a switch for that benchmark, not a RuntimeConfig setting, and it
-// goes away with the flip.
+// A call with host offsets takes per_group unless the environment variable QUINTET_GROUPED_GEMM
+// is "kernel" (or "wgmma"); a call without host offsets takes the kernel (grouped_wgmma when
+// QUINTET_GROUPED_GEMM is "wgmma"). The per-group loop is the default because it is the fastest
+// on the GPU measured: on an H200 (2026-12-05) the GPT-2-style MoE step of
+// scripts/bench/moe_benchmarks.sh took 77.7 ms with the loop (its host wait per layer included),
+// 100.2 ms with grouped_wgmma and 114.8 ms with grouped_kernel (docs/PERFORMANCE.md). The
+// variable is read at each call: a switch for the benchmarks, not a RuntimeConfig setting.
 #pragma once
 
 #include <cstdint>
@@ -121,12 +121,13 @@ enum class GroupedGemmPath { per_group, grouped_kernel, grouped_wgmma };
 // InvalidArgument when QUINTET_GROUPED_GEMM is set to anything but "kernel", "wgmma" or "loop"
 // (the default).
 GroupedGemmPath grouped_gemm_path(bool host_offsets_given);
-// Whether QUINTET_GROUPED_GEMM is set to "loop" explicitly (unset is the same path for callers
-// with host offsets, but not this): a caller holding only device offsets (the MoE experts at
-// ep = 1, parallel/expert/experts.hpp) then reads them on the host, one wait, and takes the
-// per-group loop, so that a benchmark compares the kernel with the loop in one build and a GPU
-// whose kernel fails has a way back. Throws as grouped_gemm_path.
-bool grouped_gemm_loop_requested();
+// Whether a caller holding only device offsets (the MoE experts at ep = 1,
+// parallel/expert/experts.hpp) should read them on the host (one wait) to take the per-group
+// loop. bf16/f32 (fp8 false): yes unless QUINTET_GROUPED_GEMM is "kernel" or "wgmma" (the loop
+// is the fastest measured, above). FP8 (fp8 true): only with QUINTET_GROUPED_GEMM=loop, until
+// the FP8 products have been measured (docs/PERFORMANCE.md). So a benchmark compares the kernels
+// with the loop in one build. Throws as grouped_gemm_path.
+bool grouped_gemm_wants_host_offsets(bool fp8);
 
 // The offsets of consecutive groups of counts[g] rows: {0, c_0, c_0 + c_1, ...} (G + 1 values).
 // Throws InvalidArgument for a negative count.

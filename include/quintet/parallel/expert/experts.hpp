@@ -124,12 +124,13 @@ class Experts {
                  ExpertsActivations& saved, bool record, const Stream& stream);
   // The same with the row ranges on the device only: offsets [E_l + 1] i64 on the rows' device
   // (0 = o_0 <= o_1 <= ... <= o_E_l <= n; expert le has rows [o_le, o_le+1)), e.g. the running
-  // sums of the token permutation's counts, never copied to the host: no host synchronisation
-  // (the ep = 1 path). Rows past o_E_l are padding: zero outputs, zero gradients; they must be
-  // zero (moe_permute's are), since FP8's amaxes run over every row. On a GPU the GEMMs are the
-  // grouped kernels, which read the offsets on the device (grouped_linear.hpp), FP8 too; with
-  // QUINTET_GROUPED_GEMM=loop set (nn::grouped_gemm_loop_requested), it reads the offsets on the
-  // host instead (one wait) and runs the per-expert cuBLASLt loop: the benchmark's comparison.
+  // sums of the token permutation's counts (the ep = 1 path). Rows past o_E_l are padding: zero
+  // outputs, zero gradients; they must be zero (moe_permute's are), since FP8's amaxes run over
+  // every row. On a GPU, bf16 reads the offsets on the host (one wait) and runs the per-expert
+  // cuBLASLt loop, the fastest measured (nn::grouped_gemm_wants_host_offsets); with
+  // QUINTET_GROUPED_GEMM=kernel or wgmma, and FP8 unless QUINTET_GROUPED_GEMM=loop, the GEMMs are
+  // the grouped kernels, which read the offsets on the device (grouped_linear.hpp): no host
+  // synchronisation.
   Tensor forward(const ExpertWeights& w, const Tensor& rows, const Tensor& offsets,
                  ExpertsActivations& saved, bool record, const Stream& stream);
   // dy [n, d] of the forward that filled saved -> d(rows) [n, d]; accumulates the weight
