@@ -5,6 +5,9 @@
 # limit. Everything goes to $OUT: summary.md (each step's result, seconds and its result lines)
 # and session.tgz (every log; the device tool brings back only a few files, so they are packed).
 #
+#   OUT=$OUT scripts/device_session.sh 0   # after a change to GPU code: build, every gpu test,
+#                                          # the op benchmarks (elementwise, experts), the Llama
+#                                          # step beside torch.compile's (#42, #45, #47)
 #   OUT=$OUT scripts/device_session.sh 1   # build, every gpu test, the grouped GEMMs and the MoE
 #                                          # trainer on each of them (#47, #45)
 #   OUT=$OUT scripts/device_session.sh 2   # the MoE step by kernel, ours and torch.compile's
@@ -25,7 +28,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 root=$(pwd)
-phase=${1:?usage: scripts/device_session.sh 1|2|3|4|5|6}
+phase=${1:?usage: scripts/device_session.sh 0|1|2|3|4|5|6}
 out=${OUT:-$root/build/device_session}
 budget=${BUDGET:-570}
 skip=${SKIP:-}
@@ -61,6 +64,14 @@ step() {  # step NAME SECONDS COMMAND...: bounded by SECONDS and by the budget l
 echo "| step | result | seconds |" >>"$summary"
 echo "|---|---|---|" >>"$summary"
 case $phase in
+  0)  # Estimates (seconds): build 135 fresh; gpu tests about 100; the op benchmarks 20 and 30;
+      # the Llama step 40 and torch.compile's about 110.
+    step build 240 bash scripts/setup.sh
+    step gpu_tests 200 bash -c "cd build && ctest -L gpu --output-on-failure -j3 --timeout 150"
+    step ops 60 build/examples/09_op_bench/09_op_bench --elementwise-only --json
+    step experts 120 build/examples/09_op_bench/09_op_bench --experts-only --json
+    step llama 240 env SKIP="torch_llama_eager ops_elementwise" bash scripts/bench/llama_benchmarks.sh
+    ;;
   1)  # first what verifies this session's unrun GPU code, then the quick MoE figures
     step build 240 bash scripts/setup.sh
     step gpu_tests 200 bash -c "cd build && ctest -L gpu --output-on-failure -j3 --timeout 150"
