@@ -78,8 +78,7 @@ __device__ __forceinline__ void store_simt_tile(const Params& prm, const Tile& t
 template <Product P, class T, class Out>
 __global__ void __launch_bounds__(kSimtThreads)
     grouped_simt_kernel(const GroupedParams<T, Out> prm) {
-  constexpr bool kAK = P != Product::wgrad;                // A is K-contiguous
-  constexpr bool kBK = P == Product::forward;              // B is K-contiguous
+  constexpr bool kAK = a_k_contiguous<P>(), kBK = b_k_contiguous<P>();
   __shared__ float as[kSimtK][kSimtTile];                  // [k][m]
   __shared__ float bs[kSimtK][kSimtTile];                  // [k][n]
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;  // outputs m = ty*4 + i, n = tx*4 + j
@@ -235,14 +234,6 @@ __device__ __forceinline__ void load_b(unsigned (&b)[kFragsN][2], const bf16* s,
   }
 }
 
-template <Product P>
-constexpr bool a_k_contiguous() {
-  return P != Product::wgrad;
-}
-template <Product P>
-constexpr bool b_k_contiguous() {
-  return P == Product::forward;
-}
 template <Product P>
 constexpr int mma_stage_elems() {
   return stage_elems<a_k_contiguous<P>()>(kBM) + stage_elems<b_k_contiguous<P>()>(kBN);

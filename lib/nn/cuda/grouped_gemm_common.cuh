@@ -22,6 +22,18 @@ using namespace ::quintet::nn::cuda_ops::detail;
 
 enum class Product { forward, dgrad, wgrad };
 
+// How a product's operands lie in memory (the table of grouped_gemm.cu): A is K-contiguous except
+// in wgrad (dy, M-contiguous there); B is K-contiguous in forward only (w; N-contiguous in dgrad's
+// w and wgrad's x).
+template <Product P>
+constexpr bool a_k_contiguous() {
+  return P != Product::wgrad;
+}
+template <Product P>
+constexpr bool b_k_contiguous() {
+  return P == Product::forward;
+}
+
 // One operand of a group: its base pointer (the group's first element), its leading dimension,
 // and the extents past which it reads zeros.
 template <class T>

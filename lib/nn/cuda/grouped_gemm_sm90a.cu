@@ -299,8 +299,7 @@ __device__ __forceinline__ void store_wgmma_accumulators(const Params& prm, cons
 template <Product P, class Out>
 __global__ void __launch_bounds__(kWgThreads, 1)
     grouped_wgmma_kernel(const GroupedParams<bf16, Out> prm) {
-  constexpr bool kAK = P != Product::wgrad;    // A is K-contiguous
-  constexpr bool kBK = P == Product::forward;  // B is K-contiguous
+  constexpr bool kAK = a_k_contiguous<P>(), kBK = b_k_contiguous<P>();
   extern __shared__ unsigned char shared_raw[];
   unsigned char* const shared = aligned_stages(shared_raw);
   const int warpgroup = threadIdx.x / 128;
