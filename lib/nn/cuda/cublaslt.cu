@@ -182,16 +182,38 @@ bool try_lt_matmul(const LtMatmul& mm, const Stream& stream) {
         pref.h, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ad, sizeof ad));
     QUINTET_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
         pref.h, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ad, sizeof ad));
-    cublasLtMatmulHeuristicResult_t result;
-    std::memset(&result, 0, sizeof result);
+    // FP8: several candidates, since cuBLASLt's heuristic may offer an FP8 algorithm that
+    // cublasLtMatmul then refuses (CUBLAS_STATUS_NOT_SUPPORTED); the first one it runs is kept.
+    constexpr int kCandidates = 8;
+    cublasLtMatmulHeuristicResult_t results[kCandidates];
+    std::memset(results, 0, sizeof results);
     int found = 0;
     // An unsupported epilogue may be refused here rather than by finding nothing; so may an FP8
     // problem cuBLASLt does not take (a type combination, a GPU before sm_89), which the caller
     // then computes otherwise.
-    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle, desc.h, la.h, lb.h, ld.h,
-                                                                 ld.h, pref.h, 1, &result, &found);
+    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+        handle, desc.h, la.h, lb.h, ld.h, ld.h, pref.h, fp8 ? kCandidates : 1, results, &found);
     if (status != CUBLAS_STATUS_NOT_SUPPORTED && !fp8) QUINTET_CUBLAS_CHECK(status);
-    if (status == CUBLAS_STATUS_SUCCESS && found > 0) algo = result.algo;
+    if (status == CUBLAS_STATUS_SUCCESS) {
+      for (int i = 0; i < found && !algo; ++i) {
+        if (results[i].state != CUBLAS_STATUS_SUCCESS) continue;
+        if (!fp8) {
+          algo = results[i].algo;
+          break;
+        }
+        // Run here, on the caller's operands: a refusal writes nothing, a success is the
+        // product asked for.
+        const cublasStatus_t run =
+            cublasLtMatmul(handle, desc.h, &mm.alpha, mm.a, la.h, mm.b, lb.h, &mm.beta, mm.d, ld.h,
+                           mm.d, ld.h, &results[i].algo, workspace, kCublasWorkspaceBytes, s);
+        if (run == CUBLAS_STATUS_NOT_SUPPORTED) continue;
+        QUINTET_CUBLAS_CHECK(run);
+        algo = results[i].algo;
+        std::lock_guard<std::mutex> lock(cache.mutex);
+        cache.algos.emplace(key, algo);
+        return true;
+      }
+    }
     std::lock_guard<std::mutex> lock(cache.mutex);
     cache.algos.emplace(key, algo);
   }
