@@ -1,5 +1,6 @@
-// Activations on the GPU: GELU (tanh form) and SwiGLU element-wise, and the softmax over the last
-// dimension (one block per row). All arithmetic in f32.
+// Activations on the GPU: GELU (tanh form) and SwiGLU element-wise (16-byte vectors where the sizes
+// and pointers allow, one element per step otherwise), and the softmax over the last dimension
+// (one block per row). All arithmetic in f32.
 #include "nn/cuda/cuda_ops.hpp"
 #include "nn/cuda/kernel_common.cuh"
 
@@ -35,14 +36,6 @@ __global__ void gelu_backward_kernel(const T* dy, const T* x, T* dx, std::int64_
   }
 }
 
-// 16 bytes of T: the vectorized kernels move one per thread and step (a memory-bound element-wise
-// op runs at about half the bandwidth with 2-byte loads). The same arithmetic per element.
-template <class T>
-struct alignas(16) Vec16 {
-  static constexpr int kCount = 16 / sizeof(T);
-  T v[kCount];
-};
-
 template <class T>
 __global__ void gelu_forward_vec_kernel(const Vec16<T>* x, Vec16<T>* y, std::int64_t n) {
   for (std::int64_t i = global_index(); i < n; i += global_stride()) {
@@ -68,35 +61,65 @@ __global__ void gelu_backward_vec_kernel(const Vec16<T>* dy, const Vec16<T>* x, 
   }
 }
 
-// Whether n elements of T at every pointer can go as 16-byte vectors.
-template <class T>
-bool vectorizable(std::int64_t n, std::initializer_list<const void*> pointers) {
-  if (n % Vec16<T>::kCount != 0) return false;
-  for (const void* p : pointers) {
-    if (reinterpret_cast<std::uintptr_t>(p) % 16 != 0) return false;
-  }
-  return true;
-}
-
 __device__ __forceinline__ float sigmoid(float a) { return 1.0f / (1.0f + expf(-a)); }
+
+__device__ __forceinline__ float swiglu(float g, float u) { return g * sigmoid(g) * u; }
+
+// d silu(g) / dg = s (1 + g (1 - s)) with s = sigmoid(g): dgate = dy u silu'(g), dup = dy silu(g).
+__device__ __forceinline__ void swiglu_grad(float d, float g, float u, float& dgate, float& dup) {
+  const float s = sigmoid(g);
+  dgate = d * u * s * (1.0f + g * (1.0f - s));
+  dup = d * g * s;
+}
 
 template <class T>
 __global__ void swiglu_forward_kernel(const T* gate, const T* up, T* y, std::int64_t n) {
   for (std::int64_t i = global_index(); i < n; i += global_stride()) {
-    const float g = to_float(gate[i]);
-    y[i] = from_float<T>(g * sigmoid(g) * to_float(up[i]));
+    y[i] = from_float<T>(swiglu(to_float(gate[i]), to_float(up[i])));
   }
 }
 
-// d silu(g) / dg = s (1 + g (1 - s)) with s = sigmoid(g).
+template <class T>
+__global__ void swiglu_forward_vec_kernel(const Vec16<T>* gate, const Vec16<T>* up, Vec16<T>* y,
+                                          std::int64_t n) {
+  for (std::int64_t i = global_index(); i < n; i += global_stride()) {
+    const Vec16<T> g = gate[i], u = up[i];
+    Vec16<T> r;
+#pragma unroll
+    for (int k = 0; k < Vec16<T>::kCount; ++k) {
+      r.v[k] = from_float<T>(swiglu(to_float(g.v[k]), to_float(u.v[k])));
+    }
+    y[i] = r;
+  }
+}
+
 template <class T>
 __global__ void swiglu_backward_kernel(const T* dy, const T* gate, const T* up, T* dgate, T* dup,
                                        std::int64_t n) {
   for (std::int64_t i = global_index(); i < n; i += global_stride()) {
-    const float g = to_float(gate[i]), u = to_float(up[i]), d = to_float(dy[i]);
-    const float s = sigmoid(g);
-    dgate[i] = from_float<T>(d * u * s * (1.0f + g * (1.0f - s)));
-    dup[i] = from_float<T>(d * g * s);
+    float dg, du;
+    swiglu_grad(to_float(dy[i]), to_float(gate[i]), to_float(up[i]), dg, du);
+    dgate[i] = from_float<T>(dg);
+    dup[i] = from_float<T>(du);
+  }
+}
+
+template <class T>
+__global__ void swiglu_backward_vec_kernel(const Vec16<T>* dy, const Vec16<T>* gate,
+                                           const Vec16<T>* up, Vec16<T>* dgate, Vec16<T>* dup,
+                                           std::int64_t n) {
+  for (std::int64_t i = global_index(); i < n; i += global_stride()) {
+    const Vec16<T> d = dy[i], g = gate[i], u = up[i];
+    Vec16<T> rg, ru;
+#pragma unroll
+    for (int k = 0; k < Vec16<T>::kCount; ++k) {
+      float a, b;
+      swiglu_grad(to_float(d.v[k]), to_float(g.v[k]), to_float(u.v[k]), a, b);
+      rg.v[k] = from_float<T>(a);
+      ru.v[k] = from_float<T>(b);
+    }
+    dgate[i] = rg;
+    dup[i] = ru;
   }
 }
 
@@ -179,6 +202,14 @@ void swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& y, const
   if (n == 0) return;
   dispatch_compute(gate.dtype(), "swiglu_forward", [&](auto tag) {
     using T = typename decltype(tag)::type;
+    if (vectorizable<T>(n, {gate.data_ptr(), up.data_ptr(), y.data_ptr()})) {
+      const std::int64_t nv = n / Vec16<T>::kCount;
+      swiglu_forward_vec_kernel<T><<<grid_for(nv), kThreads, 0, stream.handle()>>>(
+          reinterpret_cast<const Vec16<T>*>(ptr<T>(gate)),
+          reinterpret_cast<const Vec16<T>*>(ptr<T>(up)), reinterpret_cast<Vec16<T>*>(ptr<T>(y)),
+          nv);
+      return;
+    }
     swiglu_forward_kernel<T>
         <<<grid_for(n), kThreads, 0, stream.handle()>>>(ptr<T>(gate), ptr<T>(up), ptr<T>(y), n);
   });
@@ -191,6 +222,16 @@ void swiglu_backward(const Tensor& dy, const Tensor& gate, const Tensor& up, con
   if (n == 0) return;
   dispatch_compute(gate.dtype(), "swiglu_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
+    if (vectorizable<T>(
+            n, {dy.data_ptr(), gate.data_ptr(), up.data_ptr(), dgate.data_ptr(), dup.data_ptr()})) {
+      const std::int64_t nv = n / Vec16<T>::kCount;
+      swiglu_backward_vec_kernel<T><<<grid_for(nv), kThreads, 0, stream.handle()>>>(
+          reinterpret_cast<const Vec16<T>*>(ptr<T>(dy)),
+          reinterpret_cast<const Vec16<T>*>(ptr<T>(gate)),
+          reinterpret_cast<const Vec16<T>*>(ptr<T>(up)), reinterpret_cast<Vec16<T>*>(ptr<T>(dgate)),
+          reinterpret_cast<Vec16<T>*>(ptr<T>(dup)), nv);
+      return;
+    }
     swiglu_backward_kernel<T><<<grid_for(n), kThreads, 0, stream.handle()>>>(
         ptr<T>(dy), ptr<T>(gate), ptr<T>(up), ptr<T>(dgate), ptr<T>(dup), n);
   });

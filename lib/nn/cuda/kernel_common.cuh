@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 
 #include "quintet/core/dtype.hpp"
 #include "quintet/core/error.hpp"
@@ -140,6 +141,26 @@ __device__ __forceinline__ std::int64_t global_index() {
 }
 __device__ __forceinline__ std::int64_t global_stride() {
   return static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+}
+
+// 16 bytes of T: the vectorized kernels move one per load or store (a memory-bound kernel runs at
+// about half the bandwidth with 2-byte accesses). They do the same arithmetic per element as their
+// scalar forms, which stay for shapes and views that do not fit.
+template <class T>
+struct alignas(16) Vec16 {
+  static constexpr int kCount = 16 / sizeof(T);
+  T v[kCount];
+};
+
+// Whether runs of n elements of T at every pointer can go as 16-byte vectors (n a multiple of the
+// vector's count, every pointer 16-byte aligned; a null pointer passes).
+template <class T>
+bool vectorizable(std::int64_t n, std::initializer_list<const void*> pointers) {
+  if (n % Vec16<T>::kCount != 0) return false;
+  for (const void* p : pointers) {
+    if (reinterpret_cast<std::uintptr_t>(p) % 16 != 0) return false;
+  }
+  return true;
 }
 
 // Typed device pointers of a tensor (its dtype must match; checked by the dispatch).
