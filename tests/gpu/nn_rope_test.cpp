@@ -1,6 +1,7 @@
 // RoPE on the GPU against the CPU op, in f32 and bf16: forward and backward, out of place and in
 // place on the strided heads of a fused qkv, positions from an offset and from [S] / [B, S] tensors
-// (i32, i64), odd lengths and positions in the thousands (the f32 angle path must agree).
+// (i32, i64), odd lengths and positions in the thousands (the f32 angle path must agree), head
+// widths and strides that the vectorized kernel takes and ones it leaves to the scalar kernel.
 #include <vector>
 
 #include "gpu/nn_gpu_compare.hpp"
@@ -22,10 +23,14 @@ TEST_CASE("rope on the GPU equals the CPU op") {
     int positions;  // 0: none, 1: [S] i32, 2: [B, S] i64
     double theta;
   };
+  // The vectorized kernel takes halves of whole 16-byte vectors (D / 2 a multiple of 8 in bf16, of
+  // 4 in f32) and up to 4 heads a thread (H = 5, 9: heads left over); D = 2, 20 take the scalar
+  // one.
   const Case cases[] = {
       {1, 1, 1, 2, 0, 0, 10000.0},     {2, 37, 3, 64, 0, 0, 10000.0},
       {1, 129, 4, 128, 3000, 0, 1e6},  {2, 33, 2, 96, 7, 1, 10000.0},
       {3, 17, 5, 256, 0, 2, 500000.0}, {1, 8, 8, 512, 123, 2, 10000.0},
+      {2, 11, 9, 16, 5, 1, 10000.0},   {1, 7, 3, 20, 0, 0, 10000.0},
   };
   std::uint64_t seed = 100;
   for (const DType t : kDTypes) {
@@ -83,5 +88,23 @@ TEST_CASE("rope on the GPU rotates the heads of a fused qkv in place") {
       nn::rope_backward_(nn::fused_qkv_heads(qkv.gpu, g).transpose(1, 2), Tensor(), o, s);
     }
     CHECK_CLOSE(qkv.gpu, qkv.cpu, s, t);
+  }
+}
+
+TEST_CASE("rope on the GPU reads heads whose head_dim is strided") {
+  // x [B, S, D, H] transposed to [B, S, H, D]: stride H in D, which the scalar kernel takes.
+  const Device gpu = Device::cuda(0);
+  const Stream s = Stream::create(gpu);
+  const Stream cpu;
+  const std::int64_t B = 2, S = 9, H = 8, D = 32;
+  std::uint64_t seed = 700;
+  for (const DType t : kDTypes) {
+    INFO("dtype " << dtype_name(t));
+    const Input x = random_input({B, S, D, H}, ++seed, t, s);
+    nn::RopeOptions o;
+    o.position_offset = 11;
+    const Tensor y = nn::rope_forward(x.gpu.transpose(2, 3), Tensor(), o, s);
+    const Tensor want = nn::rope_forward(x.cpu.transpose(2, 3).contiguous(), Tensor(), o, cpu);
+    CHECK_CLOSE(y, want, s, t);
   }
 }
