@@ -105,7 +105,11 @@ TEST_CASE("layernorm and rmsnorm on the GPU equal the CPU's") {
   const Device gpu = Device::cuda(0);
   const Stream s = Stream::create(gpu);
   const Stream cpu;
-  const Shape shapes[] = {{1, 1}, {7, 333}, {2, 3, 1025}, {5, 4097}};
+  // RMSNorm's vectorized kernels take rows of whole 16-byte vectors (d a multiple of 8 in bf16, of
+  // 4 in f32) up to 4096 vectors: {3, 2048}, {2, 5, 24}, {2, 16392} (bf16 only) and {4000, 64},
+  // whose backward sums dgamma over several rows a block; the others take the scalar kernels.
+  const Shape shapes[] = {{1, 1},    {7, 333},   {2, 3, 1025}, {5, 4097},
+                          {3, 2048}, {2, 5, 24}, {2, 16392},   {4000, 64}};
   std::uint64_t seed = 200;
   for (const DType t : kDTypes) {
     for (const Shape& xs : shapes) {

@@ -163,6 +163,14 @@ bool vectorizable(std::int64_t n, std::initializer_list<const void*> pointers) {
   return true;
 }
 
+// The number of multiprocessors of the device (sizes the grids of kernels that keep per-block
+// partial sums).
+inline int multiprocessors(const Device& device) {
+  int n = 0;
+  QUINTET_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device.index()));
+  return n;
+}
+
 // Typed device pointers of a tensor (its dtype must match; checked by the dispatch).
 template <class T>
 T* ptr(const Tensor& t) {

@@ -1,5 +1,8 @@
 // LayerNorm and RMSNorm over the last dimension on the GPU: one block per row for the forward and
 // the input gradient (statistics in f32), and a column kernel that accumulates dgamma/dbeta in f32.
+// RMSNorm's rows that are whole 16-byte vectors (and fit kRowVecs vectors a thread) take
+// vectorized row kernels that keep the row in registers and, in the backward, sum dgamma in
+// registers too (one pass over dy and x); the others take the scalar kernels.
 // The residual forms fuse the residual add into the row kernels: the forward normalises
 // x + residual (rounded to T, as the add would) and writes that sum; the backward adds the
 // residual's gradient into dx (rounded as an in-place add would), so they equal add-then-norm and
@@ -107,6 +110,133 @@ __global__ void norm_backward_params_kernel(const T* dy, const T* x, const float
   if (dbeta) atomicAdd(dbeta + c, sb);
 }
 
+// RMSNorm's vectorized row kernels: one block per row (a grid-stride loop over rows), each thread
+// holding up to kRowVecs 16-byte vectors of the row in registers (thread t has vectors t,
+// t + blockDim.x, ...), so a row is read from memory once and its statistic stays in registers.
+// The arithmetic per element is the scalar kernels', in the same order within an element.
+constexpr int kRowVecs = 4;
+
+// Calls f(k, c) for the thread's vectors c = threadIdx.x + k * blockDim.x (k < kRowVecs, c < nvec)
+// of a row; k is a constant after unrolling, so the arrays f indexes by k stay in registers.
+template <class F>
+__device__ __forceinline__ void each_row_vec(int nvec, F&& f) {
+#pragma unroll
+  for (int k = 0; k < kRowVecs; ++k) {
+    const int c = threadIdx.x + k * blockDim.x;
+    if (c < nvec) f(k, c);
+  }
+}
+
+// Loads the thread's vectors of row p into v.
+template <class T>
+__device__ __forceinline__ void load_row(const Vec16<T>* p, int nvec, Vec16<T> (&v)[kRowVecs]) {
+  each_row_vec(nvec, [&](int k, int c) { v[k] = p[c]; });
+}
+
+// y = x * rstd * gamma with rstd = 1 / sqrt(mean(x²) + eps); with res (and sum) non-null the row
+// normalised is x + res rounded to T, written into sum. nvec = d / V vectors per row.
+template <class T>
+__global__ void rmsnorm_forward_vec_kernel(const Vec16<T>* x, const Vec16<T>* res, Vec16<T>* sum,
+                                           const Vec16<T>* gamma, float eps, Vec16<T>* y,
+                                           float* rstd, std::int64_t rows, int nvec) {
+  constexpr int V = Vec16<T>::kCount;
+  __shared__ float scratch[32];
+  const float d = static_cast<float>(nvec) * V;
+  Vec16<T> gv[kRowVecs];
+  load_row(gamma, nvec, gv);
+  for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    Vec16<T> xv[kRowVecs], rv[kRowVecs];
+    load_row(x + r * nvec, nvec, xv);
+    if (res) load_row(res + r * nvec, nvec, rv);
+    float s2 = 0.0f;
+    each_row_vec(nvec, [&](int k, int c) {
+      if (res) {
+#pragma unroll
+        for (int e = 0; e < V; ++e) {
+          xv[k].v[e] = from_float<T>(__fadd_rn(to_float(xv[k].v[e]), to_float(rv[k].v[e])));
+        }
+        sum[r * nvec + c] = xv[k];
+      }
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const float v = to_float(xv[k].v[e]);
+        s2 += v * v;
+      }
+    });
+    const float rs = 1.0f / sqrtf(block_sum(s2, scratch) / d + eps);
+    if (threadIdx.x == 0) rstd[r] = rs;
+    each_row_vec(nvec, [&](int k, int c) {
+      Vec16<T> out;
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        out.v[e] = from_float<T>(to_float(xv[k].v[e]) * rs * to_float(gv[k].v[e]));
+      }
+      y[r * nvec + c] = out;
+    });
+  }
+}
+
+// Adds the V floats of part into dgamma[c * V ...] (16-byte aligned): 16-byte atomics on sm_90.
+template <int V>
+__device__ __forceinline__ void atomic_add_vec(float* dgamma, const float (&part)[V]) {
+#pragma unroll
+  for (int e = 0; e < V; e += 4) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    atomicAdd(reinterpret_cast<float4*>(dgamma + e),
+              make_float4(part[e], part[e + 1], part[e + 2], part[e + 3]));
+#else
+    for (int q = 0; q < 4; ++q) atomicAdd(dgamma + e + q, part[e + q]);
+#endif
+  }
+}
+
+// dx = rstd * (g - xhat * mean(g * xhat)) with g = dy * gamma, xhat = x * rstd, plus dres (may be
+// null) rounded as the separate in-place add would. With dgamma non-null, each thread sums
+// dy * xhat of its columns over the block's rows in registers and adds them into dgamma once at
+// the end (the grid is sized to a few blocks per multiprocessor for that).
+template <class T>
+__global__ void rmsnorm_backward_vec_kernel(const Vec16<T>* dy, const Vec16<T>* x,
+                                            const Vec16<T>* gamma, const float* rstd,
+                                            const Vec16<T>* dres, Vec16<T>* dx, float* dgamma,
+                                            std::int64_t rows, int nvec) {
+  constexpr int V = Vec16<T>::kCount;
+  __shared__ float scratch[32];
+  const float d = static_cast<float>(nvec) * V;
+  Vec16<T> gv[kRowVecs];
+  load_row(gamma, nvec, gv);
+  float dg[kRowVecs][V] = {};
+  for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    Vec16<T> dyv[kRowVecs], xv[kRowVecs], dv[kRowVecs];
+    load_row(dy + r * nvec, nvec, dyv);
+    load_row(x + r * nvec, nvec, xv);
+    if (dres) load_row(dres + r * nvec, nvec, dv);
+    const float rs = rstd[r];
+    float sgx = 0.0f;
+    each_row_vec(nvec, [&](int k, int) {
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const float dyf = to_float(dyv[k].v[e]), xf = to_float(xv[k].v[e]);
+        sgx += dyf * to_float(gv[k].v[e]) * xf * rs;
+        if (dgamma) dg[k][e] += dyf * xf * rs;
+      }
+    });
+    const float mean_gx = block_sum(sgx, scratch) / d;
+    each_row_vec(nvec, [&](int k, int c) {
+      Vec16<T> out;
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const float g = to_float(dyv[k].v[e]) * to_float(gv[k].v[e]);
+        const float xhat = to_float(xv[k].v[e]) * rs;
+        // __fmul_rn / __fadd_rn: no fused multiply-add across the two, as in the scalar kernel.
+        const T v = from_float<T>(__fmul_rn(rs, g - xhat * mean_gx));
+        out.v[e] = dres ? from_float<T>(__fadd_rn(to_float(v), to_float(dv[k].v[e]))) : v;
+      }
+      dx[r * nvec + c] = out;
+    });
+  }
+  if (dgamma) each_row_vec(nvec, [&](int k, int c) { atomic_add_vec<V>(dgamma + c * V, dg[k]); });
+}
+
 template <class T>
 T* ptr_or_null(const Tensor& t) {
   return t.defined() ? ptr<T>(t) : nullptr;
@@ -147,6 +277,70 @@ void norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const
   check_launch();
 }
 
+// Threads per block of the vectorized RMSNorm kernels for rows of nvec vectors: enough for
+// kRowVecs vectors each (a multiple of 32); 0 where the row does not fit (the scalar kernels then).
+inline int rms_row_threads(std::int64_t nvec) {
+  if (nvec > 1024 * kRowVecs) return 0;
+  const std::int64_t t = (nvec + kRowVecs - 1) / kRowVecs;
+  return static_cast<int>(std::max<std::int64_t>(32, (t + 31) / 32 * 32));
+}
+
+template <class T>
+void rms_forward(const Tensor& x, const Tensor& gamma, float eps, const Tensor& y,
+                 const Tensor& rstd, const Tensor& residual, const Tensor& sum,
+                 const Stream& stream) {
+  const std::int64_t rows = x.size(0), d = x.size(1);
+  if (rows == 0) return;
+  const std::int64_t nvec = d / Vec16<T>::kCount;
+  const int threads = rms_row_threads(nvec);
+  if (threads == 0 || !vectorizable<T>(d, {x.data_ptr(), gamma.data_ptr(), y.data_ptr(),
+                                           residual.defined() ? residual.data_ptr() : nullptr,
+                                           sum.defined() ? sum.data_ptr() : nullptr})) {
+    norm_forward<T>(x, gamma, Tensor(), eps, y, Tensor(), rstd, residual, sum, stream);
+    return;
+  }
+  using V = Vec16<T>;
+  rmsnorm_forward_vec_kernel<T><<<row_grid(rows), threads, 0, stream.handle()>>>(
+      reinterpret_cast<const V*>(ptr<T>(x)), reinterpret_cast<const V*>(ptr_or_null<T>(residual)),
+      reinterpret_cast<V*>(ptr_or_null<T>(sum)), reinterpret_cast<const V*>(ptr<T>(gamma)), eps,
+      reinterpret_cast<V*>(ptr<T>(y)), ptr<float>(rstd), rows, static_cast<int>(nvec));
+  check_launch();
+}
+
+template <class T>
+void rms_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& rstd,
+                  const Tensor& dx, const Tensor& dgamma, const Tensor& dresidual,
+                  const Stream& stream) {
+  const std::int64_t rows = x.size(0), d = x.size(1);
+  if (rows == 0) return;
+  const std::int64_t nvec = d / Vec16<T>::kCount;
+  const int threads = rms_row_threads(nvec);
+  float* dg = ptr_or_null<float>(dgamma);
+  if (threads == 0 ||
+      !vectorizable<T>(d, {dy.data_ptr(), x.data_ptr(), gamma.data_ptr(), dx.data_ptr(),
+                           dresidual.defined() ? dresidual.data_ptr() : nullptr, dg})) {
+    norm_backward<T>(dy, x, gamma, Tensor(), rstd, dx, dgamma, Tensor(), dresidual, stream);
+    return;
+  }
+  // With dgamma, each block adds its column sums into it once at its end: as many blocks as fit on
+  // the device at once (one wave, each taking a share of the rows), not one block per row.
+  std::int64_t grid = row_grid(rows);
+  if (dg) {
+    int per_sm = 0;
+    QUINTET_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &per_sm, rmsnorm_backward_vec_kernel<T>, threads, 0));
+    grid = std::min<std::int64_t>(
+        grid, static_cast<std::int64_t>(multiprocessors(x.device())) * std::max(1, per_sm));
+  }
+  using V = Vec16<T>;
+  rmsnorm_backward_vec_kernel<T><<<static_cast<unsigned>(grid), threads, 0, stream.handle()>>>(
+      reinterpret_cast<const V*>(ptr<T>(dy)), reinterpret_cast<const V*>(ptr<T>(x)),
+      reinterpret_cast<const V*>(ptr<T>(gamma)), ptr<float>(rstd),
+      reinterpret_cast<const V*>(ptr_or_null<T>(dresidual)), reinterpret_cast<V*>(ptr<T>(dx)), dg,
+      rows, static_cast<int>(nvec));
+  check_launch();
+}
+
 }  // namespace
 
 void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
@@ -171,8 +365,7 @@ void rmsnorm_forward(const Tensor& x, const Tensor& gamma, float eps, const Tens
                      const Tensor& rstd, const Tensor& residual, const Tensor& sum,
                      const Stream& stream) {
   dispatch_compute(x.dtype(), "rmsnorm_forward", [&](auto tag) {
-    norm_forward<typename decltype(tag)::type>(x, gamma, Tensor(), eps, y, Tensor(), rstd, residual,
-                                               sum, stream);
+    rms_forward<typename decltype(tag)::type>(x, gamma, eps, y, rstd, residual, sum, stream);
   });
 }
 
@@ -180,8 +373,7 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, co
                       const Tensor& dx, const Tensor& dgamma, const Tensor& dresidual,
                       const Stream& stream) {
   dispatch_compute(x.dtype(), "rmsnorm_backward", [&](auto tag) {
-    norm_backward<typename decltype(tag)::type>(dy, x, gamma, Tensor(), rstd, dx, dgamma, Tensor(),
-                                                dresidual, stream);
+    rms_backward<typename decltype(tag)::type>(dy, x, gamma, rstd, dx, dgamma, dresidual, stream);
   });
 }
 
