@@ -1,7 +1,7 @@
 // The training ops on the GPU (embedding and its scatter-add backward, cross-entropy fused with
-// the softmax, the fused AdamW step, one tensor or many per launch, and the sum of squares) against
-// the CPU ops on the same random inputs; the GPU's handling of out-of-range ids and targets; the
-// optimizer's norm left on the device; bad inputs.
+// the softmax, whole or split over vocabulary shards, the fused AdamW step, one tensor or many per
+// launch, and the sum of squares) against the CPU ops on the same random inputs; the GPU's handling
+// of out-of-range ids and targets; the optimizer's norm left on the device; bad inputs.
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -9,6 +9,7 @@
 
 #include "gpu/nn_gpu_compare.hpp"
 #include "quintet/nn/parameter.hpp"
+#include "quintet/nn/vocab_parallel_ops.hpp"
 #include "support/nn_adamw.hpp"
 #include "support/nn_layers.hpp"
 
@@ -83,7 +84,8 @@ TEST_CASE("cross-entropy on the GPU equals the CPU's, with ignored targets") {
   std::uint64_t seed = 4000;
   for (const DType t : kDTypes) {
     for (const DType it : {DType::i32, DType::i64}) {
-      for (const std::int64_t V : {std::int64_t{1}, std::int64_t{1001}, std::int64_t{50257}}) {
+      for (const std::int64_t V :
+           {std::int64_t{1}, std::int64_t{1001}, std::int64_t{50257}, std::int64_t{50304}}) {
         INFO("dtype " << dtype_name(t) << " targets " << dtype_name(it) << " vocab " << V);
         const std::int64_t N = 53;
         const Input logits = random_input({N, V}, ++seed, t, s, 4.0);
@@ -124,6 +126,80 @@ TEST_CASE("cross-entropy on the GPU equals the CPU's, with ignored targets") {
     const Tensor dz =
         nn::cross_entropy_backward(logits.to(gpu, s), none, z.lse, z.valid_count, 1.0f, -100, s);
     for (const double v : values(dz, s)) CHECK(v == 0.0);
+  }
+}
+
+// The vocabulary split at odd offsets (the kernels read 16-byte vectors between a scalar head and
+// tail): shard 0 and 2 have odd widths and start 1 row into their buffer, so neither their rows
+// nor their base are 16-byte aligned (and dlogits, freshly allocated, is aligned differently);
+// shard 1's rows are whole vectors. Rows with masked (-inf) logits, one whose shard 0 is all -inf,
+// one of very negative logits, ignored targets; the merged loss, lse and gradients equal the
+// unsplit CPU op's.
+TEST_CASE(
+    "vocabulary-parallel cross-entropy on the GPU at unaligned shard offsets equals the CPU's") {
+  const Device gpu = Device::cuda(0);
+  const Stream s = Stream::create(gpu);
+  const Stream cpu;
+  const std::int64_t kIgnore = -100, N = 37, V = 1003;
+  const std::int64_t starts[] = {0, 333, 701, V};
+  const float inf = std::numeric_limits<float>::infinity();
+  std::uint64_t seed = 4500;
+  for (const DType t : kDTypes) {
+    INFO("dtype " << dtype_name(t));
+    std::vector<float> x = Tensor::randn({N, V}, ++seed).to_vector<float>();
+    for (float& v : x) v *= 4.0f;
+    for (std::int64_t c = 0; c < V; ++c) {
+      if (c < 40 || c % 3 == 0) x[1 * V + c] = -inf;  // masked, whole first vectors included
+      if (c < starts[1]) x[2 * V + c] = -inf;         // shard 0 sees only -inf in row 2
+      x[3 * V + c] -= 1000.0f;                        // very negative: exp(x) is 0 in f32
+    }
+    std::vector<std::int64_t> tg = random_ids(N, V, ++seed, DType::i64).to_vector<std::int64_t>();
+    for (std::int64_t i = 5; i < N; i += 5) tg[i] = kIgnore;
+    tg[1] = 41;     // not masked
+    tg[2] = 400;    // in shard 1
+    tg[4] = 2;      // in shard 0, whose rows start unaligned
+    tg[6] = V - 1;  // the last entry, in shard 2's tail
+    const Tensor full = Tensor::from_vector<float>(x, {N, V}).to(t).to(DType::f32);
+    const Tensor targets = Tensor::from_vector<std::int64_t>(tg, {N});
+    const Tensor targets_gpu = targets.to(gpu, s);
+    const Tensor full_gpu = to_gpu(full, t, s);
+    const nn::CrossEntropyOutput want = nn::cross_entropy_forward(full, targets, kIgnore, cpu);
+    const Tensor dl_want =
+        nn::cross_entropy_backward(full, targets, want.lse, want.valid_count, 0.5f, kIgnore, cpu);
+
+    const std::int64_t shards = 3;
+    std::vector<Tensor> logits(shards);
+    const Tensor gathered = Tensor::empty({shards, 3, N}, DType::f32, gpu, s);
+    for (std::int64_t k = 0; k < shards; ++k) {
+      const std::int64_t local = starts[k + 1] - starts[k];
+      const std::int64_t skip = k == 1 ? 0 : 1;  // rows of buffer before the shard's
+      const Tensor buffer = Tensor::empty({N + skip, local}, t, gpu, s);
+      logits[k] = buffer.narrow(0, skip, N);
+      logits[k].copy_(full_gpu.narrow(1, starts[k], local), s);
+      CHECK((reinterpret_cast<std::uintptr_t>(logits[k].data_ptr()) % 16 == 0) == (k == 1));
+      gathered.select(k).copy_(
+          nn::vocab_parallel_ce_partials(logits[k], targets_gpu, starts[k], V, kIgnore, s), s);
+    }
+    const std::vector<double> g = values(gathered, s);
+    CHECK(std::isinf(g[2]));  // shard 0, row 2: max -inf, sum of exp 0 (not NaN)
+    CHECK(g[2] < 0.0);
+    CHECK(g[N + 2] == 0.0);
+    const nn::CrossEntropyOutput got =
+        nn::vocab_parallel_ce_combine(gathered, targets_gpu, V, kIgnore, s);
+    CHECK_CLOSE(got.loss, want.loss, s, DType::f32);
+    // Row 3's lse (near -1000) apart, so it does not set the bars of the others (near 15).
+    std::vector<double> lse = values(got.lse, s), lse_want = want.lse.to_vector<double>();
+    check_close({lse[3]}, {lse_want[3]}, DType::f32);
+    lse.erase(lse.begin() + 3);
+    lse_want.erase(lse_want.begin() + 3);
+    check_close(lse, lse_want, DType::f32);
+    CHECK(values(got.valid_count, s)[0] == want.valid_count.item());
+    for (std::int64_t k = 0; k < shards; ++k) {
+      INFO("shard " << k);
+      const Tensor dl = nn::vocab_parallel_ce_backward(
+          logits[k], targets_gpu, got.lse, got.valid_count, 0.5f, starts[k], V, kIgnore, s);
+      CHECK_CLOSE(dl, dl_want.narrow(1, starts[k], starts[k + 1] - starts[k]).contiguous(), s, t);
+    }
   }
 }
 

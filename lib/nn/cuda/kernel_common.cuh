@@ -119,6 +119,60 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
   return warp_max(v);
 }
 
+// The running maximum m and sum s = sum_i exp(x_i - m) of values seen so far: the one-pass form of
+// log-sum-exp (m + log s). When the maximum grows, s is rescaled by exp(m_old - m_new); two
+// states merge the same way, in any order. Before any finite value (none seen, or only -inf) the
+// state is m = -inf, s = 0; exponentials are taken against exp_sum_ref(m), which is 0 then, so a
+// -inf adds exp(-inf) = 0 and never exp(-inf - -inf) = NaN; a NaN value keeps s NaN. Plain floats
+// (not a struct with initialisers) so a block's states can sit in shared memory.
+//
+// The terms exp(x - m) (one per value, x - m <= 0) are __expf, ex2.approx of (x - m) log2(e),
+// 3 instructions against expf's 9, which would bring a bf16 row's pass near its issue limit: the
+// CUDA guide bounds its error by 2 + floor(1.173 |x - m|) ulp, so the terms that carry the sum,
+// near the maximum, are within a few ulp (the sum within about 1e-6 relative, against bars of 1e-5
+// on the lse in the GPU tests), and the far ones (exp(-10) and below) weigh nothing. The rescales
+// and merges (a few per thread) stay expf.
+struct ExpSum {
+  float m;
+  float s;
+};
+__device__ __forceinline__ ExpSum exp_sum_empty() { return ExpSum{-INFINITY, 0.0f}; }
+__device__ __forceinline__ float exp_sum_ref(float m) { return m == -INFINITY ? 0.0f : m; }
+// Raises a's maximum to m (no-op when m <= a.m), rescaling its sum.
+__device__ __forceinline__ void exp_sum_raise(ExpSum& a, float m) {
+  if (m > a.m) {
+    a.s *= expf(a.m - m);
+    a.m = m;
+  }
+}
+__device__ __forceinline__ float exp_sum_term(float x, float ref) { return __expf(x - ref); }
+// Adds one value x: exp(x - m) after raising m to x.
+__device__ __forceinline__ void exp_sum_add(ExpSum& a, float x) {
+  exp_sum_raise(a, x);
+  a.s += exp_sum_term(x, exp_sum_ref(a.m));
+}
+__device__ __forceinline__ ExpSum exp_sum_merge(ExpSum a, ExpSum b) {
+  const float m = fmaxf(a.m, b.m), r = exp_sum_ref(m);
+  return ExpSum{m, a.s * expf(a.m - r) + b.s * expf(b.m - r)};
+}
+__device__ __forceinline__ ExpSum warp_exp_sum(ExpSum v) {
+  for (int o = 16; o > 0; o >>= 1) {
+    v = exp_sum_merge(
+        v, ExpSum{__shfl_xor_sync(0xffffffffu, v.m, o), __shfl_xor_sync(0xffffffffu, v.s, o)});
+  }
+  return v;
+}
+// The merged state of the block (like block_sum; scratch: 32 ExpSum of shared memory).
+__device__ __forceinline__ ExpSum block_exp_sum(ExpSum v, ExpSum* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  v = warp_exp_sum(v);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < warps ? scratch[lane] : exp_sum_empty();
+  return warp_exp_sum(v);
+}
+
 constexpr int kThreads = 256;  // threads per block of the element-wise and row kernels
 
 // Blocks for a grid-stride loop over n elements (at least 1, at most 65535 * 8).
@@ -179,5 +233,47 @@ T* ptr(const Tensor& t) {
 
 // Throws Cuda when the last launch failed (bad configuration, no kernel image for this GPU).
 inline void check_launch() { QUINTET_CUDA_CHECK(cudaGetLastError()); }
+
+// A row of n elements of T at p (p aligned to T): a scalar head up to the first 16-byte boundary,
+// whole Vec16<T> from element head up to element end, then a scalar tail up to n.
+struct RowSplit {
+  std::int64_t head;
+  std::int64_t vectors;
+  std::int64_t end;
+  std::int64_t n;
+  // The scalar elements (the head's, then the tail's), and the row index of the c-th of them.
+  __device__ std::int64_t scalars() const { return head + n - end; }
+  __device__ std::int64_t scalar(std::int64_t c) const { return c < head ? c : end + (c - head); }
+};
+template <class T>
+__device__ __forceinline__ RowSplit row_split(const T* p, std::int64_t n) {
+  const auto misaligned = static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(p) & 15);
+  const std::int64_t to_boundary = (16 - misaligned) % 16 / static_cast<std::int64_t>(sizeof(T));
+  const std::int64_t head = to_boundary < n ? to_boundary : n;
+  const std::int64_t vectors = (n - head) / Vec16<T>::kCount;
+  return RowSplit{head, vectors, head + vectors * Vec16<T>::kCount, n};
+}
+// The same split with every element scalar (for rows whose other operands are not equally
+// aligned).
+__device__ __forceinline__ RowSplit row_scalars(std::int64_t n) { return RowSplit{n, 0, n, n}; }
+
+// Adds a vector's values to a: one rescale to the vector's maximum, then one term per value.
+template <class T>
+__device__ __forceinline__ void exp_sum_add(ExpSum& a, const Vec16<T>& v) {
+  constexpr int K = Vec16<T>::kCount;
+  float x[K];
+  float mx = -INFINITY;
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    x[k] = to_float(v.v[k]);
+    mx = fmaxf(mx, x[k]);
+  }
+  exp_sum_raise(a, mx);
+  const float r = exp_sum_ref(a.m);
+  float s = 0.0f;
+#pragma unroll
+  for (int k = 0; k < K; ++k) s += exp_sum_term(x[k], r);
+  a.s += s;
+}
 
 }  // namespace quintet::nn::cuda_ops::detail

@@ -1,8 +1,9 @@
 // The vocabulary-parallel ops on the GPU (quintet/nn/vocab_parallel_ops.hpp): masked embedding
 // lookup and scatter-add into one table shard, and the split-vocabulary cross-entropy (also the
 // whole vocabulary's, as one shard: cross_entropy_forward in lib/nn/ops_train.cpp). The
-// partials kernel runs one block per token row (max, then sum of exp, in f32); the combine runs
-// one thread per row and adds the loss and count with atomics; nothing synchronises the host.
+// partials and backward kernels run one block per token row and read it once, as 16-byte vectors
+// (the partials keep an online max and sum of exp, in f32); the combine runs one thread per row
+// and adds the loss and count with atomics; nothing synchronises the host.
 #include "nn/cuda/kernel_common.cuh"
 #include "nn/vocab_parallel_impl.hpp"
 
@@ -52,25 +53,62 @@ __global__ void vp_embedding_backward_kernel(const T* dy, const I* ids, float* d
   }
 }
 
+// The row kernels of the cross-entropy read each row once as 16-byte vectors (its body between
+// a scalar head up to a 16-byte boundary and a scalar tail), kCeUnroll vectors in flight per
+// thread; about two vectors a thread up to kCeThreads. A 50k-entry bf16 row is 6288 vectors, 24
+// or 25 a thread; at under 64 registers a thread, four blocks (rows) share a multiprocessor, 64 KB
+// of loads in flight, and one row's closing block reduction overlaps the other rows' loads.
+constexpr int kCeThreads = 256;
+constexpr int kCeUnroll = 4;
+
+template <class T>
+int ce_threads(std::int64_t local) {
+  const std::int64_t want = (local / Vec16<T>::kCount + 1) / 2;
+  const std::int64_t t = std::min<std::int64_t>(kCeThreads, std::max<std::int64_t>(32, want));
+  return static_cast<int>((t + 31) / 32 * 32);
+}
+
+// Calls f(j, vector j) for this thread's vectors of xv[0, vectors), loading kCeUnroll of them
+// before using any.
+template <class T, class F>
+__device__ __forceinline__ void for_each_vector(const Vec16<T>* xv, std::int64_t vectors, F&& f) {
+  for (std::int64_t i = threadIdx.x; i < vectors; i += kCeUnroll * blockDim.x) {
+    Vec16<T> a[kCeUnroll];
+#pragma unroll
+    for (int u = 0; u < kCeUnroll; ++u) {
+      if (i + u * blockDim.x < vectors) a[u] = xv[i + u * blockDim.x];
+    }
+#pragma unroll
+    for (int u = 0; u < kCeUnroll; ++u) {
+      if (i + u * blockDim.x < vectors) f(i + u * blockDim.x, a[u]);
+    }
+  }
+}
+
+// One pass over each row: every thread keeps the online (max, sum of exp) of its elements, and
+// the block merges them (-inf values add 0; a row of only -inf gives max -inf, sum 0).
 template <class T, class I>
-__global__ void vp_ce_partials_kernel(const T* logits, const I* targets, float* partials,
-                                      std::int64_t n, std::int64_t local, std::int64_t vocab_start,
-                                      std::int64_t vocab_size, std::int64_t ignore_index) {
-  __shared__ float scratch[32];
+__global__ void __launch_bounds__(kCeThreads)
+    vp_ce_partials_kernel(const T* logits, const I* targets, float* partials, std::int64_t n,
+                          std::int64_t local, std::int64_t vocab_start, std::int64_t vocab_size,
+                          std::int64_t ignore_index) {
+  __shared__ ExpSum scratch[32];
   for (std::int64_t r = blockIdx.x; r < n; r += gridDim.x) {
     const T* x = logits + r * local;
-    float m = -INFINITY;
-    for (std::int64_t c = threadIdx.x; c < local; c += blockDim.x) m = fmaxf(m, to_float(x[c]));
-    m = block_max(m, scratch);
-    float s = 0.0f;
-    for (std::int64_t c = threadIdx.x; c < local; c += blockDim.x) s += expf(to_float(x[c]) - m);
-    s = block_sum(s, scratch);
+    const RowSplit sp = row_split(x, local);
+    const auto* xv = reinterpret_cast<const Vec16<T>*>(x + sp.head);
+    ExpSum st = exp_sum_empty();
+    for_each_vector(xv, sp.vectors, [&](std::int64_t, const Vec16<T>& v) { exp_sum_add(st, v); });
+    for (std::int64_t c = threadIdx.x; c < sp.scalars(); c += blockDim.x) {
+      exp_sum_add(st, to_float(x[sp.scalar(c)]));
+    }
+    st = block_exp_sum(st, scratch);
     if (threadIdx.x == 0) {
       const std::int64_t t = static_cast<std::int64_t>(targets[r]);
       const std::int64_t lt = t - vocab_start;
       const bool here = valid_target(t, ignore_index, vocab_size) && lt >= 0 && lt < local;
-      partials[r] = m;
-      partials[n + r] = s;
+      partials[r] = st.m;
+      partials[n + r] = st.s;
       partials[2 * n + r] = here ? to_float(x[lt]) : 0.0f;
     }
   }
@@ -103,25 +141,53 @@ __global__ void vp_ce_finish_kernel(float* loss, const float* count) {
   loss[0] = count[0] > 0.0f ? loss[0] / count[0] : 0.0f;
 }
 
+// dlogits = scale (exp(logit - lse) - onehot) per element, as 16-byte vectors where logits and
+// dlogits are equally aligned (same_alignment; each row is then split the same way), else scalar.
+// Ignored rows are written as zeros without reading their logits.
 template <class T, class I>
-__global__ void vp_ce_backward_kernel(const T* logits, const I* targets, const float* lse,
-                                      const float* count, float dloss, T* dlogits, std::int64_t n,
-                                      std::int64_t local, std::int64_t vocab_start,
-                                      std::int64_t vocab_size, std::int64_t ignore_index) {
+__global__ void __launch_bounds__(kCeThreads)
+    vp_ce_backward_kernel(const T* logits, const I* targets, const float* lse, const float* count,
+                          float dloss, T* dlogits, std::int64_t n, std::int64_t local,
+                          std::int64_t vocab_start, std::int64_t vocab_size,
+                          std::int64_t ignore_index, bool same_alignment) {
+  constexpr int K = Vec16<T>::kCount;
   const float scale = dloss / fmaxf(count[0], 1.0f);
   for (std::int64_t r = blockIdx.x; r < n; r += gridDim.x) {
     const std::int64_t t = static_cast<std::int64_t>(targets[r]);
     const bool valid = valid_target(t, ignore_index, vocab_size);
     const std::int64_t lt = t - vocab_start;
     const float l = lse[r];
-    for (std::int64_t c = threadIdx.x; c < local; c += blockDim.x) {
-      float g = 0.0f;
-      if (valid) {
-        g = expf(to_float(logits[r * local + c]) - l);
-        if (c == lt) g -= 1.0f;
-        g *= scale;
+    const T* x = logits + r * local;
+    T* y = dlogits + r * local;
+    const RowSplit sp = same_alignment ? row_split(x, local) : row_scalars(local);
+    const auto* xv = reinterpret_cast<const Vec16<T>*>(x + sp.head);
+    auto* yv = reinterpret_cast<Vec16<T>*>(y + sp.head);
+    auto grad = [&](float v, bool target) {
+      float g = expf(v - l);
+      if (target) g -= 1.0f;
+      return from_float<T>(g * scale);
+    };
+    if (valid) {
+      for_each_vector(xv, sp.vectors, [&](std::int64_t j, const Vec16<T>& v) {
+        const std::int64_t at = lt - (sp.head + j * K);  // the target's place in the vector
+        const int tk = at >= 0 && at < K ? static_cast<int>(at) : -1;
+        Vec16<T> o;
+#pragma unroll
+        for (int k = 0; k < K; ++k) o.v[k] = grad(to_float(v.v[k]), k == tk);
+        yv[j] = o;
+      });
+      for (std::int64_t c = threadIdx.x; c < sp.scalars(); c += blockDim.x) {
+        const std::int64_t e = sp.scalar(c);
+        y[e] = grad(to_float(x[e]), e == lt);
       }
-      dlogits[r * local + c] = from_float<T>(g);
+    } else {
+      Vec16<T> zero;
+#pragma unroll
+      for (int k = 0; k < K; ++k) zero.v[k] = from_float<T>(0.0f);
+      for (std::int64_t i = threadIdx.x; i < sp.vectors; i += blockDim.x) yv[i] = zero;
+      for (std::int64_t c = threadIdx.x; c < sp.scalars(); c += blockDim.x) {
+        y[sp.scalar(c)] = from_float<T>(0.0f);
+      }
     }
   }
 }
@@ -177,7 +243,7 @@ void vocab_parallel_ce_partials(const Tensor& logits, const Tensor& targets,
     using T = typename decltype(ttag)::type;
     dispatch_index(targets.dtype(), op, [&](auto itag) {
       using I = typename decltype(itag)::type;
-      vp_ce_partials_kernel<T, I><<<rows_grid(n), row_threads(local), 0, stream.handle()>>>(
+      vp_ce_partials_kernel<T, I><<<rows_grid(n), ce_threads<T>(local), 0, stream.handle()>>>(
           ptr<T>(logits), ptr<I>(targets), ptr<float>(partials), n, local, vocab_start, vocab_size,
           ignore_index);
     });
@@ -217,9 +283,11 @@ void vocab_parallel_ce_backward(const Tensor& logits, const Tensor& targets, con
     using T = typename decltype(ttag)::type;
     dispatch_index(targets.dtype(), op, [&](auto itag) {
       using I = typename decltype(itag)::type;
-      vp_ce_backward_kernel<T, I><<<rows_grid(n), row_threads(local), 0, stream.handle()>>>(
+      const auto gap = reinterpret_cast<std::uintptr_t>(logits.data_ptr()) -
+                       reinterpret_cast<std::uintptr_t>(dlogits.data_ptr());
+      vp_ce_backward_kernel<T, I><<<rows_grid(n), ce_threads<T>(local), 0, stream.handle()>>>(
           ptr<T>(logits), ptr<I>(targets), ptr<float>(lse), ptr<float>(valid_count), dloss,
-          ptr<T>(dlogits), n, local, vocab_start, vocab_size, ignore_index);
+          ptr<T>(dlogits), n, local, vocab_start, vocab_size, ignore_index, gap % 16 == 0);
     });
   });
   check_launch();
