@@ -105,11 +105,12 @@ TEST_CASE("layernorm and rmsnorm on the GPU equal the CPU's") {
   const Device gpu = Device::cuda(0);
   const Stream s = Stream::create(gpu);
   const Stream cpu;
-  // RMSNorm's vectorized kernels take rows of whole 16-byte vectors (d a multiple of 8 in bf16, of
-  // 4 in f32) up to 4096 vectors: {3, 2048}, {2, 5, 24}, {2, 16392} (bf16 only) and {4000, 64},
-  // whose backward sums dgamma over several rows a block; the others take the scalar kernels.
-  const Shape shapes[] = {{1, 1},    {7, 333},   {2, 3, 1025}, {5, 4097},
-                          {3, 2048}, {2, 5, 24}, {2, 16392},   {4000, 64}};
+  // The vectorized kernels (LayerNorm's and RMSNorm's) take rows of whole 16-byte vectors (d a
+  // multiple of 8 in bf16, of 4 in f32) up to 4096 vectors: {3, 2048}, {3, 1024}, {2, 5, 24},
+  // {2, 16392} (bf16 only) and {4000, 64}, whose backward sums dgamma (and dbeta) over several
+  // rows a block; the others take the scalar kernels.
+  const Shape shapes[] = {{1, 1},    {7, 333},   {2, 3, 1025}, {5, 4097}, {3, 2048},
+                          {3, 1024}, {2, 5, 24}, {2, 16392},   {4000, 64}};
   std::uint64_t seed = 200;
   for (const DType t : kDTypes) {
     for (const Shape& xs : shapes) {
@@ -134,6 +135,14 @@ TEST_CASE("layernorm and rmsnorm on the GPU equal the CPU's") {
       CHECK_CLOSE(dx, dx_ref, s, t);
       CHECK_CLOSE(dg, dg_ref, s, t);
       CHECK_CLOSE(db, db_ref, s, t);
+      // Undefined parameter gradients are skipped; dbeta alone is summed without dgamma.
+      const Tensor db_only = db0.to(gpu, s), db_only_ref = db0.clone();
+      const Tensor dx_db_only =
+          nn::layernorm_backward(dy.gpu, x.gpu, g.gpu, ln.mean, ln.rstd, Tensor(), db_only, s);
+      CHECK_CLOSE(dx_db_only, dx_ref, s, t);
+      nn::layernorm_backward(dy.cpu, x.cpu, g.cpu, ln_ref.mean, ln_ref.rstd, Tensor(), db_only_ref,
+                             cpu);
+      CHECK_CLOSE(db_only, db_only_ref, s, t);
 
       const nn::NormOutput rms = nn::rmsnorm_forward(x.gpu, g.gpu, 1e-6f, s);
       const nn::NormOutput rms_ref = nn::rmsnorm_forward(x.cpu, g.cpu, 1e-6f, cpu);

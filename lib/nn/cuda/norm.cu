@@ -1,8 +1,8 @@
 // LayerNorm and RMSNorm over the last dimension on the GPU: one block per row for the forward and
 // the input gradient (statistics in f32), and a column kernel that accumulates dgamma/dbeta in f32.
-// RMSNorm's rows that are whole 16-byte vectors (and fit kRowVecs vectors a thread) take
-// vectorized row kernels that keep the row in registers and, in the backward, sum dgamma in
-// registers too (one pass over dy and x); the others take the scalar kernels.
+// Rows that are whole 16-byte vectors (and fit kRowVecs vectors a thread) take vectorized row
+// kernels, shared by both norms, that keep the row in registers and, in the backward, sum dgamma
+// (and dbeta) in registers too (one pass over dy and x); the others take the scalar kernels.
 // The residual forms fuse the residual add into the row kernels: the forward normalises
 // x + residual (rounded to T, as the add would) and writes that sum; the backward adds the
 // residual's gradient into dx (rounded as an in-place add would), so they equal add-then-norm and
@@ -110,10 +110,11 @@ __global__ void norm_backward_params_kernel(const T* dy, const T* x, const float
   if (dbeta) atomicAdd(dbeta + c, sb);
 }
 
-// RMSNorm's vectorized row kernels: one block per row (a grid-stride loop over rows), each thread
+// The vectorized row kernels: one block per row (a grid-stride loop over rows), each thread
 // holding up to kRowVecs 16-byte vectors of the row in registers (thread t has vectors t,
-// t + blockDim.x, ...), so a row is read from memory once and its statistic stays in registers.
-// The arithmetic per element is the scalar kernels', in the same order within an element.
+// t + blockDim.x, ...), so a row is read from memory once and its statistics stay in registers.
+// kLayer picks LayerNorm (mean subtracted, beta and dbeta) over RMSNorm. The arithmetic per
+// element is the scalar kernels', in the same order within an element.
 constexpr int kRowVecs = 4;
 
 // Calls f(k, c) for the thread's vectors c = threadIdx.x + k * blockDim.x (k < kRowVecs, c < nvec)
@@ -133,22 +134,26 @@ __device__ __forceinline__ void load_row(const Vec16<T>* p, int nvec, Vec16<T> (
   each_row_vec(nvec, [&](int k, int c) { v[k] = p[c]; });
 }
 
-// y = x * rstd * gamma with rstd = 1 / sqrt(mean(x²) + eps); with res (and sum) non-null the row
-// normalised is x + res rounded to T, written into sum. nvec = d / V vectors per row.
-template <class T>
-__global__ void rmsnorm_forward_vec_kernel(const Vec16<T>* x, const Vec16<T>* res, Vec16<T>* sum,
-                                           const Vec16<T>* gamma, float eps, Vec16<T>* y,
-                                           float* rstd, std::int64_t rows, int nvec) {
+// y = (x - mean) * rstd * gamma + beta (LayerNorm; beta may be null) or x * rstd * gamma
+// (RMSNorm, mean and beta unused) with rstd = 1 / sqrt(mean((x - mean)²) + eps); with res (and
+// sum) non-null the row normalised is x + res rounded to T, written into sum. nvec = d / V vectors
+// per row.
+template <class T, bool kLayer>
+__global__ void norm_forward_vec_kernel(const Vec16<T>* x, const Vec16<T>* res, Vec16<T>* sum,
+                                        const Vec16<T>* gamma, const Vec16<T>* beta, float eps,
+                                        Vec16<T>* y, float* mean, float* rstd, std::int64_t rows,
+                                        int nvec) {
   constexpr int V = Vec16<T>::kCount;
   __shared__ float scratch[32];
   const float d = static_cast<float>(nvec) * V;
-  Vec16<T> gv[kRowVecs];
+  Vec16<T> gv[kRowVecs], bv[kRowVecs];
   load_row(gamma, nvec, gv);
+  if (kLayer && beta) load_row(beta, nvec, bv);
   for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     Vec16<T> xv[kRowVecs], rv[kRowVecs];
     load_row(x + r * nvec, nvec, xv);
     if (res) load_row(res + r * nvec, nvec, rv);
-    float s2 = 0.0f;
+    float s = 0.0f;
     each_row_vec(nvec, [&](int k, int c) {
       if (res) {
 #pragma unroll
@@ -157,84 +162,109 @@ __global__ void rmsnorm_forward_vec_kernel(const Vec16<T>* x, const Vec16<T>* re
         }
         sum[r * nvec + c] = xv[k];
       }
+      if (kLayer) {
+#pragma unroll
+        for (int e = 0; e < V; ++e) s += to_float(xv[k].v[e]);
+      }
+    });
+    const float mu = kLayer ? block_sum(s, scratch) / d : 0.0f;
+    float s2 = 0.0f;
+    each_row_vec(nvec, [&](int k, int) {
 #pragma unroll
       for (int e = 0; e < V; ++e) {
-        const float v = to_float(xv[k].v[e]);
+        const float v = kLayer ? to_float(xv[k].v[e]) - mu : to_float(xv[k].v[e]);
         s2 += v * v;
       }
     });
     const float rs = 1.0f / sqrtf(block_sum(s2, scratch) / d + eps);
-    if (threadIdx.x == 0) rstd[r] = rs;
+    if (threadIdx.x == 0) {
+      if (kLayer) mean[r] = mu;
+      rstd[r] = rs;
+    }
     each_row_vec(nvec, [&](int k, int c) {
       Vec16<T> out;
 #pragma unroll
       for (int e = 0; e < V; ++e) {
-        out.v[e] = from_float<T>(to_float(xv[k].v[e]) * rs * to_float(gv[k].v[e]));
+        const float xf = kLayer ? to_float(xv[k].v[e]) - mu : to_float(xv[k].v[e]);
+        float v = xf * rs * to_float(gv[k].v[e]);
+        if (kLayer && beta) v += to_float(bv[k].v[e]);
+        out.v[e] = from_float<T>(v);
       }
       y[r * nvec + c] = out;
     });
   }
 }
 
-// Adds the V floats of part into dgamma[c * V ...] (16-byte aligned): 16-byte atomics on sm_90.
+// Adds the V floats of part into dst[0 .. V) (16-byte aligned): 16-byte atomics on sm_90.
 template <int V>
-__device__ __forceinline__ void atomic_add_vec(float* dgamma, const float (&part)[V]) {
+__device__ __forceinline__ void atomic_add_vec(float* dst, const float (&part)[V]) {
 #pragma unroll
   for (int e = 0; e < V; e += 4) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    atomicAdd(reinterpret_cast<float4*>(dgamma + e),
+    atomicAdd(reinterpret_cast<float4*>(dst + e),
               make_float4(part[e], part[e + 1], part[e + 2], part[e + 3]));
 #else
-    for (int q = 0; q < 4; ++q) atomicAdd(dgamma + e + q, part[e + q]);
+    for (int q = 0; q < 4; ++q) atomicAdd(dst + e + q, part[e + q]);
 #endif
   }
 }
 
-// dx = rstd * (g - xhat * mean(g * xhat)) with g = dy * gamma, xhat = x * rstd, plus dres (may be
-// null) rounded as the separate in-place add would. With dgamma non-null, each thread sums
-// dy * xhat of its columns over the block's rows in registers and adds them into dgamma once at
-// the end (the grid is sized to a few blocks per multiprocessor for that).
-template <class T>
-__global__ void rmsnorm_backward_vec_kernel(const Vec16<T>* dy, const Vec16<T>* x,
-                                            const Vec16<T>* gamma, const float* rstd,
-                                            const Vec16<T>* dres, Vec16<T>* dx, float* dgamma,
-                                            std::int64_t rows, int nvec) {
+// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * gamma, xhat = (x - mean) * rstd
+// (LayerNorm) or dx = rstd * (g - xhat * mean(g * xhat)) with xhat = x * rstd (RMSNorm), plus dres
+// (may be null) rounded as the separate in-place add would. With dgamma (or, for LayerNorm, dbeta)
+// non-null, each thread sums dy * xhat (and dy) of its columns over the block's rows in registers
+// and adds them into dgamma (dbeta) once at the end (the grid is sized to a few blocks per
+// multiprocessor for that).
+template <class T, bool kLayer>
+__global__ void norm_backward_vec_kernel(const Vec16<T>* dy, const Vec16<T>* x,
+                                         const Vec16<T>* gamma, const float* mean,
+                                         const float* rstd, const Vec16<T>* dres, Vec16<T>* dx,
+                                         float* dgamma, float* dbeta, std::int64_t rows, int nvec) {
   constexpr int V = Vec16<T>::kCount;
   __shared__ float scratch[32];
   const float d = static_cast<float>(nvec) * V;
   Vec16<T> gv[kRowVecs];
   load_row(gamma, nvec, gv);
-  float dg[kRowVecs][V] = {};
+  float dg[kRowVecs][V] = {}, db[kLayer ? kRowVecs : 1][V] = {};
   for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     Vec16<T> dyv[kRowVecs], xv[kRowVecs], dv[kRowVecs];
     load_row(dy + r * nvec, nvec, dyv);
     load_row(x + r * nvec, nvec, xv);
     if (dres) load_row(dres + r * nvec, nvec, dv);
-    const float rs = rstd[r];
-    float sgx = 0.0f;
+    const float mu = kLayer ? mean[r] : 0.0f, rs = rstd[r];
+    float sg = 0.0f, sgx = 0.0f;
     each_row_vec(nvec, [&](int k, int) {
 #pragma unroll
       for (int e = 0; e < V; ++e) {
-        const float dyf = to_float(dyv[k].v[e]), xf = to_float(xv[k].v[e]);
-        sgx += dyf * to_float(gv[k].v[e]) * xf * rs;
+        const float dyf = to_float(dyv[k].v[e]);
+        const float xf = kLayer ? to_float(xv[k].v[e]) - mu : to_float(xv[k].v[e]);
+        const float g = dyf * to_float(gv[k].v[e]);
+        if (kLayer) sg += g;
+        sgx += g * xf * rs;
         if (dgamma) dg[k][e] += dyf * xf * rs;
+        if (kLayer && dbeta) db[kLayer ? k : 0][e] += dyf;
       }
     });
+    const float mean_g = kLayer ? block_sum(sg, scratch) / d : 0.0f;
     const float mean_gx = block_sum(sgx, scratch) / d;
     each_row_vec(nvec, [&](int k, int c) {
       Vec16<T> out;
 #pragma unroll
       for (int e = 0; e < V; ++e) {
         const float g = to_float(dyv[k].v[e]) * to_float(gv[k].v[e]);
-        const float xhat = to_float(xv[k].v[e]) * rs;
+        const float xhat = (kLayer ? to_float(xv[k].v[e]) - mu : to_float(xv[k].v[e])) * rs;
         // __fmul_rn / __fadd_rn: no fused multiply-add across the two, as in the scalar kernel.
-        const T v = from_float<T>(__fmul_rn(rs, g - xhat * mean_gx));
+        const T v =
+            from_float<T>(__fmul_rn(rs, kLayer ? g - mean_g - xhat * mean_gx : g - xhat * mean_gx));
         out.v[e] = dres ? from_float<T>(__fadd_rn(to_float(v), to_float(dv[k].v[e]))) : v;
       }
       dx[r * nvec + c] = out;
     });
   }
   if (dgamma) each_row_vec(nvec, [&](int k, int c) { atomic_add_vec<V>(dgamma + c * V, dg[k]); });
+  if (kLayer && dbeta) {
+    each_row_vec(nvec, [&](int k, int c) { atomic_add_vec<V>(dbeta + c * V, db[kLayer ? k : 0]); });
+  }
 }
 
 template <class T>
@@ -277,67 +307,93 @@ void norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const
   check_launch();
 }
 
-// Threads per block of the vectorized RMSNorm kernels for rows of nvec vectors: enough for
-// kRowVecs vectors each (a multiple of 32); 0 where the row does not fit (the scalar kernels then).
-inline int rms_row_threads(std::int64_t nvec) {
+// Threads per block of the vectorized kernels for rows of nvec vectors: enough for kRowVecs
+// vectors each (a multiple of 32); 0 where the row does not fit (the scalar kernels then).
+inline int vec_row_threads(std::int64_t nvec) {
   if (nvec > 1024 * kRowVecs) return 0;
   const std::int64_t t = (nvec + kRowVecs - 1) / kRowVecs;
   return static_cast<int>(std::max<std::int64_t>(32, (t + 31) / 32 * 32));
 }
 
 template <class T>
-void rms_forward(const Tensor& x, const Tensor& gamma, float eps, const Tensor& y,
-                 const Tensor& rstd, const Tensor& residual, const Tensor& sum,
-                 const Stream& stream) {
-  const std::int64_t rows = x.size(0), d = x.size(1);
-  if (rows == 0) return;
-  const std::int64_t nvec = d / Vec16<T>::kCount;
-  const int threads = rms_row_threads(nvec);
-  if (threads == 0 || !vectorizable<T>(d, {x.data_ptr(), gamma.data_ptr(), y.data_ptr(),
-                                           residual.defined() ? residual.data_ptr() : nullptr,
-                                           sum.defined() ? sum.data_ptr() : nullptr})) {
-    norm_forward<T>(x, gamma, Tensor(), eps, y, Tensor(), rstd, residual, sum, stream);
-    return;
-  }
-  using V = Vec16<T>;
-  rmsnorm_forward_vec_kernel<T><<<row_grid(rows), threads, 0, stream.handle()>>>(
-      reinterpret_cast<const V*>(ptr<T>(x)), reinterpret_cast<const V*>(ptr_or_null<T>(residual)),
-      reinterpret_cast<V*>(ptr_or_null<T>(sum)), reinterpret_cast<const V*>(ptr<T>(gamma)), eps,
-      reinterpret_cast<V*>(ptr<T>(y)), ptr<float>(rstd), rows, static_cast<int>(nvec));
-  check_launch();
+const Vec16<T>* cvec(const Tensor& t) {
+  return reinterpret_cast<const Vec16<T>*>(ptr_or_null<T>(t));
 }
 
 template <class T>
-void rms_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& rstd,
-                  const Tensor& dx, const Tensor& dgamma, const Tensor& dresidual,
-                  const Stream& stream) {
+Vec16<T>* vec(const Tensor& t) {
+  return reinterpret_cast<Vec16<T>*>(ptr_or_null<T>(t));
+}
+
+// LayerNorm (mean defined) or RMSNorm forward: the vectorized kernel where the rows are whole
+// vectors that fit, the scalar one otherwise.
+template <class T>
+void any_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
+                      const Tensor& y, const Tensor& mean, const Tensor& rstd,
+                      const Tensor& residual, const Tensor& sum, const Stream& stream) {
   const std::int64_t rows = x.size(0), d = x.size(1);
   if (rows == 0) return;
   const std::int64_t nvec = d / Vec16<T>::kCount;
-  const int threads = rms_row_threads(nvec);
-  float* dg = ptr_or_null<float>(dgamma);
-  if (threads == 0 ||
-      !vectorizable<T>(d, {dy.data_ptr(), x.data_ptr(), gamma.data_ptr(), dx.data_ptr(),
-                           dresidual.defined() ? dresidual.data_ptr() : nullptr, dg})) {
-    norm_backward<T>(dy, x, gamma, Tensor(), rstd, dx, dgamma, Tensor(), dresidual, stream);
+  const int threads = vec_row_threads(nvec);
+  if (threads == 0 || !vectorizable<T>(d, {x.data_ptr(), gamma.data_ptr(), y.data_ptr(),
+                                           beta.defined() ? beta.data_ptr() : nullptr,
+                                           residual.defined() ? residual.data_ptr() : nullptr,
+                                           sum.defined() ? sum.data_ptr() : nullptr})) {
+    norm_forward<T>(x, gamma, beta, eps, y, mean, rstd, residual, sum, stream);
     return;
   }
-  // With dgamma, each block adds its column sums into it once at its end: as many blocks as fit on
-  // the device at once (one wave, each taking a share of the rows), not one block per row.
-  std::int64_t grid = row_grid(rows);
-  if (dg) {
-    int per_sm = 0;
-    QUINTET_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &per_sm, rmsnorm_backward_vec_kernel<T>, threads, 0));
-    grid = std::min<std::int64_t>(
-        grid, static_cast<std::int64_t>(multiprocessors(x.device())) * std::max(1, per_sm));
+  auto launch = [&](auto kernel) {
+    kernel<<<row_grid(rows), threads, 0, stream.handle()>>>(
+        cvec<T>(x), cvec<T>(residual), vec<T>(sum), cvec<T>(gamma), cvec<T>(beta), eps, vec<T>(y),
+        ptr_or_null<float>(mean), ptr<float>(rstd), rows, static_cast<int>(nvec));
+  };
+  if (mean.defined()) {
+    launch(norm_forward_vec_kernel<T, true>);
+  } else {
+    launch(norm_forward_vec_kernel<T, false>);
   }
-  using V = Vec16<T>;
-  rmsnorm_backward_vec_kernel<T><<<static_cast<unsigned>(grid), threads, 0, stream.handle()>>>(
-      reinterpret_cast<const V*>(ptr<T>(dy)), reinterpret_cast<const V*>(ptr<T>(x)),
-      reinterpret_cast<const V*>(ptr<T>(gamma)), ptr<float>(rstd),
-      reinterpret_cast<const V*>(ptr_or_null<T>(dresidual)), reinterpret_cast<V*>(ptr<T>(dx)), dg,
-      rows, static_cast<int>(nvec));
+  check_launch();
+}
+
+// LayerNorm (mean defined) or RMSNorm backward (dbeta undefined for RMSNorm), vectorized where
+// the rows allow as in any_norm_forward.
+template <class T>
+void any_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                       const Tensor& rstd, const Tensor& dx, const Tensor& dgamma,
+                       const Tensor& dbeta, const Tensor& dresidual, const Stream& stream) {
+  const std::int64_t rows = x.size(0), d = x.size(1);
+  if (rows == 0) return;
+  const std::int64_t nvec = d / Vec16<T>::kCount;
+  const int threads = vec_row_threads(nvec);
+  float* dg = ptr_or_null<float>(dgamma);
+  float* db = ptr_or_null<float>(dbeta);
+  if (threads == 0 ||
+      !vectorizable<T>(d, {dy.data_ptr(), x.data_ptr(), gamma.data_ptr(), dx.data_ptr(),
+                           dresidual.defined() ? dresidual.data_ptr() : nullptr, dg, db})) {
+    norm_backward<T>(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, dresidual, stream);
+    return;
+  }
+  auto launch = [&](auto kernel) {
+    // With parameter gradients, each block adds its column sums into them once at its end: as
+    // many blocks as fit on the device at once (one wave, each taking a share of the rows), not
+    // one block per row.
+    std::int64_t grid = row_grid(rows);
+    if (dg || db) {
+      int per_sm = 0;
+      QUINTET_CUDA_CHECK(
+          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
+      grid = std::min<std::int64_t>(
+          grid, static_cast<std::int64_t>(multiprocessors(x.device())) * std::max(1, per_sm));
+    }
+    kernel<<<static_cast<unsigned>(grid), threads, 0, stream.handle()>>>(
+        cvec<T>(dy), cvec<T>(x), cvec<T>(gamma), ptr_or_null<float>(mean), ptr<float>(rstd),
+        cvec<T>(dresidual), vec<T>(dx), dg, db, rows, static_cast<int>(nvec));
+  };
+  if (mean.defined()) {
+    launch(norm_backward_vec_kernel<T, true>);
+  } else {
+    launch(norm_backward_vec_kernel<T, false>);
+  }
   check_launch();
 }
 
@@ -347,8 +403,8 @@ void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                        const Tensor& y, const Tensor& mean, const Tensor& rstd,
                        const Tensor& residual, const Tensor& sum, const Stream& stream) {
   dispatch_compute(x.dtype(), "layernorm_forward", [&](auto tag) {
-    norm_forward<typename decltype(tag)::type>(x, gamma, beta, eps, y, mean, rstd, residual, sum,
-                                               stream);
+    any_norm_forward<typename decltype(tag)::type>(x, gamma, beta, eps, y, mean, rstd, residual,
+                                                   sum, stream);
   });
 }
 
@@ -356,8 +412,8 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, 
                         const Tensor& rstd, const Tensor& dx, const Tensor& dgamma,
                         const Tensor& dbeta, const Tensor& dresidual, const Stream& stream) {
   dispatch_compute(x.dtype(), "layernorm_backward", [&](auto tag) {
-    norm_backward<typename decltype(tag)::type>(dy, x, gamma, mean, rstd, dx, dgamma, dbeta,
-                                                dresidual, stream);
+    any_norm_backward<typename decltype(tag)::type>(dy, x, gamma, mean, rstd, dx, dgamma, dbeta,
+                                                    dresidual, stream);
   });
 }
 
@@ -365,7 +421,8 @@ void rmsnorm_forward(const Tensor& x, const Tensor& gamma, float eps, const Tens
                      const Tensor& rstd, const Tensor& residual, const Tensor& sum,
                      const Stream& stream) {
   dispatch_compute(x.dtype(), "rmsnorm_forward", [&](auto tag) {
-    rms_forward<typename decltype(tag)::type>(x, gamma, eps, y, rstd, residual, sum, stream);
+    any_norm_forward<typename decltype(tag)::type>(x, gamma, Tensor(), eps, y, Tensor(), rstd,
+                                                   residual, sum, stream);
   });
 }
 
@@ -373,7 +430,8 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, co
                       const Tensor& dx, const Tensor& dgamma, const Tensor& dresidual,
                       const Stream& stream) {
   dispatch_compute(x.dtype(), "rmsnorm_backward", [&](auto tag) {
-    rms_backward<typename decltype(tag)::type>(dy, x, gamma, rstd, dx, dgamma, dresidual, stream);
+    any_norm_backward<typename decltype(tag)::type>(dy, x, gamma, Tensor(), rstd, dx, dgamma,
+                                                    Tensor(), dresidual, stream);
   });
 }
 
