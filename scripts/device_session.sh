@@ -56,6 +56,7 @@ step() {  # step NAME SECONDS COMMAND...: bounded by SECONDS and by the budget l
   # The step's own output first (a script's summary), its runs' logs only when that has none.
   local pattern='"summary"|tokens/s|TFLOP|ratio|passed|failed|FAILED|Error|\| |^(naive|loader) +[0-9]'
   pattern+='|^(one rank|4 ranks|4 CPU ranks)'  # affinity_bench.sh's placements and tables
+  pattern+='|heuristic|cuBLASLt '  # cublaslt_fp8_probe.cu's lines
   pattern+='|^ours / |DIFFERENT MODELS'  # ours_vs_torch.py's ratios (llama, gpt)
   { grep -hE "$pattern" "$logs/$name.log" ||
       grep -hE "$pattern" "$logs/$name"/*.log; } 2>/dev/null | tail -n 40 | sed 's/^/    /' >>"$summary"
@@ -64,8 +65,11 @@ step() {  # step NAME SECONDS COMMAND...: bounded by SECONDS and by the budget l
 echo "| step | result | seconds |" >>"$summary"
 echo "|---|---|---|" >>"$summary"
 case $phase in
-  0)  # Estimates (seconds): build 135 fresh; gpu tests about 100; the op benchmarks 20 and 30;
-      # the Llama step 40 and torch.compile's about 110.
+  0)  # Estimates (seconds): the cuBLASLt FP8 probe 20; build 135 fresh; gpu tests about 100;
+      # the op benchmarks 20 and 30; the Llama step 40 and torch.compile's about 110.
+    nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+    step fp8_probe 60 bash -c "$nvcc -std=c++17 -arch=sm_90 scripts/bench/cublaslt_fp8_probe.cu \
+      -lcublasLt -o /tmp/cublaslt_fp8_probe && CUBLASLT_LOG_LEVEL=2 /tmp/cublaslt_fp8_probe"
     step build 240 bash scripts/setup.sh
     step gpu_tests 200 bash -c "cd build && ctest -L gpu --output-on-failure -j3 --timeout 150"
     step ops 60 build/examples/09_op_bench/09_op_bench --elementwise-only --json
