@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "quintet/nn/ops.hpp"
+#include "quintet/nn/vocab_parallel_ops.hpp"
 #include "support/catch.hpp"
 #include "unit/nn_gradcheck.hpp"
 
@@ -372,6 +373,31 @@ TEST_CASE("embedding lookup and scatter-add backward", "[nn][ops]") {
   REQUIRE(dt.at<double>({2, 1}) == Approx(r.at<double>({0, 0, 1}) + r.at<double>({1, 0, 1})));
   const Tensor ids32 = Tensor::from_vector<std::int32_t>({2, 5, 2, 0}, {2, 2});
   require_close(embedding_forward(ids32, table, kCpu), y, 0.0, "i32 ids");
+}
+
+TEST_CASE("vocabulary-parallel cross-entropy with a shard whose row is all -inf equals the unsplit",
+          "[nn][ops]") {
+  // Row 0's first shard (columns 0-2) is masked whole; row 1 is masked in part. The shard's
+  // partials are max -inf and sum 0 (not NaN), and the merged loss and lse are the unsplit op's.
+  const double inf = std::numeric_limits<double>::infinity();
+  Tensor logits = randn64({2, 7}, 73, 2.0);
+  for (int j = 0; j < 3; ++j) logits.data<double>()[j] = -inf;
+  logits.data<double>()[7 + 1] = -inf;
+  const Tensor targets = Tensor::from_vector<std::int64_t>({5, 2}, {2});
+  const CrossEntropyOutput want = cross_entropy_forward(logits, targets, -100, kCpu);
+  const std::int64_t starts[] = {0, 3, 7};
+  Tensor gathered = Tensor::empty({2, 3, 2}, DType::f64);
+  for (int k = 0; k < 2; ++k) {
+    const Tensor shard = logits.narrow(1, starts[k], starts[k + 1] - starts[k]).contiguous();
+    gathered.select(k).copy_(vocab_parallel_ce_partials(shard, targets, starts[k], 7, -100, kCpu),
+                             kCpu);
+  }
+  REQUIRE(gathered.at<double>({0, 0, 0}) == -inf);
+  REQUIRE(gathered.at<double>({0, 1, 0}) == 0.0);
+  const CrossEntropyOutput got = vocab_parallel_ce_combine(gathered, targets, 7, -100, kCpu);
+  REQUIRE(std::isfinite(got.loss.item()));
+  REQUIRE(got.loss.item() == Approx(want.loss.item()).epsilon(1e-12));
+  require_close(got.lse, want.lse, 1e-12, "lse");
 }
 
 TEST_CASE("cross-entropy with ignore index", "[nn][ops]") {

@@ -40,7 +40,8 @@ void vocab_parallel_embedding_backward(const Tensor& dy, const Tensor& ids,
 
 // ---- cross-entropy over a split vocabulary --------------------------------------------------
 // Per-row partial statistics of this shard: returns [3, N] f32 with row 0 = max_j logit_j,
-// row 1 = sum_j exp(logit_j - that max) (j over this shard), row 2 = logit[target - vocab_start]
+// row 1 = sum_j exp(logit_j - that max) (j over this shard; 0 where the shard's row is all -inf,
+// its max -inf, so that a masked shard adds nothing), row 2 = logit[target - vocab_start]
 // when the target lies in this shard, else 0. logits_shard [..., V_local] (T), targets [...]
 // i32/i64. A target that is neither ignore_index nor in [0, vocab_size) throws on the CPU (before
 // anything is computed); on a GPU it counts as ignored.

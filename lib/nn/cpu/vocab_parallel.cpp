@@ -75,8 +75,12 @@ void vocab_parallel_ce_partials(const char* op, const Tensor& logits, const Tens
     for (std::int64_t i = 0; i < n; ++i) {
       const T* row = logits.data<T>() + i * local;
       const T mx = *std::max_element(row, row + local);
+      // A shard whose row is all -inf (masked) has max -inf and sum 0, which the combine weighs
+      // by exp(-inf) = 0; exp(-inf - -inf) would be NaN and poison the whole row's loss.
       double sum = 0.0;
-      for (std::int64_t j = 0; j < local; ++j) sum += std::exp(double(row[j]) - mx);
+      if (!(std::isinf(mx) && mx < 0)) {
+        for (std::int64_t j = 0; j < local; ++j) sum += std::exp(double(row[j]) - mx);
+      }
       const std::int64_t t = id_of(targets, i) - vocab_start;
       p[i] = mx;
       p[n + i] = T(sum);
