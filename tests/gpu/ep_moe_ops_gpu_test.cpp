@@ -2,7 +2,10 @@
 // (softmax and sigmoid, k = 1, 2 and k = E, ties, the balancing bias, the aux and z statistics,
 // more experts than a warp's lanes, tokens not a multiple of a tile), the capacity rule,
 // moe_route_backward with the aux and z terms, and moe_permute / moe_unpermute / their backward
-// (f32 and bf16, an expert with no token, dropped assignments). Exits 77 (skipped) without a GPU.
+// (f32 and bf16, an expert with no token, dropped assignments, a token with every assignment
+// dropped, sorted rows of no assignment; rows that take the 16-byte vector kernels, d = 64 and
+// 1024, and rows that do not, d = 1 and 301, with d = 300 vectors for f32 only). Exits 77
+// (skipped) without a GPU.
 #include <cmath>
 #include <tuple>
 #include <vector>
@@ -118,16 +121,16 @@ TEST_CASE("gpu moe_route_forward with no tokens", "[ep][gpu]") {
 TEST_CASE("gpu moe_permute / moe_unpermute equal the CPU ops", "[ep][gpu]") {
   const Stream s = Stream::create(Device::cuda(0));
   const DType dtype = GENERATE(DType::f32, DType::bf16);
-  const std::int64_t d = GENERATE(1, 64, 300);
+  const std::int64_t d = GENERATE(1, 64, 300, 301, 1024);
   constexpr std::int64_t kT = 37, kE = 6, kK = 2;
   INFO("dtype " << dtype_name(dtype) << " d " << d);
-  // Random experts, none for expert 4, every 5th assignment dropped.
+  // Random experts, none for expert 4, every 5th assignment dropped and both of token 1's.
   std::vector<std::int32_t> ex(kT * kK);
   std::vector<std::uint8_t> kp(kT * kK, 1);
   for (std::int64_t a = 0; a < kT * kK; ++a) {
     ex[a] = static_cast<std::int32_t>((a * 7 + a / 3) % kE);
     if (ex[a] == 4) ex[a] = 5;
-    if (a % 5 == 3) kp[a] = 0;
+    if (a % 5 == 3 || a / kK == 1) kp[a] = 0;
   }
   const Tensor experts = Tensor::from_vector(ex, {kT, kK});
   const Tensor kept = Tensor::from_vector(kp, {kT, kK});
@@ -172,4 +175,16 @@ TEST_CASE("gpu moe_permute / moe_unpermute equal the CPU ops", "[ep][gpu]") {
   for (std::int64_t a = 0; a < kT * kK; ++a) {
     if (kp[a] == 0) CHECK(dwg[a] == 0.0);
   }
+  // The permutation's own rows: past the kept ones, sorted rows of no assignment get zeros.
+  const nn::UnpermuteGrads fw =
+      nn::moe_unpermute_backward(dy, want.rows, want.slot, want.source, weights, Stream());
+  const nn::UnpermuteGrads fg = nn::moe_unpermute_backward(dy.to(dev, s).to(dtype, s), got.rows,
+                                                           got.slot, got.source, g_weights, s);
+  const std::vector<double> drf = host(fg.drows, s);
+  for (std::size_t c = static_cast<std::size_t>(rows * d); c < drf.size(); ++c) {
+    REQUIRE(drf[c] == 0.0);
+  }
+  require_close(fg.drows, fw.drows, s, tol, "d(rows) with rows of no assignment");
+  require_close(fg.dweights, fw.dweights, s, dtype == DType::bf16 ? 1e-2 : 1e-5,
+                "d(weights) with rows of no assignment");
 }

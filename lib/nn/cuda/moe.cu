@@ -3,7 +3,8 @@
 // small kernel summing the tiles' statistics), its fused backward (a warp per token), the
 // capacity rule and the permutation (stable CUB radix sorts of the assignments), the permutation's
 // scatter fused with the gather of the rows, and the un-permutation fused with the weighted
-// combine and its backward. Every sum that lands in a result runs in a fixed order, so a run
+// combine and its backward (rows moved as 16-byte vectors, a warp per row, where d and the
+// pointers allow). Every sum that lands in a result runs in a fixed order, so a run
 // repeats bit for bit.
 #include <cub/cub.cuh>
 
@@ -369,6 +370,167 @@ __global__ void unpermute_backward_kernel(const T* dy, const T* rows, const std:
   }
 }
 
+// ---- the permutation's row kernels as 16-byte vectors ---------------------------------------
+//
+// When d is a whole number of Vec16<T> and the row pointers are 16-byte aligned, one warp per row
+// (kThreads / 32 rows a block, grid-stride over rows) moves the row as vectors, each lane taking
+// vectors lane, lane + 32, ... kUnroll at a time (loads issued together before their stores). At
+// d = 1024 a bf16 row is 128 vectors (4 a lane), an f32 row 256 (8 a lane). The per-element
+// arithmetic is the scalar kernels' above, which stay for other shapes.
+
+constexpr int kRowWarps = kThreads / 32;  // rows a block of the vector kernels
+constexpr int kUnroll = 4;                // vectors a lane loads before storing
+
+__device__ __forceinline__ std::int64_t warp_row() {
+  return blockIdx.x * static_cast<std::int64_t>(kRowWarps) + (threadIdx.x >> 5);
+}
+__device__ __forceinline__ std::int64_t warp_row_stride() {
+  return static_cast<std::int64_t>(gridDim.x) * kRowWarps;
+}
+
+template <class T>
+__device__ __forceinline__ Vec16<T> vec_zero() {
+  Vec16<T> z;
+#pragma unroll
+  for (int e = 0; e < Vec16<T>::kCount; ++e) z.v[e] = from_float<T>(0.0f);
+  return z;
+}
+
+// permute_gather_kernel with nv = d / Vec16<T>::kCount vectors a row.
+template <class T>
+__global__ void permute_gather_vec_kernel(const Vec16<T>* __restrict__ x,
+                                          const std::uint32_t* __restrict__ keys,
+                                          const std::int32_t* __restrict__ ids, std::int64_t A,
+                                          std::int64_t nv, std::uint32_t E, int k,
+                                          Vec16<T>* __restrict__ rows,
+                                          std::int32_t* __restrict__ source,
+                                          std::int32_t* __restrict__ slot) {
+  const int lane = threadIdx.x & 31;
+  for (std::int64_t i = warp_row(); i < A; i += warp_row_stride()) {
+    const std::int32_t a = ids[i];
+    const bool kept = keys[i] < E;
+    if (lane == 0) {
+      source[i] = kept ? a : -1;
+      slot[a] = kept ? static_cast<std::int32_t>(i) : -1;
+    }
+    Vec16<T>* out = rows + i * nv;
+    if (!kept) {
+      const Vec16<T> z = vec_zero<T>();
+      for (std::int64_t v = lane; v < nv; v += 32) out[v] = z;
+      continue;
+    }
+    const Vec16<T>* in = x + static_cast<std::int64_t>(a / k) * nv;
+    for (std::int64_t v0 = lane; v0 < nv; v0 += 32 * kUnroll) {
+      Vec16<T> buf[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (v0 + u * 32 < nv) buf[u] = in[v0 + u * 32];
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (v0 + u * 32 < nv) out[v0 + u * 32] = buf[u];
+      }
+    }
+  }
+}
+
+// unpermute_kernel with one warp per token: per element, f32 accumulation over the k slots in
+// slot order.
+template <class T>
+__global__ void unpermute_vec_kernel(const Vec16<T>* __restrict__ rows,
+                                     const std::int32_t* __restrict__ slot,
+                                     const float* __restrict__ weights, std::int64_t n,
+                                     std::int64_t nv, int k, Vec16<T>* __restrict__ out) {
+  constexpr int K = Vec16<T>::kCount;
+  const int lane = threadIdx.x & 31;
+  for (std::int64_t t = warp_row(); t < n; t += warp_row_stride()) {
+    for (std::int64_t v0 = lane; v0 < nv; v0 += 32 * kUnroll) {
+      float acc[kUnroll][K];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+#pragma unroll
+        for (int e = 0; e < K; ++e) acc[u][e] = 0.0f;
+      }
+      for (int j = 0; j < k; ++j) {
+        const std::int32_t s = slot[t * k + j];
+        if (s < 0) continue;
+        const float w = weights != nullptr ? weights[t * k + j] : 1.0f;
+        const Vec16<T>* src = rows + static_cast<std::int64_t>(s) * nv;
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          if (v0 + u * 32 >= nv) continue;
+          const Vec16<T> r = src[v0 + u * 32];
+#pragma unroll
+          for (int e = 0; e < K; ++e) acc[u][e] += w * to_float(r.v[e]);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (v0 + u * 32 >= nv) continue;
+        Vec16<T> o;
+#pragma unroll
+        for (int e = 0; e < K; ++e) o.v[e] = from_float<T>(acc[u][e]);
+        out[t * nv + v0 + u * 32] = o;
+      }
+    }
+  }
+}
+
+// unpermute_backward_kernel with one warp per sorted row: each lane sums its elements' products
+// (its vectors in order, a vector's elements in order), then a warp sum; a fixed order, so a run
+// repeats bit for bit.
+template <class T>
+__global__ void unpermute_backward_vec_kernel(const Vec16<T>* __restrict__ dy,
+                                              const Vec16<T>* __restrict__ rows,
+                                              const std::int32_t* __restrict__ source,
+                                              const float* __restrict__ weights, std::int64_t R,
+                                              std::int64_t nv, int k, Vec16<T>* __restrict__ drows,
+                                              float* __restrict__ dweights) {
+  constexpr int K = Vec16<T>::kCount;
+  const int lane = threadIdx.x & 31;
+  for (std::int64_t i = warp_row(); i < R; i += warp_row_stride()) {
+    const std::int32_t a = source[i];  // the same for every lane of the warp
+    Vec16<T>* dr = drows + i * nv;
+    if (a < 0) {
+      const Vec16<T> z = vec_zero<T>();
+      for (std::int64_t v = lane; v < nv; v += 32) dr[v] = z;
+      continue;
+    }
+    const Vec16<T>* g = dy + static_cast<std::int64_t>(a / k) * nv;
+    const Vec16<T>* y = rows + i * nv;
+    const float w = weights[a];
+    float dot = 0.0f;
+    for (std::int64_t v0 = lane; v0 < nv; v0 += 32 * kUnroll) {
+      Vec16<T> gb[kUnroll], yb[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (v0 + u * 32 < nv) {
+          gb[u] = g[v0 + u * 32];
+          yb[u] = y[v0 + u * 32];
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (v0 + u * 32 >= nv) continue;
+        Vec16<T> o;
+#pragma unroll
+        for (int e = 0; e < K; ++e) {
+          const float gv = to_float(gb[u].v[e]);
+          o.v[e] = from_float<T>(w * gv);
+          dot += gv * to_float(yb[u].v[e]);
+        }
+        dr[v0 + u * 32] = o;
+      }
+    }
+    dot = warp_sum(dot);
+    if (lane == 0) dweights[a] = dot;
+  }
+}
+
+unsigned blocks_for_warp_rows(std::int64_t rows) {
+  return grid_for(std::max<std::int64_t>(1, rows), kRowWarps);
+}
+
 unsigned blocks_for_rows(std::int64_t rows) {
   return static_cast<unsigned>(std::max<std::int64_t>(1, std::min<std::int64_t>(rows, 65535)));
 }
@@ -512,10 +674,18 @@ void moe_permute(const Tensor& x, const Tensor& experts, const Tensor& kept, con
       stream.handle()));
   dispatch_compute(x.dtype(), "moe_permute", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    permute_gather_kernel<T><<<blocks_for_rows(A), row_threads(d), 0, stream.handle()>>>(
-        d > 0 ? ptr<const T>(x) : nullptr, ptr<const std::uint32_t>(keys_sorted),
-        ptr<const std::int32_t>(ids_sorted), A, d, E, k, d > 0 ? ptr<T>(rows) : nullptr,
-        ptr<std::int32_t>(source), ptr<std::int32_t>(slot));
+    const T* xp = d > 0 ? ptr<const T>(x) : nullptr;
+    T* rp = d > 0 ? ptr<T>(rows) : nullptr;
+    if (vectorizable<T>(d, {xp, rp})) {
+      permute_gather_vec_kernel<T><<<blocks_for_warp_rows(A), kThreads, 0, stream.handle()>>>(
+          reinterpret_cast<const Vec16<T>*>(xp), ptr<const std::uint32_t>(keys_sorted),
+          ptr<const std::int32_t>(ids_sorted), A, d / Vec16<T>::kCount, E, k,
+          reinterpret_cast<Vec16<T>*>(rp), ptr<std::int32_t>(source), ptr<std::int32_t>(slot));
+    } else {
+      permute_gather_kernel<T><<<blocks_for_rows(A), row_threads(d), 0, stream.handle()>>>(
+          xp, ptr<const std::uint32_t>(keys_sorted), ptr<const std::int32_t>(ids_sorted), A, d, E,
+          k, rp, ptr<std::int32_t>(source), ptr<std::int32_t>(slot));
+    }
   });
   check_launch();
 }
@@ -527,9 +697,16 @@ void moe_unpermute(const Tensor& rows, const Tensor& slot, const Tensor& weights
   if (n * d == 0) return;
   dispatch_compute(y.dtype(), "moe_unpermute", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    unpermute_kernel<T><<<blocks_for_rows(n), row_threads(d), 0, stream.handle()>>>(
-        rows.numel() > 0 ? ptr<const T>(rows) : nullptr, ptr<const std::int32_t>(slot),
-        weights.defined() ? ptr<const float>(weights) : nullptr, n, d, k, ptr<T>(y));
+    const T* rp = rows.numel() > 0 ? ptr<const T>(rows) : nullptr;
+    const float* wp = weights.defined() ? ptr<const float>(weights) : nullptr;
+    if (vectorizable<T>(d, {rp, y.data_ptr()})) {
+      unpermute_vec_kernel<T><<<blocks_for_warp_rows(n), kThreads, 0, stream.handle()>>>(
+          reinterpret_cast<const Vec16<T>*>(rp), ptr<const std::int32_t>(slot), wp, n,
+          d / Vec16<T>::kCount, k, reinterpret_cast<Vec16<T>*>(ptr<T>(y)));
+    } else {
+      unpermute_kernel<T><<<blocks_for_rows(n), row_threads(d), 0, stream.handle()>>>(
+          rp, ptr<const std::int32_t>(slot), wp, n, d, k, ptr<T>(y));
+    }
   });
   check_launch();
 }
@@ -544,10 +721,19 @@ void moe_unpermute_backward(const Tensor& dy, const Tensor& rows, const Tensor& 
   if (R == 0) return;
   dispatch_compute(dy.dtype(), "moe_unpermute_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    unpermute_backward_kernel<T><<<blocks_for_rows(R), row_threads(d), 0, stream.handle()>>>(
-        d > 0 ? ptr<const T>(dy) : nullptr, d > 0 ? ptr<const T>(rows) : nullptr,
-        ptr<const std::int32_t>(source), ptr<const float>(weights), R, d, k,
-        d > 0 ? ptr<T>(drows) : nullptr, ptr<float>(dweights));
+    const T* gp = d > 0 ? ptr<const T>(dy) : nullptr;
+    const T* rp = d > 0 ? ptr<const T>(rows) : nullptr;
+    T* drp = d > 0 ? ptr<T>(drows) : nullptr;
+    if (vectorizable<T>(d, {gp, rp, drp})) {
+      unpermute_backward_vec_kernel<T><<<blocks_for_warp_rows(R), kThreads, 0, stream.handle()>>>(
+          reinterpret_cast<const Vec16<T>*>(gp), reinterpret_cast<const Vec16<T>*>(rp),
+          ptr<const std::int32_t>(source), ptr<const float>(weights), R, d / Vec16<T>::kCount, k,
+          reinterpret_cast<Vec16<T>*>(drp), ptr<float>(dweights));
+    } else {
+      unpermute_backward_kernel<T><<<blocks_for_rows(R), row_threads(d), 0, stream.handle()>>>(
+          gp, rp, ptr<const std::int32_t>(source), ptr<const float>(weights), R, d, k, drp,
+          ptr<float>(dweights));
+    }
   });
   check_launch();
 }
