@@ -42,6 +42,7 @@
 #include "quintet/nn/optimizer.hpp"
 #include "quintet/nn/parameter.hpp"
 #include "quintet/nn/recompute.hpp"
+#include "quintet/nn/router_ops.hpp"
 #include "quintet/nn/vocab_parallel_ops.hpp"
 #include "quintet/parallel/checkpoint/checkpoint.hpp"
 #include "quintet/parallel/checkpoint/global_index.hpp"

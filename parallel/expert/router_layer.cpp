@@ -9,6 +9,7 @@
 
 #include "quintet/core/log.hpp"
 #include "quintet/nn/ops.hpp"
+#include "quintet/nn/router_ops.hpp"
 #include "quintet/parallel/expert/router.hpp"
 
 namespace quintet::expert {
@@ -16,6 +17,14 @@ namespace quintet::expert {
 namespace {
 
 int size_of(Communicator* c) { return c != nullptr ? c->size() : 1; }
+
+// Whether the logits go through the fused router ops (quintet/nn/router_ops.hpp), which read bf16
+// x once instead of casting it to f32 for f32 GEMMs. Only on a GPU: the CPU (and f64 layers)
+// keep the cast and the f32 (f64) linear ops, whose results tests compare bit for bit, as do
+// routers of more experts than the fused ops take.
+bool fused_logits(const Tensor& x, std::int64_t experts) {
+  return x.device().is_cuda() && x.dtype() == DType::bf16 && experts <= nn::kRouterMaxExperts;
+}
 
 void all_reduce_sum(const Tensor& t, Communicator* c, const Stream& s) {
   if (size_of(c) > 1) c->all_reduce(t, t, ReduceOp::sum, s).wait(s);
@@ -80,8 +89,9 @@ RouterHandle Router::forward(nn::Context& ctx, const Tensor& x, std::int64_t seq
   }
   RouterHandle h;
   h.x = x;
-  const Tensor xf = nn::cast(x, DType::f32, s);
-  h.logits = nn::linear_forward(xf, nn::cast(weight_->use(s), DType::f32, s), Tensor(), s);
+  const Tensor w = nn::cast(weight_->use(s), DType::f32, s);
+  h.logits = fused_logits(x, E) ? nn::router_logits_forward(x, w, s)
+                                : nn::linear_forward(nn::cast(x, DType::f32, s), w, Tensor(), s);
   // One pass: scores, selection, weights, the aux loss's per-sequence statistics (an
   // evaluation, with no backward and nothing counted, needs none) and the z loss's sum.
   h.seq_tokens = x.size(0) / sequences * (sequence_parallel_ ? tp_->size() : 1) * size_of(cp_);
@@ -129,6 +139,16 @@ Tensor Router::backward(nn::Context& ctx, const RouterHandle& h, const Tensor& d
   const Tensor dlogits = nn::moe_route_backward(
       dweights, h.logits, h.routing.probs, h.routing.experts, h.routing.kept, h.lse,
       aux ? h.aux_counts : Tensor(), aux_scale, z_scale, route_options(rc), s);
+  const Tensor w = nn::cast(weight_->data(), DType::f32, s);
+  if (fused_logits(h.x, rc.experts)) {
+    nn::accumulate_gradients(
+        ctx, {weight_},
+        [&](const std::vector<Tensor>& g, const Stream& st) {
+          nn::router_logits_backward_weight(dlogits, h.x, g[0], st);
+        },
+        nn::GradTiming::now);
+    return nn::router_logits_backward_input(dlogits, w, h.x.dtype(), s);
+  }
   // The weight's gradient in its gradient's dtype: f32 (bf16 and f32 layers), f64 (f64 layers).
   const DType gdt = nn::accum_dtype(h.x.dtype());
   const Tensor xg = nn::cast(h.x, gdt, s), dlogits_g = nn::cast(dlogits, gdt, s);
@@ -138,7 +158,7 @@ Tensor Router::backward(nn::Context& ctx, const RouterHandle& h, const Tensor& d
         nn::linear_backward_weight(dlogits_g, xg, g[0], Tensor(), st);
       },
       nn::GradTiming::now);
-  return nn::linear_backward_input(dlogits, nn::cast(weight_->data(), DType::f32, s), s);
+  return nn::linear_backward_input(dlogits, w, s);
 }
 
 void Router::count(const std::vector<Tensor>& loads, std::int64_t assignments,

@@ -12,3 +12,5 @@ quintet_unit_test(NAME nn_grouped_linear_test COMPONENT nn SOURCES unit/nn_group
 quintet_unit_test(NAME nn_grouped_gemm_tiles_test COMPONENT nn
                   SOURCES unit/nn_grouped_gemm_tiles_test.cpp)
 target_link_libraries(nn_grouped_gemm_tiles_test PRIVATE quintet_nn_private)
+# The router's logits ops (x in its own dtype, f32 sums) against cast + linear in f32, bad inputs.
+quintet_unit_test(NAME nn_router_ops_test COMPONENT nn SOURCES unit/nn_router_ops_test.cpp)

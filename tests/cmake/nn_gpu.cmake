@@ -23,3 +23,6 @@ target_link_libraries(gpu_nn_grouped_gemm_test PRIVATE quintet_device_libs)
 # the same with QUINTET_GROUPED_GEMM=wgmma (the Hopper FP8 kernel).
 quintet_gpu_test(NAME gpu_nn_grouped_fp8_test COMPONENT nn SOURCES gpu/nn_grouped_fp8_test.cpp)
 target_link_libraries(gpu_nn_grouped_fp8_test PRIVATE quintet_device_libs)
+# The router's logits ops' CUDA kernels against the CPU ops and against cast + f32 linear ops
+# (E = 3, 8, 64, 200; d = 1024 and 301; f32 and bf16 x); bad inputs.
+quintet_gpu_test(NAME gpu_nn_router_ops_test COMPONENT nn SOURCES gpu/nn_router_ops_test.cpp)
