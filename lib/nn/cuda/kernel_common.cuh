@@ -196,6 +196,13 @@ __device__ __forceinline__ std::int64_t global_index() {
 __device__ __forceinline__ std::int64_t global_stride() {
   return static_cast<std::int64_t>(gridDim.x) * blockDim.x;
 }
+// The same over rows, a warp per row (blockDim.x / 32 rows a block).
+__device__ __forceinline__ std::int64_t warp_row() {
+  return blockIdx.x * static_cast<std::int64_t>(blockDim.x >> 5) + (threadIdx.x >> 5);
+}
+__device__ __forceinline__ std::int64_t warp_row_stride() {
+  return static_cast<std::int64_t>(gridDim.x) * (blockDim.x >> 5);
+}
 
 // 16 bytes of T: the vectorized kernels move one per load or store (a memory-bound kernel runs at
 // about half the bandwidth with 2-byte accesses). They do the same arithmetic per element as their
@@ -205,6 +212,14 @@ struct alignas(16) Vec16 {
   static constexpr int kCount = 16 / sizeof(T);
   T v[kCount];
 };
+// A vector of zeros.
+template <class T>
+__device__ __forceinline__ Vec16<T> vec_zero() {
+  Vec16<T> z;
+#pragma unroll
+  for (int e = 0; e < Vec16<T>::kCount; ++e) z.v[e] = from_float<T>(0.0f);
+  return z;
+}
 
 // Whether runs of n elements of T at every pointer can go as 16-byte vectors (n a multiple of the
 // vector's count, every pointer 16-byte aligned; a null pointer passes).

@@ -381,21 +381,6 @@ __global__ void unpermute_backward_kernel(const T* dy, const T* rows, const std:
 constexpr int kRowWarps = kThreads / 32;  // rows a block of the vector kernels
 constexpr int kUnroll = 4;                // vectors a lane loads before storing
 
-__device__ __forceinline__ std::int64_t warp_row() {
-  return blockIdx.x * static_cast<std::int64_t>(kRowWarps) + (threadIdx.x >> 5);
-}
-__device__ __forceinline__ std::int64_t warp_row_stride() {
-  return static_cast<std::int64_t>(gridDim.x) * kRowWarps;
-}
-
-template <class T>
-__device__ __forceinline__ Vec16<T> vec_zero() {
-  Vec16<T> z;
-#pragma unroll
-  for (int e = 0; e < Vec16<T>::kCount; ++e) z.v[e] = from_float<T>(0.0f);
-  return z;
-}
-
 // permute_gather_kernel with nv = d / Vec16<T>::kCount vectors a row.
 template <class T>
 __global__ void permute_gather_vec_kernel(const Vec16<T>* __restrict__ x,

@@ -32,14 +32,6 @@ __device__ __forceinline__ const float* stage(const float* w, float* s, std::int
   return s;
 }
 
-// The grid-stride loop of the row kernels over token rows, a warp per row.
-__device__ __forceinline__ std::int64_t warp_row() {
-  return blockIdx.x * static_cast<std::int64_t>(kRowsPerBlock) + threadIdx.x / 32;
-}
-__device__ __forceinline__ std::int64_t warp_row_stride() {
-  return static_cast<std::int64_t>(gridDim.x) * kRowsPerBlock;
-}
-
 // Four consecutive elements of x or dx: the unit of the row kernels' vector path. Lanes take
 // consecutive quads, so the four f32 weights beside a lane's quad are one 16-byte load and a
 // warp's loads of one weight row are consecutive (no shared-memory bank conflict; a 16-byte

@@ -181,9 +181,7 @@ __global__ void __launch_bounds__(kCeThreads)
         y[e] = grad(to_float(x[e]), e == lt);
       }
     } else {
-      Vec16<T> zero;
-#pragma unroll
-      for (int k = 0; k < K; ++k) zero.v[k] = from_float<T>(0.0f);
+      const Vec16<T> zero = vec_zero<T>();
       for (std::int64_t i = threadIdx.x; i < sp.vectors; i += blockDim.x) yv[i] = zero;
       for (std::int64_t c = threadIdx.x; c < sp.scalars(); c += blockDim.x) {
         y[sp.scalar(c)] = from_float<T>(0.0f);
