@@ -240,6 +240,16 @@ inline int multiprocessors(const Device& device) {
   return n;
 }
 
+// The most threads a block of kernel may have on the current device: below 1024 where the
+// kernel's registers per thread do not fit a block of 1024 (a launch past it fails with "too many
+// resources requested"), so callers picking a block size from the data check against it.
+template <class... Args>
+int max_block_threads(void (*kernel)(Args...)) {
+  cudaFuncAttributes a{};
+  QUINTET_CUDA_CHECK(cudaFuncGetAttributes(&a, kernel));
+  return a.maxThreadsPerBlock;
+}
+
 // Typed device pointers of a tensor (its dtype must match; checked by the dispatch).
 template <class T>
 T* ptr(const Tensor& t) {

@@ -335,23 +335,19 @@ void any_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, 
   if (rows == 0) return;
   const std::int64_t nvec = d / Vec16<T>::kCount;
   const int threads = vec_row_threads(nvec);
-  if (threads == 0 || !vectorizable<T>(d, {x.data_ptr(), gamma.data_ptr(), y.data_ptr(),
-                                           beta.defined() ? beta.data_ptr() : nullptr,
-                                           residual.defined() ? residual.data_ptr() : nullptr,
-                                           sum.defined() ? sum.data_ptr() : nullptr})) {
+  const auto kernel =
+      mean.defined() ? &norm_forward_vec_kernel<T, true> : &norm_forward_vec_kernel<T, false>;
+  if (threads == 0 || threads > max_block_threads(kernel) ||
+      !vectorizable<T>(d, {x.data_ptr(), gamma.data_ptr(), y.data_ptr(),
+                           beta.defined() ? beta.data_ptr() : nullptr,
+                           residual.defined() ? residual.data_ptr() : nullptr,
+                           sum.defined() ? sum.data_ptr() : nullptr})) {
     norm_forward<T>(x, gamma, beta, eps, y, mean, rstd, residual, sum, stream);
     return;
   }
-  auto launch = [&](auto kernel) {
-    kernel<<<row_grid(rows), threads, 0, stream.handle()>>>(
-        cvec<T>(x), cvec<T>(residual), vec<T>(sum), cvec<T>(gamma), cvec<T>(beta), eps, vec<T>(y),
-        ptr_or_null<float>(mean), ptr<float>(rstd), rows, static_cast<int>(nvec));
-  };
-  if (mean.defined()) {
-    launch(norm_forward_vec_kernel<T, true>);
-  } else {
-    launch(norm_forward_vec_kernel<T, false>);
-  }
+  kernel<<<row_grid(rows), threads, 0, stream.handle()>>>(
+      cvec<T>(x), cvec<T>(residual), vec<T>(sum), cvec<T>(gamma), cvec<T>(beta), eps, vec<T>(y),
+      ptr_or_null<float>(mean), ptr<float>(rstd), rows, static_cast<int>(nvec));
   check_launch();
 }
 
@@ -367,33 +363,27 @@ void any_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, c
   const int threads = vec_row_threads(nvec);
   float* dg = ptr_or_null<float>(dgamma);
   float* db = ptr_or_null<float>(dbeta);
-  if (threads == 0 ||
+  const auto kernel =
+      mean.defined() ? &norm_backward_vec_kernel<T, true> : &norm_backward_vec_kernel<T, false>;
+  if (threads == 0 || threads > max_block_threads(kernel) ||
       !vectorizable<T>(d, {dy.data_ptr(), x.data_ptr(), gamma.data_ptr(), dx.data_ptr(),
                            dresidual.defined() ? dresidual.data_ptr() : nullptr, dg, db})) {
     norm_backward<T>(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, dresidual, stream);
     return;
   }
-  auto launch = [&](auto kernel) {
-    // With parameter gradients, each block adds its column sums into them once at its end: as
-    // many blocks as fit on the device at once (one wave, each taking a share of the rows), not
-    // one block per row.
-    std::int64_t grid = row_grid(rows);
-    if (dg || db) {
-      int per_sm = 0;
-      QUINTET_CUDA_CHECK(
-          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
-      grid = std::min<std::int64_t>(
-          grid, static_cast<std::int64_t>(multiprocessors(x.device())) * std::max(1, per_sm));
-    }
-    kernel<<<static_cast<unsigned>(grid), threads, 0, stream.handle()>>>(
-        cvec<T>(dy), cvec<T>(x), cvec<T>(gamma), ptr_or_null<float>(mean), ptr<float>(rstd),
-        cvec<T>(dresidual), vec<T>(dx), dg, db, rows, static_cast<int>(nvec));
-  };
-  if (mean.defined()) {
-    launch(norm_backward_vec_kernel<T, true>);
-  } else {
-    launch(norm_backward_vec_kernel<T, false>);
+  // With parameter gradients, each block adds its column sums into them once at its end: as many
+  // blocks as fit on the device at once (one wave, each taking a share of the rows), not one block
+  // per row.
+  std::int64_t grid = row_grid(rows);
+  if (dg || db) {
+    int per_sm = 0;
+    QUINTET_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
+    grid = std::min<std::int64_t>(
+        grid, static_cast<std::int64_t>(multiprocessors(x.device())) * std::max(1, per_sm));
   }
+  kernel<<<static_cast<unsigned>(grid), threads, 0, stream.handle()>>>(
+      cvec<T>(dy), cvec<T>(x), cvec<T>(gamma), ptr_or_null<float>(mean), ptr<float>(rstd),
+      cvec<T>(dresidual), vec<T>(dx), dg, db, rows, static_cast<int>(nvec));
   check_launch();
 }
 
