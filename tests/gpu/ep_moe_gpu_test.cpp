@@ -136,12 +136,12 @@ TEST_CASE("gpu MoE layer equals the CPU layer", "[ep][gpu]") {
   REQUIRE(solo.size() == 1);
   const DType dtype = GENERATE(DType::f32, DType::bf16);
   const int variant = GENERATE(0, 1, 2, 3, 4);
-  // The experts' GEMMs: at ep = 1 the layer gives the experts device offsets only, so they run
-  // the grouped kernels that read them on the device (quintet/nn/grouped_linear.hpp), unless
-  // QUINTET_GROUPED_GEMM=loop is set: then the experts read the offsets on the host (one wait per
-  // forward) and run the per-expert cuBLASLt loop, FP8 too.
+  // The experts' GEMMs, both paths named (the default is the loop for bf16 and f32, the kernels for
+  // FP8: quintet/nn/grouped_linear.hpp): QUINTET_GROUPED_GEMM=kernel runs the grouped kernels that
+  // read the offsets on the device, so the host never waits; =loop reads the offsets on the host
+  // (one wait per forward) and runs the per-expert cuBLASLt loop, FP8 too.
   const bool loop = GENERATE(false, true);
-  const test_support::ScopedEnv choice("QUINTET_GROUPED_GEMM", loop ? "loop" : nullptr);
+  const test_support::ScopedEnv choice("QUINTET_GROUPED_GEMM", loop ? "loop" : "kernel");
   constexpr std::int64_t kB = 3, kS = 40, kD = 64, kF = 48;
   MoEOptions o;
   o.expert_ffn = kF;
