@@ -20,6 +20,8 @@
 #   OUT=$OUT scripts/device_session.sh 6   # --cpu-affinity auto against none (#46), then the
 #                                          # checkpoint cost, the loader against PyTorch's and
 #                                          # the op benchmarks of gpu_benchmarks.sh (#48)
+#   OUT=$OUT TESTS=regex scripts/device_session.sh 7   # which cuBLASLt runs FP8 (#45), the gpu
+#                                          # tests matching TESTS, the MoE step beside PyTorch's (#47)
 # A later phase on the same warm machine reuses the build (scripts/setup.sh is incremental).
 # Keep NCCL_NVLS_ENABLE=0 (set here). Phase 5's A/B takes BASE=<commit> (default HEAD~40).
 # SKIP="name ...": steps of the phase to leave out, e.g. to run the rest of phase 6 in a second
@@ -28,7 +30,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 root=$(pwd)
-phase=${1:?usage: scripts/device_session.sh 0|1|2|3|4|5|6}
+phase=${1:?usage: scripts/device_session.sh 0|1|2|3|4|5|6|7}
 out=${OUT:-$root/build/device_session}
 budget=${BUDGET:-570}
 skip=${SKIP:-}
@@ -123,6 +125,18 @@ case $phase in
     step loaders 250 env ONLY="loader_gpu loader_torch" bash scripts/bench/gpu_benchmarks.sh
     step ops 150 env ONLY=ops bash scripts/bench/gpu_benchmarks.sh
     step ops_torch 120 env ONLY=ops_torch bash scripts/bench/gpu_benchmarks.sh
+    ;;
+  7)  # After fixes found by phase 0: which cuBLASLt runs FP8 (#45), the build, the gpu tests of
+      # TESTS (a ctest regex; all by default), then the MoE step beside PyTorch's, GPT-2 and
+      # Mixtral style, experts on the default path (#47). Estimates (seconds): 40, 150 fresh, 15
+      # for a few tests, then about 30 for each of ours and 110 for each of PyTorch's.
+    nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+    step fp8_libs 90 bash -c "$nvcc -std=c++17 -arch=sm_90 scripts/bench/cublaslt_fp8_probe.cu \
+      -lcublasLt -o /tmp/cublaslt_fp8_probe && bash scripts/bench/cublaslt_fp8_libs.sh /tmp/cublaslt_fp8_probe"
+    step build 240 bash scripts/setup.sh
+    step gpu_tests 200 bash -c "cd build && ctest -L gpu -R '${TESTS:-.}' --output-on-failure -j3 --timeout 150"
+    step moe 360 env ONLY="moe_1gpu torch moe_1gpu_mixtral torch_mixtral" TARGETS=05_moe_train \
+      bash scripts/bench/moe_benchmarks.sh
     ;;
   *) echo "unknown phase $phase" >&2; exit 2 ;;
 esac
