@@ -83,12 +83,12 @@ Tensor fp8_scale_tensor(float scale, const Device& device, const Stream& stream)
   check_scale(c, scale);
   QUINTET_CHECK(device == c.device(), "fp8_scale_tensor: device {} but the stream is on {}",
                 device.str(), c.device().str());
-  if (!c.on_cuda()) return Tensor::from_vector<float>({scale, 1.0f / scale}, {2});
+  if (!c.on_cuda()) return Tensor::from_vector<float>({1.0f / scale, scale}, {2});
   // Two fills on the stream (a copy from pageable host memory would wait for it); float to
   // double and back is exact.
   Tensor t = Tensor::empty({2}, DType::f32, device, stream);
-  t.narrow(0, 0, 1).fill_(scale, stream);
-  t.narrow(0, 1, 1).fill_(1.0f / scale, stream);
+  t.narrow(0, 0, 1).fill_(1.0f / scale, stream);
+  t.narrow(0, 1, 1).fill_(scale, stream);
   return t;
 }
 
@@ -131,7 +131,7 @@ Tensor fp8_dequantize(const Fp8Tensor& q, DType out, const Stream& stream) {
   check_scale_tensor(c, "scale", q.scale);
   Tensor x = Tensor::empty(q.data.shape(), out, c.device(), stream);
   const Tensor qc = q.data.contiguous(stream);
-  QUINTET_NN_DISPATCH_ARGS(c, fp8_dequantize, (qc, q.scale.data<float>()[1], q.format, x),
+  QUINTET_NN_DISPATCH_ARGS(c, fp8_dequantize, (qc, q.scale.data<float>()[0], q.format, x),
                            (qc, q.scale, q.format, x, stream));
   return x;
 }

@@ -114,11 +114,11 @@ inline Tensor as_rows(const Tensor& t, const Stream& stream) {
   return c.view({rows_of(t), t.size(t.dim() - 1)});
 }
 
-// An FP8 scale tensor: f32 [2] {scale, 1 / scale} on the stream's device (quintet/nn/fp8.hpp).
+// An FP8 scale tensor: f32 [2] {1 / scale, scale} on the stream's device (quintet/nn/fp8.hpp).
 inline void check_scale_tensor(const OpChecker& c, const char* name, const Tensor& t) {
   c.on_device(name, t);
   QUINTET_CHECK(t.dtype() == DType::f32 && t.shape() == Shape{2} && t.is_contiguous(),
-                "{}: {} is {} {}, expected a contiguous f32 [2] scale tensor {{scale, 1 / scale}}",
+                "{}: {} is {} {}, expected a contiguous f32 [2] scale tensor {{1 / scale, scale}}",
                 c.op(), name, dtype_name(t.dtype()), shape_str(t.shape()));
 }
 

@@ -57,10 +57,12 @@ Tensor fp8_dequantize(const Tensor& q, float scale, Fp8Format format, DType out,
 Tensor fp8_round_trip(const Tensor& x, float scale, Fp8Format format, const Stream& stream);
 
 // ---- casts with the scale in a tensor (CPU or GPU; nothing waits for the GPU) ------------------
-// A scale tensor is f32 [2] on the data's device: {scale, 1 / scale} (the f32 reciprocal), what
-// the casts multiply by and what an FP8 GEMM's epilogue multiplies by (cuBLASLt reads the second).
+// A scale tensor is f32 [2] on the data's device: {1 / scale, scale} (the f32 reciprocal first),
+// what an FP8 GEMM's epilogue multiplies by and what the casts multiply by. cuBLASLt reads the
+// reciprocal through a pointer, and 13.1 runs no FP8 algorithm where that pointer is not 16-byte
+// aligned: first in the tensor, it is as aligned as the allocation.
 //
-// The scale tensor {scale, 1 / scale} for a host scale (finite, > 0), filled on stream.
+// The scale tensor {1 / scale, scale} for a host scale (finite, > 0), filled on stream.
 Tensor fp8_scale_tensor(float scale, const Device& device, const Stream& stream);
 // amax (f32 [1] holding a value >= 0, or NaN) becomes max(amax, the largest |x|) with fp8_amax's
 // NaN and infinity rules; on a GPU an atomic max on the float's bits, no host wait.
@@ -72,7 +74,7 @@ void fp8_amax_into(const Tensor& x, const Tensor& amax, const Stream& stream);
 struct Fp8Tensor {
   Tensor data;        // u8 [rows, cols]
   Tensor transposed;  // u8 [cols, rows], or undefined
-  Tensor scale;       // f32 [2] {scale, 1 / scale}
+  Tensor scale;       // f32 [2] {1 / scale, scale}
   Fp8Format format = Fp8Format::e4m3;
 };
 // Casts x (f32 or bf16, viewed as [rows, cols] with cols its last dimension, rows the rest) at
@@ -183,7 +185,7 @@ class Fp8TensorScale {
 
   // ---- the device form (the GPU path of the FP8 linear layers; no call waits for the GPU) ----
   // scale() on a device: amax is f32 [1] on the stream's device (already reduced as for
-  // scale()); returns the scale tensor {s, 1 / s} there with s the value scale() would return,
+  // scale()); returns the scale tensor {1 / s, s} there with s the value scale() would return,
   // computed by a kernel, and with record max's amax into the device's step slot. A non-finite
   // amax is not refused here (that would wait for the GPU): it enters the step slot as +inf
   // (which no max-reduction drops) and end_device_step refuses it, naming the tensor, at the end

@@ -67,7 +67,7 @@ void grouped_linear_backward_weight(const Tensor& dy, const Tensor& x, const Ten
 // ([n, *] data) its rows [o_g, o_{g+1}); of their transposes ([*, n]) the same range of
 // columns; of the weights' cast (w viewed as [G out, in]) data [G, out, in] the block w_g, and
 // of its transpose [in, G out] the columns [g out, (g + 1) out). The products are fp8_gemm's,
-// summed in f32 and multiplied by the two inverse scales (scale[1] of each operand). Formats:
+// summed in f32 and multiplied by the two inverse scales (scale[0] of each operand). Formats:
 // any two but not both E5M2 (the experts: x and w E4M3, dy E5M2). Offsets, host_offsets and
 // padding rows as the ops above; the three checks of fp8_gemm (u8 operands, contiguous, scale
 // tensors f32 [2] on the device).

@@ -107,7 +107,7 @@ void scale(const Tensor& x, float alpha, const Tensor& out);
 double sum_of_squares(const Tensor& x);
 
 // FP8 (quintet/nn/fp8.hpp): x f32 or bf16, q u8, both contiguous of one shape; scale tensors
-// f32 [2] {scale, 1 / scale}; the arguments as cuda_ops' (lib/nn/cuda/cuda_ops.hpp).
+// f32 [2] {1 / scale, scale}; the arguments as cuda_ops' (lib/nn/cuda/cuda_ops.hpp).
 float fp8_amax(const Tensor& x);
 void fp8_cast(const Tensor& x, const Tensor& scale, Fp8Format format, const Tensor& q,
               const Tensor& qt, const Tensor& amax);

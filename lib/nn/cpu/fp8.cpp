@@ -104,7 +104,7 @@ void fp8_cast(const Tensor& x, const Tensor& scale, Fp8Format format, const Tens
     a = std::isnan(a) || std::isnan(here) ? a + here : std::fmax(a, here);
   }
   if (!q.defined()) return;
-  const float s = scale.data<float>()[0];
+  const float s = scale.data<float>()[1];
   std::uint8_t* out = q.data<std::uint8_t>();
   for_each_value(x, [&](std::int64_t i, float v) { out[i] = fp8_encode(v * s, format); });
   if (!qt.defined()) return;
@@ -116,7 +116,7 @@ void fp8_cast(const Tensor& x, const Tensor& scale, Fp8Format format, const Tens
 }
 
 void fp8_column_sum(const Tensor& q, const Tensor& scale, Fp8Format format, const Tensor& db) {
-  const float inv = scale.data<float>()[1];
+  const float inv = scale.data<float>()[0];
   const std::int64_t cols = q.size(q.dim() - 1), rows = cols == 0 ? 0 : q.numel() / cols;
   const std::uint8_t* in = q.data<std::uint8_t>();
   float* out = db.data<float>();
@@ -139,8 +139,8 @@ void fp8_scale(const Tensor& amax, const Tensor& state, const Tensor& out, Fp8Fo
   if (record) st[1] = std::isfinite(a) ? std::fmax(st[1], a) : INFINITY;
   const float s = use_amax ? now : st[0];
   float* o = out.data<float>();
-  o[0] = s;
-  o[1] = 1.0f / s;
+  o[0] = 1.0f / s;
+  o[1] = s;
 }
 
 void fp8_gemm(const Tensor& a, const Tensor& a_scale, Fp8Format a_format, const Tensor& b,
@@ -148,8 +148,8 @@ void fp8_gemm(const Tensor& a, const Tensor& a_scale, Fp8Format a_format, const 
               bool accumulate, bool /*fast_accum*/) {
   const Tensor ad = Tensor::empty(a.shape(), DType::f32);
   const Tensor bd = Tensor::empty(b.shape(), DType::f32);
-  fp8_dequantize(a, a_scale.data<float>()[1], a_format, ad);
-  fp8_dequantize(b, b_scale.data<float>()[1], b_format, bd);
+  fp8_dequantize(a, a_scale.data<float>()[0], a_format, ad);
+  fp8_dequantize(b, b_scale.data<float>()[0], b_format, bd);
   if (!accumulate) {
     linear_forward(ad, bd, bias, y);
     return;

@@ -12,6 +12,7 @@
 
 #include "nn/cuda/cublas_handles.hpp"
 #include "quintet/core/error.hpp"
+#include "quintet/core/log.hpp"
 
 namespace quintet::nn::cuda_ops::detail {
 
@@ -213,6 +214,16 @@ bool try_lt_matmul(const LtMatmul& mm, const Stream& stream) {
         cache.algos.emplace(key, algo);
         return true;
       }
+    }
+    if (fp8 && found > 0) {  // offered and all refused: the caller's slow path, said once
+      static std::once_flag warned;
+      std::call_once(warned, [&] {
+        log::warn(
+            "cuBLASLt offered {} FP8 algorithms for m={} n={} k={} and ran none "
+            "(CUBLAS_STATUS_NOT_SUPPORTED): such FP8 products are computed in f32 from "
+            "dequantised operands, several times slower",
+            found, mm.m, mm.n, mm.k);
+      });
     }
     std::lock_guard<std::mutex> lock(cache.mutex);
     cache.algos.emplace(key, algo);

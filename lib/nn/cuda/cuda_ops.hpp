@@ -59,7 +59,7 @@ void grouped_linear_backward_weight(const Tensor& dy, const Tensor& x, const Ten
 //            c = dx [n, in] (f32 or bf16);
 //   wgrad:   a = dyᵀ [out, n], b = xᵀ [in, n] (group g: columns [o_g, o_{g+1})), c = dw
 //            [G, out, in] f32, accumulated.
-// c = (a_scale[1] b_scale[1]) · a_g · b_gᵀ summed in f32; rows of y / dx past offsets[G] zeroed.
+// c = (a_scale[0] b_scale[0]) · a_g · b_gᵀ summed in f32; rows of y / dx past offsets[G] zeroed.
 // wgmma: the formats and shapes the FP8 tensor-core kernel takes run the Hopper kernel
 // (lib/nn/cuda/grouped_gemm_sm90a.cu; throws on a GPU that is not sm_90).
 enum class GroupedFp8Product { forward, dgrad, wgrad };
@@ -147,16 +147,16 @@ void scale(const Tensor& x, float alpha, const Tensor& out, const Stream& stream
 // dtypes), in launches of up to 64 tensors of one dtype.
 void sum_of_squares(const std::vector<Tensor>& xs, const Tensor& out, const Stream& stream);
 
-// FP8 (fp8.hpp; lib/nn/cuda/fp8.cu). scale tensors f32 [2] {scale, 1 / scale}; x f32 or bf16
+// FP8 (fp8.hpp; lib/nn/cuda/fp8.cu). scale tensors f32 [2] {1 / scale, scale}; x f32 or bf16
 // viewed as [rows, cols] (cols its last dimension). fp8_cast: q u8 of x's shape (undefined: the
 // amax only, scale then undefined too), qt u8 [cols, rows] or undefined (only with q), amax f32
 // [1] or undefined, max'ed with x's amax.
 void fp8_cast(const Tensor& x, const Tensor& scale, Fp8Format format, const Tensor& q,
               const Tensor& qt, const Tensor& amax, const Stream& stream);
-// x (f32 or bf16, q's shape) = float(q) * scale[1].
+// x (f32 or bf16, q's shape) = float(q) * scale[0].
 void fp8_dequantize(const Tensor& q, const Tensor& scale, Fp8Format format, const Tensor& x,
                     const Stream& stream);
-// db [cols] f32 += column sums of float(q) * scale[1], q [rows, cols].
+// db [cols] f32 += column sums of float(q) * scale[0], q [rows, cols].
 void fp8_column_sum(const Tensor& q, const Tensor& scale, Fp8Format format, const Tensor& db,
                     const Stream& stream);
 // out (a scale tensor) from amax f32 [1] and state f32 [2] (Fp8TensorScale::scale_on_device).

@@ -76,7 +76,7 @@ __device__ __forceinline__ float decode(std::uint8_t bits) {
 constexpr int kTile = 32;     // the cast's tile: 32 x 32 elements
 constexpr int kTileRows = 8;  // threads per tile column (blockDim 32 x 8, 4 rows per thread)
 
-// One pass over x [rows, cols]: q = fp8(x * scale[0]) (q may be null: amax only), qt [cols, rows]
+// One pass over x [rows, cols]: q = fp8(x * scale[1]) (q may be null: amax only), qt [cols, rows]
 // its transpose (null: none), amax (null: none) max'ed with the largest |x| as unsigned bits of
 // the float (|x|'s bits order as the values do, NaN above infinity: the CPU's NaN rule). A block
 // per 32 x 32 tile; grid.y strides over the tile rows.
@@ -87,7 +87,7 @@ __global__ void __launch_bounds__(kTile* kTileRows)
                 std::uint8_t* __restrict__ qt, unsigned* amax) {
   __shared__ std::uint8_t tile[kTile][kTile + 4];
   __shared__ unsigned warp_max_bits[kTileRows];
-  const float s = scale != nullptr ? scale[0] : 1.0f;
+  const float s = scale != nullptr ? scale[1] : 1.0f;
   const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * kTile + threadIdx.x;
   unsigned max_bits = 0;
   for (std::int64_t tr = blockIdx.y; tr * kTile < rows; tr += gridDim.y) {
@@ -128,19 +128,19 @@ __global__ void __launch_bounds__(kTile* kTileRows)
 
 template <class T, bool E4M3>
 __global__ void dequantize_kernel(const std::uint8_t* q, const float* scale, T* x, std::int64_t n) {
-  const float inv = scale[1];
+  const float inv = scale[0];
   for (std::int64_t i = global_index(); i < n; i += global_stride()) {
     x[i] = from_float<T>(decode<E4M3>(q[i]) * inv);
   }
 }
 
-// db[c] += sum over rows of decode(q[r, c]) * scale[1]; as linear.cu's column sum.
+// db[c] += sum over rows of decode(q[r, c]) * scale[0]; as linear.cu's column sum.
 template <bool E4M3>
 __global__ void column_sum_kernel(const std::uint8_t* q, const float* scale, float* db,
                                   std::int64_t rows, std::int64_t cols, std::int64_t chunk) {
   const std::int64_t c = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
   if (c >= cols) return;
-  const float inv = scale[1];
+  const float inv = scale[0];
   const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.y) * chunk;
   const std::int64_t r1 = r0 + chunk < rows ? r0 + chunk : rows;
   float sum = 0.0f;
@@ -161,8 +161,8 @@ __global__ void scale_kernel(const float* amax, float* state, float* out, float 
   }
   if (record) state[1] = isfinite(a) ? fmaxf(state[1], a) : INFINITY;
   const float s = use_amax ? now : state[0];
-  out[0] = s;
-  out[1] = __fdiv_rn(1.0f, s);
+  out[0] = __fdiv_rn(1.0f, s);
+  out[1] = s;
 }
 
 // y = T(tmp + b) (b null: none), or y += tmp (accumulate, y f32): the fallback GEMM's epilogue.
@@ -296,8 +296,11 @@ void fp8_gemm(const Tensor& a, const Tensor& a_scale, Fp8Format a_format, const 
   mm.d_type = y.dtype() == DType::bf16 ? CUDA_R_16BF : CUDA_R_32F;
   mm.beta = accumulate ? 1.0f : 0.0f;
   mm.bias = bias.defined() ? bias.data_ptr() : nullptr;
-  mm.a_scale = static_cast<const float*>(b_scale.data_ptr()) + 1;
-  mm.b_scale = static_cast<const float*>(a_scale.data_ptr()) + 1;
+  // The inverse scales lead their tensors, so these pointers are as aligned as the allocations:
+  // cuBLASLt 13.1 runs no FP8 algorithm with a scale pointer 4 bytes past a 16-byte boundary
+  // (scripts/bench/cublaslt_fp8_probe.cu, on an H100 and an H200).
+  mm.a_scale = static_cast<const float*>(b_scale.data_ptr());
+  mm.b_scale = static_cast<const float*>(a_scale.data_ptr());
   mm.fast_accum = fast_accum;
   // cuBLASLt's FP8 kernels need every dimension a multiple of 16 (and 16-byte-aligned data,
   // which its heuristic checks); otherwise, or where it has no FP8 algorithm, the fallback.

@@ -347,7 +347,7 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
 //                                                    of the cast's transpose wᵀ [in, G out]
 //   wgrad    A = (dy_g)ᵀ [out, m_g]: columns [o_g, o_{g+1}) of dyᵀ [out, n], B = (x_g)ᵀ [in,
 //            m_g]: the same columns of xᵀ [in, n]
-// and the output is c = (a_scale[1] b_scale[1]) · A · Bᵀ, as fp8_gemm's (quintet/nn/fp8.hpp).
+// and the output is c = (a_scale[0] b_scale[0]) · A · Bᵀ, as fp8_gemm's (quintet/nn/fp8.hpp).
 
 // The value of an FP8 byte (exact in half precision, NaN kept).
 __device__ __forceinline__ float fp8_value(std::uint8_t bits, bool e4m3) {
@@ -361,7 +361,7 @@ __global__ void __launch_bounds__(kSimtThreads) grouped_fp8_simt_kernel(const Fp
   __shared__ float as[kSimtK][kSimtTile];  // [k][m]
   __shared__ float bs[kSimtK][kSimtTile];  // [k][n]
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-  const float alpha = prm.a_scale[1] * prm.b_scale[1];
+  const float alpha = prm.a_scale[0] * prm.b_scale[0];
   const auto load = [](const Fp8Operand& o, bool e4m3, std::int64_t mn, std::int64_t k) {
     if (mn >= o.mn_extent || k >= o.k_extent) return 0.0f;
     return fp8_value(o.p[mn * o.ld + k], e4m3);
@@ -505,7 +505,7 @@ __global__ void __launch_bounds__(kMmaThreads, 2) grouped_fp8_mma_kernel(const F
     __syncthreads();
 
     // Times the inverse scales (read here, not kept in a register through the main loop).
-    store_accumulators<P>(prm, t, acc, warp_m0, warp_n0, prm.a_scale[1] * prm.b_scale[1]);
+    store_accumulators<P>(prm, t, acc, warp_m0, warp_n0, prm.a_scale[0] * prm.b_scale[0]);
   });
 }
 

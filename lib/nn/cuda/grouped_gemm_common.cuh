@@ -86,7 +86,7 @@ struct Fp8Params {
   const std::uint8_t* a;  // x, dy or dyᵀ (above)
   const std::uint8_t* b;  // w, wᵀ or xᵀ
   Out* c;                 // y [n, out], dx [n, in] or dw [G, out, in]
-  const float* a_scale;   // f32 [2] {scale, 1 / scale}, device
+  const float* a_scale;   // f32 [2] {1 / scale, scale}, device
   const float* b_scale;
   const std::int64_t* offsets;  // [G + 1], device
   std::int64_t groups;

@@ -393,7 +393,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
           }
         });
     // Times the inverse scales (read here, not kept in a register through the k-loop).
-    store_wgmma_accumulators<P>(prm, t, sum, prm.a_scale[1] * prm.b_scale[1]);
+    store_wgmma_accumulators<P>(prm, t, sum, prm.a_scale[0] * prm.b_scale[0]);
   });
 }
 
