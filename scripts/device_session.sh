@@ -22,6 +22,8 @@
 #                                          # the op benchmarks of gpu_benchmarks.sh (#48)
 #   OUT=$OUT TESTS=regex scripts/device_session.sh 7   # which cuBLASLt runs FP8 (#45), the gpu
 #                                          # tests matching TESTS, the MoE step beside PyTorch's (#47)
+#   OUT=$OUT scripts/device_session.sh 8   # FP8 (#45): its gpu tests, the Llama step in bf16 and
+#                                          # FP8 beside torch.compile's
 # A later phase on the same warm machine reuses the build (scripts/setup.sh is incremental).
 # Keep NCCL_NVLS_ENABLE=0 (set here). Phase 5's A/B takes BASE=<commit> (default HEAD~40).
 # SKIP="name ...": steps of the phase to leave out, e.g. to run the rest of phase 6 in a second
@@ -30,7 +32,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 root=$(pwd)
-phase=${1:?usage: scripts/device_session.sh 0|1|2|3|4|5|6|7}
+phase=${1:?usage: scripts/device_session.sh 0|1|2|3|4|5|6|7|8}
 out=${OUT:-$root/build/device_session}
 budget=${BUDGET:-570}
 skip=${SKIP:-}
@@ -59,7 +61,7 @@ step() {  # step NAME SECONDS COMMAND...: bounded by SECONDS and by the budget l
   local pattern='"summary"|tokens/s|TFLOP|ratio|passed|failed|FAILED|Error|\| |^(naive|loader) +[0-9]'
   pattern+='|^(one rank|4 ranks|4 CPU ranks)'  # affinity_bench.sh's placements and tables
   pattern+='|heuristic|cuBLASLt '  # cublaslt_fp8_probe.cu's lines
-  pattern+='|^ours / |DIFFERENT MODELS'  # ours_vs_torch.py's ratios (llama, gpt)
+  pattern+='|^ours / |^ours fp8 |DIFFERENT MODELS'  # ours_vs_torch.py's ratios (llama, gpt)
   { grep -hE "$pattern" "$logs/$name.log" ||
       grep -hE "$pattern" "$logs/$name"/*.log; } 2>/dev/null | tail -n 40 | sed 's/^/    /' >>"$summary"
 }
@@ -137,6 +139,15 @@ case $phase in
     step gpu_tests 200 bash -c "cd build && ctest -L gpu -R '${TESTS:-.}' --output-on-failure -j3 --timeout 150"
     step moe 360 env ONLY="moe_1gpu torch moe_1gpu_mixtral torch_mixtral" TARGETS=05_moe_train \
       bash scripts/bench/moe_benchmarks.sh
+    ;;
+  8)  # FP8 (#45): the build, the FP8 gpu tests (cuBLASLt's FP8 path, no fallback warning), then
+      # the Llama step in bf16 and FP8 beside torch.compile's bf16. Estimates (seconds): 170
+      # fresh, 60, then 35 + 35 + 110.
+    step build 240 bash scripts/setup.sh
+    step fp8_tests 150 bash -c "cd build && ctest -R fp8 -L gpu --output-on-failure -j3 --timeout 120;
+      grep -c 'ran none' Testing/Temporary/LastTest.log"
+    step llama_fp8 260 env SKIP="torch_llama_eager ops_elementwise" TARGETS=04_gpt_train \
+      bash scripts/bench/llama_benchmarks.sh
     ;;
   *) echo "unknown phase $phase" >&2; exit 2 ;;
 esac
