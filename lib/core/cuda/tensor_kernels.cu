@@ -266,6 +266,16 @@ void cuda_fill(const Tensor& dst, double value, cudaStream_t stream) {
     D v;
     static_assert(sizeof(D) == sizeof(H));
     __builtin_memcpy(&v, &host_value, sizeof v);
+    // Zeros of a contiguous tensor (every gradient buffer at a step's start) through the copy
+    // engine's memset, at the memory's rate; the kernel stores one element per thread.
+    unsigned char bytes[sizeof v];
+    __builtin_memcpy(bytes, &v, sizeof v);
+    bool zero_bytes = true;
+    for (const unsigned char b : bytes) zero_bytes = zero_bytes && b == 0;
+    if (zero_bytes && dst.is_contiguous()) {
+      QUINTET_CUDA_CHECK(cudaMemsetAsync(dst.data_ptr(), 0, dst.nbytes(), stream));
+      return;
+    }
     fill_kernel<D><<<grid_for(n), 256, 0, stream>>>(static_cast<D*>(dst.data_ptr()), v, l, n);
   });
   QUINTET_CUDA_CHECK(cudaGetLastError());
