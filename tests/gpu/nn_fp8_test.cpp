@@ -114,9 +114,13 @@ TEST_CASE("FP8 casts on the GPU equal the CPU's bit for bit, with the transpose 
     std::int64_t rows, cols;
     bool finite;
   };
-  // One tile, tiles cut at both edges, a single row and column, a tall thin one.
-  const Case cases[] = {{32, 32, true}, {37, 45, false}, {1, 70, false},
-                        {70, 1, true},  {129, 97, true}, {4100, 3, false}};
+  // One tile, tiles cut at both edges, a single row and column, a tall thin one (the scalar
+  // kernel); whole 16-byte vectors (the vectorized kernel): several tiles cut at both edges, a
+  // tile of 64 f32 columns, and rows not a multiple of 8 (the cast with its transpose scalar, the
+  // amax alone vectorized).
+  const Case cases[] = {{32, 32, true},  {37, 45, false},  {1, 70, false},
+                        {70, 1, true},   {129, 97, true},  {4100, 3, false},
+                        {72, 200, true}, {40, 128, false}, {33, 64, true}};
   std::uint64_t seed = 500;
   for (const Case& c : cases) {
     for (const DType t : {DType::f32, DType::bf16}) {

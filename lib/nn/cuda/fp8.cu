@@ -126,6 +126,87 @@ __global__ void __launch_bounds__(kTile* kTileRows)
   }
 }
 
+// The vectorized cast: cast_kernel's arithmetic per element (bit for bit), a thread per 16-byte
+// vector of x. A block of 256 threads takes tiles of 32 rows x 8 vectors (64 bf16 or 32 f32
+// columns); a thread's V codes go to q in one V-byte store and to the tile in shared memory, from
+// which qt leaves V bytes (V rows of one column) a thread. Needs cols a multiple of V, rows one too
+// where qt is written, x 16-byte and q, qt V-byte aligned (cast_vectorizable).
+constexpr int kVecTileRows = 32, kVecTileVecs = 8, kVecThreads = kVecTileRows * kVecTileVecs;
+
+template <int V>
+struct alignas(V) Codes {
+  std::uint8_t b[V];
+};
+
+template <class T, bool E4M3>
+__global__ void __launch_bounds__(kVecThreads)
+    cast_vec_kernel(const Vec16<T>* __restrict__ x, std::int64_t rows, std::int64_t cols,
+                    const float* __restrict__ scale, std::uint8_t* __restrict__ q,
+                    std::uint8_t* __restrict__ qt, unsigned* amax) {
+  constexpr int V = Vec16<T>::kCount;
+  constexpr int kCols = kVecTileVecs * V;   // the tile's columns: qt's rows of a tile
+  constexpr int kParts = kVecTileRows / V;  // V-byte pieces of a tile's row of qt
+  __shared__ std::uint8_t tile[kVecTileRows][kCols + 4];
+  __shared__ unsigned warp_max_bits[kVecThreads / 32];
+  const float s = scale != nullptr ? scale[1] : 1.0f;
+  const int row = threadIdx.x / kVecTileVecs, vec = threadIdx.x % kVecTileVecs;
+  const int out_row = threadIdx.x / kParts, part = threadIdx.x % kParts;
+  const std::int64_t nvec = cols / V;
+  const std::int64_t cv = static_cast<std::int64_t>(blockIdx.x) * kVecTileVecs + vec;
+  const std::int64_t ct = static_cast<std::int64_t>(blockIdx.x) * kCols + out_row;
+  unsigned max_bits = 0;
+  for (std::int64_t tr = blockIdx.y; tr * kVecTileRows < rows; tr += gridDim.y) {
+    const std::int64_t r0 = tr * kVecTileRows, r = r0 + row;
+    if (r < rows && cv < nvec) {
+      const Vec16<T> v = x[r * nvec + cv];
+      Codes<V> codes;
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const float f = to_float(v.v[e]);
+        max_bits = max(max_bits, __float_as_uint(fabsf(f)));
+        if (q != nullptr) codes.b[e] = encode<E4M3>(f * s);
+      }
+      if (q != nullptr) {
+        reinterpret_cast<Codes<V>*>(q + r * cols)[cv] = codes;
+#pragma unroll
+        for (int e = 0; e < V; ++e) tile[row][vec * V + e] = codes.b[e];
+      }
+    }
+    if (qt != nullptr) {
+      __syncthreads();
+      const std::int64_t rt = r0 + part * V;  // rows is a multiple of V: rt < rows covers V rows
+      if (ct < cols && rt < rows) {
+        Codes<V> out;
+#pragma unroll
+        for (int e = 0; e < V; ++e) out.b[e] = tile[part * V + e][out_row];
+        *reinterpret_cast<Codes<V>*>(qt + ct * rows + rt) = out;
+      }
+      __syncthreads();  // the tile is rewritten by the next tile row
+    }
+  }
+  if (amax == nullptr) return;
+  max_bits = __reduce_max_sync(0xffffffffu, max_bits);
+  if (threadIdx.x % 32 == 0) warp_max_bits[threadIdx.x / 32] = max_bits;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned m = 0;
+    for (int w = 0; w < kVecThreads / 32; ++w) m = max(m, warp_max_bits[w]);
+    atomicMax(amax, m);
+  }
+}
+
+// Whether cast_vec_kernel takes x [rows, cols] of T into q and qt (either may be null).
+template <class T>
+bool cast_vectorizable(std::int64_t rows, std::int64_t cols, const void* x, const void* q,
+                       const void* qt) {
+  constexpr int V = Vec16<T>::kCount;
+  const auto aligned = [](const void* p, std::uintptr_t to) {
+    return reinterpret_cast<std::uintptr_t>(p) % to == 0;
+  };
+  return cols % V == 0 && (qt == nullptr || rows % V == 0) && aligned(x, 16) && aligned(q, V) &&
+         aligned(qt, V);
+}
+
 template <class T, bool E4M3>
 __global__ void dequantize_kernel(const std::uint8_t* q, const float* scale, T* x, std::int64_t n) {
   const float inv = scale[0];
@@ -227,12 +308,22 @@ void fp8_cast(const Tensor& x, const Tensor& scale, Fp8Format format, const Tens
   const dim3 block(kTile, kTileRows);
   dispatch_compute(x.dtype(), "fp8_cast", [&](auto tag) {
     using T = typename decltype(tag)::type;
+    const float* sc = scale.defined() ? ptr<float>(scale) : nullptr;
+    std::uint8_t* qp = q.defined() ? ptr<std::uint8_t>(q) : nullptr;
+    std::uint8_t* qtp = qt.defined() ? ptr<std::uint8_t>(qt) : nullptr;
+    auto* am = amax.defined() ? static_cast<unsigned*>(amax.data_ptr()) : nullptr;
     dispatch_format(format, [&](auto e4m3) {
-      cast_kernel<T, decltype(e4m3)::value><<<grid, block, 0, stream.handle()>>>(
-          ptr<T>(x), rows, cols, scale.defined() ? ptr<float>(scale) : nullptr,
-          q.defined() ? ptr<std::uint8_t>(q) : nullptr,
-          qt.defined() ? ptr<std::uint8_t>(qt) : nullptr,
-          amax.defined() ? static_cast<unsigned*>(amax.data_ptr()) : nullptr);
+      if (cast_vectorizable<T>(rows, cols, x.data_ptr(), qp, qtp)) {
+        const std::int64_t tile_cols = kVecTileVecs * Vec16<T>::kCount;
+        const dim3 vgrid(static_cast<unsigned>((cols + tile_cols - 1) / tile_cols),
+                         static_cast<unsigned>(std::min<std::int64_t>(
+                             (rows + kVecTileRows - 1) / kVecTileRows, 65535)));
+        cast_vec_kernel<T, decltype(e4m3)::value><<<vgrid, kVecThreads, 0, stream.handle()>>>(
+            reinterpret_cast<const Vec16<T>*>(x.data_ptr()), rows, cols, sc, qp, qtp, am);
+      } else {
+        cast_kernel<T, decltype(e4m3)::value>
+            <<<grid, block, 0, stream.handle()>>>(ptr<T>(x), rows, cols, sc, qp, qtp, am);
+      }
       check_launch();
     });
   });
