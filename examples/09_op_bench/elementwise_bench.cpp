@@ -21,12 +21,6 @@ namespace {
 
 constexpr int kWarmup = 3;
 
-void check_cuda(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-  }
-}
-
 struct Pass {
   const char* op;
   const char* pass;
@@ -58,20 +52,9 @@ void check_elementwise_options(const ElementwiseBenchOptions& o) {
 void bench_elementwise(const ElementwiseBenchOptions& opt, const Stream& s) {
   check_elementwise_options(opt);
   const Device gpu = s.device();
-  cudaDeviceProp prop{};
-  check_cuda(cudaGetDeviceProperties(&prop, gpu.index()), "cudaGetDeviceProperties");
-
   // The bound: one device-to-device copy of copy_bytes, which reads and writes each byte once.
-  const Tensor src = Tensor::zeros({opt.copy_bytes}, DType::u8, gpu);
-  const Tensor dst = Tensor::zeros({opt.copy_bytes}, DType::u8, gpu);
-  Stream::default_stream(gpu).synchronize();
-  const double copy_ms = median_ms(s, kWarmup, opt.iters, [&] {
-    check_cuda(
-        cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), static_cast<std::size_t>(opt.copy_bytes),
-                        cudaMemcpyDeviceToDevice, s.handle()),
-        "cudaMemcpyAsync");
-  });
-  const double copy_gbps = 2.0 * static_cast<double>(opt.copy_bytes) / copy_ms * 1e-6;
+  const CopyBound copy = copy_bound(s, opt.copy_bytes, kWarmup, opt.iters);
+  const double copy_ms = copy.ms, copy_gbps = copy.gbps;
 
   const std::int64_t T = opt.tokens, d = opt.hidden, F = opt.ffn, H = opt.heads, D = opt.head_dim,
                      B = opt.tokens / opt.seq;
@@ -134,7 +117,7 @@ void bench_elementwise(const ElementwiseBenchOptions& opt, const Stream& s) {
   if (opt.json) {
     nlohmann::json j{{"bench", "elementwise"},
                      {"op", "copy"},
-                     {"gpu", prop.name},
+                     {"gpu", copy.gpu},
                      {"bytes", 2.0 * static_cast<double>(opt.copy_bytes)},
                      {"moved", "cudaMemcpyAsync device to device: each byte read and written"},
                      {"ms", copy_ms},
@@ -144,7 +127,7 @@ void bench_elementwise(const ElementwiseBenchOptions& opt, const Stream& s) {
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("\nelementwise ops, bf16, on %s; GB/s = (inputs read + outputs written) / time\n",
-                prop.name);
+                copy.gpu.c_str());
     std::printf(
         "copy bound: %.1f GB/s (cudaMemcpyAsync of %lld bytes, read + write), nominal "
         "%.0f GB/s: %.3f of it\n",

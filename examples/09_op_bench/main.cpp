@@ -27,6 +27,11 @@
 //               8192): GB/s = (inputs read + outputs written) / time, against a
 //               device-to-device cudaMemcpy measured in the same run and the nominal bandwidth
 //               (elementwise_bench.hpp).
+//   fp8       - the Llama block's linear layers (query, key/value, output, gate, up, down; 8192
+//               tokens, hidden 2048 by default) in FP8 against bf16: each product's GEMM
+//               (forward, dgrad, wgrad) both ways, the casts and scales the FP8 layer makes for
+//               it (GB/s against a device-to-device copy), and each layer's sum: whether the
+//               casts eat the GEMMs' gain (fp8_bench.hpp).
 //
 //   09_op_bench [--json] [--iters N] [--linear-reps R] [--skip-linear] [--skip-attention]
 //               [--skip-experts] [--experts-only] [--seq 1024 ...] [--head-dim 64 128]
@@ -36,12 +41,15 @@
 //               [--expert-grouping shape|expert] [--skip-elementwise] [--elementwise-only]
 //               [--ew-tokens 4096] [--ew-seq 2048] [--ew-hidden 2048] [--ew-heads 32]
 //               [--ew-kv-heads 8] [--ew-head-dim 64] [--ew-ffn 8192] [--ew-copy-bytes N]
-//               [--nominal-gbps 4800] [--device 0]
+//               [--nominal-gbps 4800] [--skip-fp8] [--fp8-only] [--fp8-tokens 8192]
+//               [--fp8-hidden 2048] [--fp8-heads 32] [--fp8-kv-heads 8] [--fp8-head-dim 64]
+//               [--fp8-ffn 8192] [--fp8-scaling current|delayed] [--device 0]
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <functional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -49,6 +57,7 @@
 
 #include "elementwise_bench.hpp"
 #include "experts_bench.hpp"
+#include "fp8_bench.hpp"
 #include "quintet/core/stream.hpp"
 #include "quintet/core/tensor.hpp"
 #include "quintet/nn/ops.hpp"
@@ -116,6 +125,7 @@ struct Options {
   int linear_reps = 7;  // linear: repetitions of each ours/raw pair, order alternating
   bool skip_linear = false, skip_attention = false, skip_experts = false, experts_only = false;
   bool skip_elementwise = false, elementwise_only = false;
+  bool skip_fp8 = false, fp8_only = false;
   int cp_split = 0;  // > 0: also the context-parallel split cost at this cp
   std::vector<std::int64_t> seqs = {1024, 2048, 4096, 8192};
   std::vector<std::int64_t> head_dims = {64, 128};
@@ -124,6 +134,7 @@ struct Options {
   int device = 0;
   ExpertBenchOptions experts;           // its json and iters are copied from the above
   ElementwiseBenchOptions elementwise;  // likewise
+  Fp8BenchOptions fp8;                  // likewise
 };
 
 void bench_linear(const Options& opt, const Stream& s) {
@@ -431,12 +442,36 @@ int main(int argc, char** argv) {
                  "elementwise: the bytes of the device-to-device copy that measures the bound");
   app.add_option("--nominal-gbps", ew.nominal_gbps,
                  "elementwise: the GPU's nominal memory bandwidth in GB/s (H200: 4800)");
+  app.add_flag("--skip-fp8", opt.skip_fp8, "do not run the FP8 against bf16 benchmark");
+  app.add_flag("--fp8-only", opt.fp8_only, "run the FP8 against bf16 benchmark alone");
+  Fp8BenchOptions& f8 = opt.fp8;
+  for (const auto& [flag, v, help] :
+       {std::tuple{"--fp8-tokens", &f8.tokens, "fp8: tokens (micro-batch x sequence)"},
+        {"--fp8-hidden", &f8.hidden, "fp8: the model width d"},
+        {"--fp8-heads", &f8.heads, "fp8: query heads"},
+        {"--fp8-kv-heads", &f8.kv_heads, "fp8: key/value heads"},
+        {"--fp8-head-dim", &f8.head_dim, "fp8: each head's width"},
+        {"--fp8-ffn", &f8.ffn, "fp8: SwiGLU's width"}}) {
+    app.add_option(flag, *v, help);
+  }
+  std::string fp8_scaling = "current";
+  app.add_option("--fp8-scaling", fp8_scaling, "fp8: current or delayed scaling")
+      ->check(CLI::IsMember({"current", "delayed"}));
   app.add_option("--device", opt.device, "CUDA device index");
   CLI11_PARSE(app, argc, argv);
   ex.json = opt.json;
   ex.iters = opt.iters;
   ew.json = opt.json;
   ew.iters = opt.iters;
+  f8.json = opt.json;
+  f8.iters = opt.iters;
+  f8.scaling = nn::parse_fp8_scaling(fp8_scaling);
+  if (opt.fp8_only && (opt.skip_fp8 || opt.experts_only || opt.elementwise_only)) {
+    std::fprintf(stderr,
+                 "09_op_bench: --fp8-only contradicts --skip-fp8, --experts-only and "
+                 "--elementwise-only\n");
+    return 1;
+  }
   if (opt.elementwise_only && (opt.skip_elementwise || opt.experts_only)) {
     std::fprintf(stderr,
                  "09_op_bench: --elementwise-only contradicts --skip-elementwise and "
@@ -445,6 +480,7 @@ int main(int argc, char** argv) {
   }
   try {
     check_elementwise_options(ew);
+    check_fp8_options(f8);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "09_op_bench: %s\n", e.what());
     return 1;
@@ -469,18 +505,22 @@ int main(int argc, char** argv) {
   }
   try {
     if (!cuda_available()) {
-      std::fprintf(stderr, "09_op_bench needs a CUDA GPU; none is visible\n");
+      std::fprintf(stderr,
+                   "09_op_bench needs a CUDA GPU (every mode runs on one); none is visible\n");
       return 1;
     }
     const Device gpu = Device::cuda(opt.device);
     set_current_device(gpu);
     const Stream s = Stream::create(gpu);
-    const bool all = !opt.experts_only && !opt.elementwise_only;
+    const bool all = !opt.experts_only && !opt.elementwise_only && !opt.fp8_only;
     if (!opt.skip_linear && all) bench_linear(opt, s);
     if (!opt.skip_attention && all) bench_attention(opt, s);
-    if (!opt.skip_experts && !opt.elementwise_only) bench_experts(opt.experts, s);
+    if (!opt.skip_experts && !opt.elementwise_only && !opt.fp8_only) {
+      bench_experts(opt.experts, s);
+    }
     if (opt.cp_split > 0 && all) bench_cp_split(opt, s);
-    if (!opt.skip_elementwise && !opt.experts_only) bench_elementwise(ew, s);
+    if (!opt.skip_elementwise && !opt.experts_only && !opt.fp8_only) bench_elementwise(ew, s);
+    if (!opt.skip_fp8 && !opt.experts_only && !opt.elementwise_only) bench_fp8(f8, s);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "09_op_bench: %s\n", e.what());
     return 1;
