@@ -24,6 +24,9 @@
 #                                          # tests matching TESTS, the MoE step beside PyTorch's (#47)
 #   OUT=$OUT scripts/device_session.sh 8   # FP8 (#45): its gpu tests, the Llama step in bf16 and
 #                                          # FP8 beside torch.compile's
+#   OUT=$OUT scripts/device_session.sh 10  # FP8 loss curves (#45): the 406 M GPT and the Llama
+#                                          # 1 B model, bf16 and FP8 from one seed, STEPS (500)
+#                                          # steps each, within 1%? (MODELS= to choose; plots)
 # A later phase on the same warm machine reuses the build (scripts/setup.sh is incremental).
 # Keep NCCL_NVLS_ENABLE=0 (set here). Phase 5's A/B takes BASE=<commit> (default HEAD~40).
 # SKIP="name ...": steps of the phase to leave out, e.g. to run the rest of phase 6 in a second
@@ -32,7 +35,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 root=$(pwd)
-phase=${1:?usage: scripts/device_session.sh 0|1|2|3|4|5|6|7|8}
+phase=${1:?usage: scripts/device_session.sh 0|1|2|3|4|5|6|7|8|10}
 out=${OUT:-$root/build/device_session}
 budget=${BUDGET:-570}
 skip=${SKIP:-}
@@ -62,6 +65,7 @@ step() {  # step NAME SECONDS COMMAND...: bounded by SECONDS and by the budget l
   pattern+='|^(one rank|4 ranks|4 CPU ranks)'  # affinity_bench.sh's placements and tables
   pattern+='|heuristic|cuBLASLt '  # cublaslt_fp8_probe.cu's lines
   pattern+='|^ours / |^ours fp8 |DIFFERENT MODELS'  # ours_vs_torch.py's ratios (llama, gpt)
+  pattern+='|^loss |^plot_loss'  # loss_compare.py's lines and plots (fp8_loss_curves.sh)
   { grep -hE "$pattern" "$logs/$name.log" ||
       grep -hE "$pattern" "$logs/$name"/*.log; } 2>/dev/null | tail -n 40 | sed 's/^/    /' >>"$summary"
 }
@@ -148,6 +152,13 @@ case $phase in
       grep -c 'ran none' Testing/Temporary/LastTest.log"
     step llama_fp8 260 env SKIP="torch_llama_eager ops_elementwise" TARGETS=04_gpt_train \
       bash scripts/bench/llama_benchmarks.sh
+    ;;
+  10)  # FP8 loss curves (#45): the build, then fp8_loss_curves.sh (STEPS, MODELS pass through).
+      # Estimates (seconds): 175 fresh; at 500 steps the GPT 40 a run and the Llama 75 (about 240
+      # in all, each run bounded); the plots are also copied to $OUT.
+    step build 240 bash scripts/setup.sh
+    step fp8_loss 380 env TARGETS=04_gpt_train bash scripts/bench/fp8_loss_curves.sh
+    cp "$logs"/fp8_loss/*.png "$out"/ 2>/dev/null
     ;;
   *) echo "unknown phase $phase" >&2; exit 2 ;;
 esac

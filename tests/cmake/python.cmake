@@ -29,6 +29,10 @@ if(QUINTET_TEST_PYTHON3)
   add_test(NAME bench_ours_vs_torch_python_test
            COMMAND ${QUINTET_TEST_PYTHON3} ${CMAKE_CURRENT_SOURCE_DIR}/python/ours_vs_torch_test.py)
   set_tests_properties(bench_ours_vs_torch_python_test PROPERTIES LABELS "unit;python" TIMEOUT 60)
+  # scripts/bench/loss_compare.py (bf16 against FP8 in fp8_loss_curves.sh) on made-up logs.
+  add_test(NAME bench_loss_compare_python_test
+           COMMAND ${QUINTET_TEST_PYTHON3} ${CMAKE_CURRENT_SOURCE_DIR}/python/loss_compare_test.py)
+  set_tests_properties(bench_loss_compare_python_test PROPERTIES LABELS "unit;python" TIMEOUT 60)
 endif()
 
 # Hugging Face import: tiny checkpoints in the Hub's layout and their loss, from a NumPy (float64)
