@@ -1,5 +1,7 @@
 // Element-wise arithmetic on the GPU (add, in-place add with a scale, scale) and the sum of
 // squares of a tensor, reduced on the GPU into a device scalar (no host synchronisation).
+#include <type_traits>
+
 #include "nn/cuda/cuda_ops.hpp"
 #include "nn/cuda/kernel_common.cuh"
 #include "nn/cuda/multi_tensor.cuh"
@@ -31,15 +33,25 @@ __global__ void scale_kernel(const T* x, float alpha, T* out, std::int64_t n) {
   }
 }
 
-// out[0] += sum(x²): a block sum, then one atomic per block.
-template <class T>
+// out[0] += sum(x²): a block sum, then one atomic per block. kVectors: the list counts 16-byte
+// vectors of T (each entry's size a multiple of their count, its data aligned), else elements.
+template <class T, bool kVectors>
 __global__ void sum_of_squares_kernel(TensorList<const void*> list, std::int64_t total,
                                       float* out) {
   __shared__ float scratch[32];
   float s = 0.0f;
   for_each_element(list, total, [&](int t, std::int64_t i) {
-    const float v = to_float(static_cast<const T*>(list.entry[t])[i]);
-    s += v * v;
+    if constexpr (kVectors) {
+      const Vec16<T> x = static_cast<const Vec16<T>*>(list.entry[t])[i];
+#pragma unroll
+      for (int e = 0; e < Vec16<T>::kCount; ++e) {
+        const float v = to_float(x.v[e]);
+        s += v * v;
+      }
+    } else {
+      const float v = to_float(static_cast<const T*>(list.entry[t])[i]);
+      s += v * v;
+    }
   });
   s = block_sum(s, scratch);
   if (threadIdx.x == 0) atomicAdd(out, s);
@@ -95,12 +107,16 @@ void sum_of_squares(const std::vector<Tensor>& xs, const Tensor& out, const Stre
     if (entries.empty()) continue;
     dispatch_float(dtype, "sum_of_squares", [&](auto tag) {
       using T = typename decltype(tag)::type;
-      for_each_tensor_list(
-          entries, numel, [&](const TensorList<const void*>& list, std::int64_t n) {
-            sum_of_squares_kernel<T>
-                <<<chunk_blocks(n), kThreads, 0, stream.handle()>>>(list, n, ptr<float>(out));
-            check_launch();
-          });
+      auto launch = [&](auto vectors) {
+        return [&](const TensorList<const void*>& list, std::int64_t n) {
+          sum_of_squares_kernel<T, decltype(vectors)::value>
+              <<<chunk_blocks(n), kThreads, 0, stream.handle()>>>(list, n, ptr<float>(out));
+          check_launch();
+        };
+      };
+      for_each_tensor_list_grouped(
+          entries, numel, Vec16<T>::kCount, [](const void* p) { return aligned_to(p, 16); },
+          launch(std::true_type{}), launch(std::false_type{}));
     });
   }
 }

@@ -67,6 +67,34 @@ void for_each_tensor_list(const std::vector<Entry>& entries, const std::vector<s
   flush();
 }
 
+// for_each_tensor_list in two passes: the entries whose element count is a multiple of `group`
+// and for which fits(entry) holds (its pointers aligned for group-element vectors) through
+// grouped(list, total), with the counts (begin, total) in groups of `group` elements; the others
+// through single(list, total), element by element.
+template <class Entry, class Fits, class Grouped, class Single>
+void for_each_tensor_list_grouped(const std::vector<Entry>& entries,
+                                  const std::vector<std::int64_t>& numel, std::int64_t group,
+                                  Fits&& fits, Grouped&& grouped, Single&& single) {
+  std::vector<Entry> grouped_entries, single_entries;
+  std::vector<std::int64_t> grouped_numel, single_numel;
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    if (numel[i] % group == 0 && fits(entries[i])) {
+      grouped_entries.push_back(entries[i]);
+      grouped_numel.push_back(numel[i] / group);
+    } else {
+      single_entries.push_back(entries[i]);
+      single_numel.push_back(numel[i]);
+    }
+  }
+  for_each_tensor_list(grouped_entries, grouped_numel, grouped);
+  for_each_tensor_list(single_entries, single_numel, single);
+}
+
+// Whether p is aligned to `bytes` (a null pointer is).
+inline bool aligned_to(const void* p, std::uintptr_t bytes) {
+  return reinterpret_cast<std::uintptr_t>(p) % bytes == 0;
+}
+
 // Elements a block handles per chunk of the concatenated range.
 constexpr std::int64_t kChunk = 4 * kThreads;
 
