@@ -1,7 +1,7 @@
 # Sourced from the repository root by the GPU benchmark scripts (moe_benchmarks.sh,
 # llama_benchmarks.sh, gpt_benchmarks.sh): sets $out (the log folder: $OUT, else build/bench/) and
 # $skip ($SKIP: run names to leave out) and $only ($ONLY: when set, the only run names to run),
-# defines run and run_profile, and configures build/ when it is not yet.
+# defines run, run_profile and only_named, and configures build/ when it is not yet.
 # shellcheck shell=bash
 out=${OUT:-build/bench}
 mkdir -p "$out"
@@ -12,6 +12,11 @@ selected() {  # selected NAME: whether $SKIP and $ONLY let run NAME run (says so
   if [ -n "$only" ]; then
     case " $only " in *" $1 "*) ;; *) echo "=== $1 skipped (ONLY)"; return 1 ;; esac
   fi
+}
+only_named() {  # only_named NAME: whether $ONLY names run NAME (for runs left out by default)
+  case " $only " in *" $1 "*) return 0 ;; esac
+  echo "=== $1 skipped (runs only when ONLY names it)"
+  return 1
 }
 run() {  # run NAME SECONDS COMMAND...: bounded in time, logged to $out/NAME.log, its result lines
   local name=$1 limit=$2; shift 2

@@ -10,7 +10,7 @@ difference over STEPS - BASE_STEPS, so what both runs do once (start-up, initial
 torch.compile's compilation and autotuning, a check before timing) drops out; without it, the
 whole run's kernel time over STEPS. Kernels are put in groups by their (mangled) names, first
 matching pattern wins (GROUPS below: our kernels in lib/nn/cuda, lib/core/cuda, cuBLAS(Lt),
-cuDNN, PyTorch's ATen and its Triton kernels, fused_op names included). The names are a guide, not
+cuDNN, PyTorch's ATen and its Triton kernels, fused_op names included; our FP8 casts on their own). The names are a guide, not
 a proof: a Triton kernel that fuses a norm with an add counts as a norm, PyTorch's embedding
 backward sorts its indices (MoE routing here). The largest kernels are listed below the table to
 check by eye.
@@ -43,6 +43,9 @@ GROUPS = [
                   r"|num_of_segments|segment_offsets"),
     ("GEMM", r"gemm|cutlass|cublas|xmma|nvjet|wgmma|grouped_(fp8_)?(mma|simt|wgmma)_kernel"
              r"|splitk|matmul|triton_tem_"),
+    # Our FP8 casts (with their amax and transpose) and scale kernels (lib/nn/cuda/fp8.cu; its
+    # scale_kernel is the untemplated one, elementwise.cu's scale_kernel<T> is not FP8's).
+    ("FP8 casts/scales", r"quintet.*(cast(_vec)?_kernel|dequantize_kernel|scale_kernelEPKf)"),
     ("norm", r"layer_?norm|rms_?norm|norm_forward|norm_backward|batch_norm|group_norm"),
     ("activation", r"gelu|silu|swiglu|swish|sigmoid|tanh"),
     ("MoE routing/permutation", r"route_(stats_|backward_)?kernel|permute_gather|permute_keys"

@@ -9,8 +9,14 @@
 # memory bandwidth (09_op_bench --elementwise-only). Each run is bounded in time (about 330 s in
 # all after the build); logs go to $OUT (else build/bench/), and a table of ours against PyTorch
 # (tokens/s, MFU, peak memory) ends the output.
+# Where FP8's time goes (#45), only when ONLY names them (the default run is unchanged): ops_fp8,
+# the block's linear layers in FP8 against bf16, GEMMs and casts (09_op_bench --fp8-only, about
+# 15 s); llama_profile and llama_profile_fp8, the step by kernel in bf16 and in FP8 (run_profile as
+# gpt_benchmarks.sh's gpt_profile, two runs each of about 30 s), side by side in
+# $OUT/llama_kernel_groups.txt.
 #   MODEL="--layers 16 ..." MICRO=4 STEPS=12 SKIP="torch_llama_eager ops_elementwise" \
 #     TARGETS=04_gpt_train scripts/bench/llama_benchmarks.sh   (SKIP: runs to leave out)
+#   ONLY="build ops_fp8 llama_profile llama_profile_fp8" scripts/bench/llama_benchmarks.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -39,9 +45,25 @@ for mode in eager compiled; do
     --micro-batch "$micro" --global-batch "$micro" --steps $((steps - 4)) --modes "$mode"
 done
 run ops_elementwise 30 build/examples/09_op_bench/09_op_bench --elementwise-only --json
+if only_named ops_fp8; then
+  run ops_fp8 60 build/examples/09_op_bench/09_op_bench --fp8-only --json
+fi
+train=build/examples/04_gpt_train/04_gpt_train
+profiled="--arch llama $model --micro-batch $micro --global-batch $micro --steps @STEPS@ \
+  --warmup 2 --device cuda --data-dir build/data/synthetic --no-progress"
+# shellcheck disable=SC2086
+only_named llama_profile &&
+  run_profile llama_profile 90 12 4 mpirun -np 1 -x LD_PRELOAD -x KERNEL_SUMMARY_OUT $train $profiled
+# shellcheck disable=SC2086
+only_named llama_profile_fp8 &&
+  run_profile llama_profile_fp8 90 12 4 mpirun -np 1 -x LD_PRELOAD -x KERNEL_SUMMARY_OUT $train \
+    $profiled --fp8 hybrid
+profile_table llama_kernel_groups.txt llama_profile 12 4 llama_profile_fp8 12 4
 
 # ours / PyTorch: tokens/s and MFU (> 1: ours faster), peak memory of the timed steps (< 1: ours
-# smaller); the goal of issue 42 is >= 1.1 x compiled tokens/s with memory <= eager's.
+# smaller); the goal of issue 42 is >= 1.1 x compiled tokens/s with memory <= eager's. Not when
+# ONLY left ours out (no stale logs of an earlier run).
+selected ours_llama >/dev/null || exit 0
 python3 scripts/bench/ours_vs_torch.py "$out" ours_llama torch_llama_eager torch_llama_compiled
 echo "FP8 (ours_llama_fp8) against PyTorch's bf16:"
 python3 scripts/bench/ours_vs_torch.py "$out" ours_llama_fp8 torch_llama_eager torch_llama_compiled

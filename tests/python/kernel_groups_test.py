@@ -61,6 +61,13 @@ NAMES = [
     ("triton_poi_fused__to_copy_5", "elementwise/copies"),
     ("_ZN7quintet2nn4cuda11rope_kernelIfEEvPKT_", "elementwise/copies"),
     ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "communication"),
+    # (lib/nn/cuda/fp8.cu's casts and its untemplated scale kernel; elementwise.cu's scale_kernel<T>)
+    ("_ZN7quintet2nn8cuda_ops12_GLOBAL__N_111cast_kernelI13__nv_bfloat16EEvPKT_llPKfPhS8_Pj",
+     "FP8 casts/scales"),
+    ("_ZN7quintet2nn8cuda_ops12_GLOBAL__N_115cast_vec_kernelI13__nv_bfloat16EEvPK5Vec16IT_E",
+     "FP8 casts/scales"),
+    ("_ZN7quintet2nn8cuda_ops12_GLOBAL__N_112scale_kernelEPKfPfS3_fibb", "FP8 casts/scales"),
+    ("_ZN7quintet2nn8cuda_ops12_GLOBAL__N_112scale_kernelIfEEvPKT_fPS4_l", "elementwise/copies"),
     ("some_kernel_nobody_named", "other"),
 ]
 
