@@ -24,6 +24,10 @@
 #                                          # tests matching TESTS, the MoE step beside PyTorch's (#47)
 #   OUT=$OUT scripts/device_session.sh 8   # FP8 (#45): its gpu tests, the Llama step in bf16 and
 #                                          # FP8 beside torch.compile's
+#   OUT=$OUT scripts/device_session.sh 9   # FP8 (#45), where the time goes: the block's linear
+#                                          # layers in FP8 against bf16 (GEMMs and casts, per
+#                                          # layer; 09_op_bench --fp8-only), then the Llama step
+#                                          # by kernel in bf16 and in FP8, side by side
 #   OUT=$OUT scripts/device_session.sh 10  # FP8 loss curves (#45): the 406 M GPT and the Llama
 #                                          # 1 B model, bf16 and FP8 from one seed, STEPS (500)
 #                                          # steps each, within 1%? (MODELS= to choose; plots)
@@ -35,7 +39,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 root=$(pwd)
-phase=${1:?usage: scripts/device_session.sh 0|1|2|3|4|5|6|7|8|10}
+phase=${1:?usage: scripts/device_session.sh 0|1|2|3|4|5|6|7|8|9|10}
 out=${OUT:-$root/build/device_session}
 budget=${BUDGET:-570}
 skip=${SKIP:-}
@@ -65,6 +69,9 @@ step() {  # step NAME SECONDS COMMAND...: bounded by SECONDS and by the budget l
   pattern+='|^(one rank|4 ranks|4 CPU ranks)'  # affinity_bench.sh's placements and tables
   pattern+='|heuristic|cuBLASLt '  # cublaslt_fp8_probe.cu's lines
   pattern+='|^ours / |^ours fp8 |DIFFERENT MODELS'  # ours_vs_torch.py's ratios (llama, gpt)
+  pattern+='|^FP8 \(hybrid|^layer |^block '  # 09_op_bench --fp8-only's tables
+  pattern+='|^(attn|mlp)\.[a-z]+ +(forward|dgrad|wgrad|sum) '
+  pattern+='|^ +-?[0-9]+\.[0-9]{3} +-?[0-9]+\.[0-9]  '  # kernel_groups.py's largest kernels
   pattern+='|^loss |^plot_loss'  # loss_compare.py's lines and plots (fp8_loss_curves.sh)
   { grep -hE "$pattern" "$logs/$name.log" ||
       grep -hE "$pattern" "$logs/$name"/*.log; } 2>/dev/null | tail -n 40 | sed 's/^/    /' >>"$summary"
@@ -151,6 +158,18 @@ case $phase in
     step fp8_tests 150 bash -c "cd build && ctest -R fp8 -L gpu --output-on-failure -j3 --timeout 120;
       grep -c 'ran none' Testing/Temporary/LastTest.log"
     step llama_fp8 260 env SKIP="torch_llama_eager ops_elementwise" TARGETS=04_gpt_train \
+      bash scripts/bench/llama_benchmarks.sh
+    ;;
+  9)  # FP8 (#45), where the time goes: the build, the block's linear layers in FP8 against bf16
+      # (09_op_bench --fp8-only: the text table for this summary, then the JSON lines into the
+      # step's folder), then the Llama step by kernel in bf16 and in FP8 (llama_benchmarks.sh's
+      # llama_profile and llama_profile_fp8, two runs each, and their table side by side).
+      # Estimates (seconds): 175 fresh, 2 x 10, then 4 x 35: about 340.
+    step build 240 bash scripts/setup.sh
+    # shellcheck disable=SC2016  # $OUT expands in the step, where it is the step's folder
+    step ops_fp8 60 bash -c 'b=build/examples/09_op_bench/09_op_bench; $b --fp8-only &&
+      mkdir -p "$OUT" && $b --fp8-only --json >"$OUT/ops_fp8.jsonl"'
+    step llama_profiles 300 env ONLY="llama_profile llama_profile_fp8" \
       bash scripts/bench/llama_benchmarks.sh
     ;;
   10)  # FP8 loss curves (#45): the build, then fp8_loss_curves.sh (STEPS, MODELS pass through).
