@@ -32,6 +32,12 @@
 #                                          # 1 B model, bf16 and FP8 from one seed, STEPS (500)
 #                                          # steps each, within 1%? (MODELS= to choose; plots)
 # A later phase on the same warm machine reuses the build (scripts/setup.sh is incremental).
+# Phases 0, 1, 3, 7 and 8 build in seconds from a carried prebuilt/build (here, `scripts/
+# device_prebuilt.sh pack`; run(..., carry=["prebuilt"])) when its unpack finds it packed from these
+# very sources and loading; else, and always in the other phases (their programs are not packed),
+# scripts/setup.sh builds. The summary's "- build:" line says which; with the prebuilt, every step
+# runs with LD_LIBRARY_PATH starting with /usr/local/cuda/lib64 (which PyTorch's runs see too) and
+# the benchmark scripts' own build runs are left out.
 # Keep NCCL_NVLS_ENABLE=0 (set here). Phase 5's A/B takes BASE=<commit> (default HEAD~40).
 # SKIP="name ...": steps of the phase to leave out, e.g. to run the rest of phase 6 in a second
 # call (SKIP="affinity checkpoint"): on a fresh machine its build leaves room for the first steps
@@ -54,11 +60,11 @@ summary=$out/summary.md
   echo "- cores: $(nproc)"
 } >"$summary"
 
-step() {  # step NAME SECONDS COMMAND...: bounded by SECONDS and by the budget left
+step() {  # step NAME SECONDS COMMAND...: bounded by SECONDS and by the budget left; its status
   local name=$1 limit=$2; shift 2
-  case " $skip " in *" $name "*) echo "| $name | skipped (SKIP) | 0 |" >>"$summary"; return ;; esac
+  case " $skip " in *" $name "*) echo "| $name | skipped (SKIP) | 0 |" >>"$summary"; return 1 ;; esac
   local left=$((budget - SECONDS - 5))
-  if [ "$left" -lt 20 ]; then echo "| $name | not run (budget) | 0 |" >>"$summary"; return; fi
+  if [ "$left" -lt 20 ]; then echo "| $name | not run (budget) | 0 |" >>"$summary"; return 1; fi
   [ "$limit" -gt "$left" ] && limit=$left
   local t0=$SECONDS rc
   OUT=$logs/$name timeout "$limit" "$@" >"$logs/$name.log" 2>&1
@@ -75,6 +81,26 @@ step() {  # step NAME SECONDS COMMAND...: bounded by SECONDS and by the budget l
   pattern+='|^loss |^plot_loss'  # loss_compare.py's lines and plots (fp8_loss_curves.sh)
   { grep -hE "$pattern" "$logs/$name.log" ||
       grep -hE "$pattern" "$logs/$name"/*.log; } 2>/dev/null | tail -n 40 | sed 's/^/    /' >>"$summary"
+  return "$rc"
+}
+
+bskip=""  # "build" with the prebuilt: the benchmark scripts' runs to leave out
+build() {  # build SECONDS [prebuilt]: the carried prebuilt/build when it unpacks, else setup.sh
+  local limit=$1 use=${2:-}
+  if [ -n "$use" ] && [ -d prebuilt/build ] && [[ " $skip " != *" build "* ]]; then
+    local old=${LD_LIBRARY_PATH-} had=${LD_LIBRARY_PATH+set}
+    export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    if step build_prebuilt 60 bash scripts/device_prebuilt.sh unpack; then
+      echo "- build: prebuilt, $(sed -n '1p;2p' prebuilt/build/PREBUILT_COMMIT | paste -sd' ' -)" >>"$summary"
+      bskip=build
+      return
+    fi
+    if [ -n "$had" ]; then LD_LIBRARY_PATH=$old; else unset LD_LIBRARY_PATH; fi
+    echo "- build: scripts/setup.sh (prebuilt refused: $(grep -m1 '^unpack' "$logs/build_prebuilt.log" 2>/dev/null))" >>"$summary"
+  elif [[ " $skip " != *" build "* ]]; then
+    echo "- build: scripts/setup.sh" >>"$summary"
+  fi
+  step build "$limit" bash scripts/setup.sh
 }
 
 echo "| step | result | seconds |" >>"$summary"
@@ -85,21 +111,21 @@ case $phase in
     nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
     step fp8_probe 60 bash -c "$nvcc -std=c++17 -arch=sm_90 scripts/bench/cublaslt_fp8_probe.cu \
       -lcublasLt -o /tmp/cublaslt_fp8_probe && CUBLASLT_LOG_LEVEL=2 /tmp/cublaslt_fp8_probe"
-    step build 240 bash scripts/setup.sh
+    build 240 prebuilt
     step gpu_tests 200 bash -c "cd build && ctest -L gpu --output-on-failure -j3 --timeout 150"
     step ops 60 build/examples/09_op_bench/09_op_bench --elementwise-only --json
     step experts 120 build/examples/09_op_bench/09_op_bench --experts-only --json
-    step llama 240 env SKIP="torch_llama_eager ops_elementwise ours_llama_fp8 ours_llama_fp8_delayed" \
+    step llama 240 env SKIP="torch_llama_eager ops_elementwise ours_llama_fp8 ours_llama_fp8_delayed $bskip" \
       bash scripts/bench/llama_benchmarks.sh
     ;;
   1)  # first what verifies this session's unrun GPU code, then the quick MoE figures
-    step build 240 bash scripts/setup.sh
+    build 240 prebuilt
     step gpu_tests 200 bash -c "cd build && ctest -L gpu --output-on-failure -j3 --timeout 150"
     step moe_quick 300 env ONLY="grouped_gemm grouped_gemm_skew moe_1gpu moe_1gpu_kernel moe_1gpu_wgmma" \
       TARGETS="05_moe_train 09_op_bench" bash scripts/bench/moe_benchmarks.sh
     ;;
   2)
-    step build 200 bash scripts/setup.sh
+    build 200
     # Estimates (seconds): ours 2 runs of about 30; torch.compile's unprofiled warm-up run about
     # 70 (it compiles and autotunes, filling the caches), then its 2 profiled runs of up to 120
     # (both find the caches warm); each run is bounded (90, 200 s).
@@ -109,11 +135,11 @@ case $phase in
       bash scripts/bench/moe_benchmarks.sh
     ;;
   3)
-    step build 200 bash scripts/setup.sh
-    step llama 500 bash scripts/bench/llama_benchmarks.sh
+    build 200 prebuilt
+    step llama 500 env SKIP="${SKIP:-} $bskip" bash scripts/bench/llama_benchmarks.sh
     ;;
   4)
-    step build 200 bash scripts/setup.sh
+    build 200
     # shellcheck disable=SC2016  # $OUT expands in the step, where it is the step's folder
     # Limits: on the H200 (2026-12-05) hf_reference passed 60 s and hf_io 90 s, both timed out.
     step hf_reference 200 bash -c 'python3 scripts/hf/make_transformers_reference.py "$OUT/ref" &&
@@ -123,7 +149,7 @@ case $phase in
     step gpt 240 env SKIP="gpt_profile gpt_profile_torch" bash scripts/bench/gpt_benchmarks.sh
     ;;
   5)
-    step build 200 bash scripts/setup.sh
+    build 200
     base=${BASE:-HEAD~40}
     step ab_gpt 500 bash -c "rm -rf build-ab && mkdir -p build-ab/base &&
       git archive $base | tar -x -C build-ab/base && BASE=build-ab/base ROUNDS=2 bash scripts/bench/ab_gpt.sh"
@@ -133,7 +159,7 @@ case $phase in
       # (3 runs of 300 steps at 53 ms plus start-up, 16.6 s of synchronous saves and the last
       # asynchronous write); the loaders about 100 (loader_gpu 5 x 300 steps of 10 ms,
       # loader_torch 2000 steps for each peer form); ops up to 150, ops_torch up to 120.
-    step build 200 bash scripts/setup.sh
+    build 200
     step affinity 240 env ROUNDS=2 BUDGET=225 bash scripts/bench/affinity_bench.sh
     step checkpoint 220 bash scripts/bench/checkpoint_bench.sh
     step loaders 250 env ONLY="loader_gpu loader_torch" bash scripts/bench/gpu_benchmarks.sh
@@ -147,7 +173,7 @@ case $phase in
     nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
     step fp8_libs 90 bash -c "$nvcc -std=c++17 -arch=sm_90 scripts/bench/cublaslt_fp8_probe.cu \
       -lcublasLt -o /tmp/cublaslt_fp8_probe && bash scripts/bench/cublaslt_fp8_libs.sh /tmp/cublaslt_fp8_probe"
-    step build 240 bash scripts/setup.sh
+    build 240 prebuilt
     step gpu_tests 200 bash -c "cd build && ctest -L gpu -R '${TESTS:-.}' --output-on-failure -j3 --timeout 150"
     step moe 360 env ONLY="moe_1gpu torch moe_1gpu_mixtral torch_mixtral" TARGETS=05_moe_train \
       bash scripts/bench/moe_benchmarks.sh
@@ -155,10 +181,10 @@ case $phase in
   8)  # FP8 (#45): the build, the FP8 gpu tests (cuBLASLt's FP8 path, no fallback warning), then
       # the Llama step in bf16 and FP8 (current and delayed scaling) beside torch.compile's
       # bf16. Estimates (seconds): 170 fresh, 60, then 35 + 35 + 35 + 110.
-    step build 240 bash scripts/setup.sh
+    build 240 prebuilt
     step fp8_tests 150 bash -c "cd build && ctest -R fp8 -L gpu --output-on-failure -j3 --timeout 120;
       grep -c 'ran none' Testing/Temporary/LastTest.log"
-    step llama_fp8 300 env SKIP="torch_llama_eager ops_elementwise" TARGETS=04_gpt_train \
+    step llama_fp8 300 env SKIP="torch_llama_eager ops_elementwise $bskip" TARGETS=04_gpt_train \
       bash scripts/bench/llama_benchmarks.sh
     ;;
   9)  # FP8 (#45), where the time goes: the build, the block's linear layers in FP8 against bf16
