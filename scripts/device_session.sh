@@ -32,7 +32,7 @@
 #                                          # 1 B model, bf16 and FP8 from one seed, STEPS (500)
 #                                          # steps each, within 1%? (MODELS= to choose; plots)
 # A later phase on the same warm machine reuses the build (scripts/setup.sh is incremental).
-# Phases 0, 1, 3, 7 and 8 build in seconds from a carried prebuilt/build (here, `scripts/
+# Phases 0, 1, 3 and 7 to 10 build in seconds from a carried prebuilt/build (here, `scripts/
 # device_prebuilt.sh pack`; run(..., carry=["prebuilt"])) when its unpack finds it packed from these
 # very sources and loading; else, and always in the other phases (their programs are not packed),
 # scripts/setup.sh builds. The summary's "- build:" line says which; with the prebuilt, every step
@@ -192,7 +192,7 @@ case $phase in
       # step's folder), then the Llama step by kernel in bf16 and in FP8 (llama_benchmarks.sh's
       # llama_profile and llama_profile_fp8, two runs each, and their table side by side).
       # Estimates (seconds): 175 fresh, 2 x 10, then 4 x 35: about 340.
-    step build 240 bash scripts/setup.sh
+    build 240 prebuilt
     # shellcheck disable=SC2016  # $OUT expands in the step, where it is the step's folder
     step ops_fp8 60 bash -c 'b=build/examples/09_op_bench/09_op_bench; $b --fp8-only &&
       mkdir -p "$OUT" && $b --fp8-only --json >"$OUT/ops_fp8.jsonl"'
@@ -202,8 +202,8 @@ case $phase in
   10)  # FP8 loss curves (#45): the build, then fp8_loss_curves.sh (STEPS, MODELS pass through).
       # Estimates (seconds): 175 fresh; at 500 steps the GPT 40 a run and the Llama 75 (about 240
       # in all, each run bounded); the plots are also copied to $OUT.
-    step build 240 bash scripts/setup.sh
-    step fp8_loss 380 env TARGETS=04_gpt_train bash scripts/bench/fp8_loss_curves.sh
+    build 240 prebuilt
+    step fp8_loss 380 env SKIP="${SKIP:-} $bskip" TARGETS=04_gpt_train bash scripts/bench/fp8_loss_curves.sh
     cp "$logs"/fp8_loss/*.png "$out"/ 2>/dev/null
     ;;
   *) echo "unknown phase $phase" >&2; exit 2 ;;
