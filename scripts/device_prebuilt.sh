@@ -77,7 +77,7 @@ case $mode in
     exclude="$(cd "$dest" && cd "$(git rev-parse --git-common-dir)" && pwd)/info/exclude"  # a worktree's too
     mkdir -p "$(dirname "$exclude")"
     grep -qx "/prebuilt/" "$exclude" 2>/dev/null || echo "/prebuilt/" >>"$exclude"
-    rm -rf "$out/build"
+    rm -rf "$out"  # an older pack's files too (the flat prebuilt/ of before): all of it is carried
     mkdir -p "$out/build"
     (
       cd build || exit 1
@@ -87,7 +87,7 @@ case $mode in
     ) || exit 1
     # This checkout's paths become the device's (the main worktree's); the python found here
     # (pyenv's) is not there: the PATH's python3 runs the tests' scripts.
-    find "$out/build" -name CTestTestfile.cmake -exec sed -i -e "s#$root\([/\";]\)#$dest\1#g" \
+    find "$out/build" -name CTestTestfile.cmake -exec sed -i -e "s#$root\([/\";]\|\$\)#$dest\1#g" \
       -e 's#"/[^"]*/python3"#"python3"#g' {} +
     elfs=("${exes[@]}")
     for l in "${libs[@]}"; do elfs+=("$(cd build && readlink -f "$l" | sed "s|^$root/build/||")"); done
