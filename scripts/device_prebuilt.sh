@@ -24,8 +24,9 @@
 #       real build (a CMakeCache.txt from setup.sh on a warm machine: copied programs newer than
 #       its objects would hide changes from make, so setup.sh updates it instead), the absolute
 #       programs the tests name exist (mpiexec) and, after copying prebuilt/build/. into build/,
-#       `ldd` finds every library of every packed program with LD_LIBRARY_PATH starting with
-#       CUDA_LIB. A failed check removes the programs it copied.
+#       `ldd` finds every library of every packed program as the steps will run it (through the
+#       rewritten RUNPATH, LD_LIBRARY_PATH left as it is). A failed check removes the programs it
+#       copied.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 root=$(pwd)
@@ -149,10 +150,6 @@ case $mode in
       echo "unpack: the tests' programs are missing here: $(echo "$missing" | paste -sd' ' -)" >&2
       exit 1
     fi
-    case ":${LD_LIBRARY_PATH:-}:" in
-      *":$cuda_lib:"*) ;;
-      *) export LD_LIBRARY_PATH=$cuda_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} ;;
-    esac
     mkdir -p build
     cp -a "$src/." build/ || exit 1
     mapfile -t elfs <"$src/PREBUILT_EXES"
@@ -163,7 +160,7 @@ case $mode in
     done
     if [ "$bad" != 0 ]; then
       (cd build && rm -f -- "${elfs[@]}" PREBUILT_COMMIT)
-      echo "unpack: removed the copied programs (LD_LIBRARY_PATH=$LD_LIBRARY_PATH)" >&2
+      echo "unpack: removed the copied programs (LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-})" >&2
       exit 1
     fi
     echo "unpack: ${#elfs[@]} programs load, $(sed -n '1p;2p' "$src/PREBUILT_COMMIT" | paste -sd' ' -)"

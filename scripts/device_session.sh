@@ -35,9 +35,9 @@
 # Phases 0, 1, 3 and 7 to 10 build in seconds from a carried prebuilt/build (here, `scripts/
 # device_prebuilt.sh pack`; run(..., carry=["prebuilt"])) when its unpack finds it packed from these
 # very sources and loading; else, and always in the other phases (their programs are not packed),
-# scripts/setup.sh builds. The summary's "- build:" line says which; with the prebuilt, every step
-# runs with LD_LIBRARY_PATH starting with /usr/local/cuda/lib64 (which PyTorch's runs see too) and
-# the benchmark scripts' own build runs are left out.
+# scripts/setup.sh builds. The summary's "- build:" line says which; with the prebuilt, the
+# benchmark scripts' own build runs are left out (the programs find CUDA's libraries through their
+# RUNPATH, and LD_LIBRARY_PATH is left as it is, so PyTorch's runs load their own cuBLAS).
 # Keep NCCL_NVLS_ENABLE=0 (set here). Phase 5's A/B takes BASE=<commit> (default HEAD~40).
 # SKIP="name ...": steps of the phase to leave out, e.g. to run the rest of phase 6 in a second
 # call (SKIP="affinity checkpoint"): on a fresh machine its build leaves room for the first steps
@@ -88,14 +88,13 @@ bskip=""  # "build" with the prebuilt: the benchmark scripts' runs to leave out
 build() {  # build SECONDS [prebuilt]: the carried prebuilt/build when it unpacks, else setup.sh
   local limit=$1 use=${2:-}
   if [ -n "$use" ] && [ -d prebuilt/build ] && [[ " $skip " != *" build "* ]]; then
-    local old=${LD_LIBRARY_PATH-} had=${LD_LIBRARY_PATH+set}
-    export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    # The programs find the CUDA libraries through their RUNPATH (pack rewrites it for the
+    # device); LD_LIBRARY_PATH stays as it is, so PyTorch keeps loading its own cuBLAS.
     if step build_prebuilt 60 bash scripts/device_prebuilt.sh unpack; then
       echo "- build: prebuilt, $(sed -n '1p;2p' prebuilt/build/PREBUILT_COMMIT | paste -sd' ' -)" >>"$summary"
       bskip=build
       return
     fi
-    if [ -n "$had" ]; then LD_LIBRARY_PATH=$old; else unset LD_LIBRARY_PATH; fi
     echo "- build: scripts/setup.sh (prebuilt refused: $(grep -m1 '^unpack' "$logs/build_prebuilt.log" 2>/dev/null))" >>"$summary"
   elif [[ " $skip " != *" build "* ]]; then
     echo "- build: scripts/setup.sh" >>"$summary"
