@@ -215,7 +215,7 @@ void grouped_linear_backward_weight(const Tensor& dy, const Tensor& x, const Ten
   }
   for_each_host_group(host_offsets, [&](std::int64_t g, std::int64_t r, std::int64_t m) {
     cuda_ops::linear_backward_weight(dy2.narrow(0, r, m), x2.narrow(0, r, m), dw.select(g),
-                                     Tensor(), stream);
+                                     Tensor(), true, stream);
   });
 #endif
 }

@@ -67,6 +67,11 @@ Tensor linear_backward_input(const Tensor& dy, const Tensor& w, const Stream& st
 
 void linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& dw, const Tensor& db,
                             const Stream& stream) {
+  linear_backward_weight(dy, x, dw, db, true, stream);
+}
+
+void linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& dw, const Tensor& db,
+                            bool accumulate_dw, const Stream& stream) {
   const OpChecker c("linear_backward_weight", stream);
   const DType t = c.compute("dy", dy);
   c.compute_as("x", x, t);
@@ -77,7 +82,7 @@ void linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& dw,
   c.accumulator("dw", dw, t, {out, in});
   if (db.defined()) c.accumulator("db", db, t, {out});
   const Tensor dy2 = as_rows(dy, stream), x2 = as_rows(x, stream);
-  QUINTET_NN_DISPATCH(c, stream, linear_backward_weight, dy2, x2, dw, db);
+  QUINTET_NN_DISPATCH(c, stream, linear_backward_weight, dy2, x2, dw, db, accumulate_dw);
 }
 
 Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& dw,

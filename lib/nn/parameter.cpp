@@ -54,12 +54,27 @@ Tensor Parameter::grad() const {
                             : "bound: its store keeps gradients on demand (ZeRO-2), so a gradient "
                               "exists only while backward accumulates it; read the reduced shard "
                               "with DataParallel::owned_grad");
+  if (grad_stale_) {
+    // No stream here: zero_grad's, waited for on a GPU (as a stream-less fill_ would be), so
+    // that the caller may read the zeros on any stream or on the host.
+    const Stream stream = store_->zero_grad_stream();
+    store_->zero_stale(*this, stream);
+    if (stream.device().is_cuda()) stream.synchronize();
+  }
   return grad_;
 }
 
 Tensor Parameter::grad_for_backward(const Stream& stream) {
   if (!grad_.defined() && on_grad_needed_) on_grad_needed_(*this, stream);
+  if (grad_stale_) store_->zero_stale(*this, stream);
   return grad();
+}
+
+Parameter::GradForWrite Parameter::grad_for_write(const Stream& stream) {
+  if (!grad_.defined() && on_grad_needed_) on_grad_needed_(*this, stream);
+  const bool overwrite = grad_stale_;
+  if (overwrite) store_->clear_stale(*this);
+  return {grad(), overwrite};
 }
 
 Tensor Parameter::use(const Stream& stream) {
@@ -71,20 +86,35 @@ void Parameter::mark_grad_ready() {
   if (on_grad_ready_) on_grad_ready_(*this);
 }
 
-void accumulate_gradients(Context& ctx, std::initializer_list<Parameter*> params,
-                          GradientWork accumulate, GradTiming timing, GradReady ready) {
-  std::vector<Parameter*> ps(params);
+namespace {
+
+// Both accumulate_gradients: the first parameter's gradient through grad_for_write when
+// may_overwrite, the others through grad_for_backward.
+void run_gradient_work(Context& ctx, std::vector<Parameter*> ps, OverwritingGradientWork work,
+                       bool may_overwrite, GradTiming timing, GradReady ready) {
   auto mark = [ps, ready] {
     if (ready == GradReady::defer) return;
     for (Parameter* p : ps) {
       if (p) p->mark_grad_ready();
     }
   };
-  auto run = [ps, fn = std::move(accumulate), stream = &ctx.stream()] {
+  auto run = [ps, fn = std::move(work), may_overwrite, stream = &ctx.stream()] {
     std::vector<Tensor> grads;
     grads.reserve(ps.size());
-    for (Parameter* p : ps) grads.push_back(p ? p->grad_for_backward(*stream) : Tensor());
-    fn(grads, *stream);
+    bool overwrite = false;
+    for (std::size_t i = 0; i < ps.size(); ++i) {
+      Parameter* p = ps[i];
+      if (p == nullptr) {
+        grads.emplace_back();
+      } else if (i == 0 && may_overwrite) {
+        Parameter::GradForWrite w = p->grad_for_write(*stream);
+        grads.push_back(std::move(w.grad));
+        overwrite = w.overwrite;
+      } else {
+        grads.push_back(p->grad_for_backward(*stream));
+      }
+    }
+    fn(grads, overwrite, *stream);
   };
   if (!ctx.defers_weight_gradients()) {
     run();
@@ -100,6 +130,24 @@ void accumulate_gradients(Context& ctx, std::initializer_list<Parameter*> params
     run();
     ctx.defer(std::move(mark));
   }
+}
+
+}  // namespace
+
+void accumulate_gradients(Context& ctx, std::initializer_list<Parameter*> params,
+                          GradientWork accumulate, GradTiming timing, GradReady ready) {
+  run_gradient_work(
+      ctx, std::vector<Parameter*>(params),
+      [fn = std::move(accumulate)](const std::vector<Tensor>& g, bool, const Stream& s) {
+        fn(g, s);
+      },
+      false, timing, ready);
+}
+
+void accumulate_gradients(Context& ctx, std::initializer_list<Parameter*> params,
+                          OverwritingGradientWork accumulate, GradTiming timing, GradReady ready) {
+  run_gradient_work(ctx, std::vector<Parameter*>(params), std::move(accumulate), true, timing,
+                    ready);
 }
 
 std::uint64_t parameter_stream_id(const std::string& name) {
@@ -138,6 +186,7 @@ ParameterStore::ParameterStore(Module& root, DType dtype, const Stream& stream,
   grad_ = Tensor::empty({total}, accum_dtype(dtype), device, stream);
   grad_.fill_(0.0, stream);
   for (Parameter* p : params_) {
+    p->store_ = this;
     p->data_ = data_.narrow(0, p->offset_, p->numel()).view(p->shape());
     p->grad_ = grad_.narrow(0, p->offset_, p->numel()).view(p->shape());
     p->on_grad_ready_ = [this](Parameter& q) {
@@ -174,13 +223,77 @@ Parameter& ParameterStore::find(const std::string& name) const {
 }
 
 void ParameterStore::zero_grad(const Stream& stream) {
-  if (!on_demand_) {
+  if (on_demand_) {
+    for (Parameter* p : params_) {
+      if (p->grad_.defined()) p->grad_.fill_(0.0, stream);
+    }
+    return;
+  }
+  for (Parameter* p : params_) p->grad_stale_ = lazy_;
+  stale_ = lazy_ ? params_.size() : 0;
+  if (!lazy_) {
     grad_.fill_(0.0, stream);
     return;
   }
-  for (Parameter* p : params_) {
-    if (p->grad_.defined()) p->grad_.fill_(0.0, stream);
+  zero_handle_ = stream.handle();
+}
+
+const Tensor& ParameterStore::grad_buffer() const {
+  if (stale_ > 0) {  // as Parameter::grad()
+    const Stream stream = zero_grad_stream();
+    zero_stale(0, total_elements(), stream);
+    if (device().is_cuda()) stream.synchronize();
   }
+  return grad_;
+}
+
+Tensor ParameterStore::grad_range(std::int64_t begin, std::int64_t n, const Stream& stream) {
+  QUINTET_CHECK(grad_.defined() && begin >= 0 && n >= 0 && begin + n <= total_elements(),
+                "ParameterStore::grad_range: elements [{}, {}) of a gradient buffer of {}{}", begin,
+                begin + n, total_elements(),
+                grad_.defined() ? "" : " (released: gradients are on demand)");
+  zero_stale(begin, begin + n, stream);
+  return grad_.narrow(0, begin, n);
+}
+
+void ParameterStore::zero_stale(const Parameter& p, const Stream& stream) const {
+  if (!p.grad_stale_) return;
+  if (p.numel() > 0) Tensor(p.grad_).fill_(0.0, stream);
+  clear_stale(p);
+}
+
+void ParameterStore::zero_stale(std::int64_t begin, std::int64_t end, const Stream& stream) const {
+  if (stale_ == 0) return;
+  // The parameters lie in offset order, each ending before the next starts: skip those that end
+  // before begin, then take those that start before end, filling each run of consecutive stale
+  // ones at once (the alignment padding between them is zero already).
+  auto it = std::partition_point(params_.begin(), params_.end(), [&](const Parameter* p) {
+    return p->offset_ < begin && p->offset_ + p->numel() <= begin;
+  });
+  std::int64_t run_begin = -1, run_end = -1;
+  const auto flush = [&] {
+    if (run_end > run_begin) grad_.narrow(0, run_begin, run_end - run_begin).fill_(0.0, stream);
+    run_begin = run_end = -1;
+  };
+  for (; it != params_.end() && (*it)->offset_ < end; ++it) {
+    const Parameter& p = **it;
+    if (!p.grad_stale_) {
+      flush();
+      continue;
+    }
+    if (run_begin < 0) run_begin = p.offset_;
+    run_end = p.offset_ + p.numel();
+    clear_stale(p);
+  }
+  flush();
+}
+
+Stream ParameterStore::zero_grad_stream() const { return Stream::borrow(device(), zero_handle_); }
+
+void ParameterStore::clear_stale(const Parameter& p) const {
+  if (!p.grad_stale_) return;
+  p.grad_stale_ = false;
+  --stale_;
 }
 
 void ParameterStore::release_gradient_buffer(
@@ -194,7 +307,10 @@ void ParameterStore::release_gradient_buffer(
   on_demand_ = true;
   grad_binder_ = std::move(binder);
   grad_ = Tensor();
-  for (Parameter* p : params_) p->grad_ = Tensor();
+  for (Parameter* p : params_) {
+    p->grad_ = Tensor();
+    clear_stale(*p);  // whoever binds a gradient gives it zeroed storage
+  }
 }
 
 void ParameterStore::bind_gradients(const std::vector<Parameter*>& params, const Tensor& storage,
@@ -209,6 +325,7 @@ void ParameterStore::bind_gradients(const std::vector<Parameter*>& params, const
                   "inside the storage's [{}, {})",
                   p->name(), p->offset_, p->offset_ + p->numel(), first, first + storage.numel());
     p->grad_ = storage.narrow(0, p->offset_ - first, p->numel()).view(p->shape());
+    clear_stale(*p);
   }
 }
 

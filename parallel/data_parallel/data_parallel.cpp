@@ -179,7 +179,7 @@ Tensor DataParallel::owned_grad(int b) const {
   if (s.zero2) return s.zero2->shard(b).narrow(0, 0, n);
   const Tensor& staging = s.reducer->staging(b);
   if (staging.defined()) return staging.narrow(0, k.owned_begin() - k.begin, n);
-  return s.store.grad_buffer().narrow(0, k.owned_begin(), n);
+  return s.store.grad_range(k.owned_begin(), n, s.compute);
 }
 
 Tensor DataParallel::reduced_grad(const nn::Parameter& p) const {

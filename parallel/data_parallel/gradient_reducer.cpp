@@ -76,7 +76,8 @@ void GradientReducer::launch(int b) {
     l.work = comms_[b]->reduce_scatter(grad, out, ops_[b], compute_);
     zero2_->issued(b, l.work);
   } else {
-    const Tensor grad = store_.grad_buffer().narrow(0, k.begin, k.numel());
+    // A gradient nothing wrote this step (lazily zeroed, see nn::ParameterStore) is zeroed here.
+    const Tensor grad = store_.grad_range(k.begin, k.numel(), compute_);
     if (prescale_[b] != 1.0f) nn::scale_(grad, prescale_[b], compute_);
     if (config_.zero_stage == 0) {
       l.work = comms_[b]->all_reduce(grad, grad, ops_[b], compute_);

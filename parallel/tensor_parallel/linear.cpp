@@ -44,15 +44,16 @@ Tensor fp8_forward(const Tensor& x, const Tensor& w, const Tensor& b,
   return y.view(shape);
 }
 
-// Backward: dx = q(dy) · q(Wᵀ)ᵀ now; the weight gradient dW += q(dyᵀ) · q(xᵀ)ᵀ and the bias
+// Backward: dx = q(dy) · q(Wᵀ)ᵀ now; the weight gradient dW += q(dyᵀ) · q(xᵀ)ᵀ (dW = with
+// overwrite: the step's first contribution, see nn::Parameter::grad_for_write) and the bias
 // gradient (the column sums of q(dy)) when the gradient protocol runs them.
 struct Fp8Backward {
   Tensor dx;
   nn::Fp8Tensor dy;  // [rows, out] and its transpose
   nn::Fp8Tensor xt;  // xᵀ [in, rows]
-  void weight_grad(const Tensor& dw, const Tensor& db, const Stream& st) const {
+  void weight_grad(const Tensor& dw, const Tensor& db, bool overwrite, const Stream& st) const {
     nn::fp8_gemm(nn::Fp8Tensor{dy.transposed, Tensor(), dy.scale, dy.format}, xt, Tensor(), dw,
-                 true, false, st);
+                 !overwrite, false, st);
     if (db.defined()) nn::fp8_column_sum(dy, db, st);
   }
 };
@@ -201,8 +202,9 @@ Tensor ColumnParallelLinear::backward(nn::Context& ctx, const Tensor& dy_in) {
     }
     nn::accumulate_gradients(
         ctx, {weight_, bias_},
-        [f, w_shape, b_shape](const std::vector<Tensor>& g, const Stream& st) {
-          f.weight_grad(g[0].view(w_shape), g[1].defined() ? g[1].view(b_shape) : Tensor(), st);
+        [f, w_shape, b_shape](const std::vector<Tensor>& g, bool overwrite, const Stream& st) {
+          f.weight_grad(g[0].view(w_shape), g[1].defined() ? g[1].view(b_shape) : Tensor(),
+                        overwrite, st);
         },
         nn::GradTiming::deferrable, ready_);
     return started.finish(s);
@@ -229,9 +231,9 @@ Tensor ColumnParallelLinear::backward(nn::Context& ctx, const Tensor& dy_in) {
   }
   nn::accumulate_gradients(
       ctx, {weight_, bias_},
-      [dy, xin, w_shape, b_shape](const std::vector<Tensor>& g, const Stream& st) {
+      [dy, xin, w_shape, b_shape](const std::vector<Tensor>& g, bool overwrite, const Stream& st) {
         nn::linear_backward_weight(dy, xin, g[0].view(w_shape),
-                                   g[1].defined() ? g[1].view(b_shape) : Tensor(), st);
+                                   g[1].defined() ? g[1].view(b_shape) : Tensor(), !overwrite, st);
       },
       nn::GradTiming::deferrable, ready_);
   return reduced.finish(s);
@@ -311,7 +313,9 @@ Tensor RowParallelLinear::backward(nn::Context& ctx, const Tensor& dy_in) {
         fp8_backward(sp_ ? gather_sequence(dy_in, *tp_, s) : dy_in, scale, saved, s);
     nn::accumulate_gradients(
         ctx, {weight_, bias_},
-        [f](const std::vector<Tensor>& g, const Stream& st) { f.weight_grad(g[0], g[1], st); },
+        [f](const std::vector<Tensor>& g, bool overwrite, const Stream& st) {
+          f.weight_grad(g[0], g[1], overwrite, st);
+        },
         nn::GradTiming::deferrable);
     return f.dx;
   }
@@ -329,8 +333,8 @@ Tensor RowParallelLinear::backward(nn::Context& ctx, const Tensor& dy_in) {
   }
   nn::accumulate_gradients(
       ctx, {weight_, bias_},
-      [dy_full, x](const std::vector<Tensor>& g, const Stream& st) {
-        nn::linear_backward_weight(dy_full, x, g[0], g[1], st);
+      [dy_full, x](const std::vector<Tensor>& g, bool overwrite, const Stream& st) {
+        nn::linear_backward_weight(dy_full, x, g[0], g[1], !overwrite, st);
       },
       nn::GradTiming::deferrable);
   return dx.defined() ? dx : nn::linear_backward_input(dy_full, w, s);

@@ -14,3 +14,6 @@ quintet_unit_test(NAME nn_grouped_gemm_tiles_test COMPONENT nn
 target_link_libraries(nn_grouped_gemm_tiles_test PRIVATE quintet_nn_private)
 # The router's logits ops (x in its own dtype, f32 sums) against cast + linear in f32, bad inputs.
 quintet_unit_test(NAME nn_router_ops_test COMPONENT nn SOURCES unit/nn_router_ops_test.cpp)
+# Lazy zeroing of the gradients: training steps bit for bit as with zero_grad filling the buffer
+# (dense, microbatches, split backward, MoE, FP8 on the CPU), and the accessors' zeros.
+quintet_unit_test(NAME nn_lazy_zero_grad_test COMPONENT nn SOURCES unit/nn_lazy_zero_grad_test.cpp)

@@ -16,6 +16,7 @@
 #include "quintet/collectives/mpi.hpp"
 #include "quintet/parallel/model/gpt.hpp"
 #include "support/catch.hpp"
+#include "support/gpt_small.hpp"
 
 using namespace quintet;
 
@@ -23,28 +24,9 @@ namespace {
 
 const Stream kCpu;
 
-model::GptConfig small_config() {
-  return model::GptConfig{.layers = 4,
-                          .hidden = 16,
-                          .heads = 2,
-                          .ffn_hidden = 24,
-                          .vocab = 20,
-                          .seq_len = 8,
-                          .init_std = 0.3f,
-                          .proj_init_std = 0.2f};
-}
-
-struct Batch {
-  Tensor ids, targets;
-};
-Batch make_batch(const model::GptConfig& c, std::uint64_t seed) {
-  std::vector<std::int64_t> ids, targets;
-  for (std::int64_t i = 0; i < 2 * c.seq_len; ++i) {
-    ids.push_back(static_cast<std::int64_t>((seed * 7 + 5 * i + 3) % c.vocab));
-    targets.push_back(static_cast<std::int64_t>((seed * 11 + 3 * i + 1) % c.vocab));
-  }
-  return {Tensor::from_vector(ids, {2, c.seq_len}), Tensor::from_vector(targets, {2, c.seq_len})};
-}
+using gpt_small::Batch;
+using gpt_small::make_batch;
+model::GptConfig small_config() { return gpt_small::config(); }
 
 std::vector<float> host(const Tensor& t) { return t.contiguous().to_vector<float>(); }
 

@@ -44,6 +44,12 @@ Tensor linear_backward_input(const Tensor& dy, const Tensor& w, const Stream& st
 // linear_backward_input so a pipeline schedule can run the weight gradient later.
 void linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& dw, const Tensor& db,
                             const Stream& stream);
+// The same with accumulate_dw = false: dw = dyᵀ · x, OVERWRITTEN (every element, zeros for no
+// rows), db still accumulated: a gradient's first contribution of the step (lazy zeroing,
+// quintet/nn/parameter.hpp), bit for bit what accumulating into zeros gives (but for the sign of
+// a zero sum).
+void linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& dw, const Tensor& db,
+                            bool accumulate_dw, const Stream& stream);
 // Both of the above: returns dx and accumulates dw, db.
 Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& dw,
                        const Tensor& db, const Stream& stream);

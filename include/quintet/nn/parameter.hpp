@@ -7,6 +7,13 @@
 // have no memory yet. A ParameterStore built over the root module then names them
 // ("block0.attn.qkv.weight"), allocates both buffers on one device, points every Parameter's
 // data() and grad() at its slice, and initialises the values. Not thread-safe.
+//
+// Lazy zeroing: ParameterStore::zero_grad fills nothing; it marks every gradient stale, and a
+// stale gradient reads as zeros: every way to get it (grad(), grad_for_backward, the store's
+// grad_buffer() and grad_range()) fills it with zeros first. The one exception is
+// grad_for_write, for a backward product that writes every element (a linear layer's
+// weight-gradient GEMM): the step's first such contribution overwrites the gradient (beta = 0)
+// instead of adding to zeros, so most of the flat buffer is neither zeroed nor read back.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +32,7 @@ namespace quintet::nn {
 
 class Module;
 class Context;
+class ParameterStore;
 
 // A weight held twice, by two model chunks that both use it (a token embedding tied to the LM
 // head, with the embedding on the first pipeline stage and the head on the last): the owner and
@@ -81,6 +89,8 @@ class Parameter {
   // to views into the store's flat buffers (writing through them writes the buffers). Throw
   // InvalidArgument before a store has materialised the parameter.
   Tensor data() const;
+  // grad() of a stale gradient zeroes it first, on the stream zero_grad was given (and, on a GPU,
+  // waits for that fill: grad() has no stream to order it on).
   Tensor grad() const;
   bool materialized() const { return data_.defined(); }
   // The gradient a backward accumulates into on stream: grad(), after the store's gradient binder
@@ -88,7 +98,20 @@ class Parameter {
   // ParameterStore::release_gradient_buffer). Layers call this in backward, before
   // mark_grad_ready(); the binder throws InvalidArgument for a gradient asked for after its bucket
   // was already reduced.
+  // A stale gradient (see lazy zeroing above) is zeroed on stream first.
   Tensor grad_for_backward(const Stream& stream);
+  // grad_for_backward for a backward that writes EVERY element of the gradient in one product
+  // (a linear layer's weight-gradient GEMM): overwrite is true when the gradient was stale (the
+  // first contribution of the step: nothing filled it; it is no longer stale), and the product
+  // must then overwrite it (beta = 0) rather than add to it; else it adds, as grad_for_backward.
+  struct GradForWrite {
+    Tensor grad;
+    bool overwrite = false;
+  };
+  GradForWrite grad_for_write(const Stream& stream);
+  // Whether the gradient is stale: zero_grad declared it zero and nothing has filled or written
+  // it since (its memory holds an earlier step's values; every accessor zeroes it first).
+  bool grad_stale() const { return grad_stale_; }
   // Whether grad() has storage now (always, unless the store keeps gradients on demand).
   bool grad_bound() const { return grad_.defined(); }
   // data(), for a forward about to read it on stream: first runs the store's before-use hook
@@ -112,6 +135,8 @@ class Parameter {
   ParameterAttributes attrs_;
   Tensor data_;
   Tensor grad_;
+  ParameterStore* store_ = nullptr;
+  mutable bool grad_stale_ = false;  // see lazy zeroing above; zeroed by store_ on access
   std::int64_t offset_ = -1;
   std::function<void(Parameter&)> on_grad_ready_;
   std::function<void(Parameter&, const Stream&)> on_use_;
@@ -137,11 +162,22 @@ class Parameter {
 // GradReady::defer leaves the parameters unmarked: for a weight shared by two layers (a tied LM
 // head reusing the embedding's table), the layer whose backward runs first defers, and the owner's
 // backward, which runs last, marks it. A parameter must be marked exactly once per microbatch.
+//
+// The overload taking an OverwritingGradientWork gets the first parameter's gradient with
+// Parameter::grad_for_write, and tells the work whether it must OVERWRITE grads[0] (the step's
+// first contribution to a stale gradient) instead of adding to it; its work must write every
+// element of grads[0] (a weight-gradient GEMM with beta = 0 when overwrite). The other gradients
+// are accumulated as above.
 enum class GradTiming { deferrable, now };
 enum class GradReady { mark, defer };
 using GradientWork = std::function<void(const std::vector<Tensor>& grads, const Stream& stream)>;
+using OverwritingGradientWork =
+    std::function<void(const std::vector<Tensor>& grads, bool overwrite, const Stream& stream)>;
 void accumulate_gradients(Context& ctx, std::initializer_list<Parameter*> params,
                           GradientWork accumulate, GradTiming timing,
+                          GradReady ready = GradReady::mark);
+void accumulate_gradients(Context& ctx, std::initializer_list<Parameter*> params,
+                          OverwritingGradientWork accumulate, GradTiming timing,
                           GradReady ready = GradReady::mark);
 
 // Owns the value and gradient buffers of every parameter of a module tree. Parameters are laid
@@ -161,9 +197,16 @@ class ParameterStore {
   // The parameters in backward order (= buffer order).
   const std::vector<Parameter*>& parameters() const { return params_; }
   // The flat buffers ([total elements], including alignment padding, which stays zero). The
-  // gradient buffer is undefined once release_gradient_buffer() has run.
+  // gradient buffer is undefined once release_gradient_buffer() has run. grad_buffer() first
+  // zeroes every stale gradient (as Parameter::grad() does: on zero_grad's stream, waited for on
+  // a GPU; nothing when none is stale).
   const Tensor& data_buffer() const { return data_; }
-  const Tensor& grad_buffer() const { return grad_; }
+  const Tensor& grad_buffer() const;
+  // The gradient buffer's elements [begin, begin + n), after zeroing on stream every stale
+  // gradient of a parameter that overlaps them (one fill per run of consecutive stale ones),
+  // and none outside: what a reader of part of the buffer (a bucket's reduction, a ZeRO shard)
+  // uses while backward may still be writing other gradients.
+  Tensor grad_range(std::int64_t begin, std::int64_t n, const Stream& stream);
   // Elements of the flat buffers (values and, while it exists, gradients).
   std::int64_t total_elements() const { return data_.numel(); }
   DType dtype() const { return data_.dtype(); }
@@ -171,9 +214,15 @@ class ParameterStore {
   // The parameter of that full name; throws InvalidArgument listing none if absent.
   Parameter& find(const std::string& name) const;
 
-  // Zeroes every gradient on stream (with gradients on demand: every bound one).
+  // Zeroes every gradient on stream (with gradients on demand: every bound one). Lazily, for the
+  // flat buffer: marks every gradient stale (see lazy zeroing at the top), to be zeroed on its
+  // first access or overwritten by its first grad_for_write contribution; stream is remembered
+  // for grad() and grad_buffer(), so it must outlive the step.
   void zero_grad(const Stream& stream);
-
+  // Lazy zeroing on (the default) or off (zero_grad fills the whole buffer at once, and no
+  // gradient is ever stale or overwritten): a switch for the test that compares the two
+  // (tests/unit/nn_lazy_zero_grad_test.cpp), not a tuning knob.
+  void set_lazy_zero_grad(bool on) { lazy_ = on; }
   // Gradients on demand (ZeRO-2): frees the flat gradient buffer and unbinds every gradient.
   // From then on a gradient has storage only while bind_gradients has bound it; grad() throws
   // InvalidArgument otherwise, and Parameter::grad_for_backward calls binder (on the backward's
@@ -205,6 +254,15 @@ class ParameterStore {
   std::function<void(Parameter&, const Stream&)> grad_binder_;
   bool on_demand_ = false;
   bool data_parallel_ = false;
+  // Lazy zeroing: whether it is on, how many gradients are stale, and zero_grad's stream.
+  friend class Parameter;
+  void zero_stale(const Parameter& p, const Stream& stream) const;
+  void zero_stale(std::int64_t begin, std::int64_t end, const Stream& stream) const;
+  Stream zero_grad_stream() const;
+  void clear_stale(const Parameter& p) const;
+  bool lazy_ = true;
+  mutable std::size_t stale_ = 0;
+  cudaStream_t zero_handle_ = nullptr;
 };
 
 // 64-bit FNV-1a of a name: the Philox stream id of a parameter's init.

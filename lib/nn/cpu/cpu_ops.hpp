@@ -15,7 +15,8 @@ namespace quintet::nn::cpu_ops {
 
 void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y);
 void linear_backward_input(const Tensor& dy, const Tensor& w, const Tensor& dx);
-void linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& dw, const Tensor& db);
+void linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& dw, const Tensor& db,
+                            bool accumulate_dw);
 // The grouped linear ops (quintet/nn/grouped_linear.hpp): offsets [G + 1] i64, checked; w and dw
 // [G, out, in]. Each group runs the linear kernels above on its rows; rows past offsets[G] of y
 // and dx are zeroed.

@@ -22,12 +22,17 @@ void linear_backward_input(const Tensor& dy, const Tensor& w, const Tensor& dx) 
   });
 }
 
-void linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& dw, const Tensor& db) {
+void linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& dw, const Tensor& db,
+                            bool accumulate_dw) {
   dispatch_real(dy.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const std::int64_t m = dy.size(0), out = dy.size(1), in = x.size(1);
     const auto dym = cmat<T>(dy, m, out);
-    mat<T>(dw, out, in).noalias() += dym.transpose() * cmat<T>(x, m, in);
+    if (accumulate_dw) {
+      mat<T>(dw, out, in).noalias() += dym.transpose() * cmat<T>(x, m, in);
+    } else {
+      mat<T>(dw, out, in).noalias() = dym.transpose() * cmat<T>(x, m, in);
+    }
     if (db.defined()) mat<T>(db, 1, out) += dym.colwise().sum();
   });
 }
@@ -77,7 +82,7 @@ void grouped_linear_backward_input(const Tensor& dy, const Tensor& w, const Tens
 void grouped_linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& offsets,
                                     const Tensor& dw) {
   for_each_group(offsets, [&](std::int64_t g, std::int64_t r, std::int64_t m) {
-    linear_backward_weight(dy.narrow(0, r, m), x.narrow(0, r, m), dw.select(g), Tensor());
+    linear_backward_weight(dy.narrow(0, r, m), x.narrow(0, r, m), dw.select(g), Tensor(), true);
   });
 }
 

@@ -39,9 +39,10 @@ void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Ten
 // dy [M, out], w [out, in] -> dx [M, in].
 void linear_backward_input(const Tensor& dy, const Tensor& w, const Tensor& dx,
                            const Stream& stream);
-// dy [M, out], x [M, in]; accumulate dw [out, in] f32, db [out] f32 (undefined: skip).
+// dy [M, out], x [M, in]; accumulate dw [out, in] f32 (overwrite it when !accumulate_dw),
+// db [out] f32 (undefined: skip).
 void linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& dw, const Tensor& db,
-                            const Stream& stream);
+                            bool accumulate_dw, const Stream& stream);
 // The grouped linear ops' kernels (quintet/nn/grouped_linear.hpp, lib/nn/cuda/grouped_gemm.cu):
 // one launch each over every group, offsets [G + 1] i64 read on the device; w [G, out, in].
 // x [n, in] -> y [n, out]; dy [n, out] -> dx [n, in] (rows past offsets[G] zeroed); accumulate

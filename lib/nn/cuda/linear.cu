@@ -116,14 +116,16 @@ void linear_backward_input(const Tensor& dy, const Tensor& w, const Tensor& dx,
 }
 
 void linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& dw, const Tensor& db,
-                            const Stream& stream) {
+                            bool accumulate_dw, const Stream& stream) {
   const std::int64_t rows = dy.size(0), out = dy.size(1), in = x.size(1);
+  if (rows == 0 && !accumulate_dw && dw.numel() > 0) Tensor(dw).fill_(0.0, stream);  // dw = 0
   if (rows == 0 || out == 0) return;
   dispatch_compute(dy.dtype(), "linear_backward_weight", [&](auto tag) {
     using T = typename decltype(tag)::type;
     bool bias_done = false;
     if (in > 0) {
-      // dwᵀ [in, out] += (x as [in, rows]) · op_T(dy as [out, rows]), accumulated in f32.
+      // dwᵀ [in, out] += (x as [in, rows]) · op_T(dy as [out, rows]), accumulated in f32 (= with
+      // !accumulate_dw: beta 0, dw not read).
       LtMatmul mm;
       mm.trans_b = true;
       mm.m = in;
@@ -137,7 +139,7 @@ void linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& dw,
       mm.ldd = in;
       mm.ab_type = cuda_type<T>();
       mm.d_type = CUDA_R_32F;
-      mm.beta = 1.0f;
+      mm.beta = accumulate_dw ? 1.0f : 0.0f;
       if (db.defined()) {
         const Tensor g = Tensor::empty({out}, DType::f32, dy.device(), stream);
         mm.bias_grad = g.data_ptr();
