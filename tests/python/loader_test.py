@@ -225,6 +225,44 @@ def test_writers_refuse_tokens_that_do_not_fit():
             assert not os.path.exists(path)
 
 
+def _spinner_progress(loader, per_s):
+    """One measurement of test_next_releases_the_gil: the spinner's progress during next() and
+    during a GIL-holding call, each over its progress during sleeps of the same lengths, with
+    the seconds next() waited and the calls made."""
+    counter, stop = [0], [False]
+
+    def spin():
+        while not stop[0]:
+            counter[0] += 1
+
+    old_interval = sys.getswitchinterval()
+    sys.setswitchinterval(0.001)
+    spinner = threading.Thread(target=spin)
+    spinner.start()
+    try:
+        in_next = in_sleep = in_held = waited = 0.0
+        calls = 0
+        while waited < 0.3 and calls < 200:
+            c0, t0 = counter[0], time.perf_counter()
+            x, y = next(loader)
+            dt = time.perf_counter() - t0
+            in_next += counter[0] - c0
+            del x, y
+            c1 = counter[0]
+            time.sleep(dt)
+            in_sleep += counter[0] - c1
+            c2 = counter[0]
+            sum(range(int(dt * per_s)))  # one C call: the GIL held for about dt
+            in_held += counter[0] - c2
+            waited += dt
+            calls += 1
+    finally:
+        stop[0] = True
+        spinner.join()
+        sys.setswitchinterval(old_interval)
+    return in_next / max(in_sleep, 1), in_held / max(in_sleep, 1), waited, calls
+
+
 def test_next_releases_the_gil():
     """A pure-Python thread runs while next() waits for a batch that takes long to prepare.
 
@@ -233,8 +271,10 @@ def test_next_releases_the_gil():
     holds the GIL (sum over a range), the three interleaved so that load on the machine hits
     them alike. With the GIL released, next() lets the spinner run about as far as a sleep
     does; with it held, about as little as the held call (measured on the 2-core machine:
-    0.6-0.8 of the sleep's progress released, 0.1-0.2 held). So the bound follows from the
-    run's own held call: next() must let the spinner run at least twice as far.
+    0.6-0.8 of the sleep's progress released, 0.1-0.2 held; with a build sharing the cores,
+    0.75 and 0.39 once). So the bound follows from the run's own held call: next() must let the
+    spinner run at least twice as far, in one of up to three measurements (a next() that holds
+    the GIL fails all three: its spinner runs about as far as during the held call each time).
     """
     with tempfile.TemporaryDirectory() as d:
         seq_len, batch = 1 << 19, 32
@@ -244,51 +284,24 @@ def test_next_releases_the_gil():
             f.write(struct.pack("<3i", 20240520, 1, count) + b"\0" * (1024 - 12))
             f.truncate(1024 + 2 * count)
         loader = qd.Loader(path, seq_len, batch, threads=1, queue_depth=1)
-        counter, stop = [0], [False]
-
-        def spin():
-            while not stop[0]:
-                counter[0] += 1
 
         # Elements a sum over a range goes through per second, to hold the GIL for a given time.
         t0 = time.perf_counter()
         sum(range(1 << 20))
         per_s = (1 << 20) / max(time.perf_counter() - t0, 1e-6)
 
-        old_interval = sys.getswitchinterval()
-        sys.setswitchinterval(0.001)
-        spinner = threading.Thread(target=spin)
-        spinner.start()
-        try:
-            in_next = in_sleep = in_held = waited = 0.0
-            calls = 0
-            while waited < 0.3 and calls < 200:
-                c0, t0 = counter[0], time.perf_counter()
-                x, y = next(loader)
-                dt = time.perf_counter() - t0
-                in_next += counter[0] - c0
-                del x, y
-                c1 = counter[0]
-                time.sleep(dt)
-                in_sleep += counter[0] - c1
-                c2 = counter[0]
-                sum(range(int(dt * per_s)))  # one C call: the GIL held for about dt
-                in_held += counter[0] - c2
-                waited += dt
-                calls += 1
-        finally:
-            stop[0] = True
-            spinner.join()
-            sys.setswitchinterval(old_interval)
-        ratio = in_next / max(in_sleep, 1)
-        held = in_held / max(in_sleep, 1)
-        print(f"  GIL: {calls} next() calls waited {waited:.3f} s; the spinner ran "
-              f"{ratio:.2f}x as far as during sleeps of the same length, and {held:.2f}x during "
-              f"a call that holds the GIL")
-        assert waited >= 0.3, f"next() waited only {waited:.3f} s in {calls} calls"
-        assert ratio > 2 * held, (
+        for _ in range(3):
+            ratio, held, waited, calls = _spinner_progress(loader, per_s)
+            print(f"  GIL: {calls} next() calls waited {waited:.3f} s; the spinner ran "
+                  f"{ratio:.2f}x as far as during sleeps of the same length, and {held:.2f}x "
+                  f"during a call that holds the GIL")
+            assert waited >= 0.3, f"next() waited only {waited:.3f} s in {calls} calls"
+            if ratio > 2 * held:
+                return
+        raise AssertionError(
             f"the spinner ran {ratio:.2f}x as far during next() as during sleeps, and "
-            f"{held:.2f}x during a call that holds the GIL: next() holds it")
+            f"{held:.2f}x during a call that holds the GIL, in each of 3 measurements: next() "
+            f"holds it")
 
 
 def test_a_batch_stays_valid_after_later_batches():
