@@ -92,6 +92,19 @@ void for_each_host_group(std::span<const std::int64_t> o, F&& f) {
   }
 }
 
+// Calls f(g, first row, rows) for every group of the host offsets, empty ones too (rows 0).
+template <class F>
+void for_every_host_group(std::span<const std::int64_t> o, F&& f) {
+  for (std::size_t g = 0; g + 1 < o.size(); ++g) {
+    f(static_cast<std::int64_t>(g), o[g], o[g + 1] - o[g]);
+  }
+}
+
+// Fills t with zeros on stream (nothing for no elements).
+void fill_zero(const Tensor& t, const Stream& stream) {
+  if (t.numel() > 0) Tensor(t).fill_(0.0, stream);
+}
+
 // Zeroes the padding rows [o_G, rows) of out on stream.
 void zero_padding(const Tensor& out, std::span<const std::int64_t> o, const Stream& stream) {
   if (o.back() < out.size(0)) out.narrow(0, o.back(), out.size(0) - o.back()).fill_(0.0, stream);
@@ -188,6 +201,12 @@ Tensor grouped_linear_backward_input(const Tensor& dy, const Tensor& w, const Te
 void grouped_linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& offsets,
                                     const Tensor& dw, std::span<const std::int64_t> host_offsets,
                                     const Stream& stream) {
+  grouped_linear_backward_weight(dy, x, offsets, dw, host_offsets, true, stream);
+}
+
+void grouped_linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& offsets,
+                                    const Tensor& dw, std::span<const std::int64_t> host_offsets,
+                                    bool accumulate, const Stream& stream) {
   const OpChecker c("grouped_linear_backward_weight", stream);
   const DType t = c.compute("dy", dy);
   c.compute_as("x", x, t);
@@ -203,20 +222,24 @@ void grouped_linear_backward_weight(const Tensor& dy, const Tensor& x, const Ten
   [[maybe_unused]] const GroupedGemmPath path = gpu_path(c, host_offsets);
   const Tensor dy2 = dy.contiguous(stream), x2 = x.contiguous(stream);
   if (!c.on_cuda()) {
-    cpu_ops::grouped_linear_backward_weight(dy2, x2, o, dw);
+    cpu_ops::grouped_linear_backward_weight(dy2, x2, o, dw, accumulate);
     return;
   }
 #if QUINTET_NN_HAS_CUDA_OPS
   const DeviceGuard guard(c.device());
   if (path != GroupedGemmPath::per_group) {
+    if (!accumulate) fill_zero(dw, stream);  // the kernels add into dw
     cuda_ops::grouped_linear_backward_weight(dy2, x2, o, dw, path == GroupedGemmPath::grouped_wgmma,
                                              stream);
     return;
   }
-  for_each_host_group(host_offsets, [&](std::int64_t g, std::int64_t r, std::int64_t m) {
+  // Every group, an empty one too: its dw_g is zeroed when !accumulate (rows 0, beta 0).
+  for_every_host_group(host_offsets, [&](std::int64_t g, std::int64_t r, std::int64_t m) {
     cuda_ops::linear_backward_weight(dy2.narrow(0, r, m), x2.narrow(0, r, m), dw.select(g),
-                                     Tensor(), true, stream);
+                                     Tensor(), accumulate, stream);
   });
+#else
+  (void)accumulate;
 #endif
 }
 
@@ -348,6 +371,13 @@ void grouped_fp8_linear_backward_weight(const Fp8Tensor& dy, const Fp8Tensor& x,
                                         const Tensor& offsets, const Tensor& dw,
                                         std::span<const std::int64_t> host_offsets,
                                         const Stream& stream) {
+  grouped_fp8_linear_backward_weight(dy, x, offsets, dw, host_offsets, true, stream);
+}
+
+void grouped_fp8_linear_backward_weight(const Fp8Tensor& dy, const Fp8Tensor& x,
+                                        const Tensor& offsets, const Tensor& dw,
+                                        std::span<const std::int64_t> host_offsets, bool accumulate,
+                                        const Stream& stream) {
   const OpChecker c("grouped_fp8_linear_backward_weight", stream);
   const Tensor& dyt = check_fp8_part(c, "dy", dy, true, 2);
   const Tensor& xt = check_fp8_part(c, "x", x, true, 2);
@@ -366,21 +396,28 @@ void grouped_fp8_linear_backward_weight(const Fp8Tensor& dy, const Fp8Tensor& x,
   [[maybe_unused]] const bool per_group = path == GroupedGemmPath::per_group;
   if (!c.on_cuda()) {
     cpu_ops::grouped_fp8_linear_backward_weight(dyt, dy.scale, dy.format, xt, x.scale, x.format, o,
-                                                dw);
+                                                dw, accumulate);
     return;
   }
 #if QUINTET_NN_HAS_CUDA_OPS
   const DeviceGuard guard(c.device());
   if (!per_group) {
+    if (!accumulate) fill_zero(dw, stream);  // the kernels add into dw
     cuda_ops::grouped_fp8_gemm(cuda_ops::GroupedFp8Product::wgrad, dyt, dy.scale, dy.format, xt,
                                x.scale, x.format, o, dw, path == GroupedGemmPath::grouped_wgmma,
                                stream);
     return;
   }
-  for_each_host_group(host_offsets, [&](std::int64_t g, std::int64_t r, std::int64_t m) {
-    cuda_ops::fp8_gemm(columns(dyt, r, m, stream), dy.scale, dy.format, columns(xt, r, m, stream),
-                       x.scale, x.format, Tensor(), dw.select(g), true, false, stream);
+  for_every_host_group(host_offsets, [&](std::int64_t g, std::int64_t r, std::int64_t m) {
+    if (m > 0) {
+      cuda_ops::fp8_gemm(columns(dyt, r, m, stream), dy.scale, dy.format, columns(xt, r, m, stream),
+                         x.scale, x.format, Tensor(), dw.select(g), accumulate, false, stream);
+    } else if (!accumulate) {
+      fill_zero(dw.select(g), stream);
+    }
   });
+#else
+  (void)accumulate;
 #endif
 }
 

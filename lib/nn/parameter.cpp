@@ -88,28 +88,28 @@ void Parameter::mark_grad_ready() {
 
 namespace {
 
-// Both accumulate_gradients: the first parameter's gradient through grad_for_write when
-// may_overwrite, the others through grad_for_backward.
-void run_gradient_work(Context& ctx, std::vector<Parameter*> ps, OverwritingGradientWork work,
-                       bool may_overwrite, GradTiming timing, GradReady ready) {
+// Every accumulate_gradients: the first `writes` parameters' gradients through grad_for_write
+// (overwrite[i] from it), the others through grad_for_backward (overwrite[i] false).
+void run_gradient_work(Context& ctx, std::vector<Parameter*> ps, OverwritingGradientsWork work,
+                       std::size_t writes, GradTiming timing, GradReady ready) {
   auto mark = [ps, ready] {
     if (ready == GradReady::defer) return;
     for (Parameter* p : ps) {
       if (p) p->mark_grad_ready();
     }
   };
-  auto run = [ps, fn = std::move(work), may_overwrite, stream = &ctx.stream()] {
+  auto run = [ps, fn = std::move(work), writes, stream = &ctx.stream()] {
     std::vector<Tensor> grads;
     grads.reserve(ps.size());
-    bool overwrite = false;
+    std::vector<bool> overwrite(ps.size(), false);
     for (std::size_t i = 0; i < ps.size(); ++i) {
       Parameter* p = ps[i];
       if (p == nullptr) {
         grads.emplace_back();
-      } else if (i == 0 && may_overwrite) {
+      } else if (i < writes) {
         Parameter::GradForWrite w = p->grad_for_write(*stream);
         grads.push_back(std::move(w.grad));
-        overwrite = w.overwrite;
+        overwrite[i] = w.overwrite;
       } else {
         grads.push_back(p->grad_for_backward(*stream));
       }
@@ -138,16 +138,24 @@ void accumulate_gradients(Context& ctx, std::initializer_list<Parameter*> params
                           GradientWork accumulate, GradTiming timing, GradReady ready) {
   run_gradient_work(
       ctx, std::vector<Parameter*>(params),
-      [fn = std::move(accumulate)](const std::vector<Tensor>& g, bool, const Stream& s) {
-        fn(g, s);
-      },
-      false, timing, ready);
+      [fn = std::move(accumulate)](const std::vector<Tensor>& g, const std::vector<bool>&,
+                                   const Stream& s) { fn(g, s); },
+      0, timing, ready);
 }
 
 void accumulate_gradients(Context& ctx, std::initializer_list<Parameter*> params,
                           OverwritingGradientWork accumulate, GradTiming timing, GradReady ready) {
-  run_gradient_work(ctx, std::vector<Parameter*>(params), std::move(accumulate), true, timing,
-                    ready);
+  run_gradient_work(
+      ctx, std::vector<Parameter*>(params),
+      [fn = std::move(accumulate)](const std::vector<Tensor>& g, const std::vector<bool>& o,
+                                   const Stream& s) { fn(g, !o.empty() && o[0], s); },
+      1, timing, ready);
+}
+
+void accumulate_gradients(Context& ctx, std::initializer_list<Parameter*> params,
+                          OverwritingGradientsWork accumulate, GradTiming timing, GradReady ready) {
+  run_gradient_work(ctx, std::vector<Parameter*>(params), std::move(accumulate), params.size(),
+                    timing, ready);
 }
 
 std::uint64_t parameter_stream_id(const std::string& name) {

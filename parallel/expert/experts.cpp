@@ -1,5 +1,10 @@
 // The MoE layer's expert MLPs (quintet/parallel/expert/experts.hpp): each projection one grouped
-// linear op over every local expert's block of rows (FP8: the grouped FP8 ops).
+// linear op over every local expert's block of rows (FP8: the grouped FP8 ops). The weight
+// gradients of backward's first call of a step overwrite the stale gradients (lazy zeroing,
+// quintet/nn/parameter.hpp; MoELayer passes the flags): the grouped weight-gradient ops with
+// accumulate = false write every expert's block, an expert without rows zeroed. The per-expert
+// loop (the GPU's default for bf16 / f32) and the CPU write without reading dw; the grouped GPU
+// kernels add in their epilogue, so there the op zero-fills dw first, as before.
 #include "quintet/parallel/expert/experts.hpp"
 
 #include <algorithm>
@@ -122,26 +127,30 @@ Tensor Experts::forward_grouped(const ExpertWeights& w, const Tensor& rows,
 }
 
 Tensor Experts::backward(const ExpertWeights& w, const Tensor& dy, const ExpertsActivations& saved,
-                         const std::vector<Tensor>& grads, const Stream& s) {
-  if (fp8_.fc.on()) return backward_fp8(dy, saved, grads, s);
+                         const std::vector<Tensor>& grads, const std::vector<bool>& overwrite,
+                         const Stream& s) {
+  QUINTET_CHECK(grads.size() == 3 && overwrite.size() == 3,
+                "Experts::backward: {} gradients and {} overwrite flags; expected 3 (fc, up, proj)",
+                grads.size(), overwrite.size());
+  if (fp8_.fc.on()) return backward_fp8(dy, saved, grads, overwrite, s);
   const Tensor& o = saved.offsets;
   const std::span<const std::int64_t> ho = saved.host_offsets;
   const Tensor& xs = saved.rows;
   const Tensor& a = saved.fc_out;
   const Tensor& u = saved.up_out;
   const Tensor h = up_ != nullptr ? nn::swiglu_forward(a, u, s) : nn::gelu_forward(a, s);
-  nn::grouped_linear_backward_weight(dy, h, o, grads[2], ho, s);
+  nn::grouped_linear_backward_weight(dy, h, o, grads[2], ho, !overwrite[2], s);
   const Tensor dh = nn::grouped_linear_backward_input(dy, w.proj, o, ho, s);
   if (up_ != nullptr) {
     const nn::SwiGluGrads sg = nn::swiglu_backward(dh, a, u, s);
-    nn::grouped_linear_backward_weight(sg.dgate, xs, o, grads[0], ho, s);
-    nn::grouped_linear_backward_weight(sg.dup, xs, o, grads[1], ho, s);
+    nn::grouped_linear_backward_weight(sg.dgate, xs, o, grads[0], ho, !overwrite[0], s);
+    nn::grouped_linear_backward_weight(sg.dup, xs, o, grads[1], ho, !overwrite[1], s);
     Tensor dx = nn::grouped_linear_backward_input(sg.dgate, w.fc, o, ho, s);
     nn::add_(dx, nn::grouped_linear_backward_input(sg.dup, w.up, o, ho, s), 1.0f, s);
     return dx;
   }
   const Tensor da = nn::gelu_backward(dh, a, s);
-  nn::grouped_linear_backward_weight(da, xs, o, grads[0], ho, s);
+  nn::grouped_linear_backward_weight(da, xs, o, grads[0], ho, !overwrite[0], s);
   return nn::grouped_linear_backward_input(da, w.fc, o, ho, s);
 }
 
@@ -189,7 +198,8 @@ Tensor Experts::forward_fp8(const ExpertWeights& w, const Tensor& rows, ExpertsA
 }
 
 Tensor Experts::backward_fp8(const Tensor& dy, const ExpertsActivations& saved,
-                             const std::vector<Tensor>& grads, const Stream& s) {
+                             const std::vector<Tensor>& grads, const std::vector<bool>& overwrite,
+                             const Stream& s) {
   Communicator& stage = *fp8_.stage;
   const Tensor& o = saved.offsets;
   const std::span<const std::int64_t> ho = saved.host_offsets;
@@ -198,7 +208,7 @@ Tensor Experts::backward_fp8(const Tensor& dy, const ExpertsActivations& saved,
   const tensor_parallel::Fp8Linear::Scale dy_scale = fp8_.proj.output_grad_scale(dyc, stage, s);
   // proj's wgrad and dgrad, then the gradients of fc's (and up's) outputs.
   const nn::Fp8Tensor qdy = cast(dyc, dy_scale, nn::Fp8Format::e5m2, s);
-  nn::grouped_fp8_linear_backward_weight(qdy, f.h_t, o, grads[2], ho, s);
+  nn::grouped_fp8_linear_backward_weight(qdy, f.h_t, o, grads[2], ho, !overwrite[2], s);
   const Tensor dh = nn::grouped_fp8_linear_backward_input(qdy, f.proj_t, o, ho, dy.dtype(), s);
   Tensor da, du;
   if (up_ != nullptr) {
@@ -211,12 +221,12 @@ Tensor Experts::backward_fp8(const Tensor& dy, const ExpertsActivations& saved,
   // fc's and up's output gradients: one scale each over every expert's rows.
   const tensor_parallel::Fp8Linear::Scale da_scale = fp8_.fc.output_grad_scale(da, stage, s);
   const nn::Fp8Tensor qda = cast(da, da_scale, nn::Fp8Format::e5m2, s);
-  nn::grouped_fp8_linear_backward_weight(qda, f.x_t, o, grads[0], ho, s);
+  nn::grouped_fp8_linear_backward_weight(qda, f.x_t, o, grads[0], ho, !overwrite[0], s);
   Tensor dx = nn::grouped_fp8_linear_backward_input(qda, f.fc_t, o, ho, dy.dtype(), s);
   if (up_ != nullptr) {
     const tensor_parallel::Fp8Linear::Scale du_scale = fp8_.up.output_grad_scale(du, stage, s);
     const nn::Fp8Tensor qdu = cast(du, du_scale, nn::Fp8Format::e5m2, s);
-    nn::grouped_fp8_linear_backward_weight(qdu, f.x_t, o, grads[1], ho, s);
+    nn::grouped_fp8_linear_backward_weight(qdu, f.x_t, o, grads[1], ho, !overwrite[1], s);
     nn::add_(dx, nn::grouped_fp8_linear_backward_input(qdu, f.up_t, o, ho, dy.dtype(), s), 1.0f, s);
   }
   return dx;

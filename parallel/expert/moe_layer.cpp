@@ -196,15 +196,26 @@ Tensor MoELayer::backward(nn::Context& ctx, const Tensor& dy) {
   // The experts' backward inside their weight gradients' accumulation.
   const ExpertWeights w = experts_->data();
   std::vector<Tensor> grads;
+  // Which gradients are stale (nn::Parameter::grad_for_write): the first chunk's experts
+  // overwrite them, the later chunks add.
+  std::vector<bool> overwrite;
   const auto run_experts = [&](int c, const Tensor& drows, const Stream& st) {
-    return experts_->backward(w, drows, saved.experts[static_cast<std::size_t>(c)], grads, st);
+    Tensor dx = experts_->backward(w, drows, saved.experts[static_cast<std::size_t>(c)], grads,
+                                   overwrite, st);
+    overwrite.assign(overwrite.size(), false);
+    return dx;
   };
   const auto with_grads = [&](const std::function<void(const Stream&)>& body) {
     nn::accumulate_gradients(
         ctx, {experts_->fc(), experts_->up(), experts_->proj()},
-        [&](const std::vector<Tensor>& g, const Stream& st) {
+        [&](const std::vector<Tensor>& g, const std::vector<bool>& o, const Stream& st) {
           grads = g;
+          overwrite = o;
           body(st);
+          // Stale gradients no experts' call wrote (no chunk ran) read as zeros.
+          for (std::size_t i = 0; i < grads.size(); ++i) {
+            if (overwrite[i] && grads[i].numel() > 0) Tensor(grads[i]).fill_(0.0, st);
+          }
         },
         nn::GradTiming::now);
   };

@@ -5,16 +5,21 @@
 // off (ParameterStore::set_lazy_zero_grad(false): zero_grad fills the buffer): a dense model with
 // tied embeddings, gradient accumulation over 3 microbatches (with a split I / deferred W
 // backward and full recompute), an MoE model where an expert receives no token in a step after
-// one where it did, and FP8 (the CPU emulation). And a gradient nothing wrote reads exactly zero
-// through every accessor, while one the GEMM overwrote never went through a fill.
+// one where it did (its experts' gradients overwritten too; SwiGLU and GELU, FP8, microbatches),
+// and FP8 (the CPU emulation). And a gradient nothing wrote reads exactly zero through every
+// accessor, while one the GEMM overwrote never went through a fill; the linear and grouped
+// weight-gradient ops without accumulation overwrite dw (an empty group's with zeros).
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "quintet/collectives/mpi.hpp"
 #include "quintet/nn/context.hpp"
+#include "quintet/nn/fp8.hpp"
+#include "quintet/nn/grouped_linear.hpp"
 #include "quintet/nn/ops.hpp"
 #include "quintet/parallel/model/gpt.hpp"
 #include "quintet/parallel/tensor_parallel/linear.hpp"
@@ -60,7 +65,8 @@ struct Options {
 
 Run train(const model::GptConfig& c, const Options& o, bool lazy) {
   auto solo = make_self_communicator(Device::cpu(), "tp");
-  auto chunk = model::build_gpt_chunk(c, {solo.get()}, model::ChunkSpec::whole(c));
+  auto chunk = model::build_gpt_chunk(c, model::ModelGroups{.tp = solo.get(), .stage = solo.get()},
+                                      model::ChunkSpec::whole(c));
   nn::ParameterStore store(*chunk, DType::f32, kCpu, 21);
   store.set_lazy_zero_grad(lazy);
   nn::AdamWConfig ac;
@@ -141,16 +147,25 @@ TEST_CASE("lazy zero_grad: 3 microbatches, split backward, recompute, bit for bi
   require_same(c, Options{.steps = 2, .micro = 3, .split = split});
 }
 
+// The experts' weight gradients are overwritten when stale (Experts::backward's grouped
+// weight-gradient ops with accumulate = false, the FP8 ones with FP8): SwiGLU (fc, up, proj) and
+// GELU (no up), in FP8 too, one microbatch and two (the second adds to what the first wrote). On
+// the CPU the grouped ops have one implementation, a per-expert loop of the CPU linear kernels,
+// whatever QUINTET_GROUPED_GEMM says (that picks among the GPU paths only).
 TEST_CASE("lazy zero_grad: an MoE expert that gets no token, bit for bit", "[nn][lazy_zero]") {
   model::GptConfig c = small_config();
-  c.activation = nn::Activation::swiglu;
+  c.activation = GENERATE(nn::Activation::swiglu, nn::Activation::gelu);
   c.mlp = model::MlpKind::moe;
   c.moe.router.experts = 8;
   c.moe.router.top_k = 1;
   c.moe.expert_ffn = 8;
+  const bool fp8 = GENERATE(false, true);
+  if (fp8) c.fp8.mode = nn::Fp8Mode::hybrid;
+  const int micro = GENERATE(1, 2);
+  INFO("fp8 " << fp8 << ", " << micro << " microbatches");
   c.validate(1);
   c.validate_experts(1, 1);
-  const Options o{.steps = 4};
+  const Options o{.steps = 4, .micro = micro};
   require_same(c, o);
   // An expert's gradient slice that was written in a step and is exactly zero in the next: one
   // that received no token there (its stale values must not survive).
@@ -266,5 +281,51 @@ TEST_CASE("linear_backward_weight without accumulation overwrites dw", "[nn][laz
     nn::linear_backward_weight(dy, x, dw, db, false, kCpu);
     CHECK(bits(dw) == bits(want));
     CHECK(bits(db) == bits(want_db));  // the bias gradient still accumulates
+  }
+}
+
+TEST_CASE("the grouped weight-gradient ops without accumulation overwrite dw, empty groups zero",
+          "[nn][lazy_zero]") {
+  // 3 groups: 4 rows, none, 3 rows, then 2 padding rows (zero, as the token permutation's).
+  const std::vector<std::int64_t> offsets = {0, 4, 4, 7};
+  const Tensor o = Tensor::from_vector(offsets, {4});
+  Tensor dy = Tensor::randn({9, 5}, 6), x = Tensor::randn({9, 7}, 7);
+  dy.narrow(0, 7, 2).zero_();
+  x.narrow(0, 7, 2).zero_();
+  // FP8: whole-tensor casts at one scale each (the experts' operands), their transposes.
+  const auto cast = [](const Tensor& t, nn::Fp8Format f) {
+    const float scale = nn::fp8_scale_from_amax(nn::fp8_amax(t, kCpu), f, 0, 1.0f, "t");
+    const nn::Fp8Tensor q =
+        nn::fp8_cast(t, nn::fp8_scale_tensor(scale, Device::cpu(), kCpu), f, true, Tensor(), kCpu);
+    return nn::Fp8Tensor{Tensor(), q.transposed, q.scale, q.format};
+  };
+  const nn::Fp8Tensor qdy = cast(dy, nn::Fp8Format::e5m2), qx = cast(x, nn::Fp8Format::e4m3);
+  for (const bool fp8 : {false, true}) {
+    for (const bool host : {false, true}) {
+      INFO("fp8 " << fp8 << ", host offsets " << host);
+      const std::span<const std::int64_t> ho =
+          host ? std::span<const std::int64_t>(offsets) : std::span<const std::int64_t>();
+      const auto wgrad = [&](const Tensor& dw, bool accumulate) {
+        if (fp8) {
+          nn::grouped_fp8_linear_backward_weight(qdy, qx, o, dw, ho, accumulate, kCpu);
+        } else {
+          nn::grouped_linear_backward_weight(dy, x, o, dw, ho, accumulate, kCpu);
+        }
+      };
+      const Tensor want = Tensor::zeros({3, 5, 7});
+      wgrad(want, true);
+      const Tensor dw = Tensor::full({3, 5, 7}, 1.0e30);
+      wgrad(dw, false);
+      CHECK(bits(dw) == bits(want));
+      CHECK(bits(dw.select(1)) == bits(Tensor::zeros({5, 7})));
+      // accumulate = true still adds, and is what the form without the flag does.
+      wgrad(dw, true);
+      if (fp8) {
+        nn::grouped_fp8_linear_backward_weight(qdy, qx, o, want, ho, kCpu);
+      } else {
+        nn::grouped_linear_backward_weight(dy, x, o, want, ho, kCpu);
+      }
+      CHECK(bits(dw) == bits(want));
+    }
   }
 }

@@ -60,6 +60,15 @@ Tensor grouped_linear_backward_input(const Tensor& dy, const Tensor& w, const Te
 void grouped_linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& offsets,
                                     const Tensor& dw, std::span<const std::int64_t> host_offsets,
                                     const Stream& stream);
+// The same with accumulate = false: dw_g = dy_gᵀ · x_g OVERWRITTEN for every group (an empty
+// one's dw_g zeroed), bit for bit what accumulating into zeros gives (but for the sign of a zero
+// sum): a stale gradient's first contribution of the step (lazy zeroing,
+// quintet/nn/parameter.hpp). The CPU and the per_group loop write dw without reading it (each
+// group's GEMM with beta 0, a fill per empty group); the grouped kernels accumulate in their
+// epilogue, so there dw is zero-filled first and accumulated into, as with accumulate = true.
+void grouped_linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& offsets,
+                                    const Tensor& dw, std::span<const std::int64_t> host_offsets,
+                                    bool accumulate, const Stream& stream);
 
 // ---- FP8: the three products of FP8 experts (fp8.hpp's fp8_gemm, grouped) ----------------------
 // The operands are whole-tensor nn::fp8_cast results: ONE scale over every group's rows (and
@@ -113,6 +122,13 @@ Tensor grouped_fp8_linear_backward_input(const Fp8Tensor& dy, const Fp8Tensor& w
 void grouped_fp8_linear_backward_weight(const Fp8Tensor& dy, const Fp8Tensor& x,
                                         const Tensor& offsets, const Tensor& dw,
                                         std::span<const std::int64_t> host_offsets,
+                                        const Stream& stream);
+// The same with accumulate = false: dw overwritten, as grouped_linear_backward_weight's
+// (fp8_gemm with accumulate = false per group on the CPU and the per_group loop; the grouped
+// kernels' dw zero-filled first).
+void grouped_fp8_linear_backward_weight(const Fp8Tensor& dy, const Fp8Tensor& x,
+                                        const Tensor& offsets, const Tensor& dw,
+                                        std::span<const std::int64_t> host_offsets, bool accumulate,
                                         const Stream& stream);
 
 enum class GroupedGemmPath { per_group, grouped_kernel, grouped_wgmma };

@@ -167,7 +167,10 @@ class Parameter {
 // Parameter::grad_for_write, and tells the work whether it must OVERWRITE grads[0] (the step's
 // first contribution to a stale gradient) instead of adding to it; its work must write every
 // element of grads[0] (a weight-gradient GEMM with beta = 0 when overwrite). The other gradients
-// are accumulated as above.
+// are accumulated as above. The overload taking an OverwritingGradientsWork does the same for
+// EVERY gradient: overwrite[i] says whether grads[i] is stale and must be overwritten (false for
+// an undefined one), and its work must then write every element of it (the MoE experts' grouped
+// weight-gradient GEMMs, an expert without rows zero-filled).
 enum class GradTiming { deferrable, now };
 enum class GradReady { mark, defer };
 using GradientWork = std::function<void(const std::vector<Tensor>& grads, const Stream& stream)>;
@@ -178,6 +181,11 @@ void accumulate_gradients(Context& ctx, std::initializer_list<Parameter*> params
                           GradReady ready = GradReady::mark);
 void accumulate_gradients(Context& ctx, std::initializer_list<Parameter*> params,
                           OverwritingGradientWork accumulate, GradTiming timing,
+                          GradReady ready = GradReady::mark);
+using OverwritingGradientsWork = std::function<void(
+    const std::vector<Tensor>& grads, const std::vector<bool>& overwrite, const Stream& stream)>;
+void accumulate_gradients(Context& ctx, std::initializer_list<Parameter*> params,
+                          OverwritingGradientsWork accumulate, GradTiming timing,
                           GradReady ready = GradReady::mark);
 
 // Owns the value and gradient buffers of every parameter of a module tree. Parameters are laid

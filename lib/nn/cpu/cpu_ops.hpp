@@ -19,16 +19,18 @@ void linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& dw,
                             bool accumulate_dw);
 // The grouped linear ops (quintet/nn/grouped_linear.hpp): offsets [G + 1] i64, checked; w and dw
 // [G, out, in]. Each group runs the linear kernels above on its rows; rows past offsets[G] of y
-// and dx are zeroed.
+// and dx are zeroed. dw is accumulated, or with !accumulate overwritten (an empty group's
+// zeroed).
 void grouped_linear_forward(const Tensor& x, const Tensor& w, const Tensor& offsets,
                             const Tensor& y);
 void grouped_linear_backward_input(const Tensor& dy, const Tensor& w, const Tensor& offsets,
                                    const Tensor& dx);
 void grouped_linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& offsets,
-                                    const Tensor& dw);
+                                    const Tensor& dw, bool accumulate);
 // The grouped FP8 products (grouped_linear.hpp): per group fp8_gemm (below) on its slices. x
 // [n, in], w [G, out, in], dy [n, out]; wt [in, G out], dyt [out, n], xt [in, n] (the
-// transposes); y / dx f32 with the rows past offsets[G] zeroed; dw [G, out, in] f32 accumulated.
+// transposes); y / dx f32 with the rows past offsets[G] zeroed; dw [G, out, in] f32 accumulated
+// (overwritten as above with !accumulate).
 void grouped_fp8_linear_forward(const Tensor& x, const Tensor& x_scale, Fp8Format x_format,
                                 const Tensor& w, const Tensor& w_scale, Fp8Format w_format,
                                 const Tensor& offsets, const Tensor& y);
@@ -38,7 +40,7 @@ void grouped_fp8_linear_backward_input(const Tensor& dy, const Tensor& dy_scale,
 void grouped_fp8_linear_backward_weight(const Tensor& dyt, const Tensor& dy_scale,
                                         Fp8Format dy_format, const Tensor& xt,
                                         const Tensor& x_scale, Fp8Format x_format,
-                                        const Tensor& offsets, const Tensor& dw);
+                                        const Tensor& offsets, const Tensor& dw, bool accumulate);
 
 void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
                        const Tensor& y, const Tensor& mean, const Tensor& rstd);

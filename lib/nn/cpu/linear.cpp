@@ -55,6 +55,12 @@ std::int64_t for_each_group(const Tensor& offsets, F&& f) {
   }
   return o[groups];
 }
+// Calls f(g, first row, rows) for each group, empty ones too (rows 0).
+template <class F>
+void for_every_group(const Tensor& offsets, F&& f) {
+  const std::int64_t* o = offsets.data<std::int64_t>();
+  for (std::int64_t g = 0; g + 1 < offsets.numel(); ++g) f(g, o[g], o[g + 1] - o[g]);
+}
 // Zeroes rows [from, rows) of out [rows, cols].
 void zero_rows_from(const Tensor& out, std::int64_t from) {
   if (from < out.size(0)) out.narrow(0, from, out.size(0) - from).zero_();
@@ -80,9 +86,14 @@ void grouped_linear_backward_input(const Tensor& dy, const Tensor& w, const Tens
 }
 
 void grouped_linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& offsets,
-                                    const Tensor& dw) {
-  for_each_group(offsets, [&](std::int64_t g, std::int64_t r, std::int64_t m) {
-    linear_backward_weight(dy.narrow(0, r, m), x.narrow(0, r, m), dw.select(g), Tensor(), true);
+                                    const Tensor& dw, bool accumulate) {
+  for_every_group(offsets, [&](std::int64_t g, std::int64_t r, std::int64_t m) {
+    if (m > 0) {
+      linear_backward_weight(dy.narrow(0, r, m), x.narrow(0, r, m), dw.select(g), Tensor(),
+                             accumulate);
+    } else if (!accumulate) {
+      dw.select(g).zero_();
+    }
   });
 }
 
@@ -122,10 +133,14 @@ void grouped_fp8_linear_backward_input(const Tensor& dy, const Tensor& dy_scale,
 void grouped_fp8_linear_backward_weight(const Tensor& dyt, const Tensor& dy_scale,
                                         Fp8Format dy_format, const Tensor& xt,
                                         const Tensor& x_scale, Fp8Format x_format,
-                                        const Tensor& offsets, const Tensor& dw) {
-  for_each_group(offsets, [&](std::int64_t g, std::int64_t r, std::int64_t m) {
-    fp8_gemm(columns(dyt, r, m), dy_scale, dy_format, columns(xt, r, m), x_scale, x_format,
-             Tensor(), dw.select(g), true, false);
+                                        const Tensor& offsets, const Tensor& dw, bool accumulate) {
+  for_every_group(offsets, [&](std::int64_t g, std::int64_t r, std::int64_t m) {
+    if (m > 0) {
+      fp8_gemm(columns(dyt, r, m), dy_scale, dy_format, columns(xt, r, m), x_scale, x_format,
+               Tensor(), dw.select(g), accumulate, false);
+    } else if (!accumulate) {
+      dw.select(g).zero_();
+    }
   });
 }
 

@@ -134,9 +134,12 @@ class Experts {
   Tensor forward(const ExpertWeights& w, const Tensor& rows, const Tensor& offsets,
                  ExpertsActivations& saved, bool record, const Stream& stream);
   // dy [n, d] of the forward that filled saved -> d(rows) [n, d]; accumulates the weight
-  // gradients into grads = {fc, up, proj}'s gradient tensors (up's undefined for GELU).
+  // gradients into grads = {fc, up, proj}'s gradient tensors (up's undefined for GELU), or
+  // overwrites grads[i] where overwrite[i] (a stale gradient's first contribution of the step,
+  // nn::Parameter::grad_for_write: every local expert's block written, one without rows zeroed).
   Tensor backward(const ExpertWeights& w, const Tensor& dy, const ExpertsActivations& saved,
-                  const std::vector<Tensor>& grads, const Stream& stream);
+                  const std::vector<Tensor>& grads, const std::vector<bool>& overwrite,
+                  const Stream& stream);
 
  private:
   std::int64_t local_experts_, first_expert_;
@@ -149,7 +152,8 @@ class Experts {
   Tensor forward_fp8(const ExpertWeights& w, const Tensor& rows, ExpertsActivations& saved,
                      bool record, const Stream& stream);
   Tensor backward_fp8(const Tensor& dy, const ExpertsActivations& saved,
-                      const std::vector<Tensor>& grads, const Stream& stream);
+                      const std::vector<Tensor>& grads, const std::vector<bool>& overwrite,
+                      const Stream& stream);
 
   nn::Parameter* proj_;
   ExpertsFp8 fp8_;
