@@ -200,11 +200,8 @@ template <class T>
 bool cast_vectorizable(std::int64_t rows, std::int64_t cols, const void* x, const void* q,
                        const void* qt) {
   constexpr int V = Vec16<T>::kCount;
-  const auto aligned = [](const void* p, std::uintptr_t to) {
-    return reinterpret_cast<std::uintptr_t>(p) % to == 0;
-  };
-  return cols % V == 0 && (qt == nullptr || rows % V == 0) && aligned(x, 16) && aligned(q, V) &&
-         aligned(qt, V);
+  return cols % V == 0 && (qt == nullptr || rows % V == 0) && aligned_to(x, 16) &&
+         aligned_to(q, V) && aligned_to(qt, V);
 }
 
 template <class T, bool E4M3>

@@ -97,26 +97,26 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-// Sum of v over the block (blockDim.x a multiple of 32, at most 1024), returned to every thread.
-// scratch: 32 floats of shared memory; safe to call repeatedly with the same scratch.
-__device__ __forceinline__ float block_sum(float v, float* scratch) {
+// v reduced over the block by warp_reduce (a reduction of T over a warp, returned to every lane),
+// returned to every thread (blockDim.x a multiple of 32, at most 1024). empty: the reduction's
+// identity; scratch: 32 T of shared memory, safe to use again in the next call.
+template <class T, class WarpReduce>
+__device__ __forceinline__ T block_reduce(T v, T* scratch, T empty, WarpReduce warp_reduce) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  v = warp_sum(v);
+  v = warp_reduce(v);
   __syncthreads();  // the previous call's readers are done with scratch
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
-  v = lane < warps ? scratch[lane] : 0.0f;
-  return warp_sum(v);
+  v = lane < warps ? scratch[lane] : empty;
+  return warp_reduce(v);
+}
+// Sum of v over the block, returned to every thread (scratch: 32 floats of shared memory).
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  return block_reduce(v, scratch, 0.0f, [](float x) { return warp_sum(x); });
 }
 // Maximum of v over the block, like block_sum.
 __device__ __forceinline__ float block_max(float v, float* scratch) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  v = warp_max(v);
-  __syncthreads();
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  v = lane < warps ? scratch[lane] : -INFINITY;
-  return warp_max(v);
+  return block_reduce(v, scratch, -INFINITY, [](float x) { return warp_max(x); });
 }
 
 // The running maximum m and sum s = sum_i exp(x_i - m) of values seen so far: the one-pass form of
@@ -164,13 +164,7 @@ __device__ __forceinline__ ExpSum warp_exp_sum(ExpSum v) {
 }
 // The merged state of the block (like block_sum; scratch: 32 ExpSum of shared memory).
 __device__ __forceinline__ ExpSum block_exp_sum(ExpSum v, ExpSum* scratch) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  v = warp_exp_sum(v);
-  __syncthreads();
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  v = lane < warps ? scratch[lane] : exp_sum_empty();
-  return warp_exp_sum(v);
+  return block_reduce(v, scratch, exp_sum_empty(), [](ExpSum x) { return warp_exp_sum(x); });
 }
 
 constexpr int kThreads = 256;  // threads per block of the element-wise and row kernels
@@ -221,13 +215,17 @@ __device__ __forceinline__ Vec16<T> vec_zero() {
   return z;
 }
 
+// Whether p is aligned to `bytes` (a null pointer is).
+inline bool aligned_to(const void* p, std::uintptr_t bytes) {
+  return reinterpret_cast<std::uintptr_t>(p) % bytes == 0;
+}
 // Whether runs of n elements of T at every pointer can go as 16-byte vectors (n a multiple of the
 // vector's count, every pointer 16-byte aligned; a null pointer passes).
 template <class T>
 bool vectorizable(std::int64_t n, std::initializer_list<const void*> pointers) {
   if (n % Vec16<T>::kCount != 0) return false;
   for (const void* p : pointers) {
-    if (reinterpret_cast<std::uintptr_t>(p) % 16 != 0) return false;
+    if (!aligned_to(p, 16)) return false;
   }
   return true;
 }

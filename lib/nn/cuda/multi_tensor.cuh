@@ -90,11 +90,6 @@ void for_each_tensor_list_grouped(const std::vector<Entry>& entries,
   for_each_tensor_list(single_entries, single_numel, single);
 }
 
-// Whether p is aligned to `bytes` (a null pointer is).
-inline bool aligned_to(const void* p, std::uintptr_t bytes) {
-  return reinterpret_cast<std::uintptr_t>(p) % bytes == 0;
-}
-
 // Elements a block handles per chunk of the concatenated range.
 constexpr std::int64_t kChunk = 4 * kThreads;
 

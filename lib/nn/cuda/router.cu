@@ -45,8 +45,7 @@ struct alignas(4 * sizeof(T)) Quad {
 // in shared memory) read as float4: d a multiple of 4, the pointers aligned.
 template <class T>
 bool quads(std::int64_t d, const void* p, const void* w) {
-  return d % 4 == 0 && reinterpret_cast<std::uintptr_t>(p) % (4 * sizeof(T)) == 0 &&
-         reinterpret_cast<std::uintptr_t>(w) % 16 == 0;
+  return d % 4 == 0 && aligned_to(p, 4 * sizeof(T)) && aligned_to(w, 16);
 }
 
 __device__ __forceinline__ float4 load4(const float* p) {
