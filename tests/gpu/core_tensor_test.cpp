@@ -163,6 +163,12 @@ TEST_CASE("host_sync_count counts each wait for the GPU once, and no asynchronou
 TEST_CASE("fills on the GPU equal the CPU's: zeros by memset, signed zeros and views by kernel") {
   const Device gpu = Device::cuda(0);
   const Stream s = Stream::create(gpu);
+  // A copy to the host on a stream is asynchronous (into pinned memory): wait before reading.
+  const auto on_host = [&](const Tensor& g) {
+    const Tensor h = g.to(Device::cpu(), s);
+    s.synchronize();
+    return h.to(DType::f64).to_vector<double>();
+  };
   for (const DType t : {DType::f32, DType::bf16, DType::i64}) {
     INFO(dtype_name(t));
     const Tensor cpu = Tensor::randn({6, 10, 7}, 21).to(t);
@@ -171,23 +177,22 @@ TEST_CASE("fills on the GPU equal the CPU's: zeros by memset, signed zeros and v
     // A strided view (columns 2 to 5 of every row): the kernel fills it, the rest keeps its values.
     g.slice(1, 2, 6).fill_(0.0, s);
     want.slice(1, 2, 6).fill_(0.0);
-    CHECK(g.to(Device::cpu(), s).to(DType::f64).to_vector<double>() ==
-          want.to(DType::f64).to_vector<double>());
+    CHECK(on_host(g) == want.to(DType::f64).to_vector<double>());
     // The whole contiguous tensor: zero bytes through cudaMemsetAsync.
     g.fill_(0.0, s);
-    for (const double v : g.to(Device::cpu(), s).to(DType::f64).to_vector<double>()) {
+    for (const double v : on_host(g)) {
       CHECK(v == 0.0);
       CHECK(!std::signbit(v));
     }
     if (t != DType::i64) {  // -0.0 is not zero bytes: the kernel writes the sign
       g.fill_(-0.0, s);
-      for (const double v : g.to(Device::cpu(), s).to(DType::f64).to_vector<double>()) {
+      for (const double v : on_host(g)) {
         CHECK(v == 0.0);
         CHECK(std::signbit(v));
       }
     }
     g.fill_(1.5, s);
-    for (const double v : g.to(Device::cpu(), s).to(DType::f64).to_vector<double>())
+    for (const double v : on_host(g))
       CHECK(v == 1.5);
   }
 }
