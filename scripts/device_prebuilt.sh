@@ -7,7 +7,8 @@
 #
 #   scripts/device_prebuilt.sh pack [TARGET...]   # here, from /work/main or any worktree of it:
 #       builds (nice, JOBS=2 cores) the targets (default: every program a `ctest -L gpu` test
-#       runs, scripts' ones included, and 04/05/09's programs for device_session.sh's benchmarks)
+#       runs, scripts' ones included, and 04/05/09's programs for device_session.sh's benchmarks,
+#       and EXTRA_TARGETS, e.g. "hf_import_tool hf_io_bench" for phase 11)
 #       in this checkout's build/, then mirrors into <main worktree>/prebuilt/build/ (PREBUILT_ROOT
 #       overrides; ignored through .git/info/exclude) the parts of build/ they need, at their
 #       build/ paths: libquintet.so* (links kept), the programs and every CTestTestfile.cmake.
@@ -62,13 +63,15 @@ case $mode in
       mapfile -t targets < <(find build -name CTestTestfile.cmake -print0 | xargs -0 grep -h '^add_test(' |
         grep -F -f <(printf 'add_test([=[%s]=] \n' "${names[@]}") | grep -o "\"$root/build/[^\"]*\"" |
         sed 's|.*/||; s|"$||' | sort -u | grep -Fx -f <(printf '%s\n' "${known[@]}"))
-      targets+=(04_gpt_train 05_moe_train 09_op_bench)
+      # shellcheck disable=SC2206  # EXTRA_TARGETS: more programs, split on spaces
+      targets+=(04_gpt_train 05_moe_train 09_op_bench ${EXTRA_TARGETS:-})
     fi
     mapfile -t targets < <(printf '%s\n' "${targets[@]}" | sort -u)
     nice cmake --build build -j "${JOBS:-2}" --target "${targets[@]}" || exit 1
     exes=()
     for t in "${targets[@]}"; do
-      f=$(find build/tests build/examples -maxdepth 2 -type f -name "$t" -perm -u+x | head -n 1)
+      f=$( (find build/tests build/examples -maxdepth 2 -type f -name "$t" -perm -u+x
+        find build -maxdepth 1 -type f -name "$t" -perm -u+x) | head -n 1)
       [ -n "$f" ] || { echo "pack: no program for target $t under build/" >&2; exit 1; }
       exes+=("${f#build/}")
     done
