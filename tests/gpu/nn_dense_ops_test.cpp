@@ -1,6 +1,7 @@
 // The dense nn ops on the GPU (linear, layernorm, rmsnorm, gelu, swiglu, softmax, add, scale, cast,
 // sum of squares) against the CPU ops on the same random inputs, in bf16 and f32, on shapes that
 // are odd and not multiples of any tile size.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -55,6 +56,29 @@ TEST_CASE("linear forward and backward on the GPU equal the CPU's") {
       }
     }
   }
+}
+
+// Negative control of the two bars (issue #48 item 10): a GPU result with one element made wrong by
+// a third of the reference's largest magnitude, as a kernel that miswrites one element would give,
+// passes the relative error norm and fails the worst-element bar; the unbroken result passes both.
+// bf16: in f32 the norm's own bar (1e-5) already fails one such element among these 196 608.
+TEST_CASE("the worst-element bar fails one wrong element that the error norm lets through") {
+  const Device gpu = Device::cuda(0);
+  const Stream s = Stream::create(gpu);
+  const Stream cpu;
+  const DType t = DType::bf16;
+  const Input x = random_input({512, 256}, 901, t, s);
+  const Input w = random_input({384, 256}, 902, t, s, 1.0 / 16.0);
+  const std::vector<double> want =
+      nn::linear_forward(x.cpu, w.cpu, Tensor(), cpu).to_vector<double>();
+  std::vector<double> got = values(nn::linear_forward(x.gpu, w.gpu, Tensor(), s), s);
+  CHECK(rel_err(got, want) < tolerance(t));
+  CHECK(worst_err(got, want) < worst_tolerance(t));
+  double largest = 0.0;
+  for (const double v : want) largest = std::max(largest, std::abs(v));
+  got[got.size() / 2 + 17] += largest / 3.0;
+  CHECK(rel_err(got, want) < tolerance(t));                // the norm alone misses it ...
+  CHECK_FALSE(worst_err(got, want) < worst_tolerance(t));  // ... the worst-element bar does not
 }
 
 TEST_CASE("norms with a residual fuse the add on the GPU and equal it bit for bit") {
