@@ -1,10 +1,12 @@
 // config.json of a Hugging Face model into a GptConfig, and into a job (hf_checkpoint.hpp).
 #include <fmt/format.h>
 
+#include <array>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <string_view>
 #include <vector>
 
 #include "quintet/core/error.hpp"
@@ -16,20 +18,30 @@ namespace {
 
 using Json = nlohmann::json;
 
-// The values of one config.json, each read once with its file named in every error.
+// Keys that transformers writes under either of two names for one value: a config class's
+// attribute_map makes one name an alias of the other, and save_pretrained writes the one the
+// class stores. The expert count is num_local_experts in Mixtral (num_experts an alias, both
+// versions) and num_experts in transformers 4's Qwen3-MoE, num_local_experts in 5's (num_experts
+// its alias there, so both versions load what the export writes, num_experts).
+constexpr std::array<const char*, 2> kSpellings[] = {
+    {"num_experts", "num_local_experts"},
+};
+
+// The values of one config.json, each read once with its file named in every error. A key of
+// kSpellings is found under either name (the two, when both are given, must agree).
 class ConfigReader {
  public:
   ConfigReader(std::string path, Json json) : path_(std::move(path)), j_(std::move(json)) {}
   const std::string& path() const { return path_; }
-  bool has(const char* key) const { return j_.contains(key) && !j_[key].is_null(); }
-  const Json& at(const char* key) const { return j_[key]; }
+  bool has(const char* key) const { return present(spelled(key)); }
+  const Json& at(const char* key) const { return j_[spelled(key)]; }
 
   std::int64_t positive(const char* key) const {
-    QUINTET_CHECK(has(key), "{}: no \"{}\"; a Hugging Face config.json of this model has one",
-                  path_, key);
-    const Json& v = j_[key];
+    QUINTET_CHECK(has(key), "{}: no \"{}\"{}; a Hugging Face config.json of this model has one",
+                  path_, key, other_spelling(key));
+    const Json& v = at(key);
     QUINTET_CHECK(v.is_number_integer() && v.get<std::int64_t>() > 0,
-                  "{}: \"{}\" is {}, expected a positive integer", path_, key, v.dump());
+                  "{}: \"{}\" is {}, expected a positive integer", path_, spelled(key), v.dump());
     return v.get<std::int64_t>();
   }
   std::int64_t positive(const char* key, std::int64_t fallback) const {
@@ -37,30 +49,58 @@ class ConfigReader {
   }
   double number(const char* key, double fallback) const {
     if (!has(key)) return fallback;
-    const Json& v = j_[key];
+    const Json& v = at(key);
     QUINTET_CHECK(v.is_number() && v.get<double>() > 0, "{}: \"{}\" is {}, expected a number > 0",
-                  path_, key, v.dump());
+                  path_, spelled(key), v.dump());
     return v.get<double>();
   }
   bool flag(const char* key, bool fallback) const {
     if (!has(key)) return fallback;
-    QUINTET_CHECK(j_[key].is_boolean(), "{}: \"{}\" is {}, expected true or false", path_, key,
-                  j_[key].dump());
-    return j_[key].get<bool>();
+    QUINTET_CHECK(at(key).is_boolean(), "{}: \"{}\" is {}, expected true or false", path_,
+                  spelled(key), at(key).dump());
+    return at(key).get<bool>();
   }
   std::string text(const char* key, const std::string& fallback) const {
     if (!has(key)) return fallback;
-    QUINTET_CHECK(j_[key].is_string(), "{}: \"{}\" is {}, expected a string", path_, key,
-                  j_[key].dump());
-    return j_[key].get<std::string>();
+    QUINTET_CHECK(at(key).is_string(), "{}: \"{}\" is {}, expected a string", path_, spelled(key),
+                  at(key).dump());
+    return at(key).get<std::string>();
   }
   // Refuses a value of key Quintet cannot run as Hugging Face does.
   void refuse_if(bool bad, const char* key, std::string_view why) const {
-    QUINTET_CHECK(!bad, "{}: \"{}\" is {}: {}", path_, key, has(key) ? j_[key].dump() : "absent",
-                  why);
+    QUINTET_CHECK(!bad, "{}: \"{}\" is {}: {}", path_, spelled(key),
+                  has(key) ? at(key).dump() : "absent", why);
   }
 
  private:
+  bool present(const char* key) const { return j_.contains(key) && !j_[key].is_null(); }
+  // key's row of kSpellings, or nullptr.
+  static const std::array<const char*, 2>* spellings(const char* key) {
+    for (const auto& names : kSpellings)
+      if (std::string_view(key) == names[0] || std::string_view(key) == names[1]) return &names;
+    return nullptr;
+  }
+  static const char* alias(const char* key) {
+    const auto* names = spellings(key);
+    if (names == nullptr) return nullptr;
+    return std::string_view(key) == (*names)[0] ? (*names)[1] : (*names)[0];
+  }
+  // The name this file gives key's value: key, else its alias when the file has that.
+  const char* spelled(const char* key) const {
+    const char* other = alias(key);
+    if (other == nullptr || !present(other)) return key;
+    const auto& names = *spellings(key);
+    QUINTET_CHECK(!present(key) || j_[key] == j_[other],
+                  "{}: \"{}\" is {} and \"{}\" {}; they are one setting (transformers reads "
+                  "either name), give one of them",
+                  path_, names[0], j_[names[0]].dump(), names[1], j_[names[1]].dump());
+    return present(key) ? key : other;
+  }
+  std::string other_spelling(const char* key) const {
+    const char* other = alias(key);
+    return other == nullptr ? "" : fmt::format(" (nor \"{}\")", other);
+  }
+
   std::string path_;
   Json j_;
 };

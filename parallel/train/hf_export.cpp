@@ -194,7 +194,7 @@ std::string hf_config_json(const model::GptConfig& m, const HfExportOptions& o) 
     } else {
       c["intermediate_size"] = m.mlp_width();  // the dense layers'
       c["moe_intermediate_size"] = m.expert_width();
-      c["num_experts"] = r.experts;
+      c["num_experts"] = r.experts;  // 4's name; 5's Qwen3MoeConfig maps it to num_local_experts
       c["norm_topk_prob"] = r.renormalize;
       const HfSparseLayers sparse = hf_sparse_layers(m);
       c["decoder_sparse_step"] = sparse.decoder_sparse_step;

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <regex>
 #include <sstream>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "quintet/parallel/train/evaluate.hpp"
+#include "quintet/parallel/train/hf_checkpoint.hpp"
 #include "quintet/parallel/train/job_config.hpp"
 #include "support/catch.hpp"
 
@@ -346,6 +348,123 @@ TEST_CASE("job config: --init-from-hf takes the model from config.json, refusing
   const JobConfig both = parsed(JobConfig{}, {"--init-from-hf", llama, "--resume", "ckpt",
                                               "--seq-len", "64", "--vocab", "320"});
   REQUIRE_THROWS_QUINTET(both.validate(1), InvalidArgument, "give one of them");
+}
+
+// config.json as transformers 4 and as transformers 5 writes it: 5 moves rope_theta (and
+// rope_scaling) into rope_parameters, writes dtype for torch_dtype, and Qwen3-MoE's expert count
+// under num_local_experts (num_experts is its alias there). Each pair imports to one model.
+TEST_CASE("job config: --init-from-hf reads config.json as transformers 4 and 5 write it",
+          "[train]") {
+  const nlohmann::json qwen3_moe = nlohmann::json::parse(R"({
+    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 20,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 6,
+    "intermediate_size": 28, "moe_intermediate_size": 12, "vocab_size": 48,
+    "rms_norm_eps": 1e-06, "tie_word_embeddings": true, "num_experts_per_tok": 2,
+    "norm_topk_prob": false, "decoder_sparse_step": 1, "mlp_only_layers": [],
+    "use_sliding_window": false, "sliding_window": null})");
+  const nlohmann::json llama31 = nlohmann::json::parse(kLlamaConfig);
+  const nlohmann::json llama3_rope = {{"rope_type", "llama3"},
+                                      {"factor", 8.0},
+                                      {"low_freq_factor", 1.0},
+                                      {"high_freq_factor", 4.0},
+                                      {"original_max_position_embeddings", 64}};
+  // A model's config.json patched with transformers 4's keys and with 5's (merge_patch: null
+  // removes a key), its rope_theta, and whether the MoE trainer takes it.
+  struct Pair {
+    const char* name;
+    nlohmann::json base, v4, v5;
+    double theta;
+    bool moe;
+  };
+  nlohmann::json rope5 = llama3_rope;
+  rope5["rope_theta"] = 500000.0;
+  const Pair pairs[] = {
+      {"qwen3_moe",
+       qwen3_moe,
+       {{"num_experts", 4}, {"rope_theta", 1000000.0}, {"torch_dtype", "float32"}},
+       {{"num_local_experts", 4},
+        {"rope_parameters", {{"rope_theta", 1000000.0}, {"rope_type", "default"}}},
+        {"dtype", "float32"}},
+       1e6,
+       true},
+      {"mixtral",
+       nlohmann::json::parse(kMixtralConfig),
+       {{"rope_theta", 100000.0}, {"rope_scaling", nullptr}},
+       {{"rope_theta", nullptr},  // removed
+        {"rope_parameters", {{"rope_theta", 100000.0}, {"rope_type", "default"}}}},
+       1e5,
+       true},
+      // Mixtral's alias: num_experts for num_local_experts.
+      {"mixtral_alias",
+       nlohmann::json::parse(kMixtralConfig),
+       nlohmann::json::object(),
+       {{"num_local_experts", nullptr}, {"num_experts", 4}},
+       1e6,
+       true},
+      {"llama31",
+       llama31,
+       {{"rope_scaling", llama3_rope}},
+       {{"rope_theta", nullptr}, {"rope_parameters", rope5}},
+       500000.0,
+       false},
+  };
+  // The job's settings but the directory it was given.
+  const auto model_of = [](const nlohmann::json& config, const std::string& dir, bool moe) {
+    const JobConfig job = parsed(moe ? JobConfig::moe_preset() : JobConfig{},
+                                 {"--init-from-hf", hf_dir(dir, config.dump()), "--seq-len", "64"});
+    auto settings = job.settings();
+    settings.erase(std::remove_if(settings.begin(), settings.end(),
+                                  [](const auto& kv) { return kv.first == "--init-from-hf"; }),
+                   settings.end());
+    return std::make_pair(job.model, settings);
+  };
+  for (const Pair& p : pairs) {
+    INFO(p.name);
+    nlohmann::json v4 = p.base, v5 = p.base;
+    v4.merge_patch(p.v4);
+    v5.merge_patch(p.v5);
+    const auto [m4, s4] = model_of(v4, std::string("quintet_hf_v4_") + p.name, p.moe);
+    const auto [m5, s5] = model_of(v5, std::string("quintet_hf_v5_") + p.name, p.moe);
+    REQUIRE(s4.size() == s5.size());
+    for (std::size_t i = 0; i < s4.size(); ++i) {
+      INFO(s4[i].first);
+      CHECK(s4[i] == s5[i]);
+    }
+    CHECK((m4.rope_theta == p.theta && m5.rope_theta == p.theta));
+    CHECK((m4.rope_scaling.factor == m5.rope_scaling.factor &&
+           m4.rope_scaling.low_freq_factor == m5.rope_scaling.low_freq_factor &&
+           m4.rope_scaling.high_freq_factor == m5.rope_scaling.high_freq_factor &&
+           m4.rope_scaling.original_max_position_embeddings ==
+               m5.rope_scaling.original_max_position_embeddings));
+    if (p.moe) {
+      CHECK((m4.moe.router.experts == 4 && m5.moe.router.experts == 4));
+    } else {
+      CHECK((m5.rope_scaling.factor == 8.0 &&
+             m5.rope_scaling.original_max_position_embeddings == 64));
+    }
+  }
+  // Neither name of the expert count, or both with two values: refused, naming both.
+  for (const char* family : {"qwen3_moe", "mixtral"}) {
+    INFO(family);
+    nlohmann::json none =
+        std::string(family) == "mixtral" ? nlohmann::json::parse(kMixtralConfig) : qwen3_moe;
+    none.erase("num_local_experts");
+    const std::string dir = hf_dir(std::string("quintet_hf_no_experts_") + family, none.dump());
+    REQUIRE_THROWS_QUINTET(train::read_hf_config(dir), InvalidArgument,
+                           std::string(family) == "mixtral"
+                               ? R"(no "num_local_experts" (nor "num_experts"); a Hugging Face)"
+                               : R"(no "num_experts" (nor "num_local_experts"); a Hugging Face)");
+    nlohmann::json both = none;
+    both["num_experts"] = 4;
+    both["num_local_experts"] = 8;
+    REQUIRE_THROWS_QUINTET(
+        train::read_hf_config(hf_dir(std::string("quintet_hf_two_experts_") + family, both.dump())),
+        InvalidArgument, R"("num_experts" is 4 and "num_local_experts" 8; they are one setting)");
+    both["num_local_experts"] = 4;  // the same value twice is one value
+    CHECK(
+        train::read_hf_config(hf_dir(std::string("quintet_hf_two_experts_") + family, both.dump()))
+            .model.moe.router.experts == 4);
+  }
 }
 
 TEST_CASE("job config: --arch sets a family's structure, the flags beside it override it",

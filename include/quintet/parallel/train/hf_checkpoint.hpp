@@ -19,7 +19,8 @@
 // head_dim, intermediate_size (Mixtral: each expert's), vocab_size, rope_theta (or transformers
 // 5's rope_parameters), Llama 3.1's RoPE scaling (rope_type llama3: GptConfig::rope_scaling),
 // rms_norm_eps (every norm's eps, QK-norm's included, as Hugging Face
-// does), tie_word_embeddings, attention_bias; for MoE num_local_experts / num_experts,
+// does), tie_word_embeddings, attention_bias; for MoE the expert count (num_local_experts or
+// num_experts for either family: transformers 5's Qwen3-MoE writes the first, 4's the second),
 // num_experts_per_tok, moe_intermediate_size and norm_topk_prob (Mixtral always renormalizes);
 // Qwen3-MoE's dense layers, those decoder_sparse_step skips and those mlp_only_layers lists
 // (hf_dense_layers), become moe.dense_layers (moe.every 1), their MLP intermediate_size wide.
