@@ -35,7 +35,10 @@ int run_job_program(const char* name, int argc, char** argv, int positional, Job
   World world = init(runtime);
   try {
     job.validate(world.size());
-    Stream stream;
+    // On the World's device, as a trainer's: the model's store and the mesh's communicators
+    // must be on one device (a CPU stream beside NCCL is refused by DataParallel).
+    const Device device = world.device();
+    Stream stream = device.is_cuda() ? Stream::create(device) : Stream();
     Mesh mesh(Layout(job.parallel, world.size()), world.comm());
     return body(job, world, mesh, stream);
   } catch (const std::exception& e) {

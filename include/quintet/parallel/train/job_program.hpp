@@ -37,9 +37,10 @@ int job_program_main(const char* name, int argc, char** argv, int positional, co
 // The job of the runtime and job flags after argv's `positional` arguments, on top of `job` (a
 // preset): parsed (--help and a bad flag return parse_job_args' status), then prepare(job) (what
 // the program sets or checks before the ranks start: an exception leaves this call), then the
-// World, the job validated for its size, a Stream and the job's Mesh, and body's exit status. An
-// exception out of validate or body is printed by its rank and passed to the others through
-// World::fail: status 2.
+// World, the job validated for its size, a Stream on the World's device (a GPU's with --device
+// cuda, as a trainer's: a TrainingModel builds its parameters there, beside the mesh's
+// communicators), the job's Mesh, and body's exit status. An exception out of validate or body is
+// printed by its rank and passed to the others through World::fail: status 2.
 int run_job_program(const char* name, int argc, char** argv, int positional, JobConfig job,
                     const std::function<void(JobConfig&)>& prepare,
                     const std::function<int(const JobConfig&, World&, Mesh&, Stream&)>& body);
