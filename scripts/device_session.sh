@@ -34,8 +34,8 @@
 #   OUT=$OUT TESTS=regex scripts/device_session.sh 11  # a session's last check, from a prebuilt
 #                                          # packed with EXTRA_TARGETS="hf_import_tool hf_io_bench":
 #                                          # the gpu tests matching TESTS, the HF reference test and
-#                                          # the io bench at one GPU (#43), the FP8 op table and the
-#                                          # Llama step in bf16 and FP8, ours alone (#45)
+#                                          # the io bench at one GPU (#43), the FP8 and elementwise
+#                                          # tables, the Llama step in bf16 and FP8, ours alone (#45)
 # A later phase on the same warm machine reuses the build (scripts/setup.sh is incremental).
 # Phases 0, 1, 3 and 7 to 10 build in seconds from a carried prebuilt/build (here, `scripts/
 # device_prebuilt.sh pack`; run(..., carry=["prebuilt"])) when its unpack finds it packed from these
@@ -213,15 +213,17 @@ case $phase in
     step fp8_loss 380 env SKIP="${SKIP:-} $bskip" TARGETS=04_gpt_train bash scripts/bench/fp8_loss_curves.sh
     cp "$logs"/fp8_loss/*.png "$out"/ 2>/dev/null
     ;;
-  11)  # Estimates (seconds): unpack 1 (175 fresh); tests 10-120 as TESTS picks; hf_reference
-      # 90; hf_io 60 at one repeat; the FP8 table 20; the Llama step 3 x 35.
+  11)  # Estimates (seconds): unpack 1 (175 fresh); tests 10-120 as TESTS picks; the FP8 and
+      # elementwise tables 25; hf_reference 90; hf_io 60 at one repeat; the Llama step 3 x 35
+      # (last: it takes what the budget leaves).
     build 240 prebuilt
     step gpu_tests 150 bash -c "cd build && ctest -L gpu -R '${TESTS:-.}' --output-on-failure -j3 --timeout 120"
+    step ops_fp8 40 build/examples/09_op_bench/09_op_bench --fp8-only
+    step ops 30 build/examples/09_op_bench/09_op_bench --elementwise-only --json
     # shellcheck disable=SC2016  # $OUT expands in the step, where it is the step's folder
     step hf_reference 150 bash -c 'python3 scripts/hf/make_transformers_reference.py "$OUT/ref" &&
       QUINTET_HF_REFERENCE_DIR="$OUT/ref" ctest --test-dir build -R train_hf_import_ --output-on-failure'
     step hf_io 120 bash scripts/bench/hf_io_bench.sh --device cuda --tp 1 --repeats 1
-    step ops_fp8 40 build/examples/09_op_bench/09_op_bench --fp8-only
     step llama_fp8 150 env SKIP="torch_llama_eager torch_llama_compiled ops_elementwise $bskip" \
       TARGETS=04_gpt_train bash scripts/bench/llama_benchmarks.sh
     ;;
