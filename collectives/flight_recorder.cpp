@@ -3,9 +3,10 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <x86intrin.h>
 #endif
+#include <bit>
+#include <filesystem>
 #include <thread>
 
-#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -99,9 +100,20 @@ std::int64_t steady_to_unix_us(std::int64_t steady_ns) {
   return unix_now - (steady_now_ns() - steady_ns) / 1000;
 }
 
+namespace {
+
+std::size_t ring_size(std::size_t capacity) { return capacity == 0 ? 0 : std::bit_ceil(capacity); }
+
+}  // namespace
+
 FlightRecorder::FlightRecorder(std::string name, int rank, std::vector<int> world_ranks,
                                std::size_t capacity)
-    : name_(std::move(name)), rank_(rank), world_ranks_(std::move(world_ranks)), slots_(capacity) {
+    : name_(std::move(name)),
+      rank_(rank),
+      world_ranks_(std::move(world_ranks)),
+      capacity_(capacity),
+      slots_(ring_size(capacity)),
+      mask_(slots_.empty() ? 0 : slots_.size() - 1) {
   tick_anchor();
 }
 
@@ -117,38 +129,38 @@ void FlightRecorder::enqueued(std::int64_t seq, const char* op, DType dtype, std
   s.peer.store(peer, std::memory_order_relaxed);
   s.dtype.store(static_cast<std::uint8_t>(dtype), std::memory_order_relaxed);
   s.enqueued.store(ticks(), std::memory_order_relaxed);
-  s.started.store(0, std::memory_order_relaxed);
-  s.completed.store(0, std::memory_order_relaxed);
-  s.tag.store(tag_of(seq, FlightState::enqueued), std::memory_order_release);
+  // started, completed and run keep an older operation's: `run` says they are not this one's.
+  s.tag.store(static_cast<std::uint64_t>(seq), std::memory_order_release);
 }
 
-bool FlightRecorder::advance(std::int64_t seq, FlightState from, FlightState to,
-                             std::atomic<std::int64_t> Slot::*time) noexcept {
-  Slot& s = slot(seq);
-  std::uint64_t expected = tag_of(seq, from);
-  // Fails when the slot holds a newer operation (the ring wrapped): that one's entry stays.
-  if (!s.tag.compare_exchange_strong(expected, tag_of(seq, to), std::memory_order_acq_rel)) {
-    return false;
-  }
-  (s.*time).store(ticks(), std::memory_order_relaxed);
-  return true;
-}
-
+// started and completed write plain stores, no read-modify-write: an operation's state changes
+// are made by whoever runs it, after its enqueued() (the queue's lock orders them) and in
+// sequence order. A change for an operation whose slot holds a newer one is dropped (the tag
+// says so; a change racing with that newer enqueued() is one `run` shows as not the newer's).
 void FlightRecorder::started(std::int64_t seq) noexcept {
   started_.store(seq, std::memory_order_relaxed);
-  if (!slots_.empty()) {
-    advance(seq, FlightState::enqueued, FlightState::started, &Slot::started);
-  }
+  if (slots_.empty()) return;
+  Slot& s = slot(seq);
+  if (s.tag.load(std::memory_order_relaxed) != static_cast<std::uint64_t>(seq)) return;
+  // A reader that sees this time also sees the enqueued() before it (and so a newer tag).
+  std::atomic_thread_fence(std::memory_order_release);
+  s.started.store(ticks(), std::memory_order_relaxed);
+  s.run.store(tag_of(seq, FlightState::started), std::memory_order_release);
 }
 
 void FlightRecorder::completed(std::int64_t seq, bool ok) noexcept {
   if (ok) completed_.store(seq, std::memory_order_relaxed);  // a failure is no progress
   if (slots_.empty()) return;
-  const FlightState to = ok ? FlightState::completed : FlightState::failed;
+  Slot& s = slot(seq);
+  if (s.tag.load(std::memory_order_relaxed) != static_cast<std::uint64_t>(seq)) return;
+  std::atomic_thread_fence(std::memory_order_release);
   // An operation refused before it started (an earlier one failed) goes from enqueued.
-  if (!advance(seq, FlightState::started, to, &Slot::completed)) {
-    advance(seq, FlightState::enqueued, to, &Slot::completed);
+  if (s.run.load(std::memory_order_relaxed) != tag_of(seq, FlightState::started)) {
+    s.started.store(0, std::memory_order_relaxed);
   }
+  s.completed.store(ticks(), std::memory_order_relaxed);
+  s.run.store(tag_of(seq, ok ? FlightState::completed : FlightState::failed),
+              std::memory_order_release);
 }
 
 FlightProgress FlightRecorder::progress() const noexcept {
@@ -158,37 +170,45 @@ FlightProgress FlightRecorder::progress() const noexcept {
 }
 
 bool FlightRecorder::read(const Slot& s, const TickScale& scale, FlightOp* out) const {
-  const std::uint64_t tag = s.tag.load(std::memory_order_acquire);
-  if (tag == kEmpty) return false;
-  FlightOp op;
-  op.seq = static_cast<std::int64_t>(tag >> 2);
-  op.state = static_cast<FlightState>(tag & 3);
-  const char* name = s.op.load(std::memory_order_relaxed);
-  op.op = name != nullptr ? std::string_view(name) : std::string_view("?");
-  op.count = s.count.load(std::memory_order_relaxed);
-  op.peer = s.peer.load(std::memory_order_relaxed);
-  op.dtype = static_cast<DType>(s.dtype.load(std::memory_order_relaxed));
-  op.enqueued_ns = s.enqueued.load(std::memory_order_relaxed);
-  op.started_ns = s.started.load(std::memory_order_relaxed);
-  op.completed_ns = s.completed.load(std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_acquire);
-  // Rewritten meanwhile for a newer operation: the fields may mix the two.
-  const std::uint64_t again = s.tag.load(std::memory_order_relaxed);
-  if (again == kEmpty || (again >> 2) != (tag >> 2)) return false;
-  op.state = static_cast<FlightState>(again & 3);
-  op.enqueued_ns = scale.to_ns(op.enqueued_ns);
-  op.started_ns = scale.to_ns(op.started_ns);
-  op.completed_ns = scale.to_ns(op.completed_ns);
-  *out = op;
-  return true;
+  // A state change made while it is read is read again; a slot rewritten for a newer operation
+  // meanwhile, or changing on every try, is skipped.
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    const std::uint64_t tag = s.tag.load(std::memory_order_acquire);
+    if (tag == kEmpty) return false;
+    FlightOp op;
+    op.seq = static_cast<std::int64_t>(tag);
+    const char* name = s.op.load(std::memory_order_relaxed);
+    op.op = name != nullptr ? std::string_view(name) : std::string_view("?");
+    op.count = s.count.load(std::memory_order_relaxed);
+    op.peer = s.peer.load(std::memory_order_relaxed);
+    op.dtype = static_cast<DType>(s.dtype.load(std::memory_order_relaxed));
+    op.enqueued_ns = s.enqueued.load(std::memory_order_relaxed);
+    const std::uint64_t run = s.run.load(std::memory_order_acquire);
+    const std::int64_t started = s.started.load(std::memory_order_relaxed);
+    const std::int64_t completed = s.completed.load(std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (s.tag.load(std::memory_order_relaxed) != tag) return false;  // rewritten meanwhile
+    if (s.run.load(std::memory_order_relaxed) != run) continue;      // its state changed
+    if (run != kEmpty && (run >> 2) == tag) {
+      op.state = static_cast<FlightState>(run & 3);
+      op.started_ns = started;
+      if (op.state != FlightState::started) op.completed_ns = completed;
+    }
+    op.enqueued_ns = scale.to_ns(op.enqueued_ns);
+    op.started_ns = scale.to_ns(op.started_ns);
+    op.completed_ns = scale.to_ns(op.completed_ns);
+    *out = op;
+    return true;
+  }
+  return false;
 }
 
 std::vector<FlightOp> FlightRecorder::snapshot() const {
   std::vector<FlightOp> ops;
   const std::int64_t last = enqueued_.load(std::memory_order_relaxed);
   if (slots_.empty() || last < 0) return ops;
-  const auto n = static_cast<std::int64_t>(slots_.size());
-  ops.reserve(slots_.size());
+  const auto n = static_cast<std::int64_t>(capacity_);
+  ops.reserve(capacity_);
   const TickScale scale = tick_scale();
   for (std::int64_t seq = std::max<std::int64_t>(0, last - n + 1); seq <= last; ++seq) {
     FlightOp op;
@@ -202,9 +222,13 @@ bool FlightRecorder::find(std::int64_t seq, FlightOp* out) const {
 }
 
 bool FlightRecorder::find(std::int64_t seq, const TickScale& scale, FlightOp* out) const {
-  if (slots_.empty() || seq < 0) return false;
+  // The last capacity_ operations only (the ring may hold a few more).
+  if (slots_.empty() || seq < 0 ||
+      seq <= enqueued_.load(std::memory_order_relaxed) - static_cast<std::int64_t>(capacity_)) {
+    return false;
+  }
   FlightOp op;
-  if (!read(slots_[static_cast<std::size_t>(seq) % slots_.size()], scale, &op) || op.seq != seq) {
+  if (!read(slots_[static_cast<std::size_t>(seq) & mask_], scale, &op) || op.seq != seq) {
     return false;
   }
   *out = op;

@@ -8,13 +8,18 @@
 // enqueued, started and completed) are kept whatever the capacity; the ranks compare them to name
 // the one that is behind when a wait times out (laggard.hpp). Capacity 0 keeps only the counters.
 //
-// Cost: no allocation and no lock per operation; times are read from the time-stamp counter
-// (steady_clock where there is none) and converted when a dump reads them. enqueued() is called by
-// the thread that issues operations (one at a time, in sequence order: a communicator is not shared
-// by issuing threads), started() and completed() by whoever runs them (in order). Each slot is a
-// few relaxed atomics and one atomic word (sequence number, state) written last, so a dump taken
-// from another thread at any moment reads each slot whole or skips it, and a state change for an
-// operation whose slot has since been reused by a newer one is dropped.
+// Cost: no allocation, no lock and no read-modify-write per operation (a loop of enqueued, started,
+// completed: tests/unit/collectives_flight_recorder_test.cpp "[bench]"); times are read from the
+// time-stamp counter (steady_clock where there is none), once per state change, and converted
+// when a dump reads them. enqueued() is called by the thread that issues operations (one at a
+// time, in sequence order: a communicator is not shared by issuing threads), started() and
+// completed() by whoever runs them (in order, after their enqueued()). Each slot is one cache line
+// of relaxed atomics: the issuing thread's fields are published by the sequence number, written
+// last (a seqlock), and the runner's times by a word (sequence number, state) written after them,
+// so a dump taken from another thread at any moment (the SIGUSR1 thread, a watchdog) reads each
+// slot whole or skips it, and a state change for an operation whose slot has since been reused by
+// a newer one is dropped. The ring is the capacity rounded up to a power of two; the last
+// `capacity` operations are reported.
 #pragma once
 
 #include <atomic>
@@ -62,7 +67,7 @@ class FlightRecorder {
   const std::string& name() const { return name_; }
   int rank() const { return rank_; }  // in the communicator
   const std::vector<int>& world_ranks() const { return world_ranks_; }
-  std::size_t capacity() const { return slots_.size(); }
+  std::size_t capacity() const { return capacity_; }
 
   // Hot path; never throw. op must be a string with static storage.
   void enqueued(std::int64_t seq, const char* op, DType dtype, std::int64_t count,
@@ -82,15 +87,21 @@ class FlightRecorder {
 
   // ---- implementation details ----
  private:
-  struct Slot {
-    // seq << 2 | state, written last (release); kEmpty while the slot is free or being written.
+  // One cache line per operation. The issuing thread writes the operation (tag, op .. enqueued);
+  // whoever runs it writes started / completed and then `run`, which says whose they are.
+  struct alignas(64) Slot {
+    // The operation's seq, written last (release); kEmpty while the slot is free or being written.
     std::atomic<std::uint64_t> tag{kEmpty};
+    // seq << 2 | state of the last state change the runner wrote here (started, completed,
+    // failed), written after its time (release); an operation whose seq it is not is enqueued.
+    std::atomic<std::uint64_t> run{kEmpty};
     std::atomic<const char*> op{nullptr};
     std::atomic<std::int64_t> count{0};
+    std::atomic<std::int64_t> enqueued{0}, started{0}, completed{0};  // ticks (0: not reached)
     std::atomic<std::int32_t> peer{-1};
     std::atomic<std::uint8_t> dtype{0};
-    std::atomic<std::int64_t> enqueued{0}, started{0}, completed{0};  // ticks (0: not reached)
   };
+  static_assert(sizeof(Slot) == 64);
   // Ticks -> steady_clock nanoseconds, measured when a dump reads the ring.
   struct TickScale {
     std::int64_t ticks, ns;
@@ -103,17 +114,21 @@ class FlightRecorder {
   static std::uint64_t tag_of(std::int64_t seq, FlightState s) {
     return static_cast<std::uint64_t>(seq) << 2 | static_cast<std::uint64_t>(s);
   }
-  Slot& slot(std::int64_t seq) { return slots_[static_cast<std::size_t>(seq) % slots_.size()]; }
+  Slot& slot(std::int64_t seq) { return slots_[static_cast<std::size_t>(seq) & mask_]; }
   bool read(const Slot& s, const TickScale& scale, FlightOp* out) const;
-  bool advance(std::int64_t seq, FlightState from, FlightState to,
-               std::atomic<std::int64_t> Slot::*time) noexcept;
 
   const std::string name_;
   const int rank_;
   const std::vector<int> world_ranks_;
+  const std::size_t capacity_;
+  // capacity_ rounded up to a power of two (none at capacity 0): the slot of seq is seq & mask_.
   std::vector<Slot> slots_;
-  std::atomic<std::int64_t> enqueued_{-1}, started_{-1}, completed_{-1};
+  std::size_t mask_ = 0;
   std::atomic<bool> retired_{false};
+  // The issuing thread's counter and the runner's, each on its own cache line (apart from the
+  // fields above, which both read on every call).
+  alignas(64) std::atomic<std::int64_t> enqueued_{-1};
+  alignas(64) std::atomic<std::int64_t> started_{-1}, completed_{-1};
 };
 
 // The recorders of one process, and where their dumps go. Shared by quintet::init's World and the

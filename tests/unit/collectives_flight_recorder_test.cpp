@@ -2,12 +2,16 @@
 // times, wraps around, drops a state change for an operation whose slot was reused, keeps only
 // the counters at size 0; the registry dumps every live recorder to flight_rank<r>.json. (Naming
 // the laggard from the recorders' progress: collectives_laggard_test.cpp.)
+#include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
+#include <thread>
 
 #include "collectives/flight_recorder.hpp"
 #include "support/catch.hpp"
@@ -136,4 +140,88 @@ TEST_CASE("the registry dumps every live recorder as JSON") {
                            .count();
   CHECK(std::abs(c["ops"][0]["completed_us"].get<std::int64_t>() - unix_us) < 60'000'000);
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("a snapshot taken while operations are recorded reads every entry whole") {
+  // The issuing thread enqueues, a runner thread starts and completes them in order (the MPI
+  // backend's progress thread), a third thread dumps meanwhile (SIGUSR1, a watchdog): every
+  // entry it reads is one operation's, in a state and with times that operation had.
+  constexpr std::size_t kCapacity = 8;  // small: slots are reused while they are read
+  FlightRecorder rec("dp", 0, {0, 1}, kCapacity);
+  const char* const names[] = {"all_reduce", "send", "recv"};
+  std::atomic<std::int64_t> issued{-1};
+  std::atomic<bool> stop{false};
+  std::thread runner([&] {
+    for (std::int64_t s = 0; !stop.load();) {
+      if (s > issued.load(std::memory_order_acquire)) continue;
+      rec.started(s);
+      rec.completed(s, s % 7 != 3);
+      ++s;
+    }
+  });
+  std::int64_t reads = 0, torn = 0, partial = 0;
+  std::thread dumper([&] {
+    while (!stop.load()) {
+      const auto ops = rec.snapshot();
+      reads += static_cast<std::int64_t>(ops.size());
+      for (std::size_t i = 0; i < ops.size(); ++i) {
+        const FlightOp& op = ops[i];
+        const bool whole = op.op == names[op.seq % 3] && op.count == 3 * op.seq &&
+                           op.peer == static_cast<int>(op.seq % 5) &&
+                           op.dtype == (op.seq % 2 == 0 ? DType::f32 : DType::bf16) &&
+                           (i == 0 || op.seq > ops[i - 1].seq);
+        const bool timed =
+            op.enqueued_ns > 0 && (op.state == FlightState::enqueued) == (op.started_ns == 0) &&
+            (op.state == FlightState::enqueued || op.state == FlightState::started) ==
+                (op.completed_ns == 0) &&
+            (op.started_ns == 0 || op.started_ns >= op.enqueued_ns) &&
+            (op.completed_ns == 0 || op.completed_ns >= op.started_ns) &&
+            (op.state != FlightState::failed || op.seq % 7 == 3) &&
+            (op.state != FlightState::completed || op.seq % 7 != 3);
+        torn += whole ? 0 : 1;
+        partial += timed ? 0 : 1;
+      }
+    }
+  });
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(300);
+  std::int64_t s = 0;
+  for (; std::chrono::steady_clock::now() < until; ++s) {
+    rec.enqueued(s, names[s % 3], s % 2 == 0 ? DType::f32 : DType::bf16, 3 * s,
+                 static_cast<int>(s % 5));
+    issued.store(s, std::memory_order_release);
+    while (s - rec.progress().started > static_cast<std::int64_t>(kCapacity) / 2 &&
+           std::chrono::steady_clock::now() < until) {
+    }
+  }
+  stop.store(true);
+  runner.join();
+  dumper.join();
+  INFO(s << " operations recorded, " << reads << " entries read");
+  CHECK(reads > 0);
+  CHECK(torn == 0);
+  CHECK(partial == 0);
+}
+
+// Not a check: the record path's cost, enqueued + started + completed per operation, at the
+// default capacity and with the counters only (docs/PERFORMANCE.md). Hidden; run with
+//   build/tests/collectives_flight_recorder_test "[bench]"
+TEST_CASE("the record path's cost per operation", "[.][bench]") {
+  constexpr std::int64_t kOps = 4'000'000;
+  for (const std::size_t capacity : {std::size_t{2048}, std::size_t{0}}) {
+    FlightRecorder rec("dp", 0, {0, 1}, capacity);
+    double best = 1e30;
+    for (int rep = 0; rep < 5; ++rep) {
+      const auto t0 = std::chrono::steady_clock::now();
+      for (std::int64_t s = rep * kOps; s < (rep + 1) * kOps; ++s) {
+        rec.enqueued(s, "all_reduce", DType::f32, 2, -1);
+        rec.started(s);
+        rec.completed(s, true);
+      }
+      const std::chrono::duration<double, std::nano> t = std::chrono::steady_clock::now() - t0;
+      best = std::min(best, t.count() / static_cast<double>(kOps));
+    }
+    std::printf("flight record, capacity %zu: %.1f ns per operation (best of 5 x %lld)\n", capacity,
+                best, static_cast<long long>(kOps));
+    CHECK(rec.progress().completed == 5 * kOps - 1);
+  }
 }
