@@ -11,8 +11,8 @@
 // (nn::linear_forward, linear_backward_input, linear_backward_weight: the bf16 layer's calls),
 // FLOPs = 2·tokens·in·out. The FP8 layer's casts are timed as the layer makes them, through a
 // tensor_parallel::Fp8Linear over a one-rank communicator: forward, the scales of x and w
-// (Fp8Linear::forward_scales: under current scaling two amax passes and two scale kernels) and
-// the casts of x and w with their transposes (nn::fp8_cast); dgrad, dy's scale
+// (Fp8Linear::forward_scales: under current scaling one amax launch over both and one scale
+// launch for both) and the casts of x and w with their transposes (nn::fp8_cast); dgrad, dy's scale
 // (Fp8Linear::output_grad_scale) and its cast with the transpose; wgrad none (it reads the
 // transposes). A cast's GB/s counts the least it moves (bf16 read, its FP8 data and transpose
 // written; the scales: the tensors read), against a device-to-device copy measured in the same

@@ -93,11 +93,30 @@ Tensor fp8_scale_tensor(float scale, const Device& device, const Stream& stream)
 }
 
 void fp8_amax_into(const Tensor& x, const Tensor& amax, const Stream& stream) {
-  const OpChecker c("fp8_amax_into", stream);
-  check_castable(c, "x", x);
-  check_amax_tensor(c, amax);
-  const Tensor xc = x.contiguous(stream);
-  QUINTET_NN_DISPATCH(c, stream, fp8_cast, xc, Tensor(), Fp8Format::e4m3, Tensor(), Tensor(), amax);
+  fp8_amaxes_into({x}, amax, stream);
+}
+
+void fp8_amaxes_into(const std::vector<Tensor>& xs, const Tensor& amax, const Stream& stream) {
+  const OpChecker c("fp8_amaxes_into", stream);
+  for (const Tensor& x : xs) check_castable(c, "x", x);
+  c.on_device("amax", amax);
+  QUINTET_CHECK(amax.dtype() == DType::f32 && amax.dim() == 1 &&
+                    amax.numel() == static_cast<std::int64_t>(xs.size()) && amax.is_contiguous(),
+                "{}: amax is {} {}, expected a contiguous f32 [{}] (one per tensor)", c.op(),
+                dtype_name(amax.dtype()), shape_str(amax.shape()), xs.size());
+  std::vector<Tensor> xc;
+  for (const Tensor& x : xs) xc.push_back(x.contiguous(stream));
+#if QUINTET_NN_HAS_CUDA_OPS
+  if (c.on_cuda()) {
+    const DeviceGuard guard(c.device());
+    cuda_ops::fp8_amaxes(xc, amax, stream);
+    return;
+  }
+#endif
+  for (std::size_t i = 0; i < xc.size(); ++i) {
+    cpu_ops::fp8_cast(xc[i], Tensor(), Fp8Format::e4m3, Tensor(), Tensor(),
+                      amax.narrow(0, static_cast<std::int64_t>(i), 1));
+  }
 }
 
 Fp8Tensor fp8_cast(const Tensor& x, const Tensor& scale_t, Fp8Format format, bool transposed,
@@ -243,18 +262,70 @@ void Fp8TensorScale::end_step() {
   step_amax_ = 0.0f;
 }
 
-Tensor Fp8TensorScale::scale_on_device(const Tensor& amax, bool record, const Stream& stream) {
-  const OpChecker c("Fp8TensorScale::scale_on_device", stream);
-  check_amax_tensor(c, amax);
-  if (!device_.defined() || device_.device() != c.device()) {
+const Tensor& Fp8TensorScale::device_state_on(const Device& device, const Stream& stream) {
+  if (!device_.defined() || device_.device() != device) {
     // {scale_, step_amax_}, filled on the stream (the first use, or after set_state).
-    device_ = Tensor::empty({2}, DType::f32, c.device(), stream);
+    device_ = Tensor::empty({2}, DType::f32, device, stream);
     device_.narrow(0, 0, 1).fill_(scale_, stream);
     device_.narrow(0, 1, 1).fill_(step_amax_, stream);
   }
+  return device_;
+}
+
+Tensor Fp8TensorScale::scale_on_device(const Tensor& amax, bool record, const Stream& stream) {
+  const OpChecker c("Fp8TensorScale::scale_on_device", stream);
+  check_amax_tensor(c, amax);
+  const Tensor& state = device_state_on(c.device(), stream);
   Tensor out = Tensor::empty({2}, DType::f32, c.device(), stream);
-  QUINTET_NN_DISPATCH(c, stream, fp8_scale, amax, device_, out, format_, recipe_.margin,
-                      uses_amax(), record);
+  QUINTET_NN_DISPATCH(c, stream, fp8_scale, amax, state, out, format_, recipe_.margin, uses_amax(),
+                      record);
+  return out;
+}
+
+std::vector<Tensor> Fp8TensorScale::scales_on_device(const std::vector<Fp8TensorScale*>& scales,
+                                                     const Tensor& amax, bool record,
+                                                     const Stream& stream) {
+  const OpChecker c("Fp8TensorScale::scales_on_device", stream);
+  const auto n = static_cast<std::int64_t>(scales.size());
+  if (amax.defined()) {
+    c.on_device("amax", amax);
+    QUINTET_CHECK(amax.dtype() == DType::f32 && amax.dim() == 1 && amax.numel() == n,
+                  "{}: amax is {} {}, expected f32 [{}] (one per scale)", c.op(),
+                  dtype_name(amax.dtype()), shape_str(amax.shape()), n);
+  } else {
+    QUINTET_CHECK(!record, "{}: record without an amax", c.op());
+    for (const Fp8TensorScale* s : scales)
+      QUINTET_CHECK(!s->uses_amax(), "{}: no amax for {}, whose scale comes from its amax", c.op(),
+                    s->what());
+  }
+  for (std::size_t i = 0; i < scales.size(); ++i) {
+    for (std::size_t j = 0; j < i; ++j)
+      QUINTET_CHECK(scales[i] != scales[j], "{}: {} is given twice", c.op(), scales[i]->what());
+  }
+  std::vector<Tensor> out;
+#if QUINTET_NN_HAS_CUDA_OPS
+  if (c.on_cuda()) {
+    // One allocation, the scale tensors 4 floats (16 bytes) apart: cuBLASLt wants the inverse
+    // scale's pointer 16-byte aligned (fp8_scale_tensor).
+    const Tensor all = Tensor::empty({4 * n}, DType::f32, c.device(), stream);
+    std::vector<cuda_ops::Fp8ScaleArgs> args;
+    for (std::int64_t i = 0; i < n; ++i) {
+      Fp8TensorScale& s = *scales[static_cast<std::size_t>(i)];
+      out.push_back(all.narrow(0, 4 * i, 2));
+      args.push_back({amax.defined() ? amax.narrow(0, i, 1) : Tensor(),
+                      s.device_state_on(c.device(), stream), out.back(), s.format_,
+                      s.recipe_.margin, s.uses_amax()});
+    }
+    const DeviceGuard guard(c.device());
+    cuda_ops::fp8_scales(args, record, stream);
+    return out;
+  }
+#endif
+  for (std::int64_t i = 0; i < n; ++i) {
+    // The CPU kernel reads an amax always: a scale that does not use it is given a zero.
+    const Tensor a = amax.defined() ? amax.narrow(0, i, 1) : Tensor::zeros({1}, DType::f32);
+    out.push_back(scales[static_cast<std::size_t>(i)]->scale_on_device(a, record, stream));
+  }
   return out;
 }
 

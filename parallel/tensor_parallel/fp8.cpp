@@ -29,13 +29,6 @@ Tensor round_trip(const Tensor& x, const Fp8Linear::Scale& scale, nn::Fp8Format 
                             x.dtype(), stream);
 }
 
-// A zero amax (f32 [1]) for a scale that does not read it.
-Tensor zero_amax(const Device& device, const Stream& stream) {
-  Tensor amax = Tensor::empty({1}, DType::f32, device, stream);
-  amax.fill_(0.0, stream);
-  return amax;
-}
-
 // fp8_end_step of the scales on a device: their step amaxes gathered into one device tensor,
 // reduced over each group (when any is delayed), read back once, then each ended on the host
 // with its device state reset.
@@ -84,30 +77,30 @@ void fp8_end_step(const std::vector<nn::Fp8TensorScale*>& scales,
 Fp8Linear::Scales Fp8Linear::forward_scales(const Tensor& x, const Tensor& w, Communicator& tp,
                                             bool record, const Stream& stream) {
   if (!x_->uses_amax() && !w_->uses_amax()) {  // the delayed scales; the casts record the amaxes
-    const Tensor zero = zero_amax(x.device(), stream);
-    Scales out{{x_->scale_on_device(zero, false, stream), Tensor()},
-               {w_->scale_on_device(zero, false, stream), Tensor()}};
+    const std::vector<Tensor> scale =
+        nn::Fp8TensorScale::scales_on_device({x_, w_}, Tensor(), false, stream);
+    Scales out{{scale[0], Tensor()}, {scale[1], Tensor()}};
     if (record) {
       out.x.amax = x_->step_amax_slot();
       out.w.amax = w_->step_amax_slot();
     }
     return out;
   }
+  // Both amaxes in one pass and one launch, both scales in one launch.
   Tensor amax = Tensor::empty({2}, DType::f32, x.device(), stream);
   amax.fill_(0.0, stream);
-  const Tensor ax = amax.narrow(0, 0, 1), aw = amax.narrow(0, 1, 1);
-  nn::fp8_amax_into(x, ax, stream);
-  nn::fp8_amax_into(w, aw, stream);
+  nn::fp8_amaxes_into({x, w}, amax, stream);
   max_over_device(amax, true, tp, stream);
-  return {{x_->scale_on_device(ax, record, stream), Tensor()},
-          {w_->scale_on_device(aw, record, stream), Tensor()}};
+  const std::vector<Tensor> scale =
+      nn::Fp8TensorScale::scales_on_device({x_, w_}, amax, record, stream);
+  return {{scale[0], Tensor()}, {scale[1], Tensor()}};
 }
 
 Fp8Linear::Scale Fp8Linear::output_grad_scale(const Tensor& dy, Communicator& tp,
                                               const Stream& stream) {
   if (!dy_->uses_amax()) {  // the delayed scale; the cast records the amax
-    const Tensor scale = dy_->scale_on_device(zero_amax(dy.device(), stream), false, stream);
-    return {scale, dy_->step_amax_slot()};
+    return {nn::Fp8TensorScale::scales_on_device({dy_}, Tensor(), false, stream)[0],
+            dy_->step_amax_slot()};
   }
   Tensor amax = Tensor::empty({1}, DType::f32, dy.device(), stream);
   amax.fill_(0.0, stream);

@@ -4,10 +4,12 @@
 // pattern dequantised bit for bit; the scale kernel; and the FP8 GEMM (the forward, dgrad and
 // wgrad forms, cuBLASLt's FP8 kernels at multiples of 16 and the f32 fallback elsewhere) against
 // the CPU emulation within one ULP of the output.
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "gpu/nn_gpu_compare.hpp"
@@ -157,6 +159,116 @@ TEST_CASE("FP8 casts on the GPU equal the CPU's bit for bit, with the transpose 
           const float a_host = fp8_amax(x_gpu, s);  // the host form, through the same kernel
           CHECK((a_host == a_want || (std::isnan(a_want) && std::isnan(a_host))));
         }
+      }
+    }
+  }
+}
+
+TEST_CASE("FP8 amaxes of several tensors on the GPU, in one pass each, equal the CPU's") {
+  const Device gpu = Device::cuda(0);
+  const Stream s = Stream::create(gpu);
+  const Stream cpu;
+  // Each tensor a view `offset` elements into a 1-D buffer (an offset not a multiple of 16 bytes:
+  // the scalar head), with its largest magnitude at `peak` (-1: the edge values lead, NaN and
+  // infinities among them where not finite).
+  struct Case {
+    std::int64_t n, offset, peak;
+    DType dtype;
+    bool finite;
+  };
+  // Empty, one value, fewer than a vector, a tail, NaN and infinities, more vectors than the
+  // unrolled loop takes a thread (several blocks), and over the blocks' cap (5M bf16: grid-stride
+  // rounds); then seven of one dtype (two launches) and the dtypes mixed (a launch per run).
+  const std::vector<std::vector<Case>> sets = {{{0, 0, -1, DType::bf16, true},
+                                                {1, 0, 0, DType::bf16, true},
+                                                {7, 3, 6, DType::bf16, true},
+                                                {12301, 1, 12300, DType::bf16, true},
+                                                {2049, 1, -1, DType::bf16, false},
+                                                {300001, 5, 0, DType::bf16, true},
+                                                {5000000, 0, 4999999, DType::bf16, true}},
+                                               {{45, 0, -1, DType::f32, false},
+                                                {70001, 2, 70000, DType::f32, true},
+                                                {9, 1, 4, DType::f32, true},
+                                                {8192, 0, 8191, DType::f32, true},
+                                                {4100, 3, -1, DType::f32, true},
+                                                {33, 0, 32, DType::f32, true},
+                                                {1000, 0, 0, DType::f32, true}},
+                                               {{129, 0, 128, DType::bf16, true},
+                                                {97, 1, -1, DType::f32, false},
+                                                {640, 0, 639, DType::bf16, true},
+                                                {3, 0, 1, DType::f32, true}}};
+  std::uint64_t seed = 700;
+  for (const std::vector<Case>& set : sets) {
+    std::vector<Tensor> xs_cpu, xs_gpu;
+    std::vector<float> before;
+    for (const Case& c : set) {
+      std::vector<float> v = cast_input(1, c.offset + c.n, c.finite, ++seed);
+      if (c.peak >= 0) {
+        for (float& e : v) e = std::fmod(e, 100.0f);  // finite, below the peak
+        v[static_cast<std::size_t>(c.offset + c.peak)] = -1000.0f - static_cast<float>(c.n);
+      } else {
+        std::rotate(v.rbegin(), v.rbegin() + c.offset, v.rend());  // the edge values after offset
+      }
+      const Tensor buf = Tensor::from_vector<float>(v, {c.offset + c.n}).to(c.dtype);
+      xs_cpu.push_back(buf.narrow(0, c.offset, c.n));
+      xs_gpu.push_back(buf.to(gpu, s).narrow(0, c.offset, c.n));
+      before.push_back(static_cast<float>(xs_cpu.size() % 3));  // what each amax holds first
+    }
+    const auto n = static_cast<std::int64_t>(set.size());
+    const Tensor amax = Tensor::from_vector<float>(before, {n}).to(gpu, s);
+    fp8_amaxes_into(xs_gpu, amax, s);
+    const std::vector<float> got = floats(amax, s);
+    for (std::size_t i = 0; i < set.size(); ++i) {
+      INFO("tensor " << i << ": " << set[i].n << " " << dtype_name(set[i].dtype) << " at offset "
+                     << set[i].offset);
+      const float want = std::fmax(before[i], fp8_amax(xs_cpu[i], cpu));
+      if (std::isnan(fp8_amax(xs_cpu[i], cpu))) {
+        CHECK(std::isnan(got[i]));
+      } else {
+        CHECK(got[i] == want);
+      }
+    }
+  }
+  REQUIRE_THROWS_QUINTET(fp8_amaxes_into({Tensor::zeros({4}, DType::f32, gpu)},
+                                         Tensor::zeros({2}, DType::f32, gpu), s),
+                         InvalidArgument, "expected a contiguous f32 [1]");
+}
+
+TEST_CASE("FP8 scales of several tensors on the GPU in one launch equal the host's") {
+  const Device gpu = Device::cuda(0);
+  const Stream s = Stream::create(gpu);
+  for (const Fp8Scaling scaling : {Fp8Scaling::current, Fp8Scaling::delayed}) {
+    // Five scales (two launches: four a launch), the formats and margins mixed.
+    std::vector<Fp8TensorScale> host, dev;
+    for (int i = 0; i < 5; ++i) {
+      const Fp8Format f = i % 2 == 0 ? Fp8Format::e4m3 : Fp8Format::e5m2;
+      const Fp8Recipe recipe{Fp8Mode::hybrid, scaling, 2, i % 3};
+      host.emplace_back(f, recipe, "t" + std::to_string(i));
+      dev.emplace_back(f, recipe, "t" + std::to_string(i));
+    }
+    std::vector<Fp8TensorScale*> ptrs;
+    for (Fp8TensorScale& d : dev) ptrs.push_back(&d);
+    const std::vector<std::vector<float>> steps{{3.0f, 0.0f, 7e-3f, 1e-40f, 2.0e4f},
+                                                {1.0f, 2.0f, 0.0f, 5.0f, 0.25f},
+                                                {0.5f, 9.0f, 1.0f, 0.0f, 3.0f}};
+    for (const std::vector<float>& a : steps) {
+      INFO(fp8_scaling_name(scaling) << " amax " << a[0]);
+      bool known = true;  // delayed scaling with a history: no amax read, nothing recorded
+      for (const Fp8TensorScale& d : dev) known = known && !d.uses_amax();
+      const std::vector<Tensor> got = Fp8TensorScale::scales_on_device(
+          ptrs, known ? Tensor() : Tensor::from_vector<float>(a, {5}).to(gpu, s), !known, s);
+      REQUIRE(got.size() == 5);
+      for (std::size_t i = 0; i < 5; ++i) {
+        INFO("scale " << i);
+        const float want = host[i].scale(a[i]);
+        CHECK(floats(got[i], s) == std::vector<float>{1.0f / want, want});
+        CHECK(reinterpret_cast<std::uintptr_t>(got[i].data_ptr()) % 16 == 0);  // cuBLASLt's
+        // What the casts record under delayed scaling with a history.
+        if (known) dev[i].step_amax_slot().fill_(a[i], s);
+        dev[i].end_device_step(floats(dev[i].device_state(), s)[1], s);
+        host[i].end_step();
+        CHECK(dev[i].history() == host[i].history());
+        CHECK(dev[i].delayed_scale() == host[i].delayed_scale());
       }
     }
   }

@@ -329,6 +329,55 @@ TEST_CASE(
                          InvalidArgument, "FP8 scaling of block0 dy");
 }
 
+TEST_CASE("FP8 amaxes and scales of several tensors in one call equal one at a time", "[fp8]") {
+  // Each amax max'ed with what it held; an empty tensor leaves it as it is; bf16 and f32 mixed.
+  Tensor amax = Tensor::from_vector<float>({0.0f, 7.0f, 1.0f}, {3});
+  fp8_amaxes_into(
+      {Tensor::from_vector<float>({1.0f, -9.5f, 2.0f}, {3}),
+       Tensor::from_vector<float>({3.0f, -2.0f}, {2}).to(DType::bf16), Tensor::empty({0})},
+      amax, kCpu);
+  CHECK(amax.to_vector<float>() == std::vector<float>{9.5f, 7.0f, 1.0f});
+  REQUIRE_THROWS_QUINTET(fp8_amaxes_into({Tensor::zeros({2})}, Tensor::zeros({2}), kCpu),
+                         InvalidArgument, "expected a contiguous f32 [1]");
+
+  for (const Fp8Scaling scaling : {Fp8Scaling::current, Fp8Scaling::delayed}) {
+    const Fp8Recipe recipe{Fp8Mode::hybrid, scaling, 2, 1};
+    Fp8TensorScale hx(Fp8Format::e4m3, recipe, "x"), hdy(Fp8Format::e5m2, recipe, "dy");
+    Fp8TensorScale dx(Fp8Format::e4m3, recipe, "x"), ddy(Fp8Format::e5m2, recipe, "dy");
+    const std::vector<std::vector<float>> steps{{3.0f, 0.5f}, {0.0f, 6.0f}, {2.0f, 1.0f}};
+    for (const std::vector<float>& a : steps) {
+      const std::vector<float> want{hx.scale(a[0]), hdy.scale(a[1])};
+      // With a history the scales are known without an amax (nothing recorded then).
+      const bool known = !dx.uses_amax() && !ddy.uses_amax();
+      const std::vector<Tensor> got = Fp8TensorScale::scales_on_device(
+          {&dx, &ddy}, known ? Tensor() : Tensor::from_vector<float>(a, {2}), !known, kCpu);
+      REQUIRE(got.size() == 2);
+      CHECK(got[0].to_vector<float>() == std::vector<float>{1.0f / want[0], want[0]});
+      CHECK(got[1].to_vector<float>() == std::vector<float>{1.0f / want[1], want[1]});
+      if (known) {
+        dx.device_state().data<float>()[1] = a[0];  // what the casts would record
+        ddy.device_state().data<float>()[1] = a[1];
+      }
+      for (Fp8TensorScale* d : {&dx, &ddy})
+        d->end_device_step(d->device_state().data<float>()[1], kCpu);
+      hx.end_step();
+      hdy.end_step();
+      CHECK(dx.history() == hx.history());
+      CHECK(ddy.delayed_scale() == hdy.delayed_scale());
+    }
+  }
+  Fp8TensorScale cur(Fp8Format::e4m3, {Fp8Mode::hybrid, Fp8Scaling::current, 1, 0}, "layer 2 x");
+  REQUIRE_THROWS_QUINTET(Fp8TensorScale::scales_on_device({&cur}, Tensor(), false, kCpu),
+                         InvalidArgument, "no amax for layer 2 x");
+  REQUIRE_THROWS_QUINTET(Fp8TensorScale::scales_on_device({&cur}, Tensor(), true, kCpu),
+                         InvalidArgument, "record without an amax");
+  REQUIRE_THROWS_QUINTET(Fp8TensorScale::scales_on_device({&cur}, Tensor::zeros({2}), true, kCpu),
+                         InvalidArgument, "expected f32 [1]");
+  REQUIRE_THROWS_QUINTET(
+      Fp8TensorScale::scales_on_device({&cur, &cur}, Tensor::zeros({2}), true, kCpu),
+      InvalidArgument, "layer 2 x is given twice");
+}
+
 TEST_CASE("FP8 GEMM on the CPU: the linear op on the dequantised operands", "[fp8]") {
   const Tensor x = Tensor::randn({5, 8}, 11), w = Tensor::randn({6, 8}, 12);
   const Tensor b = Tensor::randn({6}, 13);

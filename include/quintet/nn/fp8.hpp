@@ -67,6 +67,10 @@ Tensor fp8_scale_tensor(float scale, const Device& device, const Stream& stream)
 // amax (f32 [1] holding a value >= 0, or NaN) becomes max(amax, the largest |x|) with fp8_amax's
 // NaN and infinity rules; on a GPU an atomic max on the float's bits, no host wait.
 void fp8_amax_into(const Tensor& x, const Tensor& amax, const Stream& stream);
+// fp8_amax_into of several tensors: element i of amax (f32 [xs.size()], contiguous) max'ed with
+// xs[i]'s amax. On a GPU one pass over each tensor and one launch for up to 4 tensors of one
+// dtype (a linear layer's x and w).
+void fp8_amaxes_into(const std::vector<Tensor>& xs, const Tensor& amax, const Stream& stream);
 
 // An FP8 tensor as the GEMMs read it: data = fp8(x * scale) of x [rows, cols], and optionally its
 // transpose [cols, rows] (Hopper's FP8 GEMM reads both operands with the reduced dimension
@@ -191,6 +195,13 @@ class Fp8TensorScale {
   // (which no max-reduction drops) and end_device_step refuses it, naming the tensor, at the end
   // of the step.
   Tensor scale_on_device(const Tensor& amax, bool record, const Stream& stream);
+  // scale_on_device of several scales (one launch on a GPU for up to 4): scales[i] with element
+  // i of amax (f32 [scales.size()] on the stream's device), each result as scale_on_device's
+  // (its own 16-byte-aligned tensor). amax may be undefined where no scale uses_amax() and record
+  // is false (delayed scaling's known scales): nothing is read then. The scales are distinct.
+  static std::vector<Tensor> scales_on_device(const std::vector<Fp8TensorScale*>& scales,
+                                              const Tensor& amax, bool record,
+                                              const Stream& stream);
   // Whether scale_on_device has been used (the step amax is then the device's).
   bool on_device() const { return device_.defined(); }
   // The device state, f32 [2] {the delayed scale of this step, this step's amax}: what
@@ -213,6 +224,8 @@ class Fp8TensorScale {
   float scale_ = 1.0f;          // delayed scaling's scale for the current step
   float step_amax_ = 0.0f;
   Tensor device_;  // f32 [2] on the GPU: {scale_, step amax}
+  // device_, made on the device (from scale_ and step_amax_) where it is not there yet.
+  const Tensor& device_state_on(const Device& device, const Stream& stream);
 };
 
 }  // namespace quintet::nn

@@ -150,8 +150,8 @@ void sum_of_squares(const std::vector<Tensor>& xs, const Tensor& out, const Stre
 
 // FP8 (fp8.hpp; lib/nn/cuda/fp8.cu). scale tensors f32 [2] {1 / scale, scale}; x f32 or bf16
 // viewed as [rows, cols] (cols its last dimension). fp8_cast: q u8 of x's shape (undefined: the
-// amax only, scale then undefined too), qt u8 [cols, rows] or undefined (only with q), amax f32
-// [1] or undefined, max'ed with x's amax.
+// amax only, scale then undefined too; fp8_amaxes is the faster amax pass), qt u8 [cols, rows] or
+// undefined (only with q), amax f32 [1] or undefined, max'ed with x's amax.
 void fp8_cast(const Tensor& x, const Tensor& scale, Fp8Format format, const Tensor& q,
               const Tensor& qt, const Tensor& amax, const Stream& stream);
 // x (f32 or bf16, q's shape) = float(q) * scale[0].
@@ -160,9 +160,21 @@ void fp8_dequantize(const Tensor& q, const Tensor& scale, Fp8Format format, cons
 // db [cols] f32 += column sums of float(q) * scale[0], q [rows, cols].
 void fp8_column_sum(const Tensor& q, const Tensor& scale, Fp8Format format, const Tensor& db,
                     const Stream& stream);
+// amax f32 [xs.size()] (contiguous): element i max'ed with xs[i]'s amax (x contiguous, f32 or
+// bf16), as fp8_cast's amax; one pass over each tensor, one launch for up to 4 of one dtype.
+void fp8_amaxes(const std::vector<Tensor>& xs, const Tensor& amax, const Stream& stream);
 // out (a scale tensor) from amax f32 [1] and state f32 [2] (Fp8TensorScale::scale_on_device).
 void fp8_scale(const Tensor& amax, const Tensor& state, const Tensor& out, Fp8Format format,
                int margin, bool use_amax, bool record, const Stream& stream);
+// fp8_scale of several scales, one launch for up to 4 (Fp8TensorScale::scales_on_device); an
+// undefined amax (only where use_amax is false and record too) is not read.
+struct Fp8ScaleArgs {
+  Tensor amax, state, out;
+  Fp8Format format;
+  int margin;
+  bool use_amax;
+};
+void fp8_scales(const std::vector<Fp8ScaleArgs>& scales, bool record, const Stream& stream);
 // y [n, m] (=, or += with accumulate) a [n, k] · b [m, k]ᵀ with the inverse scales (+ bias [m]).
 void fp8_gemm(const Tensor& a, const Tensor& a_scale, Fp8Format a_format, const Tensor& b,
               const Tensor& b_scale, Fp8Format b_format, const Tensor& bias, const Tensor& y,

@@ -6,7 +6,9 @@
 // arithmetic, so a cast is bit for bit the CPU's: round to nearest even, saturation to the
 // largest finite value, NaN to 0x7f, subnormals kept. (nvcc's defaults keep subnormals and IEEE
 // division; the build does not use --use_fast_math.)
+#include <algorithm>
 #include <cfloat>
+#include <vector>
 
 #include "nn/cuda/cublaslt.hpp"
 #include "nn/cuda/cuda_ops.hpp"
@@ -204,6 +206,59 @@ bool cast_vectorizable(std::int64_t rows, std::int64_t cols, const void* x, cons
          aligned_to(q, V) && aligned_to(qt, V);
 }
 
+// The amax pass of up to kAmaxTensors tensors in one launch: tensor i takes blocks
+// [first_block[i], first_block[i + 1]), which stride over its 16-byte vectors (kAmaxUnroll loads
+// in flight a thread) and then its scalar head and tail (row_split: any 2- or 4-byte-aligned
+// pointer); each block max's its largest |x| into amax[i] once, with cast_kernel's unsigned-bits
+// rule (NaN above infinity).
+constexpr int kAmaxTensors = 4, kAmaxUnroll = 4;
+
+template <class T>
+struct AmaxJobs {
+  const T* x[kAmaxTensors];
+  std::int64_t n[kAmaxTensors];
+  unsigned* amax[kAmaxTensors];
+  unsigned first_block[kAmaxTensors + 1];
+  int count;
+};
+
+__device__ __forceinline__ unsigned abs_bits(float v) { return __float_as_uint(fabsf(v)); }
+
+template <class T>
+__device__ __forceinline__ unsigned vec_abs_bits(const Vec16<T>& v) {
+  unsigned m = 0;
+#pragma unroll
+  for (int e = 0; e < Vec16<T>::kCount; ++e) m = max(m, abs_bits(to_float(v.v[e])));
+  return m;
+}
+
+template <class T>
+__global__ void __launch_bounds__(kThreads) amax_kernel(AmaxJobs<T> jobs) {
+  __shared__ unsigned scratch[32];
+  int i = 0;
+  while (i + 1 < jobs.count && blockIdx.x >= jobs.first_block[i + 1]) ++i;
+  const T* x = jobs.x[i];
+  const std::int64_t block = blockIdx.x - jobs.first_block[i];
+  const std::int64_t blocks = jobs.first_block[i + 1] - jobs.first_block[i];
+  const std::int64_t start = block * blockDim.x + threadIdx.x, stride = blocks * blockDim.x;
+  const RowSplit split = row_split(x, jobs.n[i]);
+  const auto* v = reinterpret_cast<const Vec16<T>*>(x + split.head);
+  unsigned m = 0;
+  std::int64_t k = start;
+  for (; k + (kAmaxUnroll - 1) * stride < split.vectors; k += kAmaxUnroll * stride) {
+    Vec16<T> a[kAmaxUnroll];
+#pragma unroll
+    for (int u = 0; u < kAmaxUnroll; ++u) a[u] = v[k + u * stride];
+#pragma unroll
+    for (int u = 0; u < kAmaxUnroll; ++u) m = max(m, vec_abs_bits(a[u]));
+  }
+  for (; k < split.vectors; k += stride) m = max(m, vec_abs_bits(v[k]));
+  for (std::int64_t c = start; c < split.scalars(); c += stride)
+    m = max(m, abs_bits(to_float(x[split.scalar(c)])));
+  m = block_reduce(m, scratch, 0u, [](unsigned u) { return __reduce_max_sync(0xffffffffu, u); });
+  if (threadIdx.x == 0) atomicMax(jobs.amax[i], m);
+}
+
 template <class T, bool E4M3>
 __global__ void dequantize_kernel(const std::uint8_t* q, const float* scale, T* x, std::int64_t n) {
   const float inv = scale[0];
@@ -228,19 +283,35 @@ __global__ void column_sum_kernel(const std::uint8_t* q, const float* scale, flo
 
 // Fp8TensorScale::scale on the device (lib/nn/fp8.cpp's fp8_scale_from_amax and scale(), with a
 // non-finite amax recorded as +inf instead of thrown: inf survives the max-reductions of the
-// step's end, which may drop a NaN). One thread.
-__global__ void scale_kernel(const float* amax, float* state, float* out, float fp8_max, int margin,
-                             bool use_amax, bool record) {
-  const float a = amax[0];
+// step's end, which may drop a NaN). A thread per scale, up to kAmaxTensors scales a launch; a
+// null amax (a scale that does not use it, recording nothing) reads as 0.
+struct ScaleJob {
+  const float* amax;
+  float* state;
+  float* out;
+  float fp8_max;
+  int margin;
+  bool use_amax;
+};
+struct ScaleJobs {
+  ScaleJob job[kAmaxTensors];
+  int count;
+  bool record;
+};
+
+__global__ void scale_kernel(ScaleJobs jobs) {
+  if (static_cast<int>(threadIdx.x) >= jobs.count) return;
+  const ScaleJob j = jobs.job[threadIdx.x];
+  const float a = j.amax != nullptr ? j.amax[0] : 0.0f;
   float now = 1.0f;  // an all-zero tensor (or a non-finite one, refused at the step's end)
   if (isfinite(a) && a > 0.0f) {
-    const float s = ldexpf(__fdiv_rn(fp8_max, a), -margin);
+    const float s = ldexpf(__fdiv_rn(j.fp8_max, a), -j.margin);
     now = isfinite(s) ? s : FLT_MAX;
   }
-  if (record) state[1] = isfinite(a) ? fmaxf(state[1], a) : INFINITY;
-  const float s = use_amax ? now : state[0];
-  out[0] = __fdiv_rn(1.0f, s);
-  out[1] = s;
+  if (jobs.record) j.state[1] = isfinite(a) ? fmaxf(j.state[1], a) : INFINITY;
+  const float s = j.use_amax ? now : j.state[0];
+  j.out[0] = __fdiv_rn(1.0f, s);
+  j.out[1] = s;
 }
 
 // y = T(tmp + b) (b null: none), or y += tmp (accumulate, y f32): the fallback GEMM's epilogue.
@@ -326,6 +397,37 @@ void fp8_cast(const Tensor& x, const Tensor& scale, Fp8Format format, const Tens
   });
 }
 
+void fp8_amaxes(const std::vector<Tensor>& xs, const Tensor& amax, const Stream& stream) {
+  // One launch per run of up to kAmaxTensors tensors of one dtype (the linear layers' x and w
+  // share theirs).
+  const std::int64_t cap = 4 * static_cast<std::int64_t>(multiprocessors(amax.device()));
+  std::size_t i = 0;
+  while (i < xs.size()) {
+    const DType dtype = xs[i].dtype();
+    std::size_t end = i;
+    while (end < xs.size() && end - i < kAmaxTensors && xs[end].dtype() == dtype) ++end;
+    dispatch_compute(dtype, "fp8_amax", [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      AmaxJobs<T> jobs{};
+      unsigned blocks = 0;
+      for (std::size_t j = i; j < end; ++j) {
+        const int t = jobs.count++;
+        jobs.x[t] = ptr<T>(xs[j]);
+        jobs.n[t] = xs[j].numel();
+        jobs.amax[t] = static_cast<unsigned*>(amax.data_ptr()) + j;
+        jobs.first_block[t] = blocks;
+        const std::int64_t per_block = std::int64_t{kThreads} * kAmaxUnroll * Vec16<T>::kCount;
+        blocks += static_cast<unsigned>(
+            std::clamp<std::int64_t>((jobs.n[t] + per_block - 1) / per_block, 1, cap));
+      }
+      jobs.first_block[jobs.count] = blocks;
+      amax_kernel<T><<<blocks, kThreads, 0, stream.handle()>>>(jobs);
+      check_launch();
+    });
+    i = end;
+  }
+}
+
 void fp8_dequantize(const Tensor& q, const Tensor& scale, Fp8Format format, const Tensor& x,
                     const Stream& stream) {
   const std::int64_t n = q.numel();
@@ -356,9 +458,25 @@ void fp8_column_sum(const Tensor& q, const Tensor& scale, Fp8Format format, cons
 
 void fp8_scale(const Tensor& amax, const Tensor& state, const Tensor& out, Fp8Format format,
                int margin, bool use_amax, bool record, const Stream& stream) {
-  scale_kernel<<<1, 1, 0, stream.handle()>>>(ptr<float>(amax), ptr<float>(state), ptr<float>(out),
-                                             fp8_max(format), margin, use_amax, record);
-  check_launch();
+  fp8_scales({Fp8ScaleArgs{amax, state, out, format, margin, use_amax}}, record, stream);
+}
+
+void fp8_scales(const std::vector<Fp8ScaleArgs>& scales, bool record, const Stream& stream) {
+  for (std::size_t i = 0; i < scales.size(); i += kAmaxTensors) {
+    ScaleJobs jobs{};
+    jobs.record = record;
+    for (std::size_t j = i; j < scales.size() && j - i < kAmaxTensors; ++j) {
+      const Fp8ScaleArgs& a = scales[j];
+      jobs.job[jobs.count++] = ScaleJob{a.amax.defined() ? ptr<float>(a.amax) : nullptr,
+                                        ptr<float>(a.state),
+                                        ptr<float>(a.out),
+                                        fp8_max(a.format),
+                                        a.margin,
+                                        a.use_amax};
+    }
+    scale_kernel<<<1, 32, 0, stream.handle()>>>(jobs);
+    check_launch();
+  }
 }
 
 void fp8_gemm(const Tensor& a, const Tensor& a_scale, Fp8Format a_format, const Tensor& b,

@@ -16,13 +16,13 @@
 //     tensor's step amax (the max over the step's microbatches) over the given groups before
 //     it enters the history.
 // On a GPU the same scaling runs on the device with nothing waiting for it: each amax comes from
-// a kernel (nn::fp8_amax_into) into a device tensor, is all-reduced there, and the scale is
-// computed by nn::Fp8TensorScale::scale_on_device; fp8_end_step reads the step's amaxes back once
-// per step (the one host wait), refuses a non-finite one naming its tensor, and ends the step on
-// the host. The tp linear layers then run their GEMMs in FP8 (nn::fp8_gemm, linear.cpp); with
-// overlap chunks they multiply the round-tripped values in bf16 as the CPU emulation does.
-// Scales follow amaxes exactly, so the gradient's division among microbatches and data-parallel
-// replicas (a power of 2 apart from one rank's) changes no rounding.
+// a kernel (nn::fp8_amaxes_into: x's and w's in one launch) into a device tensor, is all-reduced
+// there, and the scales are computed by nn::Fp8TensorScale::scales_on_device (one launch);
+// fp8_end_step reads the step's amaxes back once per step (the one host wait), refuses a non-finite
+// one naming its tensor, and ends the step on the host. The tp linear layers then run their GEMMs
+// in FP8 (nn::fp8_gemm, linear.cpp); with overlap chunks they multiply the round-tripped values in
+// bf16 as the CPU emulation does. Scales follow amaxes exactly, so the gradient's division among
+// microbatches and data-parallel replicas (a power of 2 apart from one rank's) changes no rounding.
 // Each microbatch's tensors are scaled on their own (current scaling), so data parallelism
 // matches one rank running the same microbatches one after the other; context parallelism
 // splits a microbatch's sequence, which these amaxes do not see whole (the trainer refuses
