@@ -21,7 +21,9 @@
 //      runs back to back and so shares the machine's state (other load, clock speed), which a
 //      ratio of the two medians, taken from different repetitions, does not.
 // --check-overhead and --flight-overhead also time the operation, in the same repetitions, with
-// and without the fingerprint check, or the flight recorder (CPU), and report that one's cost.
+// and without the fingerprint check, or the flight recorder (CPU), and report that one's cost;
+// --flight-control turns the recorder off on both sides of --flight-overhead (an A/A control: what
+// the comparison itself shows, with the same communicators made and timed in the same order).
 // Bytes are per rank as in nccl-tests (see bench_ops.hpp); bandwidths in GB/s (1e9 bytes/s).
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -64,6 +66,7 @@ struct Options {
   bool wait_each = false;        // wait for every operation before issuing the next (latency)
   bool check_overhead = false;   // also time the op with --check-collectives' check on
   bool flight_overhead = false;  // also time the op without a flight recorder (MPI)
+  bool flight_control = false;   // --flight-overhead with the recorder off on both sides
 };
 
 // Ours timed again through communicators of the same backend and algorithm, to measure what one
@@ -286,7 +289,7 @@ int run(quintet::World& world, Options o) {
     quintet::MpiOptions on;
     on.timeout_s = world.config().timeout_s;
     on.idle_start_delay_us = world.config().mpi_idle_start_us;
-    on.flight_size = world.config().flight_size;
+    on.flight_size = o.flight_control ? 0 : world.config().flight_size;
     quintet::MpiOptions off = on;
     off.flight_size = 0;
     Variant v{{},
@@ -499,6 +502,9 @@ int main(int argc, char** argv) {
                  "also time each operation through two duplicates of the world communicator, with "
                  "and without a flight recorder (CPU, MPI), and report the recorder's cost per "
                  "operation (rec_us - unrecorded) and recorded/unrecorded");
+    app.add_flag("--flight-control", o.flight_control,
+                 "with --flight-overhead: the recorder off on both sides (an A/A control of the "
+                 "comparison, whose ratio is what it shows with no recorder)");
     bool check_flag = false;
     app.add_flag("--check-collectives", check_flag,
                  "the debug mode on the world communicator (read by the runtime)");
@@ -509,6 +515,8 @@ int main(int argc, char** argv) {
     } catch (const CLI::ParseError& e) {
       return app.exit(e);
     }
+    QUINTET_CHECK(!o.flight_control || o.flight_overhead,
+                  "--flight-control is the A/A control of --flight-overhead: give both");
     quintet::World world = quintet::init(config);
     return run(world, o);
   } catch (const std::exception& e) {

@@ -12,7 +12,9 @@
 # (median, interquartile range, range), and an A/A control from the same runs: each round's
 # second off over its first off, whose spread is what the machine resolves. Each round also runs
 # the bench once with --flight-overhead (the recorder on and off in one job, repetitions paired:
-# docs/PERFORMANCE.md), whose per-round flight_ratio is summarised the same way. The load average
+# docs/PERFORMANCE.md), whose per-round flight_ratio is summarised the same way, and once with
+# --flight-overhead --flight-control (the recorder off on both sides: that form's A/A control,
+# whose ratio is what the comparison shows by itself), summarised beside it. The load average
 # is printed before and after. The bench is always on the CPU (the MPI backend's recorder);
 # --device picks the trainer's device. On cuda (jobs of 2 or more ranks, one GPU each) the
 # trainer's NCCL world communicator and the mesh's axes (NCCL splits, recorded as '<axis> (nccl)')
@@ -77,27 +79,30 @@ echo "bench: ${mpi[*]} -np $bench_ranks 01_collective_bench --device cpu --op al
   "--iters 100 --json --flight-size {$size|0}"
 echo "train: ${mpi[*]} -np $ranks 04_gpt_train --device $device $train $layout --steps $steps" \
   "--bench --bench-skip 5 --json --no-progress --flight-size {$size|0}"
-run() {  # run ROUND SLOT SIDE FLIGHT_SIZE
-  local tag="$1_$2_$3"
+bench_job() {  # bench_job PATH FLAGS...: the bench, its output in PATH.jsonl and PATH.err
   timeout 600 "${mpi[@]}" -np "$bench_ranks" "$bench" --device cpu --op all_reduce \
     --min-bytes "$min_bytes" --max-bytes "$max_bytes" --step-factor 64 --wait-each --reps 21 \
-    --iters 100 --json --flight-size "$4" >"$out/bench_$tag.jsonl" 2>"$out/bench_$tag.err" ||
-    echo "bench $tag failed (exit $?): $out/bench_$tag.err"
+    --iters 100 --json "${@:2}" >"$1.jsonl" 2>"$1.err" || echo "bench failed (exit $?): $1.err"
+}
+run() {  # run ROUND SLOT SIDE FLIGHT_SIZE
+  local tag="$1_$2_$3"
+  bench_job "$out/bench_$tag" --flight-size "$4"
   # shellcheck disable=SC2086  # the model and layout flags are word lists
   timeout 600 "${mpi[@]}" -np "$ranks" "$trainer" --device "$device" $train $layout \
     --steps "$steps" --bench --bench-skip 5 --warmup 2 --json --no-progress \
     --data-dir "$out/data" --flight-size "$4" >"$out/train_$tag.jsonl" 2>"$out/train_$tag.err" ||
     echo "train $tag failed (exit $?): $out/train_$tag.err"
 }
+one_job() {  # one_job ROUND KIND [FLAGS]: the bench once with --flight-overhead (and FLAGS)
+  bench_job "$out/$2_$1" --flight-overhead "${@:3}" --flight-size "$size"
+}
 for r in $(seq 1 "$rounds"); do
   run "$r" 1 on "$size"
   run "$r" 2 off 0
   run "$r" 3 off 0
   run "$r" 4 on "$size"
-  timeout 600 "${mpi[@]}" -np "$bench_ranks" "$bench" --device cpu --op all_reduce \
-    --min-bytes "$min_bytes" --max-bytes "$max_bytes" --step-factor 64 --wait-each --reps 21 \
-    --iters 100 --json --flight-overhead --flight-size "$size" >"$out/paired_$r.jsonl" \
-    2>"$out/paired_$r.err" || echo "paired bench $r failed (exit $?): $out/paired_$r.err"
+  one_job "$r" paired
+  one_job "$r" control --flight-control
   echo "round $r/$rounds done (load $(cut -d' ' -f1 /proc/loadavg))"
 done
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -142,12 +147,16 @@ for name, by_round in cases.items():
     print(f"{name:40s} {statistics.median(on):8.2f} {statistics.median(off):8.2f} "
           f"{statistics.median(on) / statistics.median(off):6.3f}  {spread(per):38s}  "
           f"{spread(aa):36s} {len(full):6d}")
-paired = {}  # bytes -> [flight_ratio per round]
-for r in range(1, rounds + 1):
-    for row in rows(f"{out}/paired_{r}.jsonl"):
-        if "flight_ratio" in row:
-            paired.setdefault(row["bytes"], []).append(row["flight_ratio"])
-for k, xs in paired.items():
+def ratios(kind):  # bytes -> [flight_ratio per round]
+    by = {}
+    for r in range(1, rounds + 1):
+        for row in rows(f"{out}/{kind}_{r}.jsonl"):
+            if "flight_ratio" in row:
+                by.setdefault(row["bytes"], []).append(row["flight_ratio"])
+    return by
+paired, control = ratios("paired"), ratios("control")
+for k, xs in paired.items():  # the A/A column: the same form with the recorder off on both sides
+    aa = control.get(k, [])
     print(f"{f'all_reduce {k} B, one job, rec/unrec':40s} {'':8s} {'':8s} {'':6s}  "
-          f"{spread(xs):38s}  {'':36s} {len(xs):6d}")
+          f"{spread(xs):38s}  {spread(aa) if aa else '(none)':36s} {len(xs):6d}")
 PY
