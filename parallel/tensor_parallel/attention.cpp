@@ -148,8 +148,10 @@ Tensor ParallelAttention::forward(nn::Context& ctx, const Tensor& x) {
     in = {part(qkv, 0), part(qkv, 1), part(qkv, 2)};
   } else {
     const Tensor xin = sp_ ? gather_sequence(x, *tp_, st) : x;
-    const Tensor kv = kv_->forward(ctx, xin).view({b, seq, 2, hkv, hd});
-    in = {q_->forward(ctx, xin).view({b, seq, h, hd}), part(kv, 0), part(kv, 1)};
+    // One FP8 cast of xin for both where they scale it alike.
+    const auto [kv_out, q_out] = ColumnParallelLinear::forward_shared_input(ctx, *kv_, *q_, xin);
+    const Tensor kv = kv_out.view({b, seq, 2, hkv, hd});
+    in = {q_out.view({b, seq, h, hd}), part(kv, 0), part(kv, 1)};
   }
   // QK-norm into new tensors; RoPE in place (on the projection's output when there is no norm:
   // the linear's backward needs its input, not its output).

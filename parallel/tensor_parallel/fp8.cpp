@@ -3,6 +3,8 @@
 
 #include <cstdint>
 
+#include "quintet/core/error.hpp"
+
 namespace quintet::tensor_parallel {
 
 namespace {
@@ -107,6 +109,43 @@ Fp8Linear::Scale Fp8Linear::output_grad_scale(const Tensor& dy, Communicator& tp
   nn::fp8_amax_into(dy, amax, stream);
   max_over_device(amax, true, tp, stream);
   return {dy_->scale_on_device(amax, true, stream), Tensor()};
+}
+
+bool Fp8Linear::same_x_scale(const Fp8Linear& a, const Fp8Linear& b) {
+  const nn::Fp8TensorScale &xa = *a.x_, &xb = *b.x_;
+  if (xa.format() != xb.format() || xa.recipe().margin != xb.recipe().margin) return false;
+  if (xa.uses_amax() || xb.uses_amax()) return xa.uses_amax() && xb.uses_amax();
+  return xa.delayed_scale() == xb.delayed_scale();
+}
+
+Fp8Linear::SharedScales Fp8Linear::shared_forward_scales(Fp8Linear& a, Fp8Linear& b,
+                                                         const Tensor& x, const Tensor& wa,
+                                                         const Tensor& wb, Communicator& tp,
+                                                         bool record, const Stream& stream) {
+  QUINTET_CHECK(same_x_scale(a, b),
+                "Fp8Linear::shared_forward_scales: {} and {} scale x differently; cast it for each",
+                a.x_->what(), b.x_->what());
+  if (!a.x_->uses_amax() && !a.w_->uses_amax() && !b.w_->uses_amax()) {  // the delayed scales
+    const std::vector<Tensor> scale =
+        nn::Fp8TensorScale::scales_on_device({a.x_, a.w_, b.w_}, Tensor(), false, stream);
+    SharedScales out{{scale[0], Tensor()}, {scale[1], Tensor()}, {scale[2], Tensor()}, Tensor()};
+    if (record) {
+      out.x.amax = a.x_->step_amax_slot();
+      out.wa.amax = a.w_->step_amax_slot();
+      out.wb.amax = b.w_->step_amax_slot();
+      out.x_also = b.x_->step_amax_slot();
+    }
+    return out;
+  }
+  // x, wa and wb in one amax launch; b's x takes x's amax (the same tensor).
+  Tensor amax = Tensor::empty({4}, DType::f32, x.device(), stream);
+  amax.fill_(0.0, stream);
+  nn::fp8_amaxes_into({x, wa, wb}, amax.narrow(0, 0, 3), stream);
+  amax.narrow(0, 3, 1).copy_(amax.narrow(0, 0, 1), stream);
+  max_over_device(amax, true, tp, stream);
+  const std::vector<Tensor> scale =
+      nn::Fp8TensorScale::scales_on_device({a.x_, a.w_, b.w_, b.x_}, amax, record, stream);
+  return {{scale[0], Tensor()}, {scale[1], Tensor()}, {scale[2], Tensor()}, Tensor()};
 }
 
 Fp8Linear::Inputs Fp8Linear::forward(const Tensor& x, const Tensor& w, Communicator& tp,

@@ -25,23 +25,35 @@ nn::ParameterAttributes shard_attrs(int dim, const Shape& full, const Shape& sta
 // read: {xᵀ, x's scale, Wᵀ, W's scale} (kFp8Saved tensors; the emulation saves one).
 constexpr std::size_t kFp8Saved = 4;
 
+// x [..., in] as the forward GEMM reads it: [rows, in] in E4M3 with its transpose.
+nn::Fp8Tensor fp8_cast_input(const Tensor& x, std::int64_t in, const Fp8Linear::Scale& scale,
+                             const Stream& s) {
+  return nn::fp8_cast(x.contiguous(s).view({-1, in}), scale.scale, nn::Fp8Format::e4m3, true,
+                      scale.amax, s);
+}
+
+// y [..., out] = q(x) · q(W)ᵀ + b for x [..., in] (x_shape, dtype) already cast as qx, W [out, in].
+Tensor fp8_forward_cast(const nn::Fp8Tensor& qx, const Shape& x_shape, DType dtype, const Tensor& w,
+                        const Tensor& b, const Fp8Linear::Scale& w_scale,
+                        std::vector<Tensor>& saved, const Stream& s) {
+  const std::int64_t out = w.size(0);
+  const nn::Fp8Tensor qw =
+      nn::fp8_cast(w, w_scale.scale, nn::Fp8Format::e4m3, true, w_scale.amax, s);
+  const Tensor y = Tensor::empty({qx.data.size(0), out}, dtype, w.device(), s);
+  // Fast accumulation (Hopper's FP8 accumulator promoted less often) where the output is bf16,
+  // whose rounding dwarfs it, as Transformer Engine's forward does; never in backward.
+  nn::fp8_gemm(qx, qw, b, y, false, dtype == DType::bf16, s);
+  saved = {qx.transposed, qx.scale, qw.transposed, qw.scale};
+  Shape shape = x_shape;
+  shape.back() = out;
+  return y.view(shape);
+}
+
 // y [..., out] = q(x) · q(W)ᵀ + b for x [..., in], W [out, in].
 Tensor fp8_forward(const Tensor& x, const Tensor& w, const Tensor& b,
                    const Fp8Linear::Scales& scales, std::vector<Tensor>& saved, const Stream& s) {
-  const std::int64_t in = w.size(1), out = w.size(0);
-  const Tensor x2 = x.contiguous(s).view({-1, in});
-  const nn::Fp8Tensor qx =
-      nn::fp8_cast(x2, scales.x.scale, nn::Fp8Format::e4m3, true, scales.x.amax, s);
-  const nn::Fp8Tensor qw =
-      nn::fp8_cast(w, scales.w.scale, nn::Fp8Format::e4m3, true, scales.w.amax, s);
-  const Tensor y = Tensor::empty({x2.size(0), out}, x.dtype(), x.device(), s);
-  // Fast accumulation (Hopper's FP8 accumulator promoted less often) where the output is bf16,
-  // whose rounding dwarfs it, as Transformer Engine's forward does; never in backward.
-  nn::fp8_gemm(qx, qw, b, y, false, x.dtype() == DType::bf16, s);
-  saved = {qx.transposed, qx.scale, qw.transposed, qw.scale};
-  Shape shape = x.shape();
-  shape.back() = out;
-  return y.view(shape);
+  return fp8_forward_cast(fp8_cast_input(x, w.size(1), scales.x, s), x.shape(), x.dtype(), w, b,
+                          scales.w, saved, s);
 }
 
 // Backward: dx = q(dy) · q(Wᵀ)ᵀ now; the weight gradient dW += q(dyᵀ) · q(xᵀ)ᵀ (dW = with
@@ -151,11 +163,15 @@ ColumnParallelLinear::ColumnParallelLinear(Communicator& tp, nn::Parameter& shar
   declare_fp8(options.fp8);
 }
 
-Tensor ColumnParallelLinear::forward(nn::Context& ctx, const Tensor& x) {
-  const Stream& s = ctx.stream();
+void ColumnParallelLinear::check_input(const Tensor& x) const {
   QUINTET_CHECK(x.defined() && x.dim() >= 1 && x.size(x.dim() - 1) == in_,
                 "ColumnParallelLinear: x is {}, expected [..., {}]",
                 x.defined() ? shape_str(x.shape()) : std::string("undefined"), in_);
+}
+
+Tensor ColumnParallelLinear::forward(nn::Context& ctx, const Tensor& x) {
+  const Stream& s = ctx.stream();
+  check_input(x);
   // Checked here also without SP (whose chunks are dx's, in backward): before any communication.
   if (enter_region_ && chunked_here()) detail::check_chunks("ColumnParallelLinear", x, chunks_);
   const bool chunked = enter_region_ && sp_ && chunked_here();
@@ -186,6 +202,35 @@ Tensor ColumnParallelLinear::forward(nn::Context& ctx, const Tensor& x) {
       &xin);
   ctx.save(*this, {xin});
   return y;
+}
+
+std::pair<Tensor, Tensor> ColumnParallelLinear::forward_shared_input(nn::Context& ctx,
+                                                                     ColumnParallelLinear& a,
+                                                                     ColumnParallelLinear& b,
+                                                                     const Tensor& x) {
+  const bool shared = a.tp_ == b.tp_ && a.in_ == b.in_ && !a.enter_region_ && !b.enter_region_ &&
+                      !a.chunked_here() && !b.chunked_here() && a.fp8_.on_device(x) &&
+                      b.fp8_.on_device(x) && Fp8Linear::same_x_scale(a.fp8_, b.fp8_);
+  if (!shared) {
+    Tensor ya = a.forward(ctx, x);
+    return {std::move(ya), b.forward(ctx, x)};
+  }
+  a.check_input(x);
+  const Stream& s = ctx.stream();
+  const Tensor wa = a.weight_->use(s).view({a.local_out_, a.in_});
+  const Tensor ba = a.bias_ ? a.bias_->use(s).view({a.local_out_}) : Tensor();
+  const Tensor wb = b.weight_->use(s).view({b.local_out_, b.in_});
+  const Tensor bb = b.bias_ ? b.bias_->use(s).view({b.local_out_}) : Tensor();
+  const Fp8Linear::SharedScales sc = Fp8Linear::shared_forward_scales(
+      a.fp8_, b.fp8_, x, wa, wb, *a.tp_, ctx.counts_statistics(), s);
+  const nn::Fp8Tensor qx = fp8_cast_input(x, a.in_, sc.x, s);
+  if (sc.x_also.defined()) nn::fp8_amaxes_into({sc.x.amax}, sc.x_also, s);  // b's x records it
+  std::vector<Tensor> saved;
+  Tensor ya = fp8_forward_cast(qx, x.shape(), x.dtype(), wa, ba, sc.wa, saved, s);
+  ctx.save(a, std::move(saved));
+  Tensor yb = fp8_forward_cast(qx, x.shape(), x.dtype(), wb, bb, sc.wb, saved, s);
+  ctx.save(b, std::move(saved));
+  return {std::move(ya), std::move(yb)};
 }
 
 Tensor ColumnParallelLinear::backward(nn::Context& ctx, const Tensor& dy_in) {

@@ -42,8 +42,8 @@ Tensor ParallelMLP::forward(nn::Context& ctx, const Tensor& x) {
     ctx.save(*this, {a});
   } else {
     const Tensor xin = sp_ ? gather_sequence(x, *tp_, s) : x;
-    const Tensor a = fc_->forward(ctx, xin);
-    const Tensor u = up_->forward(ctx, xin);
+    // One FP8 cast of xin for both where they scale it alike.
+    const auto [a, u] = ColumnParallelLinear::forward_shared_input(ctx, *fc_, *up_, xin);
     h = nn::swiglu_forward(a, u, s);
     ctx.save(*this, {a, u});
   }

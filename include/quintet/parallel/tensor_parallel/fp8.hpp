@@ -79,6 +79,24 @@ class Fp8Linear {
   // Backward: the scale of dy, its amax reduced over tp as output_grad() does.
   Scale output_grad_scale(const Tensor& dy, Communicator& tp, const Stream& stream);
 
+  // ---- two layers reading one x (attention's key/value and query, SwiGLU's gate and up) ----
+  // Whether a's and b's scales of x are one value in this call, so that one cast of x serves
+  // both: both come from x's amax (current scaling, or delayed scaling before a history), or
+  // both are delayed scales of the same value (equal histories: the same x every step).
+  static bool same_x_scale(const Fp8Linear& a, const Fp8Linear& b);
+  // forward_scales of a (with x and wa) and of b (with x and wb) at once, for one cast of x at
+  // a's scale (same_x_scale): one amax launch over x, wa and wb and one scale launch, or none
+  // under delayed scaling with a history. b's x state records what its own forward_scales would:
+  // through the scale launch, or, where the cast records x's amax into x.amax (a's slot),
+  // x_also is b's slot, which the caller max's with a's once the cast is done.
+  struct SharedScales {
+    Scale x, wa, wb;
+    Tensor x_also;
+  };
+  static SharedScales shared_forward_scales(Fp8Linear& a, Fp8Linear& b, const Tensor& x,
+                                            const Tensor& wa, const Tensor& wb, Communicator& tp,
+                                            bool record, const Stream& stream);
+
  private:
   nn::Fp8TensorScale* x_ = nullptr;
   nn::Fp8TensorScale* w_ = nullptr;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 
 #include "quintet/collectives/communicator.hpp"
 #include "quintet/core/stream.hpp"
@@ -91,6 +92,13 @@ class ColumnParallelLinear : public nn::Module {
                        const SharedWeightOptions& options = {});
   Tensor forward(nn::Context& ctx, const Tensor& x) override;
   Tensor backward(nn::Context& ctx, const Tensor& dy) override;
+  // {a.forward(ctx, x), b.forward(ctx, x)} of two layers that read the same x (attention's
+  // key/value and query, SwiGLU's gate and up), bit for bit. Where both run their GEMMs in FP8 on
+  // the GPU with enter_region = false and no overlap chunks, and scale x alike
+  // (Fp8Linear::same_x_scale), x is cast once for both (one amax pass over it, one cast with its
+  // transpose, which both backward passes read); otherwise the two forwards as they are.
+  static std::pair<Tensor, Tensor> forward_shared_input(nn::Context& ctx, ColumnParallelLinear& a,
+                                                        ColumnParallelLinear& b, const Tensor& x);
   std::int64_t local_out() const { return local_out_; }
   int overlap_chunks() const { return chunks_; }
   nn::Parameter& weight() { return *weight_; }
@@ -98,6 +106,8 @@ class ColumnParallelLinear : public nn::Module {
 
  private:
   bool chunked_here() const { return chunks_ > 1 && tp_->size() > 1; }
+  // Throws InvalidArgument unless x is [..., in].
+  void check_input(const Tensor& x) const;
   // With recipe.mode hybrid, declares "fp8_x", "fp8_w" and "fp8_dy" and turns fp8_ on.
   void declare_fp8(const nn::Fp8Recipe& recipe);
   Communicator* tp_;
