@@ -92,6 +92,8 @@ std::int64_t steady_now_ns() {
       .count();
 }
 
+std::int64_t flight_clock_now() noexcept { return ticks(); }
+
 std::int64_t steady_to_unix_us(std::int64_t steady_ns) {
   if (steady_ns == 0) return 0;
   const auto unix_now = std::chrono::duration_cast<std::chrono::microseconds>(
