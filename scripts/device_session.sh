@@ -81,7 +81,7 @@ step() {  # step NAME SECONDS COMMAND...: bounded by SECONDS and by the budget l
   pattern+='|heuristic|cuBLASLt |fallback warnings'  # cublaslt_fp8_probe.cu's lines, phase 8's count
   pattern+='|^ours / |^ours fp8 |DIFFERENT MODELS'  # ours_vs_torch.py's ratios (llama, gpt)
   pattern+='|^FP8 \(hybrid|^layer |^block '  # 09_op_bench --fp8-only's tables
-  pattern+='|^(attn|mlp)\.[a-z]+ +(forward|dgrad|wgrad|sum) '
+  pattern+='|^(attn|mlp)\.[a-z]+ +(forward|dgrad|wgrad|sum) |^(attn|mlp)\.[a-z]+\+'
   pattern+='|^ +-?[0-9]+\.[0-9]{3} +-?[0-9]+\.[0-9]  '  # kernel_groups.py's largest kernels
   pattern+='|^loss |^plot_loss'  # loss_compare.py's lines and plots (fp8_loss_curves.sh)
   { grep -hE "$pattern" "$logs/$name.log" ||

@@ -192,6 +192,68 @@ Sum bench_layer(const Fp8BenchOptions& opt, const Layer& l, const Stream& s, Com
   return sum;
 }
 
+// The forward casts of two layers reading one x (attention's key/value and query, SwiGLU's gate
+// and up), as ColumnParallelLinear::forward_shared_input makes them (one amax launch over x and
+// both weights, one scale launch, x cast once) against each layer's own (bench_layer's forward
+// casts, twice). Returns the time the shared form saves (ms).
+double bench_shared_x(const Fp8BenchOptions& opt, const char* name, std::int64_t in,
+                      std::int64_t out_a, std::int64_t out_b, const Stream& s, Communicator& tp,
+                      std::uint64_t seed) {
+  const Device gpu = s.device();
+  const Tensor x = Tensor::randn({opt.tokens, in}, seed, DType::bf16, gpu);
+  const Tensor wa = Tensor::randn({out_a, in}, seed + 1, DType::bf16, gpu);
+  const Tensor wb = Tensor::randn({out_b, in}, seed + 2, DType::bf16, gpu);
+  Stream::default_stream(gpu).synchronize();
+  nn::Fp8Recipe recipe;
+  recipe.mode = nn::Fp8Mode::hybrid;
+  recipe.scaling = opt.scaling;
+  std::vector<nn::Fp8TensorScale> sc;
+  for (const char* role : {"a.fp8_x", "a.fp8_w", "a.fp8_dy", "b.fp8_x", "b.fp8_w", "b.fp8_dy"}) {
+    const bool dy = std::string(role).ends_with("dy");
+    sc.emplace_back(dy ? Fp8Format::e5m2 : Fp8Format::e4m3, recipe, role);
+  }
+  Fp8Linear la(sc[0], sc[1], sc[2]), lb(sc[3], sc[4], sc[5]);
+  const auto cast = [&](const Tensor& t, const Fp8Linear::Scale& scale) {
+    nn::fp8_cast(t, scale.scale, Fp8Format::e4m3, true, scale.amax, s);
+  };
+  const auto apart = [&] {
+    const Fp8Linear::Scales a = la.forward_scales(x, wa, tp, true, s);
+    cast(x, a.x);
+    cast(wa, a.w);
+    const Fp8Linear::Scales b = lb.forward_scales(x, wb, tp, true, s);
+    cast(x, b.x);
+    cast(wb, b.w);
+  };
+  const auto shared = [&] {
+    const Fp8Linear::SharedScales f =
+        Fp8Linear::shared_forward_scales(la, lb, x, wa, wb, tp, true, s);
+    cast(x, f.x);
+    if (f.x_also.defined()) nn::fp8_amaxes_into({f.x.amax}, f.x_also, s);
+    cast(wa, f.wa);
+    cast(wb, f.wb);
+  };
+  // One step first, as bench_layer: under delayed scaling, the histories.
+  apart();
+  std::vector<nn::Fp8TensorScale*> all;
+  for (nn::Fp8TensorScale& t : sc) all.push_back(&t);
+  tensor_parallel::fp8_end_step(all, {}, s);
+  const double apart_ms = median_ms(s, kWarmup, opt.iters, apart);
+  const double shared_ms = median_ms(s, kWarmup, opt.iters, shared);
+  if (opt.json) {
+    nlohmann::json j{{"bench", "fp8"},
+                     {"layer", name},
+                     {"product", "forward_casts_shared_x"},
+                     {"scaling", nn::fp8_scaling_name(opt.scaling)},
+                     {"apart_ms", apart_ms},
+                     {"shared_ms", shared_ms},
+                     {"saved_ms", apart_ms - shared_ms}};
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("%-16s %10.3f %10.3f %10.3f\n", name, apart_ms, shared_ms, apart_ms - shared_ms);
+  }
+  return apart_ms - shared_ms;
+}
+
 }  // namespace
 
 void check_fp8_options(const Fp8BenchOptions& o) {
@@ -241,4 +303,17 @@ void bench_fp8(const Fp8BenchOptions& opt, const Stream& s) {
   }
   for (const auto& [name, sum] : sums) print_sum(name, sum, opt);
   print_sum("block", block, opt);
+  // The trainer casts attn.kv's and attn.q's x once, and mlp.gate's and mlp.up's: the block's
+  // casts less what that saves.
+  if (!opt.json) {
+    std::printf("\nforward casts of two layers reading one x (ms): each its own, x cast once\n");
+    std::printf("%-16s %10s %10s %10s\n", "layers", "apart", "shared", "saved");
+  }
+  const double saved =
+      bench_shared_x(opt, "attn.kv+attn.q", d, 2 * opt.kv_heads * opt.head_dim, attn, s, *tp,
+                     seed) +
+      bench_shared_x(opt, "mlp.gate+mlp.up", d, opt.ffn, opt.ffn, s, *tp, seed + 3);
+  Sum trainer = block;
+  trainer.casts_ms -= saved;
+  print_sum("block x once", trainer, opt);
 }

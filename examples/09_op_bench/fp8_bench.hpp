@@ -17,6 +17,9 @@
 // transposes). A cast's GB/s counts the least it moves (bf16 read, its FP8 data and transpose
 // written; the scales: the tensors read), against a device-to-device copy measured in the same
 // run. A layer's line sums its three GEMMs and its casts: whether the casts eat the GEMMs' gain.
+// Two layers reading one x (attn.kv and attn.q, mlp.gate and mlp.up) have their forward casts
+// timed both ways, each layer's own and x cast once for both as the trainer does
+// (ColumnParallelLinear::forward_shared_input); "block x once" is the block with that saving.
 // Times are medians of `iters` calls after warm-up.
 #pragma once
 
