@@ -32,10 +32,12 @@
 #                                          # 1 B model, bf16 and FP8 from one seed, STEPS (500)
 #                                          # steps each, within 1%? (MODELS= to choose; plots)
 #   OUT=$OUT TESTS=regex scripts/device_session.sh 11  # a session's last check, from a prebuilt
-#                                          # packed with EXTRA_TARGETS="hf_import_tool hf_io_bench":
+#                                          # packed with EXTRA_TARGETS="hf_import_tool hf_io_bench
+#                                          # 01_collective_bench collectives_flight_recorder_test":
 #                                          # the gpu tests matching TESTS, the HF reference test and
 #                                          # the io bench at one GPU (#43), the FP8 and elementwise
-#                                          # tables, the Llama step in bf16 and FP8, ours alone (#45)
+#                                          # tables, the flight recorder's cost (#44), the Llama
+#                                          # step in bf16 and FP8, ours alone (#45)
 # A later phase on the same warm machine reuses the build (scripts/setup.sh is incremental).
 # Phases 0, 1, 3 and 7 to 10 build in seconds from a carried prebuilt/build (here, `scripts/
 # device_prebuilt.sh pack`; run(..., carry=["prebuilt"])) when its unpack finds it packed from these
@@ -84,6 +86,7 @@ step() {  # step NAME SECONDS COMMAND...: bounded by SECONDS and by the budget l
   pattern+='|^(attn|mlp)\.[a-z]+ +(forward|dgrad|wgrad|sum) |^(attn|mlp)\.[a-z]+\+'
   pattern+='|^ +-?[0-9]+\.[0-9]{3} +-?[0-9]+\.[0-9]  '  # kernel_groups.py's largest kernels
   pattern+='|^loss |^plot_loss'  # loss_compare.py's lines and plots (fp8_loss_curves.sh)
+  pattern+='|^flight (record|clock)|^case |, one job|, 4 CPU ranks|trainer step'  # phase 11's flight steps
   { grep -hE "$pattern" "$logs/$name.log" ||
       grep -hE "$pattern" "$logs/$name"/*.log; } 2>/dev/null | tail -n 40 | sed 's/^/    /' >>"$summary"
   return "$rc"
@@ -214,8 +217,8 @@ case $phase in
     cp "$logs"/fp8_loss/*.png "$out"/ 2>/dev/null
     ;;
   11)  # Estimates (seconds): unpack 1 (175 fresh); tests 10-120 as TESTS picks; the FP8 and
-      # elementwise tables 25; hf_reference 90; hf_io 60 at one repeat; the Llama step 3 x 35
-      # (last: it takes what the budget leaves).
+      # elementwise tables 25; hf_reference 90; hf_io 60 at one repeat; the flight recorder 35;
+      # the Llama step 3 x 35 (last: it takes what the budget leaves).
     build 240 prebuilt
     step gpu_tests 150 bash -c "cd build && ctest -L gpu -R '${TESTS:-.}' --output-on-failure -j3 --timeout 120"
     step ops_fp8 40 build/examples/09_op_bench/09_op_bench --fp8-only
@@ -224,6 +227,9 @@ case $phase in
     step hf_reference 150 bash -c 'python3 scripts/hf/make_transformers_reference.py "$OUT/ref" &&
       QUINTET_HF_REFERENCE_DIR="$OUT/ref" ctest --test-dir build -R train_hf_import_ --output-on-failure'
     step hf_io 120 bash scripts/bench/hf_io_bench.sh --device cuda --tp 1 --repeats 1
+    # The flight recorder's record path alone (its clock reads), then its cost in jobs (#44).
+    step flight_record 30 build/tests/collectives_flight_recorder_test "[bench]"
+    step flight 60 bash scripts/bench/flight_cost.sh --device cuda --rounds 2
     step llama_fp8 150 env SKIP="torch_llama_eager torch_llama_compiled ops_elementwise $bskip" \
       TARGETS=04_gpt_train bash scripts/bench/llama_benchmarks.sh
     ;;
