@@ -67,6 +67,17 @@ class EnvChoice : public test_support::ScopedEnv {
   explicit EnvChoice(const char* value) : ScopedEnv("QUINTET_GROUPED_GEMM", value) {}
 };
 
+// The offsets of "many ragged groups": sizes 0, 1, 7, 63, 64, 65, 127, 128, 129, 200, four times.
+std::vector<std::int64_t> many_ragged_offsets() {
+  std::vector<std::int64_t> o = {0};
+  for (int lap = 0; lap < 4; ++lap) {
+    for (const std::int64_t rows : {0, 1, 7, 63, 64, 65, 127, 128, 129, 200}) {
+      o.push_back(o.back() + rows);
+    }
+  }
+  return o;  // ends at 3136
+}
+
 const std::vector<Case>& cases() {
   static const std::vector<Case> all = {
       {"even groups, whole tiles", 128, 256, 384, {0, 128, 256, 384}},
@@ -77,9 +88,16 @@ const std::vector<Case>& cases() {
       {"padding rows past the last group", 64, 64, 45, {0, 10, 20}},
       {"widths not multiples of 8 (SIMT in bf16)", 37, 29, 43, {0, 5, 5, 40}},
       {"eight experts, many k-steps", 256, 512, 1000, {0, 90, 300, 310, 310, 620, 700, 999, 1000}},
-      // 144 forward tiles: more than one CTA a GPU of 132 SMs holds with the wgmma kernel, so some
-      // CTAs take a second tile.
+      // 144 forward tiles of 128 x 128 (the mma.sync kernel's; the bf16 wgmma kernel's 128 x 256:
+      // 72, see the next case): more than one CTA a GPU of 132 SMs holds, so some CTAs take a
+      // second tile.
       {"more tiles than resident CTAs", 256, 1536, 1200, {0, 300, 600, 900, 1200}},
+      // Forty groups of ragged sizes (0, 1, around 64 and 128, 200) and 5 padding rows: with the
+      // bf16 wgmma kernel's 128 x 256 tiles 180 forward tiles (776 = 3 * 256 + 8 columns), 252
+      // wgrad ones whose k (the group's rows) changes from tile to tile, 13 k-steps in dgrad (776
+      // deep), 2 in forward (72): every CTA takes several tiles, its pipeline running on across
+      // them.
+      {"many ragged groups", 72, 776, 3141, many_ragged_offsets()},
   };
   return all;
 }
