@@ -35,8 +35,8 @@
 #                                          # packed with EXTRA_TARGETS="hf_import_tool hf_io_bench
 #                                          # 01_collective_bench collectives_flight_recorder_test":
 #                                          # the gpu tests matching TESTS, the HF reference test and
-#                                          # the io bench at one GPU (#43), the FP8 and elementwise
-#                                          # tables, the flight recorder's cost (#44), the Llama
+#                                          # the io bench at one GPU (#43), the FP8, elementwise and
+#                                          # experts tables, the flight recorder's cost (#44), the Llama
 #                                          # step in bf16 and FP8, ours alone (#45)
 # A later phase on the same warm machine reuses the build (scripts/setup.sh is incremental).
 # Phases 0, 1, 3 and 7 to 10 build in seconds from a carried prebuilt/build (here, `scripts/
@@ -217,12 +217,13 @@ case $phase in
     cp "$logs"/fp8_loss/*.png "$out"/ 2>/dev/null
     ;;
   11)  # Estimates (seconds): unpack 1 (175 fresh); tests 10-120 as TESTS picks; the FP8 and
-      # elementwise tables 25; hf_reference 90; hf_io 60 at one repeat; the flight recorder 35;
+      # elementwise tables 25; the experts' grouped GEMMs 20; hf_reference 90; hf_io 60 at one repeat; the flight recorder 35;
       # the Llama step 3 x 35 (last: it takes what the budget leaves).
     build 240 prebuilt
     step gpu_tests 150 bash -c "cd build && ctest -L gpu -R '${TESTS:-.}' --output-on-failure -j3 --timeout 120"
     step ops_fp8 40 build/examples/09_op_bench/09_op_bench --fp8-only
     step ops 30 build/examples/09_op_bench/09_op_bench --elementwise-only --json
+    step experts 45 build/examples/09_op_bench/09_op_bench --experts-only
     # shellcheck disable=SC2016  # $OUT expands in the step, where it is the step's folder
     step hf_reference 150 bash -c 'python3 scripts/hf/make_transformers_reference.py "$OUT/ref" &&
       QUINTET_HF_REFERENCE_DIR="$OUT/ref" ctest --test-dir build -R train_hf_import_ --output-on-failure'
