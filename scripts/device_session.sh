@@ -217,10 +217,10 @@ case $phase in
     cp "$logs"/fp8_loss/*.png "$out"/ 2>/dev/null
     ;;
   11)  # Estimates (seconds): unpack 1 (175 fresh); tests 10-120 as TESTS picks; the FP8 and
-      # elementwise tables 25; the experts' grouped GEMMs 20; hf_reference 90; hf_io 60 at one repeat; the flight recorder 35;
-      # the Llama step 3 x 35 (last: it takes what the budget leaves).
+      # elementwise tables 25; the experts' grouped GEMMs 20; hf_reference 90; hf_io 60 at one
+      # repeat; the flight recorder 35; the Llama step 3 x 35 (last: it takes what is left).
     build 240 prebuilt
-    step gpu_tests 150 bash -c "cd build && ctest -L gpu -R '${TESTS:-.}' --output-on-failure -j3 --timeout 120"
+    step gpu_tests 150 bash -c "cd build && ctest -L gpu -R '${TESTS:-.}' --output-on-failure -j4 --timeout 120"
     step ops_fp8 40 build/examples/09_op_bench/09_op_bench --fp8-only
     step ops 30 build/examples/09_op_bench/09_op_bench --elementwise-only --json
     step experts 45 build/examples/09_op_bench/09_op_bench --experts-only
