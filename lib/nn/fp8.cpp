@@ -264,6 +264,7 @@ void Fp8TensorScale::end_step() {
 
 const Tensor& Fp8TensorScale::device_state_on(const Device& device, const Stream& stream) {
   if (!device_.defined() || device_.device() != device) {
+    known_scale_ = Tensor();
     // {scale_, step_amax_}, filled on the stream (the first use, or after set_state).
     device_ = Tensor::empty({2}, DType::f32, device, stream);
     device_.narrow(0, 0, 1).fill_(scale_, stream);
@@ -302,30 +303,48 @@ std::vector<Tensor> Fp8TensorScale::scales_on_device(const std::vector<Fp8Tensor
     for (std::size_t j = 0; j < i; ++j)
       QUINTET_CHECK(scales[i] != scales[j], "{}: {} is given twice", c.op(), scales[i]->what());
   }
-  std::vector<Tensor> out;
+  // Without an amax, a scale's tensor is {1 / s, s} of the step's delayed scale: made once, then
+  // returned until the state changes (end_device_step, set_state).
+  std::vector<Tensor> out(scales.size());
+  std::vector<std::size_t> todo;
+  for (std::size_t i = 0; i < scales.size(); ++i) {
+    const Tensor& known = scales[i]->known_scale_;
+    if (!amax.defined() && known.defined() && known.device() == c.device()) {
+      out[i] = known;
+    } else {
+      todo.push_back(i);
+    }
+  }
+  if (todo.empty()) return out;
 #if QUINTET_NN_HAS_CUDA_OPS
   if (c.on_cuda()) {
     // One allocation, the scale tensors 4 floats (16 bytes) apart: cuBLASLt wants the inverse
     // scale's pointer 16-byte aligned (fp8_scale_tensor).
-    const Tensor all = Tensor::empty({4 * n}, DType::f32, c.device(), stream);
+    const auto m = static_cast<std::int64_t>(todo.size());
+    const Tensor all = Tensor::empty({4 * m}, DType::f32, c.device(), stream);
     std::vector<cuda_ops::Fp8ScaleArgs> args;
-    for (std::int64_t i = 0; i < n; ++i) {
-      Fp8TensorScale& s = *scales[static_cast<std::size_t>(i)];
-      out.push_back(all.narrow(0, 4 * i, 2));
-      args.push_back({amax.defined() ? amax.narrow(0, i, 1) : Tensor(),
-                      s.device_state_on(c.device(), stream), out.back(), s.format_,
-                      s.recipe_.margin, s.uses_amax()});
+    for (std::int64_t k = 0; k < m; ++k) {
+      const std::size_t i = todo[static_cast<std::size_t>(k)];
+      Fp8TensorScale& s = *scales[i];
+      out[i] = all.narrow(0, 4 * k, 2);
+      args.push_back({amax.defined() ? amax.narrow(0, static_cast<std::int64_t>(i), 1) : Tensor(),
+                      s.device_state_on(c.device(), stream), out[i], s.format_, s.recipe_.margin,
+                      s.uses_amax()});
     }
     const DeviceGuard guard(c.device());
     cuda_ops::fp8_scales(args, record, stream);
-    return out;
-  }
+  } else
 #endif
-  for (std::int64_t i = 0; i < n; ++i) {
-    // The CPU kernel reads an amax always: a scale that does not use it is given a zero.
-    const Tensor a = amax.defined() ? amax.narrow(0, i, 1) : Tensor::zeros({1}, DType::f32);
-    out.push_back(scales[static_cast<std::size_t>(i)]->scale_on_device(a, record, stream));
+  {
+    for (const std::size_t i : todo) {
+      // The CPU kernel reads an amax always: a scale that does not use it is given a zero.
+      const Tensor a = amax.defined() ? amax.narrow(0, static_cast<std::int64_t>(i), 1)
+                                      : Tensor::zeros({1}, DType::f32);
+      out[i] = scales[i]->scale_on_device(a, record, stream);
+    }
   }
+  if (!amax.defined())
+    for (const std::size_t i : todo) scales[i]->known_scale_ = out[i];
   return out;
 }
 
@@ -333,6 +352,7 @@ void Fp8TensorScale::end_device_step(float step_amax, const Stream& stream) {
   fp8_scale_from_amax(step_amax, format_, recipe_.margin, 1.0f, what_);  // refuses a non-finite
   step_amax_ = step_amax;
   end_step();
+  known_scale_ = Tensor();  // the next step's delayed scale
   if (device_.defined()) {
     device_.narrow(0, 0, 1).fill_(scale_, stream);
     device_.narrow(0, 1, 1).fill_(0.0, stream);
@@ -352,6 +372,7 @@ void Fp8TensorScale::set_state(const std::vector<float>& history, float scale) {
   scale_ = scale;
   step_amax_ = 0.0f;
   device_ = Tensor();  // rebuilt from these values at the next scale_on_device
+  known_scale_ = Tensor();
 }
 
 }  // namespace quintet::nn

@@ -354,7 +354,11 @@ TEST_CASE("FP8 amaxes and scales of several tensors in one call equal one at a t
       REQUIRE(got.size() == 2);
       CHECK(got[0].to_vector<float>() == std::vector<float>{1.0f / want[0], want[0]});
       CHECK(got[1].to_vector<float>() == std::vector<float>{1.0f / want[1], want[1]});
-      if (known) {
+      if (known) {  // made once a step: a second call returns the same tensors
+        const std::vector<Tensor> again =
+            Fp8TensorScale::scales_on_device({&ddy, &dx}, Tensor(), false, kCpu);
+        CHECK(again[0].data_ptr() == got[1].data_ptr());
+        CHECK(again[1].data_ptr() == got[0].data_ptr());
         dx.device_state().data<float>()[1] = a[0];  // what the casts would record
         ddy.device_state().data<float>()[1] = a[1];
       }
@@ -366,6 +370,14 @@ TEST_CASE("FP8 amaxes and scales of several tensors in one call equal one at a t
       CHECK(ddy.delayed_scale() == hdy.delayed_scale());
     }
   }
+  // set_state drops the tensor made for the step's delayed scale.
+  Fp8TensorScale w(Fp8Format::e4m3, {Fp8Mode::hybrid, Fp8Scaling::delayed, 1, 0}, "w");
+  w.set_state({2.0f}, 4.0f);
+  CHECK(Fp8TensorScale::scales_on_device({&w}, Tensor(), false, kCpu)[0].to_vector<float>() ==
+        std::vector<float>{0.25f, 4.0f});
+  w.set_state({2.0f}, 8.0f);
+  CHECK(Fp8TensorScale::scales_on_device({&w}, Tensor(), false, kCpu)[0].to_vector<float>() ==
+        std::vector<float>{0.125f, 8.0f});
   Fp8TensorScale cur(Fp8Format::e4m3, {Fp8Mode::hybrid, Fp8Scaling::current, 1, 0}, "layer 2 x");
   REQUIRE_THROWS_QUINTET(Fp8TensorScale::scales_on_device({&cur}, Tensor(), false, kCpu),
                          InvalidArgument, "no amax for layer 2 x");

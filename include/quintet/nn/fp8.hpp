@@ -198,7 +198,9 @@ class Fp8TensorScale {
   // scale_on_device of several scales (one launch on a GPU for up to 4): scales[i] with element
   // i of amax (f32 [scales.size()] on the stream's device), each result as scale_on_device's
   // (its own 16-byte-aligned tensor). amax may be undefined where no scale uses_amax() and record
-  // is false (delayed scaling's known scales): nothing is read then. The scales are distinct.
+  // is false (delayed scaling's known scales): nothing is read then, and a scale's tensor is
+  // made once per step (returned again until end_device_step or set_state: the GEMMs and casts
+  // only read it). The scales are distinct.
   static std::vector<Tensor> scales_on_device(const std::vector<Fp8TensorScale*>& scales,
                                               const Tensor& amax, bool record,
                                               const Stream& stream);
@@ -224,6 +226,8 @@ class Fp8TensorScale {
   float scale_ = 1.0f;          // delayed scaling's scale for the current step
   float step_amax_ = 0.0f;
   Tensor device_;  // f32 [2] on the GPU: {scale_, step amax}
+  // scales_on_device's tensor of this step's delayed scale (undefined: not made yet this step).
+  Tensor known_scale_;
   // device_, made on the device (from scale_ and step_amax_) where it is not there yet.
   const Tensor& device_state_on(const Device& device, const Stream& stream);
 };
