@@ -136,8 +136,8 @@ TEST_CASE("gpu MoE layer equals the CPU layer", "[ep][gpu]") {
   REQUIRE(solo.size() == 1);
   const DType dtype = GENERATE(DType::f32, DType::bf16);
   const int variant = GENERATE(0, 1, 2, 3, 4);
-  // The experts' GEMMs, both paths named (the default is the loop for bf16 and f32, the kernels for
-  // FP8: quintet/nn/grouped_linear.hpp): QUINTET_GROUPED_GEMM=kernel runs the grouped kernels that
+  // The experts' GEMMs, both paths named (the default is the loop, FP8 too:
+  // quintet/nn/grouped_linear.hpp): QUINTET_GROUPED_GEMM=kernel runs the grouped kernels that
   // read the offsets on the device, so the host never waits; =loop reads the offsets on the host
   // (one wait per forward) and runs the per-expert cuBLASLt loop, FP8 too.
   const bool loop = GENERATE(false, true);

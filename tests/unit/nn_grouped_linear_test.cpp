@@ -137,7 +137,7 @@ TEST_CASE("group_offsets are the running sums of the counts", "[nn][grouped]") {
                          "negative");
 }
 
-TEST_CASE("QUINTET_GROUPED_GEMM picks the GPU path; the bf16 loop is the default",
+TEST_CASE("QUINTET_GROUPED_GEMM picks the GPU path; the loop is the default, FP8 too",
           "[nn][grouped]") {
   using test_support::ScopedEnv;
   {
@@ -145,7 +145,7 @@ TEST_CASE("QUINTET_GROUPED_GEMM picks the GPU path; the bf16 loop is the default
     REQUIRE(grouped_gemm_path(true) == GroupedGemmPath::per_group);
     REQUIRE(grouped_gemm_path(false) == GroupedGemmPath::grouped_kernel);
     REQUIRE(grouped_gemm_wants_host_offsets(false));
-    REQUIRE_FALSE(grouped_gemm_wants_host_offsets(true));
+    REQUIRE(grouped_gemm_wants_host_offsets(true));
   }
   {
     const ScopedEnv loop("QUINTET_GROUPED_GEMM", "loop");

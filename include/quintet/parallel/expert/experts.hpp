@@ -126,11 +126,10 @@ class Experts {
   // (0 = o_0 <= o_1 <= ... <= o_E_l <= n; expert le has rows [o_le, o_le+1)), e.g. the running
   // sums of the token permutation's counts (the ep = 1 path). Rows past o_E_l are padding: zero
   // outputs, zero gradients; they must be zero (moe_permute's are), since FP8's amaxes run over
-  // every row. On a GPU, bf16 reads the offsets on the host (one wait) and runs the per-expert
-  // cuBLASLt loop, the fastest measured (nn::grouped_gemm_wants_host_offsets); with
-  // QUINTET_GROUPED_GEMM=kernel or wgmma, and FP8 unless QUINTET_GROUPED_GEMM=loop, the GEMMs are
-  // the grouped kernels, which read the offsets on the device (grouped_linear.hpp): no host
-  // synchronisation.
+  // every row. On a GPU, bf16 and FP8 alike read the offsets on the host (one wait) and run the
+  // per-expert cuBLASLt loop, the fastest measured (nn::grouped_gemm_wants_host_offsets); with
+  // QUINTET_GROUPED_GEMM=kernel or wgmma the GEMMs are the grouped kernels, which read the offsets
+  // on the device (grouped_linear.hpp): no host synchronisation.
   Tensor forward(const ExpertWeights& w, const Tensor& rows, const Tensor& offsets,
                  ExpertsActivations& saved, bool record, const Stream& stream);
   // dy [n, d] of the forward that filled saved -> d(rows) [n, d]; accumulates the weight
