@@ -47,8 +47,13 @@ cleanup() { [ "$keep" = 1 ] || rm -rf "$ckpt" "$export" "$dir/dd.bin"; }
 trap cleanup EXIT
 load_start=$(cut -d' ' -f1-3 /proc/loadavg)
 
+# Each phase says when it is done (seconds since the start), so a run cut short shows how far it got.
+start=$(date +%s.%N)
+phase() { echo "hf_io_bench: $1 done at $(awk -v a="$(date +%s.%N)" -v b="$start" 'BEGIN {printf "%.1f", a - b}') s"; }
+
 $py scripts/bench/hf_make_checkpoint.py "$ckpt" --layers "$layers" --max-shard-bytes "$shard" >"$log/make.txt"
 sync
+phase "the checkpoint ($(cut -d' ' -f2 "$log/make.txt") parameters)"
 
 # Dropping the page cache needs root; without it every read below comes from the page cache.
 if sync && echo 1 2>/dev/null >/proc/sys/vm/drop_caches; then
@@ -76,11 +81,19 @@ dd_write() {  # bytes, file for the seconds
   done
 }
 
+phase "dd's reads"
 flags="--init-from-hf $ckpt --device $device --seq-len 128 --micro-batch 1 --global-batch 1"
 mpirun -np 1 "$bench" "$repeats" "$export" $flags >"$log/rank1.txt"
-mpirun -np "$tp" "$bench" "$repeats" - $flags --tp "$tp" >"$log/tp.txt"
+phase "the import and exports at 1 rank"
+if [ "$tp" -gt 1 ]; then
+  mpirun -np "$tp" "$bench" "$repeats" - $flags --tp "$tp" >"$log/tp.txt"
+  phase "the import at tp $tp"
+else  # tp 1 is the 1-rank run: not run twice
+  cp "$log/rank1.txt" "$log/tp.txt"
+fi
 dd_write "$(awk '$1 == "export_f32_bytes" {print $2}' "$log/rank1.txt")" "$log/dd_write_f32.txt"
 dd_write "$(awk '$1 == "export_bf16_bytes" {print $2}' "$log/rank1.txt")" "$log/dd_write_bf16.txt"
+phase "dd's writes"
 load_end=$(cut -d' ' -f1-3 /proc/loadavg)
 
 $py - "$log" "$cold" "$device" "$layers" "$tp" "$repeats" "$load_start" "$load_end" <<'EOF' |
