@@ -123,8 +123,7 @@ GroupedGemmPath grouped_gemm_path(bool host_offsets_given) {
   return GroupedGemmPath::per_group;
 }
 
-bool grouped_gemm_wants_host_offsets(bool fp8) {
-  (void)fp8;  // bf16 and FP8 alike since the FP8 products were measured (the header)
+bool grouped_gemm_wants_host_offsets() {
   return grouped_gemm_path(true) == GroupedGemmPath::per_group;  // checks the variable
 }
 

@@ -99,8 +99,8 @@ Tensor Experts::forward(const ExpertWeights& w, const Tensor& rows, const Tensor
                 local_experts_ + 1);
   saved = ExpertsActivations{};
   saved.offsets = offsets;
-  if (!rows.device().is_cpu() && nn::grouped_gemm_wants_host_offsets(fp8_.fc.on())) {
-    // The per-expert cuBLASLt loop (bf16's default), on the offsets read here (a wait).
+  if (!rows.device().is_cpu() && nn::grouped_gemm_wants_host_offsets()) {
+    // The per-expert cuBLASLt loop (the default, FP8 too), on the offsets read here (a wait).
     const Tensor host = offsets.to(Device::cpu(), s);
     s.synchronize();
     const std::int64_t* o = host.data<std::int64_t>();

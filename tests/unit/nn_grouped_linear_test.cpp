@@ -144,30 +144,26 @@ TEST_CASE("QUINTET_GROUPED_GEMM picks the GPU path; the loop is the default, FP8
     const ScopedEnv unset("QUINTET_GROUPED_GEMM", nullptr);
     REQUIRE(grouped_gemm_path(true) == GroupedGemmPath::per_group);
     REQUIRE(grouped_gemm_path(false) == GroupedGemmPath::grouped_kernel);
-    REQUIRE(grouped_gemm_wants_host_offsets(false));
-    REQUIRE(grouped_gemm_wants_host_offsets(true));
+    REQUIRE(grouped_gemm_wants_host_offsets());
   }
   {
     const ScopedEnv loop("QUINTET_GROUPED_GEMM", "loop");
     REQUIRE(grouped_gemm_path(true) == GroupedGemmPath::per_group);
-    REQUIRE(grouped_gemm_wants_host_offsets(false));
-    REQUIRE(grouped_gemm_wants_host_offsets(true));
+    REQUIRE(grouped_gemm_wants_host_offsets());
   }
   {
     const ScopedEnv kernel("QUINTET_GROUPED_GEMM", "kernel");
     REQUIRE(grouped_gemm_path(true) == GroupedGemmPath::grouped_kernel);
-    REQUIRE_FALSE(grouped_gemm_wants_host_offsets(false));
-    REQUIRE_FALSE(grouped_gemm_wants_host_offsets(true));
+    REQUIRE_FALSE(grouped_gemm_wants_host_offsets());
   }
   {
     const ScopedEnv wgmma("QUINTET_GROUPED_GEMM", "wgmma");
     REQUIRE(grouped_gemm_path(true) == GroupedGemmPath::grouped_wgmma);
-    REQUIRE_FALSE(grouped_gemm_wants_host_offsets(false));
-    REQUIRE_FALSE(grouped_gemm_wants_host_offsets(true));
+    REQUIRE_FALSE(grouped_gemm_wants_host_offsets());
   }
   const ScopedEnv bad("QUINTET_GROUPED_GEMM", "fast");
   REQUIRE_THROWS_QUINTET(grouped_gemm_path(true), InvalidArgument, "QUINTET_GROUPED_GEMM=fast");
-  REQUIRE_THROWS_QUINTET(grouped_gemm_wants_host_offsets(false), InvalidArgument,
+  REQUIRE_THROWS_QUINTET(grouped_gemm_wants_host_offsets(), InvalidArgument,
                          "QUINTET_GROUPED_GEMM=fast");
 }
 

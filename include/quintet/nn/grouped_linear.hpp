@@ -139,12 +139,12 @@ enum class GroupedGemmPath { per_group, grouped_kernel, grouped_wgmma };
 GroupedGemmPath grouped_gemm_path(bool host_offsets_given);
 // Whether a caller holding only device offsets (the MoE experts at ep = 1,
 // parallel/expert/experts.hpp) should read them on the host (one wait) to take the per-group
-// loop: yes unless QUINTET_GROUPED_GEMM is "kernel" or "wgmma", for bf16/f32 and FP8 alike (fp8:
-// which products; the same answer since the FP8 products were measured). The per-expert cuBLASLt
+// loop: yes unless QUINTET_GROUPED_GEMM is "kernel" or "wgmma", for bf16/f32 and FP8 alike. The
+// per-expert cuBLASLt
 // loop is the fastest measured (docs/PERFORMANCE.md, "Grouped expert GEMMs"): bf16 1.3x our wgmma
 // kernel, FP8 2.1-2.5x our FP8 wgmma kernel on an H100. So a benchmark compares the kernels with
 // the loop in one build. Throws as grouped_gemm_path.
-bool grouped_gemm_wants_host_offsets(bool fp8);
+bool grouped_gemm_wants_host_offsets();
 
 // The offsets of consecutive groups of counts[g] rows: {0, c_0, c_0 + c_1, ...} (G + 1 values).
 // Throws InvalidArgument for a negative count.
