@@ -16,7 +16,8 @@
 #                                          # included (SKIP=moe_profile: the rest alone)
 #   OUT=$OUT scripts/device_session.sh 3   # the Llama benchmarks (#42)
 #   OUT=$OUT scripts/device_session.sh 4   # HF (#43), flight recorder (#44), GPT benchmarks (#48)
-#   OUT=$OUT scripts/device_session.sh 5   # the GPT A/B against BASE (#41)
+#   OUT=$OUT scripts/device_session.sh 5   # the GPT and MoE A/B against BASE (#41; carry the
+#                                          # prebuilt: its trainers are "ours")
 #   OUT=$OUT scripts/device_session.sh 6   # --cpu-affinity auto against none (#46), then the
 #                                          # checkpoint cost, the loader against PyTorch's and
 #                                          # the op benchmarks of gpu_benchmarks.sh (#48)
@@ -38,8 +39,10 @@
 #                                          # the io bench at one GPU (#43), the FP8, elementwise and
 #                                          # experts tables, the flight recorder's cost (#44), the Llama
 #                                          # step in bf16 and FP8, ours alone (#45)
+#   OUT=$OUT scripts/device_session.sh 12  # the HF import and export of the 1.18 B model (#43),
+#                                          # from a prebuilt with EXTRA_TARGETS="hf_io_bench"
 # A later phase on the same warm machine reuses the build (scripts/setup.sh is incremental).
-# Phases 0, 1, 3 and 7 to 10 build in seconds from a carried prebuilt/build (here, `scripts/
+# Phases 0, 1, 3, 5 and 7 to 12 build in seconds from a carried prebuilt/build (here, `scripts/
 # device_prebuilt.sh pack`; run(..., carry=["prebuilt"])) when its unpack finds it packed from these
 # very sources and loading; else, and always in the other phases (their programs are not packed),
 # scripts/setup.sh builds. The summary's "- build:" line says which; with the prebuilt, the
@@ -52,7 +55,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 root=$(pwd)
-phase=${1:?usage: scripts/device_session.sh 0|1|2|3|4|5|6|7|8|9|10|11}
+phase=${1:?usage: scripts/device_session.sh 0|1|2|3|4|5|6|7|8|9|10|11|12}
 out=${OUT:-$root/build/device_session}
 budget=${BUDGET:-570}
 skip=${SKIP:-}
@@ -87,6 +90,7 @@ step() {  # step NAME SECONDS COMMAND...: bounded by SECONDS and by the budget l
   pattern+='|^ +-?[0-9]+\.[0-9]{3} +-?[0-9]+\.[0-9]  '  # kernel_groups.py's largest kernels
   pattern+='|^loss |^plot_loss'  # loss_compare.py's lines and plots (fp8_loss_curves.sh)
   pattern+='|^flight (record|clock)|^case |, one job|, 4 CPU ranks|trainer step'  # phase 11's flight steps
+  pattern+='|^hf_io_bench: |^(gpt|moe) +(base|ours) '  # phase 12's phases, phase 5's runs
   { grep -hE "$pattern" "$logs/$name.log" ||
       grep -hE "$pattern" "$logs/$name"/*.log; } 2>/dev/null | tail -n 40 | sed 's/^/    /' >>"$summary"
   return "$rc"
@@ -159,11 +163,15 @@ case $phase in
     step flight 60 bash scripts/bench/flight_cost.sh --device cuda --rounds 2
     step gpt 240 env SKIP="gpt_profile gpt_profile_torch" bash scripts/bench/gpt_benchmarks.sh
     ;;
-  5)
-    build 200
+  5)  # Estimates (seconds): unpack 1 (the prebuilt's trainers are "ours"; without it ab_gpt.sh
+      # builds them too, about 100 more); the base's library and trainers about 120; 2 rounds of
+      # GPT and MoE, 4 runs of about 30 each a round.
+    build 240 prebuilt
     base=${BASE:-HEAD~40}
-    step ab_gpt 500 bash -c "rm -rf build-ab && mkdir -p build-ab/base &&
-      git archive $base | tar -x -C build-ab/base && BASE=build-ab/base ROUNDS=2 bash scripts/bench/ab_gpt.sh"
+    ours=""
+    [ "$bskip" = build ] && ours="OURS_BUILD=build"
+    step ab_gpt 540 bash -c "rm -rf build-ab && mkdir -p build-ab/base &&
+      git archive $base | tar -x -C build-ab/base && $ours BASE=build-ab/base ROUNDS=2 bash scripts/bench/ab_gpt.sh"
     ;;
   6)  # Estimates (seconds): build 135 on a fresh machine (few on a warm one); affinity 2 rounds
       # of about 110 (its own BUDGET stops it in time, summary included); checkpoint about 120
@@ -238,6 +246,14 @@ case $phase in
     step flight 60 bash scripts/bench/flight_cost.sh --device cuda --rounds 2
     step llama_fp8 150 env SKIP="torch_llama_eager torch_llama_compiled ops_elementwise $bskip" \
       TARGETS=04_gpt_train bash scripts/bench/llama_benchmarks.sh
+    ;;
+  12)  # #43's figure: the import and export of the 1.18 B Llama-style checkpoint on the GPU.
+       # Estimates (seconds): unpack 1; the checkpoint 40; dd 30; each import 20-60, each export
+       # 60-120 (repeats 2). Each phase prints a line as it ends, so a cut run shows how far it got.
+    build 240 prebuilt
+    tp=1
+    [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')" -ge 2 ] && tp=2
+    step hf_io 560 bash scripts/bench/hf_io_bench.sh --device cuda --repeats "${REPEATS:-2}" --tp "$tp"
     ;;
   *) echo "unknown phase $phase" >&2; exit 2 ;;
 esac
