@@ -41,8 +41,9 @@
 #                                          # step in bf16 and FP8, ours alone (#45)
 #   OUT=$OUT scripts/device_session.sh 12  # the HF import and export of the 1.18 B model (#43),
 #                                          # from a prebuilt with EXTRA_TARGETS="hf_io_bench"
+#   OUT=$OUT scripts/device_session.sh 13  # the 1.4 B GPT in bf16 and FP8 beside torch.compile (#45)
 # A later phase on the same warm machine reuses the build (scripts/setup.sh is incremental).
-# Phases 0, 1, 3, 5 and 7 to 12 build in seconds from a carried prebuilt/build (here, `scripts/
+# Phases 0, 1, 3, 5 and 7 to 13 build in seconds from a carried prebuilt/build (here, `scripts/
 # device_prebuilt.sh pack`; run(..., carry=["prebuilt"])) when its unpack finds it packed from these
 # very sources and loading; else, and always in the other phases (their programs are not packed),
 # scripts/setup.sh builds. The summary's "- build:" line says which; with the prebuilt, the
@@ -55,7 +56,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 root=$(pwd)
-phase=${1:?usage: scripts/device_session.sh 0|1|2|3|4|5|6|7|8|9|10|11|12}
+phase=${1:?usage: scripts/device_session.sh 0|1|2|3|4|5|6|7|8|9|10|11|12|13}
 out=${OUT:-$root/build/device_session}
 budget=${BUDGET:-570}
 skip=${SKIP:-}
@@ -254,6 +255,14 @@ case $phase in
     tp=1
     [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')" -ge 2 ] && tp=2
     step hf_io 560 bash scripts/bench/hf_io_bench.sh --device cuda --repeats "${REPEATS:-2}" --tp "$tp"
+    ;;
+  13)  # #45's second speed figure: the 1.4 B GPT (gpt_benchmarks.sh's larger model) in bf16, FP8
+       # current and FP8 delayed, beside torch.compile bf16. Estimates (seconds): unpack 1; ours
+       # 3 x 45; torch.compile about 150.
+    build 240 prebuilt
+    step gpt14_fp8 520 env ARCH=gpt2 MODEL="--layers 24 --hidden 2048 --heads 16 --vocab 50304 --seq-len 2048" \
+      MICRO=8 STEPS=10 SKIP="torch_llama_eager ops_elementwise $bskip" TARGETS=04_gpt_train \
+      bash scripts/bench/llama_benchmarks.sh
     ;;
   *) echo "unknown phase $phase" >&2; exit 2 ;;
 esac

@@ -21,6 +21,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# ARCH=gpt2 with a GPT MODEL runs the same steps for #45's 1.4 B GPT (the runs keep their names).
+arch=${ARCH:-llama}
 model=${MODEL:---layers 16 --hidden 2048 --heads 32 --kv-heads 8 --ffn-hidden 8192 --vocab 50304 \
   --seq-len 2048}
 micro=${MICRO:-4}
@@ -31,17 +33,17 @@ targets=${TARGETS:-04_gpt_train 09_op_bench}
 # shellcheck disable=SC2086
 run build "${BUILD_LIMIT:-600}" cmake --build build -j "$(nproc)" --target $targets -- -k
 # shellcheck disable=SC2086
-run ours_llama 100 mpirun -np 1 build/examples/04_gpt_train/04_gpt_train --arch llama $model \
+run ours_llama 100 mpirun -np 1 build/examples/04_gpt_train/04_gpt_train --arch "$arch" $model \
   --micro-batch "$micro" --global-batch "$micro" --steps "$steps" --bench --bench-skip 4 \
   --warmup 2 --json --device cuda --data-dir build/data/synthetic --no-progress
 # shellcheck disable=SC2086
-run ours_llama_fp8 100 mpirun -np 1 build/examples/04_gpt_train/04_gpt_train --arch llama $model \
+run ours_llama_fp8 100 mpirun -np 1 build/examples/04_gpt_train/04_gpt_train --arch "$arch" $model \
   --fp8 hybrid --micro-batch "$micro" --global-batch "$micro" --steps "$steps" --bench \
   --bench-skip 4 --warmup 2 --json --device cuda --data-dir build/data/synthetic --no-progress
 # FP8 with delayed scaling (Transformer Engine's default recipe): the scales come from the amax
 # history, so the casts record the amaxes and no pass over x, W or dy reads them first.
 # shellcheck disable=SC2086
-run ours_llama_fp8_delayed 100 mpirun -np 1 build/examples/04_gpt_train/04_gpt_train --arch llama \
+run ours_llama_fp8_delayed 100 mpirun -np 1 build/examples/04_gpt_train/04_gpt_train --arch "$arch" \
   $model --fp8 hybrid --fp8-scaling delayed --micro-batch "$micro" --global-batch "$micro" \
   --steps "$steps" --bench --bench-skip 4 --warmup 2 --json --device cuda \
   --data-dir build/data/synthetic --no-progress
@@ -49,7 +51,7 @@ for mode in eager compiled; do
   limit=50  # compiled: torch.compile's first compilation of 16 blocks, forward and backward
   [ "$mode" = compiled ] && limit=150
   # shellcheck disable=SC2086
-  run "torch_llama_$mode" "$limit" python3 scripts/bench/gpt_torch.py --arch llama $model \
+  run "torch_llama_$mode" "$limit" python3 scripts/bench/gpt_torch.py --arch "$arch" $model \
     --micro-batch "$micro" --global-batch "$micro" --steps $((steps - 4)) --modes "$mode"
 done
 run ops_elementwise 30 build/examples/09_op_bench/09_op_bench --elementwise-only --json
@@ -57,7 +59,7 @@ if only_named ops_fp8; then
   run ops_fp8 60 build/examples/09_op_bench/09_op_bench --fp8-only --json
 fi
 train=build/examples/04_gpt_train/04_gpt_train
-profiled="--arch llama $model --micro-batch $micro --global-batch $micro --steps @STEPS@ \
+profiled="--arch $arch $model --micro-batch $micro --global-batch $micro --steps @STEPS@ \
   --warmup 2 --device cuda --data-dir build/data/synthetic --no-progress"
 # shellcheck disable=SC2086
 only_named llama_profile &&
