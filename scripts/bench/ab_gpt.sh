@@ -43,12 +43,13 @@ for r in $(seq 1 "$rounds"); do
   for t in $trainers; do
     tgt=$(target "$t")
     common="$(flags "$t") --micro-batch $(micro "$t") --global-batch $(micro "$t") --steps $steps \
-      --bench --bench-skip 4 --warmup 2 --json --device cuda --data-dir build-ab/data --no-progress"
+      --bench --bench-skip 4 --warmup 2 --json --device cuda --no-progress"
     for who in base ours; do
+      # Each side its own built-in data (made by its first run), in case their formats differ.
       bin=$ours_dir/examples/$tgt/$tgt
       [ "$who" = base ] && bin=build-ab/base_build/examples/$tgt/$tgt
       # shellcheck disable=SC2086
-      timeout 300 mpirun -np 1 "$bin" $common >"$out/ab_${t}_${who}_$r.log" 2>&1
+      timeout 300 mpirun -np 1 "$bin" $common --data-dir "build-ab/data_$who" >"$out/ab_${t}_${who}_$r.log" 2>&1
       echo "$t $who round $r exit $?"
     done
   done
