@@ -168,6 +168,11 @@ case $phase in
       # builds them too, about 100 more); the base's library and trainers about 120; 2 rounds of
       # GPT and MoE, 4 runs of about 30 each a round.
     build 240 prebuilt
+    # TESTS=regex: those gpu tests and the FP8 table first (a check of new kernels in the same call).
+    if [ -n "${TESTS:-}" ]; then
+      step gpu_tests 120 bash -c "cd build && ctest -L gpu -R '$TESTS' --output-on-failure -j4 --timeout 100"
+      step ops_fp8 40 build/examples/09_op_bench/09_op_bench --fp8-only
+    fi
     base=${BASE:-HEAD~40}
     ours=""
     [ "$bskip" = build ] && ours="OURS_BUILD=build"
