@@ -128,60 +128,132 @@ __global__ void __launch_bounds__(kTile* kTileRows)
   }
 }
 
-// The vectorized cast: cast_kernel's arithmetic per element (bit for bit), a thread per 16-byte
-// vector of x. A block of 256 threads takes tiles of 32 rows x 8 vectors (64 bf16 or 32 f32
-// columns); a thread's V codes go to q in one V-byte store and to the tile in shared memory, from
-// which qt leaves V bytes (V rows of one column) a thread. Needs cols a multiple of V, rows one too
-// where qt is written, x 16-byte and q, qt V-byte aligned (cast_vectorizable).
-constexpr int kVecTileRows = 32, kVecTileVecs = 8, kVecThreads = kVecTileRows * kVecTileVecs;
+// The vectorized cast: cast_kernel's arithmetic per element (bit for bit) on 16-byte vectors of x
+// (V elements: 8 bf16 or 4 f32). A block of kVecThreads threads takes tiles of kVecTileCols
+// columns by VecTile<T>::rows rows (128 bf16 rows, 64 f32 rows), kVecLoads vectors a thread, all
+// loaded before any is converted; a thread's V codes of a vector leave for q in one V-byte store
+// and, where qt is wanted, go to the tile in shared memory as V / 4 words (4 codes of one row a
+// word, column j of the 4 in byte j). Then a thread per strip of 4 columns x kStripRows rows reads
+// the strip as 16 words, transposes it in registers and writes 4 rows of qt, 16 bytes each.
+//
+// Shared memory: a tile row is kTileWords words (64 codes) with no padding, so two rows share the
+// 32 banks, and tile row r sits in slot r ^ ((r / kStripRows) & 1): in every odd band of 16 rows
+// the rows trade places with their neighbours. A warp reads 32 strips at once, 16 of an even band
+// and 16 of an odd one, whose rows then lie in slots of opposite parity: all 32 banks once. The
+// writes too: a warp's 4-byte stores (f32) and a half-warp's 8-byte stores (bf16) are two
+// consecutive rows of one band, in slots of opposite parity.
+//
+// Needs cols a multiple of V, x 16-byte and q V-byte aligned; where qt is written, rows a
+// multiple of kStripRows and qt 16-byte aligned (qt + c * rows + r then is for every strip):
+// cast_vectorizable.
+constexpr int kVecThreads = 256, kVecLoads = 4, kVecTileCols = 64;
+constexpr int kTileWords = kVecTileCols / 4;  // a tile row's words of 4 codes
+constexpr int kStripRows = 16;                // a 16-byte store of qt: 16 rows of one column
 
+template <class T>
+struct VecTile {
+  static constexpr int V = Vec16<T>::kCount;
+  static constexpr int vecs = kVecTileCols / V;                  // vectors of a tile row: 8 or 16
+  static constexpr int rows_a_load = kVecThreads / vecs;         // tile rows one load step covers
+  static constexpr int rows = kVecLoads * rows_a_load;           // 128 (bf16) or 64 (f32)
+  static constexpr int strips = rows / kStripRows * kTileWords;  // strips a tile: 128 or 64
+  static_assert(kVecThreads % vecs == 0 && rows % (2 * kStripRows) == 0 && strips <= kVecThreads);
+};
+
+// The shared-memory slot of tile row r (see above): a bijection on each band of kStripRows rows.
+__device__ __forceinline__ int tile_slot(int r) { return r ^ ((r / kStripRows) & 1); }
+
+// V codes as V / 4 words, byte j of word w the code of element 4 w + j (little endian: the codes
+// in memory order).
 template <int V>
 struct alignas(V) Codes {
-  std::uint8_t b[V];
+  unsigned w[V / 4];
 };
+
+// Four rows of four codes (row i a word, column j in its byte j) into four columns (column j a
+// word, row i in its byte i).
+__device__ __forceinline__ void transpose4x4(unsigned r0, unsigned r1, unsigned r2, unsigned r3,
+                                             unsigned& c0, unsigned& c1, unsigned& c2,
+                                             unsigned& c3) {
+  // __byte_perm(a, b, s): byte n of the result is byte (nibble n of s) of b:a (0-3 a, 4-7 b).
+  const unsigned lo01 = __byte_perm(r0, r1, 0x5140);  // r0.0 r1.0 r0.1 r1.1
+  const unsigned hi01 = __byte_perm(r0, r1, 0x7362);  // r0.2 r1.2 r0.3 r1.3
+  const unsigned lo23 = __byte_perm(r2, r3, 0x5140);
+  const unsigned hi23 = __byte_perm(r2, r3, 0x7362);
+  c0 = __byte_perm(lo01, lo23, 0x5410);  // r0.0 r1.0 r2.0 r3.0
+  c1 = __byte_perm(lo01, lo23, 0x7632);  // r0.1 r1.1 r2.1 r3.1
+  c2 = __byte_perm(hi01, hi23, 0x5410);
+  c3 = __byte_perm(hi01, hi23, 0x7632);
+}
 
 template <class T, bool E4M3>
 __global__ void __launch_bounds__(kVecThreads)
     cast_vec_kernel(const Vec16<T>* __restrict__ x, std::int64_t rows, std::int64_t cols,
                     const float* __restrict__ scale, std::uint8_t* __restrict__ q,
                     std::uint8_t* __restrict__ qt, unsigned* amax) {
-  constexpr int V = Vec16<T>::kCount;
-  constexpr int kCols = kVecTileVecs * V;   // the tile's columns: qt's rows of a tile
-  constexpr int kParts = kVecTileRows / V;  // V-byte pieces of a tile's row of qt
-  __shared__ std::uint8_t tile[kVecTileRows][kCols + 4];
+  using Tile = VecTile<T>;
+  constexpr int V = Tile::V;
+  __shared__ unsigned tile[Tile::rows * kTileWords];
   __shared__ unsigned warp_max_bits[kVecThreads / 32];
   const float s = scale != nullptr ? scale[1] : 1.0f;
-  const int row = threadIdx.x / kVecTileVecs, vec = threadIdx.x % kVecTileVecs;
-  const int out_row = threadIdx.x / kParts, part = threadIdx.x % kParts;
+  const bool encoding = q != nullptr || qt != nullptr;
   const std::int64_t nvec = cols / V;
-  const std::int64_t cv = static_cast<std::int64_t>(blockIdx.x) * kVecTileVecs + vec;
-  const std::int64_t ct = static_cast<std::int64_t>(blockIdx.x) * kCols + out_row;
+  // Load step l: tile row l * rows_a_load + row, vector vec of it (kVecThreads is a multiple of
+  // vecs, so vec is the same every step).
+  const int row = threadIdx.x / Tile::vecs, vec = threadIdx.x % Tile::vecs;
+  const std::int64_t cv = static_cast<std::int64_t>(blockIdx.x) * Tile::vecs + vec;
+  // The transpose (threads below Tile::strips): the strip of band `band` (tile rows
+  // kStripRows band ...) and of the 4 columns of tile word `word`.
+  const int word = threadIdx.x % kTileWords, band = threadIdx.x / kTileWords;
+  const std::int64_t ct = static_cast<std::int64_t>(blockIdx.x) * kVecTileCols + 4 * word;
   unsigned max_bits = 0;
-  for (std::int64_t tr = blockIdx.y; tr * kVecTileRows < rows; tr += gridDim.y) {
-    const std::int64_t r0 = tr * kVecTileRows, r = r0 + row;
-    if (r < rows && cv < nvec) {
-      const Vec16<T> v = x[r * nvec + cv];
-      Codes<V> codes;
+  for (std::int64_t tr = blockIdx.y; tr * Tile::rows < rows; tr += gridDim.y) {
+    const std::int64_t r0 = tr * Tile::rows;
+    Vec16<T> v[kVecLoads];
+#pragma unroll
+    for (int l = 0; l < kVecLoads; ++l) {
+      const std::int64_t r = r0 + l * Tile::rows_a_load + row;
+      if (r < rows && cv < nvec) v[l] = x[r * nvec + cv];
+    }
+#pragma unroll
+    for (int l = 0; l < kVecLoads; ++l) {
+      const int tile_row = l * Tile::rows_a_load + row;
+      const std::int64_t r = r0 + tile_row;
+      if (r >= rows || cv >= nvec) continue;
+      Codes<V> codes{};
 #pragma unroll
       for (int e = 0; e < V; ++e) {
-        const float f = to_float(v.v[e]);
+        const float f = to_float(v[l].v[e]);
         max_bits = max(max_bits, __float_as_uint(fabsf(f)));
-        if (q != nullptr) codes.b[e] = encode<E4M3>(f * s);
+        if (encoding) codes.w[e / 4] |= static_cast<unsigned>(encode<E4M3>(f * s)) << (8 * (e % 4));
       }
-      if (q != nullptr) {
-        reinterpret_cast<Codes<V>*>(q + r * cols)[cv] = codes;
-#pragma unroll
-        for (int e = 0; e < V; ++e) tile[row][vec * V + e] = codes.b[e];
+      if (q != nullptr) reinterpret_cast<Codes<V>*>(q + r * cols)[cv] = codes;
+      if (qt != nullptr) {
+        *reinterpret_cast<Codes<V>*>(tile + tile_slot(tile_row) * kTileWords + vec * (V / 4)) =
+            codes;
       }
     }
     if (qt != nullptr) {
       __syncthreads();
-      const std::int64_t rt = r0 + part * V;  // rows is a multiple of V: rt < rows covers V rows
-      if (ct < cols && rt < rows) {
-        Codes<V> out;
+      // rows and r0 are multiples of kStripRows, cols of 4: a strip is wholly in or wholly out.
+      const std::int64_t rt = r0 + band * kStripRows;
+      if (static_cast<int>(threadIdx.x) < Tile::strips && rt < rows && ct < cols) {
+        unsigned in[kStripRows];
 #pragma unroll
-        for (int e = 0; e < V; ++e) out.b[e] = tile[part * V + e][out_row];
-        *reinterpret_cast<Codes<V>*>(qt + ct * rows + rt) = out;
+        for (int i = 0; i < kStripRows; ++i) {
+          in[i] = tile[tile_slot(band * kStripRows + i) * kTileWords + word];
+        }
+        unsigned out[4][4];  // out[j][m]: column ct + j, rows rt + 4 m .. rt + 4 m + 3
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+          transpose4x4(in[4 * m], in[4 * m + 1], in[4 * m + 2], in[4 * m + 3], out[0][m], out[1][m],
+                       out[2][m], out[3][m]);
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          *reinterpret_cast<uint4*>(qt + (ct + j) * rows + rt) =
+              make_uint4(out[j][0], out[j][1], out[j][2], out[j][3]);
+        }
       }
       __syncthreads();  // the tile is rewritten by the next tile row
     }
@@ -202,8 +274,8 @@ template <class T>
 bool cast_vectorizable(std::int64_t rows, std::int64_t cols, const void* x, const void* q,
                        const void* qt) {
   constexpr int V = Vec16<T>::kCount;
-  return cols % V == 0 && (qt == nullptr || rows % V == 0) && aligned_to(x, 16) &&
-         aligned_to(q, V) && aligned_to(qt, V);
+  return cols % V == 0 && (qt == nullptr || rows % kStripRows == 0) && aligned_to(x, 16) &&
+         aligned_to(q, V) && aligned_to(qt, 16);
 }
 
 // The amax pass of up to kAmaxTensors tensors in one launch: tensor i takes blocks
@@ -382,10 +454,9 @@ void fp8_cast(const Tensor& x, const Tensor& scale, Fp8Format format, const Tens
     auto* am = amax.defined() ? static_cast<unsigned*>(amax.data_ptr()) : nullptr;
     dispatch_format(format, [&](auto e4m3) {
       if (cast_vectorizable<T>(rows, cols, x.data_ptr(), qp, qtp)) {
-        const std::int64_t tile_cols = kVecTileVecs * Vec16<T>::kCount;
-        const dim3 vgrid(static_cast<unsigned>((cols + tile_cols - 1) / tile_cols),
+        const dim3 vgrid(static_cast<unsigned>((cols + kVecTileCols - 1) / kVecTileCols),
                          static_cast<unsigned>(std::min<std::int64_t>(
-                             (rows + kVecTileRows - 1) / kVecTileRows, 65535)));
+                             (rows + VecTile<T>::rows - 1) / VecTile<T>::rows, 65535)));
         cast_vec_kernel<T, decltype(e4m3)::value><<<vgrid, kVecThreads, 0, stream.handle()>>>(
             reinterpret_cast<const Vec16<T>*>(x.data_ptr()), rows, cols, sc, qp, qtp, am);
       } else {
