@@ -10,8 +10,9 @@ quintet_gpu_test(NAME gpu_nn_train_ops_test COMPONENT nn SOURCES gpu/nn_train_op
 quintet_gpu_test(NAME gpu_nn_rope_test COMPONENT nn SOURCES gpu/nn_rope_test.cpp)
 quintet_gpu_test(NAME gpu_nn_gqa_attention_test COMPONENT nn SOURCES gpu/nn_gqa_attention_test.cpp)
 # FP8: the casts bit for bit against the CPU's, the scale kernel, the FP8 GEMM against the CPU
-# emulation within one ULP.
+# emulation within one ULP. (The nn layer's private root: the cast kernels' amax-only form.)
 quintet_gpu_test(NAME gpu_nn_fp8_test COMPONENT nn SOURCES gpu/nn_fp8_test.cpp)
+target_link_libraries(gpu_nn_fp8_test PRIVATE quintet_nn_private)
 # The grouped linear ops' kernel (offsets on the device) and per-group loop against per-group f64
 # products: empty groups, one row, partial tiles, odd widths, skew, padding; the path choice; the
 # same with QUINTET_GROUPED_GEMM=wgmma (the Hopper kernel).

@@ -1,6 +1,7 @@
 // FP8 on the GPU against the CPU (quintet/nn/fp8.hpp): the casts bit for bit on edge inputs
 // (zeros, -0, FP8 and f32 subnormals, ties, the largest values, overflow, infinities, NaN) in f32
-// and bf16, with the transpose and the amax of the same pass, at tile-straddling shapes; every
+// and bf16, with the transpose and the amax of the same pass, without the transpose, and the amax
+// alone, at shapes straddling both cast kernels' tiles and taller than their grids; every
 // pattern dequantised bit for bit; the scale kernel; and the FP8 GEMM (the forward, dgrad and
 // wgrad forms, cuBLASLt's FP8 kernels at multiples of 16 and the f32 fallback elsewhere) against
 // the CPU emulation within one ULP of the output.
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "gpu/nn_gpu_compare.hpp"
+#include "nn/cuda/cuda_ops.hpp"
 #include "quintet/nn/fp8.hpp"
 
 using namespace quintet;
@@ -106,23 +108,85 @@ double ulp(double v, int bits) {
   return std::ldexp(1.0, std::ilogb(a) - (bits - 1));
 }
 
+// Casts x [rows, cols] (f32 or bf16) on the GPU every way the kernels take it and checks each
+// against the CPU: q with its transpose and the amax (fp8_cast), q alone (transposed = false) with
+// the amax, the amax alone (cuda_ops::fp8_cast with no q: the cast kernels' amax-only form), and
+// the host amax (fp8_amax, the amax kernel).
+void check_casts(const Tensor& x_cpu, Fp8Format f, float scale, const Stream& s) {
+  const Device gpu = Device::cuda(0);
+  const Stream cpu;
+  const std::int64_t rows = x_cpu.size(0), cols = x_cpu.size(1);
+  const Tensor x_gpu = x_cpu.to(gpu, s);
+  const std::vector<std::uint8_t> want =
+      fp8_quantize(x_cpu, scale, f, cpu).to_vector<std::uint8_t>();
+  const float a_want = fp8_amax(x_cpu, cpu);
+  const auto check_amax = [&](const char* form, float a) {
+    INFO("amax of " << form);
+    if (std::isnan(a_want)) {
+      CHECK(std::isnan(a));
+    } else {
+      CHECK(a == a_want);
+    }
+  };
+  const auto zero_amax = [&] {
+    Tensor amax = Tensor::empty({1}, DType::f32, gpu, s);
+    amax.fill_(0.0, s);
+    return amax;
+  };
+  const Tensor sc = fp8_scale_tensor(scale, gpu, s);
+
+  const Tensor amax = zero_amax();
+  const Fp8Tensor q = fp8_cast(x_gpu, sc, f, true, amax, s);
+  CHECK(bytes(q.data, s) == want);
+  const std::vector<std::uint8_t> qt = bytes(q.transposed, s);
+  REQUIRE(q.transposed.shape() == Shape{cols, rows});
+  std::int64_t transpose_wrong = 0;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t k = 0; k < cols; ++k)
+      transpose_wrong += qt[k * rows + r] != want[r * cols + k];
+  }
+  CHECK(transpose_wrong == 0);
+  check_amax("the cast with its transpose", floats(amax, s)[0]);
+
+  const Tensor amax_q = zero_amax();
+  const Fp8Tensor q_alone = fp8_cast(x_gpu, sc, f, false, amax_q, s);
+  CHECK(!q_alone.transposed.defined());
+  CHECK(bytes(q_alone.data, s) == want);
+  check_amax("the cast without its transpose", floats(amax_q, s)[0]);
+
+#if QUINTET_HAS_CUDA
+  const Tensor amax_alone = zero_amax();
+  cuda_ops::fp8_cast(x_gpu, Tensor(), f, Tensor(), Tensor(), amax_alone, s);
+  check_amax("the cast kernel without q", floats(amax_alone, s)[0]);
+#endif
+
+  const float a_host = fp8_amax(x_gpu, s);  // the host form, through the amax kernel
+  CHECK((a_host == a_want || (std::isnan(a_want) && std::isnan(a_host))));
+}
+
 }  // namespace
 
 TEST_CASE("FP8 casts on the GPU equal the CPU's bit for bit, with the transpose and amax") {
   const Device gpu = Device::cuda(0);
   const Stream s = Stream::create(gpu);
-  const Stream cpu;
   struct Case {
     std::int64_t rows, cols;
     bool finite;
   };
-  // One tile, tiles cut at both edges, a single row and column, a tall thin one (the scalar
-  // kernel); whole 16-byte vectors (the vectorized kernel): several tiles cut at both edges, a
-  // tile of 64 f32 columns, and rows not a multiple of 8 (the cast with its transpose scalar, the
-  // amax alone vectorized).
-  const Case cases[] = {{32, 32, true},  {37, 45, false},  {1, 70, false},
-                        {70, 1, true},   {129, 97, true},  {4100, 3, false},
-                        {72, 200, true}, {40, 128, false}, {33, 64, true}};
+  // The scalar kernel (cols not a multiple of a 16-byte vector: 8 bf16, 4 f32): one tile, tiles
+  // cut at both edges, a single row and column, a tall thin one. The vectorized kernel (tiles of
+  // 64 columns by 128 bf16 or 64 f32 rows; the transpose in strips of 4 columns by 16 rows, so
+  // rows a multiple of 16 where qt is written, else the cast with its transpose is scalar and q
+  // alone vectorized): rows a multiple of 8 but not of 16, rows not a multiple of 8, one row of
+  // one vector; one band of 16 rows, of one vector (bf16) or two (f32), and of one f32 vector;
+  // three bands (an odd one between); a tile and a band (bf16) or two tiles and a band (f32) by
+  // three tiles and a vector; whole tiles both ways; tiles cut at both edges; columns not whole
+  // words of a tile (10 f32 or 5 bf16 vectors); three f32 vectors (bf16 scalar).
+  const Case cases[] = {{32, 32, true},    {37, 45, false},  {1, 70, false},    {70, 1, true},
+                        {129, 97, true},   {4100, 3, false}, {72, 200, true},   {40, 128, false},
+                        {33, 64, true},    {1, 8, false},    {16, 8, false},    {16, 16, true},
+                        {16, 4, true},     {48, 64, true},   {144, 200, false}, {256, 192, true},
+                        {272, 136, false}, {32, 40, true},   {80, 12, true}};
   std::uint64_t seed = 500;
   for (const Case& c : cases) {
     for (const DType t : {DType::f32, DType::bf16}) {
@@ -130,37 +194,35 @@ TEST_CASE("FP8 casts on the GPU equal the CPU's bit for bit, with the transpose 
         for (const float scale : {1.0f, 3.7f, 0.01f}) {
           INFO("[" << c.rows << ", " << c.cols << "] " << dtype_name(t) << " " << fp8_format_name(f)
                    << " scale " << scale);
-          const Tensor x_cpu = Tensor::from_vector<float>(
-                                   cast_input(c.rows, c.cols, c.finite, ++seed), {c.rows, c.cols})
-                                   .to(t);
-          const Tensor x_gpu = x_cpu.to(gpu, s);
-          Tensor amax = Tensor::empty({1}, DType::f32, gpu, s);
-          amax.fill_(0.0, s);
-          const Fp8Tensor q = fp8_cast(x_gpu, fp8_scale_tensor(scale, gpu, s), f, true, amax, s);
-          const std::vector<std::uint8_t> want =
-              fp8_quantize(x_cpu, scale, f, cpu).to_vector<std::uint8_t>();
-          CHECK(bytes(q.data, s) == want);
-          const std::vector<std::uint8_t> qt = bytes(q.transposed, s);
-          REQUIRE(q.transposed.shape() == Shape{c.cols, c.rows});
-          std::int64_t transpose_wrong = 0;
-          for (std::int64_t r = 0; r < c.rows; ++r) {
-            for (std::int64_t k = 0; k < c.cols; ++k) {
-              transpose_wrong += qt[k * c.rows + r] != want[r * c.cols + k];
-            }
-          }
-          CHECK(transpose_wrong == 0);
-          const float a = floats(amax, s)[0];
-          const float a_want = fp8_amax(x_cpu, cpu);
-          if (std::isnan(a_want)) {
-            CHECK(std::isnan(a));
-          } else {
-            CHECK(a == a_want);
-          }
-          const float a_host = fp8_amax(x_gpu, s);  // the host form, through the same kernel
-          CHECK((a_host == a_want || (std::isnan(a_want) && std::isnan(a_host))));
+          const Tensor x = Tensor::from_vector<float>(cast_input(c.rows, c.cols, c.finite, ++seed),
+                                                      {c.rows, c.cols})
+                               .to(t);
+          check_casts(x, f, scale, s);
         }
       }
     }
+  }
+}
+
+TEST_CASE("FP8 casts on the GPU of tensors taller than the grid equal the CPU's") {
+  // More tile rows than a grid's 65535: the blocks stride over the tile rows (some take two).
+  // The vectorized kernel's f32 and bf16 tiles (64 and 128 rows) and the scalar kernel's (32),
+  // each with a band of 16 rows past the last whole tile.
+  const Stream s = Stream::create(Device::cuda(0));
+  struct Case {
+    std::int64_t rows, cols;
+    DType dtype;
+  };
+  const Case cases[] = {{65535 * 64 + 80, 4, DType::f32},
+                        {65535 * 128 + 144, 8, DType::bf16},
+                        {65535 * 32 + 48, 3, DType::f32}};
+  std::uint64_t seed = 600;
+  for (const Case& c : cases) {
+    INFO("[" << c.rows << ", " << c.cols << "] " << dtype_name(c.dtype));
+    const Tensor x =
+        Tensor::from_vector<float>(cast_input(c.rows, c.cols, true, ++seed), {c.rows, c.cols})
+            .to(c.dtype);
+    check_casts(x, Fp8Format::e4m3, 3.7f, s);
   }
 }
 
