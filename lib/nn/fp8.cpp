@@ -119,24 +119,60 @@ void fp8_amaxes_into(const std::vector<Tensor>& xs, const Tensor& amax, const St
   }
 }
 
-Fp8Tensor fp8_cast(const Tensor& x, const Tensor& scale_t, Fp8Format format, bool transposed,
-                   const Tensor& amax, const Stream& stream) {
-  const OpChecker c("fp8_cast", stream);
+namespace {
+// fp8_cast's checks of one cast and its outputs, allocated; xc: x made contiguous.
+Fp8Tensor cast_outputs(const OpChecker& c, const Fp8CastArgs& a, Tensor& xc, const Stream& stream) {
+  const Tensor& x = a.x;
   check_castable(c, "x", x);
-  check_scale_tensor(c, "scale", scale_t);
-  if (amax.defined()) check_amax_tensor(c, amax);
-  QUINTET_CHECK(!transposed || x.dim() >= 1,
-                "fp8_cast: a transposed copy of a 0-dimensional tensor");
-  const Tensor xc = x.contiguous(stream);
+  check_scale_tensor(c, "scale", a.scale);
+  if (a.amax.defined()) check_amax_tensor(c, a.amax);
+  QUINTET_CHECK(!a.transposed || x.dim() >= 1, "{}: a transposed copy of a 0-dimensional tensor",
+                c.op());
+  xc = x.contiguous(stream);
   Fp8Tensor q;
-  q.format = format;
-  q.scale = scale_t;
+  q.format = a.format;
+  q.scale = a.scale;
   q.data = Tensor::empty(x.shape(), DType::u8, c.device(), stream);
-  if (transposed) {
+  if (a.transposed) {
     const std::int64_t cols = x.size(x.dim() - 1), rows = cols == 0 ? 0 : x.numel() / cols;
     q.transposed = Tensor::empty({cols, rows}, DType::u8, c.device(), stream);
   }
+  return q;
+}
+}  // namespace
+
+Fp8Tensor fp8_cast(const Tensor& x, const Tensor& scale_t, Fp8Format format, bool transposed,
+                   const Tensor& amax, const Stream& stream) {
+  const OpChecker c("fp8_cast", stream);
+  Tensor xc;
+  Fp8Tensor q = cast_outputs(c, {x, scale_t, format, transposed, amax}, xc, stream);
   QUINTET_NN_DISPATCH(c, stream, fp8_cast, xc, scale_t, format, q.data, q.transposed, amax);
+  return q;
+}
+
+std::vector<Fp8Tensor> fp8_casts(const std::vector<Fp8CastArgs>& casts, const Stream& stream) {
+  const OpChecker c("fp8_casts", stream);
+  std::vector<Tensor> xc(casts.size());
+  std::vector<Fp8Tensor> q;
+  for (std::size_t i = 0; i < casts.size(); ++i) {
+    q.push_back(cast_outputs(c, casts[i], xc[i], stream));
+  }
+#if QUINTET_NN_HAS_CUDA_OPS
+  if (c.on_cuda()) {
+    const DeviceGuard guard(c.device());
+    std::vector<cuda_ops::Fp8CastJob> jobs;
+    for (std::size_t i = 0; i < casts.size(); ++i) {
+      jobs.push_back(
+          {xc[i], casts[i].scale, casts[i].format, q[i].data, q[i].transposed, casts[i].amax});
+    }
+    cuda_ops::fp8_casts(jobs, stream);
+    return q;
+  }
+#endif
+  for (std::size_t i = 0; i < casts.size(); ++i) {
+    cpu_ops::fp8_cast(xc[i], casts[i].scale, casts[i].format, q[i].data, q[i].transposed,
+                      casts[i].amax);
+  }
   return q;
 }
 

@@ -1,10 +1,10 @@
 // FP8 on the GPU against the CPU (quintet/nn/fp8.hpp): the casts bit for bit on edge inputs
 // (zeros, -0, FP8 and f32 subnormals, ties, the largest values, overflow, infinities, NaN) in f32
 // and bf16, with the transpose and the amax of the same pass, without the transpose, and the amax
-// alone, at shapes straddling both cast kernels' tiles and taller than their grids; every
-// pattern dequantised bit for bit; the scale kernel; and the FP8 GEMM (the forward, dgrad and
-// wgrad forms, cuBLASLt's FP8 kernels at multiples of 16 and the f32 fallback elsewhere) against
-// the CPU emulation within one ULP of the output.
+// alone, at shapes straddling both cast kernels' tiles and taller than their grids, and several
+// casts in shared launches (fp8_casts); every pattern dequantised bit for bit; the scale kernel;
+// and the FP8 GEMM (the forward, dgrad and wgrad forms, cuBLASLt's FP8 kernels at multiples of 16
+// and the f32 fallback elsewhere) against the CPU emulation within one ULP of the output.
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
@@ -224,6 +224,66 @@ TEST_CASE("FP8 casts on the GPU of tensors taller than the grid equal the CPU's"
             .to(c.dtype);
     check_casts(x, Fp8Format::e4m3, 3.7f, s);
   }
+}
+
+TEST_CASE("FP8 casts of several tensors on the GPU, in shared launches, equal one at a time") {
+  // Six bf16 E4M3 casts the vectorized kernel takes (two launches: four a launch), of different
+  // tile counts (one tile; columns and rows cut; one band; past a tile row; more rows than
+  // columns), one without its transpose; between them casts the scalar kernel takes (rows not a
+  // multiple of 16 with the transpose, odd columns), which launch alone; then an f32 cast and an
+  // E5M2 one (launches of their own), an empty one, and two sharing an amax. Each against fp8_cast
+  // alone on the GPU and against the CPU.
+  const Device gpu = Device::cuda(0);
+  const Stream s = Stream::create(gpu);
+  const Stream cpu;
+  struct Case {
+    std::int64_t rows, cols;
+    DType dtype;
+    Fp8Format format;
+    bool transposed;
+    int amax;  // the amax slot (-1: none)
+  };
+  const Fp8Format e4 = Fp8Format::e4m3, e5 = Fp8Format::e5m2;
+  const DType bf = DType::bf16, f32 = DType::f32;
+  const Case cases[] = {
+      {128, 64, bf, e4, true, 0},   {144, 200, bf, e4, true, 1}, {72, 200, bf, e4, true, 2},
+      {16, 8, bf, e4, true, 3},     {272, 136, bf, e4, true, 4}, {37, 45, bf, e4, true, 5},
+      {256, 192, bf, e4, false, 6}, {400, 24, bf, e4, true, -1}, {48, 64, f32, e4, true, 7},
+      {80, 64, bf, e5, true, 8},    {0, 64, bf, e4, true, 9},    {32, 40, bf, e4, true, 9}};
+  constexpr std::int64_t kSlots = 10;
+  std::vector<Tensor> xs_cpu;
+  std::vector<Fp8CastArgs> casts;
+  Tensor amax = Tensor::empty({kSlots}, DType::f32, gpu, s);
+  amax.fill_(0.0, s);
+  std::uint64_t seed = 650;
+  for (const Case& c : cases) {
+    xs_cpu.push_back(
+        Tensor::from_vector<float>(cast_input(c.rows, c.cols, true, ++seed), {c.rows, c.cols})
+            .to(c.dtype));
+    casts.push_back({xs_cpu.back().to(gpu, s),
+                     fp8_scale_tensor(c.rows % 3 == 0 ? 3.7f : 0.01f, gpu, s), c.format,
+                     c.transposed, c.amax >= 0 ? amax.narrow(0, c.amax, 1) : Tensor()});
+  }
+  const std::vector<Fp8Tensor> got = fp8_casts(casts, s);
+  REQUIRE(got.size() == casts.size());
+  std::vector<float> amax_want(kSlots, 0.0f);
+  for (std::size_t i = 0; i < casts.size(); ++i) {
+    const Case& c = cases[i];
+    INFO("cast " << i << ": [" << c.rows << ", " << c.cols << "] " << dtype_name(c.dtype) << " "
+                 << fp8_format_name(c.format) << (c.transposed ? " with its transpose" : ""));
+    const Fp8CastArgs& a = casts[i];
+    const Fp8Tensor alone = fp8_cast(a.x, a.scale, a.format, a.transposed, Tensor(), s);
+    const std::vector<std::uint8_t> want = bytes(alone.data, s);
+    CHECK(bytes(got[i].data, s) == want);
+    const float scale = floats(a.scale, s)[1];
+    CHECK(want == fp8_quantize(xs_cpu[i], scale, c.format, cpu).to_vector<std::uint8_t>());
+    REQUIRE(got[i].transposed.defined() == c.transposed);
+    if (c.transposed) CHECK(bytes(got[i].transposed, s) == bytes(alone.transposed, s));
+    if (c.amax >= 0) {
+      amax_want[c.amax] = std::max(amax_want[c.amax], fp8_amax(xs_cpu[i], cpu));
+    }
+  }
+  CHECK(floats(amax, s) == amax_want);
 }
 
 TEST_CASE("FP8 amaxes of several tensors on the GPU, in one pass each, equal the CPU's") {

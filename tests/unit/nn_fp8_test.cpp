@@ -3,6 +3,7 @@
 // larger values and infinities, NaN, -0), every pattern decoding and re-encoding to itself, the
 // tensor casts with a scale, amax and the scale on edge inputs (zeros, tiny, inf, NaN), delayed
 // scaling's history, and bad input.
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
@@ -327,6 +328,49 @@ TEST_CASE(
   CHECK(dy.device_state().data<float>()[1] == kInf);
   REQUIRE_THROWS_QUINTET(dy.end_device_step(dy.device_state().data<float>()[1], kCpu),
                          InvalidArgument, "FP8 scaling of block0 dy");
+}
+
+TEST_CASE("FP8 casts of several tensors in one call equal one at a time", "[fp8]") {
+  // f32 and bf16, both formats, with and without the transpose and the amax, a 1-D tensor and an
+  // empty one; two casts sharing one amax.
+  const Tensor a = Tensor::randn({5, 8}, 31);
+  const Tensor b = Tensor::randn({16, 4}, 32).to(DType::bf16);
+  const Tensor e = Tensor::empty({0, 3});
+  const Tensor v = Tensor::randn({6}, 33);
+  const Tensor s1 = fp8_scale_tensor(3.5f, Device::cpu(), kCpu);
+  const Tensor s2 = fp8_scale_tensor(0.25f, Device::cpu(), kCpu);
+  const std::vector<Fp8CastArgs> casts = {{a, s1, Fp8Format::e4m3, true, Tensor()},
+                                          {b, s2, Fp8Format::e5m2, true, Tensor()},
+                                          {e, s1, Fp8Format::e4m3, true, Tensor()},
+                                          {v, s2, Fp8Format::e4m3, false, Tensor()},
+                                          {a, s2, Fp8Format::e5m2, false, Tensor()}};
+  std::vector<Fp8CastArgs> with_amax = casts;
+  const Tensor amax = Tensor::from_vector<float>({0.0f, 1.0f, 0.0f}, {3});
+  for (std::size_t i = 0; i < casts.size(); ++i) {
+    with_amax[i].amax = amax.narrow(0, static_cast<std::int64_t>(std::min<std::size_t>(i, 2)), 1);
+  }
+  const std::vector<Fp8Tensor> got = fp8_casts(with_amax, kCpu);
+  REQUIRE(got.size() == casts.size());
+  for (std::size_t i = 0; i < casts.size(); ++i) {
+    INFO("cast " << i);
+    const Fp8CastArgs& c = casts[i];
+    const Fp8Tensor want = fp8_cast(c.x, c.scale, c.format, c.transposed, Tensor(), kCpu);
+    CHECK(got[i].format == c.format);
+    CHECK(got[i].scale.data_ptr() == c.scale.data_ptr());
+    CHECK(got[i].data.shape() == c.x.shape());
+    CHECK(got[i].data.to_vector<std::uint8_t>() == want.data.to_vector<std::uint8_t>());
+    REQUIRE(got[i].transposed.defined() == c.transposed);
+    if (c.transposed) {
+      CHECK(got[i].transposed.shape() == want.transposed.shape());
+      CHECK(got[i].transposed.to_vector<std::uint8_t>() ==
+            want.transposed.to_vector<std::uint8_t>());
+    }
+  }
+  const float amax_b = fp8_amax(b, kCpu), amax_va = std::max(fp8_amax(v, kCpu), fp8_amax(a, kCpu));
+  CHECK(amax.to_vector<float>() ==
+        std::vector<float>{fp8_amax(a, kCpu), std::max(1.0f, amax_b), amax_va});
+  REQUIRE_THROWS_QUINTET(fp8_casts({{Tensor::zeros({2}, DType::i32), s1}}, kCpu), InvalidArgument,
+                         "fp8_casts: x has dtype i32");
 }
 
 TEST_CASE("FP8 amaxes and scales of several tensors in one call equal one at a time", "[fp8]") {

@@ -86,6 +86,19 @@ struct Fp8Tensor {
 // transpose too, and with amax defined (as fp8_amax_into) x's amax max'ed into it.
 Fp8Tensor fp8_cast(const Tensor& x, const Tensor& scale_t, Fp8Format format, bool transposed,
                    const Tensor& amax, const Stream& stream);
+// One cast of fp8_casts: fp8_cast's arguments.
+struct Fp8CastArgs {
+  Tensor x;      // f32 or bf16
+  Tensor scale;  // the scale tensor {1 / scale, scale}
+  Fp8Format format = Fp8Format::e4m3;
+  bool transposed = false;
+  Tensor amax;  // undefined: none
+};
+// fp8_cast of each, in order, each result bit for bit fp8_cast's (its amax too). On a GPU the
+// casts of one dtype and format whose shapes the vectorized kernel takes (16-byte rows; with the
+// transpose, rows a multiple of 16) share a launch, up to 4 a launch: a linear layer's x and w in
+// one launch and one tail instead of two.
+std::vector<Fp8Tensor> fp8_casts(const std::vector<Fp8CastArgs>& casts, const Stream& stream);
 // float(q) * (1 / scale) of q.data in dtype out (f32 or bf16), of q.data's shape: bit for bit
 // fp8_dequantize's.
 Tensor fp8_dequantize(const Fp8Tensor& q, DType out, const Stream& stream);

@@ -154,6 +154,14 @@ void sum_of_squares(const std::vector<Tensor>& xs, const Tensor& out, const Stre
 // undefined (only with q), amax f32 [1] or undefined, max'ed with x's amax.
 void fp8_cast(const Tensor& x, const Tensor& scale, Fp8Format format, const Tensor& q,
               const Tensor& qt, const Tensor& amax, const Stream& stream);
+// fp8_cast of each (x contiguous; the outputs distinct); the vectorized kernel's casts go in one
+// launch per run of up to 4 of one dtype and format (a linear layer's x and w).
+struct Fp8CastJob {
+  Tensor x, scale;
+  Fp8Format format;
+  Tensor q, qt, amax;
+};
+void fp8_casts(const std::vector<Fp8CastJob>& casts, const Stream& stream);
 // x (f32 or bf16, q's shape) = float(q) * scale[0].
 void fp8_dequantize(const Tensor& q, const Tensor& scale, Fp8Format format, const Tensor& x,
                     const Stream& stream);

@@ -143,10 +143,13 @@ __global__ void __launch_bounds__(kTile* kTileRows)
 // writes too: a warp's 4-byte stores (f32) and a half-warp's 8-byte stores (bf16) are two
 // consecutive rows of one band, in slots of opposite parity.
 //
-// Needs cols a multiple of V, x 16-byte and q V-byte aligned; where qt is written, rows a
-// multiple of kStripRows and qt 16-byte aligned (qt + c * rows + r then is for every strip):
-// cast_vectorizable.
-constexpr int kVecThreads = 256, kVecLoads = 4, kVecTileCols = 64;
+// Up to kCastJobs casts (of one T and format) a launch: cast i takes blocks [first_block[i],
+// first_block[i + 1]), tiles_x of them a tile row (block b of the cast: tile column b % tiles_x,
+// tile rows b / tiles_x, then every (blocks / tiles_x)-th), so a layer's x and w share one launch
+// and one tail. Each cast needs cols a multiple of V, x 16-byte and q V-byte aligned; where qt is
+// written, rows a multiple of kStripRows and qt 16-byte aligned (qt + c * rows + r then is for
+// every strip): cast_vectorizable.
+constexpr int kVecThreads = 256, kVecLoads = 4, kVecTileCols = 64, kCastJobs = 4;
 constexpr int kTileWords = kVecTileCols / 4;  // a tile row's words of 4 codes
 constexpr int kStripRows = 16;                // a 16-byte store of qt: 16 rows of one column
 
@@ -157,6 +160,9 @@ struct VecTile {
   static constexpr int rows_a_load = kVecThreads / vecs;         // tile rows one load step covers
   static constexpr int rows = kVecLoads * rows_a_load;           // 128 (bf16) or 64 (f32)
   static constexpr int strips = rows / kStripRows * kTileWords;  // strips a tile: 128 or 64
+  // Blocks an SM holds at least: registers capped at 80 a thread for bf16 (nvcc's own choice,
+  // 105, let 2 blocks in) and 64 for f32, met without spilling.
+  static constexpr int min_blocks = V == 8 ? 3 : 4;
   static_assert(kVecThreads % vecs == 0 && rows % (2 * kStripRows) == 0 && strips <= kVecThreads);
 };
 
@@ -186,28 +192,53 @@ __device__ __forceinline__ void transpose4x4(unsigned r0, unsigned r1, unsigned 
   c3 = __byte_perm(hi01, hi23, 0x7632);
 }
 
+template <class T>
+struct CastJob {
+  const Vec16<T>* x;
+  std::int64_t rows, cols;
+  const float* scale;  // null: 1
+  std::uint8_t* q;     // null: none (the amax only)
+  std::uint8_t* qt;    // null: none
+  unsigned* amax;      // null: none
+  unsigned tiles_x;    // tile columns: ceil(cols / kVecTileCols)
+};
+template <class T>
+struct CastJobs {
+  CastJob<T> job[kCastJobs];
+  unsigned first_block[kCastJobs + 1];
+  int count;
+};
+
 template <class T, bool E4M3>
-__global__ void __launch_bounds__(kVecThreads)
-    cast_vec_kernel(const Vec16<T>* __restrict__ x, std::int64_t rows, std::int64_t cols,
-                    const float* __restrict__ scale, std::uint8_t* __restrict__ q,
-                    std::uint8_t* __restrict__ qt, unsigned* amax) {
+__global__ void __launch_bounds__(kVecThreads, VecTile<T>::min_blocks)
+    cast_vec_kernel(CastJobs<T> jobs) {
   using Tile = VecTile<T>;
   constexpr int V = Tile::V;
   __shared__ unsigned tile[Tile::rows * kTileWords];
   __shared__ unsigned warp_max_bits[kVecThreads / 32];
-  const float s = scale != nullptr ? scale[1] : 1.0f;
+  int k = 0;  // the block's cast: the same for the whole block
+  while (k + 1 < jobs.count && blockIdx.x >= jobs.first_block[k + 1]) ++k;
+  const CastJob<T>& job = jobs.job[k];
+  const Vec16<T>* __restrict__ x = job.x;
+  const std::int64_t rows = job.rows, cols = job.cols;
+  std::uint8_t* __restrict__ q = job.q;
+  std::uint8_t* __restrict__ qt = job.qt;
+  const unsigned block = blockIdx.x - jobs.first_block[k];
+  const unsigned tile_col = block % job.tiles_x;
+  const unsigned grid_rows = (jobs.first_block[k + 1] - jobs.first_block[k]) / job.tiles_x;
+  const float s = job.scale != nullptr ? job.scale[1] : 1.0f;
   const bool encoding = q != nullptr || qt != nullptr;
   const std::int64_t nvec = cols / V;
   // Load step l: tile row l * rows_a_load + row, vector vec of it (kVecThreads is a multiple of
   // vecs, so vec is the same every step).
   const int row = threadIdx.x / Tile::vecs, vec = threadIdx.x % Tile::vecs;
-  const std::int64_t cv = static_cast<std::int64_t>(blockIdx.x) * Tile::vecs + vec;
+  const std::int64_t cv = static_cast<std::int64_t>(tile_col) * Tile::vecs + vec;
   // The transpose (threads below Tile::strips): the strip of band `band` (tile rows
   // kStripRows band ...) and of the 4 columns of tile word `word`.
   const int word = threadIdx.x % kTileWords, band = threadIdx.x / kTileWords;
-  const std::int64_t ct = static_cast<std::int64_t>(blockIdx.x) * kVecTileCols + 4 * word;
+  const std::int64_t ct = static_cast<std::int64_t>(tile_col) * kVecTileCols + 4 * word;
   unsigned max_bits = 0;
-  for (std::int64_t tr = blockIdx.y; tr * Tile::rows < rows; tr += gridDim.y) {
+  for (std::int64_t tr = block / job.tiles_x; tr * Tile::rows < rows; tr += grid_rows) {
     const std::int64_t r0 = tr * Tile::rows;
     Vec16<T> v[kVecLoads];
 #pragma unroll
@@ -258,14 +289,14 @@ __global__ void __launch_bounds__(kVecThreads)
       __syncthreads();  // the tile is rewritten by the next tile row
     }
   }
-  if (amax == nullptr) return;
+  if (job.amax == nullptr) return;
   max_bits = __reduce_max_sync(0xffffffffu, max_bits);
   if (threadIdx.x % 32 == 0) warp_max_bits[threadIdx.x / 32] = max_bits;
   __syncthreads();
   if (threadIdx.x == 0) {
     unsigned m = 0;
     for (int w = 0; w < kVecThreads / 32; ++w) m = max(m, warp_max_bits[w]);
-    atomicMax(amax, m);
+    atomicMax(job.amax, m);
   }
 }
 
@@ -436,36 +467,87 @@ std::int64_t rows_of(const Tensor& x) {
   return cols == 0 ? 0 : x.numel() / cols;
 }
 
+// A cast as the kernels see it (tiles_x left 0; x as 16-byte vectors whether or not it is
+// aligned: cast_vectorizable decides).
+template <class T>
+CastJob<T> cast_job(const Fp8CastJob& c) {
+  CastJob<T> job{};
+  job.x = reinterpret_cast<const Vec16<T>*>(c.x.data_ptr());
+  job.cols = c.x.dim() == 0 ? 1 : c.x.size(c.x.dim() - 1);
+  job.rows = rows_of(c.x);
+  job.scale = c.scale.defined() ? ptr<float>(c.scale) : nullptr;
+  job.q = c.q.defined() ? ptr<std::uint8_t>(c.q) : nullptr;
+  job.qt = c.qt.defined() ? ptr<std::uint8_t>(c.qt) : nullptr;
+  job.amax = c.amax.defined() ? static_cast<unsigned*>(c.amax.data_ptr()) : nullptr;
+  return job;
+}
+
 }  // namespace
 
 void fp8_cast(const Tensor& x, const Tensor& scale, Fp8Format format, const Tensor& q,
               const Tensor& qt, const Tensor& amax, const Stream& stream) {
-  const std::int64_t cols = x.dim() == 0 ? 1 : x.size(x.dim() - 1), rows = rows_of(x);
-  if (rows == 0 || cols == 0) return;
-  const std::int64_t tile_rows = (rows + kTile - 1) / kTile;
-  const dim3 grid(static_cast<unsigned>((cols + kTile - 1) / kTile),
-                  static_cast<unsigned>(std::min<std::int64_t>(tile_rows, 65535)));
-  const dim3 block(kTile, kTileRows);
-  dispatch_compute(x.dtype(), "fp8_cast", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    const float* sc = scale.defined() ? ptr<float>(scale) : nullptr;
-    std::uint8_t* qp = q.defined() ? ptr<std::uint8_t>(q) : nullptr;
-    std::uint8_t* qtp = qt.defined() ? ptr<std::uint8_t>(qt) : nullptr;
-    auto* am = amax.defined() ? static_cast<unsigned*>(amax.data_ptr()) : nullptr;
-    dispatch_format(format, [&](auto e4m3) {
-      if (cast_vectorizable<T>(rows, cols, x.data_ptr(), qp, qtp)) {
-        const dim3 vgrid(static_cast<unsigned>((cols + kVecTileCols - 1) / kVecTileCols),
-                         static_cast<unsigned>(std::min<std::int64_t>(
-                             (rows + VecTile<T>::rows - 1) / VecTile<T>::rows, 65535)));
-        cast_vec_kernel<T, decltype(e4m3)::value><<<vgrid, kVecThreads, 0, stream.handle()>>>(
-            reinterpret_cast<const Vec16<T>*>(x.data_ptr()), rows, cols, sc, qp, qtp, am);
-      } else {
-        cast_kernel<T, decltype(e4m3)::value>
-            <<<grid, block, 0, stream.handle()>>>(ptr<T>(x), rows, cols, sc, qp, qtp, am);
+  fp8_casts({Fp8CastJob{x, scale, format, q, qt, amax}}, stream);
+}
+
+void fp8_casts(const std::vector<Fp8CastJob>& casts, const Stream& stream) {
+  // The scalar kernel's casts launch one by one; the vectorized kernel's go in one launch per run
+  // of up to kCastJobs of one dtype and format (a linear layer's x and w).
+  std::vector<const Fp8CastJob*> vec;
+  for (const Fp8CastJob& c : casts) {
+    dispatch_compute(c.x.dtype(), "fp8_cast", [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      const CastJob<T> j = cast_job<T>(c);
+      if (j.rows == 0 || j.cols == 0) return;
+      if (cast_vectorizable<T>(j.rows, j.cols, j.x, j.q, j.qt)) {
+        vec.push_back(&c);
+        return;
       }
-      check_launch();
+      const std::int64_t tile_rows = (j.rows + kTile - 1) / kTile;
+      const dim3 grid(static_cast<unsigned>((j.cols + kTile - 1) / kTile),
+                      static_cast<unsigned>(std::min<std::int64_t>(tile_rows, 65535)));
+      dispatch_format(c.format, [&](auto e4m3) {
+        cast_kernel<T, decltype(e4m3)::value><<<grid, dim3(kTile, kTileRows), 0, stream.handle()>>>(
+            ptr<T>(c.x), j.rows, j.cols, j.scale, j.q, j.qt, j.amax);
+        check_launch();
+      });
     });
-  });
+  }
+  std::size_t i = 0;
+  while (i < vec.size()) {
+    const DType dtype = vec[i]->x.dtype();
+    const Fp8Format format = vec[i]->format;
+    std::size_t end = i;
+    while (end < vec.size() && end - i < kCastJobs && vec[end]->x.dtype() == dtype &&
+           vec[end]->format == format) {
+      ++end;
+    }
+    dispatch_compute(dtype, "fp8_cast", [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      CastJobs<T> jobs{};
+      unsigned blocks = 0;
+      for (std::size_t k = i; k < end; ++k) {
+        CastJob<T>& job = jobs.job[jobs.count];
+        job = cast_job<T>(*vec[k]);
+        const std::int64_t tiles_x = (job.cols + kVecTileCols - 1) / kVecTileCols;
+        const std::int64_t tiles_y = (job.rows + VecTile<T>::rows - 1) / VecTile<T>::rows;
+        // Up to 65535 blocks down a tile column (more tile rows: the blocks stride), and the
+        // launch's blocks within a grid's 2^31 - 1.
+        constexpr std::int64_t kMostBlocks = std::int64_t{0x7fffffff} / kCastJobs;
+        const std::int64_t grid_rows = std::max<std::int64_t>(
+            1, std::min<std::int64_t>({tiles_y, 65535, kMostBlocks / tiles_x}));
+        job.tiles_x = static_cast<unsigned>(tiles_x);
+        jobs.first_block[jobs.count++] = blocks;
+        blocks += static_cast<unsigned>(tiles_x * grid_rows);
+      }
+      jobs.first_block[jobs.count] = blocks;
+      dispatch_format(format, [&](auto e4m3) {
+        cast_vec_kernel<T, decltype(e4m3)::value>
+            <<<blocks, kVecThreads, 0, stream.handle()>>>(jobs);
+        check_launch();
+      });
+    });
+    i = end;
+  }
 }
 
 void fp8_amaxes(const std::vector<Tensor>& xs, const Tensor& amax, const Stream& stream) {
