@@ -21,25 +21,27 @@ nn::ParameterAttributes shard_attrs(int dim, const Shape& full, const Shape& sta
 }
 
 // ---- the FP8 GEMMs on a GPU (Fp8Linear::on_device, no overlap chunks) ----------------------
-// Forward casts x and W once each, with their transposes, and saves for backward what its GEMMs
-// read: {xᵀ, x's scale, Wᵀ, W's scale} (kFp8Saved tensors; the emulation saves one).
+// Forward casts x and W once each, with their transposes, in one launch (nn::fp8_casts), and
+// saves for backward what its GEMMs read: {xᵀ, x's scale, Wᵀ, W's scale} (kFp8Saved tensors; the
+// emulation saves one).
 constexpr std::size_t kFp8Saved = 4;
 
 // x [..., in] as the forward GEMM reads it: [rows, in] in E4M3 with its transpose.
-nn::Fp8Tensor fp8_cast_input(const Tensor& x, std::int64_t in, const Fp8Linear::Scale& scale,
-                             const Stream& s) {
-  return nn::fp8_cast(x.contiguous(s).view({-1, in}), scale.scale, nn::Fp8Format::e4m3, true,
-                      scale.amax, s);
+nn::Fp8CastArgs input_cast(const Tensor& x, std::int64_t in, const Fp8Linear::Scale& scale,
+                           const Stream& s) {
+  return {x.contiguous(s).view({-1, in}), scale.scale, nn::Fp8Format::e4m3, true, scale.amax};
+}
+// W [out, in] likewise.
+nn::Fp8CastArgs weight_cast(const Tensor& w, const Fp8Linear::Scale& scale) {
+  return {w, scale.scale, nn::Fp8Format::e4m3, true, scale.amax};
 }
 
-// y [..., out] = q(x) · q(W)ᵀ + b for x [..., in] (x_shape, dtype) already cast as qx, W [out, in].
-Tensor fp8_forward_cast(const nn::Fp8Tensor& qx, const Shape& x_shape, DType dtype, const Tensor& w,
-                        const Tensor& b, const Fp8Linear::Scale& w_scale,
-                        std::vector<Tensor>& saved, const Stream& s) {
-  const std::int64_t out = w.size(0);
-  const nn::Fp8Tensor qw =
-      nn::fp8_cast(w, w_scale.scale, nn::Fp8Format::e4m3, true, w_scale.amax, s);
-  const Tensor y = Tensor::empty({qx.data.size(0), out}, dtype, w.device(), s);
+// y [..., out] = q(x) · q(W)ᵀ + b for x [..., in] (x_shape, dtype) and W [out, in], cast as qx
+// and qw.
+Tensor fp8_forward_gemm(const nn::Fp8Tensor& qx, const nn::Fp8Tensor& qw, const Shape& x_shape,
+                        DType dtype, const Tensor& b, std::vector<Tensor>& saved, const Stream& s) {
+  const std::int64_t out = qw.data.size(0);
+  const Tensor y = Tensor::empty({qx.data.size(0), out}, dtype, qw.data.device(), s);
   // Fast accumulation (Hopper's FP8 accumulator promoted less often) where the output is bf16,
   // whose rounding dwarfs it, as Transformer Engine's forward does; never in backward.
   nn::fp8_gemm(qx, qw, b, y, false, dtype == DType::bf16, s);
@@ -52,8 +54,9 @@ Tensor fp8_forward_cast(const nn::Fp8Tensor& qx, const Shape& x_shape, DType dty
 // y [..., out] = q(x) · q(W)ᵀ + b for x [..., in], W [out, in].
 Tensor fp8_forward(const Tensor& x, const Tensor& w, const Tensor& b,
                    const Fp8Linear::Scales& scales, std::vector<Tensor>& saved, const Stream& s) {
-  return fp8_forward_cast(fp8_cast_input(x, w.size(1), scales.x, s), x.shape(), x.dtype(), w, b,
-                          scales.w, saved, s);
+  const std::vector<nn::Fp8Tensor> q =
+      nn::fp8_casts({input_cast(x, w.size(1), scales.x, s), weight_cast(w, scales.w)}, s);
+  return fp8_forward_gemm(q[0], q[1], x.shape(), x.dtype(), b, saved, s);
 }
 
 // Backward: dx = q(dy) · q(Wᵀ)ᵀ now; the weight gradient dW += q(dyᵀ) · q(xᵀ)ᵀ (dW = with
@@ -223,12 +226,14 @@ std::pair<Tensor, Tensor> ColumnParallelLinear::forward_shared_input(nn::Context
   const Tensor bb = b.bias_ ? b.bias_->use(s).view({b.local_out_}) : Tensor();
   const Fp8Linear::SharedScales sc = Fp8Linear::shared_forward_scales(
       a.fp8_, b.fp8_, x, wa, wb, *a.tp_, ctx.counts_statistics(), s);
-  const nn::Fp8Tensor qx = fp8_cast_input(x, a.in_, sc.x, s);
+  // x once, both weights, one launch.
+  const std::vector<nn::Fp8Tensor> q = nn::fp8_casts(
+      {input_cast(x, a.in_, sc.x, s), weight_cast(wa, sc.wa), weight_cast(wb, sc.wb)}, s);
   if (sc.x_also.defined()) nn::fp8_amaxes_into({sc.x.amax}, sc.x_also, s);  // b's x records it
   std::vector<Tensor> saved;
-  Tensor ya = fp8_forward_cast(qx, x.shape(), x.dtype(), wa, ba, sc.wa, saved, s);
+  Tensor ya = fp8_forward_gemm(q[0], q[1], x.shape(), x.dtype(), ba, saved, s);
   ctx.save(a, std::move(saved));
-  Tensor yb = fp8_forward_cast(qx, x.shape(), x.dtype(), wb, bb, sc.wb, saved, s);
+  Tensor yb = fp8_forward_gemm(q[0], q[2], x.shape(), x.dtype(), bb, saved, s);
   ctx.save(b, std::move(saved));
   return {std::move(ya), std::move(yb)};
 }
