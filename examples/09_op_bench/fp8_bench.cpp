@@ -121,10 +121,13 @@ Sum bench_layer(const Fp8BenchOptions& opt, const Layer& l, const Stream& s, Com
          nn::fp8_gemm(qx, qw, Tensor(), y, false, true, s);
        },
        [&] { nn::linear_forward(x, w, Tensor(), s); },
-       {{"scales_xw", scales_xw}, {"cast_x", 4 * nx}, {"cast_w", 4 * nw}},
+       {{"scales_xw", scales_xw}, {"cast_xw", 4 * (nx + nw)}},
        {[&] { fp8.forward_scales(x, w, tp, true, s); },
-        [&] { nn::fp8_cast(x, sc.x.scale, Fp8Format::e4m3, true, sc.x.amax, s); },
-        [&] { nn::fp8_cast(w, sc.w.scale, Fp8Format::e4m3, true, sc.w.amax, s); }}},
+        [&] {
+          nn::fp8_casts({{x, sc.x.scale, Fp8Format::e4m3, true, sc.x.amax},
+                         {w, sc.w.scale, Fp8Format::e4m3, true, sc.w.amax}},
+                        s);
+        }}},
       {"dgrad",
        [&] {
          const Tensor dx = Tensor::empty({T, in}, DType::bf16, gpu, s);
@@ -214,23 +217,19 @@ double bench_shared_x(const Fp8BenchOptions& opt, const char* name, std::int64_t
   }
   Fp8Linear la(sc[0], sc[1], sc[2]), lb(sc[3], sc[4], sc[5]);
   const auto cast = [&](const Tensor& t, const Fp8Linear::Scale& scale) {
-    nn::fp8_cast(t, scale.scale, Fp8Format::e4m3, true, scale.amax, s);
+    return nn::Fp8CastArgs{t, scale.scale, Fp8Format::e4m3, true, scale.amax};
   };
   const auto apart = [&] {
     const Fp8Linear::Scales a = la.forward_scales(x, wa, tp, true, s);
-    cast(x, a.x);
-    cast(wa, a.w);
+    nn::fp8_casts({cast(x, a.x), cast(wa, a.w)}, s);
     const Fp8Linear::Scales b = lb.forward_scales(x, wb, tp, true, s);
-    cast(x, b.x);
-    cast(wb, b.w);
+    nn::fp8_casts({cast(x, b.x), cast(wb, b.w)}, s);
   };
   const auto shared = [&] {
     const Fp8Linear::SharedScales f =
         Fp8Linear::shared_forward_scales(la, lb, x, wa, wb, tp, true, s);
-    cast(x, f.x);
+    nn::fp8_casts({cast(x, f.x), cast(wa, f.wa), cast(wb, f.wb)}, s);
     if (f.x_also.defined()) nn::fp8_amaxes_into({f.x.amax}, f.x_also, s);
-    cast(wa, f.wa);
-    cast(wb, f.wb);
   };
   // One step first, as bench_layer: under delayed scaling, the histories.
   apart();

@@ -12,15 +12,16 @@
 // FLOPs = 2·tokens·in·out. The FP8 layer's casts are timed as the layer makes them, through a
 // tensor_parallel::Fp8Linear over a one-rank communicator: forward, the scales of x and w
 // (Fp8Linear::forward_scales: under current scaling one amax launch over both and one scale
-// launch for both) and the casts of x and w with their transposes (nn::fp8_cast); dgrad, dy's scale
-// (Fp8Linear::output_grad_scale) and its cast with the transpose; wgrad none (it reads the
-// transposes). A cast's GB/s counts the least it moves (bf16 read, its FP8 data and transpose
-// written; the scales: the tensors read), against a device-to-device copy measured in the same
-// run. A layer's line sums its three GEMMs and its casts: whether the casts eat the GEMMs' gain.
-// Two layers reading one x (attn.kv and attn.q, mlp.gate and mlp.up) have their forward casts
-// timed both ways, each layer's own and x cast once for both as the trainer does
-// (ColumnParallelLinear::forward_shared_input); "block x once" is the block with that saving.
-// Times are medians of `iters` calls after warm-up.
+// launch for both) and the casts of x and w with their transposes (nn::fp8_casts: one launch for
+// both, "cast_xw"); dgrad, dy's scale (Fp8Linear::output_grad_scale) and its cast with the
+// transpose (nn::fp8_cast); wgrad none (it reads the transposes). A cast's GB/s counts the least it
+// moves (bf16 read, its FP8 data and transpose written; the scales: the tensors read), against a
+// device-to-device copy measured in the same run. A layer's line sums its three GEMMs and its
+// casts: whether the casts eat the GEMMs' gain. Two layers reading one x (attn.kv and attn.q,
+// mlp.gate and mlp.up) have their forward casts timed both ways, each layer's own and x cast once
+// for both as the trainer does (ColumnParallelLinear::forward_shared_input: x and both weights in
+// one launch); "block x once" is the block with that saving. Times are medians of `iters` calls
+// after warm-up.
 #pragma once
 
 #include <cstdint>
