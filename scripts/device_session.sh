@@ -42,8 +42,10 @@
 #   OUT=$OUT scripts/device_session.sh 12  # the HF import and export of the 1.18 B model (#43),
 #                                          # from a prebuilt with EXTRA_TARGETS="hf_io_bench"
 #   OUT=$OUT scripts/device_session.sh 13  # the 1.4 B GPT in bf16 and FP8 beside torch.compile (#45)
+#   BASE=<commit> TESTS=regex OUT=$OUT scripts/device_session.sh 14  # little device time: those gpu
+#                                          # tests, phase 5's A/B at one round, phase 12 at one repeat
 # A later phase on the same warm machine reuses the build (scripts/setup.sh is incremental).
-# Phases 0, 1, 3, 5 and 7 to 13 build in seconds from a carried prebuilt/build (here, `scripts/
+# Phases 0, 1, 3, 5 and 7 to 14 build in seconds from a carried prebuilt/build (here, `scripts/
 # device_prebuilt.sh pack`; run(..., carry=["prebuilt"])) when its unpack finds it packed from these
 # very sources and loading; else, and always in the other phases (their programs are not packed),
 # scripts/setup.sh builds. The summary's "- build:" line says which; with the prebuilt, the
@@ -56,7 +58,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 root=$(pwd)
-phase=${1:?usage: scripts/device_session.sh 0|1|2|3|4|5|6|7|8|9|10|11|12|13}
+phase=${1:?usage: scripts/device_session.sh 0|1|2|3|4|5|6|7|8|9|10|11|12|13|14}
 out=${OUT:-$root/build/device_session}
 budget=${BUDGET:-570}
 skip=${SKIP:-}
@@ -268,6 +270,20 @@ case $phase in
     step gpt14_fp8 520 env ARCH=gpt2 MODEL="--layers 24 --hidden 2048 --heads 16 --vocab 50304 --seq-len 2048" \
       MICRO=8 STEPS=10 SKIP="torch_llama_eager ops_elementwise $bskip" TARGETS=04_gpt_train \
       bash scripts/bench/llama_benchmarks.sh
+    ;;
+  14)  # One call for a session that gets little device time: the gpu tests of TESTS, then #41's
+       # A/B at ROUNDS (1) rounds, then #43's 1.18 B import and export at one repeat (it prints a
+       # line as each phase ends). Estimates (seconds): unpack 1; tests 30-90; the base's build
+       # about 130 and 4 runs of about 20 a round; hf_io about 250.
+    build 240 prebuilt
+    [ -n "${TESTS:-}" ] &&
+      step gpu_tests 90 bash -c "cd build && ctest -L gpu -R '$TESTS' --output-on-failure -j4 --timeout 80"
+    ours=""
+    [ "$bskip" = build ] && ours="OURS_BUILD=build"
+    step ab_gpt 330 bash -c "rm -rf build-ab && mkdir -p build-ab/base &&
+      git archive ${BASE:-HEAD~40} | tar -x -C build-ab/base && $ours BASE=build-ab/base ROUNDS=${ROUNDS:-1} bash scripts/bench/ab_gpt.sh"
+    rm -rf build-ab
+    step hf_io 560 bash scripts/bench/hf_io_bench.sh --device cuda --repeats 1 --tp 1
     ;;
   *) echo "unknown phase $phase" >&2; exit 2 ;;
 esac
