@@ -214,7 +214,7 @@ __global__ void __launch_bounds__(kVecThreads, VecTile<T>::min_blocks)
     cast_vec_kernel(CastJobs<T> jobs) {
   using Tile = VecTile<T>;
   constexpr int V = Tile::V;
-  __shared__ unsigned tile[Tile::rows * kTileWords];
+  __shared__ alignas(16) unsigned tile[Tile::rows * kTileWords];  // 8-byte Codes stores
   __shared__ unsigned warp_max_bits[kVecThreads / 32];
   int k = 0;  // the block's cast: the same for the whole block
   while (k + 1 < jobs.count && blockIdx.x >= jobs.first_block[k + 1]) ++k;
