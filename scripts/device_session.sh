@@ -117,6 +117,19 @@ build() {  # build SECONDS [prebuilt]: the carried prebuilt/build when it unpack
   step build "$limit" bash scripts/setup.sh
 }
 
+gpu_tests() {  # gpu_tests SECONDS: the gpu tests matching TESTS (all when unset)
+  step gpu_tests "$1" bash -c "cd build && ctest -L gpu -R '${TESTS:-.}' --output-on-failure -j4 --timeout $(($1 - 20))"
+}
+ab_step() {  # ab_step SECONDS ROUNDS: #41's A/B of both trainers against BASE (ours: the prebuilt's)
+  local ours=""
+  [ "$bskip" = build ] && ours="OURS_BUILD=build"
+  step ab_gpt "$1" bash -c "rm -rf build-ab && mkdir -p build-ab/base &&
+    git archive ${BASE:-HEAD~40} | tar -x -C build-ab/base && $ours BASE=build-ab/base ROUNDS=$2 bash scripts/bench/ab_gpt.sh"
+}
+gpus_tp() {  # the tp the HF io bench takes: 2 where there are 2 GPUs, else 1
+  if [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')" -ge 2 ]; then echo 2; else echo 1; fi
+}
+
 echo "| step | result | seconds |" >>"$summary"
 echo "|---|---|---|" >>"$summary"
 case $phase in
@@ -160,9 +173,7 @@ case $phase in
       QUINTET_HF_REFERENCE_DIR="$OUT/ref" ctest --test-dir build -R train_hf_import_ --output-on-failure'
     # hf_io ran past 95 s on an H100 (2026-12-05) without reaching its first line: give it a call
     # (SKIP="hf_reference flight gpt"); tp 2 only where there are 2 GPUs.
-    tp=1
-    [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')" -ge 2 ] && tp=2
-    step hf_io 480 bash scripts/bench/hf_io_bench.sh --device cuda --repeats 2 --tp "$tp"
+    step hf_io 480 bash scripts/bench/hf_io_bench.sh --device cuda --repeats 2 --tp "$(gpus_tp)"
     step flight 60 bash scripts/bench/flight_cost.sh --device cuda --rounds 2
     step gpt 240 env SKIP="gpt_profile gpt_profile_torch" bash scripts/bench/gpt_benchmarks.sh
     ;;
@@ -172,14 +183,10 @@ case $phase in
     build 240 prebuilt
     # TESTS=regex: those gpu tests and the FP8 table first (a check of new kernels in the same call).
     if [ -n "${TESTS:-}" ]; then
-      step gpu_tests 120 bash -c "cd build && ctest -L gpu -R '$TESTS' --output-on-failure -j4 --timeout 100"
+      gpu_tests 120
       step ops_fp8 40 build/examples/09_op_bench/09_op_bench --fp8-only
     fi
-    base=${BASE:-HEAD~40}
-    ours=""
-    [ "$bskip" = build ] && ours="OURS_BUILD=build"
-    step ab_gpt 540 bash -c "rm -rf build-ab && mkdir -p build-ab/base &&
-      git archive $base | tar -x -C build-ab/base && $ours BASE=build-ab/base ROUNDS=2 bash scripts/bench/ab_gpt.sh"
+    ab_step 540 2
     ;;
   6)  # Estimates (seconds): build 135 on a fresh machine (few on a warm one); affinity 2 rounds
       # of about 110 (its own BUDGET stops it in time, summary included); checkpoint about 120
@@ -259,9 +266,7 @@ case $phase in
        # Estimates (seconds): unpack 1; the checkpoint 40; dd 30; each import 20-60, each export
        # 60-120 (repeats 2). Each phase prints a line as it ends, so a cut run shows how far it got.
     build 240 prebuilt
-    tp=1
-    [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')" -ge 2 ] && tp=2
-    step hf_io 560 bash scripts/bench/hf_io_bench.sh --device cuda --repeats "${REPEATS:-2}" --tp "$tp"
+    step hf_io 560 bash scripts/bench/hf_io_bench.sh --device cuda --repeats "${REPEATS:-2}" --tp "$(gpus_tp)"
     ;;
   13)  # #45's second speed figure: the 1.4 B GPT (gpt_benchmarks.sh's larger model) in bf16, FP8
        # current and FP8 delayed, beside torch.compile bf16. Estimates (seconds): unpack 1; ours
@@ -276,14 +281,10 @@ case $phase in
        # line as each phase ends). Estimates (seconds): unpack 1; tests 30-90; the base's build
        # about 130 and 4 runs of about 20 a round; hf_io about 250.
     build 240 prebuilt
-    [ -n "${TESTS:-}" ] &&
-      step gpu_tests 90 bash -c "cd build && ctest -L gpu -R '$TESTS' --output-on-failure -j4 --timeout 80"
-    ours=""
-    [ "$bskip" = build ] && ours="OURS_BUILD=build"
-    step ab_gpt 330 bash -c "rm -rf build-ab && mkdir -p build-ab/base &&
-      git archive ${BASE:-HEAD~40} | tar -x -C build-ab/base && $ours BASE=build-ab/base ROUNDS=${ROUNDS:-1} bash scripts/bench/ab_gpt.sh"
+    [ -n "${TESTS:-}" ] && gpu_tests 90
+    ab_step 330 "${ROUNDS:-1}"
     rm -rf build-ab
-    step hf_io 560 bash scripts/bench/hf_io_bench.sh --device cuda --repeats 1 --tp 1
+    step hf_io 560 bash scripts/bench/hf_io_bench.sh --device cuda --repeats 1 --tp "$(gpus_tp)"
     ;;
   *) echo "unknown phase $phase" >&2; exit 2 ;;
 esac
