@@ -45,7 +45,7 @@
 #   BASE=<commit> TESTS=regex OUT=$OUT scripts/device_session.sh 14  # little device time: those gpu
 #                                          # tests, phase 5's A/B at one round, phase 12 at one repeat
 # A later phase on the same warm machine reuses the build (scripts/setup.sh is incremental).
-# Phases 0, 1, 3, 5 and 7 to 14 build in seconds from a carried prebuilt/build (here, `scripts/
+# Phases 0 to 3, 5 and 7 to 14 build in seconds from a carried prebuilt/build (here, `scripts/
 # device_prebuilt.sh pack`; run(..., carry=["prebuilt"])) when its unpack finds it packed from these
 # very sources and loading; else, and always in the other phases (their programs are not packed),
 # scripts/setup.sh builds. The summary's "- build:" line says which; with the prebuilt, the
@@ -152,13 +152,14 @@ case $phase in
       TARGETS="05_moe_train 09_op_bench" bash scripts/bench/moe_benchmarks.sh
     ;;
   2)
-    build 200
-    # Estimates (seconds): ours 2 runs of about 30; torch.compile's unprofiled warm-up run about
-    # 70 (it compiles and autotunes, filling the caches), then its 2 profiled runs of up to 120
-    # (both find the caches warm); each run is bounded (90, 200 s).
+    build 200 prebuilt
+    # Estimates (seconds): unpack 1 (175 fresh without the prebuilt); ours 2 runs of about 30;
+    # torch.compile's unprofiled warm-up run about 70 (it compiles and autotunes, filling the
+    # caches), then its 2 profiled runs of up to 120 (both find the caches warm); each run is
+    # bounded (90, 200 s).
     step moe_profile 440 env ONLY="moe_profile moe_profile_torch" \
       bash scripts/bench/moe_benchmarks.sh
-    step moe 520 env SKIP="grouped_gemm grouped_gemm_skew moe_1gpu moe_1gpu_kernel moe_1gpu_wgmma dispatch_cpu cpu_ep8_chunks1 cpu_ep8_chunks2 moe_profile moe_profile_torch" \
+    step moe 520 env SKIP="$bskip grouped_gemm grouped_gemm_skew moe_1gpu moe_1gpu_kernel moe_1gpu_wgmma dispatch_cpu cpu_ep8_chunks1 cpu_ep8_chunks2 moe_profile moe_profile_torch" \
       bash scripts/bench/moe_benchmarks.sh
     ;;
   3)
