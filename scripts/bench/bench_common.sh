@@ -1,7 +1,7 @@
 # Sourced from the repository root by the GPU benchmark scripts (moe_benchmarks.sh,
 # llama_benchmarks.sh, gpt_benchmarks.sh): sets $out (the log folder: $OUT, else build/bench/) and
 # $skip ($SKIP: run names to leave out) and $only ($ONLY: when set, the only run names to run),
-# defines run, run_profile and only_named, and configures build/ when it is not yet.
+# defines run, run_profile and only_named, and configures build/ when it is not yet (nor holds an unpacked prebuilt).
 # shellcheck shell=bash
 out=${OUT:-build/bench}
 mkdir -p "$out"
@@ -108,7 +108,9 @@ profile_table() {
   echo "=== $file"
   python3 scripts/bench/kernel_groups.py "${sides[@]}" 2>&1 | tee "$out/$file"
 }
-if [ ! -f build/CMakeCache.txt ]; then
+# Not over an unpacked prebuilt (scripts/device_prebuilt.sh): a CMakeCache.txt there would make
+# the next device_session.sh phase's unpack refuse it and rebuild with setup.sh.
+if [ ! -f build/CMakeCache.txt ] && [ ! -f build/PREBUILT_COMMIT ]; then
   cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DQUINTET_BUILD_TESTS=ON \
     -DQUINTET_BUILD_EXAMPLES=ON >"$out/configure.log" 2>&1
 fi
