@@ -1,7 +1,8 @@
 # Sourced from the repository root by the GPU benchmark scripts (moe_benchmarks.sh,
 # llama_benchmarks.sh, gpt_benchmarks.sh): sets $out (the log folder: $OUT, else build/bench/) and
 # $skip ($SKIP: run names to leave out) and $only ($ONLY: when set, the only run names to run),
-# defines run, run_profile and only_named, and configures build/ when it is not yet (nor holds an unpacked prebuilt).
+# defines run, run_profile and only_named, and configures build/ when it is not yet (nor holds an
+# unpacked prebuilt).
 # shellcheck shell=bash
 out=${OUT:-build/bench}
 mkdir -p "$out"
