@@ -271,7 +271,8 @@ case $phase in
     ;;
   13)  # #45's second speed figure: the 1.4 B GPT (gpt_benchmarks.sh's larger model) in bf16, FP8
        # current and FP8 delayed, beside torch.compile bf16. Estimates (seconds): unpack 1; ours
-       # 3 x 45; torch.compile about 150.
+       # 3 x 45; torch.compile about 150 (measured on an H100 warmed by phase 8, 2026-12-06: 61
+       # in all).
     build 240 prebuilt
     step gpt14_fp8 520 env ARCH=gpt2 MODEL="--layers 24 --hidden 2048 --heads 16 --vocab 50304 --seq-len 2048" \
       MICRO=8 STEPS=10 SKIP="torch_llama_eager ops_elementwise $bskip" TARGETS=04_gpt_train \
@@ -280,7 +281,8 @@ case $phase in
   14)  # One call for a session that gets little device time: the gpu tests of TESTS, then #41's
        # A/B at ROUNDS (1) rounds, then #43's 1.18 B import and export at one repeat (it prints a
        # line as each phase ends). Estimates (seconds): unpack 1; tests 30-90; the base's build
-       # about 130 and 4 runs of about 20 a round; hf_io about 250.
+       # about 130 and 4 runs of about 20 a round; hf_io about 250. Measured on an H100 (2026-12-06,
+       # 4 FP8 and tensor tests): tests 29, the A/B at one round 65 with the base's build, hf_io 84.
     build 240 prebuilt
     [ -n "${TESTS:-}" ] && gpu_tests 90
     ab_step 330 "${ROUNDS:-1}"
